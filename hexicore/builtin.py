@@ -1,0 +1,17 @@
+"""Plugins that live in the core: the ``analytic`` cost model (registered through the same
+``hexicore`` entry-point group as every other plugin)."""
+
+from __future__ import annotations
+
+from hexicore.cost import cost_model_from_config
+from hexicore.hookspecs import PluginSpec, hookimpl
+
+
+def _analytic(**params):
+    return cost_model_from_config(params)
+
+
+@hookimpl
+def hexicore_cost_models():
+    yield PluginSpec(kind="cost_model", name="analytic", factory=_analytic,
+                     description="HexiScale App. A analytic model (compute, TP/PP/DP comm with alpha, memory)")

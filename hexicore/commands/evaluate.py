@@ -1,0 +1,31 @@
+"""``hexicore evaluate plan_file=PATH [out=PATH]``: validate a plan from any source and
+re-estimate it with the configured cost model."""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from hexicore import app
+from hexicore.errors import HexicoreError
+from hexicore.plan import Plan
+from hexicore.registry import Registry
+from hexicore.report import print_plan
+
+
+def run(cfg: DictConfig) -> int:
+    if not cfg.get("plan_file"):
+        raise HexicoreError("evaluate needs plan_file=PATH", source="command line", field="plan_file")
+    path = str(cfg.plan_file)
+    plan = Plan.load(path)
+    cost = app.build_cost_model(cfg, Registry.default())
+    plan, _, warnings = app.evaluate(plan, cost, source=path)
+    print_plan(plan, Console())
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if cfg.get("out"):
+        plan.save(str(cfg.out))
+        print(f"plan written to {cfg.out}")
+    return 0

@@ -1,0 +1,37 @@
+"""The project's exception type (DESIGN.md §8 "Errors").
+
+Every error a user can cause (a bad file, an unknown name, an impossible plan) is raised as a
+:class:`HexicoreError` that carries the file and the field it is about. The CLI turns it into one
+line on stderr and exit status 2; library users catch it like any exception.
+"""
+
+from __future__ import annotations
+
+
+class HexicoreError(Exception):
+    """A user-facing error: ``source`` is a file (or config group), ``field`` a dotted key."""
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.source = source
+        self.field = field
+
+    def __str__(self) -> str:
+        where = ": ".join(p for p in (self.source, self.field) if p)
+        return f"{where}: {self.message}" if where else self.message
+
+    def located(self, source: str | None = None, field_prefix: str | None = None) -> "HexicoreError":
+        """The same error with a file name filled in and/or a field prefix prepended."""
+        field = self.field
+        if field_prefix:
+            field = f"{field_prefix}.{field}" if field else field_prefix
+        return HexicoreError(self.message, source=self.source or source, field=field)
+
+
+class PlanError(HexicoreError):
+    """A plan that cannot be executed or estimated (DESIGN.md §5 invariants)."""
+
+
+class ScheduleError(HexicoreError):
+    """An action list that is malformed, out of order or deadlocks (DESIGN.md §6)."""

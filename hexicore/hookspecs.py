@@ -1,0 +1,89 @@
+"""pluggy hook specifications of the ``hexicore`` plugin system (DESIGN.md §3).
+
+One hook per kind; each returns (or yields) typed :class:`PluginSpec` records, as conda's
+``conda_solvers()`` does. A plugin module implements any subset::
+
+    from hexicore.hookspecs import hookimpl, PluginSpec
+
+    @hookimpl
+    def hexicore_solvers():
+        yield PluginSpec(kind="solver", name="annealing", factory=AnnealingSolver,
+                         description="simulated annealing over device partitions",
+                         config={"name": "annealing", "steps": 2000})
+
+and is found through the ``hexicore`` entry-point group (the built-ins use the same group).
+``config`` (a mapping or a dataclass) is stored in Hydra's ConfigStore under the kind's config
+group, so ``solver=annealing`` works with no YAML file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import pluggy
+
+PROJECT = "hexicore"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: kind -> (hook name, Hydra config group or None)
+KINDS: dict[str, tuple[str, str | None]] = {
+    "solver": ("hexicore_solvers", "solver"),
+    "partitioner": ("hexicore_partitioners", None),
+    "refiner": ("hexicore_refiners", None),
+    "orderer": ("hexicore_orderers", None),
+    "cost_model": ("hexicore_cost_models", "cost"),
+    "schedule": ("hexicore_schedules", "schedule"),
+    "runtime": ("hexicore_runtimes", "runtime"),
+}
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """One implementation: ``factory(**params)`` builds it from its config section."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    config: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown plugin kind {self.kind!r}; choose one of: {', '.join(KINDS)}")
+        if not self.name or self.name != self.name.lower() or " " in self.name:
+            raise ValueError(f"plugin names are lower-case words, got {self.name!r}")
+
+
+class HexicoreSpecs:
+    """Hook specifications; every hook returns an iterable of :class:`PluginSpec`."""
+
+    @hookspec
+    def hexicore_solvers(self) -> Iterable[PluginSpec]:
+        """Solvers: ``factory(**params).solve(problem, *, time_limit, seed, progress) -> Plan``."""
+
+    @hookspec
+    def hexicore_partitioners(self) -> Iterable[PluginSpec]:
+        """Partitioners: ``partition(graph, parts, *, objective, balance, seed) -> list[list[id]]``."""
+
+    @hookspec
+    def hexicore_refiners(self) -> Iterable[PluginSpec]:
+        """Refiners: ``refine(graph, parts, *, objective, balance) -> list[list[id]]``."""
+
+    @hookspec
+    def hexicore_orderers(self) -> Iterable[PluginSpec]:
+        """Stage orderers: ``order(groups, graph) -> list[group]``."""
+
+    @hookspec
+    def hexicore_cost_models(self) -> Iterable[PluginSpec]:
+        """Cost models: ``factory(**params)`` returns a :class:`hexicore.cost.CostModel`."""
+
+    @hookspec
+    def hexicore_schedules(self) -> Iterable[PluginSpec]:
+        """Pipeline schedules: ``actions(spec)`` and ``pipeline_time(stage_times, hop_times, n_mb)``."""
+
+    @hookspec
+    def hexicore_runtimes(self) -> Iterable[PluginSpec]:
+        """Runtimes: ``run(plan, model, data, *, steps, ...) -> RunReport``."""

@@ -1,0 +1,36 @@
+"""Shared fixtures: preset clusters and models loaded from conf/, a fresh registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hexicore.cluster import Cluster
+from hexicore.model import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+def cluster_preset(name: str) -> Cluster:
+    return Cluster.load(CONF / "cluster" / f"{name}.yaml")
+
+
+def model_preset(name: str) -> ModelSpec:
+    return ModelSpec.load(CONF / "model" / f"{name}.yaml")
+
+
+@pytest.fixture
+def paper_case() -> Cluster:
+    return cluster_preset("paper_case")
+
+
+@pytest.fixture
+def llama13b() -> ModelSpec:
+    return model_preset("llama2_13b")
+
+
+@pytest.fixture
+def tiny() -> ModelSpec:
+    return model_preset("tiny")

@@ -100,7 +100,13 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     seed = int(params.pop("seed", cfg.get("seed", 0)) or 0)
     solver = registry.create("solver", name, **params)
     t0 = time.perf_counter()
-    plan = solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+    try:
+        plan = solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+    except HexicoreError as exc:
+        if exc.source:
+            raise
+        where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
+        raise exc.located(source=str(where)) from None
     seconds = time.perf_counter() - t0
     est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}")
     info = {"name": name, "seconds": round(seconds, 4), "params": {}, "status": "HEURISTIC", "bound": None}

@@ -96,7 +96,8 @@ def preflight(overrides: Sequence[str]) -> None:
 
         config_from_overrides(trial)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise HexicoreError(str(exc).strip().splitlines()[0], source="command line") from None
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise HexicoreError("; ".join(lines[:3]), source="command line") from None
 
 
 def _task(command: str) -> Callable:
@@ -115,13 +116,11 @@ def _task(command: str) -> Callable:
 
 
 def plugins_command() -> int:
-    from rich.console import Console
-
     from hexicore.registry import Registry
-    from hexicore.report import rows_table
+    from hexicore.report import console, rows_table
 
     rows = Registry.default().rows()
-    Console().print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), rows))
+    console().print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), rows))
     return 0
 
 

@@ -58,11 +58,20 @@ def summary_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
-    console = console or Console()
-    console.print(plan_table(plan))
+def console(stderr: bool = False) -> Console:
+    """A rich console; when output is not a terminal (pipes, CI logs) tables get 160 columns
+    instead of rich's 80 so plan rows are not folded."""
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def print_plan(plan: Plan, out: Console | None = None) -> None:
+    out = out or console()
+    out.print(plan_table(plan))
     for line in summary_lines(plan):
-        console.print(line)
+        out.print(line)
 
 
 def rows_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import sys
 
 from omegaconf import DictConfig
-from rich.console import Console
 
 from hexicore import app
 from hexicore.errors import HexicoreError
 from hexicore.plan import Plan
 from hexicore.registry import Registry
-from hexicore.report import print_plan
+from hexicore.report import console, print_plan
 
 
 def run(cfg: DictConfig) -> int:
@@ -22,7 +21,7 @@ def run(cfg: DictConfig) -> int:
     plan = Plan.load(path)
     cost = app.build_cost_model(cfg, Registry.default())
     plan, _, warnings = app.evaluate(plan, cost, source=path)
-    print_plan(plan, Console())
+    print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if cfg.get("out"):

@@ -6,15 +6,14 @@ import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
-from rich.console import Console
 
 from hexicore import app
 from hexicore.registry import Registry
-from hexicore.report import print_plan
+from hexicore.report import console, print_plan
 
 
 def run(cfg: DictConfig) -> int:
-    err = Console(stderr=True)
+    err = console(stderr=True)
     registry = Registry.default()
     with err.status("planning ...") as status:
         def progress(message: str, fraction: float) -> None:
@@ -23,7 +22,7 @@ def run(cfg: DictConfig) -> int:
         plan, warnings = app.solve(cfg, registry, progress)
     out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
     plan.save(out)
-    print_plan(plan, Console())
+    print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"plan written to {out}")

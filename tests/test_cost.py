@@ -1,0 +1,118 @@
+"""The analytic cost model against values computed by hand from HexiScale App. A."""
+
+import math
+
+import pytest
+
+from hexicore.cluster import parse_cluster
+from hexicore.cost import AnalyticCostModel
+from hexicore.model import ModelSpec
+from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
+
+# Two machines: A has 2 GPUs of 100 TFLOPS (10 GB/s, 10 us), B has 2 of 50 TFLOPS (5 GB/s, 20 us);
+# 1 GB/s, 100 us between them. Round numbers so every term can be checked by hand.
+CLUSTER = parse_cluster({
+    "name": "hand", "inter": {"bandwidth_gbs": 1.0, "latency_us": 100},
+    "machines": [{"name": "A", "gpu": "fast", "count": 2, "bandwidth_gbs": 10, "latency_us": 10},
+                 {"name": "B", "gpu": "slow", "count": 2, "bandwidth_gbs": 5, "latency_us": 20}],
+    "gpus": {"fast": {"tflops": 100, "memory_gb": 40}, "slow": {"tflops": 50, "memory_gb": 16}},
+}, "hand")
+MODEL = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=512)
+TRAIN = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, dtype="bf16", recompute=True)
+COST = AnalyticCostModel(default_efficiency=0.5, reserve_gb=0.0)
+
+H, S, F, V, B = 1024, 512, 4096, 1000, 1
+LAYER_PARAMS = 4 * H * H + 3 * H * F + 2 * H        # llama block
+LAYER_FLOPS_TOKEN = 2 * (4 * H * H + 3 * H * F) + 4 * S * H
+
+
+def test_compute_time_by_hand():
+    # 2 layers on one fast GPU, recompute: 4 x forward FLOPs / (100e12 * 0.5)
+    expect = 4 * S * B * 2 * LAYER_FLOPS_TOKEN / (100e12 * 0.5)
+    assert COST.compute_s(CLUSTER, MODEL, TRAIN, ["A.0"], 2) == pytest.approx(expect)
+    # last stage adds the head (2*H*V per token)
+    expect_last = 4 * S * B * (2 * LAYER_FLOPS_TOKEN + 2 * H * V) / (100e12 * 0.5)
+    assert COST.compute_s(CLUSTER, MODEL, TRAIN, ["A.0"], 2, last=True) == pytest.approx(expect_last)
+    # TP over a fast and a slow GPU runs at 2 x the slow one
+    assert COST.compute_s(CLUSTER, MODEL, TRAIN, ["A.0", "B.0"], 2) == pytest.approx(
+        4 * S * B * 2 * LAYER_FLOPS_TOKEN / (2 * 50e12 * 0.5))
+
+
+def test_tp_comm_by_hand():
+    # 12 * max_d sum_{d'} (alpha + B*S*H*2 / (|d| * beta)) per layer
+    msg = B * S * H * 2
+    inside = 12 * (10e-6 + msg / (2 * 10e9))
+    across = 12 * (100e-6 + msg / (2 * 1e9))
+    assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0", "A.1"], 1) == pytest.approx(inside)
+    assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0", "B.1"], 3) == pytest.approx(3 * across)
+    assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0"], 3) == 0.0
+    no_rc = TrainConfig(4, 1, 512, "bf16", recompute=False)
+    assert COST.tp_comm_s(CLUSTER, MODEL, no_rc, ["A.0", "A.1"], 1) == pytest.approx(inside * 8 / 12)
+
+
+def test_hop_by_hand():
+    msg = B * S * H * 2
+    # A.1 -> {B.0, B.1}: leader send over the 1 GB/s link, broadcast inside B; both directions
+    expect = 2 * ((100e-6 + msg / 1e9) + (20e-6 + msg / 5e9))
+    assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.1"], ["B.0", "B.1"]) == pytest.approx(expect)
+    # into a single GPU: no broadcast
+    assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.0"], ["A.1"]) == pytest.approx(2 * (10e-6 + msg / 10e9))
+
+
+def test_pipeline_formula():
+    # sum_j (S_j + H_j) + (n_mb - 1) * max_j (S_j + H_j)
+    assert COST.pipeline_s([1.0, 2.0, 1.5], [0.1, 0.2], 5) == pytest.approx((1.1 + 2.2 + 1.5) + 4 * 2.2)
+
+
+def test_dp_layer_by_hand_matches_paper_formula_without_tp():
+    # two pipelines, tp=1 each, layer held by A.0 and B.0 over the 1 GB/s link:
+    # 2 * (alpha + P*2 / (2 * beta))
+    t = COST.dp_layer_s(CLUSTER, [Stage(("A.0",), 1, (0, 4)), Stage(("B.0",), 1, (0, 4))], LAYER_PARAMS, 2)
+    assert t == pytest.approx(2 * (100e-6 + LAYER_PARAMS * 2 / (2 * 1e9)))
+
+
+def test_dp_layer_chunks_for_different_tp():
+    # pipeline 1 tp=2 on A, pipeline 2 tp=1 on B.0: two chunks of P/2, B.0 all-reduces both with
+    # one A device each; the worst device is B.0: 2 * 2 * (alpha + (P*2/2) / (2 * beta))
+    t = COST.dp_layer_s(CLUSTER, [Stage(("A.0", "A.1"), 2, (0, 4)), Stage(("B.0",), 1, (0, 4))], LAYER_PARAMS, 2)
+    assert t == pytest.approx(2 * 2 * (100e-6 + (LAYER_PARAMS * 2 / 2) / (2 * 1e9)))
+
+
+def test_single_pipeline_has_no_dp_cost():
+    plan = Plan(MODEL, CLUSTER, TRAIN, (Pipeline(4, (Stage(("A.0", "A.1"), 2, (0, 4)),)),))
+    assert COST.dp_s(plan) == 0.0
+
+
+def test_memory_by_hand():
+    # first stage, 2 layers, tp=1, 3 micro-batches in flight, recompute:
+    # state 8 bytes/param (4 x bf16) x (2 layers + embedding) + 3 x 2 x B*S*H*2 + one layer's
+    # full activations (flash: S*B*H*(10+24) bytes)
+    state = 8 * (2 * LAYER_PARAMS + V * H)
+    act = 3 * 2 * B * S * H * 2
+    work = S * B * H * 34
+    gb = COST.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)
+    assert gb == pytest.approx((state + act + work) / 2**30)
+
+
+def test_estimate_iteration_and_mfu_by_hand():
+    plan = Plan(MODEL, CLUSTER, TRAIN, (
+        Pipeline(2, (Stage(("A.0",), 1, (0, 2)), Stage(("A.1",), 1, (2, 4)))),
+        Pipeline(2, (Stage(("B.0",), 1, (0, 2)), Stage(("B.1",), 1, (2, 4)))),
+    ))
+    est = COST.estimate(plan)
+    s_a = [COST.stage_s(CLUSTER, MODEL, TRAIN, ["A.0"], 2), COST.stage_s(CLUSTER, MODEL, TRAIN, ["A.1"], 2, last=True)]
+    s_b = [COST.stage_s(CLUSTER, MODEL, TRAIN, ["B.0"], 2), COST.stage_s(CLUSTER, MODEL, TRAIN, ["B.1"], 2, last=True)]
+    h_a = COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.0"], ["A.1"])
+    h_b = COST.hop_s(CLUSTER, MODEL, TRAIN, ["B.0"], ["B.1"])
+    p_a = (s_a[0] + h_a + s_a[1]) + 1 * max(s_a[0] + h_a, s_a[1])
+    p_b = (s_b[0] + h_b + s_b[1]) + 1 * max(s_b[0] + h_b, s_b[1])
+    assert est.pipeline_s == pytest.approx((p_a, p_b))
+    # DP: each stage holds 2 layers synced A.i <-> B.i over 1 GB/s, plus embedding / head
+    per_layer = 2 * (100e-6 + LAYER_PARAMS * 2 / (2e9))
+    emb = 2 * (100e-6 + V * H * 2 / 2e9)
+    head = 2 * (100e-6 + (H + V * H) * 2 / 2e9)
+    assert est.dp_s == pytest.approx(2 * per_layer + max(emb, head))
+    assert est.iteration_s == pytest.approx(max(p_a, p_b) + est.dp_s)
+    flops = 3 * 4 * S * (4 * LAYER_FLOPS_TOKEN + 2 * H * V)
+    assert est.mfu == pytest.approx(flops / (est.iteration_s * 300e12))
+    assert est.fits and math.isclose(est.tokens_per_s, 4 * S / est.iteration_s)

@@ -1,0 +1,96 @@
+"""Plan JSON contract (DESIGN.md §5) and the validator's precise refusals."""
+
+import json
+
+import pytest
+
+from hexicore.cost import AnalyticCostModel
+from hexicore.errors import HexicoreError, PlanError
+from hexicore.plan import Pipeline, Plan, Stage, TrainConfig, check_structure
+from hexicore.validate import validate_plan
+
+
+def make_plan(paper_case, llama13b, **train):
+    t = TrainConfig(**{"global_batch": 24, "micro_batch": 1, "seq_len": 4096, **train})
+    return Plan(llama13b, paper_case, t, (
+        Pipeline(14, (Stage(("A.0", "A.1"), 2, (0, 22)), Stage(("A.2",), 1, (22, 40)))),
+        Pipeline(10, (Stage(("B.0",), 1, (0, 10)), Stage(("B.1",), 1, (10, 20)), Stage(("B.2",), 1, (20, 30)),
+                      Stage(("C.0", "C.1"), 2, (30, 40)))),
+    ))
+
+
+def test_json_round_trip(paper_case, llama13b, tmp_path):
+    plan = make_plan(paper_case, llama13b)
+    plan = plan.with_estimate(AnalyticCostModel().estimate(plan).to_dict())
+    path = plan.save(tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "hexicore.plan/1"
+    assert data["pipelines"][0]["stages"][0] == {"devices": ["A.0", "A.1"], "tp": 2, "layers": [0, 22]}
+    assert {d["id"] for d in data["cluster"]["devices"]} >= {"A.0", "C.1"}
+    again = Plan.load(path)
+    assert again.pipelines == plan.pipelines and again.model == plan.model and again.train == plan.train
+    assert again.to_dict() == plan.to_dict()
+
+
+def _broken(plan, i, j, **changes):
+    p = plan.pipelines[i]
+    stages = list(p.stages)
+    s = stages[j]
+    stages[j] = Stage(changes.get("devices", s.devices), changes.get("tp", s.tp), changes.get("layers", s.layers))
+    pipes = list(plan.pipelines)
+    pipes[i] = Pipeline(changes.get("batch", p.batch), tuple(stages), p.schedule)
+    return Plan(plan.model, plan.cluster, plan.train, tuple(pipes))
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ({"devices": ("A.0", "Z.1"), "tp": 2}, "pipelines[0].stages[0].devices", "unknown device"),
+    ({"devices": ("A.0", "A.2"), "tp": 2}, "pipelines[0].stages[1].devices", "also used"),
+    ({"tp": 1}, "pipelines[0].stages[0].tp", "does not match"),
+    ({"layers": (0, 20)}, "pipelines[0].stages[1].layers", "gap"),
+    ({"layers": (0, 24)}, "pipelines[0].stages[1].layers", "overlap"),
+])
+def test_structural_refusals(paper_case, llama13b, change, field, words):
+    plan = _broken(make_plan(paper_case, llama13b), 0, 0, **change)
+    with pytest.raises(PlanError) as e:
+        check_structure(plan, "p.json")
+    assert e.value.field == field and words in e.value.message and e.value.source == "p.json"
+
+
+def test_batches_must_sum_and_be_multiples(paper_case, llama13b):
+    plan = _broken(make_plan(paper_case, llama13b), 0, 0, batch=13)
+    with pytest.raises(PlanError, match="sum to 23"):
+        check_structure(plan)
+    plan = make_plan(paper_case, llama13b, micro_batch=4)
+    with pytest.raises(PlanError, match="not a multiple of micro-batch 4") as e:
+        check_structure(plan)
+    assert e.value.field == "pipelines[0].batch"
+
+
+def test_layers_must_cover_model(paper_case, llama13b):
+    plan = _broken(make_plan(paper_case, llama13b), 0, 1, layers=(22, 39))
+    with pytest.raises(PlanError, match="cover layers"):
+        check_structure(plan)
+
+
+def test_memory_over_capacity_is_refused(paper_case, llama13b):
+    # all 40 layers of 13B on one 24 GB card
+    plan = Plan(llama13b, paper_case, TrainConfig(), (Pipeline(24, (Stage(("B.0",), 1, (0, 40)),)),))
+    with pytest.raises(PlanError, match=r"B\.0 needs .* GB but has 24 GB"):
+        validate_plan(plan, AnalyticCostModel())
+
+
+def test_cross_machine_tp_is_legal_but_warned(paper_case, llama13b):
+    plan = Plan(llama13b, paper_case, TrainConfig(), (
+        Pipeline(24, (Stage(("A.0", "A.1"), 2, (0, 30)), Stage(("A.2", "B.0"), 2, (30, 40)))),))
+    _, warnings = validate_plan(plan, AnalyticCostModel())
+    assert any("spans machines A, B" in w for w in warnings)
+
+
+def test_parse_errors_name_json_fields(paper_case, llama13b):
+    data = make_plan(paper_case, llama13b).to_dict()
+    data["pipelines"][1]["stages"][0]["layers"] = [0]
+    with pytest.raises(HexicoreError) as e:
+        Plan.from_dict(data, "p.json")
+    assert e.value.field == "pipelines[1].stages[0].layers"
+    with pytest.raises(HexicoreError, match="malformed JSON"):
+        Plan.from_json("{", "p.json")

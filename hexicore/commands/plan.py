@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from hexicore import app
 from hexicore.registry import Registry
 from hexicore.report import console, print_plan
+from hexicore.sweep import record
 
 
 def run(cfg: DictConfig) -> int:
@@ -26,4 +27,10 @@ def run(cfg: DictConfig) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"plan written to {out}")
+    est, sol = plan.estimate or {}, plan.solver or {}
+    record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
+            "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
+            "iteration_s": est.get("iteration_s"), "mfu": est.get("mfu"),
+            "peak_memory_gb": max((est.get("memory_gb") or {0: 0}).values()),
+            "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(out)})
     return 0

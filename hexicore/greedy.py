@@ -1,0 +1,120 @@
+"""Greedy list scheduling of a stage layout into per-rank compute orders.
+
+The order REFERENCE.md §6 measures Hanayo with ("earliest start, backward first, then lowest
+micro-batch"), generalised to any stage->rank map, several chains (Chimera) and split backward
+(zero bubble):
+
+* a task is ready when its inputs are done (plus one link time from another rank);
+* whenever a rank is free it starts, among the tasks ready by then, the best by
+  ``(class, micro-batch, stage)`` with class 0 = B or I, 1 = F, 2 = W; if none is ready it idles
+  until the earliest one is (non-delay list scheduling, decided in global time order);
+* deferred weight gradients: once a rank holds more than ``w_limit[r]`` ready W's, the oldest
+  one runs before anything else (ZB-H1 keeps W's deferral bounded; default: unbounded);
+* memory cap: a rank admits a micro-batch (runs the F of its first stage on that rank) only
+  while fewer than ``cap[r]`` admitted micro-batches have not finished their last backward
+  there. If every rank is stuck on the cap, the lowest waiting micro-batch is admitted anyway,
+  so the order always completes.
+
+Pure and deterministic: ties break on (time, decision sequence).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+from hexicore.actions import Action
+from hexicore.simulate import Timing
+
+
+def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequence[int]], mb_chain: Sequence[int],
+                 timing: Timing, *, cap: Sequence[float] | None = None,
+                 split_backward: bool = False, w_limit: Sequence[float] | None = None) -> list[list[Action]]:
+    """Per-rank compute lists; see the module docstring. ``split_backward``: emit I and W."""
+    dur = timing.durations()
+    prev, nxt, entry = {}, {}, {}
+    for c, chain in enumerate(chains):
+        for i, s in enumerate(chain):
+            prev[c, s] = chain[i - 1] if i else None
+            nxt[c, s] = chain[i + 1] if i + 1 < len(chain) else None
+            entry.setdefault((c, stage_rank[s]), s)
+    cap = list(cap) if cap is not None else [float("inf")] * ranks
+    bop = "I" if split_backward else "B"
+    free = [0.0] * ranks
+    admitted = [0] * ranks
+    pending: list[list] = [[] for _ in range(ranks)]  # (ready, cls, mb, stage, op)
+    avail: list[list] = [[] for _ in range(ranks)]    # (cls, mb, stage, op) B/I/continuing F/W
+    wq: list[list] = [[] for _ in range(ranks)]       # (mb, stage) ready W's
+    w_limit = list(w_limit) if w_limit is not None else [float("inf")] * ranks
+    newf: list[list] = [[] for _ in range(ranks)]     # (mb, stage) admissions waiting on the cap
+    events: list[tuple[float, int, int]] = []
+    seq = 0
+    out: list[list[Action]] = [[] for _ in range(ranks)]
+    left = (3 if split_backward else 2) * sum(len(chains[c]) for c in mb_chain)
+    force = [False] * ranks
+
+    def wake(r: int, t: float) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (max(t, free[r]), seq, r))
+
+    def ready(r: int, t: float, cls: int, mb: int, s: int, op: str) -> None:
+        heapq.heappush(pending[r], (t, cls, mb, s, op))
+        wake(r, t)
+
+    for mb, c in enumerate(mb_chain):
+        s0 = chains[c][0]
+        ready(stage_rank[s0], 0.0, 1, mb, s0, "F")
+
+    while left:
+        if not events:  # everyone waits on the cap: admit the lowest waiting micro-batch
+            r = min((q for q in range(ranks) if newf[q]), key=lambda q: (newf[q][0], q))
+            force[r] = True
+            wake(r, free[r])
+        t, _, r = heapq.heappop(events)
+        if t < free[r]:
+            continue
+        pq, av, nf = pending[r], avail[r], newf[r]
+        while pq and pq[0][0] <= t:
+            _, cls, mb, s, op = heapq.heappop(pq)
+            if op == "F" and entry[mb_chain[mb], r] == s:
+                heapq.heappush(nf, (mb, s))
+            elif op == "W":
+                heapq.heappush(wq[r], (mb, s))
+            else:
+                heapq.heappush(av, (cls, mb, s, op))
+        best = av[0] if av else None
+        if wq[r] and (len(wq[r]) > w_limit[r] or (best is None and not (nf and admitted[r] < cap[r]))):
+            mb, s = heapq.heappop(wq[r])
+            best = (2, mb, s, "W")
+        elif nf and (admitted[r] < cap[r] or force[r]) and (best is None or (1, nf[0][0]) < best[:2]):
+            mb, s = heapq.heappop(nf)
+            best, admitted[r], force[r] = (1, mb, s, "F"), admitted[r] + 1, False
+        elif best is not None:
+            heapq.heappop(av)
+        else:
+            if pq:
+                wake(r, pq[0][0])
+            continue
+        cls, mb, s, op = best
+        end = t + dur[op][s]
+        free[r] = end
+        out[r].append(Action(op, s, mb))
+        left -= 1
+        c = mb_chain[mb]
+        if op == "F":
+            n = nxt[c, s]
+            if n is None:
+                ready(r, end, 0, mb, s, bop)
+            else:
+                ready(stage_rank[n], end + timing.link(r, stage_rank[n]), 1, mb, n, "F")
+        elif op in "BI":
+            if entry[c, r] == s:
+                admitted[r] -= 1
+            if op == "I":
+                ready(r, end, 2, mb, s, "W")
+            p = prev[c, s]
+            if p is not None:
+                ready(stage_rank[p], end + timing.link(r, stage_rank[p]), 0, mb, p, bop)
+        wake(r, end)
+    return out

@@ -1,0 +1,60 @@
+"""Schedule ``chimera``: bidirectional pipelines (Li & Hoefler, SC'21).
+
+Two model copies: chain 0 (down) puts stage j on rank j, chain 1 (up) puts stage P+j on rank
+P-1-j, so every rank holds one stage of each direction (two weight copies). Even micro-batches
+run down, odd ones up. The compute order is the greedy list schedule of :mod:`hexicore.greedy`
+(backward first, then lowest micro-batch; each rank admits at most ``memory`` micro-batches,
+default 2P: room for both directions — a tighter cap costs bubble under this greedy rule, whereas
+Chimera's hand-made units keep P). Phases: 1. both directions fill from opposite ends; 2. steady forward/backward
+interleaving; 3. drain; 4. ``REDUCE`` of each model part between its two replicas (parts in
+ascending order on every rank, so the rendezvous cannot cross), then ``STEP``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hexicore.actions import Action, ActionList
+from hexicore.greedy import greedy_order
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need
+
+
+def chimera_layout(ranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(stage_rank, chains): down chain 0..P-1 on ranks 0..P-1, up chain P..2P-1 on P-1..0."""
+    return tuple(range(ranks)) + tuple(reversed(range(ranks))), (tuple(range(ranks)), tuple(range(ranks, 2 * ranks)))
+
+
+def reduces(rank: int, ranks: int) -> list[Action]:
+    """REDUCE of every model part the rank holds, ascending by part (stage j and P+j are part j)."""
+    out = []
+    for part in sorted({rank, ranks - 1 - rank}):
+        down, up = part, ranks + part  # replicas: down on rank part, up on rank P-1-part
+        for mine, other_rank in ((down, ranks - 1 - part), (up, part)):
+            if (mine < ranks and mine == rank) or (mine >= ranks and ranks - 1 - part == rank):
+                out.append(Action("REDUCE", mine, None, other_rank))
+    return out
+
+
+@dataclass(frozen=True)
+class Chimera(ActionSchedule):
+    memory: float | None = None
+    name = "chimera"
+
+    def order(self, spec: ScheduleSpec) -> ActionList:
+        P, M = spec.ranks, spec.micro_batches
+        need(P >= 2, self.name, f"needs pipeline.ranks >= 2 (two directions), got {P}")
+        need(M >= 1, self.name, "needs micro_batches >= 1")
+        s2r, chains = chimera_layout(P)
+        mb_chain = tuple(m % 2 for m in range(M))
+        probe = ActionList({}, P, 2 * P, M, s2r, ((),) * P, chains, mb_chain)
+        cap = float(self.memory) if self.memory is not None else 2.0 * P
+        lists = greedy_order(P, s2r, chains, mb_chain, spec.timing(probe), cap=[cap] * P)
+        lists = [acts + reduces(r, P) for r, acts in enumerate(lists)]
+        return build(self.name, {}, spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
+
+
+@hookimpl
+def hexicore_schedules():
+    yield PluginSpec(kind="schedule", name="chimera", factory=Chimera,
+                     description="Chimera: two directions, two model copies, REDUCE between replicas")

@@ -1,0 +1,94 @@
+"""Schedule ``hanayo``: wave-like pipeline (Liu et al., SC'23; REFERENCE.md §6).
+
+One model copy cut into ``S = 2PW`` stages on the wave map 0..P-1, P-1..0 (W times): each
+micro-batch runs down the ranks and back up W times; the turns need no transfer. The order is
+the greedy list schedule of :mod:`hexicore.greedy` (earliest start, backward first, then lowest
+micro-batch) under the spec's stage and link times, with each rank admitting at most
+``memory`` micro-batches (default P, 1F1B's rank-0 peak).
+
+Phases (they emerge from the greedy rule): 1. fill: micro-batch 0 rides the first wave while
+rank 0 keeps injecting; 2. steady: backward waves return and interleave with forwards;
+3. drain: the last backward waves climb back to rank 0.
+Closed form with ``T_B = 2 T_F``, ``T_C = 0``, M = P: ``(2P-2)/(3PW+P-1)``.
+
+``waves=auto`` picks W in 1..``max_waves`` by simulating each under the spec's times and keeping
+the fastest whose peak activations stay within ``memory`` (REFERENCE.md §6: more waves over fast
+links, fewer over slow ones); the choice and every candidate's makespan are recorded in the
+action list's ``schedule`` section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hexicore.actions import ActionList
+from hexicore.greedy import greedy_order
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
+from hexicore.simulate import Timing, simulate
+
+
+def hanayo_bubble(ranks: int, waves: int) -> float:
+    """The paper's closed form with T_B = 2 T_F, T_C = 0 and M = P: ``(2P-2)/(3PW+P-1)``."""
+    return (2 * ranks - 2) / (3 * ranks * waves + ranks - 1)
+
+
+@dataclass(frozen=True)
+class Hanayo(ActionSchedule):
+    waves: Any = 2
+    memory: float | None = None
+    max_waves: int = 8
+    name = "hanayo"
+
+    def __post_init__(self) -> None:
+        if self.waves != "auto":
+            object.__setattr__(self, "waves", positive_int(self.waves, self.name, "waves", "or 'auto'"))
+        object.__setattr__(self, "max_waves", positive_int(self.max_waves, self.name, "max_waves"))
+        if self.memory is not None:
+            need(float(self.memory) > 0, self.name, f"memory must be positive, got {self.memory!r}", "schedule.memory")
+
+    def params(self) -> dict[str, Any]:
+        return {"waves": self.waves}
+
+    def _cap(self, spec: ScheduleSpec) -> float:
+        return float(self.memory) if self.memory is not None else float(spec.ranks)
+
+    def with_waves(self, spec: ScheduleSpec, waves: int) -> ActionList:
+        """The wave order for a fixed W."""
+        P, M = spec.ranks, spec.micro_batches
+        s2r = wave_map(P, waves)
+        chain = [tuple(range(len(s2r)))]
+        probe = ActionList({}, P, len(s2r), M, s2r, ((),) * P)
+        timing = spec.timing(probe)
+        lists = greedy_order(P, s2r, chain, (0,) * M, timing, cap=[self._cap(spec)] * P)
+        return build(self.name, {"waves": waves}, spec, s2r, lists)
+
+    def choose_waves(self, spec: ScheduleSpec) -> tuple[int, dict[int, float]]:
+        """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory``."""
+        seen: dict[int, float] = {}
+        best = None
+        for w in range(1, self.max_waves + 1):
+            al = self.with_waves(spec, w)
+            res = simulate(al, spec.timing(al), comm=False)
+            seen[w] = res.makespan
+            if max(res.peak_activations) <= self._cap(spec) + 1e-9 and (best is None or res.makespan < seen[best] - 1e-12):
+                best = w
+        return (best or 1), seen
+
+    def order(self, spec: ScheduleSpec) -> ActionList:
+        need(spec.ranks >= 2, self.name, f"needs pipeline.ranks >= 2 (a wave turns on the last rank), got {spec.ranks}")
+        need(spec.micro_batches >= 1, self.name, "needs micro_batches >= 1")
+        if self.waves != "auto":
+            return self.with_waves(spec, self.waves)
+        w, seen = self.choose_waves(spec)
+        al = self.with_waves(spec, w)
+        sched = {**al.schedule, "auto": {str(k): round(v, 9) for k, v in seen.items()}}
+        return ActionList(sched, al.ranks, al.stages, al.micro_batches, al.stage_rank, al.actions,
+                          al.chains, al.mb_chain, {"waves_chosen": w, "waves_makespan": seen})
+
+
+@hookimpl
+def hexicore_schedules():
+    yield PluginSpec(kind="schedule", name="hanayo", factory=Hanayo,
+                     description="Hanayo waves: 2PW stages on a wave map, one model copy (`waves`, or auto)")

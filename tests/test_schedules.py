@@ -1,0 +1,159 @@
+"""Every schedule plugin: registration, validity on grids and at random, bubbles against the
+closed forms (issue 5 item 2 and "exact checks")."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hexicore.errors import HexicoreError
+from hexicore.registry import Registry
+from hexicore.schedule import ActionSchedule, Schedule, ScheduleSpec
+from hexicore.simulate import Timing, simulate
+from hexicore.validate_actions import validate_actions
+from hexicore_plugins.schedules.chimera import Chimera
+from hexicore_plugins.schedules.gpipe import GPipe
+from hexicore_plugins.schedules.hanayo import Hanayo, hanayo_bubble
+from hexicore_plugins.schedules.interleaved import Interleaved1F1B
+from hexicore_plugins.schedules.one_f_one_b import OneFOneB
+from hexicore_plugins.schedules.zb_h1 import ZeroBubbleH1
+
+NAMES = ["1f1b", "chimera", "gpipe", "hanayo", "interleaved_1f1b", "zb_h1"]
+
+
+def every(waves=2, chunks=2):
+    return [GPipe(), OneFOneB(), Interleaved1F1B(chunks=chunks), Chimera(), Hanayo(waves=waves), ZeroBubbleH1()]
+
+
+def test_registered_through_entry_points():
+    reg = Registry.default()
+    assert set(NAMES) <= set(reg.names("schedule"))
+    h = reg.create("schedule", "hanayo", waves=4)
+    assert isinstance(h, Schedule) and h.waves == 4
+    assert reg.create("schedule", "interleaved_1f1b", chunks=3).chunks == 3
+
+
+@pytest.mark.parametrize("sched", every(waves=3, chunks=3), ids=lambda s: s.name)
+def test_grid_validates_with_and_without_comm(sched):
+    for P in range(2, 6):
+        for M in range(1, 9):
+            spec = ScheduleSpec(P, M)
+            validate_actions(sched.order(spec), comm=False)
+            validate_actions(sched.actions(spec), comm=True)
+
+
+def bubble(sched, P, M):
+    return sched.simulate(ScheduleSpec(P, M))[1].bubble_ratio
+
+
+def test_gpipe_and_1f1b_closed_form_every_p_m():
+    """(P-1)/(M+P-1) with T_B = 2 T_F, T_C = 0 for every P <= 16, M <= 64."""
+    for sched in (GPipe(), OneFOneB()):
+        for P in range(1, 17):
+            for M in range(1, 65):
+                assert bubble(sched, P, M) == pytest.approx((P - 1) / (M + P - 1), abs=1e-12), (sched.name, P, M)
+
+
+def test_1f1b_and_gpipe_peak_activations():
+    _, r = OneFOneB().simulate(ScheduleSpec(4, 8))
+    assert r.peak_activations == (4, 3, 2, 1)
+    assert GPipe().simulate(ScheduleSpec(4, 8))[1].peak_activations == (8, 8, 8, 8)
+
+
+def test_hanayo_meets_the_paper_closed_form():
+    """M = P, T_B = 2 T_F, T_C = 0: bubble <= (2P-2)/(3PW+P-1) + 0.01, falling in W, peak <= 1F1B's."""
+    for P in range(2, 17):
+        last = 1.0
+        for W in (1, 2, 4, 8):
+            _, r = Hanayo(waves=W).simulate(ScheduleSpec(P, P))
+            assert r.bubble_ratio <= hanayo_bubble(P, W) + 0.01, (P, W, r.bubble_ratio)
+            assert r.bubble_ratio < last
+            assert max(r.peak_activations) <= P  # 1F1B's rank-0 peak
+            last = r.bubble_ratio
+
+
+def test_hanayo_reference_greedy_numbers():
+    """REFERENCE.md §6 measured 0.333, 0.213, 0.119, 0.063 at P = M = 4, W = 1, 2, 4, 8."""
+    got = [round(bubble(Hanayo(waves=W), 4, 4), 3) for W in (1, 2, 4, 8)]
+    assert got == [0.333, 0.213, 0.119, 0.063]
+
+
+def test_chimera_beats_1f1b_with_two_weight_copies():
+    for P in (2, 4, 6, 8):
+        for M in (2, 4, 8, 16):
+            assert bubble(Chimera(), P, M) < bubble(OneFOneB(), P, M), (P, M)
+    al = Chimera().actions(ScheduleSpec(4, 4))
+    assert len(al.chains) == 2 and al.meta["weight_copies"] == 2
+    assert sum(a.op == "REDUCE" for acts in al.actions for a in acts) == 8
+
+
+def test_interleaved_closed_form_and_gain():
+    for P in (2, 3, 4, 8):
+        for v in (2, 3):
+            for M in (P, 2 * P, 4 * P):
+                sched = Interleaved1F1B(chunks=v)
+                expect = ((P - 1) / v) / (M + (P - 1) / v)
+                assert bubble(sched, P, M) == pytest.approx(expect, abs=1e-12)
+                assert sched.pipeline_time([3.0] * P, [0.0] * (P - 1), M) == \
+                    pytest.approx(sched.simulate(ScheduleSpec(P, M))[1].makespan)
+
+
+def test_zb_h1_reaches_its_bound():
+    """T_F = T_I = T_W: makespan (3M + P - 1) T_F for M >= P, 1F1B's activation peaks."""
+    for P in range(2, 9):
+        for M in range(P, 3 * P):
+            _, r = ZeroBubbleH1().simulate(ScheduleSpec(P, M))
+            assert r.makespan == pytest.approx(3 * M + P - 1)
+            assert r.peak_activations == tuple(float(P - k) for k in range(P))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: Hanayo(waves=0), "waves must be a positive integer or 'auto'"),
+    (lambda: Hanayo(waves="many"), "waves must be a positive integer or 'auto'"),
+    (lambda: Interleaved1F1B(chunks=-1), "chunks must be a positive integer"),
+    (lambda: Hanayo().order(ScheduleSpec(1, 4)), "needs pipeline.ranks >= 2"),
+    (lambda: Chimera().order(ScheduleSpec(1, 4)), "needs pipeline.ranks >= 2"),
+])
+def test_refusals_are_one_line(make, message):
+    with pytest.raises(HexicoreError) as exc:
+        make()
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def critical_path(al, timing) -> float:
+    """Longest micro-batch path: its forwards, backwards and cross-rank transfers both ways."""
+    d = timing.durations()
+    split = any(a.op == "I" for acts in al.actions for a in acts)
+    best = 0.0
+    for mb in range(al.micro_batches):
+        chain = al.chain_of(mb)
+        t = sum(d["F"][s] + d["I" if split else "B"][s] for s in chain)
+        t += 2 * sum(timing.link(al.stage_rank[a], al.stage_rank[b]) for a, b in zip(chain, chain[1:]))
+        best = max(best, t)
+    return best
+
+
+times = st.floats(min_value=0.1, max_value=5.0, allow_nan=False)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(P=st.integers(2, 6), M=st.integers(1, 10), W=st.integers(1, 3), v=st.integers(1, 3), data=st.data())
+def test_random_specs_validate_and_respect_the_critical_path(P, M, W, v, data):
+    spec = ScheduleSpec(P, M, tuple(data.draw(st.lists(times, min_size=P, max_size=P))),
+                        tuple(data.draw(st.lists(times, min_size=P, max_size=P))),
+                        tuple(data.draw(st.lists(st.floats(0.0, 2.0), min_size=P - 1, max_size=P - 1))))
+    for sched in every(waves=W, chunks=v):
+        al = sched.actions(spec)
+        validate_actions(al, comm=True)
+        stage_t = tuple(data.draw(st.lists(times, min_size=al.stages, max_size=al.stages)))
+        timing = Timing(stage_t, tuple(2 * t for t in stage_t), spec.hops)
+        r = simulate(al, timing)
+        assert r.makespan >= critical_path(al, timing) - 1e-9
+        assert r.makespan >= max(r.busy) - 1e-9
+        assert 0.0 <= r.bubble_ratio < 1.0
+
+
+def test_base_class_is_the_protocol():
+    for s in every():
+        assert isinstance(s, ActionSchedule) and isinstance(s, Schedule)

@@ -156,3 +156,20 @@ def uniform_closed_form(stage_times: Sequence[float], hop_times: Sequence[float]
     if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
         return (n_mb + len(stage_times) - 1) * stage_times[0]
     return None
+
+
+def pipeline_timer(registry: Any) -> Any:
+    """The cost model's ``pipeline_timer`` hook (hexicore.cost.PipelineTimer) from the registry:
+    ``timer(pipeline, stage_times, hop_times, n_mb)`` prices each pipeline under its own
+    ``schedule`` section through :meth:`ActionSchedule.pipeline_time` (schedules built once)."""
+    built: dict[tuple, Any] = {}
+
+    def timer(pipeline: Any, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        params = dict(pipeline.schedule)
+        name = str(params.pop("name", "1f1b"))
+        key = (name, tuple(sorted((k, str(v)) for k, v in params.items())))
+        if key not in built:
+            built[key] = registry.create("schedule", name, **params)
+        return built[key].pipeline_time(stage_times, hop_times, n_mb)
+
+    return timer

@@ -1,0 +1,65 @@
+"""``hexicore simulate`` (DESIGN.md §4): the four files, the summary, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hexicore.actions import ActionList
+from hexicore.validate_actions import validate_actions
+
+
+def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hexicore.cli", "simulate", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def test_writes_four_files(tmp_path):
+    out = tmp_path / "sim"
+    p = cli("schedule=hanayo", "schedule.waves=2", "pipeline.ranks=4", "pipeline.micro_batches=4",
+            "timing.forward=1", "timing.backward=2", "timing.comm=0", f"out={out}")
+    assert p.returncode == 0, p.stderr
+    assert {f.name for f in out.iterdir()} >= {"actions.json", "summary.json", "trace.json", "timeline.png"}
+    s = json.loads((out / "summary.json").read_text())
+    assert s["bubble_ratio"] == pytest.approx(0.2131, abs=1e-4)
+    assert s["closed_form_bubble"] == pytest.approx(6 / 27)
+    assert len(s["peak_activations"]) == 4 and s["makespan"] == pytest.approx(15.25)
+    al = ActionList.load(out / "actions.json")
+    assert al.schedule == {"name": "hanayo", "waves": 2} and al.stages == 16
+    validate_actions(al, comm=True)
+    trace = json.loads((out / "trace.json").read_text())
+    x = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "computation"]
+    assert len(x) == 2 * 4 * 16 and max(e["ts"] + e["dur"] for e in x) == pytest.approx(15.25e6)
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert "bubble ratio 0.2131" in p.stdout
+
+
+def test_waves_auto_shows_the_choice(tmp_path):
+    p = cli("schedule=hanayo", "schedule.waves=auto", "schedule.max_waves=3", "pipeline.ranks=3",
+            "pipeline.micro_batches=3", f"out={tmp_path}")
+    assert p.returncode == 0, p.stderr
+    assert "waves=auto chose W=" in p.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["schedule"]["waves"] in (1, 2, 3)
+
+
+def test_default_output_dir_is_hydras(tmp_path):
+    p = cli("schedule=chimera", "pipeline.ranks=2", "pipeline.micro_batches=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert list(tmp_path.glob("outputs/*/*/summary.json"))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["schedule=hanayo", "pipeline.ranks=1"], "needs pipeline.ranks >= 2"),
+    (["schedule=nope"], "unknown schedule 'nope'"),
+    (["schedule=hanayo", "schedule.waves=0"], "waves must be a positive integer or 'auto'"),
+    (["schedule=hanayo", "schedule.waves=two"], "waves must be a positive integer or 'auto'"),
+    (["pipeline.micro_batches=0"], "pipeline.micro_batches"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    p = cli(*args, f"out={tmp_path}")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr

@@ -15,3 +15,16 @@ def _analytic(**params):
 def hexicore_cost_models():
     yield PluginSpec(kind="cost_model", name="analytic", factory=_analytic,
                      description="HexiScale App. A analytic model (compute, TP/PP/DP comm with alpha, memory)")
+
+
+def _hexiscale(**params):
+    from hexicore.hexiscale import HexiScaleSolver
+
+    return HexiScaleSolver.from_params(**params)
+
+
+@hookimpl
+def hexicore_solvers():
+    yield PluginSpec(kind="solver", name="hexiscale", factory=_hexiscale,
+                     description="HexiScale two-phase planner: METIS partition, KL, top-tau order, "
+                                 "asymmetric layers and batches (§4)")

@@ -1,0 +1,68 @@
+"""Layer allocation across the stages of one pipeline (HexiScale §4.3, REFERENCE.md §2).
+
+Given, for every stage j, its time ``t_j(l)`` for ``l = 0..L`` layers (STAGE + HOP of App. A,
+one micro-batch) and the most layers ``cap_j`` its devices hold in memory, choose integer layer
+counts ``l_j`` with ``sum_j l_j = L`` and ``1 <= l_j <= cap_j`` that minimise the slowest stage
+``max_j t_j(l_j)`` — the term that multiplies ``n_mb - 1`` in PIPELINE-TIME. Among the minimisers
+it then minimises ``sum_j t_j(l_j)`` (the fill/drain term), exactly when the ``t_j`` are convex
+(the analytic model's are affine).
+
+Exact, not rounded proportions: the optimum is one of the values ``t_j(l)``; a binary search over
+those values finds the smallest ``T`` at which the stages can hold ``L`` layers, where stage j
+holds at most ``max {l <= cap_j : t_j(l) <= T}``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def max_layers_within(capped: np.ndarray, bound: float) -> np.ndarray:
+    """Per stage, the most layers with ``t_j(l) <= bound`` (-1: not even zero); ``capped`` holds
+    each nondecreasing row with ``inf`` beyond the stage's memory cap."""
+    return (capped <= bound).sum(axis=1) - 1
+
+
+def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_layers: int) -> tuple[int, ...] | None:
+    """Exact min-max layer allocation; ``times[j][l]`` for ``l = 0..n_layers``; ``None`` when no
+    allocation fits (``sum cap_j < L`` or a stage cannot hold even one layer).
+
+    Rows are made nondecreasing (``t_j(l) := max_{l' <= l} t_j(l')``) — a stage can always run
+    fewer layers no slower — which changes nothing for a monotone cost model."""
+    t = np.maximum.accumulate(np.asarray(times, dtype=float), axis=1)
+    p = len(t)
+    if p == 0 or p > n_layers:
+        return None
+    caps = np.minimum(np.asarray(caps, dtype=int), n_layers - (p - 1))
+    if (caps < 1).any() or caps.sum() < n_layers:
+        return None
+    ls = np.arange(t.shape[1])
+    capped = np.where(ls[None, :] <= caps[:, None], t, np.inf)
+    values = np.unique(capped[:, 1:][np.isfinite(capped[:, 1:])])
+    lo, hi = 0, len(values) - 1
+    while lo < hi:  # smallest value at which L layers fit, one layer at least per stage
+        mid = (lo + hi) // 2
+        held = max_layers_within(capped, values[mid])
+        if (held >= 1).all() and held.sum() >= n_layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    alloc = max_layers_within(capped, values[lo])
+    excess = int(alloc.sum()) - n_layers
+    if excess > 0:  # give back the layers that cost most (min-sum tie-break; greedy = exact for convex rows)
+        ls_ = np.arange(1, t.shape[1])
+        marginal = np.where((ls_[None, :] <= alloc[:, None]) & (ls_[None, :] >= 2), t[:, 1:] - t[:, :-1], -np.inf)
+        flat = np.argsort(-marginal, axis=None, kind="stable")[:excess]
+        alloc = alloc - np.bincount(flat // marginal.shape[1], minlength=p)
+    return tuple(int(x) for x in alloc)
+
+
+def layer_ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """Half-open ``[start, end)`` ranges of consecutive stages (plan JSON §5)."""
+    out, lo = [], 0
+    for c in counts:
+        out.append((lo, lo + int(c)))
+        lo += int(c)
+    return out

@@ -1,0 +1,397 @@
+"""The HexiScale two-phase iterative planner (§4, REFERENCE.md §2), exposed as solver ``hexiscale``.
+
+One candidate (§4.2-4.3):
+
+1. phase 1 — partition the device graph into ``D_dp`` parts (one per pipeline) with the
+   configured partitioner, min-cut or max-cut, then the refiner;
+2. phase 2, per part — partition it again into ``k_i`` groups of well-connected GPUs (min-cut),
+   order the groups with the stage orderer (top-tau), choose each group's local strategy (TP
+   degree and number of stages, inside one machine) by the cost model, and allocate layers
+   exactly (:mod:`hexicore.layers`);
+3. allocate the global batch over the pipelines (:mod:`hexicore.batch`, gradient accumulation)
+   and score the plan with the cost model (out of memory = infinity).
+
+The loop (§4.4) sweeps ``D_dp``, then walks around the best ``D_dp`` varying ``k_i`` and the
+partition seed; min-cut vs max-cut follows a moving average of the simulated DP sync time vs the
+pipelines' hop time (whichever communication dominates is given the fast links). The symmetric
+plans of the ``seeds`` solvers (``megatron``) and a warm-start plan are candidates too, so the
+result is never worse than they are under the same cost model. The best plan is finally polished
+by moving single stage boundaries under the full estimate (DP sync included).
+
+Everything pluggable comes from ``problem.registry`` by name; the core imports no plugin.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from hexicore.batch import allocate_batch, affine_time
+from hexicore.cost import GIB, Estimate
+from hexicore.errors import HexicoreError
+from hexicore.plan import Plan
+from hexicore.problem import Problem, Progress, no_progress
+from hexicore.search_config import SearchConfig
+from hexicore.stages import (Group, Layout, StageTable, align_to, apply_menu, machine_contiguous, layout_pipeline, split_by_machine,
+                             tp_menus)
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A scored plan; ``origin`` says where it came from (``search``, ``seed:megatron``, ...)."""
+
+    score: float
+    plan: Plan | None
+    estimate: Estimate | None
+    origin: str
+    layouts: tuple[Layout, ...] = ()
+    info: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Context:
+    """Per-solve state: the problem, plugins built by name, caches, the moving averages."""
+
+    problem: Problem
+    cfg: SearchConfig
+    table: StageTable
+    partitioner: Any
+    refiner: Any
+    orderer: Any
+    graph: Any
+    micro_batches: int
+    degrees: tuple[int, ...]
+    phase2_cache: dict = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)
+    ema_dp: float | None = None
+    ema_pp: float | None = None
+    evaluated: int = 0
+
+    @property
+    def cost(self):
+        return self.table.cost
+
+
+# ----------------------------------------------------------------------------- phase 2
+def pipeline_time_fn(ctx: Context, layout: Layout):
+    """PIPELINE-TIME(n_mb) of a layout: the schedule's timer if the cost model has one, else App. A."""
+    timer = getattr(ctx.cost, "pipeline_timer", None)
+    if timer is None:
+        return affine_time(*layout.fill_step())
+    sched, mb = ctx.problem.schedule, ctx.problem.train.micro_batch
+    return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
+
+
+def unit_orders(ctx: Context, part: Sequence[str], k: int, seed: int) -> list[list[Group]]:
+    """Phase 2 (i)+(iii): ``k`` well-connected groups; each group split per machine into units
+    (TP stays inside a machine, §3.2); the units ordered by the orderer (its few best paths when
+    it offers ``orders``). Ordering units rather than whole groups keeps a machine's pieces
+    adjacent even when the partitioner spread it over two groups (intra-machine links are the
+    fastest, so top-tau joins them)."""
+    sub = ctx.graph.subgraph(part)
+    groups = ctx.partitioner.partition(sub, k, objective="min_cut", balance=ctx.cfg.group_balance, seed=seed) \
+        if k > 1 else [list(part)]
+    units = [list(u) for g in groups if g for u in split_by_machine(ctx.problem.cluster, g)]
+    many = getattr(ctx.orderer, "orders", None)
+    paths = many(units, sub, ctx.cfg.orders) if many is not None else [ctx.orderer.order(units, sub)]
+    return [merge_adjacent(ctx, path) for path in paths]
+
+
+def merge_adjacent(ctx: Context, path: Sequence[Sequence[str]]) -> list[Group]:
+    """Consecutive units of one machine become one unit, so its TP menu spans all of them."""
+    out: list[list[str]] = []
+    machine = ctx.problem.cluster.device
+    for u in path:
+        if out and machine(out[-1][0]).machine == machine(u[0]).machine:
+            out[-1].extend(u)
+        else:
+            out.append(list(u))
+    return [tuple(u) for u in out]
+
+
+def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_max: int) -> tuple[float, Layout | None]:
+    """Phase 2 (ii): per unit a TP menu (:func:`tp_menus`), chosen by coordinate descent on the
+    pipeline's time at its nominal micro-batch count, for each candidate order and its reverse
+    (top-tau scores bandwidth only; memory favours some ends)."""
+    best: tuple[float, Layout | None] = (INF, None)
+    tried = set()
+    for order in (o for units in orders for o in (units, units[::-1])):
+        if tuple(order) in tried:
+            continue
+        tried.add(tuple(order))
+        menus = [tp_menus(len(u), tuple(d for d in ctx.degrees if d <= len(u))) for u in order]
+
+        def score(choice: list[int]) -> tuple[float, Layout | None]:
+            stages = [g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c])]
+            lay = layout_pipeline(ctx.table, stages, n_mb_max)
+            return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay)(n_nominal), lay)
+
+        # start from the best uniform strategy (every unit at TP degree d where it can be)
+        cur, choice = (INF, None), [0] * len(order)
+        for d in ctx.degrees:
+            start = [min(range(len(ms)), key=lambda i: (sum(abs(t - d) for t in ms[i]), i)) for ms in menus]
+            s = score(start)
+            if s[0] < cur[0] or cur[1] is None and s[1] is not None:
+                cur, choice = s, start
+        for _ in range(ctx.cfg.strategy_passes):
+            improved = False
+            for u in range(len(order)):
+                for c in range(len(menus[u])):
+                    if c == choice[u]:
+                        continue
+                    trial = choice[:u] + [c] + choice[u + 1:]
+                    s = score(trial)
+                    if s[0] < cur[0] - 1e-12:
+                        cur, choice, improved = s, trial, True
+            if not improved:
+                break
+        if cur[0] < best[0]:
+            best = cur
+    return best
+
+
+def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
+    """One pipeline's layout from its devices (cached per part, k and batch bound)."""
+    tf = ctx.problem.cluster.total_tflops
+    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
+    key = (frozenset(part), k, n_mb_max)
+    if key not in ctx.phase2_cache:
+        ctx.phase2_cache[key] = best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
+    return ctx.phase2_cache[key]
+
+
+# ---------------------------------------------------------------------- candidates
+def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | None = None) -> Candidate:
+    """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf)."""
+    p = ctx.problem
+    counts = allocate_batch([pipeline_time_fn(ctx, lay) for lay in layouts], ctx.micro_batches)
+    if counts is None:
+        return Candidate(INF, None, None, origin)
+    pipes = tuple(lay.pipeline(n * p.train.micro_batch, p.schedule) for lay, n in zip(layouts, counts))
+    plan = Plan(p.model, p.cluster, p.train, pipes)
+    est = ctx.cost.estimate(plan)
+    ctx.evaluated += 1
+    score = est.iteration_s if est.fits else INF
+    if est.fits:
+        slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
+        pp = counts[slow] * sum(layouts[slow].hop_s)
+        a = ctx.cfg.ema
+        ctx.ema_dp = est.dp_s if ctx.ema_dp is None else a * est.dp_s + (1 - a) * ctx.ema_dp
+        ctx.ema_pp = pp if ctx.ema_pp is None else a * pp + (1 - a) * ctx.ema_pp
+    return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
+
+
+def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
+    """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
+    origin = f"search D_dp={d_dp} {objective}"
+    parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
+    if ctx.refiner is not None and d_dp > 1:
+        parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
+    parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
+    cl = ctx.problem.cluster
+    ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
+          for i, p in enumerate(parts)]
+    key = (tuple(tuple(p) for p in parts), tuple(ks))
+    if key in ctx.seen:
+        return ctx.seen[key]
+    n_mb_max = ctx.micro_batches - (len(parts) - 1)
+    layouts = []
+    for i, (p, k) in enumerate(zip(parts, ks)):
+        lay = phase2(ctx, p, k, n_mb_max, seed + i)
+        if lay is None:
+            ctx.seen[key] = Candidate(INF, None, None, origin)
+            return ctx.seen[key]
+        layouts.append(lay)
+    info = {"d_dp": len(parts), "objective": objective, "k": ks}
+    cand = min([assemble(ctx, layouts, origin, info)] + aligned(ctx, layouts, n_mb_max, origin, info),
+               key=lambda c: c.score)
+    ctx.seen[key] = cand
+    return cand
+
+
+def aligned(ctx: Context, layouts: Sequence[Layout], n_mb_max: int, origin: str, info: dict) -> list[Candidate]:
+    """Variants where every pipeline copies one pipeline's machine order and per-machine layer
+    ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
+    partition) their DP sync then stays inside machines. Each pipeline serves as the template
+    once (at most ``ctx.cfg.align_templates``)."""
+    if len(layouts) < 2:
+        return []
+    out = []
+    for t, template in enumerate(layouts[:ctx.cfg.align_templates]):
+        template = machine_contiguous(ctx.table, template, n_mb_max)
+        if template is None:
+            continue
+        new = [template if i == t else align_to(ctx.table, template, lay.stages, n_mb_max)
+               for i, lay in enumerate(layouts)]
+        if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
+            out.append(assemble(ctx, new, origin + " aligned", info))
+    return out
+
+
+def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
+    """A given plan's stages (e.g. megatron's) as a candidate, with its own layers or with the
+    exact layer allocation; batches re-allocated. Devices no longer in the cluster are dropped."""
+    cl = ctx.problem.cluster
+    pipes = [[tuple(d for d in s.devices if cl.has_device(d)) for s in p.stages] for p in plan.pipelines]
+    kept = [[g for g in p if g] for p in pipes]
+    kept = [p for p in kept if p]
+    same = all(len(a) == len(b.stages) for a, b in zip(kept, plan.pipelines)) and len(kept) == len(plan.pipelines)
+    n_mb_max = ctx.micro_batches - (len(kept) - 1)
+    layouts = []
+    for i, stages in enumerate(kept):
+        layers = [s.n_layers for s in plan.pipelines[i].stages] if keep_layers and same else None
+        lay = layout_pipeline(ctx.table, stages, n_mb_max, layers)
+        if lay is None:
+            return Candidate(INF, None, None, origin)
+        layouts.append(lay)
+    return assemble(ctx, layouts, origin, {"d_dp": len(layouts)})
+
+
+def polish(ctx: Context, best: Candidate, deadline: float) -> Candidate:
+    """Hill-climb stage boundaries one layer at a time under the full estimate (the layer
+    allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
+    with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers")."""
+    if best.plan is None or not best.layouts:
+        return best
+    n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
+    for _ in range(ctx.cfg.polish_rounds):
+        improved = False
+        for i, lay in enumerate(best.layouts):
+            for j in range(len(lay.layers) - 1):
+                for delta in (1, -1):
+                    if time.monotonic() > deadline:
+                        return best
+                    layers = list(lay.layers)
+                    layers[j] += delta
+                    layers[j + 1] -= delta
+                    new = layout_pipeline(ctx.table, lay.stages, n_mb_max, layers)
+                    if new is None:
+                        continue
+                    layouts = best.layouts[:i] + (new,) + best.layouts[i + 1:]
+                    cand = assemble(ctx, layouts, best.origin + " +polish", best.info)
+                    if cand.score < best.score - 1e-9:
+                        best, lay, improved = cand, new, True
+        if not improved:
+            break
+    return best
+
+
+# --------------------------------------------------------------------------- the loop
+def state_gb(problem: Problem) -> float:
+    """Training state of the whole model (weights, gradients, optimizer) in GiB."""
+    per = getattr(problem.cost, "state_bytes_per_param", None) or 4 * problem.train.dtype_bytes
+    return problem.model.total_params() * per / GIB
+
+
+def dp_range(ctx: Context) -> list[int]:
+    """Candidate numbers of pipelines: ``dp_min..dp_max``, bounded by the devices, the
+    micro-batches and memory (every pipeline holds a whole model's training state)."""
+    p, cfg = ctx.problem, ctx.cfg
+    n = len(p.cluster.devices)
+    if cfg.dp_max is not None and cfg.dp_max > n:
+        raise HexicoreError(f"dp_max={cfg.dp_max} exceeds the cluster's {n} devices", field="solver.dp_max")
+    usable = sum(d.memory_gb - getattr(p.cost, "reserve_gb", 0.0) for d in p.cluster.devices)
+    by_memory = max(1, int(usable // state_gb(p)))
+    hi = min(n, ctx.micro_batches, by_memory, cfg.dp_max or n)
+    lo = cfg.dp_min
+    if lo > hi:
+        raise HexicoreError(f"no number of pipelines in [{lo}, {cfg.dp_max or n}] is possible (at most {hi}: "
+                            f"{n} devices, {ctx.micro_batches} micro-batches, memory for {by_memory} model copies)",
+                            field="solver.dp_min")
+    return list(range(lo, hi + 1))
+
+
+def choose_objective(ctx: Context, rng: random.Random) -> str:
+    """§4.4: follow the moving averages; explore the other cut with probability ``explore``."""
+    pick = "max_cut" if (ctx.ema_dp or 0.0) > (ctx.ema_pp or 0.0) else "min_cut"
+    if rng.random() < ctx.cfg.explore:
+        pick = "min_cut" if pick == "max_cut" else "max_cut"
+    return pick
+
+
+def no_fit_error(problem: Problem) -> HexicoreError:
+    """Nothing fits: say how much memory the model's state alone needs (issue 3, item 6)."""
+    c, m, t = problem.cluster, problem.model, problem.train
+    return HexicoreError(f"model {m.name!r} fits in no plan on {c.name!r}: its training state alone needs "
+                         f"{state_gb(problem):.1f} GB plus activations (micro-batch {t.micro_batch}, sequence "
+                         f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
+                         f"{max(d.memory_gb for d in c.devices):g} GB per GPU", field="model")
+
+
+def make_context(problem: Problem, cfg: SearchConfig) -> Context:
+    """Build the plugins by name from the registry (DESIGN.md §2) and the caches."""
+    reg = problem.registry
+    if reg is None:
+        raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
+    cost = problem.cost if cfg.cost_model is None else reg.create("cost_model", cfg.cost_model)
+    refiner = reg.create("refiner", cfg.refiner) if cfg.refiner else None
+    orderer = reg.create("orderer", cfg.orderer, tau=cfg.tau)
+    m = problem.model
+    degrees = tuple(d for d in range(1, cfg.max_tp + 1) if m.heads % d == 0 and m.kv_heads % d == 0)
+    return Context(problem, cfg, StageTable(problem.cluster, m, problem.train, cost, problem.schedule),
+                   reg.create("partitioner", cfg.partitioner), refiner, orderer, problem.cluster.graph(),
+                   problem.train.global_batch // problem.train.micro_batch, degrees)
+
+
+def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
+    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4 + issue 3)."""
+    out = []
+    p = ctx.problem
+    for name in ctx.cfg.seeds:
+        try:
+            plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
+        except HexicoreError:
+            continue  # that solver finds nothing that fits: no seed from it
+        out.append(relayout(ctx, plan, f"seed:{name}", keep_layers=True))
+        out.append(relayout(ctx, plan, f"seed:{name} +layers", keep_layers=False))
+    if p.warm_start is not None:
+        out.append(relayout(ctx, p.warm_start, "warm_start", keep_layers=True))
+        out.append(relayout(ctx, p.warm_start, "warm_start +layers", keep_layers=False))
+    return out
+
+
+def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
+               progress: Progress = no_progress) -> Plan:
+    """The iterative two-phase search of §4.4; returns the best plan found (never worse than
+    the seeds'). ``time_limit`` (s) stops the loop early; everything else is seeded."""
+    t0 = time.monotonic()
+    deadline = t0 + time_limit if time_limit else INF
+    ctx = make_context(problem, cfg)
+    dps = dp_range(ctx)
+    rng = random.Random(seed)
+    progress("hexiscale: seeding with symmetric plans", 0.0)
+    best = min(seed_candidates(ctx, seed) or [Candidate(INF, None, None, "none")], key=lambda c: c.score)
+    n = cfg.iterations
+    sweep = [(d, o) for d in dps for o in ("min_cut", "max_cut")] if n >= 2 * len(dps) else None
+    for it in range(n):
+        if time.monotonic() > deadline:
+            break
+        if sweep is not None and it < len(sweep):
+            d_dp, objective = sweep[it]
+            shifts: Sequence[int] = (0,)
+        elif it < len(dps) and sweep is None:
+            d_dp, objective, shifts = dps[it], choose_objective(ctx, rng), (0,)
+        else:
+            base = best.info.get("d_dp", rng.choice(dps))
+            d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
+            objective = choose_objective(ctx, rng)
+            shifts = tuple(rng.choice(cfg.k_shifts) for _ in range(d_dp))
+        cand = two_phase(ctx, d_dp, objective, shifts, rng.randrange(2**31))
+        if cand.score < best.score:
+            best = cand
+        shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
+        progress(f"hexiscale: candidate {it + 1}/{n} (D_dp={d_dp}, {objective}), best {shown}", (it + 1) / (n + 1))
+    if best.plan is None:
+        raise no_fit_error(problem)
+    progress("hexiscale: polishing stage boundaries", n / (n + 1))
+    best = polish(ctx, best, deadline if time_limit else time.monotonic() + max(5.0, time.monotonic() - t0))
+    progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    return best.plan.with_solver({"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None,
+                                  "origin": best.origin, "candidates": ctx.evaluated,
+                                  "d_dp": len(best.plan.pipelines), "seed": seed})

@@ -1,0 +1,191 @@
+"""Baseline solvers for side-by-side tables (HexiScale §5, REFERENCE.md §5, notes/planners.md):
+
+* ``metis_like`` — Metis (ATC'24): one model layout, stages of uniform (dp, tp) groups laid over
+  the devices in device-type order (every order of the types is tried), layers proportional to
+  the stages' speed and re-partitioned (at most 3 times) where a stage runs out of memory;
+* ``galvatron_like`` — Galvatron: symmetric DP x TP x PP over the devices in cluster order, the
+  layers of the stages balanced by a dynamic programme over memory (minimise the largest stage
+  memory, heterogeneity-blind for time);
+* ``fsdp`` — pure sharded data parallelism: one single-GPU pipeline per rank with the whole
+  model, equal per-rank batch. Whether the shards fit is the cost model's call (the analytic
+  model does not shard state, so large models do not fit).
+
+Each returns the fastest of its own candidates that fits, by the problem's cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from hexicore.errors import HexicoreError
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.layers import layer_ranges
+from hexicore.plan import Pipeline, Plan, Stage
+from hexicore.problem import Problem, Progress, no_progress
+from hexicore.stages import StageTable
+from hexicore_plugins.solvers.megatron import factorisations, legal, symmetric_plan
+
+METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
+
+
+def with_layers(plan: Plan, counts: list[int]) -> Plan:
+    """The same stages with layer counts ``counts`` (shared by every pipeline)."""
+    ranges = layer_ranges(counts)
+    pipes = tuple(replace(p, stages=tuple(replace(s, layers=r) for s, r in zip(p.stages, ranges)))
+                  for p in plan.pipelines)
+    return replace(plan, pipelines=pipes)
+
+
+def stage_caps(table: StageTable, plan: Plan) -> list[int]:
+    """Per stage index, the most layers every replica of that stage holds in memory."""
+    pp = len(plan.pipelines[0].stages)
+    n_mb = plan.pipelines[0].n_micro_batches(plan.train.micro_batch)
+    return [min(table.cap(p.stages[j].devices, j == 0, j == pp - 1, table.in_flight(pp, j, n_mb))
+                for p in plan.pipelines) for j in range(pp)]
+
+
+def proportional(total: int, weights: list[float], caps: list[int]) -> list[int] | None:
+    """Largest-remainder split of ``total`` layers proportional to ``weights`` (>= 1 each),
+    then up to three re-partitions moving the overflow of capped stages to the others."""
+    n = len(weights)
+    if sum(max(c, 0) for c in caps) < total or min(caps) < 1 or n > total:
+        return None
+    raw = [total * w / sum(weights) for w in weights]
+    out = [max(1, int(r)) for r in raw]
+    for j in sorted(range(n), key=lambda j: raw[j] - int(raw[j]), reverse=True)[:max(0, total - sum(out))]:
+        out[j] += 1
+    while sum(out) > total:
+        out[max(range(n), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+    for _ in range(METIS_REPARTITIONS):
+        over = sum(max(0, o - c) for o, c in zip(out, caps))
+        if not over:
+            break
+        out = [min(o, c) for o, c in zip(out, caps)]
+        free = [j for j in range(n) if out[j] < caps[j]]
+        for j in sorted(free, key=lambda j: -weights[j]):
+            give = min(caps[j] - out[j], over, max(1, round(over * weights[j] / sum(weights[f] for f in free))))
+            out[j] += give
+            over -= give
+    return out if sum(out) == total and all(1 <= o <= c for o, c in zip(out, caps)) else None
+
+
+def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) -> Plan:
+    scored = [(problem.evaluate(p), params, p) for params, p in cands]
+    fitting = [c for c in scored if c[0].fits]
+    if not fitting:
+        raise HexicoreError(f"{name}: no candidate fits in memory ({len(cands)} tried)", field="model")
+    est, params, plan = min(fitting, key=lambda c: c[0].iteration_s)
+    return plan.with_solver({"name": name, "params": params, "status": "HEURISTIC", "bound": None,
+                             "candidates": len(cands), "fitting": len(fitting)})
+
+
+def _table(problem: Problem) -> StageTable:
+    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule)
+
+
+@dataclass(frozen=True)
+class MetisLikeSolver:
+    """Metis-style search: device-type orders x uniform (dp, tp, pp) x speed-proportional layers."""
+
+    name: str = "metis_like"
+
+    def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+              progress: Progress = no_progress) -> Plan:
+        table, cl = _table(problem), problem.cluster
+        types = sorted({d.gpu.name for d in cl.devices})
+        cands = []
+        for perm in itertools.permutations(types):
+            devices = [d.id for t in perm for d in cl.devices if d.gpu.name == t]
+            for dp, tp, pp in factorisations(len(devices)):
+                if not legal(problem, dp, tp, pp):
+                    continue
+                plan = symmetric_plan(problem, dp, tp, pp, devices)
+                speed = [min(s.tp * min(cl.device(d).tflops for d in s.devices)
+                             for s in (p.stages[j] for p in plan.pipelines)) for j in range(pp)]
+                counts = proportional(problem.model.layers, speed, stage_caps(table, plan))
+                if counts is not None:
+                    cands.append(({"order": list(perm), "dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
+        progress("metis_like: evaluated device-type orders x (dp, tp, pp)", 1.0)
+        return best_fitting(problem, cands, self.name)
+
+
+def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
+    """Galvatron's memory-balanced stages: a DP over (stage, layers so far) minimising the
+    largest per-device stage memory (GB), every stage within its devices' capacity."""
+    L, pp = plan.model.layers, len(plan.pipelines[0].stages)
+    c, m, t = plan.cluster, plan.model, plan.train
+    n_mb = plan.pipelines[0].n_micro_batches(t.micro_batch)
+
+    def mem(j: int, l: int) -> float:
+        worst = 0.0
+        for p in plan.pipelines:
+            s = p.stages[j]
+            gb = table.cost.stage_memory_gb(c, m, t, s.devices, l, first=j == 0, last=j == pp - 1,
+                                            in_flight=table.in_flight(pp, j, n_mb))
+            if gb > min(c.device(d).memory_gb for d in s.devices):
+                return float("inf")
+            worst = max(worst, gb)
+        return worst
+
+    best = {0: (0.0, [])}
+    for j in range(pp):
+        nxt: dict[int, tuple[float, list[int]]] = {}
+        for used, (score, counts) in best.items():
+            for l in range(1, L - used - (pp - 1 - j) + 1):
+                s = max(score, mem(j, l))
+                if s == float("inf"):
+                    break
+                if used + l not in nxt or s < nxt[used + l][0]:
+                    nxt[used + l] = (s, counts + [l])
+        best = nxt
+    return best[L][1] if L in best else None
+
+
+@dataclass(frozen=True)
+class GalvatronLikeSolver:
+    """Galvatron-style: symmetric DP x TP x PP, memory-balanced stages, best by the cost model."""
+
+    name: str = "galvatron_like"
+
+    def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+              progress: Progress = no_progress) -> Plan:
+        table, cands = _table(problem), []
+        for dp, tp, pp in factorisations(len(problem.cluster.devices)):
+            if legal(problem, dp, tp, pp):
+                plan = symmetric_plan(problem, dp, tp, pp)
+                counts = memory_balanced(table, plan)
+                if counts is not None:
+                    cands.append(({"dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
+        progress("galvatron_like: evaluated (dp, tp, pp) with memory-balanced stages", 1.0)
+        return best_fitting(problem, cands, self.name)
+
+
+@dataclass(frozen=True)
+class FsdpSolver:
+    """Pure (sharded) data parallelism: ``n`` single-GPU replicas, ``n`` the most devices (the
+    fastest first) that divide the global batch's micro-batches evenly."""
+
+    name: str = "fsdp"
+
+    def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+              progress: Progress = no_progress) -> Plan:
+        t, L = problem.train, problem.model.layers
+        mbs = t.global_batch // t.micro_batch
+        devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))
+        n = max(k for k in range(1, min(len(devs), mbs) + 1) if mbs % k == 0)
+        pipes = tuple(Pipeline(t.global_batch // n, (Stage((d.id,), 1, (0, L)),), dict(problem.schedule))
+                      for d in devs[:n])
+        plan = Plan(problem.model, problem.cluster, t, pipes)
+        progress("fsdp: one replica per GPU", 1.0)
+        return best_fitting(problem, [({"ranks": n}, plan)], self.name)
+
+
+@hookimpl
+def hexicore_solvers():
+    yield PluginSpec(kind="solver", name="metis_like", factory=MetisLikeSolver,
+                     description="Metis (ATC'24)-style baseline: type-ordered uniform (dp, tp) stages, proportional layers")
+    yield PluginSpec(kind="solver", name="galvatron_like", factory=GalvatronLikeSolver,
+                     description="Galvatron-style baseline: symmetric DP x TP x PP, memory-balanced stages")
+    yield PluginSpec(kind="solver", name="fsdp", factory=FsdpSolver,
+                     description="pure sharded data parallelism, one replica per GPU")

@@ -8,6 +8,26 @@ Chimera's two copies) and ``STEP`` (optimizer). A stage is a model chunk; a rank
 several. ``SEND_*`` carry the sending stage, ``RECV_*`` the receiving stage, ``peer`` the other
 rank. ``chains`` lists each model copy's stages in data order; ``mb_chain`` says which chain
 each micro-batch runs through.
+
+Executing a list (what :mod:`hexicore.simulate` models and a runtime implements), per rank, in
+order:
+
+* ``F(s, mb)``: forward of stage ``s`` on micro-batch ``mb``; its input is the previous stage's
+  output (on this rank, or received by an earlier ``RECV_F``; the first stage reads the batch).
+* ``B(s, mb)``: full backward; needs ``F(s, mb)`` and the next stage's input gradient (the last
+  stage starts from the loss). ``I``/``W`` split it: ``I`` computes the input gradient (and frees
+  the activations, like ``B``), ``W`` the weight gradient later.
+* ``SEND_F(s, mb, peer)`` right after ``F(s, mb)`` sends its output to ``peer`` (holder of the
+  next stage); ``SEND_B(s, mb, peer)`` after ``B``/``I`` sends the input gradient back.
+  Sends are asynchronous (``isend``); wait on their handles before ``STEP``.
+* ``RECV_F(s, mb, peer)`` / ``RECV_B(s, mb, peer)`` receive stage ``s``'s input / output
+  gradient; blocking (or an ``irecv`` prefetched earlier and waited on here). Per link
+  (sender, receiver) receives come in send order, so untagged P2P (NCCL) matches them.
+* ``REDUCE(s, peer)``: all-reduce stage ``s``'s gradients with the replica on ``peer`` (same
+  position in another chain; Chimera); ``STEP``: optimizer step, last on every rank.
+
+Schedules emit compute only; :func:`hexicore.comm.insert_comm` adds the communication;
+:func:`hexicore.validate_actions.validate_actions` checks a list.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ micro-batch"), generalised to any stage->rank map, several chains (Chimera) and 
 * memory cap: a rank admits a micro-batch (runs the F of its first stage on that rank) only
   while fewer than ``cap[r]`` admitted micro-batches have not finished their last backward
   there. If every rank is stuck on the cap, the lowest waiting micro-batch is admitted anyway,
-  so the order always completes.
+  so the order always completes;
+* units (optional): micro-batches are admitted in units of ``unit``; a rank admits one of unit
+  k only after all of unit k-1 finished their last backward there (repeated M = P blocks, the
+  setting of Hanayo's closed form).
 
 Pure and deterministic: ties break on (time, decision sequence).
 """
@@ -29,7 +32,8 @@ from hexicore.simulate import Timing
 
 def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequence[int]], mb_chain: Sequence[int],
                  timing: Timing, *, cap: Sequence[float] | None = None,
-                 split_backward: bool = False, w_limit: Sequence[float] | None = None) -> list[list[Action]]:
+                 split_backward: bool = False, w_limit: Sequence[float] | None = None,
+                 unit: int | None = None) -> list[list[Action]]:
     """Per-rank compute lists; see the module docstring. ``split_backward``: emit I and W."""
     dur = timing.durations()
     prev, nxt, entry = {}, {}, {}
@@ -42,6 +46,8 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
     bop = "I" if split_backward else "B"
     free = [0.0] * ranks
     admitted = [0] * ranks
+    released = [0] * ranks
+    unit = unit or len(mb_chain) or 1
     pending: list[list] = [[] for _ in range(ranks)]  # (ready, cls, mb, stage, op)
     avail: list[list] = [[] for _ in range(ranks)]    # (cls, mb, stage, op) B/I/continuing F/W
     wq: list[list] = [[] for _ in range(ranks)]       # (mb, stage) ready W's
@@ -87,7 +93,8 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
         if wq[r] and (len(wq[r]) > w_limit[r] or (best is None and not (nf and admitted[r] < cap[r]))):
             mb, s = heapq.heappop(wq[r])
             best = (2, mb, s, "W")
-        elif nf and (admitted[r] < cap[r] or force[r]) and (best is None or (1, nf[0][0]) < best[:2]):
+        elif nf and (force[r] or (admitted[r] < cap[r] and released[r] >= unit * (nf[0][0] // unit))) \
+                and (best is None or (1, nf[0][0]) < best[:2]):
             mb, s = heapq.heappop(nf)
             best, admitted[r], force[r] = (1, mb, s, "F"), admitted[r] + 1, False
         elif best is not None:
@@ -111,6 +118,7 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
         elif op in "BI":
             if entry[c, r] == s:
                 admitted[r] -= 1
+                released[r] += 1
             if op == "I":
                 ready(r, end, 2, mb, s, "W")
             p = prev[c, s]

@@ -157,3 +157,13 @@ def test_random_specs_validate_and_respect_the_critical_path(P, M, W, v, data):
 def test_base_class_is_the_protocol():
     for s in every():
         assert isinstance(s, ActionSchedule) and isinstance(s, Schedule)
+
+
+def test_hanayo_more_micro_batches_never_hurt():
+    """M = kP under the default memory cap P: no worse than one M = P block, peaks <= P."""
+    for P in (3, 4, 8):
+        for W in (1, 2, 4):
+            base = bubble(Hanayo(waves=W), P, P)
+            for k in (2, 3):
+                _, r = Hanayo(waves=W).simulate(ScheduleSpec(P, k * P))
+                assert r.bubble_ratio <= base + 1e-9 and max(r.peak_activations) <= P

@@ -4,7 +4,9 @@ One model copy cut into ``S = 2PW`` stages on the wave map 0..P-1, P-1..0 (W tim
 micro-batch runs down the ranks and back up W times; the turns need no transfer. The order is
 the greedy list schedule of :mod:`hexicore.greedy` (earliest start, backward first, then lowest
 micro-batch) under the spec's stage and link times, with each rank admitting at most
-``memory`` micro-batches (default P, 1F1B's rank-0 peak).
+``memory`` micro-batches (default P, 1F1B's rank-0 peak). For M > P the faster (by simulation)
+of the plain greedy order and units of P micro-batches (one M = P block after another, the
+setting of the closed form) is kept: under the cap the plain order can stall.
 
 Phases (they emerge from the greedy rule): 1. fill: micro-batch 0 rides the first wave while
 rank 0 keeps injecting; 2. steady: backward waves return and interleave with forwards;
@@ -61,8 +63,14 @@ class Hanayo(ActionSchedule):
         chain = [tuple(range(len(s2r)))]
         probe = ActionList({}, P, len(s2r), M, s2r, ((),) * P)
         timing = spec.timing(probe)
-        lists = greedy_order(P, s2r, chain, (0,) * M, timing, cap=[self._cap(spec)] * P)
-        return build(self.name, {"waves": waves}, spec, s2r, lists)
+        best = None
+        for unit in ((None, P) if M > P else (None,)):
+            lists = greedy_order(P, s2r, chain, (0,) * M, timing, cap=[self._cap(spec)] * P, unit=unit)
+            al = build(self.name, {"waves": waves}, spec, s2r, lists)
+            t = simulate(al, timing, comm=False).makespan
+            if best is None or t < best[0] - 1e-12:
+                best = (t, al)
+        return best[1]
 
     def choose_waves(self, spec: ScheduleSpec) -> tuple[int, dict[int, float]]:
         """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory``."""

@@ -1,0 +1,26 @@
+"""The ``torch`` runtime plugin: executes hexicore action lists on torch.distributed.
+
+Modules (one concept each): :mod:`.model` (Llama chunks), :mod:`.tensor_parallel` (Megatron
+column/row parallel), :mod:`.layout` (ranks, pipelines, chunk layer ranges; no torch),
+:mod:`.groups` (process groups), :mod:`.stage` (build + seeded init of a rank's chunks),
+:mod:`.executor` (the action-list interpreter), :mod:`.data`, :mod:`.checkpoint`,
+:mod:`.trainer` (one rank's loop), :mod:`.launch` (elastic launch / torchrun), :mod:`.runtime`
+(config -> checked run). This module imports no torch, so registering the plugin is cheap.
+"""
+
+from __future__ import annotations
+
+from hexicore.hookspecs import PluginSpec, hookimpl
+
+
+def _factory(**params):
+    from .runtime import TorchRuntime
+
+    return TorchRuntime(**params)
+
+
+@hookimpl
+def hexicore_runtimes():
+    yield PluginSpec(kind="runtime", name="torch", factory=_factory,
+                     description="torch.distributed executor of action lists (gloo on CPU, NCCL on CUDA), "
+                                 "tensor-parallel Llama")

@@ -1,0 +1,75 @@
+"""Training data: a seeded synthetic token stream and a byte-level text file (issue 6 item 4).
+
+A source returns the *global* batch of a step, ``[global_batch, seq_len + 1]`` token ids (inputs
+are ``[:, :-1]``, labels ``[:, 1:]``), as a pure function of ``(seed, step)``. Every rank and the
+``parallel=none`` reference therefore see the same rows in the same order, and a resumed run
+sees exactly what the uninterrupted one saw. Pipeline ``p`` takes rows ``[offset_p, offset_p +
+batch_p)``; its micro-batch ``m`` the ``m``-th slice of those.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from hexicore.errors import HexicoreError
+
+
+def _generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed((int(seed) * 1_000_033 + int(step) * 7_919 + 12_345) % (2**63))
+
+
+class SyntheticTokens:
+    """Learnable synthetic sequences: each row counts from a random start by a random stride
+    (mod vocab), so a model can drive the loss down, and the data cost nothing to produce."""
+
+    def __init__(self, vocab: int, seq_len: int, global_batch: int, seed: int):
+        self.vocab, self.seq_len, self.global_batch, self.seed = vocab, seq_len, global_batch, seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        g = _generator(self.seed, step)
+        start = torch.randint(0, self.vocab, (self.global_batch, 1), generator=g)
+        stride = torch.randint(1, 8, (self.global_batch, 1), generator=g)
+        pos = torch.arange(self.seq_len + 1).unsqueeze(0)
+        return (start + stride * pos) % self.vocab
+
+
+def demo_text_path() -> Path:
+    """The small text file shipped with the runtime for the byte-level demo."""
+    return Path(str(resources.files("hexicore_plugins.runtimes.torch").joinpath("data", "demo.txt")))
+
+
+class ByteText:
+    """A text file tokenised at byte level (vocab 256): each row is a window at a seeded offset."""
+
+    def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int):
+        path = Path(path) if path else demo_text_path()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise HexicoreError(f"cannot read the text file: {exc.strerror}", source=str(path),
+                                field="runtime.data_file") from None
+        if vocab < 256:
+            raise HexicoreError(f"byte-level text needs a vocabulary of at least 256, the model has {vocab}",
+                                field="model.vocab")
+        if len(raw) < seq_len + 2:
+            raise HexicoreError(f"the text has {len(raw)} bytes, fewer than a sequence of {seq_len + 1}",
+                                source=str(path), field="runtime.data_file")
+        self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+        self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        g = _generator(self.seed, step)
+        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=g)
+        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()])
+
+
+def make_source(kind: str, *, vocab: int, seq_len: int, global_batch: int, seed: int, path: str | None = None):
+    """``kind``: ``synthetic`` or ``text`` (byte level; ``path`` or the shipped demo file)."""
+    if kind == "synthetic":
+        return SyntheticTokens(vocab, seq_len, global_batch, seed)
+    if kind == "text":
+        return ByteText(path, vocab, seq_len, global_batch, seed)
+    raise HexicoreError(f"unknown data {kind!r}; choose one of: synthetic, text", field="runtime.data")

@@ -1,0 +1,294 @@
+"""Executes one rank's action list (DESIGN.md §6) for one training step.
+
+The runtime only follows instructions, so any schedule runs on it (Hanayo §runtime, REFERENCE.md
+§6): ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``/``W`` split the
+backward into input-gradient and weight-gradient passes (zero-bubble family), ``SEND_*``/``RECV_*``
+move activations and their gradients between ranks, ``REDUCE`` sums the gradients of a stage's
+replicas (Chimera), ``STEP`` all-reduces data-parallel gradients and steps the optimizer.
+Gradients accumulate across micro-batches in ``.grad``; the loss of a micro-batch is scaled by
+``1 / tokens of the global batch`` so the sum over micro-batches and pipelines is the global mean.
+
+Communication: P2P goes leader to leader through ``torch.distributed.batch_isend_irecv`` and is
+asynchronous. Receives are *prefetched*: the next receive of the list is posted together with the
+preceding send or receive, so it overlaps the compute in between (Hanayo's runtime), unless a send
+to the same peer comes first (NCCL orders a pair's operations, and a receive queued before that
+send could block it). Messages carry tags naming (kind, stage, micro-batch); on a TP stage the
+leader broadcasts what it received inside its TP group. Consecutive stages of a chain on the same
+rank hand tensors over directly. Every wait is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hexicore.actions import Action
+
+from .groups import Groups
+from .layout import PipelinePart
+from .stage import Stage
+
+KIND = {"SEND_F": 0, "RECV_F": 0, "SEND_B": 1, "RECV_B": 1}
+
+
+class ExecutionError(RuntimeError):
+    """An action failed, timed out, or the list left work undone."""
+
+
+class Executor:
+    """One rank's stages of one pipeline plus the state of the step being executed."""
+
+    def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
+                 optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
+                 loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0):
+        self.part, self.q, self.stages, self.g = part, pipe_rank, stages, groups
+        self.al = part.actions
+        self.acts: tuple[Action, ...] = self.al.actions[pipe_rank]
+        self.optimizer, self.act_shape, self.device = optimizer, act_shape, device
+        self.loss_scale, self.autocast_dtype = loss_scale, autocast_dtype
+        self.timeout = timedelta(seconds=timeout_s)
+        self.leader = groups.tp.rank == 0
+        self.recv_queue = [i for i, a in enumerate(self.acts) if a.op.startswith("RECV")] if self.leader else []
+        self.explicit_step = any(a.op == "STEP" for a in self.acts)
+
+    # ------------------------------------------------------------- helpers
+    def _tag(self, kind: int, stage: int, mb: int) -> int:
+        return (kind * self.al.stages + stage) * (self.al.micro_batches + 1) + mb
+
+    def _local(self, stage: int | None) -> bool:
+        return stage is not None and self.al.stage_rank[stage] == self.q
+
+    def _peer(self, pipe_rank: int) -> int:
+        """Global rank of the same TP index (REDUCE) or the leader (P2P) of a pipeline rank."""
+        return self.part.groups[pipe_rank].leader
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _wait(self, works: list, what: str) -> None:
+        limit = f"{self.timeout.total_seconds():g} s"
+        for w in works:
+            try:
+                ok = w.wait(self.timeout)
+            except RuntimeError as exc:
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                text = text.split("] ", 1)[-1] if text.startswith("[") else text
+                if "timed out" in text.lower():
+                    raise ExecutionError(f"timed out after {limit} waiting for {what} (is that rank hung?)") from None
+                raise ExecutionError(f"lost the connection while waiting for {what} (did that rank die?): "
+                                     f"{text.split('. ')[0]}") from None
+            if ok is False:
+                raise ExecutionError(f"timed out after {limit} waiting for {what} (is that rank hung?)")
+
+    def _issue(self, ops: list[tuple[Any, Any]]) -> None:
+        """Post ``(P2POp, key)`` pairs in one ``batch_isend_irecv``; remember each op's work."""
+        if not ops:
+            return
+        works = dist.batch_isend_irecv([op for op, _ in ops]) or []
+        if len(works) == len(ops):
+            for (_, key), w in zip(ops, works):
+                self.works[key] = [w]
+        else:  # coalesced into one handle: waiting for any op waits for the batch
+            for _, key in ops:
+                self.works[key] = list(works)
+
+    def _recv_ops(self, upto: int) -> list[tuple[Any, Any]]:
+        """irecv ops for receive-queue entries ``[next_post, upto)`` (stops before a send to that peer)."""
+        ops = []
+        while self.next_post < min(upto, len(self.recv_queue)):
+            i = self.recv_queue[self.next_post]
+            a = self.acts[i]
+            if any(b.op.startswith("SEND") and b.peer == a.peer for b in self.acts[self.pos + 1:i]):
+                break
+            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.device)
+            self.buffers[i] = buf
+            ops.append((dist.P2POp(dist.irecv, buf, self._peer(a.peer), tag=self._tag(KIND[a.op], a.stage, a.mb)),
+                        ("recv", i)))
+            self.next_post += 1
+        return ops
+
+    def _receive(self, i: int, a: Action) -> torch.Tensor:
+        if self.leader:
+            k = self.recv_queue.index(i, self.consumed)
+            self._issue(self._recv_ops(k + 2))
+            self._wait(self.works.pop(("recv", i)), f"{a} from rank {self._peer(a.peer)}")
+            buf = self.buffers.pop(i)
+            self.consumed = k + 1
+        else:
+            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.device)
+        if self.g.tp.size > 1:
+            dist.broadcast(buf, src=self.g.tp_leader, group=self.g.tp.group)
+        return buf
+
+    def _send(self, i: int, a: Action, t: torch.Tensor, recv_stage: int) -> None:
+        if not self.leader:
+            return
+        t = t.detach().to(torch.float32).contiguous()
+        op = dist.P2POp(dist.isend, t, self._peer(a.peer), tag=self._tag(KIND[a.op], recv_stage, a.mb))
+        self.pending_sends.append(t)
+        self._issue([(op, ("send", i))] + self._recv_ops(self.consumed + 1))
+
+    # -------------------------------------------------------------- compute
+    def _micro(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = self.part.offset + mb * self.part.batch // self.al.micro_batches
+        rows = self.tokens[lo: lo + self.part.batch // self.al.micro_batches]
+        return rows[:, :-1], rows[:, 1:]
+
+    def _forward(self, st: Stage, mb: int) -> None:
+        s = st.index
+        if st.first:
+            x = self._micro(mb)[0]
+        else:
+            prev = self.al.prev_stage(s, mb)
+            if self._local(prev):
+                x = self.outputs[(prev, mb)].detach().requires_grad_()
+            elif (s, mb) in self.inputs:
+                x = self.inputs[(s, mb)]
+            else:
+                raise ExecutionError(f"F{mb} of stage {s} has no input: no RECV_F before it")
+        self.inputs[(s, mb)] = x
+        with self._autocast():
+            out = st.module(x, self._micro(mb)[1] if st.last else None, self.loss_scale)
+        self.outputs[(s, mb)] = out
+        if st.last:
+            self.loss += out.detach().float()
+
+    def _out_grad(self, st: Stage, mb: int) -> torch.Tensor | None:
+        if st.last:
+            return None
+        nxt = self.al.next_stage(st.index, mb)
+        store = self.in_grads if self._local(nxt) else self.out_grads
+        key = (nxt, mb) if self._local(nxt) else (st.index, mb)
+        if key not in store:
+            raise ExecutionError(f"backward of stage {st.index} mb {mb} has no output gradient "
+                                 f"({'B/I of stage ' + str(nxt) if self._local(nxt) else 'RECV_B'} missing before it)")
+        return store.pop(key)
+
+    def _backward(self, st: Stage, mb: int, op: str) -> None:
+        key = (st.index, mb)
+        if op == "W" and key in self.deferred:
+            out, grad = self.deferred.pop(key)
+        else:
+            if key not in self.outputs:
+                raise ExecutionError(f"{op}{mb} of stage {st.index} before its forward")
+            out, grad = self.outputs.pop(key), self._out_grad(st, mb)
+        if op == "B":
+            torch.autograd.backward(out, grad)
+            x = self.inputs.pop(key)
+            if not st.first:
+                self.in_grads[key] = x.grad
+        elif op == "I":
+            x = self.inputs.pop(key)
+            if not st.first:
+                (self.in_grads[key],) = torch.autograd.grad(out, x, grad, retain_graph=True)
+            self.deferred[key] = (out, grad)
+        else:  # W
+            self.inputs.pop(key, None)
+            params = [p for p in st.module.parameters() if p.requires_grad]
+            torch.autograd.backward(out, grad, inputs=params)
+
+    # ---------------------------------------------------------- grad syncs
+    def _flat_grads(self, st: Stage) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in st.module.parameters()])
+
+    def _set_grads(self, st: Stage, flat: torch.Tensor) -> None:
+        i = 0
+        for p in st.module.parameters():
+            n = p.numel()
+            p.grad = flat[i: i + n].view_as(p).clone()
+            i += n
+
+    def _reduce(self, s: int) -> None:
+        """Sum the gradients of ``s``'s replicas, in chain order, identically on every holder."""
+        reps = self.part.replicas(s)
+        if len(reps) == 1 or s in self.reduced:
+            return
+        local = {r: self._flat_grads(self.stages[r]) for r in reps if self._local(r)}
+        t = self.g.tp.rank
+        ops, remote = [], {}
+        for r in reps:
+            if self._local(r):
+                continue
+            peer = self.part.groups[self.al.stage_rank[r]].ranks[t]
+            remote[r] = torch.empty_like(next(iter(local.values())))
+            ops.append(dist.P2POp(dist.irecv, remote[r], peer, tag=self._tag(2, r, self.al.micro_batches)))
+            for mine, g in local.items():
+                ops.append(dist.P2POp(dist.isend, g, peer, tag=self._tag(2, mine, self.al.micro_batches)))
+        if ops:
+            self._wait(dist.batch_isend_irecv(ops) or [], f"REDUCE of stage {s} with replicas {list(reps)}")
+        total = None
+        for r in reps:
+            g = local[r] if r in local else remote[r]
+            total = g.clone() if total is None else total + g
+        for r in local:
+            self._set_grads(self.stages[r], total)
+            self.reduced.add(r)
+
+    def _step(self) -> None:
+        for s in sorted(self.stages):
+            self._reduce(s)
+        if self.g.dp is not None:
+            for s in sorted(self.stages):
+                flat = self._flat_grads(self.stages[s])
+                dist.all_reduce(flat, group=self.g.dp)
+                self._set_grads(self.stages[s], flat)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.stepped = True
+
+    # ----------------------------------------------------------------- run
+    def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Execute the whole list on ``tokens [global_batch, seq_len + 1]``; return this rank's
+        share of the loss (scaled, summed over the micro-batches of its last stages)."""
+        self.tokens = tokens.to(self.device)
+        self.loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.inputs, self.outputs, self.in_grads, self.out_grads, self.deferred = {}, {}, {}, {}, {}
+        self.works, self.buffers, self.pending_sends, self.reduced = {}, {}, [], set()
+        self.next_post = self.consumed = 0
+        self.pos = -1
+        self.stepped = False
+        self._issue(self._recv_ops(1))
+        for i, a in enumerate(self.acts):
+            self.pos = i
+            try:
+                self._execute(i, a)
+            except ExecutionError as exc:
+                raise ExecutionError(f"action {i} ({a}): {exc}") from None
+        self._wait([w for k, ws in list(self.works.items()) if k[0] == "send" for w in ws], "outstanding sends")
+        leftovers = [k for k in self.works if k[0] == "recv"] + list(self.outputs) + list(self.deferred)
+        if leftovers:
+            raise ExecutionError(f"the action list left work undone: {leftovers[:4]}")
+        if not self.explicit_step:
+            self._step()
+        self.tokens = None
+        return self.loss
+
+    def _execute(self, i: int, a: Action) -> None:
+        op = a.op
+        if op == "F":
+            self._forward(self.stages[a.stage], a.mb)
+        elif op in ("B", "I", "W"):
+            self._backward(self.stages[a.stage], a.mb, op)
+        elif op == "RECV_F":
+            self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()
+        elif op == "RECV_B":
+            self.out_grads[(a.stage, a.mb)] = self._receive(i, a)
+        elif op == "SEND_F":
+            nxt = self.al.next_stage(a.stage, a.mb)
+            self._send(i, a, self.outputs[(a.stage, a.mb)], nxt)
+        elif op == "SEND_B":
+            if (a.stage, a.mb) not in self.in_grads:
+                raise ExecutionError("SEND_B before the input gradient was computed (B or I)")
+            self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.al.prev_stage(a.stage, a.mb))
+        elif op == "REDUCE":
+            self._reduce(a.stage)
+        elif op == "STEP":
+            self._step()

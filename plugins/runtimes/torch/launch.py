@@ -1,0 +1,125 @@
+"""Starting the workers: PyTorch's own launcher, or the processes ``torchrun`` already started.
+
+``hexicore train`` on one machine calls :func:`launch`, which starts ``world`` workers through
+``torch.distributed.launcher.api.elastic_launch`` (the API behind ``torchrun --standalone``:
+c10d rendezvous on localhost, no restarts, the agent stops every worker as soon as one fails).
+Workers receive the resolved :class:`RunSpec` objects; they never compose Hydra configs.
+
+Across machines, start the *same* entry point under torchrun on every node, e.g. two nodes with
+four GPUs each (a plan over 8 devices)::
+
+    torchrun --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=HOST0:29500 \\
+        --rdzv_id=job42 $(which hexicore) train plan_file=plan.json out=/shared/run1 \\
+        hydra.run.dir=. hydra.output_subdir=null
+
+Inside torchrun (``TORCHELASTIC_RUN_ID`` and ``RANK`` are set) ``hexicore train`` runs as that
+worker directly; every rank composes the same config from the same command line, and rank 0's
+settings are broadcast so all ranks agree. ``out`` and ``resume`` must be on a filesystem rank 0
+can write (checkpoints are consolidated on rank 0) and every rank can read (resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from hexicore.errors import HexicoreError
+
+
+def in_torchrun() -> bool:
+    """True inside a worker that torchrun (or any torchelastic agent) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+class LaunchError(HexicoreError):
+    """A worker failed, died or timed out; the message names the rank and the cause."""
+
+
+def worker_main(specs: list) -> list[Any] | None:
+    """Entry point of every worker: init the process group, run the specs in order."""
+    import torch
+    import torch.distributed as dist
+
+    from .trainer import choose_backend, train
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+    backend = choose_backend(specs[0].backend)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    dist.init_process_group(backend, timeout=timedelta(seconds=max(s.timeout_s for s in specs)))
+    try:
+        results = []
+        for spec in specs:
+            if spec.layout.world != world:
+                raise HexicoreError(f"the plan needs {spec.layout.world} processes, this job has {world}")
+            spec = _agree(spec, rank, world)
+            results.append(train(spec, rank, world, device))
+        return results if rank == 0 else None
+    except Exception as exc:  # noqa: BLE001 - one clear line per failing rank, then a non-zero exit
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"hexicore: rank {rank}: {type(exc).__name__}: {line}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _agree(spec, rank: int, world: int):
+    """Rank 0's spec for everyone (torchrun: each rank composed its own; conventions §2)."""
+    import torch.distributed as dist
+
+    box = [spec if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def launch(specs: list, nproc: int, *, start_method: str = "spawn") -> list[Any]:
+    """Run ``specs`` in sequence on ``nproc`` local workers; rank 0's results."""
+    if in_torchrun():
+        return worker_main(specs) or []
+    if nproc == 1:
+        import torch
+
+        from .trainer import train
+
+        return [train(spec, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")) for spec in specs]
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.1, start_method=start_method)
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # workers print their own one-line errors; we print the summary
+        lg.setLevel(logging.CRITICAL)
+    try:
+        out = elastic_launch(config, worker_main)(specs)
+    except ChildFailedError as exc:
+        raise LaunchError(_failure_line(exc)) from None
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+    return out[0]
+
+
+def _failure_line(exc: Any) -> str:
+    """``ChildFailedError`` -> one line: the first failed rank, its exit code and error."""
+    failures = getattr(exc, "failures", {}) or {}
+    if not failures:
+        return f"training failed: {exc}"
+    rank, f = min(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
+    code = getattr(f, "exitcode", "?")
+    msg = getattr(f, "message", "") or ""
+    msg = msg.strip().splitlines()[0] if isinstance(msg, str) and msg.strip() and "To enable traceback" not in msg else ""
+    return f"training failed: rank {rank} exited with code {code}" + (f": {msg}" if msg else "") + \
+        f" ({len(failures)} of the ranks failed; see their messages above)"

@@ -1,0 +1,301 @@
+"""Who runs what: global ranks, pipelines, TP groups and the layer range of every stage chunk.
+
+Pure Python (no torch), so a plan the runtime cannot run fails with one line *before* any
+process starts (issue 6 item 6). A :class:`Layout` is the runtime's view of a plan
+(DESIGN.md §5): each pipeline is an action list (DESIGN.md §6) whose pipeline rank ``q`` is a
+:class:`StageGroup` — the TP group of global ranks of plan stage ``q``, leader first
+(HexiScale §3.2: activations go leader -> leader, then the leader broadcasts in its TP group).
+
+Chunks: a schedule may give a pipeline rank several stages (interleaved 1F1B, Chimera's two
+copies, Hanayo's 2W wave stages). Walking the first chain in data order, the stages a rank holds
+share its plan layer count as evenly as possible (earlier chunks take the remainder), so the
+chain covers ``[0, L)`` exactly once. Further chains of the same length are model copies
+(Chimera): the stage at position k holds the same blocks as position k of the first chain —
+these *replicas* start from the same weights and REDUCE sums their gradients.
+
+Pipelines may differ in batch share; DP gradient all-reduce is implemented for pipelines of the
+same shape (same per-rank layer counts and TP degrees). Asymmetric DP (issue 7) plugs in at
+:meth:`Layout.dp_peers` and :mod:`.groups`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hexicore.actions import Action, ActionList
+from hexicore.errors import HexicoreError, PlanError
+from hexicore.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class StageGroup:
+    """One pipeline rank: the global ranks of its TP group (``ranks[0]`` leads) and layer count."""
+
+    ranks: tuple[int, ...]
+    layers: int
+
+    @property
+    def tp(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+
+@dataclass(frozen=True)
+class PipelinePart:
+    """One pipeline: rows ``[offset, offset + batch)`` of the global batch, its ranks and actions."""
+
+    index: int
+    offset: int
+    batch: int
+    groups: tuple[StageGroup, ...]
+    actions: ActionList
+    chunk_layers: tuple[tuple[int, int], ...]  # per action-list stage: blocks [start, end)
+
+    def first_of_chain(self, stage: int) -> bool:
+        return any(c[0] == stage for c in self.actions.chains)
+
+    def last_of_chain(self, stage: int) -> bool:
+        return any(c[-1] == stage for c in self.actions.chains)
+
+    def chain_index(self, stage: int) -> int:
+        return next(i for i, c in enumerate(self.actions.chains) if stage in c)
+
+    def replicas(self, stage: int) -> tuple[int, ...]:
+        """Stages holding the same blocks as ``stage`` (itself included), in chain order."""
+        c = self.chain_index(stage)
+        pos = self.actions.chains[c].index(stage)
+        return tuple(ch[pos] for ch in self.actions.chains)
+
+    def leader_of(self, stage: int) -> int:
+        return self.groups[self.actions.stage_rank[stage]].leader
+
+
+@dataclass(frozen=True)
+class Role:
+    """A global rank's place: pipeline, pipeline rank, TP rank."""
+
+    pipeline: int
+    pipe_rank: int
+    tp_rank: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every pipeline of a run over ``world`` global ranks (ranks beyond the pipelines idle)."""
+
+    model: ModelSpec
+    world: int
+    global_batch: int
+    micro_batch: int
+    seq_len: int
+    pipelines: tuple[PipelinePart, ...]
+
+    def role(self, rank: int) -> Role | None:
+        for p in self.pipelines:
+            for q, g in enumerate(p.groups):
+                if rank in g.ranks:
+                    return Role(p.index, q, g.ranks.index(rank))
+        return None
+
+    @property
+    def schedule_name(self) -> str:
+        return str(self.pipelines[0].actions.schedule.get("name", "?"))
+
+    def dp_peers(self, role: Role) -> tuple[int, ...]:
+        """Global ranks holding the same shard as ``role`` in every pipeline (self included)."""
+        if len(self.pipelines) == 1:
+            return (self.pipelines[0].groups[role.pipe_rank].ranks[role.tp_rank],)
+        return tuple(p.groups[role.pipe_rank].ranks[role.tp_rank] for p in self.pipelines)
+
+
+# ------------------------------------------------------------------ building
+def split_even(total: int, parts: int) -> list[int]:
+    """``total`` into ``parts`` near-equal integers, larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def chunk_layers(actions: ActionList, rank_layers: list[int], source: str | None = None) -> tuple[tuple[int, int], ...]:
+    """Blocks ``[start, end)`` of every stage: each chain walks ``[0, L)`` in data order."""
+    out: dict[int, tuple[int, int]] = {}
+    for ci, chain in enumerate(actions.chains):
+        if ci and len(chain) == len(actions.chains[0]):  # a model copy (Chimera): replicas match by position
+            for s, s0 in zip(chain, actions.chains[0]):
+                out[s] = out[s0]
+            continue
+        mine = {r: [s for s in chain if actions.stage_rank[s] == r] for r in range(actions.ranks)}
+        share = {r: split_even(rank_layers[r], len(ss)) for r, ss in mine.items() if ss}
+        start = 0
+        for s in chain:
+            r = actions.stage_rank[s]
+            n = share[r][mine[r].index(s)]
+            if n < 1:
+                raise PlanError(f"schedule {actions.schedule.get('name', '?')!r} gives rank {r} {len(mine[r])} "
+                                f"stages but it holds only {rank_layers[r]} layers (more stages than layers)",
+                                source=source, field="layers")
+            out[s] = (start, start + n)
+            start += n
+        if start != sum(rank_layers):
+            raise PlanError(f"chain {list(chain)} does not visit every rank that holds layers", source=source,
+                            field="chains")
+    missing = [s for s in range(actions.stages) if s not in out]
+    if missing:
+        raise PlanError(f"stages {missing} belong to no chain", source=source, field="chains")
+    return tuple(out[s] for s in range(actions.stages))
+
+
+def check_model(model: ModelSpec, tp: int, source: str | None = None, field: str = "tp") -> None:
+    """TP must divide query heads, kv heads and the FFN width (Megatron sharding)."""
+    if model.arch != "llama":
+        raise PlanError(f"the torch runtime trains Llama-style models, not arch {model.arch!r}", source=source,
+                        field="model.arch")
+    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
+        if n % tp:
+            raise PlanError(f"tensor-parallel degree {tp} does not divide the model's {what} ({n})", source=source,
+                            field=field)
+
+
+def check_actions(actions: ActionList, source: str | None = None) -> None:
+    """Structural checks the executor relies on (ops name stages of their own rank, peers exist)."""
+    for r, acts in enumerate(actions.actions):
+        for a in acts:
+            if a.op == "STEP":
+                continue
+            if a.stage is None or not 0 <= a.stage < actions.stages:
+                raise PlanError(f"rank {r}: action {a} names no valid stage", source=source, field="actions")
+            if actions.stage_rank[a.stage] != r:
+                raise PlanError(f"rank {r}: action {a} is for stage {a.stage}, which runs on rank "
+                                f"{actions.stage_rank[a.stage]}", source=source, field="actions")
+            if (a.is_compute or a.is_comm) and (a.mb is None or not 0 <= a.mb < actions.micro_batches):
+                raise PlanError(f"rank {r}: action {a} names no valid micro-batch", source=source, field="actions")
+            if a.is_comm and (a.peer is None or not 0 <= a.peer < actions.ranks):
+                raise PlanError(f"rank {r}: action {a} names no valid peer", source=source, field="actions")
+
+
+def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup], actions: ActionList,
+                  model: ModelSpec, micro_batch: int, source: str | None = None) -> PipelinePart:
+    if actions.ranks != len(groups):
+        raise PlanError(f"action list has {actions.ranks} ranks but the pipeline has {len(groups)} stages",
+                        source=source, field="pipelines")
+    if actions.micro_batches * micro_batch != batch:
+        raise PlanError(f"action list runs {actions.micro_batches} micro-batches of {micro_batch} but the "
+                        f"pipeline's batch is {batch}", source=source, field="batch")
+    check_actions(actions, source)
+    for g in groups:
+        check_model(model, g.tp, source, "stages.tp")
+    chunks = chunk_layers(actions, [g.layers for g in groups], source)
+    if sum(g.layers for g in groups) != model.layers:
+        raise PlanError(f"stages hold {sum(g.layers for g in groups)} layers, the model has {model.layers}",
+                        source=source, field="layers")
+    part = PipelinePart(index, offset, batch, tuple(groups), actions, chunks)
+    for s in range(actions.stages):
+        tps = {groups[actions.stage_rank[x]].tp for x in part.replicas(s)}
+        if len(tps) > 1:
+            raise PlanError(f"replicas {part.replicas(s)} of stage {s} have different TP degrees", source=source,
+                            field="stages.tp")
+    return part
+
+
+def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], ActionList]], *,
+                 global_batch: int, micro_batch: int, seq_len: int, world: int | None = None,
+                 source: str | None = None) -> Layout:
+    """Check and assemble a layout; ``pipelines`` are ``(batch, stage groups, action list)``."""
+    if seq_len > model.seq_len:
+        raise PlanError(f"sequence length {seq_len} exceeds the model's {model.seq_len}", source=source,
+                        field="train.seq_len")
+    parts, offset = [], 0
+    for i, (batch, groups, actions) in enumerate(pipelines):
+        parts.append(pipeline_part(i, offset, batch, groups, actions, model, micro_batch, source))
+        offset += batch
+    if offset != global_batch:
+        raise PlanError(f"pipeline batches sum to {offset}, the global batch is {global_batch}", source=source,
+                        field="train.global_batch")
+    used = [r for p in parts for g in p.groups for r in g.ranks]
+    if len(set(used)) != len(used):
+        raise PlanError("a rank appears in two stages", source=source, field="pipelines")
+    world = max(used) + 1 if world is None else world
+    if max(used) >= world:
+        raise PlanError(f"ranks up to {max(used)} need a world of {max(used) + 1}, got {world}", source=source)
+    if len(parts) > 1:
+        shape = [(g.layers, g.tp) for g in parts[0].groups]
+        for p in parts[1:]:
+            if [(g.layers, g.tp) for g in p.groups] != shape or p.chunk_layers != parts[0].chunk_layers:
+                raise PlanError("pipelines of different shapes (asymmetric data parallelism) are not supported by "
+                                "this runtime yet; give every pipeline the same stages, layers and TP", source=source,
+                                field="pipelines")
+    return Layout(model, world, global_batch, micro_batch, seq_len, tuple(parts))
+
+
+def reference_actions(micro_batches: int) -> ActionList:
+    """``parallel=none``: one rank, one stage, all forwards then all backwards, then STEP."""
+    acts = [Action("F", 0, m) for m in range(micro_batches)] + [Action("B", 0, m) for m in range(micro_batches)]
+    return ActionList({"name": "none"}, 1, 1, micro_batches, (0,), (tuple(acts) + (Action("STEP"),),))
+
+
+def reference_layout(model: ModelSpec, *, global_batch: int, micro_batch: int, seq_len: int) -> Layout:
+    """The single-process reference: the whole model on rank 0, same micro-batches."""
+    mbs = _micro_batches(global_batch, micro_batch)
+    return build_layout(model, [(global_batch, [StageGroup((0,), model.layers)], reference_actions(mbs))],
+                        global_batch=global_batch, micro_batch=micro_batch, seq_len=seq_len, world=1)
+
+
+def _micro_batches(batch: int, micro_batch: int, source: str | None = None) -> int:
+    if batch % micro_batch:
+        raise PlanError(f"batch {batch} is not a multiple of micro-batch {micro_batch}", source=source,
+                        field="train.micro_batch")
+    return batch // micro_batch
+
+
+def schedule_actions(schedule: dict[str, Any], ranks: int, micro_batches: int, source: str | None = None) -> ActionList:
+    """The named schedule's action lists (with communication) from the registry."""
+    from hexicore.registry import Registry
+
+    params = dict(schedule)
+    name = str(params.pop("name", "1f1b"))
+    sched = Registry.default().create("schedule", name, **params)
+    from hexicore.comm import insert_comm
+    from hexicore.schedule import ScheduleSpec
+
+    actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches))
+    if ranks > 1 and not any(a.is_comm for acts in actions.actions for a in acts):
+        actions = insert_comm(actions)
+    return actions
+
+
+def single_pipeline_layout(model: ModelSpec, schedule: dict[str, Any], ranks: int, *, global_batch: int,
+                           micro_batch: int, seq_len: int, tp: int = 1, actions: ActionList | None = None) -> Layout:
+    """One pipeline of ``ranks`` equal stages (``tp`` ranks each) under a schedule (no plan file)."""
+    if ranks < 1:
+        raise PlanError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
+    if ranks > model.layers:
+        raise PlanError(f"{ranks} pipeline stages but the model has only {model.layers} layers (more stages than "
+                        "layers)", field="pipeline.ranks")
+    check_model(model, tp)
+    mbs = _micro_batches(global_batch, micro_batch)
+    actions = actions or schedule_actions(schedule, ranks, mbs)
+    groups = [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n) for q, n in enumerate(split_even(model.layers, ranks))]
+    return build_layout(model, [(global_batch, groups, actions)], global_batch=global_batch,
+                        micro_batch=micro_batch, seq_len=seq_len)
+
+
+def plan_layout(plan: Any, schedule_default: dict[str, Any], *, seq_len: int, source: str | None = None,
+                actions_for=None) -> Layout:
+    """A :class:`hexicore.plan.Plan` -> layout: devices numbered in plan order become global ranks."""
+    model, train = plan.model, plan.train
+    if any(s.n_layers < 1 for p in plan.pipelines for s in p.stages):
+        raise PlanError("a stage holds no layers (more stages than layers)", source=source, field="layers")
+    rank_of = {d: i for i, d in enumerate(plan.devices)}
+    pipes = []
+    for p in plan.pipelines:
+        mbs = _micro_batches(p.batch, train.micro_batch, source)
+        groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
+        for s in p.stages:
+            check_model(model, s.tp, source, "stages.tp")
+        sched = dict(p.schedule or schedule_default)
+        actions = (actions_for or schedule_actions)(sched, len(groups), mbs, source)
+        pipes.append((p.batch, groups, actions))
+    return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
+                        seq_len=seq_len, world=len(rank_of), source=source)

@@ -1,0 +1,91 @@
+"""Megatron-style tensor parallelism (Shoeybi et al. 2019, §3): column- and row-parallel linears.
+
+A TP group of ``size`` ranks splits each attention block by heads and each MLP by FFN columns:
+``q/k/v_proj`` and ``gate/up_proj`` are *column* parallel (output features sharded, dim 0 of the
+weight), ``o_proj`` and ``down_proj`` are *row* parallel (input features sharded, dim 1). Two
+conjugate operators glue them (Megatron's ``f`` and ``g``):
+
+* :func:`copy_to` — identity forward, all-reduce of the gradient backward (enters a TP region);
+* :func:`reduce_from` — all-reduce forward, identity backward (leaves it).
+
+Everything else (norms, embedding, head) is replicated; its gradients come out identical on every
+TP rank because its inputs and output gradients are identical there, so it needs no sync.
+A :class:`TPGroup` with ``group=None`` and ``size > 1`` is a *simulated* shard: the all-reduces
+are identities, so single-process tests can sum per-shard partial outputs by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: module name -> dimension of its ``weight`` that TP shards (0: column parallel, 1: row parallel)
+SHARD_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """This rank's place in a tensor-parallel group (``group``: a torch process group or None)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.size > 1 and self.group is not None:
+            torch.distributed.all_reduce(t, group=self.group)
+        return t
+
+
+def shard_dim(name: str) -> int | None:
+    """The TP shard dimension of a parameter by its standard name (None: replicated)."""
+    parts = name.split(".")
+    return SHARD_DIM.get(parts[-2]) if len(parts) >= 2 and parts[-1] == "weight" else None
+
+
+def shard(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
+    """This rank's contiguous slice of a full tensor (heads / FFN columns stay contiguous)."""
+    if dim is None or size == 1:
+        return full
+    if full.shape[dim] % size:
+        raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split into {size} shards")
+    n = full.shape[dim] // size
+    return full.narrow(dim, rank * n, n)
+
+
+def unshard(pieces: list[torch.Tensor], dim: int | None) -> torch.Tensor:
+    """Inverse of :func:`shard`: pieces ordered by TP rank."""
+    return pieces[0] if dim is None or len(pieces) == 1 else torch.cat(pieces, dim=dim)
+
+
+class _CopyTo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):  # noqa: D102
+        ctx.tp = tp
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        return ctx.tp.all_reduce(g.clone()), None
+
+
+class _ReduceFrom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):  # noqa: D102
+        return tp.all_reduce(x.clone())
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        return g, None
+
+
+def copy_to(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Megatron ``f``: enter a TP region (identity forward, all-reduce backward)."""
+    return x if tp.size == 1 else _CopyTo.apply(x, tp)
+
+
+def reduce_from(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Megatron ``g``: leave a TP region (all-reduce forward, identity backward)."""
+    return x if tp.size == 1 else _ReduceFrom.apply(x, tp)

@@ -1,0 +1,165 @@
+"""The training loop of one rank: build its stages, run the steps, checkpoint, report.
+
+One :class:`RunSpec` is one training run (a layout plus settings); it is plain data, so the
+launcher hands it to spawned workers (they never re-run Hydra: conventions §2) and one launched
+job can run several specs in sequence on the same process group (the tests do). ``parallel=none``
+is the same loop on one process with no process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint
+from .data import make_source
+from .executor import Executor
+from .groups import build_groups
+from .layout import Layout
+from .stage import build_stages, from_state, seeded
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a worker needs for one run (picklable, no Hydra objects)."""
+
+    layout: Layout
+    steps: int
+    seed: int = 0
+    dtype: str = "fp32"
+    recompute: bool = False
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    data: str = "synthetic"
+    data_file: str | None = None
+    out: str | None = None
+    resume: str | None = None
+    checkpoint_every: int = 0
+    timeout_s: float = 120.0
+    backend: str = "auto"
+    progress: bool = True
+    plan: str | None = None
+    fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
+    return_state: bool = False  # tests: rank 0 also returns the final state_dict
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def choose_backend(requested: str) -> str:
+    """``auto``: NCCL when CUDA is available, else gloo."""
+    if requested in ("auto", None):
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    return requested
+
+
+def _inject_fault(spec: RunSpec, rank: int, step: int) -> None:
+    f = spec.fault or {}
+    if f.get("rank") == rank and f.get("step", 0) == step:
+        if f.get("kind") == "die":
+            print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
+            os._exit(13)
+        if f.get("kind") == "hang":
+            print(f"hexicore: rank {rank}: injected fault: hanging at step {step}", file=sys.stderr, flush=True)
+            time.sleep(10**6)
+
+
+class _Progress:
+    """Rich progress bar on rank 0: step, loss, tokens/s."""
+
+    def __init__(self, enabled: bool, total: int, done: int, label: str):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                                TimeElapsedColumn(), console=Console(stderr=True))
+            self.task = self.bar.add_task(label, total=total, completed=done, loss="-", tps="-")
+            self.bar.start()
+
+    def update(self, loss: float, tps: float) -> None:
+        if self.bar:
+            self.bar.update(self.task, advance=1, loss=f"{loss:.4f}", tps=f"{tps:,.0f}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def train(spec: RunSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
+    """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
+    layout = spec.layout
+    groups = build_groups(layout, rank, world)
+    role = groups.role
+    ck = checkpoint.load(spec.resume) if spec.resume else None
+    full = from_state(ck["model"]) if ck else seeded(spec.seed)
+    stages, executor, optimizer = {}, None, None
+    if role is not None:
+        part = layout.pipelines[role.pipeline]
+        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=full, recompute=spec.recompute,
+                              device=device)
+        params = [p for s in sorted(stages) for p in stages[s].module.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
+        if ck:
+            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck.get("optim") or {})
+        mb_rows = part.batch // part.actions.micro_batches
+        executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
+                            act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
+                            loss_scale=1.0 / (layout.global_batch * layout.seq_len),
+                            autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s)
+    source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
+                         global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file)
+    start = int(ck["step"]) if ck else 0
+    losses = [float(x) for x in ck["losses"]][:start] if ck else []
+    step_s = [float(x) for x in ck.get("step_s", [])][:start] if ck else []
+    tokens = layout.global_batch * layout.seq_len
+    out = Path(spec.out) if spec.out else None
+    bar = _Progress(spec.progress and rank == 0, spec.steps, start, layout.schedule_name)
+    try:
+        for step in range(start, spec.steps):
+            _inject_fault(spec, rank, step)
+            t0 = time.perf_counter()
+            local = executor.run_step(source.batch(step)) if executor else torch.zeros((), device=device)
+            loss = local.detach().clone() if role is not None and groups.tp.rank == 0 else torch.zeros_like(local)
+            if world > 1:
+                dist.all_reduce(loss)
+            losses.append(float(loss))
+            step_s.append(time.perf_counter() - t0)
+            bar.update(losses[-1], tokens / step_s[-1])
+            if spec.checkpoint_every and (step + 1) % spec.checkpoint_every == 0 and step + 1 < spec.steps:
+                _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
+    finally:
+        bar.close()
+    gathered = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
+    if rank != 0:
+        return None
+    model_state, _ = gathered
+    steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
+    metrics = {"losses": losses, "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
+               "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.save(out / "final.pt", model_state)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return {"metrics": metrics, "state": model_state if spec.return_state else None}
+
+
+def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:
+    got = checkpoint.gather(stages, groups.tp, optimizer, groups.role.pipeline if groups.role else -1,
+                            rank=rank, world=world)
+    if rank == 0 and out is not None:
+        model, optim = got
+        checkpoint.save(out / "checkpoints" / f"step_{step}.pt",
+                        {"format": checkpoint.FORMAT, "step": step, "model": model, "optim": optim,
+                         "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
+                         "schedule": spec.layout.schedule_name})

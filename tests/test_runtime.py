@@ -1,0 +1,192 @@
+"""torch runtime, single process: layouts and pre-launch checks, data, checkpoints, the executor
+on one rank (local hand-over, I/W split), and ``hexicore train parallel=none`` + resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hexicore.actions import Action, ActionList
+from hexicore.errors import HexicoreError
+from hexicore.schedule import ScheduleSpec
+from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, chunk_layers, reference_layout,
+                                                    single_pipeline_layout)
+from hexicore_plugins.schedules.chimera import Chimera
+from hexicore_plugins.schedules.hanayo import Hanayo
+from hexicore_plugins.schedules.interleaved import Interleaved1F1B
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4", "runtime.progress=false"]
+
+
+def cli(args, capsys):
+    from hexicore.cli import main
+
+    try:
+        code = main(["train", *args])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr()
+
+
+# ------------------------------------------------------------------ layouts
+def test_chunk_layers_walk_each_chain():
+    hanayo = Hanayo(waves=1).actions(ScheduleSpec(2, 2))  # stages 0,1,2,3 on ranks 0,1,1,0
+    assert chunk_layers(hanayo, [4, 4]) == ((0, 2), (2, 4), (4, 6), (6, 8))
+    inter = Interleaved1F1B(chunks=2).actions(ScheduleSpec(2, 4))  # stage c*P + r on rank r
+    assert chunk_layers(inter, [5, 3]) == ((0, 3), (3, 5), (5, 7), (7, 8))
+    chimera = Chimera().actions(ScheduleSpec(3, 4))  # up chain 3,4,5 on ranks 2,1,0 copies positions
+    assert chunk_layers(chimera, [3, 3, 2]) == ((0, 3), (3, 6), (6, 8), (0, 3), (3, 6), (6, 8))
+
+
+def test_runtime_refuses_impossible_layouts(tiny):
+    with pytest.raises(HexicoreError, match="more stages than layers"):
+        single_pipeline_layout(tiny, {"name": "1f1b"}, 9, global_batch=4, micro_batch=1, seq_len=32)
+    with pytest.raises(HexicoreError, match="more stages than layers"):
+        single_pipeline_layout(tiny, {"name": "hanayo", "waves": 2}, 3, global_batch=6, micro_batch=1, seq_len=32)
+    with pytest.raises(HexicoreError, match="does not divide the model's heads"):
+        single_pipeline_layout(tiny, {"name": "1f1b"}, 2, global_batch=4, micro_batch=1, seq_len=32, tp=3)
+    with pytest.raises(HexicoreError, match="exceeds the model"):
+        reference_layout(tiny, global_batch=4, micro_batch=1, seq_len=64)
+
+
+def _plan_json(tmp_path, tp):
+    from hexicore.cluster import Cluster
+    from hexicore.model import ModelSpec
+    from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
+    model = ModelSpec.load(CONF / "model" / "tiny.yaml")
+    cluster = Cluster.load(CONF / "cluster" / "paper_case.yaml")
+    devs = tuple(f"A.{i}" for i in range(tp))
+    plan = Plan(model, cluster, TrainConfig(4, 1, 32, "fp32", False),
+                (Pipeline(4, (Stage(devs, tp, (0, 4)), Stage(("B.0",), 1, (4, 8)))),))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    return path
+
+
+def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
+    import hexicore_plugins.runtimes.torch.launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
+    code, io = cli([*TRAIN, "schedule=1f1b", "pipeline.ranks=9", f"out={tmp_path}"], capsys)
+    assert code == 2 and io.err.count("\n") == 1 and "more stages than layers" in io.err
+    code, io = cli([*TRAIN, f"plan_file={_plan_json(tmp_path, 3)}", f"out={tmp_path}"], capsys)
+    assert code == 2 and io.err.count("\n") == 1 and "tensor-parallel degree 3 does not divide" in io.err
+    code, io = cli([*TRAIN, "parallel=none", f"resume={tmp_path / 'nope.pt'}"], capsys)
+    assert code == 2 and "no such checkpoint" in io.err
+
+
+def test_plan_layout_maps_devices_to_ranks(tmp_path):
+    from hexicore.plan import Plan
+    from hexicore_plugins.runtimes.torch.layout import plan_layout
+
+    layout = plan_layout(Plan.load(_plan_json(tmp_path, 2)), {"name": "gpipe"}, seq_len=32)
+    assert layout.world == 3
+    assert [g.ranks for g in layout.pipelines[0].groups] == [(0, 1), (2,)]
+    assert layout.role(1).tp_rank == 1 and layout.role(2).pipe_rank == 1
+
+
+def test_registry_and_plugin_import_do_not_import_torch():
+    code = ("import sys; from hexicore.registry import Registry; r = Registry.default(); "
+            "assert 'torch' in r.names('runtime'); r.create('runtime', 'torch', timeout_s=5); "
+            "import hexicore_plugins.runtimes.torch.layout; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------- data
+def test_data_is_a_pure_function_of_seed_and_step():
+    from hexicore_plugins.runtimes.torch.data import ByteText, SyntheticTokens, demo_text_path
+
+    a, b = SyntheticTokens(256, 32, 4, seed=1), SyntheticTokens(256, 32, 4, seed=1)
+    assert a.batch(3).shape == (4, 33) and a.batch(3).equal(b.batch(3))
+    assert not a.batch(3).equal(a.batch(4)) and not a.batch(3).equal(SyntheticTokens(256, 32, 4, 2).batch(3))
+    text = demo_text_path().read_bytes()
+    t = ByteText(None, 256, 32, 4, seed=0)
+    rows = t.batch(0)
+    assert rows.shape == (4, 33) and rows.equal(ByteText(None, 256, 32, 4, seed=0).batch(0))
+    for row in rows:
+        assert bytes(row.tolist()) in text
+    with pytest.raises(HexicoreError, match="vocabulary of at least 256"):
+        ByteText(None, 100, 32, 4, seed=0)
+
+
+# -------------------------------------------------------------- checkpoints
+def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
+    import torch
+
+    from hexicore_plugins.runtimes.torch import checkpoint
+    from hexicore_plugins.runtimes.torch.tensor_parallel import shard
+
+    q = torch.randn(8, 4)
+    norm = torch.ones(4)
+    pieces = [("model.layers.0.self_attn.q_proj.weight", 0, r, {"param": shard(q, 0, r, 2)}) for r in (1, 0)]
+    pieces += [("lm_head.weight", None, 0, {"param": q}), ("model.layers.0.input_layernorm.weight", None, 0,
+                                                           {"param": norm})]
+    model, optim = checkpoint.consolidate(pieces)
+    assert list(model) == ["model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+                           "lm_head.weight"]
+    assert model["model.layers.0.self_attn.q_proj.weight"].equal(q) and optim["step"] is None
+    (tmp_path / "checkpoints").mkdir()
+    for k in (2, 10):
+        checkpoint.save(tmp_path / "checkpoints" / f"step_{k}.pt", {"format": checkpoint.FORMAT, "step": k})
+    assert checkpoint.resolve(tmp_path).name == "step_10.pt"
+    torch.save({"x": 1}, tmp_path / "other.pt")
+    with pytest.raises(HexicoreError, match="not a hexicore.checkpoint/1"):
+        checkpoint.load(tmp_path / "other.pt")
+
+
+# ------------------------------------------------- executor on one process
+def _run(layout, steps=3, **kw):
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.trainer import RunSpec
+
+    return launch([RunSpec(layout=layout, steps=steps, seed=5, progress=False, return_state=True, **kw)], 1)[0]
+
+
+def test_executor_local_handover_and_split_backward_match_reference(tiny):
+    """Two stages on one rank (a wave's turn: no comm), backward split into I and W."""
+    A = Action
+    acts = (A("F", 0, 0), A("F", 1, 0), A("I", 1, 0), A("B", 0, 0), A("W", 1, 0), A("F", 0, 1), A("F", 1, 1),
+            A("B", 1, 1), A("I", 0, 1), A("W", 0, 1), A("STEP"))
+    al = ActionList({"name": "hand"}, 1, 2, 2, (0, 0), (acts,))
+    layout = build_layout(tiny, [(4, [StageGroup((0,), 8)], al)], global_batch=4, micro_batch=2, seq_len=32)
+    ref = _run(reference_layout(tiny, global_batch=4, micro_batch=2, seq_len=32))
+    got = _run(layout)
+    assert got["metrics"]["losses"] == pytest.approx(ref["metrics"]["losses"], rel=1e-6)
+    for k, v in ref["state"].items():
+        assert (got["state"][k] - v).abs().max() < 1e-6, k
+
+
+def test_executor_reports_an_unrunnable_list(tiny):
+    from hexicore_plugins.runtimes.torch.executor import ExecutionError
+
+    al = ActionList({"name": "bad"}, 1, 1, 1, (0,), ((Action("B", 0, 0), Action("STEP")),))
+    layout = build_layout(tiny, [(4, [StageGroup((0,), 8)], al)], global_batch=4, micro_batch=4, seq_len=32)
+    with pytest.raises(ExecutionError, match="before its forward"):
+        _run(layout, steps=1)
+
+
+# ------------------------------------------------- CLI: parallel=none + resume
+def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsys):
+    import torch
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    code, io = cli([*TRAIN, "parallel=none", "train.steps=4", "train.checkpoint_every=2", "seed=3", f"out={a}"],
+                   capsys)
+    assert code == 0, io.err
+    m = json.loads((a / "metrics.json").read_text())
+    assert set(m) == {"losses", "tokens_per_s", "step_s", "ranks", "plan", "schedule", "seed"}
+    assert len(m["losses"]) == 4 and m["ranks"] == 1 and m["seed"] == 3 and m["tokens_per_s"] > 0
+    final = torch.load(a / "final.pt", weights_only=True)
+    assert "model.layers.7.mlp.up_proj.weight" in final and "lm_head.weight" in final
+    assert (a / "checkpoints" / "step_2.pt").is_file()
+    code, io = cli([*TRAIN, "parallel=none", "train.steps=4", "seed=3", f"out={b}",
+                    f"resume={a / 'checkpoints' / 'step_2.pt'}"], capsys)
+    assert code == 0, io.err
+    assert json.loads((b / "metrics.json").read_text())["losses"] == m["losses"]
+    resumed = torch.load(b / "final.pt", weights_only=True)
+    assert all(resumed[k].equal(v) for k, v in final.items())

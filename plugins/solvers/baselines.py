@@ -16,6 +16,7 @@ Each returns the fastest of its own candidates that fits, by the problem's cost 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 
 from hexicore.errors import HexicoreError
@@ -58,15 +59,15 @@ def proportional(total: int, weights: list[float], caps: list[int]) -> list[int]
     while sum(out) > total:
         out[max(range(n), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
     for _ in range(METIS_REPARTITIONS):
-        over = sum(max(0, o - c) for o, c in zip(out, caps))
-        if not over:
+        if all(o <= c for o, c in zip(out, caps)):
             break
         out = [min(o, c) for o, c in zip(out, caps)]
         free = [j for j in range(n) if out[j] < caps[j]]
-        for j in sorted(free, key=lambda j: -weights[j]):
-            give = min(caps[j] - out[j], over, max(1, round(over * weights[j] / sum(weights[f] for f in free))))
+        left = overflow = total - sum(out)
+        for j in sorted(free, key=lambda j: (-weights[j], j)):  # the overflow, by speed share
+            give = min(caps[j] - out[j], left, math.ceil(overflow * weights[j] / sum(weights[f] for f in free)))
             out[j] += give
-            over -= give
+            left -= give
     return out if sum(out) == total and all(1 <= o <= c for o, c in zip(out, caps)) else None
 
 

@@ -1,0 +1,80 @@
+"""Baseline solvers (metis_like, galvatron_like, fsdp) and hexiscale against them."""
+
+import importlib
+
+import pytest
+
+from hexicore.app import build_problem, config_from_overrides
+from hexicore.errors import HexicoreError
+from hexicore.registry import Registry
+from hexicore.validate import validate_plan
+
+baselines = importlib.import_module("hexicore_plugins.solvers.baselines")
+
+
+@pytest.fixture(scope="module")
+def paper_problem():
+    return build_problem(config_from_overrides([]), Registry.default())
+
+
+def solve(problem, name, **params):
+    return Registry.default().create("solver", name, **params).solve(problem, time_limit=None, seed=0,
+                                                                      progress=lambda m, f: None)
+
+
+def test_proportional_layers():
+    assert baselines.proportional(40, [2.0, 1.0, 1.0], [40, 40, 40]) == [20, 10, 10]
+    assert baselines.proportional(10, [1.0, 1.0, 1.0], [10, 10, 10]) in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
+    out = baselines.proportional(40, [4.0, 1.0, 1.0], [20, 40, 40])  # capped stage: overflow re-partitioned
+    assert out is not None and out[0] == 20 and sum(out) == 40
+    assert baselines.proportional(40, [1.0, 1.0], [10, 10]) is None
+
+
+@pytest.mark.parametrize("name", ["metis_like", "galvatron_like"])
+def test_baselines_return_valid_plans(paper_problem, name):
+    plan = solve(paper_problem, name)
+    est, _ = validate_plan(plan, paper_problem.cost)
+    assert est.fits and plan.solver["name"] == name
+
+
+def test_metis_like_is_one_symmetric_layout_in_type_order(paper_problem):
+    plan = solve(paper_problem, "metis_like")
+    p = plan.solver["params"]
+    assert p["dp"] * p["tp"] * p["pp"] == 8
+    assert len({tuple(s.layers for s in q.stages) for q in plan.pipelines}) == 1  # uniform across replicas
+    order = p["order"]
+    for q in plan.pipelines:  # stages follow the chosen device-type order
+        kinds = [order.index(paper_problem.cluster.device(s.devices[0]).gpu.name) for s in q.stages]
+        assert kinds == sorted(kinds)
+
+
+def test_galvatron_like_balances_memory(paper_problem):
+    plan = solve(paper_problem, "galvatron_like")
+    est = paper_problem.evaluate(plan)
+    counts = [s.n_layers for s in plan.pipelines[0].stages]
+    for j in range(len(counts) - 1):  # no fitting one-layer move lowers the peak
+        for d in (1, -1):
+            alt = counts[:]
+            alt[j] += d
+            alt[j + 1] -= d
+            if min(alt) < 1:
+                continue
+            e = paper_problem.evaluate(baselines.with_layers(plan, alt))
+            if not e.fits:
+                continue
+            assert max(e.memory_gb.values()) >= max(est.memory_gb.values()) - 1e-6
+
+
+def test_fsdp_on_a_small_model_and_oom_on_13b(paper_problem):
+    small = build_problem(config_from_overrides(["model=tiny"]), Registry.default())
+    plan = solve(small, "fsdp")
+    assert len(plan.pipelines) == 8 and all(len(p.stages) == 1 for p in plan.pipelines)
+    assert validate_plan(plan, small.cost)[0].fits
+    with pytest.raises(HexicoreError, match="fits"):
+        solve(paper_problem, "fsdp")
+
+
+def test_hexiscale_beats_every_baseline_on_the_paper_case(paper_problem):
+    hexi = paper_problem.evaluate(solve(paper_problem, "hexiscale")).iteration_s
+    for name in ("megatron", "metis_like", "galvatron_like"):
+        assert hexi <= paper_problem.evaluate(solve(paper_problem, name)).iteration_s

@@ -1,0 +1,212 @@
+"""The HexiScale search: exact layer/batch allocation, the solver end to end (§4)."""
+
+import itertools
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hexicore.app import build_problem, config_from_overrides
+from hexicore.batch import affine_time, allocate_batch
+from hexicore.cli import main
+from hexicore.cluster import parse_cluster
+from hexicore.errors import HexicoreError
+from hexicore.layers import allocate_layers
+from hexicore.model import ModelSpec
+from hexicore.plan import Plan, TrainConfig
+from hexicore.problem import Problem
+from hexicore.registry import Registry
+from hexicore.stages import tp_menus
+from hexicore.validate import validate_plan
+
+from .conftest import CONF
+
+FAST = {"iterations": 12, "polish_rounds": 3}
+
+
+def compositions(total, parts):
+    for cut in itertools.combinations(range(1, total), parts - 1):
+        b = (0,) + cut + (total,)
+        yield tuple(b[i + 1] - b[i] for i in range(parts))
+
+
+# ---------------------------------------------------------------- layer allocation
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.data())
+def test_layer_allocation_is_exact(p, extra, data):
+    L = p + extra - 1 if p + extra - 1 >= p else p
+    rows = []
+    for _ in range(p):
+        a = data.draw(st.floats(0.1, 5.0))
+        b = data.draw(st.floats(0.0, 3.0))
+        rows.append([b + a * l for l in range(L + 1)])
+    caps = [data.draw(st.integers(0, L)) for _ in range(p)]
+    got = allocate_layers(rows, caps, L)
+    feasible = [c for c in compositions(L, p) if all(x <= cap for x, cap in zip(c, caps))]
+    if not feasible:
+        assert got is None
+        return
+    assert got is not None and sum(got) == L and all(1 <= x <= c for x, c in zip(got, caps))
+    best = min(max(rows[j][c[j]] for j in range(p)) for c in feasible)
+    assert max(rows[j][got[j]] for j in range(p)) == pytest.approx(best)
+    ties = [c for c in feasible if max(rows[j][c[j]] for j in range(p)) <= best + 1e-12]
+    assert sum(rows[j][got[j]] for j in range(p)) == pytest.approx(min(sum(rows[j][c[j]] for j in range(p))
+                                                                      for c in ties))
+
+
+def test_layer_allocation_follows_speed():
+    # stage 0 twice as fast as stage 1, 30 layers: 20 / 10
+    rows = [[l * 1.0 for l in range(31)], [l * 2.0 for l in range(31)]]
+    assert allocate_layers(rows, [30, 30], 30) == (20, 10)
+    assert allocate_layers(rows, [15, 30], 30) == (15, 15)  # memory caps stage 0
+    assert allocate_layers(rows, [10, 10], 30) is None
+
+
+# ---------------------------------------------------------------- batch allocation
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.1, 3.0)), min_size=1, max_size=3), st.integers(1, 10))
+def test_batch_allocation_is_exact(pipes, m):
+    fns = [affine_time(f, s) for f, s in pipes]
+    got = allocate_batch(fns, m)
+    if m < len(pipes):
+        assert got is None
+        return
+    best = min(max(fns[i](c[i]) for i in range(len(pipes))) for c in compositions(m, len(pipes)))
+    assert sum(got) == m and min(got) >= 1
+    assert max(fns[i](got[i]) for i in range(len(pipes))) == pytest.approx(best)
+
+
+def test_tp_menus():
+    menus = tp_menus(8, (1, 2, 4, 8))
+    assert menus[0] == (8,) and (4, 4) in menus and (4, 2, 2) in menus and (1,) * 8 in menus
+    assert all(sum(m) == 8 for m in menus)
+    assert tp_menus(3, (1, 2)) == ((1, 1, 1), (2, 1))
+
+
+# ------------------------------------------------------------------- the solver
+def solve(problem, seed=0, **params):
+    return Registry.default().create("solver", "hexiscale", **{**FAST, **params}).solve(
+        problem, time_limit=None, seed=seed, progress=lambda m, f: None)
+
+
+@pytest.fixture(scope="module")
+def paper_problem():
+    return build_problem(config_from_overrides([]), Registry.default())
+
+
+def test_paper_case_beats_megatron_by_1_5x(paper_problem):
+    seen = []
+    plan = Registry.default().create("solver", "hexiscale").solve(
+        paper_problem, time_limit=None, seed=0, progress=lambda m, f: seen.append(f))
+    est, _ = validate_plan(plan, paper_problem.cost)
+    mega = paper_problem.evaluate(Registry.default().create("solver", "megatron").solve(paper_problem))
+    assert est.fits and mega.iteration_s / est.iteration_s >= 1.5
+    assert plan.solver["status"] == "HEURISTIC" and plan.solver["params"]["partitioner"] == "metis"
+    assert seen and all(0.0 <= f <= 1.0 for f in seen) and seen[-1] == 1.0
+    assert all(s.tp == 1 or len({paper_problem.cluster.device(d).machine for d in s.devices}) == 1
+               for p in plan.pipelines for s in p.stages)  # hexiscale keeps TP inside a machine
+
+
+def test_deterministic_for_a_seed(paper_problem):
+    a, b = solve(paper_problem, seed=3), solve(paper_problem, seed=3)
+    assert [p.to_dict() for p in a.pipelines] == [p.to_dict() for p in b.pipelines]
+
+
+GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
+
+
+@st.composite
+def clusters(draw):
+    machines = []
+    for i in range(draw(st.integers(2, 6))):
+        gpu = draw(st.sampled_from(GPUS))
+        machines.append({"name": f"m{i}", "gpu": gpu, "count": draw(st.integers(1, 4)),
+                         "bandwidth_gbs": draw(st.sampled_from([16.0, 32.0, 200.0])), "latency_us": 5})
+    inter = draw(st.sampled_from([0.7, 1.0, 10.0]))
+    return parse_cluster({"name": "h", "inter": {"bandwidth_gbs": inter, "latency_us": 50},
+                          "machines": machines}, "hypothesis")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), st.sampled_from([8, 16]))
+def test_never_worse_than_megatron_on_random_clusters(cluster, batch):
+    reg = Registry.default()
+    model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
+    train = TrainConfig(global_batch=batch, micro_batch=1, seq_len=2048)
+    problem = Problem(cluster, model, train, reg.create("cost_model", "analytic"), {"name": "1f1b"}, reg)
+    plan = solve(problem)
+    est, _ = validate_plan(plan, problem.cost)
+    assert est.fits
+    try:
+        mega = reg.create("solver", "megatron").solve(problem)
+    except HexicoreError:
+        return
+    assert est.iteration_s <= problem.evaluate(mega).iteration_s + 1e-9
+
+
+@pytest.mark.parametrize("overrides", [["cluster=hetero1", "model=llama2_7b"], ["cluster=homo_a800_16", "model=llama2_7b"],
+                                       ["cluster=synthetic", "cluster.synthetic.gpus=24", "cluster.synthetic.seed=5"]])
+def test_never_worse_than_megatron_on_presets(overrides):
+    reg = Registry.default()
+    problem = build_problem(config_from_overrides(overrides), reg)
+    plan = solve(problem, iterations=8)
+    est, _ = validate_plan(plan, problem.cost)
+    mega = problem.evaluate(reg.create("solver", "megatron").solve(problem))
+    assert est.iteration_s <= mega.iteration_s + 1e-9
+
+
+def test_bad_options(paper_problem):
+    reg = Registry.default()
+    for params in ({"tau": 0}, {"iterations": "many"}, {"max_balance": 0.5}, {"nonsense": 1},
+                   {"seeds": "megatron"}):
+        with pytest.raises(HexicoreError):
+            reg.create("solver", "hexiscale", **params)
+    with pytest.raises(HexicoreError, match="dp_max"):
+        solve(paper_problem, dp_max=9)
+    with pytest.raises(HexicoreError):
+        reg.create("solver", "hexiscale").solve(paper_problem, time_limit=-1, seed=0, progress=lambda m, f: None)
+
+
+def test_nothing_fits_names_the_memory():
+    problem = build_problem(config_from_overrides(["model=llama2_70b"]), Registry.default())
+    with pytest.raises(HexicoreError, match="GB"):
+        solve(problem)
+
+
+def test_time_limit_still_returns_a_plan(paper_problem):
+    plan = Registry.default().create("solver", "hexiscale", iterations=10_000).solve(
+        paper_problem, time_limit=0.5, seed=0, progress=lambda m, f: None)
+    assert validate_plan(plan, paper_problem.cost)[0].fits
+
+
+def test_random_partitioner_and_no_refiner_work(paper_problem):
+    plan = solve(paper_problem, partitioner="random", refiner=None)
+    assert validate_plan(plan, paper_problem.cost)[0].fits
+
+
+def test_cli_writes_a_valid_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert run_cli(["plan", "solver=hexiscale", "solver.iterations=6", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    plan = Plan.load(out)
+    assert json.loads(out.read_text())["solver"]["name"] == "hexiscale"
+    problem = build_problem(config_from_overrides([]), Registry.default())
+    assert validate_plan(plan, problem.cost)[0].fits
+
+
+def run_cli(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:  # errors inside the Hydra task exit through sys.exit
+        return exc.code
+
+
+def test_cli_exit_2_on_impossible_options(tmp_path, capsys):
+    assert run_cli(["plan", "solver=hexiscale", "solver.tau=0", f"out={tmp_path / 'x.json'}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert "tau" in capsys.readouterr().err
+    assert run_cli(["plan", "solver=hexiscale", "model=llama2_70b", f"out={tmp_path / 'y.json'}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "GB" in err and len(err.strip().splitlines()) == 1

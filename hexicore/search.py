@@ -317,7 +317,7 @@ def choose_objective(ctx: Context, rng: random.Random) -> str:
 def no_fit_error(problem: Problem) -> HexicoreError:
     """Nothing fits: say how much memory the model's state alone needs (issue 3, item 6)."""
     c, m, t = problem.cluster, problem.model, problem.train
-    return HexicoreError(f"model {m.name!r} fits in no plan on {c.name!r}: its training state alone needs "
+    return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
                          f"{state_gb(problem):.1f} GB plus activations (micro-batch {t.micro_batch}, sequence "
                          f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
                          f"{max(d.memory_gb for d in c.devices):g} GB per GPU", field="model")

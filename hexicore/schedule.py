@@ -94,8 +94,8 @@ def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{' ' + alternative if alternative else ''}, "
-                                f"got {value!r}",
+            also = f" {alternative}" if alternative else ""
+            raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{also}, got {value!r}",
                                 field=f"schedule.{key}")
     return int(value)
 

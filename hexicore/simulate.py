@@ -262,7 +262,8 @@ def simulate(al: ActionList, timing: Timing | None = None, *, record: bool = Fal
         ia = next(i for i, ch in enumerate(al.chains) if a.stage in ch)
         ib = next((i for i, ch in enumerate(al.chains) if b.stage in ch), None)
         if ib is None or al.chains[ia].index(a.stage) != al.chains[ib].index(b.stage):
-            raise fail(r, k, a, f"rank {peer} reduces stage {b.stage} at position {j}, not a replica of stage {a.stage}")
+            raise fail(r, k, a, f"rank {peer} reduces stage {b.stage} at position {j}, "
+                                f"not a replica of stage {a.stage}")
         t = max(clock[r], clock[peer]) + timing.reduce
         clock[r] = clock[peer] = t
         pos[r] += 1

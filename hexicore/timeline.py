@@ -20,7 +20,8 @@ def chrome_trace(al: ActionList, res: SimResult, unit_s: float = 1.0) -> dict[st
                                  "args": {"name": f"{al.schedule.get('name', 'schedule')} pipeline"}}]
     for r in range(al.ranks):
         ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
-        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": COMM_ROW + r, "args": {"name": f"rank {r} sends"}})
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": COMM_ROW + r,
+                   "args": {"name": f"rank {r} sends"}})
     for e in res.events:
         a = e.action
         comm = a.is_comm

@@ -28,7 +28,7 @@ from hexicore.actions import ActionList
 from hexicore.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
-from hexicore.simulate import Timing, simulate
+from hexicore.simulate import simulate
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -80,7 +80,8 @@ class Hanayo(ActionSchedule):
             al = self.with_waves(spec, w)
             res = simulate(al, spec.timing(al), comm=False)
             seen[w] = res.makespan
-            if max(res.peak_activations) <= self._cap(spec) + 1e-9 and (best is None or res.makespan < seen[best] - 1e-12):
+            fits = max(res.peak_activations) <= self._cap(spec) + 1e-9
+            if fits and (best is None or res.makespan < seen[best] - 1e-12):
                 best = w
         return (best or 1), seen
 

@@ -6,7 +6,8 @@ micro-batch"), generalised to any stage->rank map, several chains (Chimera) and 
 
 * a task is ready when its inputs are done (plus one link time from another rank);
 * whenever a rank is free it starts, among the tasks ready by then, the best by
-  ``(class, micro-batch, stage)`` with class 0 = B or I, 1 = F, 2 = W; if none is ready it idles
+  ``(class, micro-batch, stage)`` with class 0 = B or I, 1 = F, 2 = W (``forward_first``
+  swaps B/I and F); if none is ready it idles
   until the earliest one is (non-delay list scheduling, decided in global time order);
 * deferred weight gradients: once a rank holds more than ``w_limit[r]`` ready W's, the oldest
   one runs before anything else (ZB-H1 keeps W's deferral bounded; default: unbounded);
@@ -33,9 +34,10 @@ from hexicore.simulate import Timing
 def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequence[int]], mb_chain: Sequence[int],
                  timing: Timing, *, cap: Sequence[float] | None = None,
                  split_backward: bool = False, w_limit: Sequence[float] | None = None,
-                 unit: int | None = None) -> list[list[Action]]:
+                 unit: int | None = None, forward_first: bool = False) -> list[list[Action]]:
     """Per-rank compute lists; see the module docstring. ``split_backward``: emit I and W."""
     dur = timing.durations()
+    CF, CB = (0, 1) if forward_first else (1, 0)  # priority classes of F and B/I (W is 2)
     prev, nxt, entry = {}, {}, {}
     for c, chain in enumerate(chains):
         for i, s in enumerate(chain):
@@ -70,7 +72,7 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
 
     for mb, c in enumerate(mb_chain):
         s0 = chains[c][0]
-        ready(stage_rank[s0], 0.0, 1, mb, s0, "F")
+        ready(stage_rank[s0], 0.0, CF, mb, s0, "F")
 
     while left:
         if not events:  # everyone waits on the cap: admit the lowest waiting micro-batch
@@ -94,9 +96,9 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
             mb, s = heapq.heappop(wq[r])
             best = (2, mb, s, "W")
         elif nf and (force[r] or (admitted[r] < cap[r] and released[r] >= unit * (nf[0][0] // unit))) \
-                and (best is None or (1, nf[0][0]) < best[:2]):
+                and (best is None or (CF, nf[0][0]) < best[:2]):
             mb, s = heapq.heappop(nf)
-            best, admitted[r], force[r] = (1, mb, s, "F"), admitted[r] + 1, False
+            best, admitted[r], force[r] = (CF, mb, s, "F"), admitted[r] + 1, False
         elif best is not None:
             heapq.heappop(av)
         else:
@@ -112,9 +114,9 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
         if op == "F":
             n = nxt[c, s]
             if n is None:
-                ready(r, end, 0, mb, s, bop)
+                ready(r, end, CB, mb, s, bop)
             else:
-                ready(stage_rank[n], end + timing.link(r, stage_rank[n]), 1, mb, n, "F")
+                ready(stage_rank[n], end + timing.link(r, stage_rank[n]), CF, mb, n, "F")
         elif op in "BI":
             if entry[c, r] == s:
                 admitted[r] -= 1
@@ -123,6 +125,6 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
                 ready(r, end, 2, mb, s, "W")
             p = prev[c, s]
             if p is not None:
-                ready(stage_rank[p], end + timing.link(r, stage_rank[p]), 0, mb, p, bop)
+                ready(stage_rank[p], end + timing.link(r, stage_rank[p]), CB, mb, p, bop)
         wake(r, end)
     return out

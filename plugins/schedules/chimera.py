@@ -3,7 +3,8 @@
 Two model copies: chain 0 (down) puts stage j on rank j, chain 1 (up) puts stage P+j on rank
 P-1-j, so every rank holds one stage of each direction (two weight copies). Even micro-batches
 run down, odd ones up. The compute order is the greedy list schedule of :mod:`hexicore.greedy`
-(backward first, then lowest micro-batch; each rank admits at most ``memory`` micro-batches,
+(backward first or forward first, whichever simulates faster under the spec's times; then
+lowest micro-batch; each rank admits at most ``memory`` micro-batches,
 default 2P: room for both directions — a tighter cap costs bubble under this greedy rule, whereas
 Chimera's hand-made units keep P). Phases: 1. both directions fill from opposite ends; 2. steady forward/backward
 interleaving; 3. drain; 4. ``REDUCE`` of each model part between its two replicas (parts in
@@ -18,6 +19,7 @@ from hexicore.actions import Action, ActionList
 from hexicore.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need
+from hexicore.simulate import simulate
 
 
 def chimera_layout(ranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
@@ -49,9 +51,16 @@ class Chimera(ActionSchedule):
         mb_chain = tuple(m % 2 for m in range(M))
         probe = ActionList({}, P, 2 * P, M, s2r, ((),) * P, chains, mb_chain)
         cap = float(self.memory) if self.memory is not None else 2.0 * P
-        lists = greedy_order(P, s2r, chains, mb_chain, spec.timing(probe), cap=[cap] * P)
-        lists = [acts + reduces(r, P) for r, acts in enumerate(lists)]
-        return build(self.name, {}, spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
+        timing = spec.timing(probe)
+        best = None
+        for forward_first in (False, True):
+            lists = greedy_order(P, s2r, chains, mb_chain, timing, cap=[cap] * P, forward_first=forward_first)
+            lists = [acts + reduces(r, P) for r, acts in enumerate(lists)]
+            al = build(self.name, {}, spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
+            t = simulate(al, timing, comm=False).makespan
+            if best is None or t < best[0] - 1e-12:
+                best = (t, al)
+        return best[1]
 
 
 @hookimpl

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from hexicore.errors import HexicoreError
@@ -33,6 +36,9 @@ from hexicore.errors import HexicoreError
 def in_torchrun() -> bool:
     """True inside a worker that torchrun (or any torchelastic agent) started."""
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+ERROR_DIR = "HEXICORE_ERROR_DIR"
 
 
 class LaunchError(HexicoreError):
@@ -67,6 +73,9 @@ def worker_main(specs: list) -> list[Any] | None:
     except Exception as exc:  # noqa: BLE001 - one clear line per failing rank, then a non-zero exit
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"hexicore: rank {rank}: {type(exc).__name__}: {line}", file=sys.stderr, flush=True)
+        if os.environ.get(ERROR_DIR):
+            with open(os.path.join(os.environ[ERROR_DIR], f"rank{rank}.txt"), "w", encoding="utf-8") as f:
+                f.write(line)
         sys.exit(1)
     finally:
         if dist.is_initialized():
@@ -98,6 +107,9 @@ def launch(specs: list, nproc: int, *, start_method: str = "spawn") -> list[Any]
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.1, start_method=start_method)
+    errors = tempfile.mkdtemp(prefix="hexicore-errors-")
+    saved = os.environ.get(ERROR_DIR)
+    os.environ[ERROR_DIR] = errors  # spawned workers inherit it and leave their one-line error there
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # workers print their own one-line errors; we print the summary
@@ -105,21 +117,32 @@ def launch(specs: list, nproc: int, *, start_method: str = "spawn") -> list[Any]
     try:
         out = elastic_launch(config, worker_main)(specs)
     except ChildFailedError as exc:
-        raise LaunchError(_failure_line(exc)) from None
+        raise LaunchError(_failure_line(exc, errors)) from None
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+        if saved is None:
+            os.environ.pop(ERROR_DIR, None)
+        else:
+            os.environ[ERROR_DIR] = saved
+        shutil.rmtree(errors, ignore_errors=True)
     return out[0]
 
 
-def _failure_line(exc: Any) -> str:
-    """``ChildFailedError`` -> one line: the first failed rank, its exit code and error."""
+def _failure_line(exc: Any, errors: str) -> str:
+    """One line: the first rank that reported an error (a timeout names what it waited for),
+    else the first rank that exited abnormally (killed, or died without a word)."""
+    reported = sorted(Path(errors).glob("rank*.txt"), key=lambda p: p.stat().st_mtime)
     failures = getattr(exc, "failures", {}) or {}
-    if not failures:
-        return f"training failed: {exc}"
-    rank, f = min(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
-    code = getattr(f, "exitcode", "?")
-    msg = getattr(f, "message", "") or ""
-    msg = msg.strip().splitlines()[0] if isinstance(msg, str) and msg.strip() and "To enable traceback" not in msg else ""
-    return f"training failed: rank {rank} exited with code {code}" + (f": {msg}" if msg else "") + \
-        f" ({len(failures)} of the ranks failed; see their messages above)"
+    dead = sorted((r, getattr(f, "exitcode", "?")) for r, f in failures.items()
+                  if getattr(f, "exitcode", 1) not in (1,))
+    if dead:
+        r, code = dead[0]
+        why = f"died (signal {-code})" if isinstance(code, int) and code < 0 else f"exited with code {code}"
+        first = f"rank {r} {why}"
+        if reported:
+            first += f"; rank {reported[0].stem[4:]}: {reported[0].read_text(encoding='utf-8')}"
+        return f"training failed: {first}"
+    if reported:
+        return f"training failed: rank {reported[0].stem[4:]}: {reported[0].read_text(encoding='utf-8')}"
+    return f"training failed: {', '.join(f'rank {r} exited with code {c}' for r, c in sorted((r, getattr(f, 'exitcode', '?')) for r, f in failures.items())) or exc}"

@@ -19,7 +19,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 class TorchRuntime:
     """Executes action lists on torch.distributed (gloo on CPU, NCCL on CUDA)."""
 
-    def __init__(self, backend: str = "auto", timeout_s: float = 120, lr: float = 1e-3, weight_decay: float = 0.0,
+    def __init__(self, backend: str = "auto", timeout_s: float = 120, lr: float = 3e-4, eps: float = 1e-5,
+                 weight_decay: float = 0.1,
                  data: str = "synthetic", data_file: str | None = None, progress: bool = True,
                  start_method: str = "spawn", fault: Any = None, **unknown: Any):
         if unknown:
@@ -28,7 +29,8 @@ class TorchRuntime:
             raise HexicoreError(f"unknown backend {backend!r}; choose one of: auto, gloo, nccl", field="runtime.backend")
         if not float(timeout_s) > 0:
             raise HexicoreError("must be positive", field="runtime.timeout_s")
-        self.params = dict(backend=backend, timeout_s=float(timeout_s), lr=float(lr), weight_decay=float(weight_decay),
+        self.params = dict(backend=backend, timeout_s=float(timeout_s), lr=float(lr), eps=float(eps),
+                           weight_decay=float(weight_decay),
                            data=str(data), data_file=data_file, progress=bool(progress),
                            fault=dict(fault) if fault else None)
         self.start_method = start_method

@@ -38,8 +38,9 @@ class RunSpec:
     seed: int = 0
     dtype: str = "fp32"
     recompute: bool = False
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    lr: float = 3e-4  # AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), eps 1e-5, decay 0.1
+    eps: float = 1e-5
+    weight_decay: float = 0.1
     data: str = "synthetic"
     data_file: str | None = None
     out: str | None = None
@@ -109,7 +110,8 @@ def train(spec: RunSpec, rank: int, world: int, device: torch.device) -> dict[st
         stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=full, recompute=spec.recompute,
                               device=device)
         params = [p for s in sorted(stages) for p in stages[s].module.parameters()]
-        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay)
+        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
+                                      weight_decay=spec.weight_decay)
         if ck:
             checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck.get("optim") or {})
         mb_rows = part.batch // part.actions.micro_batches

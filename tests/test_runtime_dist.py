@@ -1,0 +1,145 @@
+"""torch runtime on real processes (gloo, CPU, fp32, tiny model): every schedule trains exactly
+like ``parallel=none``; checkpoints resume across layouts; a dead or hung rank fails the run fast.
+
+Each launch costs ~5 s (mostly importing torch per process), so one launched job runs every
+schedule configuration in sequence on one 3-rank process group (ranks a configuration does not
+use sit idle)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hexicore.model import ModelSpec  # noqa: E402
+from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: E402
+from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
+                                                    schedule_actions)
+from hexicore_plugins.runtimes.torch.trainer import RunSpec  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GB, SEQ, WORLD = 6, 32, 3
+TOL = 1e-5
+
+
+def tiny() -> ModelSpec:
+    return ModelSpec.load(CONF / "model" / "tiny.yaml")
+
+
+def spec(layout, **kw) -> RunSpec:
+    return RunSpec(layout=layout, steps=3, seed=11, progress=False, return_state=True, **kw)
+
+
+def pipeline(schedule: dict, groups: list[StageGroup], batch: int = GB, micro_batch: int = 1):
+    return batch, groups, schedule_actions(schedule, len(groups), batch // micro_batch)
+
+
+def equal_stages(ranks: int, tp: int = 1) -> list[StageGroup]:
+    n = tiny().layers // ranks
+    return [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n + (1 if q < tiny().layers % ranks else 0))
+            for q in range(ranks)]
+
+
+CASES = {
+    "gpipe P=2": ({"name": "gpipe"}, 2),
+    "1f1b P=3": ({"name": "1f1b"}, 3),
+    "interleaved_1f1b P=2 v=2": ({"name": "interleaved_1f1b", "chunks": 2}, 2),
+    "chimera P=2": ({"name": "chimera"}, 2),
+    "chimera P=3": ({"name": "chimera"}, 3),
+    "hanayo P=3 W=1": ({"name": "hanayo", "waves": 1}, 3),
+    "hanayo P=2 W=2": ({"name": "hanayo", "waves": 2}, 2),
+    "zb_h1 P=3 (I/W split)": ({"name": "zb_h1"}, 3),
+}
+
+
+def max_rel(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def max_abs(state, ref):
+    assert set(state) == set(ref)
+    return max((state[k] - ref[k]).abs().max().item() for k in ref)
+
+
+def test_every_schedule_tp_and_dp_match_single_process():
+    m = tiny()
+    ref = launch([spec(reference_layout(m, global_batch=GB, micro_batch=1, seq_len=SEQ))], 1)[0]
+    names, specs = [], []
+    for name, (schedule, ranks) in CASES.items():
+        layout = build_layout(m, [pipeline(schedule, equal_stages(ranks))], global_batch=GB, micro_batch=1,
+                              seq_len=SEQ, world=WORLD)
+        names.append(name)
+        specs.append(spec(layout))
+    names.append("1f1b P=2, stage 0 with tp=2")
+    specs.append(spec(build_layout(m, [pipeline({"name": "1f1b"}, [StageGroup((0, 1), 4), StageGroup((2,), 4)])],
+                                   global_batch=GB, micro_batch=1, seq_len=SEQ)))
+    names.append("hanayo P=2 W=1, tp=2 stage, recompute")
+    specs.append(spec(build_layout(m, [pipeline({"name": "hanayo", "waves": 1},
+                                                [StageGroup((2,), 5), StageGroup((0, 1), 3)])],
+                                   global_batch=GB, micro_batch=1, seq_len=SEQ), recompute=True))
+    names.append("dp=3 pipelines x 1 stage")
+    specs.append(spec(build_layout(m, [pipeline({"name": "1f1b"}, [StageGroup((i,), 8)], batch=2) for i in range(3)],
+                                   global_batch=GB, micro_batch=1, seq_len=SEQ)))
+    results = launch(specs, WORLD)
+    report = []
+    for name, got in zip(names, results):
+        rel = max_rel(got["metrics"]["losses"], ref["metrics"]["losses"])
+        w = max_abs(got["state"], ref["state"])
+        report.append(f"{name:40s} loss rel {rel:.1e}  weights abs {w:.1e}")
+        assert rel <= TOL and w <= TOL, report[-1]
+    print("\n".join(report))
+
+
+def cli(args, capsys):
+    from hexicore.cli import main
+
+    try:
+        code = main(["train", *args])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr()
+
+
+TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4", "train.steps=4",
+         "seed=2", "runtime.progress=false"]
+
+
+def test_cli_pipeline_run_checkpoints_and_resumes_under_another_schedule(tmp_path, capsys):
+    """4 steps on 2 ranks with a checkpoint after step 2; resuming that checkpoint (under another
+    schedule, even) gives the uninterrupted losses, which equal parallel=none's."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    code, io = cli([*TRAIN, "schedule=hanayo", "schedule.waves=1", "pipeline.ranks=2", "train.checkpoint_every=2",
+                    f"out={a}"], capsys)
+    assert code == 0, io.err
+    code, io = cli([*TRAIN, "schedule=gpipe", "pipeline.ranks=2", f"out={b}", f"resume={a / 'checkpoints'}"], capsys)
+    assert code == 0, io.err
+    code, io = cli([*TRAIN, "parallel=none", f"out={c}"], capsys)
+    assert code == 0, io.err
+    la, lb, lc = (json.loads((d / "metrics.json").read_text()) for d in (a, b, c))
+    assert la["ranks"] == 2 and la["schedule"] == "hanayo" and lc["ranks"] == 1
+    assert max_rel(lb["losses"], la["losses"]) <= TOL and max_rel(la["losses"], lc["losses"]) <= TOL
+    fa, fb, fc = (torch.load(d / "final.pt", weights_only=True) for d in (a, b, c))
+    assert max_abs(fa, fc) <= TOL and max_abs(fb, fc) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["die", "hang"])
+def test_dead_or_hung_rank_stops_every_rank_within_the_timeout(kind):
+    m = tiny()
+    layout = build_layout(m, [pipeline({"name": "1f1b"}, equal_stages(2), batch=4)], global_batch=4, micro_batch=1,
+                          seq_len=SEQ)
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchError) as err:
+        launch([RunSpec(layout=layout, steps=3, progress=False, timeout_s=3,
+                        fault={"rank": 1, "step": 1, "kind": kind})], 2)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 3 + 20, elapsed
+    if kind == "die":
+        assert "rank 1 exited with code 13" in str(err.value)
+    else:  # rank 0 gives up waiting for the hung rank 1 and says so
+        assert "rank 0:" in str(err.value) and "timed out after 3 s" in str(err.value) and "rank 1" in str(err.value)

@@ -4,7 +4,9 @@ A schedule turns a :class:`ScheduleSpec` (P ranks, M micro-batches, optional per
 into per-rank action lists. Plugins implement :meth:`ActionSchedule.order` (compute only);
 :meth:`ActionSchedule.actions` runs the shared comm pass (:func:`hexicore.comm.insert_comm`).
 The planner calls :meth:`ActionSchedule.pipeline_time` — a closed form where it is exact, else
-the simulator (:mod:`hexicore.simulate`), cached per input.
+the simulator (:mod:`hexicore.simulate`) run on the schedule's default-time order (built once per
+P and M) under the given stage and link times; cached per input. Time-driven orders (greedy)
+built for the actual times by :meth:`ActionSchedule.actions` may differ slightly from that.
 
 Time units follow the cost model: ``stage_times[j]`` is forward + backward of one micro-batch
 through rank j's whole share (split ``T_F : T_B = 1 : 2``, HexiScale App. A counts backward as
@@ -21,7 +23,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 from hexicore.actions import Action, ActionList
 from hexicore.comm import insert_comm
 from hexicore.errors import HexicoreError
-from hexicore.simulate import SimResult, Timing, simulate
+from hexicore.simulate import SimResult, Timing, compile_lists, makespan, simulate
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,30 @@ class ActionSchedule(ABC):
         al = self.order(spec)
         return al, simulate(al, spec.timing(al), record=record, comm=False)
 
+    def template(self, ranks: int, n_mb: int) -> ActionList:
+        """The order for default times, ``order(ScheduleSpec(ranks, n_mb))`` (cached): the lists a
+        runtime gets when it asks for P and M only, and what :meth:`pipeline_time` prices."""
+        key = ("template", ranks, n_mb)
+        if key not in self._cache:
+            self._cache[key] = self.order(ScheduleSpec(ranks, n_mb))
+        return self._cache[key]
+
+    def price(self, spec: ScheduleSpec) -> float:
+        """Makespan of :meth:`template` under ``spec``'s times (:func:`hexicore.simulate.makespan`)."""
+        al = self.template(spec.ranks, spec.micro_batches)
+        key = ("compiled", spec.ranks, spec.micro_batches)
+        if key not in self._cache:
+            self._cache[key] = compile_lists(al)
+        return makespan(al, spec.timing(al), self._cache[key])
+
     def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        """Makespan of one pipeline iteration (planner units; module docstring); cached."""
+        """Makespan of one pipeline iteration (planner units; module docstring): the closed form
+        where exact, else :meth:`price`; cached per input."""
         key = ("time", tuple(map(float, stage_times)), tuple(map(float, hop_times)), int(n_mb))
         if key not in self._cache:
             t = self.closed_form(key[1], key[2], key[3])
             if t is None:
-                t = self.simulate(ScheduleSpec.from_pieces(key[1], key[2], key[3]))[1].makespan
+                t = self.price(ScheduleSpec.from_pieces(key[1], key[2], key[3]))
             self._cache[key] = t
         return self._cache[key]
 

@@ -19,7 +19,7 @@ from hexicore.actions import Action, ActionList
 from hexicore.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need
-from hexicore.simulate import simulate
+from hexicore.simulate import makespan
 
 
 def chimera_layout(ranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
@@ -57,7 +57,7 @@ class Chimera(ActionSchedule):
             lists = greedy_order(P, s2r, chains, mb_chain, timing, cap=[cap] * P, forward_first=forward_first)
             lists = [acts + reduces(r, P) for r, acts in enumerate(lists)]
             al = build(self.name, {}, spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
-            t = simulate(al, timing, comm=False).makespan
+            t = makespan(al, timing)
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)
         return best[1]

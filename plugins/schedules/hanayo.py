@@ -28,7 +28,7 @@ from hexicore.actions import ActionList
 from hexicore.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
-from hexicore.simulate import simulate
+from hexicore.simulate import compile_lists, makespan, simulate
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -67,23 +67,38 @@ class Hanayo(ActionSchedule):
         for unit in ((None, P) if M > P else (None,)):
             lists = greedy_order(P, s2r, chain, (0,) * M, timing, cap=[self._cap(spec)] * P, unit=unit)
             al = build(self.name, {"waves": waves}, spec, s2r, lists)
-            t = simulate(al, timing, comm=False).makespan
+            t = makespan(al, timing)
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)
         return best[1]
 
+    def wave_template(self, ranks: int, n_mb: int, waves: int) -> tuple[ActionList, list, float]:
+        """The default-time order for W waves, its compiled form and its peak activations (cached;
+        the peak depends on the order only)."""
+        key = ("wave_template", ranks, n_mb, waves)
+        if key not in self._cache:
+            al = self.with_waves(ScheduleSpec(ranks, n_mb), waves)
+            self._cache[key] = (al, compile_lists(al), max(simulate(al, comm=False).peak_activations))
+        return self._cache[key]
+
     def choose_waves(self, spec: ScheduleSpec) -> tuple[int, dict[int, float]]:
-        """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory``."""
+        """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory``; each W's
+        default-time order simulated under ``spec``'s stage and link times."""
         seen: dict[int, float] = {}
         best = None
         for w in range(1, self.max_waves + 1):
-            al = self.with_waves(spec, w)
-            res = simulate(al, spec.timing(al), comm=False)
-            seen[w] = res.makespan
-            fits = max(res.peak_activations) <= self._cap(spec) + 1e-9
-            if fits and (best is None or res.makespan < seen[best] - 1e-12):
+            al, compiled, peak = self.wave_template(spec.ranks, spec.micro_batches, w)
+            seen[w] = makespan(al, spec.timing(al), compiled)
+            if peak <= self._cap(spec) + 1e-9 and (best is None or seen[w] < seen[best] - 1e-12):
                 best = w
         return (best or 1), seen
+
+    def price(self, spec: ScheduleSpec) -> float:
+        if self.waves != "auto":
+            return super().price(spec)
+        need(spec.ranks >= 2, self.name, f"needs pipeline.ranks >= 2 (a wave turns on the last rank), got {spec.ranks}")
+        w, seen = self.choose_waves(spec)
+        return seen[w]
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 2, self.name, f"needs pipeline.ranks >= 2 (a wave turns on the last rank), got {spec.ranks}")
@@ -91,7 +106,7 @@ class Hanayo(ActionSchedule):
         if self.waves != "auto":
             return self.with_waves(spec, self.waves)
         w, seen = self.choose_waves(spec)
-        al = self.with_waves(spec, w)
+        al = self.wave_template(spec.ranks, spec.micro_batches, w)[0]
         sched = {**al.schedule, "auto": {str(k): round(v, 9) for k, v in seen.items()}}
         return ActionList(sched, al.ranks, al.stages, al.micro_batches, al.stage_rank, al.actions,
                           al.chains, al.mb_chain, {"waves_chosen": w, "waves_makespan": seen})

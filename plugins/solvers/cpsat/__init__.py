@@ -1,0 +1,181 @@
+"""Solver ``cpsat``: exact plans with OR-Tools CP-SAT (HexiScale's MILP check, App. D / Table 6).
+
+Decides which devices form each pipeline and stage (stages inside one machine, TP degree =
+stage size), how many blocks each stage runs and how many micro-batches each pipeline takes;
+minimises the analytic cost model's iteration time ``max_i PIPELINE-TIME(i) + COMM-DP``
+(App. A) under per-device memory limits. The formulation and its simplifications are in
+:mod:`.formulation`, the cost-model tables in :mod:`.tables`.
+
+The plan's ``solver`` section (DESIGN.md §5) carries ``status`` (``OPTIMAL`` when CP-SAT proved
+the model optimal, ``FEASIBLE`` when the time limit stopped it), ``objective`` (the model's value
+of the returned plan, seconds) and ``bound`` (CP-SAT's proven lower bound, seconds). Every
+table entry and every simplification under-estimates the cost model, so ``bound`` is a valid
+lower bound of the estimate of every plan in the modelled space (stages inside one machine,
+power-of-two TP). With a cost model whose ``pipeline_timer`` replaces the 1F1B formula the
+model prices another schedule than the estimate does: the status is then ``FEASIBLE`` and
+``bound`` is null.
+
+``fix_groups=true`` with ``warm_start=PLAN``: the warm-start plan's pipelines and stage device
+groups are kept (in their order) and only the block ranges and pipeline batches are
+re-optimised, exactly; the bound is then over plans with those groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hexicore.errors import HexicoreError
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.plan import Plan
+from hexicore.problem import Problem, Progress, no_progress
+
+from .tables import Option, build_tables, stage_options
+
+DEFAULT_TIME_LIMIT = 60.0
+
+
+def _fixed_groups(problem: Problem) -> tuple[list[Option], list[list[int]], list[list[tuple[str, ...]]]]:
+    """Options, per-pipeline option ids and device groups of the warm-start plan."""
+    plan = problem.warm_start
+    if plan is None:
+        raise HexicoreError("solver.fix_groups=true needs a plan to keep: pass warm_start=PLAN.json",
+                            field="solver.fix_groups")
+    options: list[Option] = []
+    index: dict[tuple[str, int], int] = {}
+    fixed, groups = [], []
+    for i, p in enumerate(plan.pipelines):
+        row, grow = [], []
+        for j, s in enumerate(p.stages):
+            for d in s.devices:
+                if not problem.cluster.has_device(d):
+                    raise HexicoreError(f"warm-start device {d!r} is not in the cluster", field="warm_start")
+            machines = {problem.cluster.device(d).machine for d in s.devices}
+            if len(machines) != 1:
+                raise HexicoreError(f"fix_groups keeps stages inside one machine; pipelines[{i}].stages[{j}] "
+                                    f"spans {', '.join(sorted(machines))}", field="warm_start")
+            key = (machines.pop(), len(s.devices))
+            if key not in index:
+                options.append(Option(key[0], key[1], tuple(s.devices)))
+                index[key] = len(options)
+            row.append(index[key])
+            grow.append(tuple(s.devices))
+        fixed.append(row)
+        groups.append(grow)
+    return options, fixed, groups
+
+
+@dataclass
+class CpSatSolver:
+    """CP-SAT over the formulation of :mod:`.formulation`; ``workers`` search threads."""
+
+    workers: int = 8
+    fix_groups: bool = False
+    log: bool = False
+    name: str = "cpsat"
+
+    def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+              progress: Progress = no_progress) -> Plan:
+        from ortools.sat.python import cp_model
+
+        from .decode import decode
+        from .formulation import build, slot_counts
+
+        limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
+        t, L = problem.train, problem.model.layers
+        n_mb = t.global_batch // t.micro_batch
+        machines: dict[str, int] = {}
+        for d in problem.cluster.devices:
+            machines[d.machine] = machines.get(d.machine, 0) + 1
+        groups = None
+        if self.fix_groups:
+            options, fixed, groups = _fixed_groups(problem)
+            slots = [len(r) for r in fixed]
+            if len(slots) > n_mb or max(slots) > L:
+                raise HexicoreError(f"no plan fits: the warm start's {len(slots)} pipelines / {max(slots)} stages "
+                                    f"exceed {n_mb} micro-batches / {L} blocks", field="warm_start")
+        else:
+            options, fixed = stage_options(problem), None
+            slots = slot_counts(len(problem.cluster.devices), min(len(problem.cluster.devices), n_mb), L)
+        progress("cpsat: tabulating the cost model", 0.0)
+        starts = self._starts(problem, options) if fixed is None else []
+        upper = min((problem.cost.estimate(plan).iteration_s for _, plan in starts), default=None)
+        tables = build_tables(problem, options, len(slots), max(slots), upper)
+        form = build(tables, machines, n_mb, slots, fixed)
+        hinted = self._hint(problem, form, options, starts)
+        progress("cpsat: solving", 0.0)
+
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = limit
+        solver.parameters.num_workers = int(self.workers)
+        solver.parameters.random_seed = int(seed)
+        solver.parameters.log_search_progress = bool(self.log)
+        status = solver.solve(form.model, _Progress(progress, limit, tables.unit))
+        name = solver.status_name(status)
+        where = f"{problem.model.name!r} on cluster {problem.cluster.name!r}"
+        if status == cp_model.INFEASIBLE:
+            raise HexicoreError(f"no plan fits: no layout of {where} satisfies every device's memory "
+                                "(stages inside one machine, power-of-two TP)", field="model")
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if status == cp_model.UNKNOWN:
+                raise HexicoreError(f"time limit of {limit:g} s reached with no plan for {where}; raise "
+                                    "solver.time_limit", field="solver.time_limit")
+            raise RuntimeError(f"cpsat: solver returned {name}")  # MODEL_INVALID: a bug here
+        plan = decode(problem, form, solver, options, groups)
+        exact = getattr(problem.cost, "pipeline_timer", None) is None
+        info: dict[str, Any] = {
+            "status": name if exact else "FEASIBLE",
+            "objective": solver.objective_value * tables.unit,
+            "bound": solver.best_objective_bound * tables.unit if exact else None,
+            "params": {"time_limit": limit, "workers": int(self.workers), "seed": int(seed),
+                       "fix_groups": bool(self.fix_groups)},
+            "wall_s": round(solver.wall_time, 3),
+            "model": {"options": len(options), "pipelines": len(slots), "slots": sum(slots),
+                      "time_unit_s": tables.unit, "hint": hinted},
+        }
+        return plan.with_solver(info)
+
+    @staticmethod
+    def _starts(problem: Problem, options) -> list[tuple[str, Plan]]:
+        """Fitting plans of the model's space to start from: the warm start, a greedy plan."""
+        from .hint import greedy_plan, plan_rows
+
+        out = []
+        for source, plan in (("warm_start", problem.warm_start), ("greedy", greedy_plan(problem))):
+            if plan is not None and plan_rows(problem, plan, options) is not None:
+                try:
+                    if problem.cost.estimate(plan).fits:
+                        out.append((source, plan))
+                except (HexicoreError, ValueError, KeyError):
+                    continue  # a warm start from another cluster or model
+        return out
+
+    @staticmethod
+    def _hint(problem: Problem, form, options, starts) -> str | bool:
+        """Hint the best start plan (by estimate) that the model accepts."""
+        from .hint import add_hint, plan_rows
+
+        for source, plan in sorted(starts, key=lambda sp: problem.cost.estimate(sp[1]).iteration_s):
+            if add_hint(form, plan_rows(problem, plan, options), len(options)):
+                return source
+        return False
+
+
+class _Progress:
+    """Solution callback: report each improving plan to ``progress``."""
+
+    def __new__(cls, progress: Progress, limit: float, unit: float):
+        from ortools.sat.python import cp_model
+
+        class Callback(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                progress(f"cpsat: best {self.objective_value * unit:.6g} s, bound {self.best_objective_bound * unit:.6g} s",
+                         min(1.0, self.wall_time / limit) if limit > 0 else 1.0)
+
+        return Callback()
+
+
+@hookimpl
+def hexicore_solvers():
+    yield PluginSpec(kind="solver", name="cpsat", factory=CpSatSolver,
+                     description="exact CP-SAT plan search (OR-Tools): optimum or best plan + proven bound")

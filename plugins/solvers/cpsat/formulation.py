@@ -1,0 +1,331 @@
+"""The CP-SAT model of HexiScale's plan search (REFERENCE.md §1, cost model §3).
+
+Indices: pipeline ``i`` (up to ``P_max``), stage slot ``j`` of a pipeline (slots are used as a
+prefix, in pipeline order), stage option ``o = (machine, tp)`` (see :mod:`.tables`), block ``k``.
+
+Decisions
+  ``x[i,j,o]``  slot j of pipeline i is a stage of option o (at most one o; none = slot unused);
+  ``z[i,j,k]``  block k runs on slot j of pipeline i (contiguous, in slot order, every slot used
+                holds >= 1 block); ``l[i,j] = sum_k z[i,j,k]``;
+  ``n[i]``      micro-batches of pipeline i (``sum_i n[i] = global_batch / micro_batch``).
+Constraints
+  devices:  ``sum_{i,j,o: machine(o)=m} tp(o) x[i,j,o] <= |m|`` (counts, not ids: symmetry breaking);
+  memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraints);
+  symmetry: pipelines ordered by (stages, micro-batches) non-increasing.
+Objective (integer microseconds), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
+  ``U[i,j] = STAGE[o][first][last][l] + HOP[o][o_next]`` (element constraints over the tables),
+  ``PIPE[i] = sum_j U[i,j] + (n[i] - 1) * max_j U[i,j]`` (AddMaxEquality + a product),
+  ``T = max_i PIPE[i]`` (AddMaxEquality);
+  ``D[k] >= 2 sum_{o'} N[k,o'] g_v[o,o'] - g_v[o,o]`` for every option o present at block k when
+  v pipelines exist (``N[k,o]`` = pipelines whose replica of block k runs on option o), i.e.
+  COMM-DP-LAYER written per peer; ``DP >= sum_{k in stage} D[k]`` (+ embedding / head terms on
+  first / last stages); minimise ``T + DP``.
+
+Simplifications (each makes the model a *lower* approximation, so bounds stay valid):
+  * times are floored to whole microseconds;
+  * the DP chunk count ``lcm(tp)`` of the cost model's chunked all-reduce is taken as the
+    largest TP degree present (exact for power-of-two degrees; with others, e.g. a fix_groups
+    warm start with TP 3, a lower bound: the model then misses a few latencies ``alpha``);
+  * the 1F1B closed form is the pipeline time (the analytic model's default; a cost model with
+    another ``pipeline_timer`` gets no proven bound, see :mod:`hexicore_plugins.solvers.cpsat`).
+The plan space itself is restricted to stages inside one machine with power-of-two TP degrees
+dividing the heads (:func:`.tables.tp_degrees`); bounds are bounds over that space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ortools.sat.python import cp_model
+
+from .tables import Tables
+
+
+@dataclass
+class Formulation:
+    """The CP-SAT model and the handles :mod:`.decode` reads."""
+
+    model: cp_model.CpModel
+    x: dict = field(default_factory=dict)       # (i, j, o) -> bool
+    layers: dict = field(default_factory=dict)  # (i, j) -> int expr
+    n: dict = field(default_factory=dict)       # i -> int var (micro-batches)
+    z: dict = field(default_factory=dict)       # (i, j, k) -> bool: block k on slot j of pipeline i
+    slots: list = field(default_factory=list)   # slots per pipeline
+    n_blocks: int = 0
+    T: object = None
+    DP: object = None
+    parts: dict = field(default_factory=dict)  # named sub-terms, for inspection and tests
+
+
+def stage_slopes(tab: Tables, o: int, fi: int) -> tuple[int, int, int]:
+    """``(per block, fixed, fixed if last)`` of option o's stage-time table, chosen so that
+    ``fixed + per * l <= STAGE[o][first][last][l]`` for every l: the analytic STAGE is affine in
+    the block count (compute and TP traffic per block, the head on the last stage), so this
+    loses only the table's rounding (< 1 unit per block)."""
+    rows = tab.stage[o][fi]
+    per = min(min((rows[la][n] - rows[la][0]) // n for n in range(1, tab.layers + 1)) for la in (0, 1))
+    return per, rows[0][0], rows[1][0]
+
+
+def _stage_time(m, tab: Tables, x, layers, last, i: int, j: int, fi: int):
+    """STAGE of slot (i, j): ``sum_o per_o * l_o + fixed_o * x_o (+ head_o * [x_o and last])``
+    with ``l_o`` = the slot's blocks when it runs option o (else 0), a linear form of the table."""
+    K = len(tab.options)
+    terms, split = [], []
+    for o in range(1, K + 1):
+        per, fixed, fixed_last = stage_slopes(tab, o, fi)
+        l_o = m.new_int_var(0, tab.layers, f"l{i}_{j}_{o}")
+        m.add(l_o <= tab.layers * x[i, j, o])
+        split.append(l_o)
+        both = m.new_bool_var(f"lx{i}_{j}_{o}")
+        m.add_bool_and([last, x[i, j, o]]).only_enforce_if(both)
+        m.add_bool_or([~last, ~x[i, j, o]]).only_enforce_if(~both)
+        terms.append(per * l_o + fixed * x[i, j, o] + (fixed_last - fixed) * both)
+    m.add(sum(split) == layers)
+    s = m.new_int_var(0, max(_flat(tab.stage)), f"S{i}_{j}")
+    m.add(s == sum(terms))
+    return s
+
+
+def _element(m, index, table: list[int], target, name: str) -> None:
+    """``target == table[index]`` with the index as its own variable (CP-SAT 9.15's presolve
+    mis-handled affine element indices in this model: wrong OPTIMAL claims)."""
+    idx = m.new_int_var(0, len(table) - 1, name)
+    m.add(idx == index)
+    m.add_element(idx, table, target)
+
+
+def _flat(table) -> list[int]:
+    if isinstance(table, (list, tuple)):
+        return [v for row in table for v in _flat(row)]
+    return [int(table)]
+
+
+def slot_counts(n_devices: int, max_pipelines: int, layers: int) -> list[int]:
+    """Pipelines ordered by stage count: pipeline i has at most ``n_devices // (i + 1)`` stages."""
+    return [max(1, min(layers, n_devices // (i + 1))) for i in range(max_pipelines)]
+
+
+def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int],
+          fixed: Sequence[Sequence[int]] | None = None) -> Formulation:
+    """Build the model. ``fixed`` (fix_groups): per pipeline, the option of each stage, kept as is."""
+    m = cp_model.CpModel()
+    K, L = len(tab.options), tab.layers
+    opts = range(1, K + 1)
+    P = len(slots)
+    f = Formulation(m, slots=list(slots), n_blocks=L)
+    max_u = max(_flat(tab.stage)) + max(_flat(tab.hop))
+    max_flight = len(tab.cap[0][0][0]) - 1
+
+    used, oid, last, U, S = {}, {}, {}, {}, {}
+    z = f.z
+    for i in range(P):
+        for j in range(slots[i]):
+            for o in opts:
+                f.x[i, j, o] = m.new_bool_var(f"x{i}_{j}_{o}")
+            used[i, j] = m.new_bool_var(f"u{i}_{j}")
+            m.add(sum(f.x[i, j, o] for o in opts) == used[i, j])
+            oid[i, j] = sum(o * f.x[i, j, o] for o in opts)
+            if j:
+                m.add_implication(used[i, j], used[i, j - 1])
+            for k in range(L):
+                z[i, j, k] = m.new_bool_var(f"z{i}_{j}_{k}")
+            f.layers[i, j] = sum(z[i, j, k] for k in range(L))
+            m.add(f.layers[i, j] >= used[i, j])
+            m.add(f.layers[i, j] <= L * used[i, j])
+        for k in range(L):
+            m.add(sum(z[i, j, k] for j in range(slots[i])) == used[i, 0])
+            for j in range(slots[i]):  # contiguity: "block k on slot <= j" is non-increasing in k
+                if k + 1 < L:
+                    m.add(sum(z[i, jj, k + 1] for jj in range(j + 1)) <= sum(z[i, jj, k] for jj in range(j + 1)))
+        for j in range(1, slots[i]):
+            m.add(z[i, j, 0] == 0)
+        for j in range(slots[i]):
+            last[i, j] = m.new_bool_var(f"last{i}_{j}")
+            nxt = used[i, j + 1] if j + 1 < slots[i] else 0
+            m.add(last[i, j] == used[i, j] - nxt)
+        f.n[i] = m.new_int_var(0, n_mb, f"n{i}")
+        m.add(f.n[i] >= used[i, 0])
+        m.add(f.n[i] <= n_mb * used[i, 0])
+    m.add(sum(f.n.values()) == n_mb)
+    n_stages = {i: sum(used[i, j] for j in range(slots[i])) for i in range(P)}
+
+    for name, count in machines.items():
+        m.add(sum(tab.options[o - 1].tp * f.x[i, j, o] for (i, j, o) in f.x
+                  if tab.options[o - 1].machine == name) <= count)
+
+    if fixed is not None:
+        for i, row in enumerate(fixed):
+            for j, o in enumerate(row):
+                m.add(f.x[i, j, o] == 1)
+    else:
+        for i in range(P - 1):  # symmetry: pipelines by (stages, micro-batches) non-increasing
+            m.add(n_stages[i] >= n_stages[i + 1])
+            tie = m.new_bool_var(f"tie{i}")
+            m.add(n_stages[i] == n_stages[i + 1]).only_enforce_if(tie)
+            m.add(n_stages[i] != n_stages[i + 1]).only_enforce_if(~tie)
+            m.add(f.n[i] >= f.n[i + 1]).only_enforce_if(tie)
+
+    # ---------------------------------------------------------------- pipeline time and memory
+    one_f_one_b = all(tab.in_flight[p][j][n] == min(n, p - j) for p in range(1, len(tab.in_flight))
+                      for j in range(p) for n in range(1, n_mb + 1))
+    pipe = []
+    for i in range(P):
+        for j in range(slots[i]):
+            fi = 1 if j == 0 else 0
+            S[i, j] = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi)
+            hop = 0
+            if j + 1 < slots[i]:
+                hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
+                _element(m, oid[i, j] * (K + 1) + oid[i, j + 1], _flat(tab.hop), hop, f"iH{i}_{j}")
+            U[i, j] = m.new_int_var(0, max_u, f"U{i}_{j}")
+            m.add(U[i, j] == S[i, j] + hop)
+            # memory: blocks <= cap[o][first][last][in_flight(P_i, j, n_i)]
+            flight = m.new_int_var(0, max_flight, f"fl{i}_{j}")
+            if one_f_one_b:  # in_flight = min(n_i, P_i - j), 0 on unused slots
+                m.add_min_equality(flight, [f.n[i], sum(used[i, jj] for jj in range(j, slots[i]))])
+            else:
+                fl_tab = [tab.in_flight[p][j][n] if j < len(tab.in_flight[p]) else 0
+                          for p in range(len(tab.in_flight)) for n in range(n_mb + 1)]
+                _element(m, n_stages[i] * (n_mb + 1) + f.n[i], fl_tab, flight, f"iF{i}_{j}")
+            cap = m.new_int_var(0, L, f"cap{i}_{j}")
+            cap_tab = _flat([tab.cap[o][fi] for o in range(K + 1)])  # [o][last][f]
+            _element(m, (oid[i, j] * 2 + last[i, j]) * (max_flight + 1) + flight, cap_tab, cap, f"iC{i}_{j}")
+            m.add(f.layers[i, j] <= cap)
+        top = m.new_int_var(0, max_u, f"M{i}")
+        m.add_max_equality(top, [U[i, j] for j in range(slots[i])])
+        rest = m.new_int_var(0, n_mb, f"nm1_{i}")
+        m.add(rest == f.n[i] - used[i, 0])
+        prod = m.new_int_var(0, n_mb * max_u, f"prod{i}")
+        m.add_multiplication_equality(prod, [rest, top])
+        p_i = m.new_int_var(0, slots[i] * max_u + n_mb * max_u, f"PIPE{i}")
+        m.add(p_i == sum(U[i, j] for j in range(slots[i])) + prod)
+        pipe.append(p_i)
+    f.T = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "T")
+    m.add_max_equality(f.T, pipe)
+    m.add(f.T >= throughput_bound(tab, machines, n_mb))
+
+    f.DP = _dp_term(m, tab, f, used, last, z, slots)
+    m.minimize(f.T + f.DP)
+    return f
+
+
+def throughput_bound(tab: Tables, machines: dict[str, int], n_mb: int) -> int:
+    """A valid cut ``T >= ceil(n_mb * L / R)``. Every stage s of pipeline i is busy
+    ``n_i * STAGE_s >= n_i * l_s * c_o`` within ``T`` (``c_o`` = the least per-block time in the
+    stage table of option o), so ``n_mb * L = sum_s n_i l_s <= T * sum_s 1 / c_o <= T * R`` with
+    R the best total block rate any split of each machine into TP groups reaches."""
+    rate = 0.0
+    for name, count in machines.items():
+        best = [0.0] * (count + 1)  # best[d]: most blocks per unit time from d devices of the machine
+        for d in range(1, count + 1):
+            best[d] = best[d - 1]
+            for o, opt in enumerate(tab.options, start=1):
+                if opt.machine == name and opt.tp <= d:
+                    per = min(tab.stage[o][fi][la][k] / k for fi in (0, 1) for la in (0, 1)
+                              for k in range(1, tab.layers + 1))
+                    if per > 0:
+                        best[d] = max(best[d], best[d - opt.tp] + 1.0 / per)
+        rate += best[count]
+    if rate <= 0:
+        return 0
+    return max(0, math.ceil(n_mb * tab.layers / rate * (1 - 1e-9)) - 1)
+
+
+def _peer_sum(m, tab: Tables, tab_v, counts, pres, present_lits, ub, name):
+    """``D >= 2 sum_o' N[o'] g[o][o'] - g[o][o]`` for each option o present (``pres[o]``) under
+    each pipeline count v (``present_lits[v]``); ``tab_v[v][o][o2]`` already includes the 2.
+
+    The cost model cuts a block's gradients into ``lcm(tp)`` chunks (HexiScale §3.2): a device of
+    a TP-``t`` stage sends ``lcm/t`` chunks to each peer, each paying the latency. With
+    power-of-two degrees ``lcm`` is the largest degree present, so for every degree ``tau > t``
+    present the constraint also holds with ``(tau/t - 1)`` extra latencies per peer (exact for the
+    largest ``tau``; with other degrees ``lcm >= tau`` keeps it a lower bound)."""
+    d = m.new_int_var(0, ub, name)
+    tps = sorted({o.tp for o in tab.options})
+    tp_present = {}
+    for tau in tps[1:]:
+        tp_present[tau] = m.new_bool_var(f"{name}_tp{tau}")
+        m.add(sum(counts[o] for o in counts if tab.options[o - 1].tp == tau) <= tab.max_pipelines * tp_present[tau])
+    lat = tab.dp_latency
+    for v, lit in present_lits.items():
+        g = tab_v[v]
+        for o, p in pres.items():
+            t = tab.options[o - 1].tp
+            m.add(d >= sum(g[o][o2] * counts[o2] for o2 in counts) - g[o][o]).only_enforce_if([lit, p])
+            for tau, has in tp_present.items():
+                if tau > t:
+                    extra = tau // t - 1
+                    m.add(d >= sum((g[o][o2] + extra * lat[o][o2]) * counts[o2] for o2 in counts)
+                          - g[o][o] - extra * lat[o][o]).only_enforce_if([lit, p, has])
+    return d
+
+
+def _presence(m, counts, cap, name):
+    pres = {}
+    for o, expr in counts.items():
+        pres[o] = m.new_bool_var(f"{name}{o}")
+        m.add(expr <= cap * pres[o])
+    return pres
+
+
+def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
+    """COMM-DP of App. A, per peer (see the module docstring)."""
+    P, K, L = len(slots), len(tab.options), tab.layers
+    opts = range(1, K + 1)
+    if P <= 1:
+        return 0
+    count = {}
+    for v in range(1, P + 1):
+        count[v] = m.new_bool_var(f"npipe{v}")
+    m.add_exactly_one(count.values())
+    m.add(sum(v * b for v, b in count.items()) == sum(used[i, 0] for i in range(P)))
+    multi = {v: b for v, b in count.items() if v >= 2}
+
+    max_tp = max(o.tp for o in tab.options)
+
+    def ub(tab_v):
+        return max(1, P * (max(_flat(tab_v)) + (max_tp - 1) * max(_flat(tab.dp_latency))))
+
+    # blocks: y[i,k,o] = replica of block k in pipeline i runs on option o
+    D = {}
+    for k in range(L):
+        y = {}
+        for i in range(P):
+            for o in opts:
+                y[i, o] = m.new_bool_var(f"y{i}_{k}_{o}")
+                for j in range(slots[i]):
+                    m.add(y[i, o] >= z[i, j, k] + f.x[i, j, o] - 1)
+            m.add(sum(y[i, o] for o in opts) == used[i, 0])
+        counts = {o: sum(y[i, o] for i in range(P)) for o in opts}
+        D[k] = _peer_sum(m, tab, tab.dp_pair, counts, _presence(m, counts, P, f"pk{k}_"), multi, ub(tab.dp_pair), f"D{k}")
+    # embedding on first stages, head on last stages
+    emb_counts = {o: sum(f.x[i, 0, o] for i in range(P)) for o in opts}
+    E = _peer_sum(m, tab, tab.dp_pair_emb, emb_counts, _presence(m, emb_counts, P, "pe"), multi,
+                  ub(tab.dp_pair_emb), "E")
+    hy = {}
+    for i in range(P):
+        for o in opts:
+            hy[i, o] = m.new_bool_var(f"hy{i}_{o}")
+            for j in range(slots[i]):
+                m.add(hy[i, o] >= last[i, j] + f.x[i, j, o] - 1)
+        m.add(sum(hy[i, o] for o in opts) == used[i, 0])
+    head_counts = {o: sum(hy[i, o] for i in range(P)) for o in opts}
+    H = _peer_sum(m, tab, tab.dp_pair_head, head_counts, _presence(m, head_counts, P, "ph"), multi,
+                  ub(tab.dp_pair_head), "Hd")
+    f.parts.update({"E": E, "H": H, **{f"D{k}": D[k] for k in D}})
+    d_ub = L * ub(tab.dp_pair) + ub(tab.dp_pair_emb) + ub(tab.dp_pair_head)
+    DP = m.new_int_var(0, d_ub, "DP")
+    for i in range(P):
+        for j in range(slots[i]):
+            share = []
+            for k in range(L):
+                v = m.new_int_var(0, ub(tab.dp_pair), f"v{i}_{j}_{k}")
+                m.add(v >= D[k]).only_enforce_if(z[i, j, k])  # lower bounds suffice: DP is minimised
+                share.append(v)
+            base = sum(share) + (E if j == 0 else 0)
+            m.add(DP >= base)
+            m.add(DP >= base + H).only_enforce_if(last[i, j])
+    return DP

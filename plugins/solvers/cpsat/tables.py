@@ -1,0 +1,220 @@
+"""Integer tables for the CP-SAT model, every entry computed by the problem's cost model.
+
+The model never re-derives a cost formula: stage times, hop times, memory and the in-flight
+micro-batch counts come from ``problem.cost.stage_s / hop_s / stage_memory_gb / in_flight`` on
+representative devices, and the DP peer terms from ``problem.cost.dp_layer_s`` on two-holder
+layouts. Times are integers in ``unit`` seconds (a microsecond for real models, see
+:func:`time_unit`), rounded **down** (``floor``), so every table entry is
+at most the cost model's value: the model's objective of a plan is a lower bound of its
+estimate, and CP-SAT's proven bound stays a valid lower bound of the true optimum.
+
+A stage *option* is ``(machine, tp)``: a stage of ``tp`` devices inside one machine (HexiScale
+keeps TP inside a machine). Identical devices of a machine are interchangeable for every piece
+of the analytic model (their type and links are the machine's), so options, not device ids,
+are what the model decides (symmetry breaking); ids are assigned when decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from hexicore.errors import HexicoreError
+from hexicore.plan import Pipeline, Stage
+from hexicore.problem import Problem
+
+
+#: Largest integer magnitude the model may meet (objective upper bound). CP-SAT 9.15's presolve
+#: returned wrong "OPTIMAL" answers on this model with magnitudes around 1e10 (tiny models in
+#: picosecond units); 1e8 keeps every coefficient and bound far below that.
+MAX_MAGNITUDE = 1e8
+
+
+def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int) -> float:
+    """The model's time unit (seconds, a power of ten): the finest unit in which a crude upper
+    bound of every objective term (all micro-batches through the slowest stage option, a hop per
+    block, the DP sync of every block over the slowest pair of options) stays under
+    ``MAX_MAGNITUDE``. Real models get about 1-10 us, tiny test models picoseconds."""
+    c, m, t = problem.cluster, problem.model, problem.train
+    n_mb, L = t.global_batch // t.micro_batch, m.layers
+    stage = max(problem.cost.stage_s(c, m, t, o.devices, L, first=True, last=True) for o in options)
+    hop = max(problem.cost.hop_s(c, m, t, a.devices, b.devices) for a in options for b in options
+              if a.machine != b.machine or a.tp + b.tp <= len(machine_pools(problem)[a.machine])) \
+        if len(options) > 1 else 0.0
+    params = max(m.layer_params(), m.embedding_params(), m.head_params())
+    dp = max(problem.cost.dp_layer_s(c, [Stage(a.devices[:1], 1, (0, 1)), Stage(b.devices[-1:], 1, (0, 1))],
+                                     params, t.dtype_bytes) for a in options for b in options)
+    top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 2) * dp * max(o.tp for o in options)
+    return 10.0 ** math.ceil(math.log10(max(top, 1e-300) / MAX_MAGNITUDE))
+
+
+@dataclass(frozen=True)
+class Option:
+    """A stage kind: ``tp`` devices of machine ``machine`` (``devices`` = representatives)."""
+
+    machine: str
+    tp: int
+    devices: tuple[str, ...]
+
+
+def tp_degrees(problem: Problem, available: int) -> list[int]:
+    """TP degrees a stage may use: powers of two up to ``available`` that divide the model's
+    attention and KV heads (Megatron's TP rule; HexiScale's menus are powers of two)."""
+    m = problem.model
+    out, t = [], 1
+    while t <= available:
+        if m.heads % t == 0 and m.kv_heads % t == 0:
+            out.append(t)
+        t *= 2
+    return out
+
+
+def machine_pools(problem: Problem) -> dict[str, list[str]]:
+    """Usable device ids per machine, in cluster order."""
+    pools: dict[str, list[str]] = {}
+    for d in problem.cluster.devices:
+        pools.setdefault(d.machine, []).append(d.id)
+    return pools
+
+
+def stage_options(problem: Problem) -> list[Option]:
+    """Every (machine, tp) stage kind of the cluster."""
+    return [Option(m, t, tuple(devs[:t])) for m, devs in machine_pools(problem).items()
+            for t in tp_degrees(problem, len(devs))]
+
+
+def _second_group(pools: dict[str, list[str]], a: Option, b: Option) -> tuple[str, ...]:
+    """Devices for ``b`` disjoint from ``a`` where the machine has room (else wrap around)."""
+    pool = pools[b.machine]
+    if a.machine != b.machine:
+        return tuple(pool[:b.tp])
+    return tuple(pool[(a.tp + k) % len(pool)] for k in range(b.tp))
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Everything the formulation reads, in integer time units (``unit`` seconds) / block counts.
+
+    ``stage[o][first][last][l]``  STAGE time of option o holding l blocks (o = 0: unused slot);
+    ``hop[o][o2]``                HOP time from a stage of option o to one of o2 (0 if o2 = 0);
+    ``cap[o][first][last][f]``    most blocks a stage of o can hold with f micro-batches in flight;
+    ``in_flight[P][j][n]``        micro-batches stage j of a P-stage pipeline holds (n per pipeline);
+    ``dp_pair[v][o][o2]``         one peer's share of COMM-DP-LAYER (v pipelines), blocks;
+    ``dp_pair_emb``/``dp_pair_head`` the same for the embedding and the head;
+    ``dp_latency[o][o2]``         the latency part ``2 alpha`` of one peer term (each further
+                                  chunk a device of o holds, when another replica has a higher
+                                  TP degree, adds one more).
+    Options are numbered from 1 (index 0 = unused); ``options[o - 1]`` describes option o.
+    """
+
+    options: tuple[Option, ...]
+    unit: float
+    layers: int
+    max_pipelines: int
+    max_stages: int
+    stage: tuple
+    hop: tuple
+    cap: tuple
+    in_flight: tuple
+    dp_pair: tuple
+    dp_pair_emb: tuple
+    dp_pair_head: tuple
+    dp_latency: tuple
+
+
+def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
+    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    if opt is None:
+        return [[[0] * (L + 1) for _ in (0, 1)] for _ in (0, 1)]
+    return [[[to_us(problem.cost.stage_s(c, m, t, opt.devices, n, first=bool(fi), last=bool(la)), False)
+              for n in range(L + 1)] for la in (0, 1)] for fi in (0, 1)]
+
+
+def _cap_table(problem: Problem, opt: Option | None, max_flight: int) -> list:
+    """Largest l such that every l' in 1..l fits (memory grows with l in the analytic model)."""
+    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    if opt is None:
+        return [[[0] * (max_flight + 1) for _ in (0, 1)] for _ in (0, 1)]
+    mem = c.device(opt.devices[0]).memory_gb
+    out = [[[0] * (max_flight + 1) for _ in (0, 1)] for _ in (0, 1)]
+    for fi in (0, 1):
+        for la in (0, 1):
+            for f in range(1, max_flight + 1):
+                n = 0
+                while n < L and problem.cost.stage_memory_gb(c, m, t, opt.devices, n + 1, first=bool(fi),
+                                                             last=bool(la), in_flight=f) <= mem:
+                    n += 1
+                out[fi][la][f] = n
+    return out
+
+
+def _dp_pair(problem: Problem, a: Option, b: Option, v: int, n_params: float, to_us) -> int:
+    """One peer's term of COMM-DP-LAYER (HexiScale App. A) seen by a device of ``a`` whose
+    layer replica in another pipeline sits on ``b``, with ``v`` pipelines in all:
+    ``2 * (alpha + P*B_type / (tp_a * v * beta))``. Computed with the cost model's own
+    ``dp_layer_s`` on two single-device holders (which prices ``2 * (alpha + P'*B/(2*beta))``)
+    by passing ``P' = 2P / (tp_a * v)``."""
+    if v <= 1:
+        return 0
+    pools = machine_pools(problem)
+    da = pools[a.machine][0]
+    db = _second_group(pools, Option(a.machine, 1, (da,)), Option(b.machine, 1, ()))[0]
+    holders = [Stage((da,), 1, (0, 1)), Stage((db,), 1, (0, 1))]
+    return to_us(problem.cost.dp_layer_s(problem.cluster, holders, 2.0 * n_params / (a.tp * v),
+                                         problem.train.dtype_bytes))
+
+
+def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int, max_stages: int,
+                 upper_s: float | None = None) -> Tables:
+    """Evaluate the cost model on every option / pair / count the formulation can meet.
+
+    ``upper_s`` (the estimate of a known fitting plan) sets the unit so that it spans 10^6..10^7
+    units, and caps every hop and DP entry at ``upper_s`` (+1 unit): a plan that pays such an
+    entry costs more than the known plan, so the cap never changes the optimum, and lowering
+    entries keeps the bound valid. Without it the unit comes from :func:`time_unit`."""
+    if not hasattr(problem.cost, "dp_layer_s"):
+        raise HexicoreError("solver cpsat needs a cost model with dp_layer_s (the analytic model)", field="cost")
+    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    pools = machine_pools(problem)
+    opts = [None, *options]
+    if upper_s is not None and upper_s > 0:
+        unit = 10.0 ** math.ceil(math.log10(upper_s / 1e7))
+        ceiling = int(math.ceil(upper_s / unit)) + 1
+    else:
+        unit, ceiling = time_unit(problem, options, max_pipelines), None
+
+    def to_us(seconds: float, cap: bool = True) -> int:
+        """Seconds -> integer units, rounded down (keeps the model a lower approximation)."""
+        v = int(math.floor(seconds / unit))
+        return min(v, ceiling) if (cap and ceiling is not None) else v
+
+    n_mb = t.global_batch // t.micro_batch
+    sched = dict(problem.schedule)
+    in_flight = [[[0] * (n_mb + 1) for _ in range(max_stages + 1)] for _ in range(max_stages + 1)]
+    for p in range(1, max_stages + 1):
+        dummy = Pipeline(t.micro_batch, tuple(Stage((), 0, (0, 0)) for _ in range(p)), sched)
+        for j in range(p):
+            for n in range(1, n_mb + 1):
+                in_flight[p][j][n] = int(problem.cost.in_flight(dummy, j, n))
+    max_flight = max(max(max(r) for r in row) for row in in_flight) or 1
+    hop = [[0] * len(opts) for _ in opts]
+    for a in range(1, len(opts)):
+        for b in range(1, len(opts)):
+            dst = _second_group(pools, opts[a], opts[b])
+            hop[a][b] = to_us(problem.cost.hop_s(c, m, t, opts[a].devices, dst))
+
+    def pair(params: float) -> tuple:
+        return tuple(tuple(tuple(0 if (a == 0 or b == 0) else _dp_pair(problem, opts[a], opts[b], v, params, to_us)
+                                 for b in range(len(opts))) for a in range(len(opts)))
+                     for v in range(max_pipelines + 1))
+
+    return Tables(
+        options=tuple(options), unit=unit, layers=L, max_pipelines=max_pipelines, max_stages=max_stages,
+        stage=tuple(_stage_table(problem, o, to_us) for o in opts),
+        hop=tuple(tuple(r) for r in hop),
+        cap=tuple(_cap_table(problem, o, max_flight) for o in opts),
+        in_flight=tuple(tuple(tuple(r) for r in rows) for rows in in_flight),
+        dp_pair=pair(m.layer_params()), dp_pair_emb=pair(m.embedding_params()), dp_pair_head=pair(m.head_params()),
+        dp_latency=pair(0.0)[min(2, max_pipelines)],
+    )

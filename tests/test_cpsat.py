@@ -1,0 +1,260 @@
+"""The ``cpsat`` exact solver (issue 4): brute-force optimum on tiny clusters, fidelity to the
+cost model, valid bounds, fix_groups, bad input, the CLI.
+
+The brute force enumerates every plan of the solver's plan space (stages inside one machine,
+power-of-two TP dividing the heads, any number of pipelines, idle devices allowed, every block
+and batch split) and scores each with the cost model's own ``estimate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from tests.conftest import cluster_preset, model_preset
+from hexicore.cluster import parse_cluster
+from hexicore.cost import AnalyticCostModel
+from hexicore.errors import HexicoreError
+from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.problem import Problem
+from hexicore_plugins.solvers.cpsat import CpSatSolver
+from hexicore_plugins.solvers.cpsat.tables import tp_degrees
+
+WORKERS = 2
+
+
+def cluster(machines, inter_gbs=1.0, gpus=None):
+    d = {"name": "t", "inter": {"bandwidth_gbs": inter_gbs, "latency_us": 50},
+         "machines": [{"name": n, "gpu": g, "count": c, "bandwidth_gbs": bw, "latency_us": 10}
+                      for n, g, c, bw in machines]}
+    if gpus:
+        d["gpus"] = gpus
+    return parse_cluster(d, "test")
+
+
+def small_llama(layers, seq_len=1024):
+    return replace(model_preset("llama2_7b"), layers=layers, seq_len=seq_len)
+
+
+def problem(c, m, global_batch, micro_batch=1, warm_start=None):
+    t = TrainConfig(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
+    return Problem(c, m, t, AnalyticCostModel(), warm_start=warm_start)
+
+
+def solve(p, time_limit=20.0, **kw):
+    return CpSatSolver(workers=WORKERS, **kw).solve(p, time_limit=time_limit, seed=0)
+
+
+# ----------------------------------------------------------------------------- brute force
+def compositions(total, parts):
+    """Every way to write ``total`` as ``parts`` positive integers, in order."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        b = (0, *cuts, total)
+        yield tuple(b[i + 1] - b[i] for i in range(parts))
+
+
+def stage_groups(p, free):
+    """Non-empty device groups inside one machine, of an allowed TP size, from ``free``."""
+    by_machine = {}
+    for d in sorted(free):
+        by_machine.setdefault(p.cluster.device(d).machine, []).append(d)
+    for devs in by_machine.values():
+        for t in tp_degrees(p, len(devs)):
+            yield from itertools.combinations(devs, t)
+
+
+def pipelines_of(p, free, max_stages):
+    """Ordered stage sequences over ``free`` devices (each a pipeline's device groups)."""
+    if max_stages == 0:
+        return
+    for g in stage_groups(p, free):
+        yield (g,)
+        for rest in pipelines_of(p, free - set(g), max_stages - 1):
+            yield (g, *rest)
+
+
+def layouts(p, free, max_pipes, first_min=()):
+    """Sets of pipelines (canonical order: by their device tuple) over ``free`` devices."""
+    for pipe in pipelines_of(p, free, p.model.layers):
+        key = tuple(d for g in pipe for d in g)
+        if key <= first_min:
+            continue
+        yield (pipe,)
+        if max_pipes > 1:
+            for rest in layouts(p, free - set(key), max_pipes - 1, key):
+                yield (pipe, *rest)
+
+
+def plans_for(p, layout):
+    L, n_mb = p.model.layers, p.train.global_batch // p.train.micro_batch
+    if len(layout) > n_mb:
+        return
+    splits = [list(compositions(L, len(pipe))) for pipe in layout]
+    for batches in compositions(n_mb, len(layout)):
+        for choice in itertools.product(*splits):
+            pipes = []
+            for pipe, counts, n in zip(layout, choice, batches):
+                lo, stages = 0, []
+                for g, c in zip(pipe, counts):
+                    stages.append(Stage(tuple(g), len(g), (lo, lo + c)))
+                    lo += c
+                pipes.append(Pipeline(n * p.train.micro_batch, tuple(stages)))
+            yield Plan(p.model, p.cluster, p.train, tuple(pipes))
+
+
+def brute_force(p, layouts_iter=None):
+    """The least estimated iteration time over every fitting plan (inf if none fits)."""
+    best = float("inf")
+    devs = {d.id for d in p.cluster.devices}
+    n_mb = p.train.global_batch // p.train.micro_batch
+    for layout in (layouts_iter if layouts_iter is not None else layouts(p, devs, min(len(devs), n_mb))):
+        for plan in plans_for(p, layout):
+            est = p.cost.estimate(plan)
+            if est.fits:
+                best = min(best, est.iteration_s)
+    return best
+
+
+# ------------------------------------------------------------------------------ clusters
+def narrow_llama(layers, hidden, heads):
+    return replace(small_llama(layers, 2048), hidden=hidden, ffn=int(hidden * 2.75), heads=heads, kv_heads=heads)
+
+
+CASES = {
+    # optimum: one heterogeneous pipeline, 4090 pair (TP 2) then A800 pair (TP 2), 1 + 3 blocks
+    "pipeline-a800x2+4090x2": (lambda: cluster([("X", "a800-80g-nvlink", 2, 200), ("Y", "rtx4090", 2, 32)], 10.0),
+                               lambda: small_llama(4, 512), 4),
+    # optimum: two asymmetric pipelines (one per machine), batches 4 and 2
+    "dp-a800x2+4090x2": (lambda: cluster([("X", "a800-80g-nvlink", 2, 200), ("Y", "rtx4090", 2, 32)], 50.0),
+                         lambda: narrow_llama(2, 1024, 8), 6),
+    # replicas with TP 2 and TP 1 of the same blocks: the chunked DP sync
+    "mixed-tp-a100x3": (lambda: cluster([("A", "a100-80g", 3, 300)]), lambda: small_llama(3, 512), 3),
+    # 8 GB cards: a 4-block Llama-7B-width model must be split or TP-sharded to fit
+    "memory-4090x2+3090x2": (lambda: cluster([("F", "small4090", 2, 32), ("R", "rtx3090", 2, 16)], 5.0,
+                                             {"small4090": {"tflops": 165.2, "memory_gb": 8}}),
+                             lambda: small_llama(4, 1024), 2),
+    # a fast pair and a slow card behind a slow link, tiny model (latency-bound)
+    "tiny-a800x2+3090": (lambda: cluster([("X", "a800-80g-nvlink", 2, 200), ("Y", "rtx3090", 1, 16)], 1.0),
+                         lambda: replace(model_preset("tiny"), layers=4, seq_len=256), 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_brute_force(case):
+    mk_cluster, mk_model, gb = CASES[case]
+    p = problem(mk_cluster(), mk_model(), gb)
+    best = brute_force(p)
+    plan = solve(p)
+    est = p.cost.estimate(plan)
+    assert plan.solver["status"] == "OPTIMAL"
+    assert est.fits
+    assert best <= est.iteration_s <= best * (1 + 1e-3)  # the optimum, up to the model's time unit
+    assert plan.solver["bound"] <= best
+    assert plan.solver["objective"] == pytest.approx(est.iteration_s, rel=1e-3)
+
+
+FIDELITY = [
+    ("paper_case", "llama2_13b", 24),
+    ("paper_case", "tiny", 8),
+    ("hetero2-cut", "llama2_7b", 16),
+]
+
+
+@pytest.mark.parametrize("cl,mo,gb", FIDELITY)
+def test_objective_matches_estimate_and_bound_is_below(cl, mo, gb):
+    if cl == "hetero2-cut":  # 2 x 2 GPUs of hetero2's A800 and 4090 machines
+        c = cluster([("A0", "a800-80g-nvlink", 2, 200), ("F0", "rtx4090", 2, 32)], 0.7)
+    else:
+        c = cluster_preset(cl)
+    p = problem(c, model_preset(mo), gb)
+    plan = solve(p, time_limit=6.0)
+    est = p.cost.estimate(plan)
+    assert est.fits
+    assert plan.solver["status"] in ("OPTIMAL", "FEASIBLE")
+    assert plan.solver["objective"] == pytest.approx(est.iteration_s, rel=0.01)
+    assert plan.solver["bound"] <= est.iteration_s
+
+
+def _mixed_tp_warm_start(p):
+    """Two pipelines whose replicas of a block differ in TP (2 vs 1): the chunked DP case."""
+    pipes = (Pipeline(2, (Stage(("X.0", "X.1"), 2, (0, 2)), Stage(("Y.0",), 1, (2, 4)))),
+             Pipeline(2, (Stage(("X.2",), 1, (0, 3)), Stage(("Y.1",), 1, (3, 4)))))
+    return Plan(p.model, p.cluster, p.train, pipes)
+
+
+def test_fix_groups_keeps_groups_and_is_exact():
+    c = cluster([("X", "a800-80g-nvlink", 3, 200), ("Y", "rtx3090", 2, 16)], 0.5)
+    p = problem(c, small_llama(4, 512), 4)
+    warm = _mixed_tp_warm_start(p)
+    p = replace(p, warm_start=warm)
+    plan = solve(p, fix_groups=True)
+    groups = [[s.devices for s in q.stages] for q in plan.pipelines]
+    assert groups == [[s.devices for s in q.stages] for q in warm.pipelines]
+    est = p.cost.estimate(plan)
+    layout = [tuple(tuple(s.devices) for s in q.stages) for q in warm.pipelines]
+    best = brute_force(p, [tuple(layout)])
+    assert plan.solver["status"] == "OPTIMAL"
+    assert best <= est.iteration_s <= best * (1 + 1e-3)
+    assert est.iteration_s <= p.cost.estimate(warm).iteration_s
+    # mixed TP degrees: the model under-prices the DP chunk latencies, never over
+    assert plan.solver["objective"] <= est.iteration_s
+    assert plan.solver["bound"] <= best
+
+
+def test_fix_groups_needs_a_warm_start():
+    p = problem(cluster([("A", "a100-80g", 2, 300)]), model_preset("tiny"), 2)
+    with pytest.raises(HexicoreError, match="warm_start"):
+        solve(p, fix_groups=True)
+
+
+def test_nothing_fits_is_an_error():
+    c = cluster([("S", "tiny-gpu", 2, 32)], gpus={"tiny-gpu": {"tflops": 100, "memory_gb": 2}})
+    p = problem(c, small_llama(4), 2)
+    with pytest.raises(HexicoreError, match="no plan fits"):
+        solve(p, time_limit=10)
+
+
+def test_time_limit_without_a_plan_is_an_error():
+    p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)
+    with pytest.raises(HexicoreError, match="time limit"):
+        solve(p, time_limit=0.001)
+
+
+def _cli(args, capsys):
+    from hexicore.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_plan_writes_status_and_bound(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, text, err = _cli(["plan", "solver=cpsat", "model=tiny", "solver.time_limit=20",
+                            f"solver.workers={WORKERS}", "train.global_batch=4", f"out={out}",
+                            f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["solver"]["name"] == "cpsat"
+    assert data["solver"]["status"] == "OPTIMAL"
+    assert data["solver"]["bound"] <= data["estimate"]["iteration_s"]
+    assert "OPTIMAL" in text and "bound" in text and "gap" in text
+
+
+def test_cli_nothing_fits_exits_2(tmp_path, capsys):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: small\ninter: {bandwidth_gbs: 1, latency_us: 50}\n"
+                 "machines:\n  - {name: S, gpu: tiny-gpu, count: 2, bandwidth_gbs: 32, latency_us: 10}\n"
+                 "gpus:\n  tiny-gpu: {tflops: 100, memory_gb: 2}\n")
+    code, _, err = _cli(["plan", "solver=cpsat", f"cluster_file={f}", "model=llama2_7b", "solver.time_limit=10",
+                         f"solver.workers={WORKERS}", "train.global_batch=2", f"out={tmp_path / 'p.json'}",
+                         f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "no plan fits" in err
+    assert not (tmp_path / "p.json").exists()

@@ -5,8 +5,9 @@ micro-batch runs down the ranks and back up W times; the turns need no transfer.
 the greedy list schedule of :mod:`hexicore.greedy` (earliest start, backward first, then lowest
 micro-batch) under the spec's stage and link times, with each rank admitting at most
 ``memory`` micro-batches (default P, 1F1B's rank-0 peak). For M > P the faster (by simulation)
-of the plain greedy order and units of P micro-batches (one M = P block after another, the
-setting of the closed form) is kept: under the cap the plain order can stall.
+of the plain greedy order and blocks of P micro-batches (the M = P order repeated on every rank,
+the setting of the closed form; a last smaller block for M mod P) is kept: under the cap the
+plain order can stall. Above ``PLAIN_GREEDY_TASKS`` compute tasks only the block order is built.
 
 Phases (they emerge from the greedy rule): 1. fill: micro-batch 0 rides the first wave while
 rank 0 keeps injecting; 2. steady: backward waves return and interleave with forwards;
@@ -24,11 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hexicore.actions import ActionList
+from hexicore.actions import Action, ActionList
 from hexicore.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
 from hexicore.simulate import compile_lists, makespan, simulate
+
+
+#: above this many compute tasks (2 S M) only the block order is built for M > P (speed)
+PLAIN_GREEDY_TASKS = 1 << 17
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -63,11 +68,20 @@ class Hanayo(ActionSchedule):
         chain = [tuple(range(len(s2r)))]
         probe = ActionList({}, P, len(s2r), M, s2r, ((),) * P)
         timing = spec.timing(probe)
+        cap = [self._cap(spec)] * P
+        candidates = []
+        if M <= P or 2 * len(s2r) * M <= PLAIN_GREEDY_TASKS:
+            candidates.append(greedy_order(P, s2r, chain, (0,) * M, timing, cap=cap))
+        if M > P:  # blocks of P micro-batches, one after another on every rank
+            block = greedy_order(P, s2r, chain, (0,) * P, timing, cap=cap)
+            rest = greedy_order(P, s2r, chain, (0,) * (M % P), timing, cap=cap) if M % P else [[]] * P
+            full = M - M % P
+            candidates.append([[Action(a.op, a.stage, a.mb + k) for k in range(0, full, P) for a in block[r]] +
+                               [Action(a.op, a.stage, a.mb + full) for a in rest[r]] for r in range(P)])
         best = None
-        for unit in ((None, P) if M > P else (None,)):
-            lists = greedy_order(P, s2r, chain, (0,) * M, timing, cap=[self._cap(spec)] * P, unit=unit)
+        for lists in candidates:
             al = build(self.name, {"waves": waves}, spec, s2r, lists)
-            t = makespan(al, timing)
+            t = makespan(al, timing) if len(candidates) > 1 else 0.0
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)
         return best[1]

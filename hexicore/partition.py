@@ -52,12 +52,23 @@ def check_parts(n_nodes: int, parts: int) -> None:
 
 
 def weight_matrix(graph, nodes: Sequence[Hashable], attr: str = "bandwidth") -> np.ndarray:
-    """Symmetric matrix of an edge attribute over ``nodes`` (0 where there is no edge)."""
+    """Symmetric matrix of an edge attribute over ``nodes`` (0 where there is no edge).
+
+    The first call on a graph stores the matrix over all its nodes in the graph's attribute
+    dict (``graph.graph``, which networkx shares with subgraph views); later calls on the graph
+    or its views slice it. The device graph is treated as immutable once partitioned."""
     import networkx as nx
 
-    w = nx.to_numpy_array(graph, nodelist=list(nodes), weight=attr, nonedge=0.0)
-    np.fill_diagonal(w, 0.0)
-    return w
+    nodes = list(nodes)
+    cache = graph.graph.setdefault("_hexicore_weights", {}) if hasattr(graph, "graph") else {}
+    hit = cache.get(attr)
+    if hit is None or not all(v in hit[0] for v in nodes):
+        full = list(graph.nodes)
+        w = nx.to_numpy_array(graph, nodelist=full, weight=attr, nonedge=0.0)
+        np.fill_diagonal(w, 0.0)
+        hit = cache[attr] = ({v: i for i, v in enumerate(full)}, w)
+    idx = np.fromiter((hit[0][v] for v in nodes), dtype=np.int64, count=len(nodes))
+    return hit[1][np.ix_(idx, idx)]
 
 
 def objective_matrix(w: np.ndarray, objective: str) -> np.ndarray:

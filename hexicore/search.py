@@ -67,6 +67,7 @@ class Context:
     micro_batches: int
     degrees: tuple[int, ...]
     phase2_cache: dict = field(default_factory=dict)
+    layout_cache: dict = field(default_factory=dict)
     seen: dict = field(default_factory=dict)
     ema_dp: float | None = None
     ema_pp: float | None = None
@@ -115,44 +116,44 @@ def merge_adjacent(ctx: Context, path: Sequence[Sequence[str]]) -> list[Group]:
 
 
 def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_max: int) -> tuple[float, Layout | None]:
-    """Phase 2 (ii): per unit a TP menu (:func:`tp_menus`), chosen by coordinate descent on the
-    pipeline's time at its nominal micro-batch count, for each candidate order and its reverse
-    (top-tau scores bandwidth only; memory favours some ends)."""
-    best: tuple[float, Layout | None] = (INF, None)
+    """Phase 2 (ii): per unit a TP menu (:func:`tp_menus`) — the unit's TP degrees and number of
+    stages — chosen by the cost model: each candidate order (and its reverse; top-tau scores
+    bandwidth only, memory favours some ends) is scored with every uniform strategy (all units
+    at TP degree d where they can be); on the best order and start, coordinate descent over the
+    units' menus, scored by the pipeline's time at its nominal number of micro-batches."""
+
+    def score(order, menus, choice) -> tuple[float, Layout | None]:
+        stages = tuple(g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c]))
+        key = (stages, n_mb_max)
+        if key not in ctx.layout_cache:
+            ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
+        lay = ctx.layout_cache[key]
+        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay)(n_nominal), lay)
+
+    starts = []
     tried = set()
     for order in (o for units in orders for o in (units, units[::-1])):
         if tuple(order) in tried:
             continue
         tried.add(tuple(order))
         menus = [tp_menus(len(u), tuple(d for d in ctx.degrees if d <= len(u))) for u in order]
-
-        def score(choice: list[int]) -> tuple[float, Layout | None]:
-            stages = [g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c])]
-            lay = layout_pipeline(ctx.table, stages, n_mb_max)
-            return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay)(n_nominal), lay)
-
-        # start from the best uniform strategy (every unit at TP degree d where it can be)
-        cur, choice = (INF, None), [0] * len(order)
         for d in ctx.degrees:
-            start = [min(range(len(ms)), key=lambda i: (sum(abs(t - d) for t in ms[i]), i)) for ms in menus]
-            s = score(start)
-            if s[0] < cur[0] or cur[1] is None and s[1] is not None:
-                cur, choice = s, start
-        for _ in range(ctx.cfg.strategy_passes):
-            improved = False
-            for u in range(len(order)):
-                for c in range(len(menus[u])):
-                    if c == choice[u]:
-                        continue
-                    trial = choice[:u] + [c] + choice[u + 1:]
-                    s = score(trial)
-                    if s[0] < cur[0] - 1e-12:
-                        cur, choice, improved = s, trial, True
-            if not improved:
-                break
-        if cur[0] < best[0]:
-            best = cur
-    return best
+            choice = [min(range(len(ms)), key=lambda i: (sum(abs(t - d) for t in ms[i]), i)) for ms in menus]
+            starts.append((score(order, menus, choice), len(starts), order, menus, choice))
+    (cur, _, order, menus, choice) = min(starts, key=lambda s: (s[0][0], s[1]))
+    for _ in range(ctx.cfg.strategy_passes):
+        improved = False
+        for u in range(len(order)):
+            for c in range(len(menus[u])):
+                if c == choice[u]:
+                    continue
+                trial = choice[:u] + [c] + choice[u + 1:]
+                s = score(order, menus, trial)
+                if s[0] < cur[0] - 1e-12:
+                    cur, choice, improved = s, trial, True
+        if not improved:
+            break
+    return cur
 
 
 def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
@@ -389,7 +390,8 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     if best.plan is None:
         raise no_fit_error(problem)
     progress("hexiscale: polishing stage boundaries", n / (n + 1))
-    best = polish(ctx, best, deadline if time_limit else time.monotonic() + max(5.0, time.monotonic() - t0))
+    # polish gets the rest of the time limit, else a quarter of the search's time (>= 1 s)
+    best = polish(ctx, best, deadline if time_limit else time.monotonic() + max(1.0, (time.monotonic() - t0) / 4))
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     return best.plan.with_solver({"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None,

@@ -77,6 +77,7 @@ class StageTable:
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
     _flight: dict = field(default_factory=dict)
+    _rows: dict = field(default_factory=dict)
 
     def times(self, devices: Group, first: bool, last: bool) -> np.ndarray:
         """STAGE(d_ij) of App. A for 0..L layers (one micro-batch)."""
@@ -159,18 +160,23 @@ class Layout:
                         dict(schedule))
 
 
-def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple[list, list[int], list[float]]:
-    """Per stage: its time row ``STAGE_j(l) + HOP_j`` (l = 0..L), its memory cap with the
-    schedule's in-flight micro-batches at ``n_mb_max`` (an upper bound, so any smaller batch also
-    fits), and the hops."""
+def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple[np.ndarray, list[int], list[float]]:
+    """Per stage: its time row ``STAGE_j(l) + HOP_j`` (l = 0..L, one matrix row per stage), its
+    memory cap with the schedule's in-flight micro-batches at ``n_mb_max`` (an upper bound, so
+    any smaller batch also fits), and the hops."""
     p = len(stages)
     hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
-    rows, caps = [], []
-    for j, g in enumerate(stages):
-        first, last = j == 0, j == p - 1
-        caps.append(table.cap(g, first, last, table.in_flight(p, j, n_mb_max)))
-        rows.append(table.times(g, first, last) + (hops[j] if j < p - 1 else 0.0))
-    return rows, caps, hops
+    key = (tuple(stages), n_mb_max)
+    hit = table._rows.get(key)
+    if hit is None:
+        rows, caps = [], []
+        for j, g in enumerate(stages):
+            first, last = j == 0, j == p - 1
+            caps.append(table.cap(g, first, last, table.in_flight(p, j, n_mb_max)))
+            rows.append(table.times(g, first, last))
+        rows = np.vstack(rows) + np.array(hops + [0.0])[:, None]
+        hit = table._rows[key] = (rows, caps)
+    return hit[0], hit[1], hops
 
 
 def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,

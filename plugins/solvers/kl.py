@@ -88,8 +88,8 @@ def fm_moves(w: np.ndarray, vw: np.ndarray, labels: np.ndarray, pa: int, pb: int
 class KernighanLinRefiner:
     """Pairwise KL + FM refinement of a k-way partition under a balance limit."""
 
-    max_sweeps: int = 3
-    max_steps: int = 64
+    max_sweeps: int = 2
+    max_steps: int = 16
     name: str = "kl"
 
     def refine(self, graph, parts: Parts, *, objective: str = "min_cut", balance: float = 1.1) -> Parts:
@@ -116,7 +116,7 @@ class KernighanLinRefiner:
         return parts_of(nodes, labels, k)
 
 
-def _kl(max_sweeps: int = 3, max_steps: int = 64) -> KernighanLinRefiner:
+def _kl(max_sweeps: int = 2, max_steps: int = 16) -> KernighanLinRefiner:
     from hexicore.errors import HexicoreError
 
     for key, v in (("max_sweeps", max_sweeps), ("max_steps", max_steps)):

@@ -13,6 +13,7 @@ found, so the result is deterministic.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -43,7 +44,7 @@ class TopTauOrderer:
     """Top-tau greedy stage ordering; ``budget`` caps path extensions per call."""
 
     tau: int = 2
-    budget: int = 20_000
+    budget: int = 2_000
     name: str = "top_tau"
 
     def order(self, groups: Sequence[Sequence[Hashable]], graph) -> list[list[Hashable]]:
@@ -63,14 +64,15 @@ class TopTauOrderer:
         ranked = [sorted((b for b in range(k) if b != a), key=lambda b: (-bw[a, b], b))[:self.tau] for a in range(k)]
         found: list[tuple[float, int, list[int]]] = []
         left = [self.budget]
+        counter = [0]
 
         def bound() -> float:
             return found[-1][0] if len(found) >= limit else np.inf
 
         def extend(path: list[int], seen: set[int], cost: float) -> None:
             if len(path) == k:
-                found.append((cost, len(found), path[:]))
-                found.sort(key=lambda f: (f[0], f[1]))
+                bisect.insort(found, (cost, counter[0], path[:]))
+                counter[0] += 1
                 del found[limit:]
                 return
             if left[0] <= 0 or cost + (k - len(path)) * cheapest > bound() * (1 + 1e-12):
@@ -93,7 +95,7 @@ class TopTauOrderer:
         return [[groups[i] for i in p] for p in paths]
 
 
-def _top_tau(tau: int = 2, budget: int = 20_000) -> TopTauOrderer:
+def _top_tau(tau: int = 2, budget: int = 2_000) -> TopTauOrderer:
     for key, v in (("tau", tau), ("budget", budget)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HexicoreError(f"top_tau: {key} must be an integer >= 1, got {v!r}", field=f"solver.{key}")

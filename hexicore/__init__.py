@@ -9,7 +9,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from hexicore.errors import HexicoreError  # noqa: E402
-from hexicore.api import compose, evaluate, load_plan, plan  # noqa: E402  (rebinds hexicore.plan)
+import importlib as _importlib  # noqa: E402
 
-__all__ = ["plan", "evaluate", "load_plan", "compose", "HexicoreError"]
+from hexicore.errors import HexicoreError  # noqa: E402
+
+# The submodules ``hexicore.plan`` and ``hexicore.simulate`` share their names with the API
+# functions: load them first, then bind the functions over the package attributes (a loaded
+# submodule is never re-bound; ``from hexicore.plan import Plan`` keeps working).
+_importlib.import_module("hexicore.plan")
+_importlib.import_module("hexicore.simulate")
+from hexicore.api import compose, evaluate, load_plan, plan, simulate  # noqa: E402  (rebinds hexicore.plan)
+
+__all__ = ["plan", "evaluate", "load_plan", "simulate", "compose", "HexicoreError"]

@@ -50,6 +50,25 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     return result
 
 
+def simulate(schedule: str = "1f1b", ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
+             backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
+             overrides: Sequence[str] = ()) -> dict:
+    """Build, validate and simulate a schedule's action lists like ``hexicore simulate``.
+
+    Returns the summary (``makespan``, ``bubble_ratio``, ``peak_activations`` per rank, ...)
+    with the :class:`hexicore.actions.ActionList` under ``"action_list"``; ``out`` also writes
+    the four files. ``overrides`` take schedule parameters, e.g. ``["schedule.waves=4"]``."""
+    from hexicore.commands.simulate import build, write
+
+    cfg = compose([f"schedule={schedule}", f"pipeline.ranks={ranks}", f"pipeline.micro_batches={micro_batches}",
+                   f"timing.forward={forward}", f"timing.backward={backward}", f"timing.comm={comm}",
+                   *overrides])
+    al, res, summary = build(cfg)
+    if out is not None:
+        write(Path(out), al, res, summary)
+    return {**summary, "action_list": al}
+
+
 def load_plan(path: str | Path) -> Plan:
     """Read and structurally check a plan JSON (``hexicore.plan/1``)."""
     return Plan.load(path)

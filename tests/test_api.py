@@ -44,3 +44,23 @@ def test_two_job_multirun_writes_summary(tmp_path, capsys):
     assert all(float(r["iteration_s"]) > 0 and r["solver"] and r["model"] == "tiny" for r in rows)
     md = (tmp_path / "summary.md").read_text().splitlines()
     assert len(md) == 4 and "iteration_s" in md[0]
+
+
+def test_simulate_api(tmp_path):
+    s = hexicore.simulate("1f1b", ranks=4, micro_batches=8, out=tmp_path)
+    assert s["bubble_ratio"] == pytest.approx(3 / 11)
+    assert s["action_list"].ranks == 4 and (tmp_path / "timeline.png").is_file()
+    w = hexicore.simulate("hanayo", ranks=4, micro_batches=4, overrides=["schedule.waves=2"])
+    assert w["schedule"]["waves"] == 2 and w["bubble_ratio"] < s["bubble_ratio"]
+
+
+def test_simulate_multirun_summary(tmp_path, capsys):
+    try:
+        main(["simulate", "-m", "schedule=gpipe,1f1b", "pipeline.ranks=4", "pipeline.micro_batches=4",
+              f"hydra.sweep.dir={tmp_path}"])
+    except SystemExit as e:
+        assert not e.code
+    capsys.readouterr()
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["schedule"] for r in rows] == ["gpipe", "1f1b"]
+    assert all(float(r["bubble_ratio"]) == pytest.approx(3 / 7) for r in rows)

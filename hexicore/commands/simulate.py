@@ -20,6 +20,7 @@ from hexicore.actions import ActionList
 from hexicore.registry import Registry
 from hexicore.schedule import ScheduleSpec
 from hexicore.simulate import SimResult
+from hexicore.sweep import record
 from hexicore.timeline import chrome_trace, save_gantt
 from hexicore.validate_actions import validate_actions
 
@@ -72,7 +73,8 @@ def print_summary(s: dict[str, Any]) -> None:
         out.print(f"waves=auto chose W={s['schedule']['waves']} (makespan by W: {cands})")
 
 
-def run(cfg: DictConfig) -> int:
+def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
+    """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``."""
     params = app.group_params(cfg, "schedule")
     name = str(params.pop("name", "1f1b"))
     schedule = Registry.default().create("schedule", name, **params)
@@ -88,13 +90,27 @@ def run(cfg: DictConfig) -> int:
     from hexicore.simulate import simulate
 
     res = simulate(al, spec.timing(al), record=True, comm=True)
-    out = Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg)
+    return al, res, summary(al, res, tf, tb, tc)
+
+
+def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
+    """actions.json, summary.json, trace.json and timeline.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    s = summary(al, res, tf, tb, tc)
     al.save(out / "actions.json")
     (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
     (out / "trace.json").write_text(json.dumps(chrome_trace(al, res)) + "\n", encoding="utf-8")
     save_gantt(al, res, out / "timeline.png")
+    return out
+
+
+def run(cfg: DictConfig) -> int:
+    al, res, s = build(cfg)
+    out = write(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), al, res, s)
     print_summary(s)
     print(f"wrote actions.json, summary.json, trace.json, timeline.png to {out}")
+    sched = s["schedule"]
+    record({"command": "simulate", "schedule": sched.get("name"), "P": s["ranks"], "M": s["micro_batches"],
+            "W": sched.get("waves"), "chunks": sched.get("chunks"), "makespan": s["makespan"],
+            "bubble_ratio": s["bubble_ratio"], "closed_form_bubble": s["closed_form_bubble"],
+            "peak_activations": max(s["peak_activations"]), "out": str(out)})
     return 0

@@ -1,0 +1,130 @@
+"""Planner quality and search time (issue 3 targets; HexiScale §5, REFERENCE.md §4-5).
+
+Runs every solver on the paper's settings and prints one table: predicted iteration time and
+MFU under the analytic cost model, and the solver's wall/CPU seconds. The rows
+``hexiscale (metis, no seeds)`` and ``hexiscale (random, no seeds)`` compare the partitioners
+alone at equal iterations (the paper's Fig. 8) — the seeds (megatron's plans) would otherwise
+lift both. A second table times the search on large synthetic fleets. Writes the tables to
+docs/results.md under ``## Planner quality`` (only that section is replaced).
+
+    python bench/planner.py [--quick] [--scale 64,320] [--out docs/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from hexicore import app
+from hexicore.errors import HexicoreError
+from hexicore.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (label, cluster, model, global batch). The paper gives no global batch for §5; we use 128
+#: sequences of 4096 tokens (0.5M tokens) there and the case study's 24 on paper_case.
+SETTINGS = [
+    ("paper case, 13B", "paper_case", "llama2_13b", 24),
+    ("hetero1, 7B", "hetero1", "llama2_7b", 128),
+    ("hetero1, 13B", "hetero1", "llama2_13b", 128),
+    ("hetero2, 7B", "hetero2", "llama2_7b", 128),
+    ("hetero2, 13B", "hetero2", "llama2_13b", 128),
+    ("hetero3, 30B", "hetero3", "llama_30b", 128),
+]
+#: HexiScale's reported MFU (FlashFlex README, notes/planners.md §1; paper case: 41.52 s -> 25.55 s).
+PAPER = {"hetero1, 7B": "31.19%", "hetero1, 13B": "27.23%", "hetero2, 7B": "33.47%", "hetero2, 13B": "31.39%",
+         "hetero3, 30B": "27.49% (Metis 17.1%)", "paper case, 13B": "25.55 s (Megatron 41.52 s)"}
+SOLVERS = [
+    ("hexiscale", "hexiscale", []),
+    ("megatron", "megatron", []),
+    ("metis_like", "metis_like", []),
+    ("galvatron_like", "galvatron_like", []),
+    ("fsdp", "fsdp", []),
+    ("hexiscale (metis, no seeds)", "hexiscale", ["solver.seeds=[]"]),
+    ("hexiscale (random, no seeds)", "hexiscale", ["solver.seeds=[]", "solver.partitioner=random", "solver.refiner=null"]),
+]
+
+
+def run(overrides: list[str], registry: Registry) -> tuple[dict | None, float, float, str]:
+    """(estimate or None, wall s, cpu s, note)."""
+    cfg = app.config_from_overrides(overrides)
+    w, c = time.perf_counter(), time.process_time()
+    try:
+        plan, _ = app.solve(cfg, registry)
+    except HexicoreError as exc:
+        note = "OOM" if "fit" in str(exc) else str(exc).splitlines()[0][:60]
+        return None, time.perf_counter() - w, time.process_time() - c, note
+    est = plan.estimate or {}
+    shape = f"D_dp={len(plan.pipelines)}, stages " + "/".join(str(len(p.stages)) for p in plan.pipelines)
+    return est, time.perf_counter() - w, time.process_time() - c, shape
+
+
+def quality_table(registry: Registry, settings, solvers) -> list[str]:
+    lines = ["| setting | solver | iteration (s) | MFU | plan | solver wall / CPU (s) | paper (HexiScale) |",
+             "|---|---|---:|---:|---|---:|---|"]
+    for label, cluster, model, batch in settings:
+        base = [f"cluster={cluster}", f"model={model}", f"train.global_batch={batch}", "train.micro_batch=1"]
+        for i, (name, solver, extra) in enumerate(solvers):
+            est, wall, cpu, note = run(base + [f"solver={solver}"] + extra, registry)
+            it = f"{est['iteration_s']:.2f}" if est else "—"
+            mfu = f"{100 * est['mfu']:.2f}%" if est else "—"
+            lines.append(f"| {label if i == 0 else ''} | {name} | {it} | {mfu} | {note} | {wall:.1f} / {cpu:.1f} | "
+                         f"{PAPER.get(label, '') if i == 0 else ''} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def scale_table(registry: Registry, sizes: list[int]) -> list[str]:
+    lines = ["| GPUs (synthetic mix) | model | global batch | hexiscale (s) | megatron (s) | search wall / CPU (s) |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for n in sizes:
+        model, batch = ("llama2_13b", 128) if n <= 64 else ("llama2_70b", 512)
+        base = ["cluster=synthetic", f"cluster.synthetic.gpus={n}", f"model={model}", f"train.global_batch={batch}"]
+        hexi, wall, cpu, _ = run(base + ["solver=hexiscale"], registry)
+        mega, _, _, _ = run(base + ["solver=megatron"], registry)
+        f = (lambda e: f"{e['iteration_s']:.2f}" if e else "OOM")
+        lines.append(f"| {n} | {model} | {batch} | {f(hexi)} | {f(mega)} | {wall:.1f} / {cpu:.1f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def write_section(path: Path, body: str) -> None:
+    """Replace (or append) the ``## Planner quality`` section of ``path``."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
+    section = "## Planner quality\n\n" + body.rstrip() + "\n"
+    pattern = re.compile(r"^## Planner quality\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="paper case only")
+    ap.add_argument("--scale", default="64,320", help="synthetic fleet sizes to time (comma list, '' for none)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
+    args = ap.parse_args(argv)
+    registry = Registry.default()
+    settings = SETTINGS[:1] if args.quick else SETTINGS
+    quality = quality_table(registry, settings, SOLVERS)
+    sizes = [int(x) for x in args.scale.split(",") if x.strip()]
+    scale = scale_table(registry, sizes) if sizes else []
+    body = ("Predicted by the analytic cost model (`cost=analytic`, 1F1B), micro-batch 1, sequence 4096, "
+            "recomputation on; `bench/planner.py` on this machine (2 CPU cores, shared).\n\n"
+            + "\n".join(quality) + "\n")
+    if scale:
+        body += "\nSearch time on synthetic fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, " \
+                "8 GPUs a machine, 0.7 GB/s between machines):\n\n" + "\n".join(scale) + "\n"
+    write_section(Path(args.out), body)
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -359,14 +359,16 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
 def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress) -> Plan:
     """The iterative two-phase search of §4.4; returns the best plan found (never worse than
-    the seeds'). ``time_limit`` (s) stops the loop early; everything else is seeded."""
+    the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
+    stops the loop early; everything else is seeded."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     ctx = make_context(problem, cfg)
     dps = dp_range(ctx)
     rng = random.Random(seed)
     progress("hexiscale: seeding with symmetric plans", 0.0)
-    best = min(seed_candidates(ctx, seed) or [Candidate(INF, None, None, "none")], key=lambda c: c.score)
+    seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+    best = min(seeds or [Candidate(INF, None, None, "none")], key=lambda c: c.score)
     n = cfg.iterations
     sweep = [(d, o) for d in dps for o in ("min_cut", "max_cut")] if n >= 2 * len(dps) else None
     for it in range(n):

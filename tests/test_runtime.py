@@ -54,6 +54,21 @@ def test_runtime_refuses_impossible_layouts(tiny):
         reference_layout(tiny, global_batch=4, micro_batch=1, seq_len=64)
 
 
+def test_fifo_check_for_untagged_p2p():
+    from hexicore_plugins.runtimes.torch.layout import check_fifo
+
+    al = Hanayo(waves=1).actions(ScheduleSpec(2, 4))
+    check_fifo(al)
+    A = Action
+    swapped = ActionList({"name": "x"}, 2, 2, 2, (0, 1), (
+        (A("F", 0, 0), A("SEND_F", 0, 0, 1), A("F", 0, 1), A("SEND_F", 0, 1, 1), A("RECV_B", 0, 0, 1), A("B", 0, 0),
+         A("RECV_B", 0, 1, 1), A("B", 0, 1)),
+        (A("RECV_F", 1, 1, 0), A("RECV_F", 1, 0, 0), A("F", 1, 0), A("B", 1, 0), A("SEND_B", 1, 0, 0), A("F", 1, 1),
+         A("B", 1, 1), A("SEND_B", 1, 1, 0))))
+    with pytest.raises(HexicoreError, match="another order"):
+        check_fifo(swapped)
+
+
 def _plan_json(tmp_path, tp):
     from hexicore.cluster import Cluster
     from hexicore.model import ModelSpec

@@ -175,6 +175,24 @@ def check_actions(actions: ActionList, source: str | None = None) -> None:
                 raise PlanError(f"rank {r}: action {a} names no valid peer", source=source, field="actions")
 
 
+def check_fifo(actions: ActionList, source: str | None = None) -> None:
+    """Every link's receives come in the order of its sends (NCCL matches P2P without tags)."""
+    sent: dict[tuple[int, int], list] = {}
+    got: dict[tuple[int, int], list] = {}
+    for r, acts in enumerate(actions.actions):
+        for a in acts:
+            if a.op in ("SEND_F", "SEND_B"):
+                to = actions.next_stage(a.stage, a.mb) if a.op == "SEND_F" else actions.prev_stage(a.stage, a.mb)
+                sent.setdefault((r, a.peer), []).append((a.op[-1], to, a.mb))
+            elif a.op in ("RECV_F", "RECV_B"):
+                got.setdefault((a.peer, r), []).append((a.op[-1], a.stage, a.mb))
+    for link in sorted(set(sent) | set(got)):
+        if sent.get(link, []) != got.get(link, []):
+            raise PlanError(f"rank {link[1]} receives from rank {link[0]} in another order than it sends; NCCL needs "
+                            "each link in order (use the shared comm pass, hexicore.comm.insert_comm)",
+                            source=source, field="actions")
+
+
 def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup], actions: ActionList,
                   model: ModelSpec, micro_batch: int, source: str | None = None) -> PipelinePart:
     if actions.ranks != len(groups):

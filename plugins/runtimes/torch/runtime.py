@@ -77,6 +77,11 @@ class TorchRuntime:
             from . import checkpoint
 
             resume = str(checkpoint.resolve(str(resume)))
+        if self._nccl():
+            from .layout import check_fifo
+
+            for p in layout.pipelines:
+                check_fifo(p.actions, plan)
         if self.params["data"] == "text":
             from .data import make_source
 
@@ -85,6 +90,15 @@ class TorchRuntime:
         return RunSpec(layout=layout, steps=steps, seed=int(cfg.get("seed") or 0), dtype=dtype,
                        recompute=bool(t.get("recompute", False)), out=out, resume=resume, checkpoint_every=every,
                        plan=plan, **self.params)
+
+    def _nccl(self) -> bool:
+        if self.params["backend"] == "gloo":
+            return False
+        if self.params["backend"] == "nccl":
+            return True
+        import torch
+
+        return torch.cuda.is_available()
 
     # ------------------------------------------------------------------- run
     def run(self, specs: list, nproc: int | None = None) -> list[dict[str, Any] | None]:

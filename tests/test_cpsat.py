@@ -39,9 +39,9 @@ def small_llama(layers, seq_len=1024):
     return replace(model_preset("llama2_7b"), layers=layers, seq_len=seq_len)
 
 
-def problem(c, m, global_batch, micro_batch=1, warm_start=None):
+def problem(c, m, global_batch, micro_batch=1, warm_start=None, schedule=None, cost=None):
     t = TrainConfig(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
-    return Problem(c, m, t, AnalyticCostModel(), warm_start=warm_start)
+    return Problem(c, m, t, cost or AnalyticCostModel(), schedule or {"name": "1f1b"}, warm_start=warm_start)
 
 
 def solve(p, time_limit=20.0, **kw):
@@ -101,7 +101,7 @@ def plans_for(p, layout):
                 for g, c in zip(pipe, counts):
                     stages.append(Stage(tuple(g), len(g), (lo, lo + c)))
                     lo += c
-                pipes.append(Pipeline(n * p.train.micro_batch, tuple(stages)))
+                pipes.append(Pipeline(n * p.train.micro_batch, tuple(stages), dict(p.schedule)))
             yield Plan(p.model, p.cluster, p.train, tuple(pipes))
 
 
@@ -154,6 +154,28 @@ def test_matches_brute_force(case):
     assert best <= est.iteration_s <= best * (1 + 1e-3)  # the optimum, up to the model's time unit
     assert plan.solver["bound"] <= best
     assert plan.solver["objective"] == pytest.approx(est.iteration_s, rel=1e-3)
+    assert plan.solver["objective"] == pytest.approx(plan.solver["bound"], rel=1e-9)  # model value = solver's
+
+
+def test_gpipe_memory_matches_brute_force():
+    """GPipe keeps every micro-batch's activations (in_flight = n_mb): the element-table path."""
+    mk_cluster, mk_model, gb = CASES["memory-4090x2+3090x2"]
+    p = problem(mk_cluster(), replace(mk_model(), seq_len=4096), 4, schedule={"name": "gpipe"})
+    best = brute_force(p)
+    plan = solve(p)
+    est = p.cost.estimate(plan)
+    assert plan.solver["status"] == "OPTIMAL" and est.fits
+    assert best <= est.iteration_s <= best * (1 + 1e-3)
+    assert all(q.schedule["name"] == "gpipe" for q in plan.pipelines)
+
+
+def test_other_pipeline_timer_gets_no_bound():
+    """A cost model pricing another schedule: the plan is returned as FEASIBLE, bound null."""
+    timer = lambda pipe, stages, hops, n_mb: 1.5 * AnalyticCostModel().pipeline_s(stages, hops, n_mb)  # noqa: E731
+    mk_cluster, mk_model, gb = CASES["pipeline-a800x2+4090x2"]
+    p = problem(mk_cluster(), mk_model(), gb, cost=AnalyticCostModel(pipeline_timer=timer))
+    plan = solve(p)
+    assert plan.solver["status"] == "FEASIBLE" and plan.solver["bound"] is None
 
 
 FIDELITY = [

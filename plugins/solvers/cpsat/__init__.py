@@ -8,7 +8,7 @@ minimises the analytic cost model's iteration time ``max_i PIPELINE-TIME(i) + CO
 
 The plan's ``solver`` section (DESIGN.md §5) carries ``status`` (``OPTIMAL`` when CP-SAT proved
 the model optimal, ``FEASIBLE`` when the time limit stopped it), ``objective`` (the model's value
-of the returned plan, seconds) and ``bound`` (CP-SAT's proven lower bound, seconds). Every
+of the returned plan, seconds, :func:`.evaluate.model_value`) and ``bound`` (CP-SAT's proven lower bound, seconds). Every
 table entry and every simplification under-estimates the cost model, so ``bound`` is a valid
 lower bound of the estimate of every plan in the modelled space (stages inside one machine,
 power-of-two TP). With a cost model whose ``pipeline_timer`` replaces the 1F1B formula the
@@ -79,6 +79,7 @@ class CpSatSolver:
         from ortools.sat.python import cp_model
 
         from .decode import decode
+        from .evaluate import model_value
         from .formulation import build, slot_counts
 
         limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
@@ -122,10 +123,14 @@ class CpSatSolver:
                                     "solver.time_limit", field="solver.time_limit")
             raise RuntimeError(f"cpsat: solver returned {name}")  # MODEL_INVALID: a bug here
         plan = decode(problem, form, solver, options, groups)
+        rows = [(n, row) for n, row in ((solver.value(form.n[i]), [
+            (o, int(solver.value(form.layers[i, j]))) for j in range(form.slots[i]) for o in range(1, len(options) + 1)
+            if solver.boolean_value(form.x[i, j, o])]) for i in range(len(form.slots))) if n > 0]
+        objective = model_value(tables, machines, n_mb, rows)
         exact = getattr(problem.cost, "pipeline_timer", None) is None
         info: dict[str, Any] = {
             "status": name if exact else "FEASIBLE",
-            "objective": solver.objective_value * tables.unit,
+            "objective": objective * tables.unit,
             "bound": solver.best_objective_bound * tables.unit if exact else None,
             "params": {"time_limit": limit, "workers": int(self.workers), "seed": int(seed),
                        "fix_groups": bool(self.fix_groups)},

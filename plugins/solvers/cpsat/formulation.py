@@ -15,7 +15,8 @@ Constraints
 Objective (integer microseconds), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
   ``U[i,j] = STAGE[o][first][last][l] + HOP[o][o_next]`` (element constraints over the tables),
   ``PIPE[i] = sum_j U[i,j] + (n[i] - 1) * max_j U[i,j]`` (AddMaxEquality + a product),
-  ``T = max_i PIPE[i]`` (AddMaxEquality);
+  ``T = max(max_i PIPE[i], throughput cut)`` (AddMaxEquality; the cut, :func:`throughput_bound`,
+  is a lower bound of every plan's true time, so it only lifts the LP bound);
   ``D[k] >= 2 sum_{o'} N[k,o'] g_v[o,o'] - g_v[o,o]`` for every option o present at block k when
   v pipelines exist (``N[k,o]`` = pipelines whose replica of block k runs on option o), i.e.
   COMM-DP-LAYER written per peer; ``DP >= sum_{k in stage} D[k]`` (+ embedding / head terms on
@@ -203,8 +204,10 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
         p_i = m.new_int_var(0, slots[i] * max_u + n_mb * max_u, f"PIPE{i}")
         m.add(p_i == sum(U[i, j] for j in range(slots[i])) + prod)
         pipe.append(p_i)
-    f.T = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "T")
-    m.add_max_equality(f.T, pipe)
+    slowest = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "maxPIPE")
+    m.add_max_equality(slowest, pipe)
+    f.T = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "T")  # T = max(slowest, cut)
+    m.add(f.T >= slowest)
     m.add(f.T >= throughput_bound(tab, machines, n_mb))
 
     f.DP = _dp_term(m, tab, f, used, last, z, slots)

@@ -35,8 +35,8 @@ from hexicore.errors import HexicoreError
 from hexicore.plan import Plan
 from hexicore.problem import Problem, Progress, no_progress
 from hexicore.search_config import SearchConfig
-from hexicore.stages import (Group, Layout, StageTable, align_to, apply_menu, machine_contiguous, layout_pipeline, split_by_machine,
-                             tp_menus)
+from hexicore.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline, machine_contiguous,
+                             split_by_machine, tp_menus)
 
 INF = math.inf
 
@@ -254,18 +254,20 @@ def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candid
 
 
 def polish(ctx: Context, best: Candidate, deadline: float) -> Candidate:
-    """Hill-climb stage boundaries one layer at a time under the full estimate (the layer
+    """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
+    ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
     allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
     with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers")."""
     if best.plan is None or not best.layouts:
         return best
     n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
+    budget = ctx.evaluated + ctx.cfg.polish_evals  # a count, not a clock: the result stays seeded
     for _ in range(ctx.cfg.polish_rounds):
         improved = False
         for i, lay in enumerate(best.layouts):
             for j in range(len(lay.layers) - 1):
                 for delta in (1, -1):
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or ctx.evaluated >= budget:
                         return best
                     layers = list(lay.layers)
                     layers[j] += delta
@@ -308,7 +310,12 @@ def dp_range(ctx: Context) -> list[int]:
 
 
 def choose_objective(ctx: Context, rng: random.Random) -> str:
-    """§4.4: follow the moving averages; explore the other cut with probability ``explore``."""
+    """§4.4: "at the end of each iteration we simulate the DP communication and pipeline
+    execution costs and update their moving averages; the next iteration's partition option
+    follows them". We compare the two communication terms the cut decides: the DP sync time
+    (``ema_dp``) and the slowest pipeline's hop time (``ema_pp``, micro-batches x hops). DP
+    dominating -> ``max_cut`` (DP gets the fast links), else ``min_cut`` (the pipelines get
+    them). With probability ``explore`` the other option is tried."""
     pick = "max_cut" if (ctx.ema_dp or 0.0) > (ctx.ema_pp or 0.0) else "min_cut"
     if rng.random() < ctx.cfg.explore:
         pick = "min_cut" if pick == "max_cut" else "max_cut"
@@ -392,8 +399,7 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     if best.plan is None:
         raise no_fit_error(problem)
     progress("hexiscale: polishing stage boundaries", n / (n + 1))
-    # polish gets the rest of the time limit, else a quarter of the search's time (>= 1 s)
-    best = polish(ctx, best, deadline if time_limit else time.monotonic() + max(1.0, (time.monotonic() - t0) / 4))
+    best = polish(ctx, best, deadline)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     return best.plan.with_solver({"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None,

@@ -20,7 +20,7 @@ class SearchConfig:
     machines in a part tried by the walk. ``ema``: weight of the newest candidate in the moving
     averages; ``explore``: chance of trying the other cut. ``max_tp``: largest TP degree.
     ``strategy_passes``: coordinate-descent passes over the groups' strategies.
-    ``polish_rounds``: boundary hill-climbing rounds. ``align_templates``: pipelines tried as the
+    ``polish_rounds``/``polish_evals``: boundary hill-climbing rounds and estimates at most. ``align_templates``: pipelines tried as the
     template of the machine-aligned variants. ``seeds``: solvers whose plans seed the
     search."""
 
@@ -41,6 +41,7 @@ class SearchConfig:
     max_tp: int = 8
     strategy_passes: int = 2
     polish_rounds: int = 20
+    polish_evals: int = 200
     align_templates: int = 4
     seeds: tuple[str, ...] = ("megatron",)
 
@@ -58,7 +59,7 @@ class SearchConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, "an integer >= 1")
-        for key in ("polish_rounds", "align_templates"):
+        for key in ("polish_rounds", "polish_evals", "align_templates"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(key, "an integer >= 0")

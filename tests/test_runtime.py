@@ -93,6 +93,8 @@ def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
     assert code == 2 and io.err.count("\n") == 1 and "tensor-parallel degree 3 does not divide" in io.err
     code, io = cli([*TRAIN, "parallel=none", f"resume={tmp_path / 'nope.pt'}"], capsys)
     assert code == 2 and "no such checkpoint" in io.err
+    code, io = cli(["train.steps=1", "model=llama2_70b", "pipeline.ranks=2", "runtime.progress=false"], capsys)
+    assert code == 2 and io.err.count("\n") == 1 and "GiB" in io.err
 
 
 def test_plan_layout_maps_devices_to_ranks(tmp_path):

@@ -7,6 +7,7 @@ worker starts (one line, exit 2). Only then are the workers launched (:mod:`.lau
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hexicore.errors import HexicoreError
@@ -77,6 +78,7 @@ class TorchRuntime:
             from . import checkpoint
 
             resume = str(checkpoint.resolve(str(resume)))
+        self.check_memory(layout)
         if self._nccl():
             from .layout import check_fifo
 
@@ -90,6 +92,27 @@ class TorchRuntime:
         return RunSpec(layout=layout, steps=steps, seed=int(cfg.get("seed") or 0), dtype=dtype,
                        recompute=bool(t.get("recompute", False)), out=out, resume=resume, checkpoint_every=every,
                        plan=plan, **self.params)
+
+    def check_memory(self, layout: Layout) -> None:
+        """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
+        parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
+        from .launch import in_torchrun
+
+        if in_torchrun():
+            return
+        import torch
+
+        copies = sum(len(p.actions.chains) for p in layout.pipelines)
+        need = 16 * layout.model.total_params() * copies
+        if torch.cuda.is_available():
+            have = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+            need, where = need / max(layout.world, 1), "per GPU"
+        else:
+            have, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "on this machine"
+        if need > 0.9 * have:
+            raise HexicoreError(f"model {layout.model.name!r} needs about {need / 2**30:.1f} GiB {where} for weights, "
+                                f"gradients and AdamW state, and there are {have / 2**30:.1f} GiB (try model=tiny)",
+                                field="model")
 
     def _nccl(self) -> bool:
         if self.params["backend"] == "gloo":

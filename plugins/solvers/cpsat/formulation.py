@@ -215,26 +215,40 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     return f
 
 
+def _best_split(tab: Tables, name: str, count: int, value) -> float:
+    """Most total ``value(option)`` from splitting a machine's devices into TP groups."""
+    best = [0.0] * (count + 1)
+    for d in range(1, count + 1):
+        best[d] = best[d - 1]
+        for o, opt in enumerate(tab.options, start=1):
+            if opt.machine == name and opt.tp <= d:
+                best[d] = max(best[d], best[d - opt.tp] + value(o))
+    return best[count]
+
+
 def throughput_bound(tab: Tables, machines: dict[str, int], n_mb: int) -> int:
-    """A valid cut ``T >= ceil(n_mb * L / R)``. Every stage s of pipeline i is busy
-    ``n_i * STAGE_s >= n_i * l_s * c_o`` within ``T`` (``c_o`` = the least per-block time in the
-    stage table of option o), so ``n_mb * L = sum_s n_i l_s <= T * sum_s 1 / c_o <= T * R`` with
-    R the best total block rate any split of each machine into TP groups reaches."""
-    rate = 0.0
-    for name, count in machines.items():
-        best = [0.0] * (count + 1)  # best[d]: most blocks per unit time from d devices of the machine
-        for d in range(1, count + 1):
-            best[d] = best[d - 1]
-            for o, opt in enumerate(tab.options, start=1):
-                if opt.machine == name and opt.tp <= d:
-                    per = min(tab.stage[o][fi][la][k] / k for fi in (0, 1) for la in (0, 1)
-                              for k in range(1, tab.layers + 1))
-                    if per > 0:
-                        best[d] = max(best[d], best[d - opt.tp] + 1.0 / per)
-        rate += best[count]
-    if rate <= 0:
+    """A lower bound of every plan's slowest pipeline time (a cut: it only lifts the LP bound).
+
+    Let ``c_o`` be option o's least time per block (``STAGE >= c_o * l``, :func:`stage_slopes`),
+    ``R`` the largest total block rate ``sum 1/c_o`` of any split of the machines into TP groups,
+    ``c*`` the least ``c_o``, and ``D`` the most pipelines that fit (each holds all ``L`` blocks,
+    each TP group at most ``cap`` of them with one micro-batch in flight). Pipeline i has
+    ``M_i >= L / R_i`` (its stages' rates ``R_i``) and ``sum_j U_ij >= L c*``, and
+    ``T >= sum_j U_ij + (n_i - 1) M_i``; hence ``n_i - 1 <= (T - L c*) R_i / L`` and, summed,
+    ``T >= L c* + (n_mb - D) L / R``. Summing ``n_i l_ij c_o <= T`` alone gives ``T >= n_mb L / R``.
+    The larger of the two (rounded down) is returned."""
+    per = {o: min(stage_slopes(tab, o, fi)[0] for fi in (0, 1)) for o in range(1, len(tab.options) + 1)}
+    rate = sum(_best_split(tab, name, count, lambda o: 1.0 / per[o] if per[o] > 0 else 0.0)
+               for name, count in machines.items())
+    if rate <= 0 or min(per.values()) <= 0:
         return 0
-    return max(0, math.ceil(n_mb * tab.layers / rate * (1 - 1e-9)) - 1)
+    L = tab.layers
+    holds = sum(_best_split(tab, name, count, lambda o: float(max(tab.cap[o][0][0][1:], default=0)))
+                for name, count in machines.items())
+    copies = min(n_mb, sum(machines.values()), int(holds // L))
+    plain = n_mb * L / rate
+    bubble = L * min(per.values()) + max(0, n_mb - copies) * L / rate
+    return max(0, math.floor(max(plain, bubble) * (1 - 1e-12)) - 1)
 
 
 def _peer_sum(m, tab: Tables, tab_v, counts, pres, present_lits, ub, name):

@@ -210,3 +210,14 @@ def test_cli_exit_2_on_impossible_options(tmp_path, capsys):
                     f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert "GB" in err and len(err.strip().splitlines()) == 1
+
+
+def test_warm_start_after_a_failure(paper_problem):
+    """exclude=[A.1] + warm_start: the previous plan (minus the lost device) seeds the search."""
+    from dataclasses import replace
+
+    before = solve(paper_problem)
+    after = replace(paper_problem, cluster=paper_problem.cluster.exclude(["A.1"]), warm_start=before)
+    plan = solve(after, seeds=[])
+    est, _ = validate_plan(plan, after.cost)
+    assert est.fits and "A.1" not in plan.devices

@@ -200,7 +200,8 @@ class AnalyticCostModel:
         return stages, hops
 
     # ------------------------------------------------------------------ DP
-    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Stage], n_params: float, dtype_bytes: int) -> float:
+    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Stage], n_params: float, dtype_bytes: int,
+                   links: dict | None = None) -> float:
         """COMM-DP-LAYER (App. A) for one layer held by one stage in each of several pipelines.
 
         Paper: ``2 * max_d sum_{d' != d} (alpha + P*B_type / (|D| * beta))`` over the devices D
@@ -209,9 +210,11 @@ class AnalyticCostModel:
         all-reduced among the one device per pipeline that holds it. We price exactly that: each
         device sums the paper's term over the chunks it holds, with ``|D|`` = number of pipelines.
         With every tp = 1 this is the paper's formula; TP peers of one stage never exchange DP
-        traffic (the paper's ``|D^k_dp|`` would count them). One pipeline: 0.
+        traffic (the paper's ``|D^k_dp|`` would count them). One pipeline: 0. ``links`` (optional)
+        memoises ``(alpha, beta)`` per device pair across calls (a speed-up only).
         """
         n = len(holders)
+        link = links if links is not None else {}
         if n <= 1:
             return 0.0
         chunks = math.lcm(*(s.tp for s in holders))
@@ -225,7 +228,10 @@ class AnalyticCostModel:
                     for i2, s2 in enumerate(holders):
                         if i2 != i:
                             peer = s2.devices[c * s2.tp // chunks]
-                            t += cluster.alpha(d, peer) + chunk / (n * cluster.beta(d, peer))
+                            ab = link.get((d, peer))
+                            if ab is None:
+                                ab = link[(d, peer)] = (cluster.alpha(d, peer), cluster.beta(d, peer))
+                            t += ab[0] + chunk / (n * ab[1])
                 worst = max(worst, 2.0 * t)
         return worst
 
@@ -242,20 +248,22 @@ class AnalyticCostModel:
                 for k in range(*s.layers):
                     holder[i][k] = s
         cache: dict[tuple, float] = {}
+        links: dict = {}
 
         def layer_cost(k: int) -> float:
             hs = tuple(holder[i][k] for i in range(len(pipes)))
             key = tuple(id(s) for s in hs)
             if key not in cache:
-                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt)
+                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links)
             return cache[key]
 
-        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt)
-        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt)
+        per_layer = [layer_cost(k) for k in range(m.layers)]
+        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links)
+        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links)
         worst = 0.0
         for p in pipes:
             for j, s in enumerate(p.stages):
-                t = sum(layer_cost(k) for k in range(*s.layers))
+                t = sum(per_layer[k] for k in range(*s.layers))
                 t += first if j == 0 else 0.0
                 t += last if j == len(p.stages) - 1 else 0.0
                 worst = max(worst, t)

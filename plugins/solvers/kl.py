@@ -1,6 +1,6 @@
 """Refiner ``kl``: k-way Kernighan-Lin / Fiduccia-Mattheyses refinement (HexiScale §4.2 step iv).
 
-For every pair of parts, one KL pass (best pair swap first, swapped vertices locked, the best
+For every pair of parts (on many parts: each part with the few it is most connected to), one KL pass (best pair swap first, swapped vertices locked, the best
 prefix of the sequence kept if it gains) followed by FM single-vertex moves with positive gain;
 sweeps repeat while the cut improves. Every swap and move keeps every part's TFLOPS load within
 the balance limit (``balance`` x average, :func:`hexicore.partition.balance_limit`) — or does not
@@ -84,12 +84,25 @@ def fm_moves(w: np.ndarray, vw: np.ndarray, labels: np.ndarray, pa: int, pb: int
         total += best
 
 
+def partner_pairs(w: np.ndarray, labels: np.ndarray, k: int, partners: int) -> list[tuple[int, int]]:
+    """The part pairs worth refining: every pair when ``k <= partners + 1``, else each part with
+    the ``partners`` parts it is most connected to on ``w`` (where swaps can gain most)."""
+    if k <= partners + 1:
+        return [(a, b) for a in range(k) for b in range(a + 1, k)]
+    onehot = np.eye(k)[labels]
+    conn = onehot.T @ w @ onehot
+    np.fill_diagonal(conn, -np.inf)
+    pairs = {tuple(sorted((a, int(b)))) for a in range(k) for b in np.argsort(-conn[a], kind="stable")[:partners]}
+    return sorted(pairs)
+
+
 @dataclass(frozen=True)
 class KernighanLinRefiner:
     """Pairwise KL + FM refinement of a k-way partition under a balance limit."""
 
     max_sweeps: int = 2
     max_steps: int = 16
+    max_partners: int = 3
     name: str = "kl"
 
     def refine(self, graph, parts: Parts, *, objective: str = "min_cut", balance: float = 1.1) -> Parts:
@@ -105,24 +118,23 @@ class KernighanLinRefiner:
         labels = labels_of(nodes, parts)
         for _ in range(self.max_sweeps):
             gained = 0.0
-            for pa in range(k):
-                for pb in range(pa + 1, k):
-                    a, b = np.flatnonzero(labels == pa), np.flatnonzero(labels == pb)
-                    a, b, g = kl_pass(w, vw, a, b, limit, self.max_steps)
-                    labels[a], labels[b] = pa, pb
-                    gained += g + fm_moves(w, vw, labels, pa, pb, limit)
+            for pa, pb in partner_pairs(w, labels, k, self.max_partners):
+                a, b = np.flatnonzero(labels == pa), np.flatnonzero(labels == pb)
+                a, b, g = kl_pass(w, vw, a, b, limit, self.max_steps)
+                labels[a], labels[b] = pa, pb
+                gained += g + fm_moves(w, vw, labels, pa, pb, limit)
             if gained <= EPS:
                 break
         return parts_of(nodes, labels, k)
 
 
-def _kl(max_sweeps: int = 2, max_steps: int = 16) -> KernighanLinRefiner:
+def _kl(max_sweeps: int = 2, max_steps: int = 16, max_partners: int = 3) -> KernighanLinRefiner:
     from hexicore.errors import HexicoreError
 
-    for key, v in (("max_sweeps", max_sweeps), ("max_steps", max_steps)):
+    for key, v in (("max_sweeps", max_sweeps), ("max_steps", max_steps), ("max_partners", max_partners)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HexicoreError(f"kl: {key} must be a positive integer, got {v!r}", field="solver.refiner")
-    return KernighanLinRefiner(max_sweeps, max_steps)
+    return KernighanLinRefiner(max_sweeps, max_steps, max_partners)
 
 
 @hookimpl

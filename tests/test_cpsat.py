@@ -192,7 +192,7 @@ def test_objective_matches_estimate_and_bound_is_below(cl, mo, gb):
     else:
         c = cluster_preset(cl)
     p = problem(c, model_preset(mo), gb)
-    plan = solve(p, time_limit=6.0)
+    plan = solve(p, time_limit=5.0)
     est = p.cost.estimate(plan)
     assert est.fits
     assert plan.solver["status"] in ("OPTIMAL", "FEASIBLE")
@@ -239,10 +239,28 @@ def test_nothing_fits_is_an_error():
         solve(p, time_limit=10)
 
 
+def _no_greedy_problem():
+    """A fast 5 GB card and a slow 7 GB card: the speed-proportional greedy start overloads the
+    fast one, so no start plan exists, yet 1 + 3 blocks fit."""
+    c = cluster([("F", "fastsmall", 1, 32), ("S", "slowsmall", 1, 32)], 10.0,
+                {"fastsmall": {"tflops": 1000, "memory_gb": 5}, "slowsmall": {"tflops": 50, "memory_gb": 7}})
+    return problem(c, small_llama(4, 1024), 2)
+
+
 def test_time_limit_without_a_plan_is_an_error():
-    p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)
+    p = _no_greedy_problem()
+    assert brute_force(p) < float("inf")
     with pytest.raises(HexicoreError, match="time limit"):
         solve(p, time_limit=0.001)
+
+
+def test_time_limit_with_a_start_plan_returns_it():
+    p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)
+    plan = solve(p, time_limit=0.001)
+    est = p.cost.estimate(plan)
+    assert plan.solver["status"] == "FEASIBLE" and est.fits
+    assert plan.solver["bound"] <= est.iteration_s
+    assert plan.solver["objective"] == pytest.approx(est.iteration_s, rel=0.01)
 
 
 def _cli(args, capsys):

@@ -15,6 +15,10 @@ power-of-two TP). With a cost model whose ``pipeline_timer`` replaces the 1F1B f
 model prices another schedule than the estimate does: the status is then ``FEASIBLE`` and
 ``bound`` is null.
 
+When the time limit stops CP-SAT before it reports any plan, the start plan it was given (the
+warm start or the greedy plan of :mod:`.hint`) is returned as ``FEASIBLE`` with the bound proven
+so far; without a start plan that is an error ("time limit ... reached with no plan").
+
 ``fix_groups=true`` with ``warm_start=PLAN``: the warm-start plan's pipelines and stage device
 groups are kept (in their order) and only the block ranges and pipeline batches are
 re-optimised, exactly; the bound is then over plans with those groups.
@@ -80,6 +84,7 @@ class CpSatSolver:
 
         from .decode import decode
         from .evaluate import model_value
+        from .hint import plan_rows
         from .formulation import build, slot_counts
 
         limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
@@ -117,15 +122,22 @@ class CpSatSolver:
         if status == cp_model.INFEASIBLE:
             raise HexicoreError(f"no plan fits: no layout of {where} satisfies every device's memory "
                                 "(stages inside one machine, power-of-two TP)", field="model")
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if status == cp_model.UNKNOWN:
+        if status == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"cpsat: solver returned {name}")  # a bug in the formulation
+        if status == cp_model.UNKNOWN:
+            if not hinted:
                 raise HexicoreError(f"time limit of {limit:g} s reached with no plan for {where}; raise "
                                     "solver.time_limit", field="solver.time_limit")
-            raise RuntimeError(f"cpsat: solver returned {name}")  # MODEL_INVALID: a bug here
-        plan = decode(problem, form, solver, options, groups)
-        rows = [(n, row) for n, row in ((solver.value(form.n[i]), [
-            (o, int(solver.value(form.layers[i, j]))) for j in range(form.slots[i]) for o in range(1, len(options) + 1)
-            if solver.boolean_value(form.x[i, j, o])]) for i in range(len(form.slots))) if n > 0]
+            # the search stopped before reporting any plan: the start plan it was given is the best known
+            source, plan = next(sp for sp in starts if sp[0] == hinted)
+            plan, name = Plan(problem.model, problem.cluster, problem.train, plan.pipelines), "FEASIBLE"
+            rows = plan_rows(problem, plan, options)
+        else:
+            plan = decode(problem, form, solver, options, groups)
+            rows = [(n, row) for n, row in ((solver.value(form.n[i]), [
+                (o, int(solver.value(form.layers[i, j]))) for j in range(form.slots[i])
+                for o in range(1, len(options) + 1) if solver.boolean_value(form.x[i, j, o])])
+                for i in range(len(form.slots))) if n > 0]
         objective = model_value(tables, machines, n_mb, rows)
         exact = getattr(problem.cost, "pipeline_timer", None) is None
         info: dict[str, Any] = {

@@ -10,10 +10,13 @@ Decisions
   ``n[i]``      micro-batches of pipeline i (``sum_i n[i] = global_batch / micro_batch``).
 Constraints
   devices:  ``sum_{i,j,o: machine(o)=m} tp(o) x[i,j,o] <= |m|`` (counts, not ids: symmetry breaking);
-  memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraints);
+  memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraint; for
+            1F1B ``in_flight = min(n_i, P_i - j)`` by AddMinEquality, else an element table);
   symmetry: pipelines ordered by (stages, micro-batches) non-increasing.
-Objective (integer microseconds), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
-  ``U[i,j] = STAGE[o][first][last][l] + HOP[o][o_next]`` (element constraints over the tables),
+Objective (integer time units, :mod:`.tables`), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
+  ``U[i,j] = STAGE + HOP``: STAGE as the linear form ``per_o * l + fixed_o (+ head_o if last)``
+  read off the stage-time table (:func:`stage_slopes`), HOP an element constraint over the
+  hop table indexed by the options of slots j and j + 1;
   ``PIPE[i] = sum_j U[i,j] + (n[i] - 1) * max_j U[i,j]`` (AddMaxEquality + a product),
   ``T = max(max_i PIPE[i], throughput cut)`` (AddMaxEquality; the cut, :func:`throughput_bound`,
   is a lower bound of every plan's true time, so it only lifts the LP bound);
@@ -23,7 +26,11 @@ Objective (integer microseconds), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
   first / last stages); minimise ``T + DP``.
 
 Simplifications (each makes the model a *lower* approximation, so bounds stay valid):
-  * times are floored to whole microseconds;
+  * times are floored to whole time units, and STAGE is the table's largest affine minorant in
+    the block count (the analytic STAGE is affine: this loses < 1 unit per block);
+  * with a known fitting plan (warm start or greedy, :mod:`.hint`), hop and DP entries and the
+    domains of stage, pipeline and DP times are capped just above its estimate: a plan paying
+    more costs more than the known one, so the optimum is never cut off;
   * the DP chunk count ``lcm(tp)`` of the cost model's chunked all-reduce is taken as the
     largest TP degree present (exact for power-of-two degrees; with others, e.g. a fix_groups
     warm start with TP 3, a lower bound: the model then misses a few latencies ``alpha``);
@@ -70,7 +77,7 @@ def stage_slopes(tab: Tables, o: int, fi: int) -> tuple[int, int, int]:
     return per, rows[0][0], rows[1][0]
 
 
-def _stage_time(m, tab: Tables, x, layers, last, i: int, j: int, fi: int):
+def _stage_time(m, tab: Tables, x, layers, last, i: int, j: int, fi: int, ub: int):
     """STAGE of slot (i, j): ``sum_o per_o * l_o + fixed_o * x_o (+ head_o * [x_o and last])``
     with ``l_o`` = the slot's blocks when it runs option o (else 0), a linear form of the table."""
     K = len(tab.options)
@@ -85,14 +92,13 @@ def _stage_time(m, tab: Tables, x, layers, last, i: int, j: int, fi: int):
         m.add_bool_or([~last, ~x[i, j, o]]).only_enforce_if(~both)
         terms.append(per * l_o + fixed * x[i, j, o] + (fixed_last - fixed) * both)
     m.add(sum(split) == layers)
-    s = m.new_int_var(0, max(_flat(tab.stage)), f"S{i}_{j}")
+    s = m.new_int_var(0, ub, f"S{i}_{j}")
     m.add(s == sum(terms))
     return s
 
 
 def _element(m, index, table: list[int], target, name: str) -> None:
-    """``target == table[index]`` with the index as its own variable (CP-SAT 9.15's presolve
-    mis-handled affine element indices in this model: wrong OPTIMAL claims)."""
+    """``target == table[index]`` (the index as its own variable)."""
     idx = m.new_int_var(0, len(table) - 1, name)
     m.add(idx == index)
     m.add_element(idx, table, target)
@@ -118,6 +124,9 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     P = len(slots)
     f = Formulation(m, slots=list(slots), n_blocks=L)
     max_u = max(_flat(tab.stage)) + max(_flat(tab.hop))
+    if tab.ceiling is not None:  # a known plan costs less: no optimum has a larger term (valid cut)
+        max_u = min(max_u, tab.ceiling)
+    top_t = min(max(slots) * max_u + n_mb * max_u, tab.ceiling if tab.ceiling is not None else math.inf)
     max_flight = len(tab.cap[0][0][0]) - 1
 
     used, oid, last, U, S = {}, {}, {}, {}, {}
@@ -176,7 +185,7 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     for i in range(P):
         for j in range(slots[i]):
             fi = 1 if j == 0 else 0
-            S[i, j] = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi)
+            S[i, j] = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi, max_u)
             hop = 0
             if j + 1 < slots[i]:
                 hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
@@ -199,14 +208,14 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
         m.add_max_equality(top, [U[i, j] for j in range(slots[i])])
         rest = m.new_int_var(0, n_mb, f"nm1_{i}")
         m.add(rest == f.n[i] - used[i, 0])
-        prod = m.new_int_var(0, n_mb * max_u, f"prod{i}")
+        prod = m.new_int_var(0, min(n_mb * max_u, top_t), f"prod{i}")
         m.add_multiplication_equality(prod, [rest, top])
-        p_i = m.new_int_var(0, slots[i] * max_u + n_mb * max_u, f"PIPE{i}")
+        p_i = m.new_int_var(0, top_t, f"PIPE{i}")
         m.add(p_i == sum(U[i, j] for j in range(slots[i])) + prod)
         pipe.append(p_i)
-    slowest = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "maxPIPE")
+    slowest = m.new_int_var(0, top_t, "maxPIPE")
     m.add_max_equality(slowest, pipe)
-    f.T = m.new_int_var(0, max(slots) * max_u + n_mb * max_u, "T")  # T = max(slowest, cut)
+    f.T = m.new_int_var(0, top_t, "T")  # T = max(slowest, cut)
     m.add(f.T >= slowest)
     m.add(f.T >= throughput_bound(tab, machines, n_mb))
 
@@ -334,6 +343,8 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
                   ub(tab.dp_pair_head), "Hd")
     f.parts.update({"E": E, "H": H, **{f"D{k}": D[k] for k in D}})
     d_ub = L * ub(tab.dp_pair) + ub(tab.dp_pair_emb) + ub(tab.dp_pair_head)
+    if tab.ceiling is not None:
+        d_ub = min(d_ub, tab.ceiling)
     DP = m.new_int_var(0, d_ub, "DP")
     for i in range(P):
         for j in range(slots[i]):

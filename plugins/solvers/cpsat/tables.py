@@ -102,6 +102,8 @@ class Tables:
     ``in_flight[P][j][n]``        micro-batches stage j of a P-stage pipeline holds (n per pipeline);
     ``dp_pair[v][o][o2]``         one peer's share of COMM-DP-LAYER (v pipelines), blocks;
     ``dp_pair_emb``/``dp_pair_head`` the same for the embedding and the head;
+    ``ceiling``                   with a known plan: an integer above its estimate; no optimal
+                                  plan has a stage, pipeline or DP time above it (None: unknown);
     ``dp_latency[o][o2]``         the latency part ``2 alpha`` of one peer term (each further
                                   chunk a device of o holds, when another replica has a higher
                                   TP degree, adds one more).
@@ -121,6 +123,7 @@ class Tables:
     dp_pair_emb: tuple
     dp_pair_head: tuple
     dp_latency: tuple
+    ceiling: int | None = None
 
 
 def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
@@ -217,4 +220,5 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         in_flight=tuple(tuple(tuple(r) for r in rows) for rows in in_flight),
         dp_pair=pair(m.layer_params()), dp_pair_emb=pair(m.embedding_params()), dp_pair_head=pair(m.head_params()),
         dp_latency=pair(0.0)[min(2, max_pipelines)],
+        ceiling=ceiling,
     )

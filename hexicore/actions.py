@@ -86,7 +86,8 @@ class Action:
 
 @dataclass(frozen=True)
 class ActionList:
-    """Per-rank action lists of one pipeline under one schedule."""
+    """Per-rank action lists of one pipeline under one schedule. ``actions`` may be given as
+    :class:`hexicore.action_arrays.ActionArrays`; the ``Action`` tuples are then built on first read."""
 
     schedule: dict[str, Any]
     ranks: int
@@ -103,6 +104,35 @@ class ActionList:
             object.__setattr__(self, "chains", (tuple(range(self.stages)),))
         if not self.mb_chain:
             object.__setattr__(self, "mb_chain", (0,) * self.micro_batches)
+        if not isinstance(self.__dict__["actions"], tuple):  # ActionArrays: objects built on first read
+            object.__setattr__(self, "_arrays", self.__dict__.pop("actions"))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "actions" and "_arrays" in self.__dict__:
+            acts = self.__dict__["_arrays"].to_lists()
+            object.__setattr__(self, "actions", acts)
+            return acts
+        raise AttributeError(name)
+
+    @property
+    def arrays(self) -> Any:
+        """The actions as :class:`hexicore.action_arrays.ActionArrays` (built from the objects once)."""
+        if "_arrays" not in self.__dict__:
+            from hexicore.action_arrays import ActionArrays
+
+            object.__setattr__(self, "_arrays", ActionArrays.from_lists(self.actions))
+        return self.__dict__["_arrays"]
+
+    @property
+    def n_actions(self) -> int:
+        """Number of actions over all ranks (without building the objects)."""
+        if "actions" in self.__dict__:
+            return sum(len(a) for a in self.__dict__["actions"])
+        return len(self.__dict__["_arrays"])
+
+    def has_objects(self) -> bool:
+        """Whether the ``Action`` objects exist already (False: array-backed, not read yet)."""
+        return "actions" in self.__dict__
 
     def stages_of(self, rank: int) -> list[int]:
         return [s for s, r in enumerate(self.stage_rank) if r == rank]
@@ -123,8 +153,12 @@ class ActionList:
 
     def compute_only(self) -> "ActionList":
         """The same lists with communication removed (what schedules emit)."""
-        return ActionList(self.schedule, self.ranks, self.stages, self.micro_batches, self.stage_rank,
-                          tuple(tuple(a for a in acts if not a.is_comm) for acts in self.actions),
+        if not self.has_objects():
+            arr = self.arrays
+            acts: Any = arr.select(~arr.is_comm())
+        else:
+            acts = tuple(tuple(a for a in acts if not a.is_comm) for acts in self.actions)
+        return ActionList(self.schedule, self.ranks, self.stages, self.micro_batches, self.stage_rank, acts,
                           self.chains, self.mb_chain, dict(self.meta))
 
     # ----------------------------------------------------------------- JSON

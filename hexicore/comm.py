@@ -23,14 +23,28 @@ and wait on it at the ``RECV``'s position; it must wait on its ``isend`` handles
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
+
+import numpy as np
 
 from hexicore.actions import Action, ActionList
 from hexicore.errors import ScheduleError
 
 
-def insert_comm(al: ActionList) -> ActionList:
-    """Return ``al`` with SEND/RECV inserted per the module rules (existing comm is dropped first)."""
+#: lists with at least this many actions go through the array pass (same result, numpy speed)
+FAST_MIN = 20_000
+
+
+def insert_comm(al: ActionList, *, fast: bool | None = None) -> ActionList:
+    """Return ``al`` with SEND/RECV inserted per the module rules (existing comm is dropped first).
+    ``fast``: use the array pass (default: for lists of ``FAST_MIN`` actions or more); it falls
+    back to the object pass, which names the defect, on anything unusual."""
     base = al.compute_only()
+    if fast if fast is not None else base.n_actions >= FAST_MIN:
+        arr = _insert_comm_arrays(base)
+        if arr is not None:
+            return ActionList(base.schedule, base.ranks, base.stages, base.micro_batches, base.stage_rank, arr,
+                              base.chains, base.mb_chain, dict(base.meta))
     s2r = base.stage_rank
     prev_of, next_of = {}, {}
     for c, chain in enumerate(base.chains):
@@ -82,3 +96,85 @@ def insert_comm(al: ActionList) -> ActionList:
         result.append(tuple(out))
     return ActionList(base.schedule, base.ranks, base.stages, base.micro_batches, base.stage_rank, tuple(result),
                       base.chains, base.mb_chain, dict(base.meta))
+
+
+def _insert_comm_arrays(al: ActionList) -> Any:
+    """The same pass on :class:`~hexicore.action_arrays.ActionArrays` (compute-only input), or
+    None when the input needs the object pass (a stage off its micro-batch's chain, a missing or
+    repeated message: the object pass raises or keeps its own behaviour)."""
+    from hexicore import action_arrays as aa
+
+    A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches
+    op, st, mb = A.op, A.stage, A.mb
+    rank = A.rank_of()
+    s2r = np.asarray(al.stage_rank, dtype=np.int64)
+    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
+    for c, chain in enumerate(al.chains):
+        ch = np.asarray(chain, dtype=np.int64)
+        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
+            return None
+        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
+    prod = ((op == aa.F) | (op == aa.B) | (op == aa.I)) & (mb >= 0)
+    k = np.flatnonzero(prod)
+    s, m, r, fwd = st[k], mb[k], rank[k], op[k] == aa.F
+    if len(k) and (s.min() < 0 or s.max() >= S or m.max() >= M
+                   or (chain_of[s] != np.asarray(al.mb_chain, dtype=np.int64)[m]).any()):
+        return None
+    kind = np.where(fwd, 0, 1)
+    to = np.where(fwd, nxt[s], prev[s])
+    send = (to >= 0) & (s2r[np.maximum(to, 0)] != r)
+    src = np.where(fwd, prev[s], nxt[s])
+    cons = (src >= 0) & (s2r[np.maximum(src, 0)] != r)
+    # messages: one per send, keyed (link, kind, receiving stage, mb), numbered per link in send order
+    msg = (kind * S + np.maximum(to, 0)) * M + m
+    sk, s_link, s_msg = k[send], (r * P + s2r[np.maximum(to, 0)])[send], msg[send]
+    order = np.argsort(s_link, kind="stable")
+    s_link, s_msg, sk = s_link[order], s_msg[order], sk[order]
+    first = np.searchsorted(s_link, s_link, side="left")
+    idx = np.arange(len(sk)) - first  # index of the message on its link
+    key = s_link * (2 * S * M) + s_msg
+    korder = np.argsort(key, kind="stable")
+    skey = key[korder]
+    if len(skey) > 1 and (skey[1:] == skey[:-1]).any():
+        return None
+    # consumers: compute that needs a message; its index on the link
+    ck, c_link = k[cons], (s2r[np.maximum(src, 0)] * P + r)[cons]
+    c_key = c_link * (2 * S * M) + (kind * S + s) [cons] * M + m[cons]
+    at = np.searchsorted(skey, c_key)
+    if len(ck) and ((at >= len(skey)).any() or (skey[np.minimum(at, len(skey) - 1)] != c_key).any()):
+        return None
+    c_idx = idx[korder[at]] if len(ck) else np.zeros(0, np.int64)
+    corder = np.argsort(c_link, kind="stable")
+    ck, c_link, c_idx = ck[corder], c_link[corder], c_idx[corder]
+    big = len(sk) + 1
+    cm = np.maximum.accumulate(c_idx + c_link * big) if len(ck) else c_idx  # running max per link
+    # message j on link L is received just before the first consumer on L with running max >= j
+    where = np.searchsorted(cm, s_link * big + idx, side="left")
+    got = where < len(cm)
+    got[got] = c_link[where[got]] == s_link[got]
+    rk, rj, rmsg, rlink = ck[where[got]], idx[got], s_msg[got], s_link[got]
+    rorder = np.lexsort((rj, rk))
+    rk, rmsg, rlink = rk[rorder], rmsg[rorder], rlink[rorder]
+    n = len(op)
+    before = np.bincount(rk, minlength=n)
+    after = np.zeros(n, dtype=np.int64)
+    after[sk] = 1
+    grow = before + after
+    shift = np.cumsum(grow) - grow
+    newk = np.arange(n) + shift + before
+    total = n + int(grow.sum())
+    out_op = np.empty(total, dtype=np.int8)
+    out_st, out_mb, out_peer = (np.empty(total, dtype=np.int64) for _ in range(3))
+    out_op[newk], out_st[newk], out_mb[newk], out_peer[newk] = op, st, mb, A.peer
+    # sends right after their producer
+    sp = newk[sk] + 1
+    out_op[sp] = np.where(op[sk] == aa.F, aa.SEND_F, aa.SEND_B)
+    out_st[sp], out_mb[sp], out_peer[sp] = st[sk], mb[sk], s_link % P
+    # receives before their consumer, in message order
+    gstart = np.searchsorted(rk, rk, side="left")
+    rp = newk[rk] - before[rk] + (np.arange(len(rk)) - gstart)
+    rkind = rmsg // M // S
+    out_op[rp] = np.where(rkind == 0, aa.RECV_F, aa.RECV_B)
+    out_st[rp], out_mb[rp], out_peer[rp] = (rmsg // M) % S, rmsg % M, rlink // P
+    counts = np.diff(A.offsets) + np.bincount(rank, weights=grow, minlength=P).astype(np.int64)
+    return aa.ActionArrays.build(out_op, out_st, out_mb, out_peer, counts)

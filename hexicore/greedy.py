@@ -32,11 +32,20 @@ from hexicore.simulate import Timing
 
 
 def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequence[int]], mb_chain: Sequence[int],
-                 timing: Timing, *, cap: Sequence[float] | None = None,
-                 split_backward: bool = False, w_limit: Sequence[float] | None = None,
-                 unit: int | None = None, forward_first: bool = False) -> list[list[Action]]:
-    """Per-rank compute lists; see the module docstring. ``split_backward``: emit I and W."""
+                 timing: Timing, **kw) -> list[list[Action]]:
+    """Per-rank compute lists; see the module docstring and :func:`greedy_tuples` for ``kw``."""
+    return [[Action(op, s, mb) for op, s, mb in row]
+            for row in greedy_tuples(ranks, stage_rank, chains, mb_chain, timing, **kw)]
+
+
+def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequence[int]], mb_chain: Sequence[int],
+                  timing: Timing, *, cap: Sequence[float] | None = None,
+                  split_backward: bool = False, w_limit: Sequence[float] | None = None,
+                  unit: int | None = None, forward_first: bool = False) -> list[list[tuple[str, int, int]]]:
+    """Per-rank compute lists as ``(op, stage, mb)`` tuples (no ``Action`` objects: the big
+    schedules turn them into arrays). ``split_backward``: emit I and W."""
     dur = timing.durations()
+    links = [[timing.link(a, b) for b in range(ranks)] for a in range(ranks)]
     CF, CB = (0, 1) if forward_first else (1, 0)  # priority classes of F and B/I (W is 2)
     prev, nxt, entry = {}, {}, {}
     for c, chain in enumerate(chains):
@@ -57,7 +66,7 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
     newf: list[list] = [[] for _ in range(ranks)]     # (mb, stage) admissions waiting on the cap
     events: list[tuple[float, int, int]] = []
     seq = 0
-    out: list[list[Action]] = [[] for _ in range(ranks)]
+    out: list[list[tuple[str, int, int]]] = [[] for _ in range(ranks)]
     left = (3 if split_backward else 2) * sum(len(chains[c]) for c in mb_chain)
     force = [False] * ranks
 
@@ -108,7 +117,7 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
         cls, mb, s, op = best
         end = t + dur[op][s]
         free[r] = end
-        out[r].append(Action(op, s, mb))
+        out[r].append((op, s, mb))
         left -= 1
         c = mb_chain[mb]
         if op == "F":
@@ -116,7 +125,7 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
             if n is None:
                 ready(r, end, CB, mb, s, bop)
             else:
-                ready(stage_rank[n], end + timing.link(r, stage_rank[n]), CF, mb, n, "F")
+                ready(stage_rank[n], end + links[r][stage_rank[n]], CF, mb, n, "F")
         elif op in "BI":
             if entry[c, r] == s:
                 admitted[r] -= 1
@@ -125,6 +134,6 @@ def greedy_order(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequenc
                 ready(r, end, 2, mb, s, "W")
             p = prev[c, s]
             if p is not None:
-                ready(stage_rank[p], end + timing.link(r, stage_rank[p]), CB, mb, p, bop)
+                ready(stage_rank[p], end + links[r][stage_rank[p]], CB, mb, p, bop)
         wake(r, end)
     return out

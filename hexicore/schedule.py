@@ -103,10 +103,16 @@ def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
 
 
 def build(name: str, params: Mapping[str, Any], spec: ScheduleSpec, stage_rank: Sequence[int],
-          per_rank: Sequence[Sequence[Action]], chains: Sequence[Sequence[int]] = (),
+          per_rank: Any, chains: Sequence[Sequence[int]] = (),
           mb_chain: Sequence[int] = (), meta: Mapping[str, Any] | None = None) -> ActionList:
-    """Assemble a compute-only :class:`ActionList`, appending ``STEP`` to every rank."""
-    acts = tuple(tuple(a) + (Action("STEP"),) for a in per_rank)
+    """Assemble a compute-only :class:`ActionList`, appending ``STEP`` to every rank; ``per_rank``
+    may be :class:`hexicore.action_arrays.ActionArrays` (kept as arrays)."""
+    from hexicore.action_arrays import STEP, ActionArrays
+
+    if isinstance(per_rank, ActionArrays):
+        acts: Any = per_rank.append_per_rank(STEP)
+    else:
+        acts = tuple(tuple(a) + (Action("STEP"),) for a in per_rank)
     return ActionList({"name": name, **dict(params)}, spec.ranks, len(stage_rank), spec.micro_batches,
                       tuple(stage_rank), acts, tuple(tuple(c) for c in chains), tuple(mb_chain), dict(meta or {}))
 

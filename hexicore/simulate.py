@@ -122,16 +122,29 @@ def _links(al: ActionList) -> tuple[list[dict[int, int | None]], list[dict[int, 
     return prev, nxt
 
 
+#: lists with at least this many actions are simulated on arrays (:mod:`hexicore.simulate_fast`)
+FAST_MIN = 20_000
+
+
 def simulate(al: ActionList, timing: Timing | None = None, *, record: bool = False,
-             comm: bool | None = None) -> SimResult:
+             comm: bool | None = None, fast: bool | None = None) -> SimResult:
     """Run ``al`` under ``timing`` (default :meth:`Timing.uniform`); see the module docstring.
 
     ``comm``: whether the lists carry their own SEND/RECV (default: whether any rank has one).
     ``record``: keep every event for timelines. Raises :class:`ScheduleError` on any defect.
+    ``fast``: try the array simulation first (default: without ``record``, for ``FAST_MIN``
+    actions or more); it returns the same result, and defers to this one on any defect.
     """
     timing = timing or Timing.uniform(al)
     if comm is None:
-        comm = any(a.is_comm for acts in al.actions for a in acts)
+        comm = bool(al.arrays.is_comm().any()) if not al.has_objects() else \
+            any(a.is_comm for acts in al.actions for a in acts)
+    if not record and (fast if fast is not None else al.n_actions >= FAST_MIN):
+        from hexicore.simulate_fast import simulate_arrays
+
+        res = simulate_arrays(al, timing, comm)
+        if res is not None:
+            return res
     dur = timing.durations()
     share = shares(al)
     prev_of, next_of = _links(al)

@@ -28,8 +28,9 @@ def check_layout(al: ActionList) -> None:
     """Stage map, chains and micro-batch chains are consistent."""
     if len(al.stage_rank) != al.stages or any(not 0 <= r < al.ranks for r in al.stage_rank):
         raise ScheduleError(f"stage_rank needs {al.stages} ranks in [0, {al.ranks})", field="stage_rank")
-    if len(al.actions) != al.ranks:
-        raise ScheduleError(f"expected {al.ranks} action lists, got {len(al.actions)}", field="actions")
+    lists = len(al.actions) if al.has_objects() else al.arrays.ranks
+    if lists != al.ranks:
+        raise ScheduleError(f"expected {al.ranks} action lists, got {lists}", field="actions")
     where: dict[int, int] = {}
     for c, chain in enumerate(al.chains):
         for s in chain:
@@ -43,7 +44,8 @@ def check_layout(al: ActionList) -> None:
                             field="mb_chain")
 
 
-def validate_actions(al: ActionList, *, comm: bool | None = None) -> SimResult:
-    """Validate ``al`` (module docstring); returns the unit-time simulation on success."""
+def validate_actions(al: ActionList, *, comm: bool | None = None, fast: bool | None = None) -> SimResult:
+    """Validate ``al`` (module docstring); returns the unit-time simulation on success. Large
+    lists are checked on arrays (:mod:`hexicore.simulate_fast`; ``fast`` forces the choice)."""
     check_layout(al)
-    return simulate(al, Timing.uniform(al), comm=comm)
+    return simulate(al, Timing.uniform(al), comm=comm, fast=fast)

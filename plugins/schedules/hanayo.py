@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hexicore.actions import Action, ActionList
-from hexicore.greedy import greedy_order
+from hexicore.action_arrays import CODE, ActionArrays, tile_blocks
+from hexicore.actions import ActionList
+from hexicore.greedy import greedy_tuples
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
 from hexicore.simulate import compile_lists, makespan, simulate
@@ -34,6 +35,13 @@ from hexicore.simulate import compile_lists, makespan, simulate
 
 #: above this many compute tasks (2 S M) only the block order is built for M > P (speed)
 PLAIN_GREEDY_TASKS = 1 << 17
+
+
+def _arrays(rows: list[list[tuple[str, int, int]]]) -> ActionArrays:
+    """Greedy ``(op, stage, mb)`` rows as compute-only arrays."""
+    flat = [t for row in rows for t in row]
+    ops, stages, mbs = zip(*flat) if flat else ((), (), ())
+    return ActionArrays.build([CODE[o] for o in ops], stages, mbs, [-1] * len(flat), [len(r) for r in rows])
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -71,16 +79,14 @@ class Hanayo(ActionSchedule):
         cap = [self._cap(spec)] * P
         candidates = []
         if M <= P or 2 * len(s2r) * M <= PLAIN_GREEDY_TASKS:
-            candidates.append(greedy_order(P, s2r, chain, (0,) * M, timing, cap=cap))
+            candidates.append(_arrays(greedy_tuples(P, s2r, chain, (0,) * M, timing, cap=cap)))
         if M > P:  # blocks of P micro-batches, one after another on every rank
-            block = greedy_order(P, s2r, chain, (0,) * P, timing, cap=cap)
-            rest = greedy_order(P, s2r, chain, (0,) * (M % P), timing, cap=cap) if M % P else [[]] * P
-            full = M - M % P
-            candidates.append([[Action(a.op, a.stage, a.mb + k) for k in range(0, full, P) for a in block[r]] +
-                               [Action(a.op, a.stage, a.mb + full) for a in rest[r]] for r in range(P)])
+            block = _arrays(greedy_tuples(P, s2r, chain, (0,) * P, timing, cap=cap))
+            rest = _arrays(greedy_tuples(P, s2r, chain, (0,) * (M % P), timing, cap=cap)) if M % P else None
+            candidates.append(tile_blocks(block, P, M // P, rest))
         best = None
-        for lists in candidates:
-            al = build(self.name, {"waves": waves}, spec, s2r, lists)
+        for arrays in candidates:
+            al = build(self.name, {"waves": waves}, spec, s2r, arrays)
             t = makespan(al, timing) if len(candidates) > 1 else 0.0
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)

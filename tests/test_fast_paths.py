@@ -1,0 +1,105 @@
+"""Array paths (issue 5 "speed"): array-backed action lists, the array comm pass and the array
+simulator agree with the object paths; defects still get the object path's located errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hexicore.action_arrays import ActionArrays
+from hexicore.actions import Action, ActionList
+from hexicore.comm import insert_comm
+from hexicore.errors import ScheduleError
+from hexicore.schedule import ScheduleSpec
+from hexicore.simulate import Timing, simulate
+from hexicore.simulate_fast import simulate_arrays
+from hexicore.validate_actions import validate_actions
+from hexicore_plugins.schedules.chimera import Chimera
+from hexicore_plugins.schedules.gpipe import GPipe
+from hexicore_plugins.schedules.hanayo import Hanayo
+from hexicore_plugins.schedules.interleaved import Interleaved1F1B
+from hexicore_plugins.schedules.one_f_one_b import OneFOneB
+from hexicore_plugins.schedules.zb_h1 import ZeroBubbleH1
+
+SCHEDULES = [GPipe(), OneFOneB(), Interleaved1F1B(chunks=3), Chimera(), Hanayo(waves=1), Hanayo(waves=3),
+             ZeroBubbleH1()]
+GRID = [(P, M) for P in (2, 3, 5) for M in (1, 2, 4, 7, 12)]
+
+
+def arrays_backed(al: ActionList) -> ActionList:
+    return ActionList(al.schedule, al.ranks, al.stages, al.micro_batches, al.stage_rank,
+                      ActionArrays.from_lists(al.actions), al.chains, al.mb_chain, dict(al.meta))
+
+
+def random_timing(rng, al, P):
+    return Timing(tuple(rng.uniform(0.1, 3) for _ in range(al.stages)),
+                  tuple(rng.uniform(0.1, 3) for _ in range(al.stages)),
+                  tuple(rng.uniform(0, 1) for _ in range(P - 1)), reduce=rng.uniform(0, 1))
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
+def test_array_comm_pass_equals_the_object_pass(sched):
+    for P, M in GRID:
+        al = sched.order(ScheduleSpec(P, M))
+        fast = insert_comm(al, fast=True)
+        assert not fast.has_objects()
+        assert fast == insert_comm(al, fast=False), (P, M)
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
+def test_array_simulator_equals_the_event_simulator(sched):
+    """Makespan, busy time and peak activations, with and without comm, default and random times."""
+    rng = random.Random(5)
+    for P, M in GRID:
+        al = sched.order(ScheduleSpec(P, M))
+        for lists, comm in ((al, False), (insert_comm(al), True)):
+            for t in (Timing.uniform(lists), random_timing(rng, lists, P)):
+                want = simulate(lists, t, comm=comm, fast=False)
+                got = simulate_arrays(arrays_backed(lists), t, comm)
+                assert got is not None, (P, M, comm)
+                assert got.makespan == pytest.approx(want.makespan, rel=1e-12, abs=1e-12), (P, M, comm)
+                assert got.busy == pytest.approx(want.busy, rel=1e-12, abs=1e-12)
+                assert got.peak_activations == want.peak_activations
+
+
+def test_big_hanayo_stays_arrays_and_matches():
+    """A list above the size threshold: built, comm-inserted, validated and simulated as arrays,
+    with the same result as the event simulator."""
+    al = Hanayo(waves=4).order(ScheduleSpec(8, 200))
+    full = insert_comm(al)
+    res = validate_actions(full, comm=True)
+    assert not full.has_objects() and al.n_actions >= 20_000
+    want = simulate(full, comm=True, fast=False)
+    assert res.makespan == pytest.approx(want.makespan, rel=1e-12)
+    assert res.peak_activations == want.peak_activations
+
+
+def test_array_backed_lists_are_the_same_lists(tmp_path):
+    al = Hanayo(waves=2).actions(ScheduleSpec(3, 4))
+    arr = arrays_backed(al)
+    assert not arr.has_objects() and arr.n_actions == al.n_actions
+    assert arr.compute_only() == al.compute_only()
+    assert arr == al and arr.has_objects()
+    assert ActionList.load(arrays_backed(al).save(tmp_path / "a.json")) == al
+
+
+def test_defects_fall_back_to_the_located_error():
+    """The array path proves nothing about a bad list; the object path names the defect."""
+    good = [[Action("F", 0, 0), Action("F", 0, 1), Action("B", 0, 0), Action("B", 0, 1)],
+            [Action("F", 1, 0), Action("B", 1, 0), Action("F", 1, 1), Action("B", 1, 1)]]
+    deadlock = [good[0][:1] + good[0][2:3] + good[0][1:2] + good[0][3:],
+                [good[1][0], good[1][2], good[1][1], good[1][3]]]
+    al = ActionList({}, 2, 2, 2, (0, 1), ActionArrays.from_lists(deadlock))
+    assert simulate_arrays(al, Timing.uniform(al), False) is None
+    with pytest.raises(ScheduleError, match="deadlock: rank 0, position 1, action 0B0 waits"):
+        validate_actions(al, fast=True)
+    twice = ActionList({}, 2, 2, 2, (0, 1), ActionArrays.from_lists([good[0][:1] + good[0], good[1]]))
+    with pytest.raises(ScheduleError, match="rank 0, position 1, action 0F0: computed twice"):
+        validate_actions(twice, fast=True)
+    full = insert_comm(ActionList({}, 2, 2, 2, (0, 1), tuple(map(tuple, good))))
+    r1 = list(full.actions[1])
+    r1[0], r1[4] = r1[4], r1[0]
+    swapped = ActionList({}, 2, 2, 2, (0, 1), ActionArrays.from_lists([full.actions[0], r1]))
+    with pytest.raises(ScheduleError, match="rank 1, position 0, action 1RECV_F1<-0"):
+        validate_actions(swapped, comm=True, fast=True)

@@ -363,6 +363,18 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
     return out
 
 
+def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None]]:
+    """The loop's first candidates: every D_dp with both cuts when the iterations allow it,
+    else about half the iterations spread evenly over the D_dp range (cut chosen by the moving
+    averages, ``None``); the rest of the iterations walk around the best."""
+    if iterations >= 2 * len(dps):
+        return [(d, o) for d in dps for o in ("min_cut", "max_cut")]
+    m = max(1, iterations // 2)
+    if m == 1:
+        return [(dps[0], None)]
+    return [(d, None) for d in sorted({dps[round(i * (len(dps) - 1) / (m - 1))] for i in range(m)})]
+
+
 def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress) -> Plan:
     """The iterative two-phase search of §4.4; returns the best plan found (never worse than
@@ -377,15 +389,14 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
     best = min(seeds or [Candidate(INF, None, None, "none")], key=lambda c: c.score)
     n = cfg.iterations
-    sweep = [(d, o) for d in dps for o in ("min_cut", "max_cut")] if n >= 2 * len(dps) else None
+    sweep = initial_sweep(dps, n)
     for it in range(n):
         if time.monotonic() > deadline:
             break
-        if sweep is not None and it < len(sweep):
+        if it < len(sweep):
             d_dp, objective = sweep[it]
+            objective = objective or choose_objective(ctx, rng)
             shifts: Sequence[int] = (0,)
-        elif it < len(dps) and sweep is None:
-            d_dp, objective, shifts = dps[it], choose_objective(ctx, rng), (0,)
         else:
             base = best.info.get("d_dp", rng.choice(dps))
             d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])

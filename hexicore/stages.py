@@ -80,7 +80,9 @@ class StageTable:
     _rows: dict = field(default_factory=dict)
 
     def times(self, devices: Group, first: bool, last: bool) -> np.ndarray:
-        """STAGE(d_ij) of App. A for 0..L layers (one micro-batch)."""
+        """STAGE(d_ij) of App. A for 0..L layers (one micro-batch). When the cost model's stage
+        time is affine in the layer count (checked at l = 0, 1, 2 and L; the analytic model's is)
+        the row is filled from those values, else every l is asked."""
         key = (devices, first, last)
         row = self._times.get(key)
         if row is None:

@@ -1,7 +1,9 @@
 """Benchmark: tokens/s of hexicore's action-list executor vs torch.distributed.pipelining.
 
 Same Llama model (built by the runtime, same seed), same ranks, micro-batches and data; GPipe and
-1F1B from both. ``python bench/runtime.py [--ranks 2] [--micro-batches 8] [--steps 6]`` starts the
+1F1B from both. Second table: the event simulator (:mod:`hexicore.simulate`) fed with per-stage
+forward/backward times profiled on the executor and a measured transfer time, against the
+measured step time. ``python bench/runtime.py [--ranks 2] [--micro-batches 8] [--steps 6]`` starts the
 workers with ``elastic_launch`` (gloo on CPU, NCCL on CUDA), prints a table and writes
 ``bench/out/runtime.json``. Tokens/s is the median over the steps after the first (warm-up).
 """
@@ -95,6 +97,66 @@ def _torch(args, schedule, rank, world, device):
     return times
 
 
+def _hop_time(rank, shape, device, reps: int = 10) -> float:
+    """One activation transfer between ranks 0 and 1 (half a ping-pong), the simulator's hop."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(shape, device=device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+    dist.barrier()
+    return (time.perf_counter() - t0) / (2 * reps)
+
+
+def _predicted(args, schedule, rank, world, device):
+    """Profile per-stage F/B times on the executor, then simulate the action list with them:
+    (measured step, predicted makespan) of the steps after the first."""
+    import torch
+    import torch.distributed as dist
+
+    from hexicore.simulate import Timing, simulate
+    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.executor import Executor
+    from hexicore_plugins.runtimes.torch.groups import build_groups
+    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
+
+    gb = args.micro_batches * args.micro_batch
+    lay = single_pipeline_layout(_model(args), {"name": schedule}, world, global_batch=gb,
+                                 micro_batch=args.micro_batch, seq_len=args.seq)
+    part, g = lay.pipelines[0], build_groups(lay, rank, world)
+    stages = build_stages(lay.model, part, rank, g.tp, full=seeded(0), recompute=False, device=device)
+    opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=3e-4)
+    ex = Executor(part, rank, stages, g, optimizer=opt, act_shape=(args.micro_batch, args.seq, lay.model.hidden),
+                  device=device, loss_scale=1.0 / (gb * args.seq))
+    data, measured, spans = SyntheticTokens(lay.model.vocab, args.seq, gb, 0), [], []
+    for step in range(args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ex.run_step(data.batch(step))
+        dist.barrier()
+        measured.append(time.perf_counter() - t0)
+        spans += ex.timeline if step else []
+    hop_s = _hop_time(rank, (args.micro_batch, args.seq, lay.model.hidden), device)
+    every = [None] * world
+    dist.all_gather_object(every, spans)
+    if rank != 0:
+        return None
+    al = part.actions
+    mean = {op: [statistics.mean([e - s for r in every for (o, st, _, s, e) in r if o == op and st == k] or [0.0])
+                 for k in range(al.stages)] for op in ("F", "B")}
+    timing = Timing(tuple(mean["F"]), tuple(mean["B"]), (hop_s,) * (world - 1))
+    return statistics.median(measured[1:] or measured), simulate(al, timing).makespan
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -116,8 +178,14 @@ def worker(args):
                 med = statistics.median(times[1:] or times)
                 rows.append({"runtime": name, "schedule": schedule, "step_s": med,
                              "tokens_per_s": args.micro_batches * args.micro_batch * args.seq / med})
+    sims = []
+    for schedule in ("gpipe", "1f1b", "hanayo"):
+        got = _predicted(args, schedule, rank, world, device)
+        if rank == 0:
+            sims.append({"schedule": schedule, "measured_s": got[0], "predicted_s": got[1],
+                         "error": got[1] / got[0] - 1.0})
     dist.destroy_process_group()
-    return rows
+    return rows, sims
 
 
 def main() -> None:
@@ -134,7 +202,7 @@ def main() -> None:
 
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.ranks, run_id=str(uuid.uuid4()),
                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
-    rows = elastic_launch(cfg, worker)(args)[0]
+    rows, sims = elastic_launch(cfg, worker)(args)[0]
     from rich.console import Console
     from rich.table import Table
 
@@ -145,8 +213,14 @@ def main() -> None:
     for r in rows:
         t.add_row(r["schedule"], r["runtime"], f"{1e3 * r['step_s']:.1f}", f"{r['tokens_per_s']:,.0f}")
     Console().print(t)
+    t2 = Table(title="simulator (per-stage F/B times from profiled steps, measured hop) vs measured step")
+    for c in ("schedule", "measured (ms)", "predicted (ms)", "error"):
+        t2.add_column(c)
+    for r in sims:
+        t2.add_row(r["schedule"], f"{1e3 * r['measured_s']:.1f}", f"{1e3 * r['predicted_s']:.1f}", f"{r['error']:+.1%}")
+    Console().print(t2)
     OUT.mkdir(exist_ok=True)
-    (OUT / "runtime.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    (OUT / "runtime.json").write_text(json.dumps({"args": vars(args), "rows": rows, "simulator": sims}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

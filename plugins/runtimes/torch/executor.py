@@ -20,6 +20,7 @@ rank hand tensors over directly. Every wait is bounded by ``timeout_s``.
 from __future__ import annotations
 
 import contextlib
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -256,12 +257,17 @@ class Executor:
         self.pos = -1
         self.stepped = False
         self._issue(self._recv_ops(1))
+        self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
+        t0 = time.perf_counter()
         for i, a in enumerate(self.acts):
             self.pos = i
+            start = time.perf_counter() - t0
             try:
                 self._execute(i, a)
             except ExecutionError as exc:
                 raise ExecutionError(f"action {i} ({a}): {exc}") from None
+            if a.is_compute:
+                self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))
         self._wait([w for k, ws in list(self.works.items()) if k[0] == "send" for w in ws], "outstanding sends")
         leftovers = [k for k in self.works if k[0] == "recv"] + list(self.outputs) + list(self.deferred)
         if leftovers:

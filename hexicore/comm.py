@@ -41,7 +41,13 @@ def insert_comm(al: ActionList, *, fast: bool | None = None) -> ActionList:
     back to the object pass, which names the defect, on anything unusual."""
     base = al.compute_only()
     if fast if fast is not None else base.n_actions >= FAST_MIN:
-        arr = _insert_comm_arrays(base)
+        arr = _insert_comm_arrays(base, general=False)
+        if arr is not None:  # the common case: remember the source (hexicore.simulate_fast uses it)
+            out = ActionList(base.schedule, base.ranks, base.stages, base.micro_batches, base.stage_rank, arr,
+                             base.chains, base.mb_chain, dict(base.meta))
+            object.__setattr__(out, "_comm_base", base)
+            return out
+        arr = _insert_comm_general(base)
         if arr is not None:
             return ActionList(base.schedule, base.ranks, base.stages, base.micro_batches, base.stage_rank, arr,
                               base.chains, base.mb_chain, dict(base.meta))
@@ -98,10 +104,66 @@ def insert_comm(al: ActionList, *, fast: bool | None = None) -> ActionList:
                       base.chains, base.mb_chain, dict(base.meta))
 
 
-def _insert_comm_arrays(al: ActionList) -> Any:
+def _insert_comm_arrays(al: ActionList, general: bool = True) -> Any:
     """The same pass on :class:`~hexicore.action_arrays.ActionArrays` (compute-only input), or
     None when the input needs the object pass (a stage off its micro-batch's chain, a missing or
-    repeated message: the object pass raises or keeps its own behaviour)."""
+    repeated message: the object pass raises or keeps its own behaviour). Common case first:
+    every link's consumers come in send order, so each RECV sits right before its consumer
+    (``general=False``: None for any other pattern)."""
+    from hexicore import action_arrays as aa
+
+    A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches
+    op, st, mb = A.op, A.stage, A.mb
+    rank = A.rank_of()
+    s2r = np.append(np.asarray(al.stage_rank, dtype=np.int64), -1)  # index -1: no stage
+    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
+    for c, chain in enumerate(al.chains):
+        ch = np.asarray(chain, dtype=np.int64)
+        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
+            return None
+        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
+    k = np.flatnonzero((op <= aa.I) & (mb >= 0))
+    s, m, r = st[k], mb[k], rank[k]
+    if len(k) and (s.min() < 0 or s.max() >= S or m.max() >= M
+                   or (chain_of[s] != np.asarray(al.mb_chain, dtype=np.int64)[m]).any()):
+        return None
+    gs = (op[k] != aa.F).astype(np.int64) * S + s  # kind (0 F, 1 B/I) and stage
+    to = np.concatenate((nxt, prev))[gs]
+    src = np.concatenate((prev, nxt))[gs]
+    pto, psrc = s2r[to], s2r[src]
+    send = (pto >= 0) & (pto != r)
+    cons = (psrc >= 0) & (psrc != r)
+    table = np.full(2 * S * M, -1)
+    skey = ((gs - s + to) * M + m)[send]
+    table[skey] = np.flatnonzero(send)
+    pp = table[(gs * M + m)[cons]]  # producer (index into k) of each consumer's message
+    c_link = (psrc * P + r)[cons]
+    nl = P * P
+    if (np.bincount(skey, minlength=2 * S * M) > 1).any() or (pp < 0).any() or \
+            (np.bincount((r * P + pto)[send], minlength=nl) != np.bincount(c_link, minlength=nl)).any():
+        return _insert_comm_general(al) if general else None
+    o = np.argsort(c_link.astype(np.int16) if nl < 32768 else c_link, kind="stable")
+    lo, po = c_link[o], pp[o]
+    if ((lo[1:] == lo[:-1]) & (po[1:] <= po[:-1])).any():
+        return _insert_comm_general(al) if general else None
+    n = len(op)
+    keep = np.zeros((n, 3), dtype=bool)
+    keep[:, 1] = True
+    keep[k, 0], keep[k, 2] = cons, send
+    fwd = gs < S
+    out = []
+    for field, recv_v, send_v in ((op, np.where(fwd, aa.RECV_F, aa.RECV_B), np.where(fwd, aa.SEND_F, aa.SEND_B)),
+                                  (st, s, s), (mb, m, m), (A.peer, psrc, pto)):
+        slots = np.empty((n, 3), dtype=field.dtype)
+        slots[:, 1] = field
+        slots[k, 0], slots[k, 2] = recv_v, send_v
+        out.append(slots[keep])
+    counts = np.diff(A.offsets) + np.bincount(r, weights=cons.astype(np.int64) + send, minlength=P).astype(np.int64)
+    return aa.ActionArrays.build(*out, counts)
+
+
+def _insert_comm_general(al: ActionList) -> Any:
+    """:func:`_insert_comm_arrays` for any FIFO pattern (early receives)."""
     from hexicore import action_arrays as aa
 
     A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches

@@ -15,6 +15,12 @@ lists held as :class:`hexicore.action_arrays.ActionArrays`:
    A fixed point with every compute duration positive cannot contain a cycle, so it proves the
    lists finish (no deadlock) and equals the event simulation's times.
 
+Lists carrying the shared comm pass's common-case communication (each SEND right after its
+producer, each RECV right before its consumer, per link in send order) have the same times as
+their compute part: they are checked and timed through it — the compute part the pass recorded
+(``insert_comm`` output), or else the list's own compute part after checking that the pass
+rebuilds exactly these lists. Other comm placements get their own receive edges.
+
 Anything else — a defect, a REDUCE that is not in a rank's tail, a SEND not directly after its
 producer's compute block, zero durations, no convergence — returns None and the caller runs the
 object simulator, which names the defect (rank, position, action).
@@ -54,6 +60,19 @@ def _layout(al: ActionList) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
 
 def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
     """Checks and the timing-free structure of the compute graph (module docstring)."""
+    if comm:  # the comm pass's own common-case lists: same checks and times as their compute part
+        from hexicore.comm import _insert_comm_arrays
+
+        base = al.__dict__.get("_comm_base")
+        if base is None:
+            base = al.compute_only()
+            canon = _insert_comm_arrays(base, general=False)
+            base = base if canon is not None and _same(canon, al.arrays) else None
+        if base is not None:
+            key = "_fast_graph_False"
+            if key not in base.__dict__:
+                object.__setattr__(base, key, _graph(base, False))
+            return base.__dict__[key]
     A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches
     lay = _layout(al)
     if lay is None or len(al.stage_rank) != S or len(A.offsets) != P + 1:
@@ -158,6 +177,11 @@ def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
     return g
 
 
+def _same(a: aa.ActionArrays, b: aa.ActionArrays) -> bool:
+    return len(a) == len(b) and all(np.array_equal(getattr(a, f), getattr(b, f))
+                                    for f in ("offsets", "op", "stage", "mb", "peer"))
+
+
 def _recv_edges(op, st, mb, peer, rank, idx, isC, nid_of, posF, posG, prev, nxt, s2r, P, S, M, L) -> dict:
     """Comm checks and one edge per RECV: (node before the matching SEND) -> (next compute node)."""
     bad = {"bad": True}
@@ -194,24 +218,27 @@ def _recv_edges(op, st, mb, peer, rank, idx, isC, nid_of, posF, posG, prev, nxt,
         if (posR[((kind * S + st[mask]) * M + mb[mask])[cross]] > idx[mask][cross]).any():
             return bad
     # send time = end of the last compute before the SEND, with no RECV in between
-    lastC = np.maximum.accumulate(np.where(isC, idx, -1))
-    lastR = np.maximum.accumulate(np.where(rcv, idx, -1))
+    cc, cr, cidx = np.cumsum(isC), np.cumsum(rcv), np.flatnonzero(isC)
     sidx = idx[snd]
-    if (lastR[sidx] > lastC[sidx]).any():
+    lastC = cidx[cc[sidx] - 1]  # a producer precedes every SEND (checked above)
+    if (cr[sidx] != cr[lastC]).any():
         return bad
-    src_node = nid_of[lastC[sidx]][so]  # per RECV (in link order): the sender's node
+    src_node = nid_of[lastC][so]  # per RECV (in link order): the sender's node
     # target: next compute on the receiver's rank, else its end node
-    nextC = np.minimum.accumulate(np.where(isC, idx, len(op))[::-1])[::-1]
     ridx = idx[rcv][ro]
     rrank = rr[ro]
-    nc = nextC[ridx]
-    ok = nc < len(op)
-    ok[ok] = rank[nc[ok]] == rrank[ok]
+    nc = cidx[np.minimum(cc[ridx], len(cidx) - 1)] if len(cidx) else ridx
+    ok = (nc > ridx) & (rank[nc] == rrank)
     ends = np.bincount(rank[isC], minlength=P)
-    tgt = np.where(ok, nid_of[np.minimum(nc, len(op) - 1)], rrank * L + ends[rrank])
-    order = np.argsort(tgt, kind="stable")
-    return {"e_src": src_node[order], "e_tgt": tgt[order], "e_from": (s_link[so] // P)[order],
-            "e_to": (s_link[so] % P)[order]}
+    tgt = np.where(ok, nid_of[nc], rrank * L + ends[rrank])
+    # a RECV right before its consumer, of a SEND right after its producer, is the chain edge
+    # producer -> consumer, which the chain sweep already applies: keep only the other edges
+    prod = np.where(fwd, posF[s * M + m], posG[s * M + m])[so]
+    cons = np.where(rfwd, posF[rs * M + rm], posG[rs * M + rm])[ro]
+    keep = ~((lastC[so] == prod) & ok & (nc == cons))
+    order = np.argsort(tgt[keep], kind="stable")
+    return {"e_src": src_node[keep][order], "e_tgt": tgt[keep][order], "e_from": (s_link[so] // P)[keep][order],
+            "e_to": (s_link[so] % P)[keep][order]}
 
 
 def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | None:
@@ -239,20 +266,14 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
     T = np.append(d, 0.0)  # ends, lower bounds: every node starts at 0 or later
     Tv = T[:N].reshape(P, L)
 
-    def rank_pass(lo: int, hi: int, e_sel: Any) -> float:
-        sub, dsub = Tv[:, lo:hi], d2[:, lo:hi]
-        Ds = np.cumsum(dsub, axis=1)
-        x = sub - dsub
-        if comm and e_sel is not None:
-            es, et, ed = e_sel
-            if len(et):
-                arr = T[es] + ed
-                starts = np.flatnonzero(np.r_[True, et[1:] != et[:-1]])
-                tg = et[starts]
-                emax = np.maximum.reduceat(arr, starts)
-                xr, xc = tg // L, tg % L - lo
-                x[xr, xc] = np.maximum(x[xr, xc], emax)
-        y = x - (Ds - dsub)
+    def rank_pass(lo: int, hi: int, Ds: np.ndarray, e_sel: Any) -> float:
+        sub = Tv[:, lo:hi]
+        y = sub - Ds
+        if e_sel is not None:  # arrivals of early receives: start >= arrival
+            es, ed, starts, flat, Dprev = e_sel
+            emax = np.maximum.reduceat(T[es] + ed, starts) - Dprev
+            yf = y.reshape(-1)
+            yf[flat] = np.maximum(yf[flat], emax)
         if lo > 0:
             y[:, 0] = np.maximum(y[:, 0], Tv[:, lo - 1])
         t = Ds + np.maximum.accumulate(y, axis=1)
@@ -271,12 +292,21 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
             T[ids] = np.maximum(Tc, t)
         return ch
 
-    def e_window(lo: int, hi: int) -> Any:
-        if not comm:
-            return None
+    def window(lo: int, hi: int) -> tuple[np.ndarray, Any]:
+        """Prefix sums of the columns [lo, hi) and the receive edges into them (grouped by target)."""
+        Ds = np.cumsum(d2[:, lo:hi], axis=1)
+        if not comm or not len(e_tgt):
+            return Ds, None
         c = e_tgt % L
         sel = (c >= lo) & (c < hi)
-        return e_src[sel], e_tgt[sel], e_del[sel]
+        if not sel.any():
+            return Ds, None
+        es, et, ed = e_src[sel], e_tgt[sel], e_del[sel]
+        starts = np.flatnonzero(np.r_[True, et[1:] != et[:-1]])
+        tg = et[starts]
+        flat = (tg // L) * (hi - lo) + tg % L - lo
+        Dprev = (Ds - d2[:, lo:hi]).reshape(-1)[flat]
+        return Ds, (es, ed, starts, flat, Dprev)
 
     M = al.micro_batches
     step = max(P, 1)
@@ -285,13 +315,13 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
         lo, hi = int(g["mb_lo"][m0:m1].min(initial=L)), int(g["mb_hi"][m0:m1].max(initial=0))
         if hi <= lo:
             continue
-        ew = e_window(lo, hi)
+        Ds, ew = window(lo, hi)
         for _ in range(200):
-            if max(chain_pass(m0, m1), rank_pass(lo, hi, ew)) <= tol:
+            if max(chain_pass(m0, m1), rank_pass(lo, hi, Ds, ew)) <= tol:
                 break
-    ew = e_window(0, L)
+    Ds, ew = window(0, L)
     for _ in range(1000):
-        if max(chain_pass(0, M), rank_pass(0, L, ew)) <= tol:
+        if max(chain_pass(0, M), rank_pass(0, L, Ds, ew)) <= tol:
             break
     else:
         return None

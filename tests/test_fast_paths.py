@@ -63,6 +63,32 @@ def test_array_simulator_equals_the_event_simulator(sched):
                 assert got.peak_activations == want.peak_activations
 
 
+def delayed_sends(al: ActionList) -> ActionList:
+    """Each SEND moved after the compute that follows it (valid, not what the comm pass emits)."""
+    out = []
+    for acts in al.actions:
+        acts = list(acts)
+        for k in range(len(acts) - 1):
+            if acts[k].op.startswith("SEND") and acts[k + 1].is_compute:
+                acts[k], acts[k + 1] = acts[k + 1], acts[k]
+        out.append(tuple(acts))
+    return ActionList(al.schedule, al.ranks, al.stages, al.micro_batches, al.stage_rank, tuple(out),
+                      al.chains, al.mb_chain)
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
+def test_array_simulator_on_hand_placed_comm(sched):
+    """Lists whose SEND/RECV are not the comm pass's: the array path's receive edges."""
+    rng = random.Random(9)
+    for P, M in GRID:
+        lists = delayed_sends(insert_comm(sched.order(ScheduleSpec(P, M))))
+        t = random_timing(rng, lists, P)
+        want = simulate(lists, t, comm=True, fast=False)
+        got = simulate_arrays(arrays_backed(lists), t, True)
+        assert got is not None and got.makespan == pytest.approx(want.makespan, rel=1e-12), (P, M)
+        assert got.busy == pytest.approx(want.busy, rel=1e-12) and got.peak_activations == want.peak_activations
+
+
 def test_big_hanayo_stays_arrays_and_matches():
     """A list above the size threshold: built, comm-inserted, validated and simulated as arrays,
     with the same result as the event simulator."""

@@ -1,5 +1,6 @@
 """Bench: bubble ratios of every schedule against the papers' closed forms, and the speed of
-build + validate + simulate (issue 5 "exact checks" and "speed"). Writes bench/out/schedules.md.
+build + validate + simulate (issue 5 "exact checks" and "speed"). Writes bench/out/schedules.md and
+the ``## Schedules`` section of docs/results.md (only that section).
 
     python bench/schedules.py [--big P W M]     # default big case: P=64, W=8, M=512
 """
@@ -47,20 +48,51 @@ def others_table() -> list[str]:
     return rows
 
 
-def speed(P: int, W: int, M: int) -> list[str]:
-    t0 = time.perf_counter()
+def speed(P: int, W: int, M: int) -> tuple[str, dict[str, float]]:
+    """Wall and CPU seconds of build (order), comm pass, validate and simulate for hanayo."""
+    wall, cpu = [time.perf_counter()], [time.process_time()]
+
+    def tick() -> None:
+        wall.append(time.perf_counter())
+        cpu.append(time.process_time())
+
     al = Hanayo(waves=W).order(ScheduleSpec(P, M))
-    t1 = time.perf_counter()
+    tick()
     full = insert_comm(al)
-    t2 = time.perf_counter()
+    tick()
     validate_actions(full, comm=True)
-    t3 = time.perf_counter()
+    tick()
     res = simulate(full)
-    t4 = time.perf_counter()
-    n = sum(len(a) for a in full.actions)
-    return [f"hanayo P={P} W={W} M={M}: {n} actions; order {t1 - t0:.2f} s, comm pass {t2 - t1:.2f} s, "
-            f"validate {t3 - t2:.2f} s, simulate {t4 - t3:.2f} s, total {t4 - t0:.2f} s "
-            f"(bubble {res.bubble_ratio:.4f})"]
+    tick()
+    n = full.n_actions
+    w = [b - a for a, b in zip(wall, wall[1:])]
+    c = [b - a for a, b in zip(cpu, cpu[1:])]
+    row = (f"| {P} | {W} | {M} | {n} | {w[0]:.2f} | {w[1]:.2f} | {w[2]:.2f} | {w[3]:.2f} | **{sum(w):.2f}** "
+           f"| {sum(c):.2f} | {res.bubble_ratio:.4f} |")
+    return row, {"total": sum(w), "cpu": sum(c)}
+
+
+SPEED_HEAD = ["| P | W | M | actions | build s | comm s | validate s | simulate s | total s (wall) | total s (CPU) "
+              "| bubble |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+BEFORE = ("Before the array paths (object lists, event simulator; commit 77d6534): P=64, W=8, M=512 took "
+          "build 2.95 s, comm 9.70 s, validate 15.73 s, simulate 17.62 s, total 46.01 s; P=16, W=4, M=64 0.55 s.")
+
+
+def write_results(rows: list[str], path: Path) -> None:
+    """Replace (or add) the ``## Schedules`` section of docs/results.md, leaving the others alone."""
+    section = ["## Schedules", "", "Hanayo build + comm pass + validate + simulate (`python bench/schedules.py`; "
+               "target: P=64, W=8, M=512 under 2 s). Wall clock on the shared 2-core machine; CPU is this "
+               "process's time.", "", *SPEED_HEAD, *rows, "", BEFORE, ""]
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == "## Schedules"), None)
+    if start is None:
+        lines = lines + ([""] if lines and lines[-1].strip() else []) + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines = lines[:start] + section + lines[end:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
 
 
 def main() -> None:
@@ -68,13 +100,17 @@ def main() -> None:
     ap.add_argument("--big", nargs=3, type=int, default=(64, 8, 512), metavar=("P", "W", "M"))
     args = ap.parse_args()
     lines = ["# pipeline schedules: bubbles and speed", "", "T_B = 2 T_F, T_C = 0.", "", "## Hanayo", "",
-             *hanayo_table(), "", "## Other schedules", "", *others_table(), "", "## Speed", ""]
+             *hanayo_table(), "", "## Other schedules", "", *others_table(), "", "## Speed", "", *SPEED_HEAD]
+    rows = []
     for P, W, M in ((16, 4, 64), (32, 8, 128), tuple(args.big)):
-        lines += speed(P, W, M)
-        print(lines[-1], flush=True)
+        row, _ = speed(P, W, M)
+        rows.append(row)
+        print(row, flush=True)
+    lines += rows + ["", BEFORE]
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "schedules.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_results(rows, Path(__file__).resolve().parent.parent / "docs" / "results.md")
     print("\n".join(lines))
 
 

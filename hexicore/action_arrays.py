@@ -46,8 +46,8 @@ class ActionArrays:
     def build(cls, op: Sequence[int] | np.ndarray, stage, mb, peer, counts: Sequence[int]) -> "ActionArrays":
         off = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(np.asarray(counts, dtype=np.int64), out=off[1:])
-        return cls(np.asarray(op, dtype=np.int8), np.asarray(stage, dtype=np.int64), np.asarray(mb, dtype=np.int64),
-                   np.asarray(peer, dtype=np.int64), off)
+        return cls(np.asarray(op, dtype=np.int8), np.asarray(stage, dtype=np.int32), np.asarray(mb, dtype=np.int32),
+                   np.asarray(peer, dtype=np.int32), off)
 
     @classmethod
     def from_lists(cls, lists: Iterable[Iterable[Action]]) -> "ActionArrays":
@@ -88,7 +88,7 @@ def tile_blocks(block: ActionArrays, block_mbs: int, repeats: int, rest: ActionA
     for r in range(P):
         a, b = block.offsets[r], block.offsets[r + 1]
         n = b - a
-        shift = np.repeat(np.arange(repeats, dtype=np.int64) * block_mbs, n)
+        shift = np.repeat(np.arange(repeats, dtype=np.int32) * block_mbs, n)
         parts_op.append(np.tile(block.op[a:b], repeats))
         parts_st.append(np.tile(block.stage[a:b], repeats))
         parts_mb.append(np.tile(block.mb[a:b], repeats) + shift)
@@ -100,5 +100,5 @@ def tile_blocks(block: ActionArrays, block_mbs: int, repeats: int, rest: ActionA
             parts_mb.append(rest.mb[x:y] + repeats * block_mbs)
             c += y - x
         counts.append(c)
-    op, st, mb = (np.concatenate(p) if p else np.zeros(0, np.int64) for p in (parts_op, parts_st, parts_mb))
-    return ActionArrays.build(op, st, mb, np.full(len(op), -1, dtype=np.int64), counts)
+    op, st, mb = (np.concatenate(p) if p else np.zeros(0, np.int32) for p in (parts_op, parts_st, parts_mb))
+    return ActionArrays.build(op, st, mb, np.full(len(op), -1, dtype=np.int32), counts)

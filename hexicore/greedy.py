@@ -79,6 +79,7 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         heapq.heappush(pending[r], (t, cls, mb, s, op))
         wake(r, t)
 
+    push, pop = heapq.heappush, heapq.heappop
     for mb, c in enumerate(mb_chain):
         s0 = chains[c][0]
         ready(stage_rank[s0], 0.0, CF, mb, s0, "F")
@@ -120,12 +121,19 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         out[r].append((op, s, mb))
         left -= 1
         c = mb_chain[mb]
+        # successors become ready (inlined ``ready``/``wake``: the hot loop of big schedules)
         if op == "F":
             n = nxt[c, s]
             if n is None:
-                ready(r, end, CB, mb, s, bop)
+                q, tq, item = r, end, (end, CB, mb, s, bop)
             else:
-                ready(stage_rank[n], end + links[r][stage_rank[n]], CF, mb, n, "F")
+                q = stage_rank[n]
+                tq = end + links[r][q]
+                item = (tq, CF, mb, n, "F")
+            push(pending[q], item)
+            seq += 1
+            fq = free[q]
+            push(events, (tq if tq > fq else fq, seq, q))
         elif op in "BI":
             if entry[c, r] == s:
                 admitted[r] -= 1
@@ -134,6 +142,12 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
                 ready(r, end, 2, mb, s, "W")
             p = prev[c, s]
             if p is not None:
-                ready(stage_rank[p], end + links[r][stage_rank[p]], CB, mb, p, bop)
-        wake(r, end)
+                q = stage_rank[p]
+                tq = end + links[r][q]
+                push(pending[q], (tq, CB, mb, p, bop))
+                seq += 1
+                fq = free[q]
+                push(events, (tq if tq > fq else fq, seq, q))
+        seq += 1
+        push(events, (end, seq, r))
     return out

@@ -30,7 +30,8 @@ from hexicore.actions import ActionList
 from hexicore.greedy import greedy_tuples
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
-from hexicore.simulate import compile_lists, makespan, simulate
+from hexicore.simulate import FAST_MIN, compile_lists, makespan, simulate
+from hexicore.simulate_fast import simulate_arrays
 
 
 #: above this many compute tasks (2 S M) only the block order is built for M > P (speed)
@@ -42,6 +43,15 @@ def _arrays(rows: list[list[tuple[str, int, int]]]) -> ActionArrays:
     flat = [t for row in rows for t in row]
     ops, stages, mbs = zip(*flat) if flat else ((), (), ())
     return ActionArrays.build([CODE[o] for o in ops], stages, mbs, [-1] * len(flat), [len(r) for r in rows])
+
+
+def _makespan(al: ActionList, timing) -> float:
+    """Makespan of a candidate order: the array simulator for big lists, else the fast pass."""
+    if al.n_actions >= FAST_MIN:
+        res = simulate_arrays(al, timing, False)
+        if res is not None:
+            return res.makespan
+    return makespan(al, timing)
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -87,7 +97,7 @@ class Hanayo(ActionSchedule):
         best = None
         for arrays in candidates:
             al = build(self.name, {"waves": waves}, spec, s2r, arrays)
-            t = makespan(al, timing) if len(candidates) > 1 else 0.0
+            t = _makespan(al, timing) if len(candidates) > 1 else 0.0
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)
         return best[1]

@@ -4,9 +4,9 @@ cluster CP-SAT proves optimal within a time limit.
     python bench/cpsat.py [--time-limit 60] [--workers 2] [--results docs/results.md]
 
 Gap table: for the paper case (Llama-2 13B), a 3-machine mix and a 16-GPU heterogeneous
-cluster, hexiscale's plan is estimated by the cost model; CP-SAT then runs warm-started from it
-(the hint only steers the search: the bound does not depend on it) and reports its best plan,
-status and proven lower bound. ``gap to best`` = hexiscale / CP-SAT best - 1; ``gap to bound``
+cluster, hexiscale's plan is estimated by the cost model; CP-SAT runs once cold (its greedy start)
+and once warm-started from hexiscale's plan (a hint only steers the search: bounds do not depend
+on it) and reports its best plan, status and proven lower bound. ``gap to best`` = hexiscale / CP-SAT best - 1; ``gap to bound``
 = hexiscale / bound - 1 is the most hexiscale can be above the optimum (of CP-SAT's plan space).
 
 Scaling table: clusters of growing size, CP-SAT cold (greedy hint only); the largest with status
@@ -83,10 +83,13 @@ def gap_rows(limit: float, workers: int, tmp: Path) -> list[list[str]]:
         hx, hx_s = run([*base, "solver=hexiscale"])
         warm = tmp / "hexiscale.json"
         hx.save(warm)
-        cp, cp_s = run([*base, "solver=cpsat", f"solver.time_limit={limit}", f"solver.workers={workers}",
-                        f"warm_start={warm}"])
+        solver = [*base, "solver=cpsat", f"solver.time_limit={limit}", f"solver.workers={workers}"]
+        cold, _ = run(solver)
+        cp, cp_s = run([*solver, f"warm_start={warm}"])
         h, b, lb = hx.estimate["iteration_s"], cp.estimate["iteration_s"], cp.solver["bound"]
-        rows.append([label, f"{len(hx.cluster.devices)}", f"{h:.3f} s ({hx_s:.1f} s)", f"{b:.3f} s",
+        lb = max(lb, cold.solver["bound"])  # both are proven bounds of the same problem
+        rows.append([label, f"{len(hx.cluster.devices)}", f"{h:.3f} s ({hx_s:.1f} s)",
+                     f"{cold.estimate['iteration_s']:.3f} s ({cold.solver['status']})", f"{b:.3f} s",
                      cp.solver["status"], f"{lb:.3f} s", f"{cp_s:.0f} s", f"{100 * (h / b - 1):+.2f}%",
                      f"{100 * (h / lb - 1):.2f}%"])
         print(" | ".join(rows[-1]), flush=True)
@@ -119,13 +122,14 @@ def section(gap, scale, largest, limit: float, workers: int) -> str:
     return f"""{HEADING}
 
 `python bench/cpsat.py --time-limit {limit:g} --workers {workers}` (CP-SAT {_ortools()}, {workers} workers,
-{limit:g} s per run; the analytic cost model, 1F1B, micro-batch 1). CP-SAT is warm-started from
-hexiscale's plan; its bound does not depend on the start. *gap to best* = hexiscale / CP-SAT best - 1;
+{limit:g} s per run; the analytic cost model, 1F1B, micro-batch 1). *CP-SAT cold* starts from its own
+greedy plan; *CP-SAT best (warm)* is warm-started from hexiscale's plan; the bound (the larger of the
+two runs' proven bounds) does not depend on the start. *gap to best* = hexiscale / CP-SAT best - 1;
 *gap to bound* = hexiscale / bound - 1, the most hexiscale can lie above the optimum of CP-SAT's plan
 space (stages inside one machine, power-of-two TP).
 
-{table(["case", "GPUs", "hexiscale (its time)", "CP-SAT best", "status", "CP-SAT bound", "CP-SAT time",
-        "gap to best", "gap to bound"], gap)}
+{table(["case", "GPUs", "hexiscale (its time)", "CP-SAT cold", "CP-SAT best (warm)", "status", "bound",
+        "CP-SAT time", "gap to best", "gap to bound"], gap)}
 
 Largest cluster proven optimal within {limit:g} s on {workers} workers (Llama-2 7B, global batch 16,
 A800 / RTX 4090 / RTX 3090 mixes at 2 GB/s): **{largest if largest is not None else "none"} GPUs**.

@@ -8,6 +8,8 @@ use sit idle)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -136,14 +138,19 @@ TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.globa
          "seed=2", "runtime.progress=false"]
 
 
-def test_cli_pipeline_run_then_parallel_none_resumes_its_checkpoint(tmp_path, capsys):
-    """``hexicore train`` on 2 launched ranks writes the §7 outputs and a checkpoint; the
-    single-process reference resumed from that checkpoint ends where the pipeline ended."""
+def test_cli_under_torchrun_then_parallel_none_resumes_its_checkpoint(tmp_path, capsys):
+    """The ``hexicore train`` entry point run by torchrun (as on several machines: each rank is a
+    worker, no second launch) writes the §7 outputs and a checkpoint; the single-process reference
+    resumed from that checkpoint ends where the pipeline ended. (``hexicore train`` launching its
+    own workers through ``elastic_launch`` is the path of every other test here.)"""
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    code, io = cli([*TRAIN, "schedule=hanayo", "schedule.waves=1", "pipeline.ranks=2", "train.checkpoint_every=2",
-                    f"out={a}"], capsys)
-    assert code == 0, io.err
-    assert "trained 4 steps (hanayo, 2 ranks)" in io.out
+    script = Path(sys.executable).with_name("hexicore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train",
+           *TRAIN, "schedule=hanayo", "schedule.waves=1", "pipeline.ranks=2", "train.checkpoint_every=2", f"out={a}",
+           f"hydra.run.dir={tmp_path / 'hydra'}", "hydra.output_subdir=null"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "trained 4 steps (hanayo, 2 ranks)" in run.stdout
     code, io = cli([*TRAIN, "parallel=none", f"out={b}", f"resume={a}"], capsys)
     assert code == 0, io.err
     code, io = cli([*TRAIN, "parallel=none", f"out={c}"], capsys)

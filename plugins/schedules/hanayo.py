@@ -22,6 +22,7 @@ action list's ``schedule`` section.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,17 @@ def _arrays(rows: list[list[tuple[str, int, int]]]) -> ActionArrays:
     flat = [t for row in rows for t in row]
     ops, stages, mbs = zip(*flat) if flat else ((), (), ())
     return ActionArrays.build([CODE[o] for o in ops], stages, mbs, [-1] * len(flat), [len(r) for r in rows])
+
+
+def _greedy_arrays(*args: Any, **kw: Any) -> ActionArrays:
+    """:func:`greedy_tuples` as arrays; the cyclic GC paused meanwhile (~10^5 short-lived tuples)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _arrays(greedy_tuples(*args, **kw))
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _makespan(al: ActionList, timing) -> float:
@@ -89,10 +101,10 @@ class Hanayo(ActionSchedule):
         cap = [self._cap(spec)] * P
         candidates = []
         if M <= P or 2 * len(s2r) * M <= PLAIN_GREEDY_TASKS:
-            candidates.append(_arrays(greedy_tuples(P, s2r, chain, (0,) * M, timing, cap=cap)))
+            candidates.append(_greedy_arrays(P, s2r, chain, (0,) * M, timing, cap=cap))
         if M > P:  # blocks of P micro-batches, one after another on every rank
-            block = _arrays(greedy_tuples(P, s2r, chain, (0,) * P, timing, cap=cap))
-            rest = _arrays(greedy_tuples(P, s2r, chain, (0,) * (M % P), timing, cap=cap)) if M % P else None
+            block = _greedy_arrays(P, s2r, chain, (0,) * P, timing, cap=cap)
+            rest = _greedy_arrays(P, s2r, chain, (0,) * (M % P), timing, cap=cap) if M % P else None
             candidates.append(tile_blocks(block, P, M // P, rest))
         best = None
         for arrays in candidates:

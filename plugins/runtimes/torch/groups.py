@@ -28,10 +28,6 @@ class Groups:
     tp_leader: int
     dp: Any = None
 
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
 
 def build_groups(layout: Layout, rank: int, world: int) -> Groups:
     """Create (collectively) every TP and DP group of ``layout``; return this rank's."""
@@ -44,10 +40,9 @@ def build_groups(layout: Layout, rank: int, world: int) -> Groups:
                 if rank in g.ranks:
                     tp, leader = TPGroup(g.ranks.index(rank), g.tp, handle), g.leader
     if len(layout.pipelines) > 1:
-        first = layout.pipelines[0]
-        for q, g in enumerate(first.groups):
+        for q, g in enumerate(layout.pipelines[0].groups):
             for t in range(g.tp):
-                members = [p.groups[q].ranks[t] for p in layout.pipelines]
+                members = list(layout.dp_peers(Role(0, q, t)))
                 handle = dist.new_group(members) if world > 1 else None
                 if rank in members:
                     dp = handle

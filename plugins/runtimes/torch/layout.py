@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hexicore.actions import Action, ActionList
-from hexicore.errors import HexicoreError, PlanError
+from hexicore.errors import PlanError
 from hexicore.model import ModelSpec
 
 
@@ -69,9 +69,6 @@ class PipelinePart:
         c = self.chain_index(stage)
         pos = self.actions.chains[c].index(stage)
         return tuple(ch[pos] for ch in self.actions.chains)
-
-    def leader_of(self, stage: int) -> int:
-        return self.groups[self.actions.stage_rank[stage]].leader
 
 
 @dataclass(frozen=True)

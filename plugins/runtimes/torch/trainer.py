@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ class RunSpec:
     plan: str | None = None
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def choose_backend(requested: str) -> str:

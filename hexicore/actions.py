@@ -107,6 +107,9 @@ class ActionList:
         if not isinstance(self.__dict__["actions"], tuple):  # ActionArrays: objects built on first read
             object.__setattr__(self, "_arrays", self.__dict__.pop("actions"))
 
+    def __getstate__(self) -> dict[str, Any]:  # pickle without the simulator's caches
+        return {k: v for k, v in self.__dict__.items() if not k.startswith(("_fast_graph", "_comm_base"))}
+
     def __getattr__(self, name: str) -> Any:
         if name == "actions" and "_arrays" in self.__dict__:
             acts = self.__dict__["_arrays"].to_lists()

@@ -18,6 +18,9 @@ message that its sender posted before the one the consumer needs. A runtime may 
 the ``irecv`` of the next ``RECV`` right after the previous compute, as Hanayo's runtime does)
 and wait on it at the ``RECV``'s position; it must wait on its ``isend`` handles before
 ``STEP``.
+
+Large lists (``FAST_MIN`` actions or more) take an array pass with the same output
+(:mod:`hexicore.action_arrays`; tests/test_fast_paths.py checks the equality on a grid).
 """
 
 from __future__ import annotations
@@ -147,18 +150,21 @@ def _insert_comm_arrays(al: ActionList, general: bool = True) -> Any:
     if ((lo[1:] == lo[:-1]) & (po[1:] <= po[:-1])).any():
         return _insert_comm_general(al) if general else None
     n = len(op)
-    keep = np.zeros((n, 3), dtype=bool)
-    keep[:, 1] = True
-    keep[k, 0], keep[k, 2] = cons, send
+    grow = np.zeros(n, dtype=np.int64)
+    grow[k] = cons.view(np.int8) + send.view(np.int8)
+    newk = np.cumsum(grow)  # action i moves to i + (inserted up to i) - (its own SEND)
+    newk += np.arange(n)
+    ks, kc = k[send], k[cons]
+    newk[ks] -= 1
+    sd, rd = newk[ks] + 1, newk[kc] - 1
     fwd = gs < S
     out = []
-    for field, recv_v, send_v in ((op, np.where(fwd, aa.RECV_F, aa.RECV_B), np.where(fwd, aa.SEND_F, aa.SEND_B)),
-                                  (st, s, s), (mb, m, m), (A.peer, psrc, pto)):
-        slots = np.empty((n, 3), dtype=field.dtype)
-        slots[:, 1] = field
-        slots[k, 0], slots[k, 2] = recv_v, send_v
-        out.append(slots[keep])
-    counts = np.diff(A.offsets) + np.bincount(r, weights=cons.astype(np.int64) + send, minlength=P).astype(np.int64)
+    for field, recv_v, send_v in ((op, np.where(fwd[cons], aa.RECV_F, aa.RECV_B), np.where(fwd[send], aa.SEND_F, aa.SEND_B)),
+                                  (st, s[cons], s[send]), (mb, m[cons], m[send]), (A.peer, psrc[cons], pto[send])):
+        o = np.empty(n + len(ks) + len(kc), dtype=field.dtype)
+        o[newk], o[rd], o[sd] = field, recv_v, send_v
+        out.append(o)
+    counts = np.diff(A.offsets) + np.bincount(r, weights=grow[k], minlength=P).astype(np.int64)
     return aa.ActionArrays.build(*out, counts)
 
 

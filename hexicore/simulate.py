@@ -17,6 +17,8 @@ peak in-flight activations per rank in units of one micro-batch through the rank
 (a stage holds ``1 / (stages of its chain on the rank)`` of that; released by ``B`` or ``I``),
 and a timeline. Any defect (order, matching, deadlock) raises :class:`ScheduleError` naming the
 rank, the position and the action; :func:`hexicore.validate_actions.validate_actions` builds on it.
+Lists of ``FAST_MIN`` actions or more are first run by :mod:`hexicore.simulate_fast` (numpy
+sweeps, same results; it defers to this event loop on any defect, so errors read the same).
 """
 
 from __future__ import annotations

@@ -45,10 +45,11 @@ pipeline: in our cost model one layer's sync across the 1 GB/s Ethernet costs ab
 computing that layer for several micro-batches, while the 1F1B bubble of a 5-stage pipeline over
 24 micro-batches is only (P - 1) / (n_mb + P - 1) = 14%, and with recomputation the in-flight
 activations are one B_mb*S*H tensor per layer and micro-batch, so one pipeline fits even with
-the 24 GB cards at its front (they hold the most micro-batches under 1F1B). The paper's simulator prices the 3090
-at 80 TFLOPS (we use the whitepaper's 71), applies empirical factors to pipeline and DP time
-(1.8x and 1.1x in HexiScale's code) and does not align layers across pipelines (its case study
-pays 5.07 s of cross-machine DP); each of these moves the balance between the two shapes."""
+the 24 GB cards at its front (they hold the most micro-batches under 1F1B). The paper's
+simulator prices the 3090 at 80 TFLOPS (we use the whitepaper's 71), applies empirical factors
+to pipeline and DP time (1.8x and 1.1x in HexiScale's code) and does not align layers across
+pipelines (its case study pays 5.07 s of cross-machine DP); each of these moves the balance
+between the two shapes."""
 SOLVERS = [
     ("hexiscale", "hexiscale", []),
     ("megatron", "megatron", []),

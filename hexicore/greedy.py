@@ -47,12 +47,17 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
     dur = timing.durations()
     links = [[timing.link(a, b) for b in range(ranks)] for a in range(ranks)]
     CF, CB = (0, 1) if forward_first else (1, 0)  # priority classes of F and B/I (W is 2)
-    prev, nxt, entry = {}, {}, {}
+    n_st = max((s for chain in chains for s in chain), default=-1) + 1
+    # per chain: stage -> previous / next stage, rank -> first stage there (lists: the hot loop)
+    prev = [[None] * n_st for _ in chains]
+    nxt = [[None] * n_st for _ in chains]
+    entry = [[None] * ranks for _ in chains]
     for c, chain in enumerate(chains):
         for i, s in enumerate(chain):
-            prev[c, s] = chain[i - 1] if i else None
-            nxt[c, s] = chain[i + 1] if i + 1 < len(chain) else None
-            entry.setdefault((c, stage_rank[s]), s)
+            prev[c][s] = chain[i - 1] if i else None
+            nxt[c][s] = chain[i + 1] if i + 1 < len(chain) else None
+            if entry[c][stage_rank[s]] is None:
+                entry[c][stage_rank[s]] = s
     cap = list(cap) if cap is not None else [float("inf")] * ranks
     bop = "I" if split_backward else "B"
     free = [0.0] * ranks
@@ -95,7 +100,7 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         pq, av, nf = pending[r], avail[r], newf[r]
         while pq and pq[0][0] <= t:
             _, cls, mb, s, op = heapq.heappop(pq)
-            if op == "F" and entry[mb_chain[mb], r] == s:
+            if op == "F" and entry[mb_chain[mb]][r] == s:
                 heapq.heappush(nf, (mb, s))
             elif op == "W":
                 heapq.heappush(wq[r], (mb, s))
@@ -123,7 +128,7 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         c = mb_chain[mb]
         # successors become ready (inlined ``ready``/``wake``: the hot loop of big schedules)
         if op == "F":
-            n = nxt[c, s]
+            n = nxt[c][s]
             if n is None:
                 q, tq, item = r, end, (end, CB, mb, s, bop)
             else:
@@ -135,12 +140,12 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
             fq = free[q]
             push(events, (tq if tq > fq else fq, seq, q))
         elif op in "BI":
-            if entry[c, r] == s:
+            if entry[c][r] == s:
                 admitted[r] -= 1
                 released[r] += 1
             if op == "I":
                 ready(r, end, 2, mb, s, "W")
-            p = prev[c, s]
+            p = prev[c][s]
             if p is not None:
                 q = stage_rank[p]
                 tq = end + links[r][q]

@@ -355,7 +355,10 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
         except HexicoreError:
             continue  # that solver finds nothing that fits: no seed from it
-        out.append(relayout(ctx, plan, f"seed:{name}", keep_layers=True))
+        est = ctx.cost.estimate(plan)  # the seed itself, exactly as its solver made it
+        out.append(Candidate(est.iteration_s if est.fits else INF, plan.with_solver({}), est, f"seed:{name}",
+                             info={"d_dp": len(plan.pipelines)}))
+        out.append(relayout(ctx, plan, f"seed:{name} +batches", keep_layers=True))
         out.append(relayout(ctx, plan, f"seed:{name} +layers", keep_layers=False))
     if p.warm_start is not None:
         out.append(relayout(ctx, p.warm_start, "warm_start", keep_layers=True))

@@ -117,8 +117,8 @@ def _insert_comm_arrays(al: ActionList, general: bool = True) -> Any:
 
     A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches
     op, st, mb = A.op, A.stage, A.mb
-    rank = A.rank_of()
-    s2r = np.append(np.asarray(al.stage_rank, dtype=np.int64), -1)  # index -1: no stage
+    i32 = np.int32  # values stay 32-bit: the pass touches ~10^6-10^7 entries, memory is the cost
+    s2r = np.append(np.asarray(al.stage_rank, dtype=i32), -1)  # index -1: no stage
     prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
     for c, chain in enumerate(al.chains):
         ch = np.asarray(chain, dtype=np.int64)
@@ -126,45 +126,59 @@ def _insert_comm_arrays(al: ActionList, general: bool = True) -> Any:
             return None
         chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
     k = np.flatnonzero((op <= aa.I) & (mb >= 0))
-    s, m, r = st[k], mb[k], rank[k]
+    s, m = st[k], mb[k]
+    r = np.repeat(np.arange(P, dtype=i32), np.diff(A.offsets))[k]
     if len(k) and (s.min() < 0 or s.max() >= S or m.max() >= M
                    or (chain_of[s] != np.asarray(al.mb_chain, dtype=np.int64)[m]).any()):
         return None
-    gs = (op[k] != aa.F).astype(np.int64) * S + s  # kind (0 F, 1 B/I) and stage
-    to = np.concatenate((nxt, prev))[gs]
-    src = np.concatenate((prev, nxt))[gs]
-    pto, psrc = s2r[to], s2r[src]
+    g = (op[k] != aa.F).view(np.int8)  # kind: 0 F, 1 B/I
+    gs = g.astype(np.intp)
+    gs *= S
+    gs += s
+    to = np.concatenate((nxt, prev)).astype(i32)[gs]
+    pto = s2r[to]
     send = (pto >= 0) & (pto != r)
+    psrc = s2r[np.concatenate((prev, nxt)).astype(i32)[gs]]
     cons = (psrc >= 0) & (psrc != r)
-    table = np.full(2 * S * M, -1)
-    skey = ((gs - s + to) * M + m)[send]
+    del gs
+    # message key (kind, receiving stage, mb); producer of each consumer's message by key
+    key = lambda kind, stage, mask: (kind[mask].astype(np.int64) * S + stage[mask]) * M + m[mask]  # noqa: E731
+    skey = key(g, to, send)
+    del to
+    table = np.full(2 * S * M, -1, dtype=np.int64)
     table[skey] = np.flatnonzero(send)
-    pp = table[(gs * M + m)[cons]]  # producer (index into k) of each consumer's message
-    c_link = (psrc * P + r)[cons]
+    pp = table[key(g, s, cons)]
+    del table
+    c_link = psrc[cons] * P + r[cons]
     nl = P * P
     if (np.bincount(skey, minlength=2 * S * M) > 1).any() or (pp < 0).any() or \
-            (np.bincount((r * P + pto)[send], minlength=nl) != np.bincount(c_link, minlength=nl)).any():
+            (np.bincount(r[send] * P + pto[send], minlength=nl) != np.bincount(c_link, minlength=nl)).any():
         return _insert_comm_general(al) if general else None
+    del skey
     o = np.argsort(c_link.astype(np.int16) if nl < 32768 else c_link, kind="stable")
     lo, po = c_link[o], pp[o]
+    del o, pp, c_link
     if ((lo[1:] == lo[:-1]) & (po[1:] <= po[:-1])).any():
         return _insert_comm_general(al) if general else None
+    del lo, po
     n = len(op)
-    grow = np.zeros(n, dtype=np.int64)
-    grow[k] = cons.view(np.int8) + send.view(np.int8)
-    newk = np.cumsum(grow)  # action i moves to i + (inserted up to i) - (its own SEND)
-    newk += np.arange(n)
     ks, kc = k[send], k[cons]
+    grow = np.zeros(n, dtype=np.int64)
+    grow[ks] = 1
+    grow[kc] += 1
+    newk = np.cumsum(grow)  # action i moves to i + (inserted up to i) - (its own SEND)
+    counts = np.diff(A.offsets) + np.bincount(r[send], minlength=P) + np.bincount(r[cons], minlength=P)
+    del grow
+    newk += np.arange(n)
     newk[ks] -= 1
     sd, rd = newk[ks] + 1, newk[kc] - 1
-    fwd = gs < S
+    fg, bg = g[cons], g[send]
     out = []
-    for field, recv_v, send_v in ((op, np.where(fwd[cons], aa.RECV_F, aa.RECV_B), np.where(fwd[send], aa.SEND_F, aa.SEND_B)),
+    for field, recv_v, send_v in ((op, np.where(fg, aa.RECV_B, aa.RECV_F), np.where(bg, aa.SEND_B, aa.SEND_F)),
                                   (st, s[cons], s[send]), (mb, m[cons], m[send]), (A.peer, psrc[cons], pto[send])):
         o = np.empty(n + len(ks) + len(kc), dtype=field.dtype)
         o[newk], o[rd], o[sd] = field, recv_v, send_v
         out.append(o)
-    counts = np.diff(A.offsets) + np.bincount(r, weights=grow[k], minlength=P).astype(np.int64)
     return aa.ActionArrays.build(*out, counts)
 
 

@@ -143,7 +143,8 @@ def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
     nodeF, nodeG = np.full(S * M, N), np.full(S * M, N)
     nodeF[pair[isF]], nodeG[pair[isG]] = nid_of[isF], nid_of[isG]
     cm = np.full((M, Lc), N, dtype=np.int64)
-    lf, lt = np.full((M, Lc), -1, dtype=np.int64), np.full((M, Lc), -1, dtype=np.int64)
+    nch = len(al.chains)
+    lf, lt = np.full((nch, Lc), -1, dtype=np.int64), np.full((nch, Lc), -1, dtype=np.int64)  # per chain
     for c, chain in enumerate(al.chains):
         rows = np.flatnonzero(mbc == c)
         if not len(rows) or not len(chain):
@@ -154,9 +155,9 @@ def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
         ids = np.concatenate((nodeF.reshape(S, M)[ch][:, rows], nodeG.reshape(S, M)[ch[::-1]][:, rows])).T
         cm[rows, :2 * k] = ids
         rk = s2r[stages]
-        lf[rows, 1:2 * k] = rk[:-1]
-        lt[rows, 1:2 * k] = rk[1:]
-    g["chain"], g["lf"], g["lt"] = cm, lf, lt
+        lf[c, 1:2 * k] = rk[:-1]
+        lt[c, 1:2 * k] = rk[1:]
+    g["chain"], g["lf"], g["lt"], g["mbc"] = cm, lf, lt, mbc
     g["mb_lo"] = np.where(cm < N, cm % L, L).min(axis=1)
     g["mb_hi"] = np.where(cm < N, cm % L, -1).max(axis=1) + 1
     if comm:
@@ -258,7 +259,9 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
     d2 = d.reshape(P, L)
     cm, lf, lt = g["chain"], g["lf"], g["lt"]
     dext = np.append(d, 0.0)
-    DC = np.cumsum(dext[cm] + np.where(lf >= 0, link[np.maximum(lf, 0), np.maximum(lt, 0)], 0.0), axis=1)
+    DC = dext[cm]
+    DC += np.where(lf >= 0, link[np.maximum(lf, 0), np.maximum(lt, 0)], 0.0)[g["mbc"]]
+    np.cumsum(DC, axis=1, out=DC)
     comm = "e_src" in g
     if comm:
         e_src, e_tgt = g["e_src"], g["e_tgt"]

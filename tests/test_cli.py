@@ -33,6 +33,8 @@ def test_bare_plan_prints_and_writes_valid_plan(tmp_path, capsys, hydra_dir):
     assert data["format"] == "hexicore.plan/1" and data["model"]["name"] == "llama2_13b"
     assert data["cluster"]["name"] == "paper_case" and data["train"]["global_batch"] == 24
     assert data["estimate"]["iteration_s"] > 0 and data["solver"]["name"]
+    png = (tmp_path / "p.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000  # plan.png beside the JSON
 
 
 def test_plan_without_out_writes_into_hydra_dir(tmp_path, capsys, hydra_dir):

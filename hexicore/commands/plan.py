@@ -1,4 +1,5 @@
-"""``hexicore plan``: solve for a plan, print it as a table, write the plan JSON."""
+"""``hexicore plan``: solve for a plan with a progress bar, print it as a table, write the plan
+JSON and ``plan.png`` beside it (the cluster coloured by pipeline, a bar per pipeline)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
 from hexicore import app
+from hexicore.picture import save_plan_picture
 from hexicore.registry import Registry
 from hexicore.report import console, print_plan
 from hexicore.sweep import record
@@ -16,17 +20,22 @@ from hexicore.sweep import record
 def run(cfg: DictConfig) -> int:
     err = console(stderr=True)
     registry = Registry.default()
-    with err.status("planning ...") as status:
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("planning ...", total=1.0)
+
         def progress(message: str, fraction: float) -> None:
-            status.update(f"{message} ({100 * fraction:.0f}%)")
+            bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
 
         plan, warnings = app.solve(cfg, registry, progress)
     out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
     plan.save(out)
+    picture = save_plan_picture(plan, out.with_suffix(".png"))
     print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"plan written to {out}")
+    print(f"plan written to {out} (picture: {picture})")
     est, sol = plan.estimate or {}, plan.solver or {}
     record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
             "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),

@@ -22,7 +22,7 @@ def run(cfg: DictConfig) -> int:
     registry = Registry.default()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("planning ...", total=1.0)
 
         def progress(message: str, fraction: float) -> None:

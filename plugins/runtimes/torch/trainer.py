@@ -73,7 +73,7 @@ def _inject_fault(spec: RunSpec, rank: int, step: int) -> None:
 
 
 class _Progress:
-    """Rich progress bar on rank 0: step, loss, tokens/s."""
+    """Rich progress bar on rank 0 when stderr is a terminal: step, loss, tokens/s."""
 
     def __init__(self, enabled: bool, total: int, done: int, label: str):
         self.bar = None
@@ -125,7 +125,7 @@ def train(spec: RunSpec, rank: int, world: int, device: torch.device) -> dict[st
     step_s = [float(x) for x in ck.get("step_s", [])][:start] if ck else []
     tokens = layout.global_batch * layout.seq_len
     out = Path(spec.out) if spec.out else None
-    bar = _Progress(spec.progress and rank == 0, spec.steps, start, layout.schedule_name)
+    bar = _Progress(spec.progress and rank == 0 and sys.stderr.isatty(), spec.steps, start, layout.schedule_name)
     try:
         for step in range(start, spec.steps):
             _inject_fault(spec, rank, step)

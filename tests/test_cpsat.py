@@ -226,6 +226,16 @@ def test_fix_groups_keeps_groups_and_is_exact():
     assert plan.solver["bound"] <= best
 
 
+def test_warm_start_of_another_model_is_ignored():
+    mk_cluster, mk_model, gb = CASES["pipeline-a800x2+4090x2"]
+    p = problem(mk_cluster(), mk_model(), gb)
+    other = problem(p.cluster, small_llama(2, 512), gb)
+    warm = Plan(other.model, p.cluster, p.train, (Pipeline(gb, (Stage(("Y.0",), 1, (0, 2)),)),))
+    plan = solve(replace(p, warm_start=warm))
+    assert plan.solver["model"]["hint"] != "warm_start"
+    assert p.cost.estimate(plan).iteration_s == pytest.approx(brute_force(p), rel=1e-3)
+
+
 def test_fix_groups_needs_a_warm_start():
     p = problem(cluster([("A", "a100-80g", 2, 300)]), model_preset("tiny"), 2)
     with pytest.raises(HexicoreError, match="warm_start"):

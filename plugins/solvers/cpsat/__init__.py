@@ -116,7 +116,7 @@ class CpSatSolver:
         solver.parameters.num_workers = int(self.workers)
         solver.parameters.random_seed = int(seed)
         solver.parameters.log_search_progress = bool(self.log)
-        status = solver.solve(form.model, _Progress(progress, limit, tables.unit))
+        status = solver.solve(form.model, _callback(progress, limit, tables.unit))
         name = solver.status_name(status)
         where = f"{problem.model.name!r} on cluster {problem.cluster.name!r}"
         if status == cp_model.INFEASIBLE:
@@ -129,8 +129,7 @@ class CpSatSolver:
                 raise HexicoreError(f"time limit of {limit:g} s reached with no plan for {where}; raise "
                                     "solver.time_limit", field="solver.time_limit")
             # the search stopped before reporting any plan: the start plan it was given is the best known
-            source, plan = next(sp for sp in starts if sp[0] == hinted)
-            plan, name = Plan(problem.model, problem.cluster, problem.train, plan.pipelines), "FEASIBLE"
+            plan, name = next(p for src, p in starts if src == hinted), "FEASIBLE"
             rows = plan_rows(problem, plan, options)
         else:
             plan = decode(problem, form, solver, options, groups)
@@ -154,17 +153,26 @@ class CpSatSolver:
 
     @staticmethod
     def _starts(problem: Problem, options) -> list[tuple[str, Plan]]:
-        """Fitting plans of the model's space to start from: the warm start, a greedy plan."""
+        """Fitting plans of the model's space to start from: the warm start (re-homed on this
+        problem's cluster, model and training setup, kept only if it is a valid plan there) and
+        the greedy plan. Their estimates cap the model's tables, so they must be real plans."""
+        from hexicore.plan import check_structure
+
         from .hint import greedy_plan, plan_rows
 
         out = []
-        for source, plan in (("warm_start", problem.warm_start), ("greedy", greedy_plan(problem))):
-            if plan is not None and plan_rows(problem, plan, options) is not None:
-                try:
-                    if problem.cost.estimate(plan).fits:
-                        out.append((source, plan))
-                except (HexicoreError, ValueError, KeyError):
-                    continue  # a warm start from another cluster or model
+        warm = problem.warm_start
+        if warm is not None:
+            warm = Plan(problem.model, problem.cluster, problem.train, warm.pipelines)
+        for source, plan in (("warm_start", warm), ("greedy", greedy_plan(problem))):
+            if plan is None:
+                continue
+            try:
+                check_structure(plan)
+                if plan_rows(problem, plan, options) is not None and problem.cost.estimate(plan).fits:
+                    out.append((source, plan))
+            except HexicoreError:
+                continue  # a warm start for another cluster, model or batch: not a start here
         return out
 
     @staticmethod
@@ -178,18 +186,16 @@ class CpSatSolver:
         return False
 
 
-class _Progress:
-    """Solution callback: report each improving plan to ``progress``."""
+def _callback(progress: Progress, limit: float, unit: float):
+    """A CP-SAT solution callback that reports each improving plan to ``progress``."""
+    from ortools.sat.python import cp_model
 
-    def __new__(cls, progress: Progress, limit: float, unit: float):
-        from ortools.sat.python import cp_model
+    class Callback(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            progress(f"cpsat: best {self.objective_value * unit:.6g} s, bound {self.best_objective_bound * unit:.6g} s",
+                     min(1.0, self.wall_time / limit) if limit > 0 else 1.0)
 
-        class Callback(cp_model.CpSolverSolutionCallback):
-            def on_solution_callback(self) -> None:
-                progress(f"cpsat: best {self.objective_value * unit:.6g} s, bound {self.best_objective_bound * unit:.6g} s",
-                         min(1.0, self.wall_time / limit) if limit > 0 else 1.0)
-
-        return Callback()
+    return Callback()
 
 
 @hookimpl

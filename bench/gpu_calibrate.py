@@ -1,0 +1,134 @@
+"""Calibrate the cost model's achieved-efficiency factor on one GPU (issue 6, benchmarks).
+
+Measures forward + backward of ``--layers`` Llama blocks shaped like ``--model`` (default
+llama2_7b: hidden 4096, 32 heads, FFN 11008) in bf16 at the model's sequence length, one
+micro-batch, with the runtime's own :class:`LlamaChunk`; attention through SDPA and, when it
+imports, flash-attn. Reports tokens/s, per-layer time, achieved TFLOP/s and MFU against the GPU's
+catalog peak, and the ``cost.efficiency`` value to put in conf/cost/analytic.yaml for that GPU
+type (achieved / peak, counting 3 x forward FLOPs, or 4 x with ``--recompute``).
+
+Writes ``bench/out/gpu_calibrate.json`` and ``.md``. One prepared run, well under 8 minutes:
+
+    python bench/gpu_calibrate.py                       # on a CUDA machine
+    python bench/gpu_calibrate.py --device cpu --model tiny --layers 2 --steps 2   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+
+
+def gpu_type(name: str) -> str | None:
+    """The catalog type of a CUDA device name (``NVIDIA H200`` -> ``h200``)."""
+    n = name.lower().replace(" ", "")
+    for key, cat in (("h200", "h200"), ("h100", "h100-80g"), ("a800", "a800-80g-nvlink"), ("a100", "a100-80g"),
+                     ("4090", "rtx4090"), ("3090", "rtx3090"), ("3080ti", "rtx3080ti"), ("l40s", "l40s"),
+                     ("a6000", "rtx-a6000"), ("v100", "v100-32g")):
+        if key in n:
+            return cat
+    return None
+
+
+def measure(args: argparse.Namespace, attn: str) -> dict:
+    import torch
+
+    from hexicore.model import ModelSpec
+    from hexicore_plugins.runtimes.torch import model as llama
+
+    spec = ModelSpec.load(ROOT / "conf" / "model" / f"{args.model}.yaml")
+    seq = args.seq_len or spec.seq_len
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    chunk = llama.LlamaChunk(spec, 0, args.layers, first=False, last=False, recompute=args.recompute)
+    chunk = chunk.to(device=dev, dtype=dtype)
+    saved = llama._flash_attn_func
+    if attn == "sdpa":
+        llama._flash_attn_func = None
+    try:
+        x = torch.randn(args.micro_batch, seq, spec.hidden, device=dev, dtype=dtype, requires_grad=True)
+
+        def step() -> None:
+            out = chunk(x)
+            out.float().pow(2).mean().backward()
+
+        for _ in range(args.warmup):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(args.steps):
+                step()
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1000 / args.steps
+            peak_mem = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            seconds = (time.perf_counter() - t0) / args.steps
+            peak_mem = None
+    finally:
+        llama._flash_attn_func = saved
+    tokens = args.micro_batch * seq
+    flops = tokens * args.layers * spec.layer_flops_per_token(seq) * (4.0 if args.recompute else 3.0)
+    return {"attention": attn, "model": spec.name, "layers": args.layers, "seq_len": seq,
+            "micro_batch": args.micro_batch, "step_s": seconds, "per_layer_s": seconds / args.layers,
+            "tokens_per_s": tokens / seconds, "achieved_tflops": flops / seconds / 1e12, "peak_memory_gib": peak_mem}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="llama2_7b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--recompute", action="store_true")
+    ap.add_argument("--out", default=str(OUT / "gpu_calibrate"))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from hexicore.cluster import GPU_CATALOG
+    from hexicore_plugins.runtimes.torch import model as llama
+
+    name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    kind = gpu_type(name) if args.device.startswith("cuda") else None
+    peak = GPU_CATALOG[kind].tflops if kind else None
+    rows = [measure(args, "sdpa")]
+    if llama._flash_attn_func is not None and args.device.startswith("cuda"):
+        rows.append(measure(args, "flash-attn"))
+    for r in rows:
+        r["gpu"], r["gpu_type"], r["peak_tflops"] = name, kind, peak
+        r["mfu"] = r["achieved_tflops"] / peak if peak else None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    lines = [f"GPU: {name} (catalog type {kind}, peak {peak} TFLOPS); {rows[0]['model']}-shaped blocks, "
+             f"seq {rows[0]['seq_len']}, micro-batch {args.micro_batch}, {args.layers} layers, "
+             f"recompute={args.recompute}", "",
+             "| attention | step s | per layer s | tokens/s | achieved TFLOP/s | MFU |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        lines.append(f"| {r['attention']} | {r['step_s']:.4f} | {r['per_layer_s']:.4f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['achieved_tflops']:.2f} | {mfu} |")
+    if kind:
+        best = max(rows, key=lambda r: r["achieved_tflops"])
+        lines += ["", f"Set `cost.efficiency.{kind}={best['mfu']:.3f}` to calibrate the analytic cost model."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -323,9 +323,14 @@ def _check_complete(al: ActionList, seen: set[tuple[str, int, int]]) -> None:
                                     field=f"actions[{r}]")
 
 
-def compile_lists(al: ActionList) -> list[list[tuple]]:
+def compile_lists(al: ActionList) -> list[list[tuple]] | None:
     """Per rank ``(key, op, stage, dependency key or None, dependency rank)`` for :func:`makespan`.
-    A compute op has at most one input not already ordered before it on its own rank."""
+    A compute op has at most one input not already ordered before it on its own rank. None for
+    lists of ``FAST_MIN`` actions or more: :func:`makespan` runs them on arrays."""
+    return None if al.n_actions >= FAST_MIN else _compile(al)
+
+
+def _compile(al: ActionList) -> list[list[tuple]]:
     prev_of, next_of = _links(al)
     out = []
     for r, acts in enumerate(al.actions):
@@ -351,7 +356,15 @@ def makespan(al: ActionList, timing: Timing, compiled: list[list[tuple]] | None 
     """Makespan only, for the planner's hot path: no checks, no events, communication and
     ``STEP`` free, ``REDUCE`` free (use :func:`simulate` when ``timing.reduce`` matters). Same
     times as :func:`simulate` on a valid list; a list that cannot finish raises ScheduleError."""
-    comp = compiled if compiled is not None else compile_lists(al)
+    if compiled is None and al.n_actions >= FAST_MIN:
+        from dataclasses import replace
+
+        from hexicore.simulate_fast import simulate_arrays
+
+        res = simulate_arrays(al, replace(timing, reduce=0.0), False)
+        if res is not None:
+            return res.makespan
+    comp = compiled if compiled is not None else _compile(al)
     dur = timing.durations()
     P = al.ranks
     link = [[timing.link(a, b) for b in range(P)] for a in range(P)]

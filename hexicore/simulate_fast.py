@@ -36,6 +36,9 @@ from hexicore import action_arrays as aa
 from hexicore.actions import ActionList
 from hexicore.simulate import SimResult, Timing, shares
 
+#: sweeps per window (and over everything) before the in-order evaluation takes over
+SWEEPS = 16
+
 
 def simulate_arrays(al: ActionList, timing: Timing, comm: bool) -> SimResult | None:
     """The event simulation of ``al`` (module docstring), or None where the object path must run."""
@@ -312,7 +315,7 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
         return Ds, (es, ed, starts, flat, Dprev)
 
     M = al.micro_batches
-    step = max(P, 1)
+    step, settled = max(P, 1), False
     for m0 in range(0, M, step):
         m1 = min(M, m0 + step)
         lo, hi = int(g["mb_lo"][m0:m1].min(initial=L)), int(g["mb_hi"][m0:m1].max(initial=0))
@@ -320,22 +323,87 @@ def _solve(al: ActionList, g: dict[str, Any], timing: Timing) -> SimResult | Non
         if hi <= lo:
             continue
         Ds, ew = window(lo, hi)
-        for _ in range(200):
+        for _ in range(SWEEPS):
             chain_pass(m0, m1)  # exact along chains: a rank sweep that moves nothing ends the window
             if rank_pass(lo, hi, Ds, ew) <= tol:
                 break
-    Ds, ew = window(0, L)
-    for _ in range(1000):  # everything: a fixed point of both sweeps (the certificate)
-        chain_pass(0, M)
-        if rank_pass(0, L, Ds, ew) <= tol:
-            break
+        else:
+            break  # the window does not settle: leave it to the in-order evaluation
     else:
-        return None
+        Ds, ew = window(0, L)
+        for _ in range(SWEEPS):  # everything: a fixed point of both sweeps (the certificate)
+            chain_pass(0, M)
+            if rank_pass(0, L, Ds, ew) <= tol:
+                settled = True
+                break
+    if not settled:  # the critical path zigzags (uneven times): evaluate in dependency order
+        T = _in_order(g, d, link, e_del if comm else None)
+        if T is None:
+            return None
+        Tv = T[:N].reshape(P, L)
     clock = Tv[:, L - 1].tolist() if L else [0.0] * P
     if any(g["tail"]) and not _reduce_tail(al, g["tail"], clock, timing.reduce):
         return None
     busy = tuple(float(v) for v in d2.sum(axis=1))
     return SimResult(max(clock) if P else 0.0, busy, g["peak"], ())
+
+
+def _in_order(g: dict[str, Any], d: np.ndarray, link: np.ndarray, e_del: Any) -> np.ndarray | None:
+    """Node ends by running every rank's compute nodes in order, each waiting for its inputs (the
+    event simulator's loop on plain lists: same floating-point steps); None on a deadlock."""
+    P, L, N = g["P"], g["L"], g["N"]
+    cm, lf, lt = g["chain"], g["lf"], g["lt"]
+    pred = np.full(N + 1, -1, dtype=np.int64)
+    delay = np.zeros(N + 1)
+    pred[cm[:, 1:]] = cm[:, :-1]
+    delay[cm[:, 1:]] = np.where(lf >= 0, link[np.maximum(lf, 0), np.maximum(lt, 0)], 0.0)[g["mbc"]][:, 1:]
+    same = (pred >= 0) & (pred // L == np.arange(N + 1) // L)
+    pred[same | (np.arange(N + 1) >= N)] = -1  # inputs on the node's own rank come earlier anyway
+    extra: dict[int, list[tuple[int, float]]] = {}
+    if e_del is not None:
+        for a, b, w in zip(g["e_src"].tolist(), g["e_tgt"].tolist(), e_del.tolist()):
+            extra.setdefault(b, []).append((a, w))
+    dep, dly, dur = pred[:N].tolist(), delay[:N].tolist(), d.tolist()
+    T: list[Any] = [None] * N
+    counts = (g["node_op"].reshape(P, L) >= 0).sum(axis=1).tolist()
+    pos = [r * L for r in range(P)]
+    end = [r * L + counts[r] + 1 for r in range(P)]  # compute nodes and the end node
+    clock = [0.0] * P
+    active = [r for r in range(P) if pos[r] < end[r]]
+    while active:
+        moved = False
+        for r in active:
+            i, e, c = pos[r], end[r], clock[r]
+            while i < e:
+                j = dep[i]
+                if j >= 0:
+                    tj = T[j]
+                    if tj is None:
+                        break
+                    tj += dly[i]
+                    if tj > c:
+                        c = tj
+                if i in extra:
+                    ts = [T[a] for a, _ in extra[i]]
+                    if None in ts:
+                        break
+                    c = max([c] + [t + w for t, (_, w) in zip(ts, extra[i])])
+                c += dur[i]
+                T[i] = c
+                i += 1
+            if i != pos[r]:
+                moved = True
+                pos[r], clock[r] = i, c
+        active = [r for r in active if pos[r] < end[r]]
+        if active and not moved:
+            return None
+    out = np.zeros(N + 1)
+    out[:N] = [0.0 if t is None else t for t in T]
+    ends = np.arange(P) * L + np.asarray(counts)  # end node: the rank's clock; pads after it
+    Tv = out[:N].reshape(P, L)
+    for r in range(P):
+        Tv[r, counts[r]:] = out[ends[r]]
+    return out
 
 
 def _reduce_tail(al: ActionList, tail: list, clock: list[float], reduce: float) -> bool:

@@ -12,7 +12,7 @@ from hexicore.actions import Action, ActionList
 from hexicore.comm import insert_comm
 from hexicore.errors import ScheduleError
 from hexicore.schedule import ScheduleSpec
-from hexicore.simulate import Timing, simulate
+from hexicore.simulate import Timing, makespan, simulate
 from hexicore.simulate_fast import simulate_arrays
 from hexicore.validate_actions import validate_actions
 from hexicore_plugins.schedules.chimera import Chimera
@@ -77,6 +77,23 @@ def delayed_sends(al: ActionList) -> ActionList:
 
 
 @pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
+def test_in_order_evaluation_equals_the_event_simulator(sched, monkeypatch):
+    """With no sweeps allowed the array simulator evaluates in dependency order: same results."""
+    import hexicore.simulate_fast as sf
+
+    monkeypatch.setattr(sf, "SWEEPS", 0)
+    rng = random.Random(7)
+    for P, M in GRID:
+        al = sched.order(ScheduleSpec(P, M))
+        for lists, comm in ((al, False), (delayed_sends(insert_comm(al)), True)):
+            t = random_timing(rng, lists, P)
+            want = simulate(lists, t, comm=comm, fast=False)
+            got = simulate_arrays(arrays_backed(lists), t, comm)
+            assert got is not None and got.makespan == pytest.approx(want.makespan, rel=1e-12), (P, M, comm)
+            assert got.peak_activations == want.peak_activations
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
 def test_array_simulator_on_hand_placed_comm(sched):
     """Lists whose SEND/RECV are not the comm pass's: the array path's receive edges."""
     rng = random.Random(9)
@@ -99,6 +116,10 @@ def test_big_hanayo_stays_arrays_and_matches():
     want = simulate(full, comm=True, fast=False)
     assert res.makespan == pytest.approx(want.makespan, rel=1e-12)
     assert res.peak_activations == want.peak_activations
+    rng = random.Random(3)  # uneven times: the sweeps give way to the in-order evaluation
+    t = random_timing(rng, al, 8)
+    assert simulate(al, t, comm=False).makespan == pytest.approx(simulate(al, t, comm=False, fast=False).makespan)
+    assert makespan(al, t) == pytest.approx(simulate(al, t, comm=False, fast=False).makespan)
 
 
 def test_array_backed_lists_are_the_same_lists(tmp_path):

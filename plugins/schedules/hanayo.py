@@ -31,8 +31,7 @@ from hexicore.actions import ActionList
 from hexicore.greedy import greedy_tuples
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
-from hexicore.simulate import FAST_MIN, compile_lists, makespan, simulate
-from hexicore.simulate_fast import simulate_arrays
+from hexicore.simulate import compile_lists, makespan, simulate
 
 
 #: above this many compute tasks (2 S M) only the block order is built for M > P (speed)
@@ -55,15 +54,6 @@ def _greedy_arrays(*args: Any, **kw: Any) -> ActionArrays:
     finally:
         if enabled:
             gc.enable()
-
-
-def _makespan(al: ActionList, timing) -> float:
-    """Makespan of a candidate order: the array simulator for big lists, else the fast pass."""
-    if al.n_actions >= FAST_MIN:
-        res = simulate_arrays(al, timing, False)
-        if res is not None:
-            return res.makespan
-    return makespan(al, timing)
 
 
 def hanayo_bubble(ranks: int, waves: int) -> float:
@@ -109,7 +99,7 @@ class Hanayo(ActionSchedule):
         best = None
         for arrays in candidates:
             al = build(self.name, {"waves": waves}, spec, s2r, arrays)
-            t = _makespan(al, timing) if len(candidates) > 1 else 0.0
+            t = makespan(al, timing) if len(candidates) > 1 else 0.0
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)
         return best[1]

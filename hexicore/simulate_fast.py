@@ -13,7 +13,11 @@ lists held as :class:`hexicore.action_arrays.ActionArrays`:
    transfer times) the same form holds. The two sweeps alternate from zero (lower bounds only
    rise) until nothing moves: first on windows of P micro-batches in turn, then on everything.
    A fixed point with every compute duration positive cannot contain a cycle, so it proves the
-   lists finish (no deadlock) and equals the event simulation's times.
+   lists finish (no deadlock) and equals the event simulation's times. Even times (the default
+   T_F = 1, T_B = 2 of validation) settle in a few sweeps per window; uneven ones can make the
+   critical path switch between rank and chain at every step, so after ``SWEEPS`` sweeps on a
+   window the nodes are instead evaluated in dependency order by a plain loop over int lists
+   (the event loop without objects or checks: the same floating-point steps, ~10x faster).
 
 Lists carrying the shared comm pass's common-case communication (each SEND right after its
 producer, each RECV right before its consumer, per link in send order) have the same times as

@@ -87,7 +87,19 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
     schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
-    return Problem(cluster, model, train, build_cost_model(cfg, registry), schedule, registry, warm_start)
+    return Problem(cluster, model, train, schedule_cost(build_cost_model(cfg, registry), schedule, registry),
+                   schedule, registry, warm_start)
+
+
+def schedule_cost(cost: CostModel, schedule: Mapping[str, Any], registry: Registry) -> CostModel:
+    """The cost model whose pipeline term and activation memory follow each pipeline's
+    schedule (issue 8) for any configured schedule but plain 1F1B, which keeps App. A's closed
+    PIPELINE-TIME (the paper's model, which CP-SAT's proven bound relies on)."""
+    from hexicore.schedule_choice import ScheduleBook, timed_cost
+
+    if str(schedule.get("name", "1f1b")) == "1f1b" or not hasattr(cost, "activation"):
+        return cost
+    return timed_cost(cost, ScheduleBook(registry))
 
 
 def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress) -> tuple[Plan, list[str]]:
@@ -116,7 +128,11 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
 
 
 def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
-    """Validate a plan from any source and attach a fresh estimate."""
+    """Validate a plan from any source and attach a fresh estimate (pipelines under schedules
+    other than 1F1B priced by their schedules, as the planner did: :func:`schedule_cost`)."""
+    if {str(p.schedule.get("name", "1f1b")) for p in plan.pipelines} - {"1f1b"} and \
+            getattr(cost, "pipeline_timer", False) is None:
+        cost = schedule_cost(cost, {"name": "per pipeline"}, Registry.default())
     est, warnings = validate_plan(plan, cost, source)
     return plan.with_estimate(est.to_dict()), est, warnings
 

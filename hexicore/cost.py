@@ -26,6 +26,9 @@ GIB = 2**30
 DEFAULT_EFFICIENCY = 0.55
 
 PipelineTimer = Callable[[Pipeline, Sequence[float], Sequence[float], int], float]
+#: ``activation(pipeline, j, n_mb)``: peak in-flight micro-batches of stage j (units of one
+#: micro-batch through the stage's whole share, DESIGN.md §4) under the pipeline's schedule
+ActivationFn = Callable[[Pipeline, int, int], float]
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ class AnalyticCostModel:
     per 12H^2-parameter layer; mixed precision with fp32 master weights is 16);
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
     ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces the 1F1B
-    PIPELINE-TIME formula.
+    PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the GPipe/1F1B
+    in-flight rule with the schedule's peak activations.
     """
 
     efficiency: Mapping[str, float] = field(default_factory=dict)
@@ -86,6 +90,7 @@ class AnalyticCostModel:
     state_bytes_per_param: float | None = None
     reserve_gb: float = 1.0
     pipeline_timer: PipelineTimer | None = None
+    activation: ActivationFn | None = None
     name: str = "analytic"
 
     # ------------------------------------------------------------- pieces
@@ -183,9 +188,12 @@ class AnalyticCostModel:
         per = [s + h for s, h in zip(stage_times, list(hop_times) + [0.0])]
         return sum(per) + (n_mb - 1) * max(per)
 
-    def in_flight(self, pipeline: Pipeline, stage_index: int, n_mb: int) -> int:
-        """Micro-batches whose activations a stage holds at its peak: GPipe keeps all ``n_mb``;
+    def in_flight(self, pipeline: Pipeline, stage_index: int, n_mb: int) -> float:
+        """Micro-batches whose activations a stage holds at its peak: the injected
+        ``activation`` (the schedule's peak) if any; else GPipe keeps all ``n_mb`` and
         1F1B-style schedules keep ``P - j`` at stage j (capped by ``n_mb``)."""
+        if self.activation is not None:
+            return self.activation(pipeline, stage_index, n_mb)
         if str(pipeline.schedule.get("name", "1f1b")) == "gpipe":
             return n_mb
         return max(1, min(n_mb, len(pipeline.stages) - stage_index))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 from hexicore.batch import allocate_batch, affine_time
@@ -34,6 +34,8 @@ from hexicore.cost import GIB, Estimate
 from hexicore.errors import HexicoreError
 from hexicore.plan import Plan
 from hexicore.problem import Problem, Progress, no_progress
+from hexicore.schedule_choice import ScheduleBook, choose_exact, is_auto, options, section_key, timed_cost
+from hexicore.replan import check_warm_start, plan_diff, repair
 from hexicore.search_config import SearchConfig
 from hexicore.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline, machine_contiguous,
                              split_by_machine, tp_menus)
@@ -72,6 +74,14 @@ class Context:
     ema_dp: float | None = None
     ema_pp: float | None = None
     evaluated: int = 0
+    book: ScheduleBook | None = None  # set when pipelines are priced by their schedules (issue 8)
+    exact_cost: Any = None  # the cost model the final plan is priced with (the search's is modelled)
+    options: tuple = ()  # schedule sections a pipeline may get (schedule=auto: several)
+    tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
+
+    @property
+    def auto(self) -> bool:
+        return len(self.options) > 1
 
     @property
     def cost(self):
@@ -79,13 +89,36 @@ class Context:
 
 
 # ----------------------------------------------------------------------------- phase 2
-def pipeline_time_fn(ctx: Context, layout: Layout):
-    """PIPELINE-TIME(n_mb) of a layout: the schedule's timer if the cost model has one, else App. A."""
+def pipeline_time_fn(ctx: Context, layout: Layout, n_mb_max: int | None = None):
+    """PIPELINE-TIME(n_mb) of a layout: with a schedule book the fastest option's modelled time
+    (:mod:`hexicore.schedule_choice`), else the cost model's timer if it has one, else App. A."""
+    if ctx.book is not None:
+        opts = variants(ctx, layout, ctx.micro_batches if n_mb_max is None else n_mb_max)
+        return lambda n: min((ctx.book.model(o, lay.stage_s, lay.hop_s, n) for o, lay in opts), default=INF)
     timer = getattr(ctx.cost, "pipeline_timer", None)
     if timer is None:
         return affine_time(*layout.fill_step())
     sched, mb = ctx.problem.schedule, ctx.problem.train.micro_batch
     return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
+
+
+def variants(ctx: Context, layout: Layout, n_mb_max: int) -> list[tuple[dict, Layout]]:
+    """The options a layout may run under, each with a layout that fits the option's memory:
+    the layout itself where its layers fit the option's peak activations, else its stages
+    re-laid out under the option's caps; options that fit no way are left out (cached)."""
+    key = ("variants", layout.stages, layout.layers, n_mb_max)
+    if key not in ctx.layout_cache:
+        out = []
+        for o in ctx.options:
+            if not ctx.book.usable(o, len(layout.stages)):
+                continue
+            table = ctx.tables[section_key(o)]
+            lay = layout_pipeline(table, layout.stages, n_mb_max, layout.layers) or \
+                layout_pipeline(table, layout.stages, n_mb_max)
+            if lay is not None:
+                out.append((o, lay))
+        ctx.layout_cache[key] = out
+    return ctx.layout_cache[key]
 
 
 def unit_orders(ctx: Context, part: Sequence[str], k: int, seed: int) -> list[list[Group]]:
@@ -128,7 +161,7 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
         if key not in ctx.layout_cache:
             ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
         lay = ctx.layout_cache[key]
-        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay)(n_nominal), lay)
+        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max)(n_nominal), lay)
 
     starts = []
     tried = set()
@@ -170,10 +203,20 @@ def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) 
 def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | None = None) -> Candidate:
     """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf)."""
     p = ctx.problem
-    counts = allocate_batch([pipeline_time_fn(ctx, lay) for lay in layouts], ctx.micro_batches)
+    n_mb_max = ctx.micro_batches - (len(layouts) - 1)
+    counts = allocate_batch([pipeline_time_fn(ctx, lay, n_mb_max) for lay in layouts], ctx.micro_batches)
     if counts is None:
         return Candidate(INF, None, None, origin)
-    pipes = tuple(lay.pipeline(n * p.train.micro_batch, p.schedule) for lay, n in zip(layouts, counts))
+    sections = [p.schedule] * len(layouts)
+    if ctx.book is not None:  # per pipeline the option that is fastest at its micro-batches
+        picks = []
+        for lay, n in zip(layouts, counts):
+            opts = variants(ctx, lay, n_mb_max)
+            if not opts:
+                return Candidate(INF, None, None, origin)
+            picks.append(min(opts, key=lambda ol: ctx.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
+        sections, layouts = [o for o, _ in picks], [lay for _, lay in picks]
+    pipes = tuple(lay.pipeline(n * p.train.micro_batch, sec) for lay, n, sec in zip(layouts, counts, sections))
     plan = Plan(p.model, p.cluster, p.train, pipes)
     est = ctx.cost.estimate(plan)
     ctx.evaluated += 1
@@ -253,11 +296,12 @@ def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candid
     return assemble(ctx, layouts, origin, {"d_dp": len(layouts)})
 
 
-def polish(ctx: Context, best: Candidate, deadline: float) -> Candidate:
+def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] | None = None) -> Candidate:
     """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
     ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
     allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
-    with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers")."""
+    with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers").
+    ``only``: the pipelines whose boundaries may move (all by default)."""
     if best.plan is None or not best.layouts:
         return best
     n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
@@ -265,6 +309,8 @@ def polish(ctx: Context, best: Candidate, deadline: float) -> Candidate:
     for _ in range(ctx.cfg.polish_rounds):
         improved = False
         for i, lay in enumerate(best.layouts):
+            if only is not None and i not in only:
+                continue
             for j in range(len(lay.layers) - 1):
                 for delta in (1, -1):
                     if time.monotonic() > deadline or ctx.evaluated >= budget:
@@ -341,9 +387,19 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
     orderer = reg.create("orderer", cfg.orderer, tau=cfg.tau)
     m = problem.model
     degrees = tuple(d for d in range(1, cfg.max_tp + 1) if m.heads % d == 0 and m.kv_heads % d == 0)
-    return Context(problem, cfg, StageTable(problem.cluster, m, problem.train, cost, problem.schedule),
-                   reg.create("partitioner", cfg.partitioner), refiner, orderer, problem.cluster.graph(),
-                   problem.train.global_batch // problem.train.micro_batch, degrees)
+    book = getattr(getattr(cost, "pipeline_timer", None), "schedule_book", None)
+    if book is None and is_auto(problem.schedule):
+        book = ScheduleBook(reg)
+    exact, opts = cost, (dict(problem.schedule),)
+    if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
+        opts = options(problem.schedule)
+        exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
+    table = StageTable(problem.cluster, m, problem.train, cost, opts[0])
+    tables = {section_key(o): table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
+              for i, o in enumerate(opts)}
+    return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
+                   problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
+                   book=book, exact_cost=exact, options=opts, tables=tables)
 
 
 def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
@@ -355,6 +411,8 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
         except HexicoreError:
             continue  # that solver finds nothing that fits: no seed from it
+        if ctx.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
+            plan = replace(plan, pipelines=tuple(replace(q, schedule=dict(ctx.options[0])) for q in plan.pipelines))
         est = ctx.cost.estimate(plan)  # the seed itself, exactly as its solver made it
         out.append(Candidate(est.iteration_s if est.fits else INF, plan.with_solver({}), est, f"seed:{name}",
                              info={"d_dp": len(plan.pipelines)}))
@@ -378,20 +436,10 @@ def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None
     return [(d, None) for d in sorted({dps[round(i * (len(dps) - 1) / (m - 1))] for i in range(m)})]
 
 
-def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
-               progress: Progress = no_progress) -> Plan:
-    """The iterative two-phase search of §4.4; returns the best plan found (never worse than
-    the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
-    stops the loop early; everything else is seeded."""
-    t0 = time.monotonic()
-    deadline = t0 + time_limit if time_limit else INF
-    ctx = make_context(problem, cfg)
-    dps = dp_range(ctx)
-    rng = random.Random(seed)
-    progress("hexiscale: seeding with symmetric plans", 0.0)
-    seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
-    best = min(seeds or [Candidate(INF, None, None, "none")], key=lambda c: c.score)
-    n = cfg.iterations
+def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
+                progress: Progress) -> Candidate:
+    """The §4.4 loop: the initial D_dp sweep, then a walk around the best."""
+    n = ctx.cfg.iterations
     sweep = initial_sweep(dps, n)
     for it in range(n):
         if time.monotonic() > deadline:
@@ -404,18 +452,97 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
             base = best.info.get("d_dp", rng.choice(dps))
             d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
             objective = choose_objective(ctx, rng)
-            shifts = tuple(rng.choice(cfg.k_shifts) for _ in range(d_dp))
+            shifts = tuple(rng.choice(ctx.cfg.k_shifts) for _ in range(d_dp))
         cand = two_phase(ctx, d_dp, objective, shifts, rng.randrange(2**31))
         if cand.score < best.score:
             best = cand
         shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
         progress(f"hexiscale: candidate {it + 1}/{n} (D_dp={d_dp}, {objective}), best {shown}", (it + 1) / (n + 1))
+    return best
+
+
+def replan_search(ctx: Context, dps: list[int], rng: random.Random, deadline: float, extra: list[Candidate],
+                  progress: Progress) -> Candidate:
+    """Elastic replanning (:mod:`hexicore.replan`): the repaired previous plan, then
+    ``replan_iterations`` two-phase candidates around its number of pipelines."""
+    warm = ctx.problem.warm_start
+    check_warm_start(warm, ctx.problem)
+    sets, broken = repair(ctx, warm)
+    progress(f"hexiscale: replanning ({len(broken)} broken pipelines)", 0.1)
+    cands = [assemble(ctx, lays, label, {"d_dp": len(lays), "repaired": broken}) for label, lays in sets] + extra
+    cands += [relayout(ctx, warm, "warm_start +layers", keep_layers=False)]
+    best = min(cands, key=lambda c: c.score)
+    d0 = best.info.get("d_dp", len(warm.pipelines))
+    for it in range(ctx.cfg.replan_iterations):
+        if time.monotonic() > deadline:
+            break
+        d_dp = min(max(d0 + (0, -1, 1)[it % 3], dps[0]), dps[-1])
+        cand = two_phase(ctx, d_dp, choose_objective(ctx, rng), (0,), rng.randrange(2**31))
+        if cand.score < best.score:
+            best = cand
+    return best
+
+
+def finalize(ctx: Context, best: Candidate, base: Plan | None) -> tuple[Plan, dict]:
+    """With schedule-priced pipelines: re-price the best plan exactly (the search ranked by the
+    modelled times); ``schedule=auto`` re-chooses each pipeline's schedule exactly
+    (:func:`hexicore.schedule_choice.choose_exact`) and also considers ``base``, the first
+    option's own search result, so auto is never worse than that option alone."""
+    if ctx.book is None:
+        return best.plan, {}
+    out = []
+    for plan, origin in [(best.plan, best.origin)] + ([(base, "auto: first option alone")] if base else []):
+        tried: list = []
+        if ctx.auto:
+            plan, tried = choose_exact(ctx.book, ctx.exact_cost, plan, ctx.options)
+        est = ctx.exact_cost.estimate(plan)
+        out.append((est.iteration_s if est.fits else INF, len(out), plan, origin, tried))
+    score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    info = {"origin": origin, "schedules": [dict(p.schedule) for p in plan.pipelines]}
+    if tried:
+        info["schedule_s"] = tried
+    return plan, info
+
+
+def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
+               progress: Progress = no_progress) -> Plan:
+    """The iterative two-phase search of §4.4; returns the best plan found (never worse than
+    the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
+    stops the loop early; everything else is seeded. ``schedule=auto`` first searches with its
+    first option alone (half the time limit) and starts from that plan; a ``warm_start`` plan
+    is repaired and improved (:func:`replan_search`) instead of a cold search."""
+    t0 = time.monotonic()
+    deadline = t0 + time_limit if time_limit else INF
+    ctx = make_context(problem, cfg)
+    dps = dp_range(ctx)
+    rng = random.Random(seed)
+    base, extra = None, []
+    if ctx.auto:
+        first = replace(problem, schedule=dict(ctx.options[0]), cost=ctx.exact_cost)
+        name = ctx.options[0]["name"]
+        base = run_search(first, cfg, time_limit=time_limit / 2 if time_limit else None, seed=seed,
+                          progress=lambda m, f: progress(f"auto, {name} alone: {m}", f / 2))
+        extra = [relayout(ctx, base, f"{name} search", keep_layers=True)]
+    if problem.warm_start is not None and cfg.replan_iterations is not None:
+        best = replan_search(ctx, dps, rng, deadline, extra, progress)
+        replanned = True
+    else:
+        progress("hexiscale: seeding with symmetric plans", 0.0)
+        seeds = [c for c in seed_candidates(ctx, seed) + extra if c.plan is None or len(c.plan.pipelines) in dps]
+        best = search_loop(ctx, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
+                                                        key=lambda c: c.score), progress)
+        replanned = False
     if best.plan is None:
         raise no_fit_error(problem)
-    progress("hexiscale: polishing stage boundaries", n / (n + 1))
-    best = polish(ctx, best, deadline)
+    progress("hexiscale: polishing stage boundaries", cfg.iterations / (cfg.iterations + 1))
+    # a repaired plan: the kept pipelines were polished before; only the repaired ones move
+    only = best.info.get("repaired") if replanned and best.origin == "warm_start repaired" else None
+    best = polish(ctx, best, deadline, only)
+    plan, sched_info = finalize(ctx, best, base)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    return best.plan.with_solver({"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None,
-                                  "origin": best.origin, "candidates": ctx.evaluated,
-                                  "d_dp": len(best.plan.pipelines), "seed": seed})
+    info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
+            "candidates": ctx.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
+    if replanned:
+        info["replan"] = plan_diff(problem.warm_start, plan)
+    return plan.with_solver(info)

@@ -22,7 +22,8 @@ class SearchConfig:
     ``strategy_passes``: coordinate-descent passes over the groups' strategies.
     ``polish_rounds``/``polish_evals``: boundary hill-climbing rounds and estimates at most. ``align_templates``: pipelines tried as the
     template of the machine-aligned variants. ``seeds``: solvers whose plans seed the
-    search."""
+    search. ``replan_iterations``: with a ``warm_start`` plan, two-phase candidates tried after
+    repairing it (:mod:`hexicore.replan`); null = ignore the repair and run the full search."""
 
     partitioner: str = "metis"
     refiner: str | None = "kl"
@@ -44,6 +45,7 @@ class SearchConfig:
     polish_evals: int = 200
     align_templates: int = 4
     seeds: tuple[str, ...] = ("megatron",)
+    replan_iterations: int | None = 2
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:
@@ -63,6 +65,10 @@ class SearchConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(key, "an integer >= 0")
+        if self.replan_iterations is not None and (isinstance(self.replan_iterations, bool) or
+                                                   not isinstance(self.replan_iterations, int)
+                                                   or self.replan_iterations < 0):
+            raise bad("replan_iterations", "an integer >= 0 or null")
         if self.dp_max is not None and (isinstance(self.dp_max, bool) or not isinstance(self.dp_max, int)
                                         or self.dp_max < 1):
             raise bad("dp_max", "an integer >= 1 or null")

@@ -35,6 +35,10 @@ def run(cfg: DictConfig) -> int:
     print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if (plan.solver or {}).get("replan"):  # issue 8: how the replanned plan differs from the previous one
+        from hexicore.replan import describe
+
+        print(describe(plan.solver["replan"]))
     print(f"plan written to {out} (picture: {picture})")
     est, sol = plan.estimate or {}, plan.solver or {}
     record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,

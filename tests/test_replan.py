@@ -1,0 +1,111 @@
+"""Elastic replanning (issue 8): exclude=[...] + warm_start=PLAN.json repairs the previous plan."""
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from hexicore.app import build_problem, config_from_overrides
+from hexicore.cli import main
+from hexicore.model import ModelSpec
+from hexicore.plan import TrainConfig
+from hexicore.problem import Problem
+from hexicore.registry import Registry
+from hexicore.replan import describe, plan_diff
+from hexicore.validate import validate_plan
+
+from .conftest import CONF
+from .test_schedule_aware import FAST, random_cluster
+
+
+def solve(problem, seed=0, **params):
+    return Registry.default().create("solver", "hexiscale", **{**FAST, **params}).solve(
+        problem, time_limit=None, seed=seed, progress=lambda m, f: None)
+
+
+def run(args, capsys):
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr()
+
+
+@pytest.fixture(scope="module")
+def paper_problem():
+    return build_problem(config_from_overrides([]), Registry.default())
+
+
+def test_replan_after_losing_two_devices(paper_problem):
+    before = solve(paper_problem)
+    lost = ["A.1", "B.0"]
+    after = replace(paper_problem, cluster=paper_problem.cluster.exclude(lost), warm_start=before)
+    plan = solve(after)
+    est, _ = validate_plan(plan, after.cost)
+    assert est.fits and not set(lost) & set(plan.devices)
+    diff = plan.solver["replan"]
+    assert diff["excluded"] == lost and diff["lost"] == [d for d in lost if d in before.devices]
+    assert diff["devices_moved"] >= 0 and diff["layers_moved"] >= 0
+    assert "replan: excluded A.1, B.0" in describe(diff)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_replanned_plan_never_uses_an_excluded_device(seed):
+    rng = random.Random(100 + seed)
+    reg = Registry.default()
+    cluster = random_cluster(rng)
+    model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
+    problem = Problem(cluster, model, TrainConfig(global_batch=16, micro_batch=1, seq_len=2048),
+                      reg.create("cost_model", "analytic"), {"name": "1f1b"}, reg)
+    before = solve(problem, seed=seed)
+    used = list(before.devices)
+    lost = rng.sample(used, min(len(used) - 1, rng.randint(1, 2))) if len(used) > 1 else []
+    if not lost or len(lost) >= len(cluster.devices):
+        pytest.skip("nothing to lose")
+    after = replace(problem, cluster=cluster.exclude(lost), warm_start=before)
+    plan = solve(after, seed=seed)
+    est, _ = validate_plan(plan, after.cost)
+    assert est.fits and not set(lost) & set(plan.devices)
+    assert plan.solver["replan"]["lost"] == sorted(lost)
+
+
+def test_diff_of_identical_plans_is_empty(paper_problem):
+    plan = solve(paper_problem)
+    d = plan_diff(plan, plan)
+    assert d["devices_moved"] == 0 and d["layers_moved"] == 0 and d["pipelines_kept"] == len(plan.pipelines)
+
+
+def test_cli_replan_prints_the_difference(tmp_path, capsys):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    hydra = f"hydra.run.dir={tmp_path / 'run'}"
+    code, _ = run(["plan", "solver.iterations=6", f"out={first}", hydra], capsys)
+    assert code == 0
+    code, out = run(["plan", "solver.iterations=6", "exclude=[A.1,B.0]", f"warm_start={first}", f"out={second}",
+                     hydra], capsys)
+    assert code == 0, out.err
+    assert "replan: excluded A.1, B.0" in out.out
+    data = json.loads(second.read_text())
+    assert data["solver"]["replan"]["excluded"] == ["A.1", "B.0"]
+    assert not {"A.1", "B.0"} & {d for p in data["pipelines"] for s in p["stages"] for d in s["devices"]}
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["exclude=[A.0,A.1,A.2,B.0,B.1,B.2,C.0,C.1]"], "excluding every device"),
+    (["exclude=[A.1,Q.7]"], "unknown device 'Q.7'"),
+    (["warm_start=/nonexistent/plan.json"], "plan.json"),
+    (["warm_start=MALFORMED"], "malformed"),
+    (["warm_start=OTHER"], "warm_start"),
+])
+def test_bad_replan_input_exits_2_with_one_line(tmp_path, capsys, extra, words):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    other = tmp_path / "other.json"
+    code, _ = run(["plan", "model=gpt3_1.3b", "solver=megatron", f"out={other}", f"hydra.run.dir={tmp_path / 'r0'}"],
+                  capsys)
+    assert code == 0
+    extra = [e.replace("MALFORMED", str(bad)).replace("OTHER", str(other)) for e in extra]
+    code, out = run(["plan", *extra, f"out={tmp_path / 'x.json'}", f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], out.err

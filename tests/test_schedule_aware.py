@@ -1,0 +1,112 @@
+"""schedule=auto (issue 8): per-pipeline schedule choice, schedule-priced cost model, memory."""
+
+import json
+import random
+
+import pytest
+
+from hexicore.app import build_problem, config_from_overrides
+from hexicore.cli import main
+from hexicore.cluster import parse_cluster
+from hexicore.cost import AnalyticCostModel
+from hexicore.model import ModelSpec
+from hexicore.plan import Pipeline, Stage, TrainConfig
+from hexicore.problem import Problem
+from hexicore.registry import Registry
+from hexicore.schedule_choice import DEFAULT_OPTIONS, ScheduleBook, options, timed_cost
+from hexicore.validate import validate_plan
+
+from .conftest import CONF
+
+FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
+GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
+AUTO = {"name": "auto", "options": [dict(o) for o in DEFAULT_OPTIONS]}
+
+
+def solve(problem, seed=0):
+    return Registry.default().create("solver", "hexiscale", **FAST).solve(
+        problem, time_limit=None, seed=seed, progress=lambda m, f: None)
+
+
+def random_cluster(rng):
+    machines = [{"name": f"m{i}", "gpu": rng.choice(GPUS), "count": rng.randint(1, 4),
+                 "bandwidth_gbs": rng.choice([16.0, 32.0, 200.0]), "latency_us": 5}
+                for i in range(rng.randint(2, 4))]
+    return parse_cluster({"name": "r", "inter": {"bandwidth_gbs": rng.choice([0.7, 1.0, 10.0]), "latency_us": 50},
+                          "machines": machines}, "random")
+
+
+def problems(cluster, batch, seq=2048):
+    """The same cluster under schedule=1f1b and schedule=auto, one schedule-priced cost model."""
+    reg = Registry.default()
+    cost = timed_cost(AnalyticCostModel(), ScheduleBook(reg))
+    model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
+    train = TrainConfig(global_batch=batch, micro_batch=1, seq_len=seq)
+    return (Problem(cluster, model, train, cost, {"name": "1f1b"}, reg),
+            Problem(cluster, model, train, cost, AUTO, reg))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_never_worse_than_1f1b_on_random_clusters(seed):
+    rng = random.Random(seed)
+    one, auto = problems(random_cluster(rng), rng.choice([8, 16]))
+    base, _ = validate_plan(solve(one), one.cost)
+    plan = solve(auto)
+    est, _ = validate_plan(plan, auto.cost)
+    assert est.fits and est.iteration_s <= base.iteration_s + 1e-9
+    names = {o["name"] for o in DEFAULT_OPTIONS}
+    assert all(p.schedule["name"] in names for p in plan.pipelines)
+    assert all(isinstance(p.schedule["waves"], int) for p in plan.pipelines if p.schedule["name"] == "hanayo")
+    assert plan.solver["schedules"] == [dict(p.schedule) for p in plan.pipelines]
+
+
+def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, llama13b):
+    reg = Registry.default()
+    book = ScheduleBook(reg)
+    cost = timed_cost(AnalyticCostModel(), book)
+    train = TrainConfig(global_batch=8, micro_batch=1, seq_len=4096)
+    stages = tuple(Stage((d,), 1, (10 * k, 10 * k + 10)) for k, d in enumerate(["A.0", "A.1", "A.2", "B.0"]))
+    from hexicore.plan import Plan
+
+    for sec in ({"name": "1f1b"}, {"name": "interleaved_1f1b", "chunks": 2}, {"name": "hanayo", "waves": 2}):
+        plan = Plan(llama13b, paper_case, train, (Pipeline(8, stages, sec),))
+        est = cost.estimate(plan)
+        st, hops = cost.pipeline_pieces(plan, plan.pipelines[0])
+        sched = reg.create("schedule", sec["name"], **{k: v for k, v in sec.items() if k != "name"})
+        assert est.pipeline_s[0] == pytest.approx(sched.pipeline_time(st, hops, 8))
+        from hexicore.schedule import ScheduleSpec
+
+        peaks = sched.peak_activations(ScheduleSpec(4, 8))
+        assert [cost.in_flight(plan.pipelines[0], j, 8) for j in range(4)] == pytest.approx(list(peaks))
+    plain = AnalyticCostModel()  # no schedule injected: the GPipe/1F1B rule as before
+    assert [plain.in_flight(Pipeline(8, stages, {"name": "hanayo"}), j, 8) for j in range(4)] == [4, 3, 2, 1]
+
+
+def test_options_validation():
+    assert options({"name": "1f1b"}) == ({"name": "1f1b"},)
+    assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "hanayo"]
+    from hexicore.errors import HexicoreError
+
+    with pytest.raises(HexicoreError, match="options"):
+        options({"name": "auto", "options": ["1f1b"]})
+
+
+def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    try:
+        code = main(["plan", "schedule=auto", "solver.iterations=6", f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    for p in data["pipelines"]:
+        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo"}
+    problem = build_problem(config_from_overrides(["schedule=auto"]), Registry.default())
+    from hexicore.plan import Plan
+
+    est, _ = validate_plan(Plan.from_dict(data), problem.cost)
+    assert est.iteration_s == pytest.approx(data["estimate"]["iteration_s"])
+    from hexicore.app import evaluate  # `hexicore evaluate` prices each pipeline by its schedule too
+
+    again = evaluate(Plan.from_dict(data), AnalyticCostModel())[1]
+    assert again.iteration_s == pytest.approx(data["estimate"]["iteration_s"])

@@ -21,6 +21,7 @@ def run(cfg: DictConfig) -> int:
     plan = Plan.load(path)
     cost = app.build_cost_model(cfg, Registry.default())
     plan, _, warnings = app.evaluate(plan, cost, source=path)
+    warnings += _runtime_refusal(cfg, plan, path)
     print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -28,3 +29,20 @@ def run(cfg: DictConfig) -> int:
         plan.save(str(cfg.out))
         print(f"plan written to {cfg.out}")
     return 0
+
+
+def _runtime_refusal(cfg: DictConfig, plan: Plan, path: str) -> list[str]:
+    """What the configured runtime would refuse (``hexicore train`` exits 2 on the same line)."""
+    params = app.group_params(cfg, "runtime")
+    name = str(params.pop("name", "torch"))
+    try:
+        runtime = Registry.default().create("runtime", name, **params)
+    except HexicoreError:
+        return []
+    check = getattr(runtime, "check_plan", None)
+    try:
+        if check is not None:
+            check(plan, path)
+    except HexicoreError as exc:
+        return [f"runtime {name} cannot run this plan: {exc}"]
+    return []

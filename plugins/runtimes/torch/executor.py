@@ -4,7 +4,7 @@ The runtime only follows instructions, so any schedule runs on it (Hanayo §runt
 §6): ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``/``W`` split the
 backward into input-gradient and weight-gradient passes (zero-bubble family), ``SEND_*``/``RECV_*``
 move activations and their gradients between ranks, ``REDUCE`` sums the gradients of a stage's
-replicas (Chimera), ``STEP`` all-reduces data-parallel gradients and steps the optimizer.
+replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.dp_sync`) and steps the optimizer.
 Gradients accumulate across micro-batches in ``.grad``; the loss of a micro-batch is scaled by
 ``1 / tokens of the global batch`` so the sum over micro-batches and pipelines is the global mean.
 
@@ -235,11 +235,9 @@ class Executor:
     def _step(self) -> None:
         for s in sorted(self.stages):
             self._reduce(s)
-        if self.g.dp is not None:
-            for s in sorted(self.stages):
-                flat = self._flat_grads(self.stages[s])
-                dist.all_reduce(flat, group=self.g.dp)
-                self._set_grads(self.stages[s], flat)
+        if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders
+            params = {(s, n): p for s in sorted(self.stages) for n, p in self.stages[s].module.named_parameters()}
+            self.g.dp.run(params, self._wait)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -1,9 +1,11 @@
-"""Process groups of a layout on one rank: its TP group and its data-parallel group.
+"""Process groups of a layout on one rank: its TP group and its data-parallel chunk groups.
 
-``torch.distributed.new_group`` is collective over the whole world, so every rank creates every
-group in the same order, members or not, and keeps the handles of the groups it belongs to.
-P2P between pipeline stages uses the default group (leader to leader, HexiScale §3.2).
-Asymmetric data parallelism (issue 7) will add its shard-chunk groups here.
+Built once per run from the layout. ``torch.distributed.new_group`` is collective over the whole
+world, so every rank creates every group in the same order, members or not, and keeps the
+handles of the groups it belongs to: first a TP group per stage (pipeline by pipeline), then one
+group per set of ranks that hold the same gradient chunks across pipelines (:mod:`.dp_sync`:
+chunks of the smallest shard size, grouped by layer and parameter, not by stage). P2P between
+consecutive stages uses the default group (leader to leader, HexiScale §3.2).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .dp_sync import DPSync, sync_plan
 from .layout import Layout, Role
 from .tensor_parallel import TPGroup
 
@@ -26,24 +29,24 @@ class Groups:
     role: Role | None
     tp: TPGroup
     tp_leader: int
-    dp: Any = None
+    dp: DPSync | None = None
 
 
 def build_groups(layout: Layout, rank: int, world: int) -> Groups:
     """Create (collectively) every TP and DP group of ``layout``; return this rank's."""
     role = layout.role(rank)
-    tp, leader, dp = TPGroup(), rank, None
+    tp, leader = TPGroup(), rank
     for p in layout.pipelines:
         for g in p.groups:
             if g.tp > 1:
                 handle = dist.new_group(list(g.ranks)) if world > 1 else None
                 if rank in g.ranks:
                     tp, leader = TPGroup(g.ranks.index(rank), g.tp, handle), g.leader
-    if len(layout.pipelines) > 1:
-        for q, g in enumerate(layout.pipelines[0].groups):
-            for t in range(g.tp):
-                members = list(layout.dp_peers(Role(0, q, t)))
-                handle = dist.new_group(members) if world > 1 else None
-                if rank in members:
-                    dp = handle
-    return Groups(rank, world, role, tp, leader, dp)
+    plan = sync_plan(layout)
+    handles: dict[tuple[int, ...], Any] = {}
+    for members in plan.members():
+        handle = dist.new_group(list(members)) if world > 1 else None
+        if rank in members:
+            handles[members] = handle
+    dp = DPSync(plan, rank, role.pipeline, handles) if role is not None else None
+    return Groups(rank, world, role, tp, leader, dp or None)

@@ -13,9 +13,9 @@ chain covers ``[0, L)`` exactly once. Further chains of the same length are mode
 (Chimera): the stage at position k holds the same blocks as position k of the first chain —
 these *replicas* start from the same weights and REDUCE sums their gradients.
 
-Pipelines may differ in batch share; DP gradient all-reduce is implemented for pipelines of the
-same shape (same per-rank layer counts and TP degrees). Asymmetric DP (issue 7) plugs in at
-:meth:`Layout.dp_peers` and :mod:`.groups`.
+Pipelines may differ in everything (HexiScale's asymmetric plans): batch share, number of
+stages, layer cuts, TP degree per stage, schedule. Gradients are synced per layer and parameter
+among whoever holds them (:mod:`.dp_sync`), so no shape has to match across pipelines.
 """
 
 from __future__ import annotations
@@ -100,13 +100,9 @@ class Layout:
 
     @property
     def schedule_name(self) -> str:
-        return str(self.pipelines[0].actions.schedule.get("name", "?"))
-
-    def dp_peers(self, role: Role) -> tuple[int, ...]:
-        """Global ranks holding the same shard as ``role`` in every pipeline (self included)."""
-        if len(self.pipelines) == 1:
-            return (self.pipelines[0].groups[role.pipe_rank].ranks[role.tp_rank],)
-        return tuple(p.groups[role.pipe_rank].ranks[role.tp_rank] for p in self.pipelines)
+        """The schedule's name; pipelines under different schedules: their names joined by ``+``."""
+        names = [str(p.actions.schedule.get("name", "?")) for p in self.pipelines]
+        return "+".join(dict.fromkeys(names))
 
 
 # ------------------------------------------------------------------ building
@@ -234,13 +230,6 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
     world = max(used) + 1 if world is None else world
     if max(used) >= world:
         raise PlanError(f"ranks up to {max(used)} need a world of {max(used) + 1}, got {world}", source=source)
-    if len(parts) > 1:
-        shape = [(g.layers, g.tp) for g in parts[0].groups]
-        for p in parts[1:]:
-            if [(g.layers, g.tp) for g in p.groups] != shape or p.chunk_layers != parts[0].chunk_layers:
-                raise PlanError("pipelines of different shapes (asymmetric data parallelism) are not supported by "
-                                "this runtime yet; give every pipeline the same stages, layers and TP", source=source,
-                                field="pipelines")
     return Layout(model, world, global_batch, micro_batch, seq_len, tuple(parts))
 
 

@@ -53,12 +53,22 @@ class TorchRuntime:
             raise HexicoreError(f"unknown parallel {parallel!r}; choose one of: none, pipeline", field="parallel")
         schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
         if cfg.get("plan_file"):
+            from hexicore.app import build_cost_model, evaluate
+            from hexicore.registry import Registry
+
             path = str(cfg.plan_file)
-            plan = Plan.load(path)
+            plan = Plan.load(path)  # parse + hexicore.plan.check_structure
+            evaluate(plan, build_cost_model(cfg, Registry.default()), source=path)  # what `hexicore evaluate` checks
             seq = plan.train.seq_len if t.get("seq_len") is None else seq_len
             return plan_layout(plan, schedule, seq_len=seq, source=path), path
         return single_pipeline_layout(model, schedule, int(cfg.pipeline.ranks), global_batch=int(t.global_batch),
                                       micro_batch=int(t.micro_batch), seq_len=seq_len), None
+
+    def check_plan(self, plan: Any, source: str | None = None) -> Layout:
+        """Everything this runtime adds to the plan validator (TP divides heads, kv heads and FFN;
+        every schedule chunk gets a layer; ...): raises ``PlanError`` on a plan it cannot run.
+        ``hexicore evaluate`` calls it too, so both agree on what a plan means (no torch needed)."""
+        return plan_layout(plan, {"name": "1f1b"}, seq_len=plan.train.seq_len, source=source)
 
     def spec(self, cfg: Any, out: str | None):
         """A :class:`RunSpec` for this config (validated, nothing launched)."""

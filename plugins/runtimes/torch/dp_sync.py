@@ -1,0 +1,185 @@
+"""Asymmetric data-parallel gradient sync: chunked all-reduce among exactly the holders of a chunk.
+
+HexiScale §3.2 (REFERENCE.md §1): pipelines of one plan may cut the model differently and shard
+a layer with different TP degrees, so "the same shard in every pipeline" does not exist. Instead,
+for every parameter (grouped by its standard name — the layer, not the stage, decides who holds
+it) this module cuts the full tensor along its TP shard dimension at *every* shard boundary any
+holder has. With TP degrees that divide each other this is exactly HexiScale's rule: every larger
+shard is split into chunks of the smallest shard size. Each chunk is all-reduced among exactly the
+ranks whose shard contains it — no rank sends or receives a byte it does not hold.
+
+Replicated tensors (norms, embedding, head) are one chunk held by every rank of every stage that
+has them. A pipeline can hold a chunk on several ranks (TP ranks of a replicated tensor,
+Chimera's model copies after ``REDUCE``); those copies are equal, so one of them — the
+*contributor*: first chain, lowest TP rank — puts its gradient in and the others put zeros; every
+holder receives the sum. Chunk groups whose holders all belong to one pipeline need no sync.
+
+Batch weighting: each micro-batch loss is ``sum(cross-entropy) / tokens of the global batch``
+(:mod:`.executor`), so a pipeline's accumulated gradient is already weighted by its batch share
+and the plain sum over pipelines is the full-batch gradient (loss = mean over the global batch).
+
+Every rank derives the same :class:`SyncPlan` from the layout; groups are created once, in the
+same order everywhere (``new_group`` is collective); each group's chunks travel in one flat
+bucket, in a fixed order, as one asynchronous all-reduce per group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .layout import Layout
+from .tensor_parallel import shard_dim
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One stage chunk that holds a parameter: where, and which slice of the full tensor."""
+
+    rank: int
+    pipeline: int
+    stage: int  # action-list stage id within the pipeline
+    chain: int
+    tp_rank: int
+    tp_size: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Elements ``[lo, hi)`` along ``dim`` of parameter ``name`` (``dim=None``: the whole tensor)."""
+
+    name: str
+    dim: int | None
+    lo: int
+    hi: int
+    full: int  # size of the full tensor along ``dim`` (0 when replicated)
+    numel: int  # elements in the chunk
+
+
+@dataclass
+class SyncPlan:
+    """Every chunk group of a layout: member ranks -> ``[(chunk, holders, contributors)]``."""
+
+    groups: dict[tuple[int, ...], list[tuple[Chunk, tuple[Holder, ...], frozenset[Holder]]]] = field(default_factory=dict)
+
+    def members(self) -> list[tuple[int, ...]]:
+        """Group member sets in the creation order every rank uses."""
+        return sorted(self.groups, key=lambda m: (len(m), m))
+
+    def traffic(self) -> int:
+        """Elements all-reduced, summed over ranks (bucket size x members, per group)."""
+        return sum(len(m) * sum(c.numel for c, _, _ in items) for m, items in self.groups.items())
+
+
+def full_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Standard name -> full shape of every parameter of the whole model (built on the meta device)."""
+    from .model import LlamaChunk
+
+    with torch.device("meta"):
+        m = LlamaChunk(model, 0, model.layers, first=True, last=True)
+    return {n: tuple(p.shape) for n, p in m.named_parameters()}
+
+
+def _held(name: str, start: int, end: int, first: bool, last: bool) -> bool:
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        return start <= int(parts[2]) < end
+    if parts[:2] == ["model", "embed_tokens"]:
+        return first
+    return last  # model.norm, lm_head
+
+
+def holders(layout: Layout, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
+    """Parameter name -> every (rank, stage) holding (a shard of) it, in every pipeline."""
+    out: dict[str, list[Holder]] = {n: [] for n in shapes}
+    for part in layout.pipelines:
+        al = part.actions
+        for s in range(al.stages):
+            g = part.groups[al.stage_rank[s]]
+            start, end = part.chunk_layers[s]
+            first, last, chain = part.first_of_chain(s), part.last_of_chain(s), part.chain_index(s)
+            for name in shapes:
+                if _held(name, start, end, first, last):
+                    for t, r in enumerate(g.ranks):
+                        out[name].append(Holder(r, part.index, s, chain, t, g.tp))
+    return out
+
+
+def _bounds(h: Holder, full: int) -> tuple[int, int]:
+    n = full // h.tp_size
+    return h.tp_rank * n, (h.tp_rank + 1) * n
+
+
+def sync_plan(layout: Layout, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
+    """Cut every parameter at all holders' shard boundaries; group chunks by their holder sets."""
+    shapes = shapes if shapes is not None else full_shapes(layout.model)
+    plan = SyncPlan()
+    for name, hs in holders(layout, shapes).items():
+        if len({h.pipeline for h in hs}) < 2:
+            continue  # one pipeline: REDUCE (Chimera) already made its copies equal
+        dim, total = shard_dim(name), math.prod(shapes[name])
+        if dim is None:
+            chunks = [Chunk(name, None, 0, 0, 0, total)]
+        else:
+            full = shapes[name][dim]
+            cuts = sorted({b for h in hs for b in _bounds(h, full)})
+            chunks = [Chunk(name, dim, lo, hi, full, total // full * (hi - lo)) for lo, hi in zip(cuts, cuts[1:])]
+        for c in chunks:
+            hold = tuple(h for h in hs if c.dim is None or _bounds(h, c.full)[0] <= c.lo < _bounds(h, c.full)[1])
+            first: dict[int, Holder] = {}
+            for h in sorted(hold, key=lambda h: (h.chain, h.tp_rank, h.stage)):
+                first.setdefault(h.pipeline, h)
+            members = tuple(sorted({h.rank for h in hold}))
+            plan.groups.setdefault(members, []).append((c, hold, frozenset(first.values())))
+    return plan
+
+
+class DPSync:
+    """This rank's part of a :class:`SyncPlan`: its groups' handles and how to fill the buckets."""
+
+    def __init__(self, plan: SyncPlan, rank: int, pipeline: int, handles: dict[tuple[int, ...], object]):
+        self.rank, self.pipeline = rank, pipeline
+        self.items = [(m, handles[m], [(c, [h for h in hold if h.rank == rank], contrib)
+                                       for c, hold, contrib in plan.groups[m]])
+                      for m in plan.members() if rank in m]
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    @staticmethod
+    def _view(p: torch.Tensor, c: Chunk, h: Holder) -> torch.Tensor:
+        """The chunk's slice of this holder's local tensor."""
+        if c.dim is None:
+            return p
+        return p.narrow(c.dim, c.lo - _bounds(h, c.full)[0], c.hi - c.lo)
+
+    def run(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
+        """All-reduce every chunk group this rank is in; ``params[(stage, name)]`` are its tensors."""
+        for p in params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        pending = []
+        for members, handle, chunks in self.items:
+            pieces = []
+            for c, mine, contrib in chunks:
+                src = [h for h in mine if h in contrib]
+                ref = params[(mine[0].stage, c.name)]
+                if src:
+                    t = self._view(params[(src[0].stage, c.name)].grad, c, src[0])
+                else:
+                    t = torch.zeros_like(self._view(ref, c, mine[0]))
+                pieces.append(t.reshape(-1))
+            flat = torch.cat(pieces)
+            work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
+            pending.append((members, flat, chunks, work))
+        for members, flat, chunks, work in pending:
+            wait([work], f"data-parallel gradient sync with ranks {list(members)}")
+            i = 0
+            for c, mine, _ in chunks:
+                for h in mine:
+                    v = self._view(params[(h.stage, c.name)].grad, c, h)
+                    v.copy_(flat[i: i + c.numel].view_as(v))
+                i += c.numel

@@ -78,6 +78,7 @@ class Context:
     exact_cost: Any = None  # the cost model the final plan is priced with (the search's is modelled)
     options: tuple = ()  # schedule sections a pipeline may get (schedule=auto: several)
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
+    auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
 
     @property
     def auto(self) -> bool:
@@ -89,27 +90,32 @@ class Context:
 
 
 # ----------------------------------------------------------------------------- phase 2
-def pipeline_time_fn(ctx: Context, layout: Layout, n_mb_max: int | None = None):
+def pipeline_time_fn(ctx: Context, layout: Layout, n_mb_max: int | None = None, rank_only: bool = False,
+                     choose: bool = False):
     """PIPELINE-TIME(n_mb) of a layout: with a schedule book the fastest option's modelled time
-    (:mod:`hexicore.schedule_choice`), else the cost model's timer if it has one, else App. A."""
-    if ctx.book is not None:
-        opts = variants(ctx, layout, ctx.micro_batches if n_mb_max is None else n_mb_max)
+    (:mod:`hexicore.schedule_choice`), else the cost model's timer if it has one, else App. A.
+    ``rank_only`` (phase 2 ranking orders and TP menus): App. A's closed form with a schedule
+    book too — thousands of layouts, cheap; :func:`assemble` prices each candidate's pipelines
+    by their schedules. ``choose``: the fastest of all options (schedule=auto), else the first."""
+    if ctx.book is not None and not rank_only:
+        opts = variants(ctx, layout, ctx.micro_batches if n_mb_max is None else n_mb_max, choose)
         return lambda n: min((ctx.book.model(o, lay.stage_s, lay.hop_s, n) for o, lay in opts), default=INF)
     timer = getattr(ctx.cost, "pipeline_timer", None)
-    if timer is None:
+    if timer is None or ctx.book is not None:
         return affine_time(*layout.fill_step())
     sched, mb = ctx.problem.schedule, ctx.problem.train.micro_batch
     return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
 
 
-def variants(ctx: Context, layout: Layout, n_mb_max: int) -> list[tuple[dict, Layout]]:
+def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) -> list[tuple[dict, Layout]]:
     """The options a layout may run under, each with a layout that fits the option's memory:
     the layout itself where its layers fit the option's peak activations, else its stages
-    re-laid out under the option's caps; options that fit no way are left out (cached)."""
-    key = ("variants", layout.stages, layout.layers, n_mb_max)
+    re-laid out under the option's caps; options that fit no way are left out (cached).
+    ``choose``: every option, else the first only."""
+    key = ("variants", layout.stages, layout.layers, n_mb_max, choose)
     if key not in ctx.layout_cache:
         out = []
-        for o in ctx.options:
+        for o in ctx.options if choose else ctx.options[:1]:
             if not ctx.book.usable(o, len(layout.stages)):
                 continue
             table = ctx.tables[section_key(o)]
@@ -161,7 +167,7 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
         if key not in ctx.layout_cache:
             ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
         lay = ctx.layout_cache[key]
-        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max)(n_nominal), lay)
+        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)
 
     starts = []
     tried = set()
@@ -200,18 +206,23 @@ def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) 
 
 
 # ---------------------------------------------------------------------- candidates
-def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | None = None) -> Candidate:
-    """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf)."""
+def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | None = None,
+             choose: bool = False) -> Candidate:
+    """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
+    With a schedule book each pipeline gets the option fastest at its micro-batches — among
+    all options with ``choose`` (schedule=auto; such candidates leave the search's moving
+    averages alone, so the first option's trajectory is the same as searching it alone)."""
     p = ctx.problem
     n_mb_max = ctx.micro_batches - (len(layouts) - 1)
-    counts = allocate_batch([pipeline_time_fn(ctx, lay, n_mb_max) for lay in layouts], ctx.micro_batches)
+    counts = allocate_batch([pipeline_time_fn(ctx, lay, n_mb_max, choose=choose) for lay in layouts],
+                            ctx.micro_batches)
     if counts is None:
         return Candidate(INF, None, None, origin)
     sections = [p.schedule] * len(layouts)
     if ctx.book is not None:  # per pipeline the option that is fastest at its micro-batches
         picks = []
         for lay, n in zip(layouts, counts):
-            opts = variants(ctx, lay, n_mb_max)
+            opts = variants(ctx, lay, n_mb_max, choose)
             if not opts:
                 return Candidate(INF, None, None, origin)
             picks.append(min(opts, key=lambda ol: ctx.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
@@ -221,7 +232,7 @@ def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | 
     est = ctx.cost.estimate(plan)
     ctx.evaluated += 1
     score = est.iteration_s if est.fits else INF
-    if est.fits:
+    if est.fits and not choose:
         slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
         pp = counts[slow] * sum(layouts[slow].hop_s)
         a = ctx.cfg.ema
@@ -255,10 +266,21 @@ def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], s
     cand = min([assemble(ctx, layouts, origin, info)] + aligned(ctx, layouts, n_mb_max, origin, info),
                key=lambda c: c.score)
     ctx.seen[key] = cand
+    if ctx.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
+        track_auto(ctx, [assemble(ctx, layouts, origin, info, True)]
+                   + aligned(ctx, layouts, n_mb_max, origin, info, True))
     return cand
 
 
-def aligned(ctx: Context, layouts: Sequence[Layout], n_mb_max: int, origin: str, info: dict) -> list[Candidate]:
+def track_auto(ctx: Context, cands: Sequence[Candidate]) -> None:
+    """schedule=auto: remember the best candidate whose schedules were chosen."""
+    for c in cands:
+        if ctx.auto_best is None or c.score < ctx.auto_best.score:
+            ctx.auto_best = c
+
+
+def aligned(ctx: Context, layouts: Sequence[Layout], n_mb_max: int, origin: str, info: dict,
+            choose: bool = False) -> list[Candidate]:
     """Variants where every pipeline copies one pipeline's machine order and per-machine layer
     ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
     partition) their DP sync then stays inside machines. Each pipeline serves as the template
@@ -273,7 +295,7 @@ def aligned(ctx: Context, layouts: Sequence[Layout], n_mb_max: int, origin: str,
         new = [template if i == t else align_to(ctx.table, template, lay.stages, n_mb_max)
                for i, lay in enumerate(layouts)]
         if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
-            out.append(assemble(ctx, new, origin + " aligned", info))
+            out.append(assemble(ctx, new, origin + " aligned", info, choose))
     return out
 
 
@@ -296,12 +318,14 @@ def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candid
     return assemble(ctx, layouts, origin, {"d_dp": len(layouts)})
 
 
-def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] | None = None) -> Candidate:
+def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] | None = None,
+           choose: bool = False) -> Candidate:
     """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
     ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
     allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
     with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers").
-    ``only``: the pipelines whose boundaries may move (all by default)."""
+    ``only``: the pipelines whose boundaries may move (all by default); ``choose``: as in
+    :func:`assemble`."""
     if best.plan is None or not best.layouts:
         return best
     n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
@@ -322,7 +346,7 @@ def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] |
                     if new is None:
                         continue
                     layouts = best.layouts[:i] + (new,) + best.layouts[i + 1:]
-                    cand = assemble(ctx, layouts, best.origin + " +polish", best.info)
+                    cand = assemble(ctx, layouts, best.origin + " +polish", best.info, choose)
                     if cand.score < best.score - 1e-9:
                         best, lay, improved = cand, new, True
         if not improved:
@@ -461,7 +485,7 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
     return best
 
 
-def replan_search(ctx: Context, dps: list[int], rng: random.Random, deadline: float, extra: list[Candidate],
+def replan_search(ctx: Context, dps: list[int], rng: random.Random, deadline: float,
                   progress: Progress) -> Candidate:
     """Elastic replanning (:mod:`hexicore.replan`): the repaired previous plan, then
     ``replan_iterations`` two-phase candidates around its number of pipelines."""
@@ -469,7 +493,7 @@ def replan_search(ctx: Context, dps: list[int], rng: random.Random, deadline: fl
     check_warm_start(warm, ctx.problem)
     sets, broken = repair(ctx, warm)
     progress(f"hexiscale: replanning ({len(broken)} broken pipelines)", 0.1)
-    cands = [assemble(ctx, lays, label, {"d_dp": len(lays), "repaired": broken}) for label, lays in sets] + extra
+    cands = [assemble(ctx, lays, label, {"d_dp": len(lays), "repaired": broken}) for label, lays in sets]
     cands += [relayout(ctx, warm, "warm_start +layers", keep_layers=False)]
     best = min(cands, key=lambda c: c.score)
     d0 = best.info.get("d_dp", len(warm.pipelines))
@@ -483,21 +507,21 @@ def replan_search(ctx: Context, dps: list[int], rng: random.Random, deadline: fl
     return best
 
 
-def finalize(ctx: Context, best: Candidate, base: Plan | None) -> tuple[Plan, dict]:
-    """With schedule-priced pipelines: re-price the best plan exactly (the search ranked by the
-    modelled times); ``schedule=auto`` re-chooses each pipeline's schedule exactly
-    (:func:`hexicore.schedule_choice.choose_exact`) and also considers ``base``, the first
-    option's own search result, so auto is never worse than that option alone."""
+def finalize(ctx: Context, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
+    """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
+    modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
+    schedule exactly (:func:`hexicore.schedule_choice.choose_exact`, the pipeline's own schedule
+    among the choices, so no pipeline gets slower)."""
     if ctx.book is None:
-        return best.plan, {}
+        return cands[0].plan, {}
     out = []
-    for plan, origin in [(best.plan, best.origin)] + ([(base, "auto: first option alone")] if base else []):
-        tried: list = []
-        if ctx.auto:
-            plan, tried = choose_exact(ctx.book, ctx.exact_cost, plan, ctx.options)
+    for c in cands:
+        if c.plan is None:
+            continue
+        plan, tried = choose_exact(ctx.book, ctx.exact_cost, c.plan, ctx.options) if ctx.auto else (c.plan, [])
         est = ctx.exact_cost.estimate(plan)
-        out.append((est.iteration_s if est.fits else INF, len(out), plan, origin, tried))
-    score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+        out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
+    _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
     info = {"origin": origin, "schedules": [dict(p.schedule) for p in plan.pipelines]}
     if tried:
         info["schedule_s"] = tried
@@ -508,37 +532,39 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
                progress: Progress = no_progress) -> Plan:
     """The iterative two-phase search of §4.4; returns the best plan found (never worse than
     the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
-    stops the loop early; everything else is seeded. ``schedule=auto`` first searches with its
-    first option alone (half the time limit) and starts from that plan; a ``warm_start`` plan
-    is repaired and improved (:func:`replan_search`) instead of a cold search."""
+    stops the loop early; everything else is seeded. A ``warm_start`` plan is repaired and
+    improved (:func:`replan_search`) instead of a cold search.
+
+    ``schedule=auto``: the loop runs exactly as for its first option alone (that option prices
+    every candidate and steers the walk); each candidate's layouts are also assembled with every
+    pipeline's schedule chosen (:func:`assemble` ``choose``), the best of those is polished under
+    the choice, and the final plan is the exactly re-priced better of it and the first option's
+    own (polished) result, with schedules re-chosen — so auto is never worse than its first
+    option searched alone under the same cost model."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     ctx = make_context(problem, cfg)
     dps = dp_range(ctx)
     rng = random.Random(seed)
-    base, extra = None, []
-    if ctx.auto:
-        first = replace(problem, schedule=dict(ctx.options[0]), cost=ctx.exact_cost)
-        name = ctx.options[0]["name"]
-        base = run_search(first, cfg, time_limit=time_limit / 2 if time_limit else None, seed=seed,
-                          progress=lambda m, f: progress(f"auto, {name} alone: {m}", f / 2))
-        extra = [relayout(ctx, base, f"{name} search", keep_layers=True)]
-    if problem.warm_start is not None and cfg.replan_iterations is not None:
-        best = replan_search(ctx, dps, rng, deadline, extra, progress)
-        replanned = True
+    replanned = problem.warm_start is not None and cfg.replan_iterations is not None
+    if replanned:
+        best = replan_search(ctx, dps, rng, deadline, progress)
     else:
         progress("hexiscale: seeding with symmetric plans", 0.0)
-        seeds = [c for c in seed_candidates(ctx, seed) + extra if c.plan is None or len(c.plan.pipelines) in dps]
+        seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
         best = search_loop(ctx, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
-        replanned = False
     if best.plan is None:
         raise no_fit_error(problem)
     progress("hexiscale: polishing stage boundaries", cfg.iterations / (cfg.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin == "warm_start repaired" else None
     best = polish(ctx, best, deadline, only)
-    plan, sched_info = finalize(ctx, best, base)
+    cands = [best]
+    if ctx.auto:
+        track_auto(ctx, [assemble(ctx, best.layouts, best.origin, best.info, True)])
+        cands.insert(0, polish(ctx, ctx.auto_best, deadline, only, True))
+    plan, sched_info = finalize(ctx, cands)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,

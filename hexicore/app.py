@@ -69,9 +69,34 @@ def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
     return TrainConfig.from_dict(t, "command line")
 
 
+#: Schedule keys every schedule config declares (null where unused) so that one sweep can vary
+#: them across schedules: ``hexicore simulate -m schedule=gpipe,hanayo schedule.waves=1,2,4``.
+SHARED_SCHEDULE_KEYS = ("waves", "chunks")
+
+
 def group_params(cfg: DictConfig, group: str) -> dict[str, Any]:
+    """A config group's section as a dict. For ``schedule``, the shared sweep keys are dropped
+    where they are null or where the named schedule takes no such parameter."""
     node = _plain(cfg.get(group)) or {}
-    return dict(schema.as_mapping(node, _choice(cfg, group), group))
+    params = dict(schema.as_mapping(node, _choice(cfg, group), group))
+    if group == "schedule":
+        params = _schedule_params(params)
+    return params
+
+
+def _schedule_params(params: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    accepted: set[str] | None = None
+    try:
+        factory = Registry.default().spec("schedule", str(params.get("name")))
+        sig = inspect.signature(factory.factory)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            accepted = set(sig.parameters)
+    except (HexicoreError, TypeError, ValueError):
+        pass  # unknown schedule (e.g. ``auto``): leave the keys for its own handling
+    return {k: v for k, v in params.items()
+            if k not in SHARED_SCHEDULE_KEYS or (v is not None and (accepted is None or k in accepted))}
 
 
 def build_cost_model(cfg: DictConfig, registry: Registry) -> CostModel:

@@ -58,8 +58,37 @@ def _short(v) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+def pictures(folder: Path) -> list[Path]:
+    """The concept pictures of docs/concepts.md: cluster, plan, schedule timeline, action list."""
+    import hexicore
+    from hexicore.app import config_from_overrides, load_cluster
+    from hexicore.picture import save_action_list_picture, save_cluster_picture, save_plan_picture
+    from hexicore.timeline import save_gantt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = [save_cluster_picture(load_cluster(config_from_overrides([])), folder / "cluster.png")]
+    out.append(save_plan_picture(hexicore.plan(), folder / "plan.png"))
+    sim = hexicore.simulate("hanayo", ranks=4, micro_batches=4, overrides=["schedule.waves=2"])
+    from hexicore.simulate import simulate
+
+    al = sim["action_list"]
+    res = simulate(al, record=True, comm=True)
+    save_gantt(al, res, folder / "schedule.png")
+    out.append(folder / "schedule.png")
+    small = hexicore.simulate("1f1b", ranks=2, micro_batches=3)["action_list"]
+    out.append(save_action_list_picture(small, folder / "actions.png"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """``python -m hexicore.docgen [CLI_MD] [--pictures DIR]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--pictures" in argv:
+        i = argv.index("--pictures")
+        folder = Path(argv[i + 1]) if i + 1 < len(argv) else Path("docs/img")
+        del argv[i:i + 2]
+        for p in pictures(folder):
+            print(f"wrote {p}")
     path = Path(argv[0]) if argv else Path("docs/cli.md")
     path.write_text(render(), encoding="utf-8")
     print(f"wrote {path}")

@@ -93,3 +93,84 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def save_cluster_picture(cluster, path: str | Path) -> Path:
+    """The device graph of HexiScale §4.2: one box per machine with its GPUs (vertex weight
+    TFLOPS in the label), intra-machine bandwidth in the box title, inter-machine links as
+    edges labelled with their bandwidth (GB/s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    path = Path(path)
+    machines = list(cluster.machines)
+    fig, ax = plt.subplots(figsize=(max(6, 2.6 * len(machines)), 4))
+    centers = {}
+    for x, m in enumerate(machines):
+        cx = 2.6 * x
+        centers[m.name] = cx
+        ax.add_patch(FancyBboxPatch((cx - 1.0, -0.4 - 0.55 * m.count), 2.0, 0.55 * m.count + 0.9,
+                                    boxstyle="round,pad=0.05", fc="#eef3fb", ec="#4a6fa5"))
+        ax.text(cx, 0.35, f"machine {m.name}: {m.gpu.name}\nintra {m.bandwidth_gbs:g} GB/s", ha="center",
+                va="center", fontsize=7)
+        for i in range(m.count):
+            did = f"{m.name}.{i}"
+            gone = did in cluster.excluded
+            ax.add_patch(FancyBboxPatch((cx - 0.8, -0.45 - 0.55 * i), 1.6, 0.42, boxstyle="round,pad=0.02",
+                                        fc="white" if gone else "#ffd9a8", ec="grey"))
+            ax.text(cx, -0.24 - 0.55 * i, f"{did}  {m.gpu.tflops:g} TF, {m.gpu.memory_gb:g} GB"
+                    + ("  (excluded)" if gone else ""), ha="center", va="center", fontsize=6)
+    pairs = [(a, b) for i, a in enumerate(machines) for b in machines[i + 1:]]
+    for k, (a, b) in enumerate(pairs):
+        bw = cluster.bandwidth_gbs(f"{a.name}.0", f"{b.name}.0") if a.count and b.count else cluster.inter_bandwidth_gbs
+        y = 1.0 + 0.35 * k
+        ax.annotate("", (centers[b.name], 0.6), (centers[a.name], 0.6),
+                    arrowprops=dict(arrowstyle="-", connectionstyle=f"arc3,rad={-0.25 - 0.1 * k}", color="#a33"))
+        ax.text((centers[a.name] + centers[b.name]) / 2, y, f"{a.name}-{b.name}: {bw:g} GB/s", ha="center",
+                fontsize=7, color="#a33")
+    tall = max(m.count for m in machines)
+    ax.set_xlim(-1.4, 2.6 * (len(machines) - 1) + 1.4)
+    ax.set_ylim(-0.7 - 0.55 * tall, 1.4 + 0.35 * len(pairs))
+    ax.axis("off")
+    ax.set_title(f"cluster {cluster.name}: {len(cluster.devices)} GPUs, {cluster.total_tflops:g} TFLOPS", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def save_action_list_picture(al, path: str | Path, limit: int = 40) -> Path:
+    """Per-rank action lists as a grid: one row per rank, one cell per action in list order,
+    compute cells coloured by micro-batch, communication cells grey (first ``limit`` actions)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    width = min(limit, max(len(a) for a in al.actions))
+    fig, ax = plt.subplots(figsize=(0.55 * width + 1.5, 0.6 * al.ranks + 1.2))
+    cmap = plt.get_cmap("tab10")
+    for r, acts in enumerate(al.actions):
+        for k, a in enumerate(acts[:width]):
+            colour = cmap(a.mb % 10) if a.is_compute and a.mb is not None else "#dddddd"
+            alpha = 0.45 if a.op == "F" else 0.95
+            ax.add_patch(plt.Rectangle((k, -r - 0.9), 0.95, 0.8, fc=colour, alpha=alpha, ec="black", lw=0.3))
+            label = str(a).replace("SEND_", "S").replace("RECV_", "R")
+            ax.text(k + 0.47, -r - 0.5, label, ha="center", va="center", fontsize=5, rotation=90)
+    ax.set_xlim(0, width)
+    ax.set_ylim(-al.ranks, 0)
+    ax.set_yticks([-r - 0.5 for r in range(al.ranks)])
+    ax.set_yticklabels([f"rank {r}" for r in range(al.ranks)], fontsize=7)
+    ax.set_xlabel("position in the rank's list: <stage><op><micro-batch>, SF/SB send forward/backward, RF/RB receive, ->peer", fontsize=7)
+    ax.set_title(f"action lists: {al.schedule.get('name')} {dict((k, v) for k, v in al.schedule.items() if k != 'name')}"
+                 f", P={al.ranks}, M={al.micro_batches}", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -168,16 +168,12 @@ def _markdown(args, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str, path: Path = RESULTS) -> None:
-    """Replace (or append) this benchmark's section of docs/results.md, leaving the others alone."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end:] if end >= 0 else "")
-    path.write_text(new, encoding="utf-8")
+def write_results(text: str) -> None:
+    """This benchmark's section of docs/results.md (the text starts with its heading)."""
+    from results import write_section
+
+    heading, body = text.split("\n", 1)
+    write_section(heading, body, RESULTS)
 
 
 def main() -> None:
@@ -199,7 +195,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     (OUT / "asymmetric.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     if not args.no_docs:
-        write_section(text)
+        write_results(text)
 
 
 if __name__ == "__main__":

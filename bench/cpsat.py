@@ -17,13 +17,14 @@ with status OPTIMAL within the limit is reported (there hexiscale's gap is to th
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+from results import write_section
 
 from hexicore import app
 from hexicore.registry import Registry
@@ -148,16 +149,6 @@ def _ortools() -> str:
     return ortools.__version__
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) this benchmark's section; keep every other section of the file."""
-    old = path.read_text() if path.exists() else "# Results\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text.rstrip() + "\n\n", old) if pattern.search(old) else \
-        old.rstrip() + "\n\n" + text.rstrip() + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -170,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         gap = gap_rows(args.time_limit, args.workers, tmp)
         scale, largest = scaling_rows(args.time_limit, args.workers, tmp, args.sizes)
     text = section(gap, scale, largest, args.time_limit, args.workers)
-    write_section(args.results, text)
+    write_section(HEADING, text.split("\n", 1)[1], args.results)
     print(text)
     return 0
 

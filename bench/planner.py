@@ -13,10 +13,11 @@ docs/results.md under ``## Planner quality`` (only that section is replaced).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
+
+from results import write_section
 
 from hexicore import app
 from hexicore.errors import HexicoreError
@@ -138,19 +139,6 @@ def paper_case_lines(registry: Registry) -> list[str]:
             f"{per['4090']:.3f} s on a 4090 and {per['3090']:.3f} s on a 3090 (fwd + bwd + recompute)."]
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) the ``## Planner quality`` section of ``path``."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
-    section = "## Planner quality\n\n" + body.rstrip() + "\n"
-    pattern = re.compile(r"^## Planner quality\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="paper case only")
@@ -171,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if scale:
         body += "\nSearch time on synthetic fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, " \
                 "8 GPUs a machine, 0.7 GB/s between machines):\n\n" + "\n".join(scale) + "\n"
-    write_section(Path(args.out), body)
+    write_section("## Planner quality", body, Path(args.out))
     print(f"written to {args.out}")
     return 0
 

@@ -221,6 +221,25 @@ def main() -> None:
     Console().print(t2)
     OUT.mkdir(exist_ok=True)
     (OUT / "runtime.json").write_text(json.dumps({"args": vars(args), "rows": rows, "simulator": sims}, indent=2) + "\n")
+    write_results(args, rows, sims)
+
+
+def write_results(args, rows, sims) -> None:
+    """The ``## Runtime`` section of docs/results.md: both tables as markdown."""
+    from results import write_section
+
+    body = [f"Measured by `python bench/runtime.py` (CPU, gloo, fp32): {args.ranks} ranks, {args.micro_batches} "
+            f"micro-batches of {args.micro_batch} x {args.seq} tokens, a Llama of {args.layers} layers, hidden "
+            f"{args.hidden}; median over steps after the first. Other processes share the 2 cores, so differences "
+            "under ~30% are noise.", "",
+            "### hexicore's executor vs torch.distributed.pipelining", "",
+            "| schedule | runtime | step (ms) | tokens/s |", "|---|---|---|---|"]
+    body += [f"| {r['schedule']} | {r['runtime']} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} |" for r in rows]
+    body += ["", "### Simulator (per-stage times from a profiling step, measured hop) vs measured step", "",
+             "| schedule | measured (ms) | predicted (ms) | error |", "|---|---|---|---|"]
+    body += [f"| {r['schedule']} | {1e3 * r['measured_s']:.1f} | {1e3 * r['predicted_s']:.1f} | {r['error']:+.1%} |"
+             for r in sims]
+    write_section("## Runtime", "\n".join(body))
 
 
 if __name__ == "__main__":

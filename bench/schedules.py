@@ -78,29 +78,27 @@ BEFORE = ("Before the array paths (object lists, event simulator; commit 77d6534
           "build 2.95 s, comm 9.70 s, validate 15.73 s, simulate 17.62 s, total 46.01 s; P=16, W=4, M=64 0.55 s.")
 
 
-def write_results(rows: list[str], path: Path) -> None:
-    """Replace (or add) the ``## Schedules`` section of docs/results.md, leaving the others alone."""
-    section = ["## Schedules", "", "Hanayo build + comm pass + validate + simulate (`python bench/schedules.py`; "
-               "target: P=64, W=8, M=512 under 2 s). Wall clock on the shared 2-core machine; CPU is this "
-               "process's time.", "", *SPEED_HEAD, *rows, "", BEFORE, ""]
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
-    lines = text.splitlines()
-    start = next((i for i, l in enumerate(lines) if l.strip() == "## Schedules"), None)
-    if start is None:
-        lines = lines + ([""] if lines and lines[-1].strip() else []) + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines = lines[:start] + section + lines[end:]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
+def write_results(hanayo: list[str], others: list[str], rows: list[str], path: Path) -> None:
+    """The ``## Schedules`` section of docs/results.md: bubbles vs closed forms, then speed."""
+    from results import write_section
+
+    body = ["Measured by `python bench/schedules.py`: the event simulator on each schedule's action lists, "
+            "T_B = 2 T_F, T_C = 0 (bubble ratio = 1 - busy / (P x makespan)).", "",
+            "### Hanayo vs its closed form (M = P)", "", *hanayo, "",
+            "### Other schedules vs the 1F1B closed form", "", *others, "",
+            "### Speed: Hanayo build + comm pass + validate + simulate", "",
+            "Target: P=64, W=8, M=512 under 2 s. Wall clock on the shared 2-core machine; CPU is this process's "
+            "time.", "", *SPEED_HEAD, *rows, "", BEFORE]
+    write_section("## Schedules", "\n".join(body), path)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", nargs=3, type=int, default=(64, 8, 512), metavar=("P", "W", "M"))
     args = ap.parse_args()
+    hanayo, others = hanayo_table(), others_table()
     lines = ["# pipeline schedules: bubbles and speed", "", "T_B = 2 T_F, T_C = 0.", "", "## Hanayo", "",
-             *hanayo_table(), "", "## Other schedules", "", *others_table(), "", "## Speed", "", *SPEED_HEAD]
+             *hanayo, "", "## Other schedules", "", *others, "", "## Speed", "", *SPEED_HEAD]
     rows = []
     for P, W, M in ((16, 4, 64), (32, 8, 128), tuple(args.big)):
         row, _ = speed(P, W, M)
@@ -110,7 +108,7 @@ def main() -> None:
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "schedules.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    write_results(rows, Path(__file__).resolve().parent.parent / "docs" / "results.md")
+    write_results(hanayo, others, rows, Path(__file__).resolve().parent.parent / "docs" / "results.md")
     print("\n".join(lines))
 
 

@@ -1,0 +1,25 @@
+"""docs/results.md is shared by every benchmark: each one owns one ``## `` section and replaces
+only that section (appending it when missing), so the scripts can run in any order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+TITLE = "# Results\n\nMeasured by the scripts in `bench/` (`python bench/run_all.py` regenerates every table).\n"
+
+
+def write_section(heading: str, body: str, path: Path = RESULTS) -> Path:
+    """Replace the section that starts with the line ``heading`` (``## ...``) by ``heading`` +
+    ``body``; every other section of ``path`` is kept as it is."""
+    text = path.read_text(encoding="utf-8") if path.exists() else TITLE
+    section = heading.rstrip() + "\n\n" + body.strip("\n") + "\n"
+    pattern = re.compile(rf"^{re.escape(heading.rstrip())}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip() + "\n", encoding="utf-8")
+    return path

@@ -6,8 +6,9 @@ Start from the previous plan instead of a cold search:
 2. repair each broken pipeline: drop its dead devices; a stage that lost part of its TP group
    is re-cut into TP groups of allowed degrees (:func:`hexicore.stages.tp_menus`, the cut with
    the fastest pipeline), a stage that lost all its devices disappears; that pipeline's layers
-   are re-allocated exactly (:func:`hexicore.stages.layout_pipeline`); the variant that drops the
-   broken pipelines altogether is tried too;
+   are re-allocated exactly (:func:`hexicore.stages.layout_pipeline`); two more variants are
+   tried: the broken pipeline keeping its other stages' layers (a re-cut stage's layers split
+   among its pieces: the fewest weights to move), and dropping the broken pipelines altogether;
 3. batches are re-allocated over the pipelines, then a short search improves the result (the
    search's boundary polish and a few two-phase candidates, the caller's budget).
 
@@ -29,6 +30,26 @@ def check_warm_start(warm: Plan, problem: Any) -> None:
     if warm.model.layers != problem.model.layers or warm.model.name != problem.model.name:
         raise HexicoreError(f"the plan is for model {warm.model.name!r} ({warm.model.layers} layers), this run plans "
                             f"{problem.model.name!r} ({problem.model.layers} layers)", field="warm_start")
+
+
+def kept_layers(ctx: Any, stages: Sequence[Any], n_mb_max: int) -> Layout | None:
+    """The broken pipeline with every intact stage's layers kept: a stage that lost devices is
+    re-cut by its first TP menu and its layers split evenly among the pieces; ``None`` when a
+    whole stage died, a piece would get no layer, or memory does not allow it."""
+    cl = ctx.problem.cluster
+    groups, layers = [], []
+    for s in stages:
+        alive = tuple(d for d in s.devices if cl.has_device(d))
+        if not alive:
+            return None
+        pieces = [alive] if len(alive) == len(s.devices) else \
+            [tuple(g) for g in apply_menu(alive, tp_menus(len(alive), tuple(d for d in ctx.degrees if d <= len(alive)))[0])]
+        if s.n_layers < len(pieces):
+            return None
+        q, r = divmod(s.n_layers, len(pieces))
+        groups += pieces
+        layers += [q + (1 if k < r else 0) for k in range(len(pieces))]
+    return layout_pipeline(ctx.table, groups, n_mb_max, layers)
 
 
 def repaired_stages(ctx: Any, stages: Sequence[Sequence[str]], n_mb_max: int) -> Layout | None:
@@ -77,20 +98,23 @@ def repair(ctx: Any, warm: Plan) -> tuple[list[tuple[str, list[Layout]]], list[i
     full = [kept.get(i) or fixed.get(i) for i in range(len(warm.pipelines))]
     if all(lay is not None for lay in full):
         out.append(("warm_start repaired", full))
+    same = {i: kept_layers(ctx, warm.pipelines[i].stages, n_mb_max) for i in broken}
+    full = [kept.get(i) or same.get(i) for i in range(len(warm.pipelines))]
+    if broken and all(lay is not None for lay in full):
+        out.append(("warm_start repaired, layers kept", full))
     if broken and kept:
         out.append(("warm_start, broken pipelines dropped", [kept[i] for i in sorted(kept)]))
     return out, broken
 
 
 def placement(plan: Plan) -> dict[str, tuple]:
-    """Per device: (pipeline, stage, layer range, TP degree, rank in the TP group)."""
-    return {d: (i, j, s.layers, s.tp, s.devices.index(d))
-            for i, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages) for d in s.devices}
+    """Per device: (layer range, TP degree, rank in the TP group) — what it holds."""
+    return {d: (s.layers, s.tp, s.devices.index(d)) for p in plan.pipelines for s in p.stages for d in s.devices}
 
 
 def plan_diff(old: Plan, new: Plan) -> dict[str, Any]:
-    """How ``new`` differs from ``old``: devices lost, devices whose role changed (another
-    pipeline, stage, TP group position or layer range; newly used or now idle included), and
+    """How ``new`` differs from ``old``: devices lost, devices moved (their layer range, TP
+    degree or TP rank changed, or they are newly used or now idle: their weights change), and
     layers moved = sum over the new plan's devices of the layers (as TP shards) that device did
     not hold before — the weights a runtime has to load."""
     a, b = placement(old), placement(new)
@@ -98,7 +122,7 @@ def plan_diff(old: Plan, new: Plan) -> dict[str, Any]:
     moved = sorted(d for d in set(a) | set(b) if d not in lost and a.get(d) != b.get(d))
 
     def shards(p: tuple | None) -> set:
-        return set() if p is None else {(k, p[3], p[4]) for k in range(*p[2])}
+        return set() if p is None else {(k, p[1], p[2]) for k in range(*p[0])}
 
     layers = sum(len(shards(b[d]) - shards(a.get(d))) for d in b)
     same = sum(1 for p in new.pipelines if any(tuple(p.stages) == tuple(q.stages) for q in old.pipelines))

@@ -84,12 +84,19 @@ class ScheduleBook:
         """Hanayo's wave turns on the last rank: it needs two ranks."""
         return ranks >= 2 or str(section.get("name")) not in BLOCK_SCHEDULES
 
+    def effective(self, section: Mapping[str, Any], ranks: int) -> Mapping[str, Any]:
+        """The section a pipeline of ``ranks`` is priced under: one rank has no bubble under any
+        schedule, so a schedule that needs two ranks is priced as 1F1B there."""
+        return section if self.usable(section, ranks) else {"name": "1f1b"}
+
     def exact(self, section: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
+        section = self.effective(section, len(stage_s))
         return self.schedule(section).pipeline_time(stage_s, hop_s, int(n))
 
     def model(self, section: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """PIPELINE-TIME from the anchors (module docstring); exact for ``n <= P`` but Hanayo's."""
         p = len(stage_s)
+        section = self.effective(section, p)
         key = (section_key(section), tuple(stage_s), tuple(hop_s))
         block = key[0][0] in BLOCK_SCHEDULES
         if n <= p and not block:
@@ -104,6 +111,7 @@ class ScheduleBook:
 
     def peaks(self, section: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank (units of a rank's whole share)."""
+        section = self.effective(section, ranks)
         name = str(section.get("name", "1f1b"))
         if name in RULE_PEAKS:
             return tuple(float(n if name == "gpipe" else max(1, min(n, ranks - j))) for j in range(ranks))
@@ -116,7 +124,7 @@ class ScheduleBook:
         """``peaks`` at ``min(n, 2P - 1)`` (Hanayo: at ``P``, the block it repeats): exact
         below, the saturated value above (1F1B saturates at P, interleaved groups hold at most
         2P - 1 micro-batches). The final plan is checked with the exact peaks."""
-        if str(section.get("name")) in BLOCK_SCHEDULES:
+        if str(self.effective(section, ranks).get("name")) in BLOCK_SCHEDULES:
             return self.peaks(section, ranks, ranks)
         return self.peaks(section, ranks, min(n, 2 * ranks - 1))
 

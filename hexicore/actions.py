@@ -181,12 +181,8 @@ class ActionList:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
-        tmp.replace(path)
-        return path
+        """Write the JSON atomically (a temporary file renamed into place)."""
+        return schema.write_text_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None) -> "ActionList":

@@ -151,12 +151,7 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return schema.write_text_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None) -> "Plan":

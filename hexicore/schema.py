@@ -88,20 +88,35 @@ def string(value: Any, source: str | None, field: str) -> str:
     return value
 
 
+def read_text(path: str | Path, what: str) -> str:
+    """A file's non-empty text; a missing, unreadable or empty file is a one-line error."""
+    path = Path(path)
+    if not path.is_file():
+        raise HexicoreError(f"{what} file not found", source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HexicoreError(f"cannot read {what} file: {exc}", source=str(path)) from None
+    if not text.strip():
+        raise HexicoreError(f"{what} file is empty", source=str(path))
+    return text
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file renamed into place (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
 def load_yaml(path: str | Path, what: str) -> Mapping[str, Any]:
     """Read a YAML mapping from ``path``; every failure is a one-line :class:`HexicoreError`."""
     import yaml
 
-    path = Path(path)
-    source = str(path)
-    if not path.is_file():
-        raise HexicoreError(f"{what} file not found", source=source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HexicoreError(f"cannot read {what} file: {exc}", source=source) from None
-    if not text.strip():
-        raise HexicoreError(f"{what} file is empty", source=source)
+    text, source = read_text(path, what), str(path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -116,16 +131,7 @@ def load_yaml(path: str | Path, what: str) -> Mapping[str, Any]:
 
 def load_json(path: str | Path, what: str) -> Mapping[str, Any]:
     """Read a JSON object from ``path``; every failure is a one-line :class:`HexicoreError`."""
-    path = Path(path)
-    source = str(path)
-    if not path.is_file():
-        raise HexicoreError(f"{what} file not found", source=source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HexicoreError(f"cannot read {what} file: {exc}", source=source) from None
-    if not text.strip():
-        raise HexicoreError(f"{what} file is empty", source=source)
+    text, source = read_text(path, what), str(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -14,8 +14,11 @@ complete graph with fixed part sizes turns the minimum cut into the maximum band
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +69,26 @@ def repair_empty(labels: np.ndarray, k: int, vw: np.ndarray) -> np.ndarray:
     return labels
 
 
+@contextlib.contextmanager
+def quiet_c_output():
+    """Silence what the METIS C library prints on file descriptors 1 and 2 (``***Cannot bisect
+    a graph with 0 vertices!`` when recursive bisection meets an empty side; the result is still
+    usable and :func:`repair_empty` fixes empty parts) so it never reaches the user's terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 @dataclass(frozen=True)
 class MetisPartitioner:
     """k-way METIS partition of the device graph (§4.2); ``recursive`` selects recursive
@@ -92,8 +115,10 @@ class MetisPartitioner:
         xadj = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(nodes)))]).astype(np.int64)
         opts = pymetis.Options(seed=int(seed) % (2**31), ufactor=ufactor(balance, parts, self.recursive),
                                contig=int(self.contig))
-        res = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(adj_starts=xadj, adjacent=cols.astype(np.int64)),
-                                 eweights=w[rows, cols], vweights=vw, options=opts, recursive=self.recursive)
+        with quiet_c_output():
+            res = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(adj_starts=xadj,
+                                                                            adjacent=cols.astype(np.int64)),
+                                     eweights=w[rows, cols], vweights=vw, options=opts, recursive=self.recursive)
         labels = repair_empty(np.asarray(res.vertex_part, dtype=np.int64), parts, vw)
         return parts_of(nodes, labels, parts)
 

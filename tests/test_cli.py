@@ -142,3 +142,13 @@ def test_console_script_exit_status(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hexicore.cli", "plan", f"cluster_file={tmp_path / 'c.yaml'}",
                            f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_train_without_torch_is_one_line(monkeypatch, capsys, hydra_dir):
+    """Planning needs no torch; training without it says how to install it (exit 2)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    code, _, err = run(["train", "parallel=none", "model=tiny", *hydra_dir], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "hexicore[torch]" in err

@@ -72,6 +72,11 @@ class TorchRuntime:
 
     def spec(self, cfg: Any, out: str | None):
         """A :class:`RunSpec` for this config (validated, nothing launched)."""
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install "
+                                "'hexicore[torch]' (the CPU build: pip install torch==2.13.0)", field="runtime")
         from .trainer import RunSpec
 
         layout, plan = self.layout(cfg)

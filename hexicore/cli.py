@@ -65,13 +65,35 @@ def _group_options(group: str) -> list[str]:
     return sorted(names)
 
 
+#: Hydra's own options that take a value (``--cfg job``, ``-p solver``); never overrides.
+_VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+_INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def hydra_overrides(args: Sequence[str]) -> list[str]:
+    """The ``key=value`` overrides among a command line's arguments (Hydra's flags removed)."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-"):
+            if "=" not in a and a in _VALUED_FLAGS and i + 1 < len(args):
+                nxt = args[i + 1]
+                skip = a not in ("--info", "-i") or nxt in _INFO_TOPICS
+            continue
+        out.append(a)
+    return out
+
+
 def preflight(overrides: Sequence[str]) -> None:
     """Check group choices and compose once (first value of each sweep); raise HexicoreError."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [o for o in overrides if not o.startswith("-")]
+    plain = hydra_overrides(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as exc:

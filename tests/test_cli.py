@@ -152,3 +152,11 @@ def test_train_without_torch_is_one_line(monkeypatch, capsys, hydra_dir):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     code, _, err = run(["train", "parallel=none", "model=tiny", *hydra_dir], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "hexicore[torch]" in err
+
+
+def test_hydra_flags_pass_through(capsys, hydra_dir):
+    """`--cfg job` (a flag with a value) is Hydra's, not an override; group errors still one line."""
+    code, out, _ = run(["plan", "--cfg", "job", "model=tiny", *hydra_dir], capsys)
+    assert code == 0 and "name: tiny" in out and "cluster:" in out
+    code, _, err = run(["plan", "--cfg", "job", "solver=nope", *hydra_dir], capsys)
+    assert code == 2 and "unknown solver 'nope'" in err

@@ -230,8 +230,8 @@ def write_results(args, rows, sims) -> None:
 
     body = [f"Measured by `python bench/runtime.py` (CPU, gloo, fp32): {args.ranks} ranks, {args.micro_batches} "
             f"micro-batches of {args.micro_batch} x {args.seq} tokens, a Llama of {args.layers} layers, hidden "
-            f"{args.hidden}; median over steps after the first. Other processes share the 2 cores, so differences "
-            "under ~30% are noise.", "",
+            f"{args.hidden}; median over steps after the first. Run-to-run variation on this 2-core machine is a few "
+            "percent when it is otherwise idle and up to ~30% when other work shares the cores.", "",
             "### hexicore's executor vs torch.distributed.pipelining", "",
             "| schedule | runtime | step (ms) | tokens/s |", "|---|---|---|---|"]
     body += [f"| {r['schedule']} | {r['runtime']} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} |" for r in rows]

@@ -102,3 +102,15 @@ def tile_blocks(block: ActionArrays, block_mbs: int, repeats: int, rest: ActionA
         counts.append(c)
     op, st, mb = (np.concatenate(p) if p else np.zeros(0, np.int32) for p in (parts_op, parts_st, parts_mb))
     return ActionArrays.build(op, st, mb, np.full(len(op), -1, dtype=np.int32), counts)
+
+
+def chain_links(al) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(prev, next, chain) per stage; None when chains overlap or leave the stage range."""
+    S = al.stages
+    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
+    for c, chain in enumerate(al.chains):
+        ch = np.asarray(chain, dtype=np.int64)
+        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
+            return None
+        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
+    return prev, nxt, chain_of

@@ -119,12 +119,10 @@ def _insert_comm_arrays(al: ActionList, general: bool = True) -> Any:
     op, st, mb = A.op, A.stage, A.mb
     i32 = np.int32  # values stay 32-bit: the pass touches ~10^6-10^7 entries, memory is the cost
     s2r = np.append(np.asarray(al.stage_rank, dtype=i32), -1)  # index -1: no stage
-    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
-    for c, chain in enumerate(al.chains):
-        ch = np.asarray(chain, dtype=np.int64)
-        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
-            return None
-        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
+    links = aa.chain_links(al)
+    if links is None:
+        return None
+    prev, nxt, chain_of = links
     k = np.flatnonzero((op <= aa.I) & (mb >= 0))
     s, m = st[k], mb[k]
     r = np.repeat(np.arange(P, dtype=i32), np.diff(A.offsets))[k]
@@ -190,12 +188,10 @@ def _insert_comm_general(al: ActionList) -> Any:
     op, st, mb = A.op, A.stage, A.mb
     rank = A.rank_of()
     s2r = np.asarray(al.stage_rank, dtype=np.int64)
-    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
-    for c, chain in enumerate(al.chains):
-        ch = np.asarray(chain, dtype=np.int64)
-        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
-            return None
-        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
+    links = aa.chain_links(al)
+    if links is None:
+        return None
+    prev, nxt, chain_of = links
     prod = ((op == aa.F) | (op == aa.B) | (op == aa.I)) & (mb >= 0)
     k = np.flatnonzero(prod)
     s, m, r, fwd = st[k], mb[k], rank[k], op[k] == aa.F

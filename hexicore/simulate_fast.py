@@ -53,18 +53,6 @@ def simulate_arrays(al: ActionList, timing: Timing, comm: bool) -> SimResult | N
     return None if g is None else _solve(al, g, timing)
 
 
-def _layout(al: ActionList) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(prev, next, chain) per stage; None when chains overlap or leave the stage range."""
-    S = al.stages
-    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
-    for c, chain in enumerate(al.chains):
-        ch = np.asarray(chain, dtype=np.int64)
-        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
-            return None
-        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
-    return prev, nxt, chain_of
-
-
 def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
     """Checks and the timing-free structure of the compute graph (module docstring)."""
     if comm:  # the comm pass's own common-case lists: same checks and times as their compute part
@@ -81,7 +69,7 @@ def _graph(al: ActionList, comm: bool) -> dict[str, Any] | None:
                 object.__setattr__(base, key, _graph(base, False))
             return base.__dict__[key]
     A, P, S, M = al.arrays, al.ranks, al.stages, al.micro_batches
-    lay = _layout(al)
+    lay = aa.chain_links(al)
     if lay is None or len(al.stage_rank) != S or len(A.offsets) != P + 1:
         return None
     prev, nxt, chain_of = lay

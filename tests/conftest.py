@@ -34,3 +34,14 @@ def llama13b() -> ModelSpec:
 @pytest.fixture
 def tiny() -> ModelSpec:
     return model_preset("tiny")
+
+
+def run_cli(argv) -> int:
+    """``hexicore.cli.main`` in-process; its exit status (errors inside the Hydra task leave
+    through ``sys.exit``, so SystemExit's code is the status)."""
+    from hexicore.cli import main
+
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return exc.code

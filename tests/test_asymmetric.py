@@ -19,6 +19,7 @@ import pytest
 from hexicore.errors import HexicoreError
 from hexicore.model import ModelSpec
 from hexicore.plan import Plan
+from tests.conftest import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SEQ, TOL = 32, 1e-5
@@ -118,7 +119,6 @@ def test_every_parameter_chunk_is_covered_once_per_pipeline():
 # ------------------------------------------------------------------ evaluate and train agree
 def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_path, capsys, monkeypatch):
     import hexicore_plugins.runtimes.torch.launch as launch_mod
-    from hexicore.cli import main
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     bad = plan_of([(8, {"name": "hanayo", "waves": 2}, [(1, 6), (1, 1), (1, 1)])])  # 4 chunks on 1 layer
@@ -126,11 +126,7 @@ def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_pat
     bad.save(path)
 
     def cli(*args):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code
-        return code, capsys.readouterr()
+        return run_cli(args), capsys.readouterr()
 
     code, io = cli("train", f"plan_file={path}", "runtime.progress=false", f"out={tmp_path}")
     assert code == 2 and io.err.count("\n") == 1 and "more stages than layers" in io.err
@@ -167,7 +163,6 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     ``parallel=none`` on the same global batch (losses and final weights within 1e-5). Then a plan
     written by ``hexicore plan`` for a small synthetic cluster trains through ``hexicore train``."""
     torch = pytest.importorskip("torch")
-    from hexicore.cli import main
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
     from hexicore_plugins.runtimes.torch.trainer import RunSpec
@@ -195,11 +190,7 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     common = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=8"]
 
     def cli(*args):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code
-        return code, capsys.readouterr()
+        return run_cli(args), capsys.readouterr()
 
     code, io = cli("plan", f"cluster_file={cluster}", *common, "solver.dp_min=2", f"out={plan_path}")
     assert code == 0, io.err

@@ -7,15 +7,12 @@ import sys
 
 import pytest
 
-from hexicore.cli import main
+from tests.conftest import run_cli
 
 
 def run(args, capsys):
     """Run the CLI in-process; return (exit status, stdout, stderr)."""
-    try:
-        code = main(args)
-    except SystemExit as e:
-        code = e.code
+    code = run_cli(args)
     out = capsys.readouterr()
     return code, out.out, out.err
 

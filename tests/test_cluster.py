@@ -2,7 +2,7 @@
 
 import pytest
 
-from hexicore.cluster import GPU_CATALOG, Cluster, parse_cluster, synthetic_fleet
+from hexicore.cluster import GPU_CATALOG, parse_cluster, synthetic_fleet
 from hexicore.errors import HexicoreError
 from tests.conftest import cluster_preset
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.conftest import cluster_preset, model_preset
+from tests.conftest import cluster_preset, model_preset, run_cli
 from hexicore.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.errors import HexicoreError
@@ -274,12 +274,7 @@ def test_time_limit_with_a_start_plan_returns_it():
 
 
 def _cli(args, capsys):
-    from hexicore.cli import main
-
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
+    code = run_cli(args)
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from hexicore.app import build_problem, config_from_overrides
-from hexicore.cli import main
 from hexicore.model import ModelSpec
 from hexicore.plan import TrainConfig
 from hexicore.problem import Problem
@@ -17,6 +16,7 @@ from hexicore.validate import validate_plan
 
 from .conftest import CONF
 from .test_schedule_aware import FAST, random_cluster
+from tests.conftest import run_cli
 
 
 def solve(problem, seed=0, **params):
@@ -25,11 +25,7 @@ def solve(problem, seed=0, **params):
 
 
 def run(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
+    return run_cli(args), capsys.readouterr()
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,14 @@ from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, ch
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.hanayo import Hanayo
 from hexicore_plugins.schedules.interleaved import Interleaved1F1B
+from tests.conftest import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4", "runtime.progress=false"]
 
 
 def cli(args, capsys):
-    from hexicore.cli import main
-
-    try:
-        code = main(["train", *args])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
+    return run_cli(["train", *args]), capsys.readouterr()
 
 
 # ------------------------------------------------------------------ layouts

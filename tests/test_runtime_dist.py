@@ -23,6 +23,7 @@ from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: 
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)
 from hexicore_plugins.runtimes.torch.trainer import RunSpec  # noqa: E402
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -125,13 +126,7 @@ def test_every_schedule_tp_dp_and_resume_match_single_process(tmp_path):
 
 
 def cli(args, capsys):
-    from hexicore.cli import main
-
-    try:
-        code = main(["train", *args])
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
+    return run_cli(["train", *args]), capsys.readouterr()
 
 
 TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4", "train.steps=4",

@@ -6,7 +6,6 @@ import random
 import pytest
 
 from hexicore.app import build_problem, config_from_overrides
-from hexicore.cli import main
 from hexicore.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.model import ModelSpec
@@ -17,6 +16,7 @@ from hexicore.schedule_choice import DEFAULT_OPTIONS, ScheduleBook, options, tim
 from hexicore.validate import validate_plan
 
 from .conftest import CONF
+from tests.conftest import run_cli
 
 FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
 GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
@@ -93,10 +93,7 @@ def test_options_validation():
 
 def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     out = tmp_path / "p.json"
-    try:
-        code = main(["plan", "schedule=auto", "solver.iterations=6", f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"])
-    except SystemExit as exc:
-        code = exc.code
+    code = run_cli(["plan", "schedule=auto", "solver.iterations=6", f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     for p in data["pipelines"]:

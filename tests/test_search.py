@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from hexicore.app import build_problem, config_from_overrides
 from hexicore.batch import affine_time, allocate_batch
-from hexicore.cli import main
 from hexicore.cluster import parse_cluster
 from hexicore.errors import HexicoreError
 from hexicore.layers import allocate_layers
@@ -21,6 +20,7 @@ from hexicore.stages import tp_menus
 from hexicore.validate import validate_plan
 
 from .conftest import CONF
+from tests.conftest import run_cli
 
 FAST = {"iterations": 12, "polish_rounds": 3}
 
@@ -193,13 +193,6 @@ def test_cli_writes_a_valid_plan(tmp_path, capsys):
     assert json.loads(out.read_text())["solver"]["name"] == "hexiscale"
     problem = build_problem(config_from_overrides([]), Registry.default())
     assert validate_plan(plan, problem.cost)[0].fits
-
-
-def run_cli(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:  # errors inside the Hydra task exit through sys.exit
-        return exc.code
 
 
 def test_cli_exit_2_on_impossible_options(tmp_path, capsys):

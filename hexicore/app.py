@@ -4,7 +4,6 @@ library API (config -> cluster/model -> solver -> plan; DESIGN.md §1 data flow)
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 

@@ -84,7 +84,7 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         heapq.heappush(pending[r], (t, cls, mb, s, op))
         wake(r, t)
 
-    push, pop = heapq.heappush, heapq.heappop
+    push = heapq.heappush
     for mb, c in enumerate(mb_chain):
         s0 = chains[c][0]
         ready(stage_rank[s0], 0.0, CF, mb, s0, "F")

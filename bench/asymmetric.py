@@ -4,7 +4,7 @@ Each plan (pipelines with different stage counts, layer cuts, TP degrees, batche
 runs on the torch runtime. A profiling pass records every compute action (``Executor.timeline``),
 the chunked data-parallel sync and the optimizer step on every rank, plus one activation hop
 (``bench/runtime.py``'s machinery). The prediction is the cost model's structure: the slowest
-pipeline — each pipeline's own action list simulated (:mod:`hexicore.simulate`) with its
+pipeline — each pipeline's own action list simulated (:mod:`hexicore.pipeline.simulate`) with its
 profiled per-stage forward/backward times and the hop — plus the profiled DP sync and update.
 ``python bench/asymmetric.py [--steps 5]`` prints the table, writes ``bench/out/asymmetric.json``
 and replaces the ``## Asymmetric execution`` section of ``docs/results.md``. On a shared CPU box
@@ -36,7 +36,7 @@ PLANS = {
 
 
 def _model(args):
-    from hexicore.model import ModelSpec
+    from hexicore.core.model import ModelSpec
 
     return ModelSpec("bench", layers=8, hidden=args.hidden, heads=8, kv_heads=4, ffn=args.hidden * 11 // 4,
                      vocab=1024, seq_len=args.seq)
@@ -62,7 +62,7 @@ def _profile(args, plan, rank, world, device):
     import torch
     import torch.distributed as dist
 
-    from hexicore.simulate import Timing, simulate
+    from hexicore.pipeline.simulate import Timing, simulate
     from hexicore_plugins.runtimes.torch.data import SyntheticTokens
     from hexicore_plugins.runtimes.torch.executor import Executor
     from hexicore_plugins.runtimes.torch.groups import build_groups

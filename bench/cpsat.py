@@ -26,7 +26,7 @@ import yaml
 
 from results import write_section
 
-from hexicore import app
+from hexicore.app import compose as app
 from hexicore.registry import Registry
 
 HEADING = "## Exact solver (CP-SAT)"

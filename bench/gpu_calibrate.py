@@ -38,7 +38,7 @@ def gpu_type(name: str) -> str | None:
 def measure(args: argparse.Namespace, attn: str) -> dict:
     import torch
 
-    from hexicore.model import ModelSpec
+    from hexicore.core.model import ModelSpec
     from hexicore_plugins.runtimes.torch import model as llama
 
     spec = ModelSpec.load(ROOT / "conf" / "model" / f"{args.model}.yaml")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from hexicore.cluster import GPU_CATALOG
+    from hexicore.core.cluster import GPU_CATALOG
     from hexicore_plugins.runtimes.torch import model as llama
 
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"

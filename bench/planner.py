@@ -19,8 +19,8 @@ from pathlib import Path
 
 from results import write_section
 
-from hexicore import app
-from hexicore.errors import HexicoreError
+from hexicore.app import compose as app
+from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def describe(plan) -> str:
 def paper_case_lines(registry: Registry) -> list[str]:
     """The worked case (REFERENCE.md §4) beside the paper: our best plan, our best plan with the
     paper's two pipelines, and the per-layer prices that explain the difference."""
-    from hexicore.plan import Stage
+    from hexicore.core.plan import Stage
 
     rows = []
     for label, extra in (("hexiscale (free D_dp)", []), ("hexiscale, D_dp = 2 (the paper's shape)",

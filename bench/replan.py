@@ -22,10 +22,10 @@ from pathlib import Path
 
 from results import write_section
 
-from hexicore import app
+from hexicore.app import compose as app
 from hexicore.registry import Registry
-from hexicore.schedule_choice import ScheduleBook, timed_cost
-from hexicore.validate import validate_plan
+from hexicore.planner.pricing import ScheduleBook, timed_cost
+from hexicore.planner.validate import validate_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Schedule-aware planning and replanning"

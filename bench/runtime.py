@@ -1,7 +1,7 @@
 """Benchmark: tokens/s of hexicore's action-list executor vs torch.distributed.pipelining.
 
 Same Llama model (built by the runtime, same seed), same ranks, micro-batches and data; GPipe and
-1F1B from both. Second table: the event simulator (:mod:`hexicore.simulate`) fed with per-stage
+1F1B from both. Second table: the event simulator (:mod:`hexicore.pipeline.simulate`) fed with per-stage
 forward/backward times profiled on the executor and a measured transfer time, against the
 measured step time. ``python bench/runtime.py [--ranks 2] [--micro-batches 8] [--steps 6]`` starts the
 workers with ``elastic_launch`` (gloo on CPU, NCCL on CUDA), prints a table and writes
@@ -22,7 +22,7 @@ OUT = Path(__file__).resolve().parent / "out"
 
 
 def _model(args):
-    from hexicore.model import ModelSpec
+    from hexicore.core.model import ModelSpec
 
     return ModelSpec("bench", layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4, ffn=args.hidden * 11 // 4,
                      vocab=1024, seq_len=args.seq)
@@ -122,7 +122,7 @@ def _predicted(args, schedule, rank, world, device):
     import torch
     import torch.distributed as dist
 
-    from hexicore.simulate import Timing, simulate
+    from hexicore.pipeline.simulate import Timing, simulate
     from hexicore_plugins.runtimes.torch.data import SyntheticTokens
     from hexicore_plugins.runtimes.torch.executor import Executor
     from hexicore_plugins.runtimes.torch.groups import build_groups

@@ -11,10 +11,10 @@ import argparse
 import time
 from pathlib import Path
 
-from hexicore.comm import insert_comm
-from hexicore.schedule import ScheduleSpec
-from hexicore.simulate import simulate
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.comm import insert_comm
+from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.pipeline.simulate import simulate
+from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo, hanayo_bubble

@@ -18,7 +18,7 @@ def hexicore_cost_models():
 
 
 def _hexiscale(**params):
-    from hexicore.hexiscale import HexiScaleSolver
+    from hexicore.planner.hexiscale import HexiScaleSolver
 
     return HexiScaleSolver.from_params(**params)
 

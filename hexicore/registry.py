@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import pluggy
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import KINDS, PROJECT, HexicoreSpecs, PluginSpec
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hexicore.cluster import Cluster
-from hexicore.model import ModelSpec
+from hexicore.core.cluster import Cluster
+from hexicore.core.model import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -37,9 +37,9 @@ def tiny() -> ModelSpec:
 
 
 def run_cli(argv) -> int:
-    """``hexicore.cli.main`` in-process; its exit status (errors inside the Hydra task leave
+    """``hexicore.app.cli.main`` in-process; its exit status (errors inside the Hydra task leave
     through ``sys.exit``, so SystemExit's code is the status)."""
-    from hexicore.cli import main
+    from hexicore.app.cli import main
 
     try:
         return main(list(argv))

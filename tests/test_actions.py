@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hexicore.actions import Action, ActionList
-from hexicore.comm import insert_comm
-from hexicore.errors import ScheduleError
-from hexicore.schedule import ScheduleSpec, wave_map
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.comm import insert_comm
+from hexicore.core.errors import ScheduleError
+from hexicore.pipeline.schedule import ScheduleSpec, wave_map
+from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.hanayo import Hanayo
 from hexicore_plugins.schedules.one_f_one_b import OneFOneB
 

@@ -5,8 +5,8 @@ import csv
 import pytest
 
 import hexicore
-from hexicore.cli import main
-from hexicore.errors import HexicoreError
+from hexicore.app.cli import main
+from hexicore.core.errors import HexicoreError
 
 
 def test_plan_round_trips_through_json(tmp_path):
@@ -17,7 +17,7 @@ def test_plan_round_trips_through_json(tmp_path):
     again = hexicore.load_plan(path)
     assert again.to_dict() == plan.to_dict()
     assert hexicore.evaluate(path).estimate["iteration_s"] == pytest.approx(plan.estimate["iteration_s"])
-    assert callable(hexicore.plan)  # the function, not the hexicore.plan module
+    assert callable(hexicore.plan)  # the function, not the hexicore.core.plan module
 
 
 def test_api_matches_cli(tmp_path, capsys):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hexicore.errors import HexicoreError
-from hexicore.model import ModelSpec
-from hexicore.plan import Plan
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Plan
 from tests.conftest import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

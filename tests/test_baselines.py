@@ -4,10 +4,10 @@ import importlib
 
 import pytest
 
-from hexicore.app import build_problem, config_from_overrides
-from hexicore.errors import HexicoreError
+from hexicore.app.compose import build_problem, config_from_overrides
+from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
-from hexicore.validate import validate_plan
+from hexicore.planner.validate import validate_plan
 
 baselines = importlib.import_module("hexicore_plugins.solvers.baselines")
 

@@ -136,7 +136,7 @@ def test_bad_plan_file(tmp_path, capsys, hydra_dir):
 def test_console_script_exit_status(tmp_path):
     """The installed script itself: exit 2, one line, no traceback."""
     (tmp_path / "c.yaml").write_text("- not a mapping\n")
-    proc = subprocess.run([sys.executable, "-m", "hexicore.cli", "plan", f"cluster_file={tmp_path / 'c.yaml'}",
+    proc = subprocess.run([sys.executable, "-m", "hexicore.app.cli", "plan", f"cluster_file={tmp_path / 'c.yaml'}",
                            f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 

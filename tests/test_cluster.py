@@ -2,8 +2,8 @@
 
 import pytest
 
-from hexicore.cluster import GPU_CATALOG, parse_cluster, synthetic_fleet
-from hexicore.errors import HexicoreError
+from hexicore.core.cluster import GPU_CATALOG, parse_cluster, synthetic_fleet
+from hexicore.core.errors import HexicoreError
 from tests.conftest import cluster_preset
 
 REQUIRED_GPUS = ["a100-40g", "a100-80g", "a800-80g-nvlink", "a800-80g-pcie", "h100-80g", "h200", "rtx4090",

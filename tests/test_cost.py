@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from hexicore.cluster import parse_cluster
+from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
-from hexicore.model import ModelSpec
-from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 
 # Two machines: A has 2 GPUs of 100 TFLOPS (10 GB/s, 10 us), B has 2 of 50 TFLOPS (5 GB/s, 20 us);
 # 1 GB/s, 100 us between them. Round numbers so every term can be checked by hand.

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import cluster_preset, model_preset, run_cli
-from hexicore.cluster import parse_cluster
+from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
-from hexicore.errors import HexicoreError
-from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
-from hexicore.problem import Problem
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.planner.problem import Problem
 from hexicore_plugins.solvers.cpsat import CpSatSolver
 from hexicore_plugins.solvers.cpsat.tables import tp_degrees
 

@@ -1,9 +1,9 @@
 """The generated CLI reference and the concept pictures."""
 
-from hexicore.app import config_from_overrides, load_cluster
-from hexicore.cli import GROUPS, _group_options
-from hexicore.docgen import render
-from hexicore.picture import save_action_list_picture, save_cluster_picture
+from hexicore.app.compose import config_from_overrides, load_cluster
+from hexicore.app.cli import GROUPS, _group_options
+from hexicore.app.docgen import render
+from hexicore.app.picture import save_action_list_picture, save_cluster_picture
 
 
 def test_cli_reference_lists_every_group_option_and_key():

@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from hexicore.action_arrays import ActionArrays
-from hexicore.actions import Action, ActionList
-from hexicore.comm import insert_comm
-from hexicore.errors import ScheduleError
-from hexicore.schedule import ScheduleSpec
-from hexicore.simulate import Timing, makespan, simulate
-from hexicore.simulate_fast import simulate_arrays
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.arrays import ActionArrays
+from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.comm import insert_comm
+from hexicore.core.errors import ScheduleError
+from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.pipeline.simulate import Timing, makespan, simulate
+from hexicore.pipeline.simulate_fast import simulate_arrays
+from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo
@@ -79,7 +79,7 @@ def delayed_sends(al: ActionList) -> ActionList:
 @pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
 def test_in_order_evaluation_equals_the_event_simulator(sched, monkeypatch):
     """With no sweeps allowed the array simulator evaluates in dependency order: same results."""
-    import hexicore.simulate_fast as sf
+    import hexicore.pipeline.simulate_fast as sf
 
     monkeypatch.setattr(sf, "SWEEPS", 0)
     rng = random.Random(7)

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from hexicore.app import build_problem, config_from_overrides
+from hexicore.app.compose import build_problem, config_from_overrides
 from hexicore.registry import Registry
 
 megatron = importlib.import_module("hexicore_plugins.solvers.megatron")

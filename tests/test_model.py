@@ -2,8 +2,8 @@
 
 import pytest
 
-from hexicore.errors import HexicoreError
-from hexicore.model import ModelSpec, parse_model
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import ModelSpec, parse_model
 from tests.conftest import model_preset
 
 

@@ -6,8 +6,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from hexicore.errors import HexicoreError
-from hexicore.partition import balance_factor, cut_weight, objective_matrix
+from hexicore.core.errors import HexicoreError
+from hexicore.planner.partition import balance_factor, cut_weight, objective_matrix
 from hexicore.registry import Registry
 
 
@@ -78,7 +78,7 @@ def test_metis_every_k_on_the_paper_case(reg, paper_case, objective):
 
 
 def test_metis_respects_balance_and_is_deterministic(reg):
-    from hexicore.cluster import parse_cluster, synthetic_fleet
+    from hexicore.core.cluster import parse_cluster, synthetic_fleet
 
     g = parse_cluster(synthetic_fleet(32, {"rtx4090": 1, "rtx3090": 1}, seed=3), "test").graph()
     metis = reg.create("partitioner", "metis")

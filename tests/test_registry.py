@@ -2,7 +2,7 @@
 
 import pytest
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.registry import Registry
 

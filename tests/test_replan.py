@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from hexicore.app import build_problem, config_from_overrides
-from hexicore.model import ModelSpec
-from hexicore.plan import TrainConfig
-from hexicore.problem import Problem
+from hexicore.app.compose import build_problem, config_from_overrides
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import TrainConfig
+from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.replan import describe, plan_diff
-from hexicore.validate import validate_plan
+from hexicore.planner.replan import describe, plan_diff
+from hexicore.planner.validate import validate_plan
 
 from .conftest import CONF
 from .test_schedule_aware import FAST, random_cluster

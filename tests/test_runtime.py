@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hexicore.actions import Action, ActionList
-from hexicore.errors import HexicoreError
-from hexicore.schedule import ScheduleSpec
+from hexicore.pipeline.actions import Action, ActionList
+from hexicore.core.errors import HexicoreError
+from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, chunk_layers, reference_layout,
                                                     single_pipeline_layout)
 from hexicore_plugins.schedules.chimera import Chimera
@@ -65,9 +65,9 @@ def test_fifo_check_for_untagged_p2p():
 
 
 def _plan_json(tmp_path, tp):
-    from hexicore.cluster import Cluster
-    from hexicore.model import ModelSpec
-    from hexicore.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.cluster import Cluster
+    from hexicore.core.model import ModelSpec
+    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
     model = ModelSpec.load(CONF / "model" / "tiny.yaml")
     cluster = Cluster.load(CONF / "cluster" / "paper_case.yaml")
     devs = tuple(f"A.{i}" for i in range(tp))
@@ -93,7 +93,7 @@ def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
 
 
 def test_plan_layout_maps_devices_to_ranks(tmp_path):
-    from hexicore.plan import Plan
+    from hexicore.core.plan import Plan
     from hexicore_plugins.runtimes.torch.layout import plan_layout
 
     layout = plan_layout(Plan.load(_plan_json(tmp_path, 2)), {"name": "gpipe"}, seq_len=32)

@@ -17,8 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hexicore.actions import Action, ActionList  # noqa: E402
-from hexicore.model import ModelSpec  # noqa: E402
+from hexicore.pipeline.actions import Action, ActionList  # noqa: E402
+from hexicore.core.model import ModelSpec  # noqa: E402
 from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: E402
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)

@@ -5,15 +5,15 @@ import random
 
 import pytest
 
-from hexicore.app import build_problem, config_from_overrides
-from hexicore.cluster import parse_cluster
+from hexicore.app.compose import build_problem, config_from_overrides
+from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
-from hexicore.model import ModelSpec
-from hexicore.plan import Pipeline, Stage, TrainConfig
-from hexicore.problem import Problem
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Pipeline, Stage, TrainConfig
+from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.schedule_choice import DEFAULT_OPTIONS, ScheduleBook, options, timed_cost
-from hexicore.validate import validate_plan
+from hexicore.planner.pricing import DEFAULT_OPTIONS, ScheduleBook, options, timed_cost
+from hexicore.planner.validate import validate_plan
 
 from .conftest import CONF
 from tests.conftest import run_cli
@@ -66,7 +66,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
     cost = timed_cost(AnalyticCostModel(), book)
     train = TrainConfig(global_batch=8, micro_batch=1, seq_len=4096)
     stages = tuple(Stage((d,), 1, (10 * k, 10 * k + 10)) for k, d in enumerate(["A.0", "A.1", "A.2", "B.0"]))
-    from hexicore.plan import Plan
+    from hexicore.core.plan import Plan
 
     for sec in ({"name": "1f1b"}, {"name": "interleaved_1f1b", "chunks": 2}, {"name": "hanayo", "waves": 2}):
         plan = Plan(llama13b, paper_case, train, (Pipeline(8, stages, sec),))
@@ -74,7 +74,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
         st, hops = cost.pipeline_pieces(plan, plan.pipelines[0])
         sched = reg.create("schedule", sec["name"], **{k: v for k, v in sec.items() if k != "name"})
         assert est.pipeline_s[0] == pytest.approx(sched.pipeline_time(st, hops, 8))
-        from hexicore.schedule import ScheduleSpec
+        from hexicore.pipeline.schedule import ScheduleSpec
 
         peaks = sched.peak_activations(ScheduleSpec(4, 8))
         assert [cost.in_flight(plan.pipelines[0], j, 8) for j in range(4)] == pytest.approx(list(peaks))
@@ -85,7 +85,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 def test_options_validation():
     assert options({"name": "1f1b"}) == ({"name": "1f1b"},)
     assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "hanayo"]
-    from hexicore.errors import HexicoreError
+    from hexicore.core.errors import HexicoreError
 
     with pytest.raises(HexicoreError, match="options"):
         options({"name": "auto", "options": ["1f1b"]})
@@ -99,11 +99,11 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     for p in data["pipelines"]:
         assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo"}
     problem = build_problem(config_from_overrides(["schedule=auto"]), Registry.default())
-    from hexicore.plan import Plan
+    from hexicore.core.plan import Plan
 
     est, _ = validate_plan(Plan.from_dict(data), problem.cost)
     assert est.iteration_s == pytest.approx(data["estimate"]["iteration_s"])
-    from hexicore.app import evaluate  # `hexicore evaluate` prices each pipeline by its schedule too
+    from hexicore.app.compose import evaluate  # `hexicore evaluate` prices each pipeline by its schedule too
 
     again = evaluate(Plan.from_dict(data), AnalyticCostModel())[1]
     assert again.iteration_s == pytest.approx(data["estimate"]["iteration_s"])

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
-from hexicore.schedule import ActionSchedule, Schedule, ScheduleSpec
-from hexicore.simulate import Timing, simulate
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.schedule import ActionSchedule, Schedule, ScheduleSpec
+from hexicore.pipeline.simulate import Timing, simulate
+from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo, hanayo_bubble

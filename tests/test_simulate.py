@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from hexicore.actions import Action, ActionList
+from hexicore.pipeline.actions import Action, ActionList
 from hexicore.registry import Registry
-from hexicore.schedule import ScheduleSpec, pipeline_timer
-from hexicore.simulate import Timing, shares, simulate
+from hexicore.pipeline.schedule import ScheduleSpec, pipeline_timer
+from hexicore.pipeline.simulate import Timing, shares, simulate
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo
@@ -134,7 +134,7 @@ def test_unknown_stage_in_list_is_rejected():
 
 
 def test_fast_makespan_equals_the_simulator():
-    from hexicore.simulate import makespan
+    from hexicore.pipeline.simulate import makespan
 
     rng = random.Random(11)
     for sched in (OneFOneB(), Interleaved1F1B(chunks=3), Hanayo(waves=2), Chimera(), ZeroBubbleH1()):

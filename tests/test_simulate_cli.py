@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from hexicore.actions import ActionList
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.validate import validate_actions
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hexicore.cli", "simulate", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hexicore.app.cli", "simulate", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hexicore.schedule import ScheduleSpec
-from hexicore.simulate import simulate
-from hexicore.torch_csv import load_torch_csv, save_torch_csv
-from hexicore.validate_actions import validate_actions
+from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.pipeline.simulate import simulate
+from hexicore.pipeline.torch_csv import load_torch_csv, save_torch_csv
+from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo
 from hexicore_plugins.schedules.interleaved import Interleaved1F1B

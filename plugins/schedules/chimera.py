@@ -2,7 +2,7 @@
 
 Two model copies: chain 0 (down) puts stage j on rank j, chain 1 (up) puts stage P+j on rank
 P-1-j, so every rank holds one stage of each direction (two weight copies). Even micro-batches
-run down, odd ones up. The compute order is the greedy list schedule of :mod:`hexicore.greedy`
+run down, odd ones up. The compute order is the greedy list schedule of :mod:`hexicore.pipeline.greedy`
 (backward first or forward first, whichever simulates faster under the spec's times; then
 lowest micro-batch; each rank admits at most ``memory`` micro-batches,
 default 2P: room for both directions — a tighter cap costs bubble under this greedy rule, whereas
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hexicore.actions import Action, ActionList
-from hexicore.greedy import greedy_order
+from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need
-from hexicore.simulate import makespan
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need
+from hexicore.pipeline.simulate import makespan
 
 
 def chimera_layout(ranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:

@@ -2,7 +2,7 @@
 
 One model copy cut into ``S = 2PW`` stages on the wave map 0..P-1, P-1..0 (W times): each
 micro-batch runs down the ranks and back up W times; the turns need no transfer. The order is
-the greedy list schedule of :mod:`hexicore.greedy` (earliest start, backward first, then lowest
+the greedy list schedule of :mod:`hexicore.pipeline.greedy` (earliest start, backward first, then lowest
 micro-batch) under the spec's stage and link times, with each rank admitting at most
 ``memory`` micro-batches (default P, 1F1B's rank-0 peak). For M > P the faster (by simulation)
 of the plain greedy order and blocks of P micro-batches (the M = P order repeated on every rank,
@@ -26,12 +26,12 @@ import gc
 from dataclasses import dataclass
 from typing import Any
 
-from hexicore.action_arrays import CODE, ActionArrays, tile_blocks
-from hexicore.actions import ActionList
-from hexicore.greedy import greedy_tuples
+from hexicore.pipeline.arrays import CODE, ActionArrays, tile_blocks
+from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.greedy import greedy_tuples
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
-from hexicore.simulate import compile_lists, makespan, simulate
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
+from hexicore.pipeline.simulate import compile_lists, makespan, simulate
 
 
 #: above this many compute tasks (2 S M) only the block order is built for M > P (speed)

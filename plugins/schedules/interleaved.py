@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from hexicore.actions import Action, ActionList
+from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
 
 
 def groups(ranks: int, micro_batches: int) -> list[int]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from hexicore.actions import Action, ActionList
+from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, uniform_closed_form
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, uniform_closed_form
 
 
 def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = None) -> list[Action]:

@@ -1,6 +1,6 @@
 """Schedule ``zb_h1``: zero bubble ZB-H1 (Qi et al., ICLR'24), backward split into I and W.
 
-Linear stages (stage r on rank r). The greedy list schedule of :mod:`hexicore.greedy` with
+Linear stages (stage r on rank r). The greedy list schedule of :mod:`hexicore.pipeline.greedy` with
 split backward: ``I`` (input gradient, on the critical path) first, then ``F``, and ``W``
 (weight gradient) only when nothing else is ready, which fills the cool-down bubbles. Rank r
 admits at most ``min(P - r, M)`` micro-batches, 1F1B's activation memory (ZB-H1's setting),
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hexicore.actions import ActionList
-from hexicore.greedy import greedy_order
+from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
 
 
 @dataclass(frozen=True)

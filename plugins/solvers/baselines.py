@@ -19,12 +19,12 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.layers import layer_ranges
-from hexicore.plan import Pipeline, Plan, Stage
-from hexicore.problem import Problem, Progress, no_progress
-from hexicore.stages import StageTable
+from hexicore.planner.layers import layer_ranges
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.stages import StageTable
 from hexicore_plugins.solvers.megatron import factorisations, legal, symmetric_plan
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times

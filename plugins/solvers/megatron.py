@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.plan import Pipeline, Plan, Stage
-from hexicore.problem import Problem, Progress, no_progress
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.problem import Problem, Progress, no_progress
 
 
 def even_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ balance constraint, projection and Kernighan-Lin/FM refinement. The balance fact
 ``balance`` (>= 1) becomes METIS' ``ufactor`` (:func:`ufactor`).
 
 Max-cut: METIS only minimises. For ``objective="max_cut"`` it partitions the complemented graph
-(edge weight ``w_max + w_min - w``, see :func:`hexicore.partition.objective_matrix`), which on a
+(edge weight ``w_max + w_min - w``, see :func:`hexicore.planner.partition.objective_matrix`), which on a
 complete graph with fixed part sizes turns the minimum cut into the maximum bandwidth cut.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.partition import (Parts, balance_limit, check_objective, check_parts, objective_matrix,
+from hexicore.planner.partition import (Parts, balance_limit, check_objective, check_parts, objective_matrix,
                                 parts_of, weight_matrix)
 
 INT_LIMIT = 2**30  # METIS idx_t is 32-bit: keep the summed edge weights below this
@@ -153,7 +153,7 @@ class RandomPartitioner:
 
 
 def _metis(recursive: bool = True, contig: bool = False) -> MetisPartitioner:
-    from hexicore.errors import HexicoreError
+    from hexicore.core.errors import HexicoreError
 
     if not isinstance(recursive, bool) or not isinstance(contig, bool):
         raise HexicoreError("metis: recursive and contig must be true or false", field="solver.partitioner")

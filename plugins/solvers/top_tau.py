@@ -19,9 +19,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.partition import weight_matrix
+from hexicore.planner.partition import weight_matrix
 
 
 def group_bandwidth(groups: Sequence[Sequence[Hashable]], graph) -> np.ndarray:

@@ -5,9 +5,9 @@ import json
 import pytest
 
 import hexicore
-from hexicore.cli import main
+from hexicore.app.cli import main
 from hexicore.registry import Registry
-from hexicore.validate import validate_plan
+from hexicore.planner.validate import validate_plan
 
 
 def test_listed_by_hexicore_plugins(capsys):

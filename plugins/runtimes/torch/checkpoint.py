@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 
 from .stage import Stage
 from .tensor_parallel import TPGroup, shard, shard_dim, unshard

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 
 
 def _generator(seed: int, step: int) -> torch.Generator:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hexicore.actions import Action
+from hexicore.pipeline.actions import Action
 
 from .groups import Groups
 from .layout import PipelinePart

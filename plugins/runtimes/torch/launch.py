@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 
 
 def in_torchrun() -> bool:

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hexicore.actions import Action, ActionList
-from hexicore.errors import PlanError
-from hexicore.model import ModelSpec
+from hexicore.pipeline.actions import Action, ActionList
+from hexicore.core.errors import PlanError
+from hexicore.core.model import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def check_fifo(actions: ActionList, source: str | None = None) -> None:
     for link in sorted(set(sent) | set(got)):
         if sent.get(link, []) != got.get(link, []):
             raise PlanError(f"rank {link[1]} receives from rank {link[0]} in another order than it sends; NCCL needs "
-                            "each link in order (use the shared comm pass, hexicore.comm.insert_comm)",
+                            "each link in order (use the shared comm pass, hexicore.pipeline.comm.insert_comm)",
                             source=source, field="actions")
 
 
@@ -260,8 +260,8 @@ def schedule_actions(schedule: dict[str, Any], ranks: int, micro_batches: int, s
     params = dict(schedule)
     name = str(params.pop("name", "1f1b"))
     sched = Registry.default().create("schedule", name, **params)
-    from hexicore.comm import insert_comm
-    from hexicore.schedule import ScheduleSpec
+    from hexicore.pipeline.comm import insert_comm
+    from hexicore.pipeline.schedule import ScheduleSpec
 
     actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches))
     if ranks > 1 and not any(a.is_comm for acts in actions.actions for a in acts):
@@ -287,7 +287,7 @@ def single_pipeline_layout(model: ModelSpec, schedule: dict[str, Any], ranks: in
 
 def plan_layout(plan: Any, schedule_default: dict[str, Any], *, seq_len: int, source: str | None = None,
                 actions_for=None) -> Layout:
-    """A :class:`hexicore.plan.Plan` -> layout: devices numbered in plan order become global ranks."""
+    """A :class:`hexicore.core.plan.Plan` -> layout: devices numbered in plan order become global ranks."""
     model, train = plan.model, plan.train
     if any(s.n_layers < 1 for p in plan.pipelines for s in p.stages):
         raise PlanError("a stage holds no layers (more stages than layers)", source=source, field="layers")

@@ -1,4 +1,4 @@
-"""A Llama-style decoder built from a :class:`hexicore.model.ModelSpec`, cut into stage chunks.
+"""A Llama-style decoder built from a :class:`hexicore.core.model.ModelSpec`, cut into stage chunks.
 
 Layout (Touvron et al. 2023): token embedding, ``layers`` pre-norm blocks of RMSNorm ->
 grouped-query attention with rotary positions (RoPE, rotate-half form) -> residual, RMSNorm ->
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hexicore.model import ModelSpec
+from hexicore.core.model import ModelSpec
 
 from .tensor_parallel import TPGroup, copy_to, reduce_from
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 
 from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
 
@@ -39,8 +39,8 @@ class TorchRuntime:
     # ---------------------------------------------------------------- config
     def layout(self, cfg: Any) -> tuple[Layout, str | None]:
         """The layout a config asks for (``parallel=none`` | ``plan_file`` | ``schedule`` + ranks)."""
-        from hexicore.app import group_params, load_model
-        from hexicore.plan import Plan
+        from hexicore.app.compose import group_params, load_model
+        from hexicore.core.plan import Plan
 
         model = load_model(cfg)
         t = cfg.train
@@ -53,11 +53,11 @@ class TorchRuntime:
             raise HexicoreError(f"unknown parallel {parallel!r}; choose one of: none, pipeline", field="parallel")
         schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
         if cfg.get("plan_file"):
-            from hexicore.app import build_cost_model, evaluate
+            from hexicore.app.compose import build_cost_model, evaluate
             from hexicore.registry import Registry
 
             path = str(cfg.plan_file)
-            plan = Plan.load(path)  # parse + hexicore.plan.check_structure
+            plan = Plan.load(path)  # parse + hexicore.core.plan.check_structure
             evaluate(plan, build_cost_model(cfg, Registry.default()), source=path)  # what `hexicore evaluate` checks
             seq = plan.train.seq_len if t.get("seq_len") is None else seq_len
             return plan_layout(plan, schedule, seq_len=seq, source=path), path

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from hexicore.model import ModelSpec
+from hexicore.core.model import ModelSpec
 
 from .layout import PipelinePart
 from .model import LlamaChunk

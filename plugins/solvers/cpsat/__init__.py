@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hexicore.errors import HexicoreError
+from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.plan import Plan
-from hexicore.problem import Problem, Progress, no_progress
+from hexicore.core.plan import Plan
+from hexicore.planner.problem import Problem, Progress, no_progress
 
 from .tables import Option, build_tables, stage_options
 
@@ -156,7 +156,7 @@ class CpSatSolver:
         """Fitting plans of the model's space to start from: the warm start (re-homed on this
         problem's cluster, model and training setup, kept only if it is a valid plan there) and
         the greedy plan. Their estimates cap the model's tables, so they must be real plans."""
-        from hexicore.plan import check_structure
+        from hexicore.core.plan import check_structure
 
         from .hint import greedy_plan, plan_rows
 

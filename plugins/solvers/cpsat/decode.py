@@ -1,4 +1,4 @@
-"""From a CP-SAT solution to a :class:`hexicore.plan.Plan`: device ids are assigned here.
+"""From a CP-SAT solution to a :class:`hexicore.core.plan.Plan`: device ids are assigned here.
 
 The model decides per stage only ``(machine, tp)``; the devices of a machine are handed out in
 cluster order (any assignment prices the same: identical devices, one link per machine pair).
@@ -11,8 +11,8 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
-from hexicore.plan import Pipeline, Plan, Stage
-from hexicore.problem import Problem
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.problem import Problem
 
 from .formulation import Formulation
 from .tables import Option, machine_pools

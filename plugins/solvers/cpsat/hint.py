@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hexicore.plan import Pipeline, Plan, Stage
-from hexicore.problem import Problem
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.problem import Problem
 
 from .formulation import Formulation
 from .tables import Option, machine_pools, tp_degrees

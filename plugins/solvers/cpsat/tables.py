@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from hexicore.errors import HexicoreError
-from hexicore.plan import Pipeline, Stage
-from hexicore.problem import Problem
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Pipeline, Stage
+from hexicore.planner.problem import Problem
 
 
 #: Largest integer magnitude the model may meet (objective upper bound). CP-SAT 9.15's presolve

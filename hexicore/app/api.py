@@ -1,0 +1,84 @@
+"""The library API (DESIGN.md §4 "Library use mirrors the CLI").
+
+Configs are composed exactly as the CLI composes them (Hydra's compose API over
+``hexicore.conf`` plus every plugin's structured config), so ``hexicore.plan(cluster="hetero1")``
+and ``hexicore plan cluster=hetero1`` give the same plan::
+
+    import hexicore
+    plan = hexicore.plan(cluster="paper_case", model="llama2_13b", solver="megatron",
+                         overrides=["train.global_batch=32"])
+    plan.estimate["iteration_s"], plan.to_json()
+    again = hexicore.load_plan("plan.json")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from hexicore.core.plan import Plan
+
+
+def _overrides(groups: dict[str, str | None], extra: Sequence[str]) -> list[str]:
+    return [f"{k}={v}" for k, v in groups.items() if v is not None] + list(extra)
+
+
+def compose(overrides: Sequence[str] = ()):
+    """The composed project config (an OmegaConf DictConfig) for ``overrides``."""
+    from hexicore.app.compose import config_from_overrides
+    from hexicore.app.cli import preflight
+
+    preflight(list(overrides))
+    return config_from_overrides(list(overrides))
+
+
+def plan(cluster: str | None = None, model: str | None = None, solver: str | None = None, *,
+         schedule: str | None = None, cluster_file: str | Path | None = None, model_file: str | Path | None = None,
+         overrides: Sequence[str] = ()) -> Plan:
+    """Solve for a plan; the result carries ``.estimate`` (a dict: ``iteration_s``, ``mfu``, ...)
+    and ``.solver``. Raises :class:`hexicore.core.errors.HexicoreError` on bad input."""
+    from hexicore.app.compose import solve
+    from hexicore.registry import Registry
+
+    extra = list(overrides)
+    if cluster_file is not None:
+        extra.append(f"cluster_file={cluster_file}")
+    if model_file is not None:
+        extra.append(f"model_file={model_file}")
+    cfg = compose(_overrides({"cluster": cluster, "model": model, "solver": solver, "schedule": schedule}, extra))
+    result, _ = solve(cfg, Registry.default())
+    return result
+
+
+def simulate(schedule: str = "1f1b", ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
+             backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
+             overrides: Sequence[str] = ()) -> dict:
+    """Build, validate and simulate a schedule's action lists like ``hexicore simulate``.
+
+    Returns the summary (``makespan``, ``bubble_ratio``, ``peak_activations`` per rank, ...)
+    with the :class:`hexicore.pipeline.actions.ActionList` under ``"action_list"``; ``out`` also writes
+    the four files. ``overrides`` take schedule parameters, e.g. ``["schedule.waves=4"]``."""
+    from hexicore.app.commands.simulate import build, write
+
+    cfg = compose([f"schedule={schedule}", f"pipeline.ranks={ranks}", f"pipeline.micro_batches={micro_batches}",
+                   f"timing.forward={forward}", f"timing.backward={backward}", f"timing.comm={comm}",
+                   *overrides])
+    al, res, summary = build(cfg)
+    if out is not None:
+        write(Path(out), al, res, summary)
+    return {**summary, "action_list": al}
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and structurally check a plan JSON (``hexicore.plan/1``)."""
+    return Plan.load(path)
+
+
+def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) -> Plan:
+    """Validate a plan and attach a fresh estimate from the configured cost model."""
+    from hexicore.app.compose import build_cost_model, evaluate as _evaluate
+    from hexicore.registry import Registry
+
+    p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+    cfg = compose(list(overrides))
+    return _evaluate(p, build_cost_model(cfg, Registry.default()))[0]

@@ -1,0 +1,184 @@
+"""The ``hexicore`` console script: Hydra entry points per command (DESIGN.md §4).
+
+``hexicore COMMAND [overrides...]`` — COMMAND picks the task, everything after it is Hydra's
+(``key=value``, groups, ``-m``, ``--cfg job``, ``--help``). Before Hydra runs, a preflight
+composes the config once so that an unknown group option or a bad override becomes one line on
+stderr and exit status 2; every :class:`HexicoreError` raised by a command does too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable, Sequence
+
+from hexicore.core.errors import HexicoreError
+
+COMMANDS = {
+    "plan": "solve for a plan on a cluster and model; print it; write the plan JSON",
+    "evaluate": "validate a plan JSON from any source and re-estimate it",
+    "simulate": "generate a schedule's action lists and simulate them (makespan, bubbles, timeline)",
+    "train": "run training from a plan (or one pipeline, or parallel=none) with torch.distributed",
+    "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
+}
+GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
+
+USAGE = """usage: hexicore COMMAND [key=value ...] [-m] [--cfg job] [--help]
+
+Plan and run LLM training on heterogeneous GPU clusters.
+
+commands:
+{commands}
+
+examples:
+  hexicore plan                                   # paper case, Llama-2 13B, default solver
+  hexicore plan cluster=hetero1 model=llama2_7b train.global_batch=64 out=plan.json
+  hexicore evaluate plan_file=plan.json
+  hexicore plan -m solver=megatron cluster=paper_case,hetero1
+  hexicore plugins
+
+`hexicore COMMAND --help` shows the config groups and every key."""
+
+
+def fail(exc: BaseException | str) -> int:
+    """One line on stderr, exit status 2 (DESIGN.md §4 bad input)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"hexicore: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _group_options(group: str) -> list[str]:
+    """Options of a config group: YAML files shipped in hexicore.conf plus structured configs."""
+    from importlib import resources
+
+    names = set()
+    try:
+        for f in resources.files("hexicore.conf").joinpath(group).iterdir():
+            if f.name.endswith(".yaml"):
+                names.add(f.name[:-5])
+    except (ModuleNotFoundError, FileNotFoundError):
+        pass
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo.get(group, {})
+    names.update(k[:-5] if k.endswith(".yaml") else k for k in repo)
+    return sorted(names)
+
+
+#: Hydra's own options that take a value (``--cfg job``, ``-p solver``); never overrides.
+_VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+_INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def hydra_overrides(args: Sequence[str]) -> list[str]:
+    """The ``key=value`` overrides among a command line's arguments (Hydra's flags removed)."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-"):
+            if "=" not in a and a in _VALUED_FLAGS and i + 1 < len(args):
+                nxt = args[i + 1]
+                skip = a not in ("--info", "-i") or nxt in _INFO_TOPICS
+            continue
+        out.append(a)
+    return out
+
+
+def preflight(overrides: Sequence[str]) -> None:
+    """Check group choices and compose once (first value of each sweep); raise HexicoreError."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    plain = hydra_overrides(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+    except HydraException as exc:
+        raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
+    trial = []
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra"):
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        if key in GROUPS and o.package is None and not o.is_delete():
+            options = _group_options(key)
+            for v in values:
+                if v not in options:
+                    label = "cost model" if key == "cost" else key
+                    raise HexicoreError(f"unknown {label} {v!r}; choose one of: {', '.join(options)}",
+                                        source="command line", field=key)
+        left = o.input_line.split("=", 1)[0]
+        trial.append(f"{left}={values[0]}" if values else o.input_line)
+    try:
+        from hexicore.app.compose import config_from_overrides
+
+        config_from_overrides(trial)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise HexicoreError("; ".join(lines[:3]), source="command line") from None
+
+
+def _task(command: str) -> Callable:
+    module = importlib.import_module(f"hexicore.app.commands.{command}")
+
+    def task(cfg) -> int:
+        try:
+            code = module.run(cfg)
+        except HexicoreError as exc:
+            sys.exit(fail(exc))
+        if code:
+            sys.exit(code)
+        return code
+
+    return task
+
+
+def plugins_command() -> int:
+    from hexicore.registry import Registry
+    from hexicore.app.report import console, rows_table
+
+    rows = Registry.default().rows()
+    console().print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), rows))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        width = max(map(len, COMMANDS))
+        print(USAGE.format(commands="\n".join(f"  {c:<{width}}  {d}" for c, d in COMMANDS.items())))
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        return fail(f"unknown command {command!r}; choose one of: {', '.join(COMMANDS)}")
+    try:
+        from hexicore.registry import Registry
+
+        Registry.default().store_configs()
+        if command == "plugins":
+            return plugins_command()
+        if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
+            preflight(rest)
+    except HexicoreError as exc:
+        return fail(exc)
+
+    import hydra
+
+    task = _task(command)
+    task.__name__ = f"hexicore_{command}"
+    wrapped = hydra.main(version_base="1.3", config_path="pkg://hexicore.conf", config_name="config")(task)
+    saved = sys.argv
+    sys.argv = [f"hexicore {command}", *rest]
+    try:
+        wrapped()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``hexicore plan``: solve for a plan with a progress bar, print it as a table, write the plan
+JSON and ``plan.png`` beside it (the cluster coloured by pipeline, a bar per pipeline)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from hexicore.app import compose as app
+from hexicore.app.picture import save_plan_picture
+from hexicore.registry import Registry
+from hexicore.app.report import console, print_plan
+from hexicore.app.sweep import record
+
+
+def run(cfg: DictConfig) -> int:
+    err = console(stderr=True)
+    registry = Registry.default()
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("planning ...", total=1.0)
+
+        def progress(message: str, fraction: float) -> None:
+            bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
+
+        plan, warnings = app.solve(cfg, registry, progress)
+    out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
+    plan.save(out)
+    picture = save_plan_picture(plan, out.with_suffix(".png"))
+    print_plan(plan, console())
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if (plan.solver or {}).get("replan"):  # issue 8: how the replanned plan differs from the previous one
+        from hexicore.planner.replan import describe
+
+        print(describe(plan.solver["replan"]))
+    print(f"plan written to {out} (picture: {picture})")
+    est, sol = plan.estimate or {}, plan.solver or {}
+    record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
+            "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
+            "iteration_s": est.get("iteration_s"), "mfu": est.get("mfu"),
+            "peak_memory_gb": max((est.get("memory_gb") or {0: 0}).values()),
+            "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(out)})
+    return 0

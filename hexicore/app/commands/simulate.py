@@ -1,0 +1,118 @@
+"""``hexicore simulate schedule=NAME [schedule.waves=W] pipeline.ranks=P pipeline.micro_batches=M
+[timing.forward=TF timing.backward=TB timing.comm=TC] [out=DIR]`` (DESIGN.md §4).
+
+Builds the schedule's action lists (comm inserted), validates and simulates them, writes
+``actions.json``, ``summary.json``, ``trace.json`` (Chrome trace, µs) and ``timeline.png`` to
+``out`` (default: Hydra's output dir) and prints the summary. TF/TB are one micro-batch through
+one rank's whole share, TC one transfer; times are read as seconds for the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hexicore.app import compose as app
+
+from hexicore.core import schema
+from hexicore.pipeline.actions import ActionList
+from hexicore.registry import Registry
+from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.pipeline.simulate import SimResult
+from hexicore.app.sweep import record
+from hexicore.pipeline.timeline import chrome_trace, save_gantt
+from hexicore.pipeline.validate import validate_actions
+
+SRC = "command line"
+
+
+def closed_form(al: ActionList, tf: float, tb: float, tc: float) -> float | None:
+    """The bubble ratio a paper's closed form predicts for these inputs, where one applies:
+    GPipe/1F1B ``(P-1)/(M+P-1)`` (T_C = 0); Hanayo (REFERENCE.md §6, M = P)."""
+    name, P, M = al.schedule.get("name"), al.ranks, al.micro_batches
+    if name in ("gpipe", "1f1b") and tc == 0:
+        return (P - 1) / (M + P - 1)
+    if name == "hanayo" and M == P:
+        W = int(al.schedule["waves"])
+        num = tb / W + (1 + 2 * W + 2 / P + (P - 2) / 3) * tc
+        return num / (P / (P - 1) * tf + (1 / (2 * W) + P / (P - 1)) * tb + ((P - 2) / 2 + 4 * W) * tc)
+    return None
+
+
+def summary(al: ActionList, res: SimResult, tf: float, tb: float, tc: float) -> dict[str, Any]:
+    cf = closed_form(al, tf, tb, tc)
+    return {"schedule": dict(al.schedule), "ranks": al.ranks, "stages": al.stages, "micro_batches": al.micro_batches,
+            "timing": {"forward": tf, "backward": tb, "comm": tc},
+            "makespan": res.makespan, "bubble_ratio": res.bubble_ratio, "closed_form_bubble": cf,
+            "busy": list(res.busy), "peak_activations": list(res.peak_activations),
+            "weight_copies": len(al.chains),
+            "actions": sum(len(a) for a in al.actions)}
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from hexicore.app.report import console
+
+    sched = ", ".join(f"{k}={v}" for k, v in s["schedule"].items() if k not in ("name", "auto"))
+    t = Table(title=f"simulate {s['schedule'].get('name')}{f' ({sched})' if sched else ''}: P={s['ranks']}, "
+                    f"M={s['micro_batches']}, {s['stages']} stages")
+    for c in ("rank", "busy", "idle", "peak activations"):
+        t.add_column(c, justify="right")
+    for r, (b, a) in enumerate(zip(s["busy"], s["peak_activations"])):
+        t.add_row(str(r), f"{b:.4g}", f"{s['makespan'] - b:.4g}", f"{a:.3g}")
+    out = console()
+    out.print(t)
+    cf = s["closed_form_bubble"]
+    out.print(f"makespan {s['makespan']:.6g}   bubble ratio {s['bubble_ratio']:.4f}"
+              + (f"   (closed form {cf:.4f})" if cf is not None else "")
+              + f"   weight copies {s['weight_copies']}")
+    if "auto" in s["schedule"]:
+        cands = ", ".join(f"W={w}: {t:.4g}" for w, t in s["schedule"]["auto"].items())
+        out.print(f"waves=auto chose W={s['schedule']['waves']} (makespan by W: {cands})")
+
+
+def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
+    """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``."""
+    params = app.group_params(cfg, "schedule")
+    name = str(params.pop("name", "1f1b"))
+    schedule = Registry.default().create("schedule", name, **params)
+    pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
+    P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
+    M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")
+    tf = schema.number(timing.get("forward", 1.0), SRC, "timing.forward")
+    tb = schema.number(timing.get("backward", 2.0), SRC, "timing.backward")
+    tc = schema.number(timing.get("comm", 0.0), SRC, "timing.comm", allow_zero=True)
+    spec = ScheduleSpec(P, M, (tf,) * P, (tb,) * P, (tc,) * (P - 1))
+    al = schedule.actions(spec)
+    validate_actions(al, comm=True)
+    from hexicore.pipeline.simulate import simulate
+
+    res = simulate(al, spec.timing(al), record=True, comm=True)
+    return al, res, summary(al, res, tf, tb, tc)
+
+
+def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
+    """actions.json, summary.json, trace.json and timeline.png into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    al.save(out / "actions.json")
+    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
+    (out / "trace.json").write_text(json.dumps(chrome_trace(al, res)) + "\n", encoding="utf-8")
+    save_gantt(al, res, out / "timeline.png")
+    return out
+
+
+def run(cfg: DictConfig) -> int:
+    al, res, s = build(cfg)
+    out = write(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), al, res, s)
+    print_summary(s)
+    print(f"wrote actions.json, summary.json, trace.json, timeline.png to {out}")
+    sched = s["schedule"]
+    record({"command": "simulate", "schedule": sched.get("name"), "P": s["ranks"], "M": s["micro_batches"],
+            "W": sched.get("waves"), "chunks": sched.get("chunks"), "makespan": s["makespan"],
+            "bubble_ratio": s["bubble_ratio"], "closed_form_bubble": s["closed_form_bubble"],
+            "peak_activations": max(s["peak_activations"]), "out": str(out)})
+    return 0

@@ -1,0 +1,180 @@
+"""From a composed config to objects and results: the one path shared by the CLI and the
+library API (config -> cluster/model -> solver -> plan; DESIGN.md §1 data flow)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from hexicore.core import schema
+from hexicore.core.cluster import Cluster, parse_cluster
+from hexicore.cost import CostModel, Estimate
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import ModelSpec, parse_model
+from hexicore.core.plan import Plan, TrainConfig
+from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.registry import Registry
+from hexicore.planner.validate import validate_plan
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _choice(cfg: DictConfig, group: str) -> str:
+    """``group=<choice>`` as the source label of a config-group error."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return f"{group}={HydraConfig.get().runtime.choices.get(group)}"
+    except Exception:  # noqa: BLE001 - outside a Hydra run (compose API): no choices recorded
+        return f"config {group}"
+
+
+def load_cluster(cfg: DictConfig) -> Cluster:
+    """``cluster_file=PATH`` if given, else the ``cluster`` group; then ``exclude=[...]``."""
+    if cfg.get("cluster_file"):
+        path = str(cfg.cluster_file)
+        cluster = parse_cluster(schema.load_yaml(path, "cluster"), path)
+        source = path
+    else:
+        source = _choice(cfg, "cluster")
+        cluster = parse_cluster(_plain(cfg.cluster), source, "cluster")
+    excl = _plain(cfg.get("exclude")) or []
+    if isinstance(excl, str):
+        excl = [excl]
+    if excl:
+        cluster = cluster.exclude([str(x) for x in schema.as_list(excl, "command line", "exclude")],
+                                  source="command line")
+    return cluster
+
+
+def load_model(cfg: DictConfig) -> ModelSpec:
+    """``model_file=PATH`` if given, else the ``model`` group (with any ``model.x=`` overrides)."""
+    if cfg.get("model_file"):
+        path = str(cfg.model_file)
+        return parse_model(schema.load_yaml(path, "model"), path)
+    return parse_model(_plain(cfg.model), _choice(cfg, "model"), "model")
+
+
+def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
+    t = dict(_plain(cfg.get("train")) or {})
+    t.pop("steps", None)
+    if t.get("seq_len") is None:
+        t["seq_len"] = model.seq_len
+    return TrainConfig.from_dict(t, "command line")
+
+
+#: Schedule keys every schedule config declares (null where unused) so that one sweep can vary
+#: them across schedules: ``hexicore simulate -m schedule=gpipe,hanayo schedule.waves=1,2,4``.
+SHARED_SCHEDULE_KEYS = ("waves", "chunks")
+
+
+def group_params(cfg: DictConfig, group: str) -> dict[str, Any]:
+    """A config group's section as a dict. For ``schedule``, the shared sweep keys are dropped
+    where they are null or where the named schedule takes no such parameter."""
+    node = _plain(cfg.get(group)) or {}
+    params = dict(schema.as_mapping(node, _choice(cfg, group), group))
+    if group == "schedule":
+        params = _schedule_params(params)
+    return params
+
+
+def _schedule_params(params: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    accepted: set[str] | None = None
+    try:
+        factory = Registry.default().spec("schedule", str(params.get("name")))
+        sig = inspect.signature(factory.factory)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            accepted = set(sig.parameters)
+    except (HexicoreError, TypeError, ValueError):
+        pass  # unknown schedule (e.g. ``auto``): leave the keys for its own handling
+    return {k: v for k, v in params.items()
+            if k not in SHARED_SCHEDULE_KEYS or (v is not None and (accepted is None or k in accepted))}
+
+
+def build_cost_model(cfg: DictConfig, registry: Registry) -> CostModel:
+    params = group_params(cfg, "cost")
+    name = str(params.pop("name", "analytic"))
+    return registry.create("cost_model", name, **params)
+
+
+def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None = None) -> Problem:
+    cluster = load_cluster(cfg)
+    model = load_model(cfg)
+    train = train_config(cfg, model)
+    if warm_start is None and cfg.get("warm_start"):
+        warm_start = Plan.load(str(cfg.warm_start))
+    schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
+    return Problem(cluster, model, train, schedule_cost(build_cost_model(cfg, registry), schedule, registry),
+                   schedule, registry, warm_start)
+
+
+def schedule_cost(cost: CostModel, schedule: Mapping[str, Any], registry: Registry) -> CostModel:
+    """The cost model whose pipeline term and activation memory follow each pipeline's
+    schedule (issue 8) for any configured schedule but plain 1F1B, which keeps App. A's closed
+    PIPELINE-TIME (the paper's model, which CP-SAT's proven bound relies on)."""
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+
+    if str(schedule.get("name", "1f1b")) == "1f1b" or not hasattr(cost, "activation"):
+        return cost
+    return timed_cost(cost, ScheduleBook(registry))
+
+
+def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress) -> tuple[Plan, list[str]]:
+    """Run the configured solver; return the plan (estimate and solver sections filled) and
+    the validator's warnings. A plan that does not fit is never returned."""
+    problem = build_problem(cfg, registry)
+    params = group_params(cfg, "solver")
+    name = str(params.pop("name", "megatron"))
+    time_limit = params.pop("time_limit", None)
+    seed = int(params.pop("seed", cfg.get("seed", 0)) or 0)
+    solver = registry.create("solver", name, **params)
+    t0 = time.perf_counter()
+    try:
+        plan = solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+    except HexicoreError as exc:
+        if exc.source:
+            raise
+        where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
+        raise exc.located(source=str(where)) from None
+    seconds = time.perf_counter() - t0
+    est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}")
+    info = {"name": name, "seconds": round(seconds, 4), "params": {}, "status": "HEURISTIC", "bound": None}
+    info.update(dict(plan.solver or {}))
+    info["name"], info["seconds"] = name, round(seconds, 4)
+    return plan.with_estimate(est.to_dict()).with_solver(info), warnings
+
+
+def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
+    """Validate a plan from any source and attach a fresh estimate (pipelines under schedules
+    other than 1F1B priced by their schedules, as the planner did: :func:`schedule_cost`)."""
+    if {str(p.schedule.get("name", "1f1b")) for p in plan.pipelines} - {"1f1b"} and \
+            getattr(cost, "pipeline_timer", False) is None:
+        cost = schedule_cost(cost, {"name": "per pipeline"}, Registry.default())
+    est, warnings = validate_plan(plan, cost, source)
+    return plan.with_estimate(est.to_dict()), est, warnings
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """Hydra's output directory of this job (or the working directory outside Hydra)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001
+        return Path.cwd()
+
+
+def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
+    """Compose the project config like the CLI does (Hydra compose API)."""
+    from hydra import compose, initialize_config_module
+
+    Registry.default().store_configs()
+    with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))

@@ -1,0 +1,83 @@
+"""Rich tables for plans and estimates (results print as tables; DESIGN.md §8)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+from hexicore.core.plan import Plan
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
+
+
+def plan_table(plan: Plan) -> Table:
+    """One row per stage: pipeline, batch, schedule, stage, devices, TP, layers, memory."""
+    est = plan.estimate or {}
+    mem: Mapping[str, float] = est.get("memory_gb", {}) or {}
+    pipe_s = est.get("pipeline_s") or []
+    t = Table(title=f"plan: {plan.model.name} on {plan.cluster.name} "
+                    f"({len(plan.devices)}/{len(plan.cluster.devices)} GPUs, global batch {plan.train.global_batch}, "
+                    f"micro-batch {plan.train.micro_batch})")
+    for col, just in (("pipe", "right"), ("batch", "right"), ("schedule", "left"), ("stage", "right"),
+                      ("devices", "left"), ("tp", "right"), ("layers", "left"), ("memory / GPU", "right"),
+                      ("pipeline time", "right")):
+        t.add_column(col, justify=just)
+    for i, p in enumerate(plan.pipelines):
+        sched = ", ".join(f"{k}={v}" for k, v in p.schedule.items() if k != "name")
+        sched = f"{p.schedule.get('name', '?')}" + (f" ({sched})" if sched else "")
+        for j, s in enumerate(p.stages):
+            gpus = sorted({plan.cluster.device(d).gpu.name for d in s.devices})
+            peak = max((mem.get(d, 0.0) for d in s.devices), default=0.0)
+            cap = min(plan.cluster.device(d).memory_gb for d in s.devices)
+            t.add_row(str(i) if j == 0 else "", str(p.batch) if j == 0 else "", sched if j == 0 else "", str(j),
+                      f"{','.join(s.devices)} [{'/'.join(gpus)}]", str(s.tp), f"[{s.layers[0]}, {s.layers[1]})",
+                      f"{peak:.1f} / {cap:g} GB" if mem else "",
+                      _fmt_s(pipe_s[i]) if (j == 0 and i < len(pipe_s)) else "")
+    return t
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    est = plan.estimate or {}
+    lines = []
+    if est:
+        lines.append(f"predicted iteration time {_fmt_s(est['iteration_s'])}  (slowest pipeline "
+                     f"{_fmt_s(max(est['pipeline_s']))} + DP sync {_fmt_s(est['dp_s'])})")
+        lines.append(f"MFU {100 * est['mfu']:.2f}%   tokens/s {est['tokens_per_s']:.0f}")
+    s = plan.solver or {}
+    if s:
+        extra = f"  params {s.get('params')}" if s.get("params") else ""
+        line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds', 0):.2f} s{extra}"
+        if s.get("bound") is not None and est:
+            gap = (est["iteration_s"] - s["bound"]) / est["iteration_s"] if est["iteration_s"] else 0.0
+            line += f"  bound {_fmt_s(s['bound'])}  gap {100 * gap:.2f}%"
+        lines.append(line)
+    return lines
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; when output is not a terminal (pipes, CI logs) tables get 160 columns
+    instead of rich's 80 so plan rows are not folded."""
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def print_plan(plan: Plan, out: Console | None = None) -> None:
+    out = out or console()
+    out.print(plan_table(plan))
+    for line in summary_lines(plan):
+        out.print(line)
+
+
+def rows_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(str(c))
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t

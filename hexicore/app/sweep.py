@@ -1,0 +1,88 @@
+"""Hydra multirun summaries: one row per job in ``summary.csv`` and ``summary.md``.
+
+Each command records its results with :func:`record` into ``result.json`` in the job's output
+directory (works with any launcher: local, joblib, submitit — the file travels with the job's
+directory). :class:`SummaryCallback` (configured in conf/config.yaml under ``hydra.callbacks``)
+collects them when the sweep ends, on the launching machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+RESULT = "result.json"
+
+
+def record(row: Mapping[str, Any]) -> Path | None:
+    """Write this job's result row (overrides are added); no-op outside a Hydra run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except Exception:  # noqa: BLE001 - library use, no Hydra job
+        return None
+    out = Path(hc.runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"job": hc.job.get("num", 0), "overrides": " ".join(hc.overrides.task), **row}
+    path = out / RESULT
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every job's result row under ``sweep_dir``, in job order."""
+    rows = []
+    for f in sweep_dir.rglob(RESULT):
+        try:
+            rows.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(rows, key=lambda r: (int(r.get("job", 0) or 0), str(r.get("overrides"))))
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return "" if v is None else str(v)
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """``summary.csv`` and ``summary.md`` with the union of the rows' columns."""
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    csv_path, md_path = sweep_dir / "summary.csv", sweep_dir / "summary.md"
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_cell(r.get(c)) for c in columns])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows]
+    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return csv_path, md_path
+
+
+class SummaryCallback(Callback):
+    """At the end of a multirun, gather every job's ``result.json`` into one summary."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        rows = collect(sweep_dir)
+        if not rows:
+            return
+        csv_path, md_path = write_summary(sweep_dir, rows)
+        from hexicore.app.report import console, rows_table
+
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        console().print(rows_table(f"sweep summary ({len(rows)} jobs)", cols, [[_cell(r.get(c)) for c in cols]
+                                                                                   for r in rows]))
+        print(f"summary written to {csv_path} and {md_path}")

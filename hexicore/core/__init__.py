@@ -1,0 +1,9 @@
+"""The data of hexicore: clusters (:mod:`~hexicore.core.cluster`), model specs
+(:mod:`~hexicore.core.model`), plans and their JSON (:mod:`~hexicore.core.plan`), estimates
+(:mod:`~hexicore.core.estimate`), schedule references (:mod:`~hexicore.core.schedule_ref`), file
+readers and writers (:mod:`~hexicore.core.schema`) and errors (:mod:`~hexicore.core.errors`).
+
+Frozen dataclasses and pure parsing only: no search, no pricing, no I/O beyond reading and
+writing the project's files. May import: the standard library, numpy, PyYAML — nothing else of
+hexicore.
+"""

@@ -1,0 +1,270 @@
+"""Plan / Pipeline / Stage and the plan JSON contract ``hexicore.plan/1`` (DESIGN.md §5).
+
+A plan is HexiScale's asymmetric parallel layout (REFERENCE.md §1): any number of pipelines,
+each with its own batch share, stages, per-stage TP degree and layer range. This module holds
+the data and the structural checks; memory and cost live in :mod:`hexicore.cost` and the full
+check (structure + memory) in :func:`hexicore.planner.validate.validate_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from hexicore.core import schema
+from hexicore.core.cluster import Cluster, parse_cluster
+from hexicore.core.errors import HexicoreError, PlanError
+from hexicore.core.model import DTYPE_BYTES, ModelSpec, parse_model
+
+FORMAT = "hexicore.plan/1"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Global batch (sequences), micro-batch, sequence length, dtype, recomputation."""
+
+    global_batch: int = 24
+    micro_batch: int = 1
+    seq_len: int = 4096
+    dtype: str = "bf16"
+    recompute: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("global_batch", "micro_batch", "seq_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise HexicoreError(f"must be a positive integer, got {v!r}", field=f"train.{f}")
+        if self.global_batch % self.micro_batch:
+            raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
+                                f"{self.micro_batch}", field="train.global_batch")
+        if self.dtype not in DTYPE_BYTES:
+            raise HexicoreError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}",
+                                field="train.dtype")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
+                "dtype": self.dtype, "recompute": self.recompute}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None = None, prefix: str = "train") -> "TrainConfig":
+        d = schema.as_mapping(data, source, prefix)
+        kw: dict[str, Any] = {}
+        for k in ("global_batch", "micro_batch", "seq_len"):
+            if d.get(k) is not None:
+                kw[k] = schema.integer(d[k], source, f"{prefix}.{k}")
+        if d.get("dtype") is not None:
+            kw["dtype"] = schema.string(d["dtype"], source, f"{prefix}.dtype")
+        if d.get("recompute") is not None:
+            if not isinstance(d["recompute"], bool):
+                raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
+            kw["recompute"] = d["recompute"]
+        try:
+            return cls(**kw)
+        except HexicoreError as exc:
+            raise HexicoreError(exc.message, source=source, field=exc.field) from None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline stage: ``tp`` devices running blocks ``[layers[0], layers[1])`` with TP.
+
+    The leader (HexiScale §3.2) is ``devices[0]``: it receives activations from the previous
+    stage's leader and broadcasts them inside the TP group.
+    """
+
+    devices: tuple[str, ...]
+    tp: int
+    layers: tuple[int, int]
+
+    @property
+    def n_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    @property
+    def leader(self) -> str:
+        return self.devices[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "tp": self.tp, "layers": list(self.layers)}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One data-parallel replica: its batch share (sequences), stages and schedule."""
+
+    batch: int
+    stages: tuple[Stage, ...]
+    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "1f1b"})
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for s in self.stages for d in s.devices)
+
+    def n_micro_batches(self, micro_batch: int) -> int:
+        return self.batch // micro_batch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "schedule": dict(self.schedule), "stages": [s.to_dict() for s in self.stages]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An asymmetric DP x PP x TP plan over a cluster for a model (DESIGN.md §5)."""
+
+    model: ModelSpec
+    cluster: Cluster
+    train: TrainConfig
+    pipelines: tuple[Pipeline, ...]
+    estimate: Mapping[str, Any] | None = None
+    solver: Mapping[str, Any] | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for p in self.pipelines for d in p.devices)
+
+    def with_estimate(self, estimate: Mapping[str, Any]) -> "Plan":
+        return replace(self, estimate=dict(estimate))
+
+    def with_solver(self, solver: Mapping[str, Any]) -> "Plan":
+        return replace(self, solver=dict(solver))
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "train": self.train.to_dict(),
+            "pipelines": [p.to_dict() for p in self.pipelines],
+            "estimate": dict(self.estimate) if self.estimate is not None else None,
+            "solver": dict(self.solver) if self.solver is not None else None,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON atomically (a temporary file renamed into place)."""
+        return schema.write_text_atomic(path, self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None = None) -> "Plan":
+        return parse_plan(data, source)
+
+    @classmethod
+    def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HexicoreError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+                                source=source) from None
+        return parse_plan(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return parse_plan(schema.load_json(path, "plan"), str(path))
+
+
+def parse_plan(data: Any, source: str | None = None) -> Plan:
+    """Parse and structurally check a plan mapping; errors name the file and the JSON field."""
+    d = schema.as_mapping(data, source, None)
+    fmt = d.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=source, field="format")
+    model = parse_model(schema.get(d, "model", source, None), source, "model")
+    cluster = parse_cluster(schema.get(d, "cluster", source, None), source, "cluster")
+    train = TrainConfig.from_dict(d.get("train") or {}, source)
+    raw = schema.as_list(schema.get(d, "pipelines", source, None), source, "pipelines")
+    pipelines = []
+    for i, rp in enumerate(raw):
+        pf = f"pipelines[{i}]"
+        p = schema.as_mapping(rp, source, pf)
+        stages = []
+        for j, rs in enumerate(schema.as_list(schema.get(p, "stages", source, pf), source, f"{pf}.stages")):
+            sf = f"{pf}.stages[{j}]"
+            s = schema.as_mapping(rs, source, sf)
+            devs = schema.as_list(schema.get(s, "devices", source, sf), source, f"{sf}.devices")
+            devs = tuple(schema.string(x, source, f"{sf}.devices") for x in devs)
+            tp = schema.integer(s.get("tp", len(devs)), source, f"{sf}.tp")
+            layers = schema.as_list(schema.get(s, "layers", source, sf), source, f"{sf}.layers")
+            if len(layers) != 2:
+                raise HexicoreError("expected [start, end)", source=source, field=f"{sf}.layers")
+            lo = schema.integer(layers[0], source, f"{sf}.layers", minimum=0)
+            hi = schema.integer(layers[1], source, f"{sf}.layers", minimum=0)
+            stages.append(Stage(devs, tp, (lo, hi)))
+        sched = p.get("schedule") or {"name": "1f1b"}
+        if isinstance(sched, str):
+            sched = {"name": sched}
+        sched = dict(schema.as_mapping(sched, source, f"{pf}.schedule"))
+        pipelines.append(Pipeline(schema.integer(schema.get(p, "batch", source, pf), source, f"{pf}.batch"),
+                                  tuple(stages), sched))
+    plan = Plan(model, cluster, train, tuple(pipelines),
+                estimate=d.get("estimate"), solver=d.get("solver"))
+    check_structure(plan, source)
+    return plan
+
+
+def check_structure(plan: Plan, source: str | None = None) -> list[str]:
+    """Raise :class:`PlanError` on a plan that violates the §5 invariants; return warnings.
+
+    Checks: known, non-overlapping devices; ``tp`` equal to the stage's device count; stages
+    covering ``[0, L)`` in order without gaps or overlaps; batches that are positive multiples of
+    the micro-batch and sum to the global batch. A TP group spanning machines is legal (as in
+    Megatron) and only produces a warning.
+    """
+    warnings: list[str] = []
+    cluster, L, train = plan.cluster, plan.model.layers, plan.train
+    if not plan.pipelines:
+        raise PlanError("a plan needs at least one pipeline", source=source, field="pipelines")
+    seen: dict[str, str] = {}
+    for i, p in enumerate(plan.pipelines):
+        pf = f"pipelines[{i}]"
+        if not p.stages:
+            raise PlanError("a pipeline needs at least one stage", source=source, field=f"{pf}.stages")
+        expect = 0
+        for j, s in enumerate(p.stages):
+            sf = f"{pf}.stages[{j}]"
+            if not s.devices:
+                raise PlanError("a stage needs at least one device", source=source, field=f"{sf}.devices")
+            for dev in s.devices:
+                if not cluster.has_device(dev):
+                    raise PlanError(f"unknown device {dev!r}", source=source, field=f"{sf}.devices")
+                if dev in seen:
+                    raise PlanError(f"device {dev!r} is also used by {seen[dev]}", source=source,
+                                    field=f"{sf}.devices")
+                seen[dev] = sf
+            if s.tp != len(s.devices):
+                raise PlanError(f"tp={s.tp} does not match the stage's {len(s.devices)} devices", source=source,
+                                field=f"{sf}.tp")
+            lo, hi = s.layers
+            if lo != expect:
+                what = "gap" if lo > expect else "overlap"
+                raise PlanError(f"layers start at {lo} but the previous stage ends at {expect} ({what})",
+                                source=source, field=f"{sf}.layers")
+            if hi <= lo:
+                raise PlanError(f"empty layer range [{lo}, {hi})", source=source, field=f"{sf}.layers")
+            if hi > L:
+                raise PlanError(f"layer range [{lo}, {hi}) exceeds the model's {L} layers", source=source,
+                                field=f"{sf}.layers")
+            expect = hi
+            machines = {cluster.device(dv).machine for dv in s.devices}
+            if len(machines) > 1:
+                warnings.append(f"{sf}: TP group spans machines {', '.join(sorted(machines))}; priced at the "
+                                "links it crosses")
+        if expect != L:
+            raise PlanError(f"stages cover layers [0, {expect}) but the model has {L}", source=source,
+                            field=f"{pf}.stages")
+        if p.batch % train.micro_batch:
+            raise PlanError(f"batch {p.batch} is not a multiple of micro-batch {train.micro_batch}", source=source,
+                            field=f"{pf}.batch")
+    total = sum(p.batch for p in plan.pipelines)
+    if total != train.global_batch:
+        raise PlanError(f"pipeline batches sum to {total}, global batch is {train.global_batch}", source=source,
+                        field="pipelines")
+    return warnings

@@ -1,0 +1,293 @@
+"""The ``analytic`` cost model of HexiScale Appendix A.
+
+Symbols (docs/background.md): ``B_mb`` micro-batch, ``S`` sequence length, ``H`` hidden size,
+``B_type`` bytes per element, ``n_mb`` micro-batches of a pipeline, ``d_ij`` the devices of
+stage j of pipeline i, ``alpha``/``beta`` pairwise latency (s) and bandwidth (bytes/s).
+
+Where the paper states a formula we implement it; where it leaves one out we say which form we
+chose (``compute_s``, ``hop_s``, memory). All times are seconds for one micro-batch unless the
+name says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from hexicore.core.cluster import Cluster
+from hexicore.core.estimate import Estimate
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer
+
+@dataclass(frozen=True)
+class AnalyticCostModel:
+    """HexiScale App. A with the gaps filled (see each method).
+
+    ``efficiency`` maps GPU type -> achieved fraction of peak; ``state_bytes_per_param`` is the
+    weight + gradient + optimizer bytes kept per parameter (default ``4 * B_type``: weights,
+    gradients and two Adam moments in the training dtype, which is the paper's ``48 H^2 B_type``
+    per 12H^2-parameter layer; mixed precision with fp32 master weights is 16);
+    ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
+    ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces the 1F1B
+    PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the GPipe/1F1B
+    in-flight rule with the schedule's peak activations.
+    """
+
+    efficiency: Mapping[str, float] = field(default_factory=dict)
+    default_efficiency: float = DEFAULT_EFFICIENCY
+    state_bytes_per_param: float | None = None
+    reserve_gb: float = 1.0
+    pipeline_timer: PipelineTimer | None = None
+    activation: ActivationFn | None = None
+    name: str = "analytic"
+
+    # ------------------------------------------------------------- pieces
+    def _state_bytes(self, train: TrainConfig) -> float:
+        return self.state_bytes_per_param if self.state_bytes_per_param is not None else 4.0 * train.dtype_bytes
+
+    def achieved_flops(self, cluster: Cluster, devices: Sequence[str]) -> float:
+        """FLOP/s of a TP group: tp x the slowest member's peak x its efficiency."""
+        per = min(cluster.device(d).tflops * self.efficiency.get(cluster.device(d).gpu.name, self.default_efficiency)
+                  for d in devices)
+        return per * 1e12 * len(devices)
+
+    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                  n_layers: int, *, last: bool = False) -> float:
+        """Compute of one micro-batch through a stage (the paper omits this formula).
+
+        FLOPs = tokens x (n_layers x block forward FLOPs/token [+ head on the last stage]) x k,
+        k = 4 with recomputation (forward, backward = 2x forward, recomputed forward), else 3;
+        divided by the TP group's achieved FLOP/s (``achieved_flops``).
+        """
+        tokens = train.micro_batch * train.seq_len
+        fwd = n_layers * model.layer_flops_per_token(train.seq_len) + (model.head_flops_per_token() if last else 0.0)
+        k = 4.0 if train.recompute else 3.0
+        return tokens * fwd * k / self.achieved_flops(cluster, devices)
+
+    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                  n_layers: int) -> float:
+        """TP communication of one micro-batch, HexiScale App. A:
+        ``c * max_d sum_{d' != d} (alpha + B_mb*S*H*B_type / (|d_ij| * beta))`` per layer, with
+        c = 12 under recomputation (the paper) and 8 without (HexiScale's code)."""
+        tp = len(devices)
+        if tp <= 1 or n_layers == 0:
+            return 0.0
+        msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
+        worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
+                    for d in devices)
+        return (12.0 if train.recompute else 8.0) * n_layers * worst
+
+    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                n_layers: int, *, first: bool = False, last: bool = False) -> float:
+        """STAGE(d_ij) of App. A: forward + backward of one micro-batch = compute + TP comm."""
+        return self.compute_s(cluster, model, train, devices, n_layers, last=last) + \
+            self.tp_comm_s(cluster, model, train, devices, n_layers)
+
+    def hop_leaders(self, cluster: Cluster, src: Sequence[str], dst: Sequence[str]) -> tuple[str, str]:
+        """The leader pair of two consecutive stages (HexiScale §3.2): the fastest link."""
+        return min(((a, b) for a in src for b in dst),
+                   key=lambda ab: (cluster.alpha(*ab) + 1.0 / cluster.beta(*ab), ab))
+
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+              dst: Sequence[str]) -> float:
+        """COMM-PP-HOP (formula missing from the paper's digest): per micro-batch, the activation
+        ``B_mb*S*H*B_type`` goes leader -> leader, then the receiving leader broadcasts it in its
+        TP group (priced as its slowest direct send); the gradient goes back the same way, so the
+        hop is twice one direction. Leaders are the pair with the fastest link."""
+        msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
+        a, b = self.hop_leaders(cluster, src, dst)
+        send = cluster.alpha(a, b) + msg / cluster.beta(a, b)
+        bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
+        return 2.0 * (send + bcast)
+
+    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                        n_layers: int, *, first: bool = False, last: bool = False, in_flight: int = 1,
+                        dp: int = 1) -> float:
+        """Peak memory of each device of a stage in GiB (App. A MEM-CUMSUM, extended).
+
+        * model state: ``state_bytes_per_param x params / tp`` for the blocks, the embedding on the
+          first stage and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer);
+        * stored activations: ``in_flight`` micro-batches x per-layer bytes
+          (``B_mb*S*H*B_type`` with recomputation, App. A) — the schedule decides ``in_flight``
+          (1F1B: P - j at stage j);
+        * working set of the block being (re)computed: one layer's full activations / tp, and on
+          the last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient;
+        * ``reserve_gb``.
+        ``dp`` is accepted for cost models that shard optimizer state; this one does not.
+        """
+        tp = len(devices)
+        params = n_layers * model.layer_params() + (model.embedding_params() if first else 0) + \
+            (model.head_params() if last else 0)
+        state = self._state_bytes(train) * params / tp
+        act = in_flight * n_layers * model.activation_bytes_per_layer(
+            train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
+            seq_len=train.seq_len)
+        work = model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
+                                                dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \
+            if train.recompute and n_layers else 0.0
+        if last:
+            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4 / tp
+        return (state + act + work) / GIB + self.reserve_gb
+
+    # ------------------------------------------------------------ pipeline
+    def pipeline_s(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """PIPELINE-TIME of App. A (the 1F1B/GPipe shape):
+        ``sum_j (STAGE_j + HOP_j) + (n_mb - 1) * max_j (STAGE_j + HOP_j)``; HOP of the last stage is 0."""
+        per = [s + h for s, h in zip(stage_times, list(hop_times) + [0.0])]
+        return sum(per) + (n_mb - 1) * max(per)
+
+    def in_flight(self, pipeline: Pipeline, stage_index: int, n_mb: int) -> float:
+        """Micro-batches whose activations a stage holds at its peak: the injected
+        ``activation`` (the schedule's peak) if any; else GPipe keeps all ``n_mb`` and
+        1F1B-style schedules keep ``P - j`` at stage j (capped by ``n_mb``)."""
+        if self.activation is not None:
+            return self.activation(pipeline, stage_index, n_mb)
+        if str(pipeline.schedule.get("name", "1f1b")) == "gpipe":
+            return n_mb
+        return max(1, min(n_mb, len(pipeline.stages) - stage_index))
+
+    def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
+        """STAGE and HOP times of one pipeline, one micro-batch each."""
+        c, m, t = plan.cluster, plan.model, plan.train
+        last = len(pipeline.stages) - 1
+        stages = [self.stage_s(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last)
+                  for j, s in enumerate(pipeline.stages)]
+        hops = [self.hop_s(c, m, t, a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]
+        return stages, hops
+
+    # ------------------------------------------------------------------ DP
+    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Stage], n_params: float, dtype_bytes: int,
+                   links: dict | None = None) -> float:
+        """COMM-DP-LAYER (App. A) for one layer held by one stage in each of several pipelines.
+
+        Paper: ``2 * max_d sum_{d' != d} (alpha + P*B_type / (|D| * beta))`` over the devices D
+        holding the layer, i.e. a ring all-reduce priced per peer. With TP the shards differ;
+        HexiScale §3.2 cuts them into chunks of the smallest shard (``P / lcm(tp)``, = ``P / tp_max`` for powers of two), each chunk
+        all-reduced among the one device per pipeline that holds it. We price exactly that: each
+        device sums the paper's term over the chunks it holds, with ``|D|`` = number of pipelines.
+        With every tp = 1 this is the paper's formula; TP peers of one stage never exchange DP
+        traffic (the paper's ``|D^k_dp|`` would count them). One pipeline: 0. ``links`` (optional)
+        memoises ``(alpha, beta)`` per device pair across calls (a speed-up only).
+        """
+        n = len(holders)
+        link = links if links is not None else {}
+        if n <= 1:
+            return 0.0
+        chunks = math.lcm(*(s.tp for s in holders))
+        chunk = n_params * dtype_bytes / chunks
+        worst = 0.0
+        for i, s in enumerate(holders):
+            per = chunks // s.tp
+            for k, d in enumerate(s.devices):
+                t = 0.0
+                for c in range(k * per, (k + 1) * per):
+                    for i2, s2 in enumerate(holders):
+                        if i2 != i:
+                            peer = s2.devices[c * s2.tp // chunks]
+                            ab = link.get((d, peer))
+                            if ab is None:
+                                ab = link[(d, peer)] = (cluster.alpha(d, peer), cluster.beta(d, peer))
+                            t += ab[0] + chunk / (n * ab[1])
+                worst = max(worst, 2.0 * t)
+        return worst
+
+    def dp_s(self, plan: Plan) -> float:
+        """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``; the
+        embedding and the head are synced like a layer among the first/last stages."""
+        pipes = plan.pipelines
+        if len(pipes) <= 1:
+            return 0.0
+        c, m, bt = plan.cluster, plan.model, plan.train.dtype_bytes
+        holder = [[None] * m.layers for _ in pipes]
+        for i, p in enumerate(pipes):
+            for s in p.stages:
+                for k in range(*s.layers):
+                    holder[i][k] = s
+        cache: dict[tuple, float] = {}
+        links: dict = {}
+
+        def layer_cost(k: int) -> float:
+            hs = tuple(holder[i][k] for i in range(len(pipes)))
+            key = tuple(id(s) for s in hs)
+            if key not in cache:
+                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links)
+            return cache[key]
+
+        per_layer = [layer_cost(k) for k in range(m.layers)]
+        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links)
+        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links)
+        worst = 0.0
+        for p in pipes:
+            for j, s in enumerate(p.stages):
+                t = sum(per_layer[k] for k in range(*s.layers))
+                t += first if j == 0 else 0.0
+                t += last if j == len(p.stages) - 1 else 0.0
+                worst = max(worst, t)
+        return worst
+
+    # ------------------------------------------------------------ the plan
+    def memory_gb(self, plan: Plan) -> dict[str, float]:
+        """Peak memory per device (GiB) for every device the plan uses."""
+        out: dict[str, float] = {}
+        c, m, t = plan.cluster, plan.model, plan.train
+        for p in plan.pipelines:
+            n_mb = p.n_micro_batches(t.micro_batch)
+            last = len(p.stages) - 1
+            for j, s in enumerate(p.stages):
+                gb = self.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                          in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines))
+                for d in s.devices:
+                    out[d] = gb
+        return out
+
+    def estimate(self, plan: Plan) -> Estimate:
+        """Iteration time = ``max_i PIPELINE-TIME(i) + COMM-DP`` (App. A), MFU, memory, breakdown.
+
+        MFU = model FLOPs of one iteration (3 x forward: no recomputation counted) divided by
+        iteration time x the peak FLOP/s of every device of the cluster (idle ones included).
+        """
+        t = plan.train
+        pipe_s, parts = [], []
+        for p in plan.pipelines:
+            stages, hops = self.pipeline_pieces(plan, p)
+            n_mb = p.n_micro_batches(t.micro_batch)
+            if self.pipeline_timer is not None:
+                ps = self.pipeline_timer(p, stages, hops, n_mb)
+            else:
+                ps = self.pipeline_s(stages, hops, n_mb)
+            pipe_s.append(ps)
+            parts.append({"stage_s": stages, "hop_s": hops, "micro_batches": n_mb})
+        dp = self.dp_s(plan)
+        it = max(pipe_s) + dp
+        mem = self.memory_gb(plan)
+        oom = tuple(d for d, gb in mem.items() if gb > plan.cluster.device(d).memory_gb)
+        tokens = t.global_batch * t.seq_len
+        flops = 3.0 * tokens * plan.model.model_flops_per_token(t.seq_len)
+        mfu = flops / (it * plan.cluster.total_tflops * 1e12) if it > 0 else 0.0
+        return Estimate(it, mfu, tokens / it if it > 0 else 0.0, tuple(pipe_s), dp,
+                        {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
+
+
+def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: PipelineTimer | None = None,
+                           source: str = "cost") -> AnalyticCostModel:
+    """Build the analytic model from the ``cost:`` config section (see conf/cost/analytic.yaml)."""
+    from hexicore.core import schema
+
+    d = dict(schema.as_mapping(cfg or {}, source, "cost"))
+    eff = schema.as_mapping(d.get("efficiency") or {}, source, "cost.efficiency")
+    efficiency = {str(k): schema.number(v, source, f"cost.efficiency.{k}") for k, v in eff.items()}
+    for k, v in efficiency.items():
+        if v > 1:
+            from hexicore.core.errors import HexicoreError
+            raise HexicoreError(f"efficiency must be in (0, 1], got {v:g}", source=source, field=f"cost.efficiency.{k}")
+    sbp = d.get("state_bytes_per_param")
+    return AnalyticCostModel(
+        efficiency=efficiency,
+        default_efficiency=schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source,
+                                         "cost.default_efficiency"),
+        state_bytes_per_param=None if sbp is None else schema.number(sbp, source, "cost.state_bytes_per_param"),
+        reserve_gb=schema.number(d.get("reserve_gb", 1.0), source, "cost.reserve_gb", allow_zero=True),
+        pipeline_timer=pipeline_timer,
+    )

@@ -1,0 +1,43 @@
+"""The cost-model interface every cost plugin implements, and the units it shares.
+
+A cost model prices a whole plan (:meth:`CostModel.estimate`) and the pieces the planner
+combines thousands of times (stage time, hop time, stage memory). Schedule-aware pricing swaps in
+a ``pipeline_timer`` and an ``activation`` function (see :mod:`hexicore.planner.pricing`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+from hexicore.core.cluster import Cluster
+from hexicore.core.estimate import Estimate
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Pipeline, Plan, TrainConfig
+
+GIB = 2**30
+#: Achieved fraction of peak tensor FLOP/s in training kernels when a GPU type has no entry in
+#: ``efficiency``. Megatron-LM reports 52-57% MFU for GPT models on A100 clusters
+#: (Narayanan et al., SC'21, Table 1); 0.55 is that middle, for every type unless configured.
+DEFAULT_EFFICIENCY = 0.55
+
+PipelineTimer = Callable[[Pipeline, Sequence[float], Sequence[float], int], float]
+#: ``activation(pipeline, j, n_mb)``: peak in-flight micro-batches of stage j (units of one
+#: micro-batch through the stage's whole share, docs/formats.md) under the pipeline's schedule
+ActivationFn = Callable[[Pipeline, int, int], float]
+
+
+class CostModel(Protocol):
+    """What a solver needs from a cost model."""
+
+    name: str
+
+    def estimate(self, plan: Plan) -> Estimate: ...
+
+    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                n_layers: int, *, first: bool, last: bool) -> float: ...
+
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+              dst: Sequence[str]) -> float: ...
+
+    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                        n_layers: int, *, first: bool, last: bool, in_flight: int, dp: int = 1) -> float: ...

@@ -1,0 +1,73 @@
+"""Pictures of a simulated schedule: Chrome trace (Perfetto) and a matplotlib Gantt chart
+(conventions §5: complete events ``ph: "X"`` in µs; one row per rank like the papers' figures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.simulate import SimResult
+
+COMM_ROW = 1000  # trace thread id offset of a rank's send row
+
+
+def chrome_trace(al: ActionList, res: SimResult, unit_s: float = 1.0) -> dict[str, Any]:
+    """``traceEvents``: one complete event per compute (row = rank) and per send (row = rank's
+    sends, spanning until arrival); ``ts``/``dur`` in µs for times given in ``unit_s`` seconds."""
+    us = 1e6 * unit_s
+    ev: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 0,
+                                 "args": {"name": f"{al.schedule.get('name', 'schedule')} pipeline"}}]
+    for r in range(al.ranks):
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": COMM_ROW + r,
+                   "args": {"name": f"rank {r} sends"}})
+    for e in res.events:
+        a = e.action
+        comm = a.is_comm
+        ev.append({"name": f"{a.op}{a.mb}" if a.mb is not None else a.op,
+                   "cat": "communication" if comm else "computation", "ph": "X",
+                   "ts": e.start * us, "dur": (e.end - e.start) * us, "pid": 0,
+                   "tid": COMM_ROW + e.rank if comm else e.rank,
+                   "args": {"stage": a.stage, "mb": a.mb, **({"peer": a.peer} if comm else {})}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = "") -> Path:
+    """A row per rank; blocks coloured by micro-batch; forward light, backward (B, I) solid, W
+    hatched; the micro-batch number on blocks wide enough to read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    cmap = plt.get_cmap("tab10")
+    span = res.makespan or 1.0
+    per_rank = sum(not e.action.is_comm for e in res.events) / max(al.ranks, 1)
+    fig, ax = plt.subplots(figsize=(min(max(8.0, 0.12 * per_rank), 40.0), 0.45 * al.ranks + 1.8))
+    for e in res.events:
+        a = e.action
+        if a.is_comm:
+            continue
+        y = al.ranks - 1 - e.rank
+        colour = cmap(a.mb % 10)
+        alpha = 0.45 if a.op == "F" else 1.0
+        ax.add_patch(Rectangle((e.start, y + 0.08), e.end - e.start, 0.84, facecolor=colour, alpha=alpha,
+                               edgecolor="black", linewidth=0.3, hatch="//" if a.op == "W" else None))
+        if (e.end - e.start) / span > 0.012:
+            ax.text((e.start + e.end) / 2, y + 0.5, str(a.mb), ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, span)
+    ax.set_ylim(0, al.ranks)
+    ax.set_yticks([al.ranks - 1 - r + 0.5 for r in range(al.ranks)])
+    ax.set_yticklabels([f"rank {r}" for r in range(al.ranks)])
+    ax.set_xlabel("time")
+    ax.set_title(title or f"{al.schedule.get('name')}: makespan {res.makespan:.4g}, bubble {res.bubble_ratio:.3f}")
+    ax.legend(handles=[Patch(facecolor="grey", alpha=0.45, label="forward"), Patch(facecolor="grey", label="backward"),
+                       Patch(facecolor="white", edgecolor="black", hatch="//", label="W (weight grad)")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (al.ranks + 2)), ncol=3, fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,51 @@
+"""The action-list validator (issue 5 item 3; DESIGN.md §6).
+
+:func:`validate_actions` checks, and raises :class:`ScheduleError` naming the rank, the position
+and the action on the first defect:
+
+* shape: ``stage_rank`` covers every stage; every stage is on exactly one chain; micro-batches
+  name a chain;
+* every action's stage lives on the rank that runs it, its micro-batch runs through the stage;
+* every (stage, micro-batch) of a micro-batch's chain is computed exactly once (one F and one B,
+  or one I and one W), in dependency order: F after the previous stage's F, B/I after its own F
+  and the next stage's B/I, W after I;
+* every SEND is matched by the peer's RECV (FIFO per link), every RECV by a SEND, and the lists
+  finish when run with asynchronous sends and blocking receives (no deadlock) — the execution
+  of :func:`hexicore.pipeline.simulate.simulate` with unit times (T_F = 1, T_B = 2).
+
+Compute-only lists (what schedules emit) are checked as if the comm pass had run; pass
+``comm=True`` to insist that the lists carry their own SEND/RECV (what a runtime executes).
+"""
+
+from __future__ import annotations
+
+from hexicore.pipeline.actions import ActionList
+from hexicore.core.errors import ScheduleError
+from hexicore.pipeline.simulate import SimResult, Timing, simulate
+
+
+def check_layout(al: ActionList) -> None:
+    """Stage map, chains and micro-batch chains are consistent."""
+    if len(al.stage_rank) != al.stages or any(not 0 <= r < al.ranks for r in al.stage_rank):
+        raise ScheduleError(f"stage_rank needs {al.stages} ranks in [0, {al.ranks})", field="stage_rank")
+    lists = len(al.actions) if al.has_objects() else al.arrays.ranks
+    if lists != al.ranks:
+        raise ScheduleError(f"expected {al.ranks} action lists, got {lists}", field="actions")
+    where: dict[int, int] = {}
+    for c, chain in enumerate(al.chains):
+        for s in chain:
+            if not 0 <= s < al.stages or s in where:
+                raise ScheduleError(f"chain {c}: stage {s} is out of range or on two chains", field="chains")
+            where[s] = c
+    if len(where) != al.stages:
+        raise ScheduleError(f"chains cover {len(where)} of {al.stages} stages", field="chains")
+    if len(al.mb_chain) != al.micro_batches or any(not 0 <= c < len(al.chains) for c in al.mb_chain):
+        raise ScheduleError(f"mb_chain needs {al.micro_batches} chain indices in [0, {len(al.chains)})",
+                            field="mb_chain")
+
+
+def validate_actions(al: ActionList, *, comm: bool | None = None, fast: bool | None = None) -> SimResult:
+    """Validate ``al`` (module docstring); returns the unit-time simulation on success. Large
+    lists are checked on arrays (:mod:`hexicore.pipeline.simulate_fast`; ``fast`` forces the choice)."""
+    check_layout(al)
+    return simulate(al, Timing.uniform(al), comm=comm, fast=fast)

@@ -1,0 +1,102 @@
+"""Settings of the HexiScale search (conf/solver/hexiscale.yaml), checked on construction:
+a parameter of the wrong type or out of range is a one-line :class:`HexicoreError`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from hexicore.core.errors import HexicoreError
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """``partitioner``/``refiner``/``orderer``/``cost_model``: registry names (``refiner``
+    null = none; ``cost_model`` null = the problem's). ``tau``: the orderer's top-tau; ``orders``: how many of its best paths the
+    cost model chooses from.
+    ``max_balance``: phase-1 balance factor limit (§4.2); ``group_balance``: phase 2's.
+    ``iterations``: candidates of the loop (§4.4; the paper uses 50). ``dp_min``/``dp_max``:
+    the range of D_dp (null = automatic). ``k_shifts``: offsets of k_i from the number of
+    machines in a part tried by the walk. ``ema``: weight of the newest candidate in the moving
+    averages; ``explore``: chance of trying the other cut. ``max_tp``: largest TP degree.
+    ``strategy_passes``: coordinate-descent passes over the groups' strategies.
+    ``polish_rounds``/``polish_evals``: boundary hill-climbing rounds and estimates at most. ``align_templates``: pipelines tried as the
+    template of the machine-aligned variants. ``seeds``: solvers whose plans seed the
+    search. ``replan_iterations``: with a ``warm_start`` plan, two-phase candidates tried after
+    repairing it (:mod:`hexicore.planner.replan`); null = ignore the repair and run the full search."""
+
+    partitioner: str = "metis"
+    refiner: str | None = "kl"
+    orderer: str = "top_tau"
+    cost_model: str | None = None
+    tau: int = 2
+    orders: int = 4
+    max_balance: float = 1.2
+    group_balance: float = 2.0
+    iterations: int = 50
+    dp_min: int = 1
+    dp_max: int | None = None
+    k_shifts: tuple[int, ...] = (-1, 0, 0, 1, 2)
+    ema: float = 0.5
+    explore: float = 0.2
+    max_tp: int = 8
+    strategy_passes: int = 2
+    polish_rounds: int = 20
+    polish_evals: int = 200
+    align_templates: int = 4
+    seeds: tuple[str, ...] = ("megatron",)
+    replan_iterations: int | None = 2
+
+    def __post_init__(self) -> None:
+        def bad(key: str, what: str) -> HexicoreError:
+            return HexicoreError(f"{key} must be {what}, got {getattr(self, key)!r}", field=f"solver.{key}")
+
+        for key in ("partitioner", "orderer"):
+            if not isinstance(getattr(self, key), str):
+                raise bad(key, "a plugin name")
+        for key in ("refiner", "cost_model"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise bad(key, "a plugin name or null")
+        for key in ("tau", "orders", "iterations", "dp_min", "max_tp", "strategy_passes"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(key, "an integer >= 1")
+        for key in ("polish_rounds", "polish_evals", "align_templates"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(key, "an integer >= 0")
+        if self.replan_iterations is not None and (isinstance(self.replan_iterations, bool) or
+                                                   not isinstance(self.replan_iterations, int)
+                                                   or self.replan_iterations < 0):
+            raise bad("replan_iterations", "an integer >= 0 or null")
+        if self.dp_max is not None and (isinstance(self.dp_max, bool) or not isinstance(self.dp_max, int)
+                                        or self.dp_max < 1):
+            raise bad("dp_max", "an integer >= 1 or null")
+        for key in ("max_balance", "group_balance"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
+                raise bad(key, "a number >= 1")
+        for key in ("ema", "explore"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise bad(key, "a number in [0, 1]")
+        if not all(isinstance(k, int) and not isinstance(k, bool) for k in self.k_shifts) or not self.k_shifts:
+            raise bad("k_shifts", "a non-empty list of integers")
+        if not all(isinstance(s, str) for s in self.seeds):
+            raise bad("seeds", "a list of solver names")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "SearchConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise HexicoreError(f"unknown hexiscale option(s) {', '.join(unknown)}; choose from: "
+                                f"{', '.join(sorted(known))}", field=f"solver.{unknown[0]}")
+        kw = dict(params)
+        for key in ("k_shifts", "seeds"):
+            if key in kw:
+                v = kw[key]
+                if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+                    raise HexicoreError(f"{key} must be a list, got {v!r}", field=f"solver.{key}")
+                kw[key] = tuple(v)
+        return cls(**kw)

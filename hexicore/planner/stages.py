@@ -1,0 +1,242 @@
+"""Phase 2 of the HexiScale search for one pipeline (§4.3): intra-group strategies, cached
+stage costs and the layout of an ordered list of stages (exact layer allocation).
+
+* :func:`tp_menus` — the local strategies of a group inside one machine: ways to cut its GPUs
+  into TP groups (TP degree and number of stages), e.g. 8 GPUs -> [8], [4, 4], [4, 2, 2], ...;
+* :class:`StageTable` — the cost model's STAGE/HOP/memory pieces cached per (devices, position)
+  so the search asks the cost model once per distinct stage (App. A);
+* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from hexicore.core.cluster import Cluster
+from hexicore.planner.layers import allocate_layers, layer_ranges
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Pipeline, Stage, TrainConfig
+
+Group = tuple[str, ...]
+
+
+@lru_cache(maxsize=4096)
+def tp_menus(n: int, degrees: tuple[int, ...], limit: int = 16) -> tuple[tuple[int, ...], ...]:
+    """Non-increasing splits of ``n`` GPUs into TP degrees from ``degrees`` (HexiScale's menu:
+    8 -> [8], [4,4], [4,2,2], ...). Splits with fewer distinct degrees come first; at most
+    ``limit`` of them. ``degrees`` must contain 1 so that a split always exists."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(left: int, top: int, acc: list[int]) -> None:
+        if left == 0:
+            out.append(tuple(acc))
+            return
+        for d in sorted((d for d in degrees if d <= min(left, top)), reverse=True):
+            acc.append(d)
+            rec(left - d, d, acc)
+            acc.pop()
+
+    rec(n, n, [])
+    out.sort(key=lambda s: (len(set(s)), -max(s), s))
+    return tuple(out[:limit])
+
+
+def split_by_machine(cluster: Cluster, devices: Sequence[str]) -> list[Group]:
+    """A group's devices per machine (TP stays inside a machine, §3.2), in cluster order."""
+    order = {d.id: i for i, d in enumerate(cluster.devices)}
+    by: dict[str, list[str]] = {}
+    for d in sorted(devices, key=order.__getitem__):
+        by.setdefault(cluster.device(d).machine, []).append(d)
+    return [tuple(v) for v in by.values()]
+
+
+def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
+    """Cut a machine's devices into consecutive TP groups of the menu's sizes."""
+    out, lo = [], 0
+    for t in menu:
+        out.append(unit[lo:lo + t])
+        lo += t
+    return out
+
+
+@dataclass
+class StageTable:
+    """Cached cost pieces for one (cluster, model, train, cost model): stage time rows
+    ``t(l), l = 0..L``, memory caps and hop times. Mutable cache, local to one search."""
+
+    cluster: Cluster
+    model: ModelSpec
+    train: TrainConfig
+    cost: Any
+    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "1f1b"})
+    _times: dict = field(default_factory=dict)
+    _caps: dict = field(default_factory=dict)
+    _hops: dict = field(default_factory=dict)
+    _flight: dict = field(default_factory=dict)
+    _rows: dict = field(default_factory=dict)
+
+    def times(self, devices: Group, first: bool, last: bool) -> np.ndarray:
+        """STAGE(d_ij) of App. A for 0..L layers (one micro-batch). When the cost model's stage
+        time is affine in the layer count (checked at l = 0, 1, 2 and L; the analytic model's is)
+        the row is filled from those values, else every l is asked."""
+        key = (devices, first, last)
+        row = self._times.get(key)
+        if row is None:
+            c, m, t = self.cluster, self.model, self.train
+            s0 = self.cost.stage_s(c, m, t, devices, 0, first=first, last=last)
+            s1 = self.cost.stage_s(c, m, t, devices, 1, first=first, last=last)
+            s2 = self.cost.stage_s(c, m, t, devices, 2, first=first, last=last)
+            ls = np.arange(m.layers + 1)
+            if abs((s2 - s1) - (s1 - s0)) <= 1e-12 * max(1.0, abs(s2)):  # affine in l: 3 calls suffice
+                row = s0 + (s1 - s0) * ls
+                row[m.layers] = self.cost.stage_s(c, m, t, devices, m.layers, first=first, last=last)
+                if abs(row[m.layers] - (s0 + (s1 - s0) * m.layers)) > 1e-9 * max(1.0, row[m.layers]):
+                    row = None
+            if row is None:
+                row = np.array([self.cost.stage_s(c, m, t, devices, int(l), first=first, last=last) for l in ls])
+            self._times[key] = row
+        return row
+
+    def hop(self, src: Group, dst: Group) -> float:
+        key = (src, dst)
+        if key not in self._hops:
+            self._hops[key] = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
+        return self._hops[key]
+
+    def in_flight(self, n_stages: int, j: int, n_mb: int) -> int:
+        """Micro-batches stage j holds at its peak under the configured schedule."""
+        key = (n_stages, j, n_mb)
+        if key not in self._flight:
+            probe = getattr(self.cost, "in_flight", None)
+            if probe is None:
+                self._flight[key] = max(1, min(n_mb, n_stages - j))
+            else:
+                dummy = Pipeline(n_mb * self.train.micro_batch,
+                                 tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), dict(self.schedule))
+                self._flight[key] = probe(dummy, j, n_mb)
+        return self._flight[key]
+
+    def cap(self, devices: Group, first: bool, last: bool, in_flight: int) -> int:
+        """Most layers (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
+        not even the embedding/head fits."""
+        key = (devices, first, last, in_flight)
+        if key not in self._caps:
+            limit = min(self.cluster.device(d).memory_gb for d in devices)
+            c, m, t = self.cluster, self.model, self.train
+
+            def fits(l: int) -> bool:
+                return self.cost.stage_memory_gb(c, m, t, devices, l, first=first, last=last,
+                                                 in_flight=in_flight) <= limit
+
+            lo, hi = -1, m.layers  # largest l with fits(l); memory grows with l
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            self._caps[key] = lo
+        return self._caps[key]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An ordered pipeline with its layer counts; ``stage_s``/``hop_s`` per micro-batch."""
+
+    stages: tuple[Group, ...]
+    layers: tuple[int, ...]
+    stage_s: tuple[float, ...]
+    hop_s: tuple[float, ...]
+
+    def fill_step(self) -> tuple[float, float]:
+        """(sum_j (STAGE_j + HOP_j), max_j (STAGE_j + HOP_j)) of App. A PIPELINE-TIME."""
+        per = [s + h for s, h in zip(self.stage_s, list(self.hop_s) + [0.0])]
+        return sum(per), max(per)
+
+    def pipeline(self, batch: int, schedule: Mapping[str, Any]) -> Pipeline:
+        return Pipeline(batch, tuple(Stage(g, len(g), r) for g, r in zip(self.stages, layer_ranges(self.layers))),
+                        dict(schedule))
+
+
+def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple[np.ndarray, list[int], list[float]]:
+    """Per stage: its time row ``STAGE_j(l) + HOP_j`` (l = 0..L, one matrix row per stage), its
+    memory cap with the schedule's in-flight micro-batches at ``n_mb_max`` (an upper bound, so
+    any smaller batch also fits), and the hops."""
+    p = len(stages)
+    hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
+    key = (tuple(stages), n_mb_max)
+    hit = table._rows.get(key)
+    if hit is None:
+        rows, caps = [], []
+        for j, g in enumerate(stages):
+            first, last = j == 0, j == p - 1
+            caps.append(table.cap(g, first, last, table.in_flight(p, j, n_mb_max)))
+            rows.append(table.times(g, first, last))
+        rows = np.vstack(rows) + np.array(hops + [0.0])[:, None]
+        hit = table._rows[key] = (rows, caps)
+    return hit[0], hit[1], hops
+
+
+def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
+                    layers: Sequence[int] | None = None) -> Layout | None:
+    """Lay out ordered ``stages``: the exact min-max layer allocation under the memory caps of
+    :func:`stage_rows` (or the given ``layers``, checked against the caps). ``None``: OOM."""
+    p, L = len(stages), table.model.layers
+    if p == 0 or p > L:
+        return None
+    rows, caps, hops = stage_rows(table, stages, n_mb_max)
+    if layers is None:
+        alloc = allocate_layers(rows, caps, L)
+        if alloc is None:
+            return None
+    else:
+        alloc = tuple(int(x) for x in layers)
+        if sum(alloc) != L or any(not 1 <= a <= c for a, c in zip(alloc, caps)):
+            return None
+    stage_s = tuple(float(rows[j][alloc[j]] - (hops[j] if j < p - 1 else 0.0)) for j in range(p))
+    return Layout(tuple(stages), alloc, stage_s, tuple(hops))
+
+
+def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:
+    """Stages grouped by machine (a stage's machine = its leader's), machines in the order of
+    ``machines`` first, then of first appearance; stages keep their relative order."""
+    out: dict[str, list[Group]] = {m: [] for m in machines}
+    for g in stages:
+        out.setdefault(table.cluster.device(g[0]).machine, []).append(g)
+    return [(m, gs) for m, gs in out.items() if gs]
+
+
+def align_to(table: StageTable, template: Layout, stages: Sequence[Group], n_mb_max: int) -> Layout | None:
+    """Lay ``stages`` out like ``template`` (whose stages must be contiguous per machine): the
+    same machine order and the same layer range on every machine, split exactly (min-max) among
+    this pipeline's stages on that machine. Layers held on one machine by every pipeline
+    synchronise their gradients over that machine's fast links (App. A COMM-DP-LAYER); ``None``
+    if the machines differ or a range does not fit."""
+    t_blocks = by_machine(table, template.stages)
+    order = [m for m, _ in t_blocks]
+    blocks = by_machine(table, stages, order)
+    if [m for m, _ in blocks] != order:
+        return None
+    ordered = [g for _, gs in blocks for g in gs]
+    rows, caps, _ = stage_rows(table, ordered, n_mb_max)
+    counts, j, k = [], 0, 0
+    for (m, gs), (_, tgs) in zip(blocks, t_blocks):
+        share = sum(template.layers[k:k + len(tgs)])
+        k += len(tgs)
+        part = allocate_layers(rows[j:j + len(gs)], caps[j:j + len(gs)], share)
+        if part is None:
+            return None
+        counts.extend(part)
+        j += len(gs)
+    return layout_pipeline(table, ordered, n_mb_max, counts)
+
+
+def machine_contiguous(table: StageTable, layout: Layout, n_mb_max: int) -> Layout | None:
+    """``layout`` with its stages regrouped so that each machine's stages are consecutive
+    (machines in order of first appearance), layers re-allocated; itself if already so."""
+    ordered = [g for _, gs in by_machine(table, layout.stages) for g in gs]
+    return layout if tuple(ordered) == layout.stages else layout_pipeline(table, ordered, n_mb_max)

@@ -1,0 +1,27 @@
+"""The full plan check shared by ``plan``, ``evaluate`` and the runtime (DESIGN.md §5).
+
+Structure (devices, TP, layer coverage, batches) comes from :func:`hexicore.core.plan.check_structure`;
+memory from the cost model. Both raise :class:`hexicore.core.errors.PlanError` with the file and the
+field; warnings (e.g. a TP group spanning machines) are returned for the caller to show.
+"""
+
+from __future__ import annotations
+
+from hexicore.cost import CostModel, Estimate
+from hexicore.core.errors import PlanError
+from hexicore.core.plan import Plan, check_structure
+
+
+def validate_plan(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Estimate, list[str]]:
+    """Check ``plan`` completely; return the cost model's estimate and the warnings."""
+    warnings = check_structure(plan, source)
+    est = cost.estimate(plan)
+    for i, p in enumerate(plan.pipelines):
+        for j, s in enumerate(p.stages):
+            for dev in s.devices:
+                need, cap = est.memory_gb[dev], plan.cluster.device(dev).memory_gb
+                if need > cap:
+                    raise PlanError(f"device {dev} needs {need:.1f} GB but has {cap:g} GB "
+                                    f"({s.n_layers} layers, tp={s.tp})", source=source,
+                                    field=f"pipelines[{i}].stages[{j}]")
+    return est, warnings

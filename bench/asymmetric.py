@@ -1,4 +1,4 @@
-"""Benchmark: measured step time of asymmetric plans vs the cost model's prediction (issue 7).
+"""Benchmark: measured step time of asymmetric plans vs the cost model's prediction .
 
 Each plan (pipelines with different stage counts, layer cuts, TP degrees, batches and schedules)
 runs on the torch runtime. A profiling pass records every compute action (``Executor.timeline``),

@@ -1,4 +1,4 @@
-"""Benchmark of the ``cpsat`` exact solver (issue 4): hexiscale's gap to CP-SAT, and the largest
+"""Benchmark of the ``cpsat`` exact solver : hexiscale's gap to CP-SAT, and the largest
 cluster CP-SAT proves optimal within a time limit.
 
     python bench/cpsat.py [--time-limit 60] [--workers 2] [--results docs/results.md]

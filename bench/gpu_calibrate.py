@@ -1,4 +1,4 @@
-"""Calibrate the cost model's achieved-efficiency factor on one GPU (issue 6, benchmarks).
+"""Calibrate the cost model's achieved-efficiency factor on one GPU .
 
 Measures forward + backward of ``--layers`` Llama blocks shaped like ``--model`` (default
 llama2_7b: hidden 4096, 32 heads, FFN 11008) in bf16 at the model's sequence length, one

@@ -1,4 +1,4 @@
-"""Planner quality and search time (issue 3 targets; HexiScale §5, REFERENCE.md §4-5).
+"""Planner quality and search time (HexiScale §5; docs/background.md).
 
 Runs every solver on the paper's settings and prints one table: predicted iteration time and
 MFU under the analytic cost model, and the solver's wall/CPU seconds. The rows
@@ -35,7 +35,7 @@ SETTINGS = [
     ("hetero2, 13B", "hetero2", "llama2_13b", 128),
     ("hetero3, 30B", "hetero3", "llama_30b", 128),
 ]
-#: HexiScale's reported MFU (FlashFlex README, notes/planners.md §1; paper case: 41.52 s -> 25.55 s).
+#: HexiScale's reported MFU (FlashFlex README; paper case: 41.52 s -> 25.55 s).
 PAPER = {"hetero1, 7B": "31.19%", "hetero1, 13B": "27.23%", "hetero2, 7B": "33.47%", "hetero2, 13B": "31.39%",
          "hetero3, 30B": "27.49% (Metis 17.1%)", "paper case, 13B": "25.55 s (Megatron 41.52 s)"}
 EXPLAIN = """Where and why our plan differs from the paper's. With the paper's two pipelines the search
@@ -113,7 +113,7 @@ def describe(plan) -> str:
 
 
 def paper_case_lines(registry: Registry) -> list[str]:
-    """The worked case (REFERENCE.md §4) beside the paper: our best plan, our best plan with the
+    """The worked case (docs/background.md) beside the paper: our best plan, our best plan with the
     paper's two pipelines, and the per-layer prices that explain the difference."""
     from hexicore.core.plan import Stage
 

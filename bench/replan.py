@@ -1,4 +1,4 @@
-"""Schedule-aware planning and elastic replanning (issue 8).
+"""Schedule-aware planning and elastic replanning .
 
 Table 1: on the paper's settings, hexiscale with ``schedule=auto`` (each pipeline gets the
 fastest of 1F1B, interleaved 1F1B and Hanayo with W chosen adaptively that fits its memory) vs
@@ -132,7 +132,7 @@ Reading: on these clusters every pipeline runs more micro-batches than it has st
 against 4-8), where interleaved 1F1B halves the fill/drain bubble at the cost of one more
 transfer per chunk; Hanayo's waves cross every inter-machine link 2W times per micro-batch, and
 at 0.7-1 GB/s Ethernet that costs more than the bubble it fills, so the exact re-pricing keeps
-it out (it wins where links are fast and micro-batches few, REFERENCE.md §6). The per-pipeline
+it out (it wins where links are fast and micro-batches few, Hanayo, `docs/background.md`). The per-pipeline
 times of every option are in each plan's `solver.schedule_s`. The gain grows with the fleet
 (more, deeper pipelines per batch: larger bubbles to remove).
 

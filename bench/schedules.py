@@ -1,5 +1,5 @@
 """Bench: bubble ratios of every schedule against the papers' closed forms, and the speed of
-build + validate + simulate (issue 5 "exact checks" and "speed"). Writes bench/out/schedules.md and
+build + validate + simulate (exact checks and speed). Writes bench/out/schedules.md and
 the ``## Schedules`` section of docs/results.md (only that section).
 
     python bench/schedules.py [--big P W M]     # default big case: P=64, W=8, M=512

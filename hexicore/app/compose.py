@@ -13,6 +13,7 @@ from hexicore.core import schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.cost import CostModel, Estimate
 from hexicore.core.errors import HexicoreError
+from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.planner.problem import Problem, Progress, no_progress
@@ -53,9 +54,13 @@ def load_cluster(cfg: DictConfig) -> Cluster:
 
 
 def load_model(cfg: DictConfig) -> ModelSpec:
-    """``model_file=PATH`` if given, else the ``model`` group (with any ``model.x=`` overrides)."""
+    """``model_file=PATH`` if given (a model YAML, or a Hugging Face ``config.json`` or the
+    directory holding one: :mod:`hexicore.core.hf_config`), else the ``model`` group (with any
+    ``model.x=`` overrides)."""
     if cfg.get("model_file"):
         path = str(cfg.model_file)
+        if is_hf_config(path):
+            return load_hf_config(path)
         return parse_model(schema.load_yaml(path, "model"), path)
     return parse_model(_plain(cfg.model), _choice(cfg, "model"), "model")
 

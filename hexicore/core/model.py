@@ -1,9 +1,14 @@
-"""Transformer specifications: parameters, FLOPs and activation bytes (REFERENCE.md §3).
+"""Transformer specifications: parameters, FLOPs and activation bytes (HexiScale App. A,
+docs/background.md).
 
 Two families are described by one :class:`ModelSpec`:
 
 * ``arch: llama`` — RMSNorm (weight only), rotary positions, grouped-query attention
-  (``kv_heads`` <= ``heads``), SwiGLU FFN (gate, up, down), no biases, untied embedding and head.
+  (``kv_heads`` <= ``heads``), SwiGLU FFN (gate, up, down), untied embedding and head; no
+  biases unless ``qkv_bias`` (Qwen2: q, k, v projections) or ``o_bias`` (Llama's
+  ``attention_bias`` adds both). Hugging Face Llama-family configs (Llama, Mistral, Qwen2) read
+  into this form through :mod:`hexicore.core.hf_config`; ``head_dim`` may differ from
+  ``hidden / heads``, ``rope_theta``/``rope_scaling``/``norm_eps`` follow the config.
 * ``arch: gpt`` — LayerNorm (weight + bias), learned positions, multi-head attention with biases,
   GELU FFN (two matrices with biases); GPT-3 ties the head to the embedding, BERT adds
   token-type embeddings and a pooler-free MLM head (we count the tied decoder only).
@@ -40,14 +45,28 @@ class ModelSpec:
     norm: str = "rmsnorm"
     tied_embeddings: bool = False
     type_vocab: int = 0  # BERT token types
+    head_dim: int | None = None  # None: hidden // heads
+    qkv_bias: bool = False
+    o_bias: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. Llama 3's
+    max_position: int = 0  # the config's max_position_embeddings (0: not stated)
+    hf_model_type: str = ""  # "llama" | "mistral" | "qwen2" when read from a Hugging Face config
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HexicoreError(f"must be a positive integer, got {v!r}", field=f)
-        if self.hidden % self.heads:
-            raise HexicoreError(f"hidden {self.hidden} is not divisible by heads {self.heads}", field="heads")
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise HexicoreError(f"hidden {self.hidden} is not divisible by heads {self.heads}", field="heads")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise HexicoreError(f"must be a positive integer, got {self.head_dim!r}", field="head_dim")
         if self.heads % self.kv_heads:
             raise HexicoreError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}", field="kv_heads")
         if self.arch not in ("llama", "gpt"):
@@ -57,8 +76,9 @@ class ModelSpec:
 
     # ------------------------------------------------------------- parameters
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_dim(self) -> int:
+        """Width of the query projection: ``heads * head_dim`` (``hidden`` unless head_dim differs)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -69,10 +89,13 @@ class ModelSpec:
         return self.arch == "gpt"
 
     def attention_params(self) -> int:
-        """Q, K, V, O projections (GQA: K and V are ``hidden x kv_dim``), biases for gpt."""
-        h, kv = self.hidden, self.kv_dim
-        weights = 2 * h * h + 2 * h * kv
-        return weights + ((2 * h + 2 * kv) if self._bias else 0)
+        """Q, K, V, O projections (GQA: K and V are ``hidden x kv_dim``); biases for gpt on all
+        four, else on q/k/v with ``qkv_bias`` and on o with ``o_bias``."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        weights = 2 * h * q + 2 * h * kv
+        qkv_b = self._bias or self.qkv_bias
+        o_b = self._bias or self.o_bias
+        return weights + ((q + 2 * kv) if qkv_b else 0) + (h if o_b else 0)
 
     def mlp_params(self) -> int:
         """SwiGLU: gate, up, down = 3*H*F. GELU: up, down = 2*H*F plus biases F + H."""
@@ -91,8 +114,8 @@ class ModelSpec:
 
     def layer_matmul_params(self) -> int:
         """Weights that take part in matmuls (drive FLOPs): attention + MLP matrices."""
-        h, kv, f = self.hidden, self.kv_dim, self.ffn
-        return 2 * h * h + 2 * h * kv + (3 if self.arch == "llama" else 2) * h * f
+        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn
+        return 2 * h * q + 2 * h * kv + (3 if self.arch == "llama" else 2) * h * f
 
     def embedding_params(self) -> int:
         """Token embedding (+ learned positions and token types for gpt/bert)."""
@@ -113,11 +136,12 @@ class ModelSpec:
         """Forward FLOPs of one block per token: 2 * matmul params + 4*S*H for QK^T and AV.
 
         Summed over a micro-batch of B sequences this is the standard
-        ``24*B*S*H^2 + 4*B*S^2*H`` of a GPT block (REFERENCE.md §3) with the real FFN width
-        and GQA projection sizes. Causal masking is not subtracted (Megatron's convention).
+        ``24*B*S*H^2 + 4*B*S^2*H`` of a GPT block (docs/background.md, Cost model) with the
+        real FFN width and GQA projection sizes (the score term uses the query width, ``H``
+        unless ``head_dim`` differs). Causal masking is not subtracted (Megatron's convention).
         """
         s = self.seq_len if seq_len is None else seq_len
-        return 2.0 * self.layer_matmul_params() + 4.0 * s * self.hidden
+        return 2.0 * self.layer_matmul_params() + 4.0 * s * self.q_dim
 
     def head_flops_per_token(self) -> float:
         """Forward FLOPs of the output projection per token (2*H*V)."""
@@ -148,7 +172,16 @@ class ModelSpec:
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan JSON's ``model`` object; fields added for Hugging Face configs are written
+        only when they differ from their defaults (so older plans stay byte-identical)."""
+        d = asdict(self)
+        for f in _OPTIONAL:
+            if d[f.name] == (self.hidden // self.heads if f.name == "head_dim" and not self.hidden % self.heads
+                             else f.default):
+                del d[f.name]
+        if "rope_scaling" in d:
+            d["rope_scaling"] = dict(self.rope_scaling)
+        return d
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None, prefix: str | None = None) -> "ModelSpec":
@@ -160,6 +193,8 @@ class ModelSpec:
 
 
 _INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+_OPTIONAL = tuple(f for f in fields(ModelSpec) if f.name in (
+    "head_dim", "qkv_bias", "o_bias", "norm_eps", "rope_theta", "rope_scaling", "max_position", "hf_model_type"))
 
 
 def parse_model(data: Any, source: str | None, prefix: str | None = None) -> ModelSpec:
@@ -191,7 +226,29 @@ def parse_model(data: Any, source: str | None, prefix: str | None = None) -> Mod
         kw["tied_embeddings"] = d["tied_embeddings"]
     if d.get("type_vocab") is not None:
         kw["type_vocab"] = schema.integer(d["type_vocab"], source, fp("type_vocab"), minimum=0)
+    kw.update(_parse_optional(d, source, fp))
     try:
         return ModelSpec(**kw)
     except HexicoreError as exc:
         raise exc.located(source, prefix) from None
+
+
+def _parse_optional(d: Any, source: str | None, fp: Any) -> dict[str, Any]:
+    """The optional fields a plan written from a Hugging Face config carries."""
+    kw: dict[str, Any] = {}
+    for k in ("qkv_bias", "o_bias"):
+        if d.get(k) is not None:
+            if not isinstance(d[k], bool):
+                raise HexicoreError("expected true or false", source=source, field=fp(k))
+            kw[k] = d[k]
+    for k in ("head_dim", "max_position"):
+        if d.get(k) is not None:
+            kw[k] = schema.integer(d[k], source, fp(k), minimum=0 if k == "max_position" else 1)
+    for k in ("norm_eps", "rope_theta"):
+        if d.get(k) is not None:
+            kw[k] = schema.number(d[k], source, fp(k))
+    if d.get("rope_scaling") is not None:
+        kw["rope_scaling"] = tuple(sorted(schema.as_mapping(d["rope_scaling"], source, fp("rope_scaling")).items()))
+    if d.get("hf_model_type") is not None:
+        kw["hf_model_type"] = schema.string(d["hf_model_type"], source, fp("hf_model_type"))
+    return kw

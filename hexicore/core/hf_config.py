@@ -1,0 +1,180 @@
+"""Hugging Face Llama-family ``config.json`` <-> :class:`~hexicore.core.model.ModelSpec`.
+
+``model_file=PATH/config.json`` (or a directory holding one) reads a Llama-family configuration:
+``LlamaForCausalLM``, ``MistralForCausalLM`` (full attention only) and ``Qwen2ForCausalLM``
+(recognised by ``architectures`` or ``model_type``). Fields read: ``hidden_size``,
+``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+``head_dim``, ``vocab_size``, ``rms_norm_eps``, ``rope_theta`` / ``rope_scaling`` (the
+transformers 4 layout) or ``rope_parameters`` (transformers 5), ``tie_word_embeddings``,
+``attention_bias`` (Llama: q, k, v and o biases; Qwen2 always has q/k/v biases and no o bias),
+``max_position_embeddings``.
+
+What the runtime does not implement is refused here, before any process starts, with one line
+naming the file and the field: other architectures, mixture-of-experts, a sliding window shorter
+than the sequence, rope types other than default and ``llama3``, activations other than SiLU,
+MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
+
+The training sequence length is ``train.seq_len`` when set; the spec's own ``seq_len`` is
+``max_position_embeddings`` capped at :data:`DEFAULT_SEQ_LEN` (a context of 128k positions is a
+limit, not a training length).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import ModelSpec
+
+#: the spec's seq_len when the config allows more positions than this
+DEFAULT_SEQ_LEN = 4096
+#: model_type -> architecture class name written back into config.json
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def is_hf_config(path: str | Path) -> bool:
+    """A ``*.json`` file or a directory holding ``config.json``."""
+    p = Path(path)
+    return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
+
+
+def config_path(path: str | Path) -> Path:
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """Read ``path`` (a config.json or its directory) into a :class:`ModelSpec`."""
+    p = config_path(path)
+    data = schema.load_json(p, "model config")
+    return spec_from_hf(data, str(p))
+
+
+def _model_type(d: Mapping[str, Any], source: str) -> str:
+    archs = d.get("architectures") or []
+    by_arch = {v: k for k, v in ARCHITECTURES.items()}
+    for a in archs if isinstance(archs, list) else []:
+        if a in by_arch:
+            return by_arch[a]
+    mt = d.get("model_type")
+    if mt in ARCHITECTURES:
+        return str(mt)
+    named = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else repr(mt)
+    raise HexicoreError(f"unsupported architecture {named}; supported: {', '.join(ARCHITECTURES.values())}",
+                        source=source, field="architectures" if archs else "model_type")
+
+
+def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> None:
+    for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size"):
+        if d.get(k):
+            raise HexicoreError("mixture-of-experts models are not supported by the runtime", source=source, field=k)
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise HexicoreError(f"activation {act!r} is not supported (SiLU/SwiGLU only)", source=source, field="hidden_act")
+    if d.get("mlp_bias"):
+        raise HexicoreError("MLP biases are not supported by the runtime", source=source, field="mlp_bias")
+    window = d.get("sliding_window")
+    uses_window = mt == "mistral" or bool(d.get("use_sliding_window"))
+    layer_types = d.get("layer_types") or []
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        uses_window = uses_window or window is not None
+    if uses_window and window is not None and int(window) < seq_len:
+        raise HexicoreError(f"a sliding window of {window} positions is shorter than the sequence ({seq_len}); "
+                            "only full attention is supported", source=source, field="sliding_window")
+
+
+def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, Any], ...]]:
+    """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types."""
+    params = d.get("rope_parameters")
+    field_name = "rope_parameters"
+    if not isinstance(params, Mapping):
+        params = d.get("rope_scaling") or {}
+        field_name = "rope_scaling"
+    params = dict(schema.as_mapping(params, source, field_name))
+    theta = params.pop("rope_theta", d.get("rope_theta", 10000.0))
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise HexicoreError(f"rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}",
+                            source=source, field=f"{field_name}.rope_type")
+    theta = schema.number(theta, source, "rope_theta")
+    if kind == "default":
+        return theta, ()
+    scaling = {"rope_type": "llama3"}
+    for k in _LLAMA3_KEYS:
+        if k not in params:
+            raise HexicoreError("missing required field", source=source, field=f"{field_name}.{k}")
+        scaling[k] = schema.number(params[k], source, f"{field_name}.{k}")
+    return theta, tuple(sorted(scaling.items()))
+
+
+def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
+    """Validate a Hugging Face config mapping into a :class:`ModelSpec` (module docstring)."""
+    d = schema.as_mapping(data, source, None)
+    mt = _model_type(d, source)
+
+    def integer(key: str, default: Any = None) -> int:
+        value = d.get(key, default)
+        if value is None:
+            raise HexicoreError("missing required field", source=source, field=key)
+        return schema.integer(value, source, key)
+
+    max_pos = integer("max_position_embeddings", DEFAULT_SEQ_LEN)
+    seq_len = min(max_pos, DEFAULT_SEQ_LEN)
+    _refuse_unsupported(d, mt, seq_len, source)
+    heads = integer("num_attention_heads")
+    hidden = integer("hidden_size")
+    theta, scaling = _rope(d, source)
+    tied = d.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise HexicoreError("expected true or false", source=source, field="tie_word_embeddings")
+    bias = bool(d.get("attention_bias", False))
+    try:
+        return ModelSpec(
+            name=str(d.get("_name_or_path") or Path(source).parent.name or mt), layers=integer("num_hidden_layers"),
+            hidden=hidden, heads=heads, kv_heads=integer("num_key_value_heads", heads), ffn=integer("intermediate_size"),
+            vocab=integer("vocab_size"), seq_len=seq_len, tied_embeddings=tied,
+            head_dim=integer("head_dim") if d.get("head_dim") is not None else None,
+            qkv_bias=True if mt == "qwen2" else bias, o_bias=False if mt == "qwen2" else bias,
+            norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
+            rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
+    except HexicoreError as exc:
+        raise exc.located(source, None) from None
+
+
+def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
+    """The ``config.json`` that ``transformers.AutoModelForCausalLM`` reads for ``spec`` (a
+    Llama config for hexicore's own Llama-style specs)."""
+    if spec.arch != "llama":
+        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {spec.arch!r}",
+                            field="model.arch")
+    mt = spec.hf_model_type or "llama"
+    rope: dict[str, Any] = {"rope_theta": spec.rope_theta, "rope_type": "default"}
+    rope.update(dict(spec.rope_scaling))
+    d: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[mt]], "model_type": mt, "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn, "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
+        "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position or spec.seq_len,
+        "tie_word_embeddings": spec.tied_embeddings, "rope_parameters": rope, "rope_theta": spec.rope_theta,
+        "torch_dtype": "float32",
+    }
+    if spec.rope_scaling:
+        d["rope_scaling"] = dict(spec.rope_scaling)
+    if mt == "qwen2":
+        d.update(use_sliding_window=False, sliding_window=None)
+    else:
+        d["attention_bias"] = spec.o_bias
+        if mt == "mistral":
+            d["sliding_window"] = None
+    return d
+
+
+def write_hf_config(spec: ModelSpec, folder: str | Path) -> Path:
+    """Write ``folder/config.json`` atomically."""
+    return schema.write_text_atomic(Path(folder) / "config.json", json.dumps(hf_config_dict(spec), indent=2) + "\n")

@@ -1,0 +1,99 @@
+"""Hugging Face Llama-family configs in (hexicore.core.hf_config): exact parameter counts against
+``transformers``' own models, refusals of what the runtime does not implement, and the
+config.json written back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.hf_config import hf_config_dict, load_hf_config, spec_from_hf
+from hexicore.core.model import ModelSpec
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SMALL = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+
+
+def _count(config) -> int:
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())  # tied weights are counted once
+
+
+@pytest.mark.parametrize("cls, extra", [
+    ("LlamaConfig", {}),
+    ("LlamaConfig", {"attention_bias": True, "head_dim": 24}),
+    ("LlamaConfig", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    ("Qwen2Config", {"tie_word_embeddings": True}),
+    ("MistralConfig", {"sliding_window": None}),
+])
+def test_parameter_count_equals_transformers(tmp_path, cls, extra):
+    config = getattr(transformers, cls)(**SMALL, **extra)
+    config.save_pretrained(tmp_path)
+    spec = load_hf_config(tmp_path)
+    assert spec.total_params() == _count(config)
+    assert spec.layers == 3 and spec.kv_heads == 2 and spec.seq_len == 128
+
+
+def test_llama3_rope_and_round_trip(tmp_path):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32}
+    transformers.LlamaConfig(**SMALL, rope_scaling=dict(rope), rope_theta=500000.0).save_pretrained(tmp_path)
+    spec = load_hf_config(tmp_path / "config.json")
+    assert dict(spec.rope_scaling) == rope and spec.rope_theta == 500000.0
+    again = ModelSpec.from_dict(spec.to_dict())
+    assert again == spec
+    written = tmp_path / "out"
+    written.mkdir()
+    (written / "config.json").write_text(json.dumps(hf_config_dict(spec)))
+    assert load_hf_config(written) == ModelSpec.from_dict({**spec.to_dict(), "name": "out"})
+    back = transformers.AutoConfig.from_pretrained(written)
+    assert back.num_hidden_layers == 3 and back.rope_parameters["rope_type"] == "llama3"
+
+
+def test_plain_specs_serialise_as_before():
+    spec = ModelSpec("m", 2, 64, 4, 2, 176, 256, 32)
+    assert set(spec.to_dict()) == {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
+                                   "arch", "norm", "tied_embeddings", "type_vocab"}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "architectures"),
+    ({"num_local_experts": 8}, "num_local_experts"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+    ({"model_type": "mistral", "sliding_window": 64}, "sliding_window"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"hidden_size": None}, "hidden_size"),
+])
+def test_refusals_name_the_field(change, field):
+    d = {"model_type": "llama", **SMALL, **change}
+    d = {k: v for k, v in d.items() if v is not None}
+    with pytest.raises(HexicoreError) as exc:
+        spec_from_hf(d, "cfg/config.json")
+    assert exc.value.field == field and exc.value.source == "cfg/config.json"
+
+
+def test_plan_from_hf_config_cli(tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    transformers.Qwen2Config(**SMALL, tie_word_embeddings=True).save_pretrained(tmp_path)
+    out = tmp_path / "plan.json"
+    code = run_cli(["plan", "cluster=paper_case", f"model_file={tmp_path}", "train.global_batch=8", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, capsys.readouterr().err
+    plan = json.loads(out.read_text())
+    assert plan["model"]["qkv_bias"] is True and plan["model"]["tied_embeddings"] is True
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama", **SMALL, "hidden_act": "relu"}))
+    capsys.readouterr()
+    code = run_cli(["plan", f"model_file={bad}", f"hydra.run.dir={tmp_path / 'run2'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hidden_act" in err and len(err.strip().splitlines()) == 1

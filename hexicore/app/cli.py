@@ -19,6 +19,7 @@ COMMANDS = {
     "evaluate": "validate a plan JSON from any source and re-estimate it",
     "simulate": "generate a schedule's action lists and simulate them (makespan, bubbles, timeline)",
     "train": "run training from a plan (or one pipeline, or parallel=none) with torch.distributed",
+    "prepare-data": "tokenize text / JSON-lines files with a Hugging Face tokenizer into a token file",
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
 }
 GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
@@ -123,7 +124,7 @@ def preflight(overrides: Sequence[str]) -> None:
 
 
 def _task(command: str) -> Callable:
-    module = importlib.import_module(f"hexicore.app.commands.{command}")
+    module = importlib.import_module(f"hexicore.app.commands.{command.replace('-', '_')}")
 
     def task(cfg) -> int:
         try:
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import hydra
 
     task = _task(command)
-    task.__name__ = f"hexicore_{command}"
+    task.__name__ = f"hexicore_{command.replace('-', '_')}"
     wrapped = hydra.main(version_base="1.3", config_path="pkg://hexicore.conf", config_name="config")(task)
     saved = sys.argv
     sys.argv = [f"hexicore {command}", *rest]

@@ -1,0 +1,164 @@
+"""``hexicore prepare-data input=... tokenizer=PATH/tokenizer.json out=X.bin``: tokenize text.
+
+Inputs are text files (``.txt``, one document per file) or JSON-lines files (``.jsonl``, one
+document per line, its text under ``prepare.text_key``); ``input`` is a path, a glob or a list of
+them. The Hugging Face ``tokenizers`` tokenizer encodes batches of ``prepare.batch_docs``
+documents on every core (offline: the tokenizer is a local file), an end-of-document id is
+appended after each document, and the ids stream into ``X.bin`` with the sidecar ``X.bin.json``
+(:mod:`hexicore.core.token_file`). Both are written under temporary names and renamed into place
+only when complete. Prints documents, tokens and throughput.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from hexicore.app.report import console, rows_table
+from hexicore.core.errors import HexicoreError
+from hexicore.core.token_file import DTYPES, dtype_for, write_sidecar
+
+EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
+
+
+def input_files(spec: Any) -> list[Path]:
+    """``input=`` as files: each item a path or a glob; a missing match is an error."""
+    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    files: list[Path] = []
+    for item in items:
+        matches = sorted(glob.glob(str(item))) if any(c in str(item) for c in "*?[") else [str(item)]
+        if not matches or not all(Path(m).is_file() for m in matches):
+            raise HexicoreError(f"no such input file: {item}", source="command line", field="input")
+        files += [Path(m) for m in matches]
+    return files
+
+
+def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
+    """(text, bytes read) per document, in file order."""
+    for f in files:
+        if f.suffix == ".jsonl":
+            with f.open("r", encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        doc = json.loads(line)
+                        text = doc[text_key]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise HexicoreError(f"expected a JSON object with a string {text_key!r}", source=str(f),
+                                            field=f"line {n}") from None
+                    if not isinstance(text, str):
+                        raise HexicoreError(f"{text_key!r} is not a string", source=str(f), field=f"line {n}")
+                    yield text, len(line.encode("utf-8"))
+        else:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field="input") from None
+            yield text, len(text.encode("utf-8"))
+
+
+def load_tokenizer(path: Any) -> Any:
+    from tokenizers import Tokenizer
+
+    if not path:
+        raise HexicoreError("prepare-data needs tokenizer=PATH/tokenizer.json", source="command line",
+                            field="tokenizer")
+    p = Path(str(path))
+    p = p / "tokenizer.json" if p.is_dir() else p
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
+        raise HexicoreError(f"cannot load the tokenizer: {str(exc).splitlines()[0]}", source=str(p),
+                            field="tokenizer") from None
+
+
+def eos_id(tok: Any, eos: Any) -> int:
+    """The end-of-document id: ``prepare.eos`` (a token or an id) or the tokenizer's own."""
+    if eos is not None:
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            return eos
+        found = tok.token_to_id(str(eos))
+        if found is None:
+            raise HexicoreError(f"the tokenizer has no token {eos!r}", source="command line", field="prepare.eos")
+        return found
+    for cand in EOS_CANDIDATES:
+        found = tok.token_to_id(cand)
+        if found is not None:
+            return found
+    raise HexicoreError("the tokenizer has none of the usual end-of-text tokens; set prepare.eos",
+                        source="command line", field="prepare.eos")
+
+
+def _batches(docs: Iterator[tuple[str, int]], size: int) -> Iterator[tuple[list[str], int]]:
+    texts, nbytes = [], 0
+    for text, b in docs:
+        texts.append(text)
+        nbytes += b
+        if len(texts) >= size:
+            yield texts, nbytes
+            texts, nbytes = [], 0
+    if texts:
+        yield texts, nbytes
+
+
+def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str, batch_docs: int,
+             progress: Any = None) -> dict[str, Any]:
+    """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats."""
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    dtype = DTYPES[dtype_for(vocab)]
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    n_docs = n_tokens = 0
+    try:
+        with tmp.open("wb") as fh:
+            for texts, nbytes in _batches(documents(files, text_key), batch_docs):
+                encs = tok.encode_batch(texts, add_special_tokens=False)
+                ids = np.fromiter((i for e in encs for i in (*e.ids, eos)), dtype=np.int64)
+                fh.write(ids.astype(dtype).tobytes())
+                n_docs += len(texts)
+                n_tokens += len(ids)
+                if progress is not None:
+                    progress(nbytes)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}
+
+
+def run(cfg: DictConfig) -> int:
+    prep = OmegaConf.to_container(cfg.get("prepare") or {}, resolve=True)
+    files = input_files(OmegaConf.to_container(cfg.input, resolve=True) if OmegaConf.is_list(cfg.get("input"))
+                        else cfg.get("input") or "")
+    tok = load_tokenizer(cfg.get("tokenizer"))
+    eos = eos_id(tok, prep.get("eos"))
+    if not cfg.get("out"):
+        raise HexicoreError("prepare-data needs out=PATH.bin", source="command line", field="out")
+    out = Path(str(cfg.out))
+    if out.is_dir():
+        raise HexicoreError("names a directory; give the token file's path", source="command line", field="out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    total = sum(f.stat().st_size for f in files)
+    from rich.progress import Progress
+
+    t0 = time.perf_counter()
+    with Progress(transient=True, console=console()) as bar:
+        task = bar.add_task("tokenizing", total=total)
+        stats = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
+                         batch_docs=int(prep.get("batch_docs", 1024)), progress=lambda b: bar.advance(task, b))
+    secs = time.perf_counter() - t0
+    write_sidecar(out, {**stats, "tokenizer": str(cfg.tokenizer)})
+    console().print(rows_table("hexicore prepare-data", ("files", "documents", "tokens", "dtype", "seconds", "tokens/s"),
+                               [(str(len(files)), str(stats["documents"]), str(stats["tokens"]), stats["dtype"],
+                                 f"{secs:.2f}", f"{stats['tokens'] / max(secs, 1e-9):,.0f}")]))
+    console().print(f"token file written to {out} (sidecar {out.name}.json)")
+    return 0

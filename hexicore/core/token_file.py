@@ -1,0 +1,124 @@
+"""Tokenized corpora: a flat file of token ids plus a sidecar JSON (``hexicore.tokens/1``).
+
+The nanoGPT / Megatron convention: ``X.bin`` holds the token ids of every document back to back
+(an end-of-sequence id between documents), as little-endian ``uint16`` (vocabularies up to
+65,536) or ``uint32``; ``X.bin.json`` says how to read it::
+
+    {"format": "hexicore.tokens/1", "dtype": "uint16", "vocab": 32000, "tokens": 1048576,
+     "documents": 812, "eos": 2, "tokenizer": "tok/tokenizer.json"}
+
+The file is memory-mapped, never read whole. Training samples seeded windows of ``seq_len + 1``
+tokens (:func:`window_starts`), a pure function of ``(seed, step)``: any plan, a resumed run
+and the one-process reference see the same rows. ``hexicore prepare-data`` writes these files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+
+FORMAT = "hexicore.tokens/1"
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+#: ids are checked against the vocabulary in chunks of this many tokens (bounded memory)
+CHECK_CHUNK = 1 << 24
+
+
+def sidecar_path(path: str | Path) -> Path:
+    p = Path(path)
+    return p.with_name(p.name + ".json")
+
+
+def dtype_for(vocab: int) -> str:
+    """The smallest dtype that holds every id of a ``vocab``-sized vocabulary."""
+    return "uint16" if vocab <= 1 << 16 else "uint32"
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """A memory-mapped token file and its sidecar's facts."""
+
+    path: str
+    dtype: str
+    vocab: int
+    tokens: int
+    documents: int = 0
+    eos: int | None = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> "TokenFile":
+        """Read the sidecar and check the data file's size against it (one-line errors)."""
+        p = Path(path)
+        side = sidecar_path(p)
+        if not side.is_file():
+            raise HexicoreError(f"no sidecar {side.name} next to the token file (it gives dtype and vocab; "
+                                "hexicore prepare-data writes both)", source=str(p), field="runtime.data_file")
+        meta = schema.load_json(side, "token file sidecar")
+        src = str(side)
+        fmt = meta.get("format")
+        if fmt != FORMAT:
+            raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=src, field="format")
+        dtype = meta.get("dtype")
+        if dtype not in DTYPES:
+            raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", source=src, field="dtype")
+        vocab = schema.integer(meta.get("vocab"), src, "vocab")
+        try:
+            size = p.stat().st_size
+        except OSError as exc:
+            raise HexicoreError(f"cannot read the token file: {exc.strerror}", source=str(p),
+                                field="runtime.data_file") from None
+        width = np.dtype(DTYPES[dtype]).itemsize
+        if size % width:
+            raise HexicoreError(f"{size} bytes is not a whole number of {dtype} ids", source=str(p))
+        tokens = size // width
+        if meta.get("tokens") is not None and schema.integer(meta["tokens"], src, "tokens", minimum=0) != tokens:
+            raise HexicoreError(f"the sidecar says {meta['tokens']} tokens, the file holds {tokens}", source=src,
+                                field="tokens")
+        eos = meta.get("eos")
+        return cls(str(p), dtype, vocab, tokens, int(meta.get("documents") or 0),
+                   None if eos is None else schema.integer(eos, src, "eos", minimum=0))
+
+    def array(self) -> np.ndarray:
+        """The ids, memory-mapped read-only."""
+        return np.memmap(self.path, dtype=DTYPES[self.dtype], mode="r", shape=(self.tokens,))
+
+    def check(self, model_vocab: int, seq_len: int) -> None:
+        """Refuse ids the model cannot embed and files shorter than one window (one line each)."""
+        if self.tokens < seq_len + 2:
+            raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than a sequence of {seq_len + 1}",
+                                source=self.path, field="runtime.data_file")
+        if self.vocab > model_vocab:
+            top = self.max_id()
+            if top >= model_vocab:
+                raise HexicoreError(f"token id {top} is outside the model's vocabulary of {model_vocab}",
+                                    source=self.path, field="runtime.data_file")
+
+    def max_id(self) -> int:
+        data = self.array()
+        return int(max((int(data[i: i + CHECK_CHUNK].max()) for i in range(0, self.tokens, CHECK_CHUNK)), default=0))
+
+
+def window_starts(seed: int, step: int, rows: int, n_tokens: int, width: int) -> np.ndarray:
+    """Start offsets of the ``rows`` windows of ``width`` tokens a step uses: a pure function of
+    ``(seed, step)`` (numpy's PCG64 seeded by both)."""
+    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(step) & 0xFFFFFFFF, 0x68657869]))
+    return rng.integers(0, n_tokens - width + 1, size=rows, dtype=np.int64)
+
+
+def windows(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``[len(starts), width]`` int64 rows read from the memory-mapped ids."""
+    out = np.empty((len(starts), width), dtype=np.int64)
+    for i, s in enumerate(starts.tolist()):
+        out[i] = data[s: s + width]
+    return out
+
+
+def write_sidecar(path: str | Path, meta: dict[str, Any]) -> Path:
+    """Write ``X.bin.json`` atomically."""
+    return schema.write_text_atomic(sidecar_path(path), json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")

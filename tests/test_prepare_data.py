@@ -1,0 +1,104 @@
+"""``hexicore prepare-data`` and the token-file format (hexicore.core.token_file): ids equal the
+tokenizer's own encoding with EOS between documents; windows are a pure function of (seed, step);
+bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.token_file import TokenFile, window_starts, windows
+from tests.conftest import run_cli
+
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex the pipeline".split()
+
+
+def make_tokenizer(path, texts):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"]))
+    tok.save(str(path))
+    return tok
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))) for _ in range(60)]
+    (tmp_path / "a.txt").write_text(docs[0])
+    with (tmp_path / "b.jsonl").open("w") as fh:
+        for d in docs[1:]:
+            fh.write(json.dumps({"text": d, "id": 1}) + "\n")
+    tok = make_tokenizer(tmp_path / "tokenizer.json", docs)
+    return tmp_path, docs, tok
+
+
+def test_prepare_data_matches_the_tokenizer(corpus, capsys):
+    d, docs, tok = corpus
+    out = d / "out" / "corpus.bin"
+    code = run_cli(["prepare-data", f"input=[{d / 'a.txt'},{d / '*.jsonl'}]", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={out}", "prepare.batch_docs=7", f"hydra.run.dir={d / 'run'}"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "tokens/s" in printed.out
+    tf = TokenFile.open(out)
+    eos = tok.token_to_id("</s>")
+    expected = [i for doc in docs for i in (*tok.encode(doc, add_special_tokens=False).ids, eos)]
+    assert tf.dtype == "uint16" and tf.documents == 60 and tf.eos == eos
+    assert tf.array().tolist() == expected
+    assert not list(out.parent.glob(".*tmp"))
+
+
+def test_windows_are_a_pure_function_of_seed_and_step():
+    a = window_starts(3, 17, 8, 10_000, 33)
+    assert np.array_equal(a, window_starts(3, 17, 8, 10_000, 33))
+    assert not np.array_equal(a, window_starts(3, 18, 8, 10_000, 33))
+    assert not np.array_equal(a, window_starts(4, 17, 8, 10_000, 33))
+    assert a.min() >= 0 and a.max() <= 10_000 - 33
+    data = np.arange(10_000, dtype=np.uint16)
+    rows = windows(data, a, 33)
+    assert rows.shape == (8, 33) and (np.diff(rows, axis=1) == 1).all()
+
+
+def test_token_file_refusals(tmp_path):
+    from hexicore.core.token_file import write_sidecar
+
+    path = tmp_path / "t.bin"
+    np.array([1, 2, 300, 4] * 20, dtype=np.uint16).tofile(path)
+    with pytest.raises(HexicoreError, match="sidecar"):
+        TokenFile.open(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 301, "tokens": 80})
+    tf = TokenFile.open(path)
+    with pytest.raises(HexicoreError, match="token id 300 is outside"):
+        tf.check(model_vocab=256, seq_len=8)
+    tf.check(model_vocab=301, seq_len=8)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 301, "tokens": 81})
+    with pytest.raises(HexicoreError, match="says 81 tokens"):
+        TokenFile.open(path)
+    write_sidecar(path, {"dtype": "int8", "vocab": 301})
+    with pytest.raises(HexicoreError) as exc:
+        TokenFile.open(path)
+    assert exc.value.field == "dtype"
+
+
+@pytest.mark.parametrize("args, field", [
+    (["input=/nonexistent/*.txt"], "input"),
+    (["tokenizer=/nonexistent/tokenizer.json"], "tokenizer"),
+    (["prepare.eos=<nope>"], "prepare.eos"),
+])
+def test_prepare_data_bad_input_is_one_line(corpus, capsys, args, field):
+    d, _, _ = corpus
+    base = {"input": f"input={d / 'a.txt'}", "tokenizer": f"tokenizer={d / 'tokenizer.json'}"}
+    for a in args:
+        base[a.split("=")[0].split(".")[0]] = a
+    code = run_cli(["prepare-data", *base.values(), f"out={d / 'x.bin'}", f"hydra.run.dir={d / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and len(err.strip().splitlines()) == 1
+    assert not (d / "x.bin").exists()

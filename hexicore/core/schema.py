@@ -7,6 +7,8 @@ bad value anywhere in a cluster, model or plan file becomes one precise line for
 from __future__ import annotations
 
 import json
+import os
+import uuid
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -102,14 +104,83 @@ def read_text(path: str | Path, what: str) -> str:
     return text
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file renamed into place (never half-written)."""
+#: every temporary name ends so; leftovers of a killed writer are recognised and removed
+TMP_SUFFIX = ".hexicore-tmp"
+
+
+def temp_path(path: str | Path) -> Path:
+    """A temporary name for ``path`` in the same directory that no other writer uses (process id
+    and a random part): two writers of the same path never share or delete each other's file."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+
+
+def publish(tmp: Path, path: Path) -> Path:
+    """fsync ``tmp``, rename it over ``path`` (atomic on POSIX) and fsync the directory, so a
+    reader sees the old file or the new one, never part of either."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return path
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a unique temporary file renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    tmp = temp_path(path)
+    try:
+        tmp.write_bytes(data)
+        return publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def clean_stale_temps(folder: str | Path, older_than_s: float = 0.0) -> int:
+    """Remove temporary files of killed writers in ``folder`` (names from :func:`temp_path`
+    whose process is gone, or older than ``older_than_s``); the number removed."""
+    import time
+
+    n = 0
+    for f in Path(folder).glob(f".*{TMP_SUFFIX}"):
+        parts = f.name.split(".")
+        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else -1
+        alive = pid > 0 and _pid_alive(pid)
+        try:
+            old = older_than_s > 0 and time.time() - f.stat().st_mtime > older_than_s
+        except OSError:
+            continue
+        if not alive or old:
+            f.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load_yaml(path: str | Path, what: str) -> Mapping[str, Any]:
@@ -118,7 +189,9 @@ def load_yaml(path: str | Path, what: str) -> Mapping[str, Any]:
 
     text, source = read_text(path, what), str(path)
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml_text(text, source)
+    except RecursionError:
+        raise HexicoreError(f"YAML nested deeper than {MAX_DEPTH} levels", source=source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -133,7 +206,93 @@ def load_json(path: str | Path, what: str) -> Mapping[str, Any]:
     """Read a JSON object from ``path``; every failure is a one-line :class:`HexicoreError`."""
     text, source = read_text(path, what), str(path)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, source))
     except json.JSONDecodeError as exc:
         raise HexicoreError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=source) from None
+    except RecursionError:
+        raise HexicoreError(f"JSON nested deeper than {MAX_DEPTH} levels", source=source) from None
+    check_depth(data, source)
     return as_mapping(data, source, None)
+
+
+#: no file format of hexicore nests deeper than this
+MAX_DEPTH = 32
+#: a YAML document may expand (aliases counted at every use) to at most this many nodes
+MAX_YAML_NODES = 200_000
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise HexicoreError("duplicate key", source=source, field=str(k))
+        out[k] = v
+    return out
+
+
+def check_depth(data: Any, source: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse data nested deeper than ``limit`` (iteratively: no recursion on hostile input)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            raise HexicoreError(f"nested deeper than {limit} levels", source=source)
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+
+
+def _yaml_expanded_size(node: Any, source: str) -> int:
+    """Nodes of the document with every alias expanded (memoised per node: linear time)."""
+    import yaml
+
+    memo: dict[int, int] = {}
+    order, stack = [], [(node, 1)]
+    while stack:  # iterative post-order with a depth check
+        n, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise HexicoreError(f"YAML nested deeper than {MAX_DEPTH} levels", source=source)
+        if id(n) in memo:
+            continue
+        memo[id(n)] = -1
+        order.append(n)
+        kids = [c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else \
+            list(n.value) if isinstance(n, yaml.SequenceNode) else []
+        stack += [(c, depth + 1) for c in kids]
+    for n in reversed(order):
+        kids = [c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else \
+            list(n.value) if isinstance(n, yaml.SequenceNode) else []
+        memo[id(n)] = min(1 + sum(memo[id(c)] for c in kids), MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def _load_yaml_text(text: str, source: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys, alias bombs and deep nesting."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
+        seen: set = set()
+        for k, _ in node.value:
+            if k.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(k, deep=deep)
+            if key in seen:
+                raise HexicoreError(f"duplicate key at line {k.start_mark.line + 1}", source=source, field=str(key))
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _yaml_expanded_size(node, source) > MAX_YAML_NODES:
+            raise HexicoreError(f"YAML aliases expand to more than {MAX_YAML_NODES} nodes", source=source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()

@@ -1,6 +1,7 @@
 """Library API (DESIGN.md §4) and Hydra multirun summaries (issue 9 item 1)."""
 
 import csv
+import csv
 
 import pytest
 
@@ -64,3 +65,26 @@ def test_simulate_multirun_summary(tmp_path, capsys):
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert [r["schedule"] for r in rows] == ["gpipe", "1f1b"]
     assert all(float(r["bubble_ratio"]) == pytest.approx(3 / 7) for r in rows)
+
+
+def test_a_failing_job_does_not_end_the_sweep(tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    code = run_cli(["plan", "-m", "model=llama2_70b,tiny", "cluster=paper_case", "out=plan.json",
+                    f"hydra.sweep.dir={tmp_path}"])
+    assert code == 1
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["outcome"] for r in rows] == ["failed", "ok"]
+    assert "fits" in rows[0]["error"] or "memory" in rows[0]["error"]
+    assert (tmp_path / "1" / "plan.json").is_file() and not (tmp_path / "0" / "plan.json").exists()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_absolute_out_in_a_sweep_is_refused(tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    code = run_cli(["plan", "-m", "model=tiny", "cluster=paper_case,hetero1", f"out={tmp_path / 'same.json'}",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert code == 1 and not (tmp_path / "same.json").exists()
+    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
+    assert all(r["outcome"] == "failed" and "absolute out=" in r["error"] for r in rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hexicore.core.errors import HexicoreError
 
@@ -123,19 +123,67 @@ def preflight(overrides: Sequence[str]) -> None:
         raise HexicoreError("; ".join(lines[:3]), source="command line") from None
 
 
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # no Hydra job (library use)
+        return False
+
+
+def _per_job_out(cfg: Any) -> None:
+    """Inside a sweep, ``out=`` belongs to one job: a relative path is resolved under the job's
+    output directory; an absolute one is refused (every job would write the same file)."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    out = cfg.get("out")
+    if not out:
+        return
+    hc = HydraConfig.get()
+    if Path(str(out)).is_absolute():
+        raise HexicoreError("an absolute out= would be written by every job of the sweep; give a relative path "
+                            "(resolved under each job's directory)", source="command line", field="out")
+    cfg.out = str(Path(hc.runtime.output_dir) / str(out))
+
+
 def _task(command: str) -> Callable:
+    """The Hydra task of ``command``. In a sweep a failing job is recorded in the sweep summary
+    with its one-line error and the sweep goes on (the command exits 1 at the end)."""
     module = importlib.import_module(f"hexicore.app.commands.{command.replace('-', '_')}")
 
-    def task(cfg) -> int:
+    def task(cfg: Any) -> int:
+        multirun = _in_multirun()
         try:
+            if multirun:
+                _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
-            sys.exit(fail(exc))
+            if not multirun:
+                sys.exit(fail(exc))
+            return _failed_job(command, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a sweep outlives one job's bug; reported as one line
+            if not multirun:
+                raise
+            return _failed_job(command, f"{type(exc).__name__}: {exc}".splitlines()[0])
         if code:
+            if multirun:
+                return _failed_job(command, f"exit status {code}")
             sys.exit(code)
         return code
 
     return task
+
+
+def _failed_job(command: str, message: str) -> int:
+    from hexicore.app.sweep import record
+
+    print(f"error: {message}", file=sys.stderr)
+    record({"command": command, "outcome": "failed", "error": message})
+    return 1
 
 
 def plugins_command() -> int:

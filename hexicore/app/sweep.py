@@ -9,12 +9,16 @@ collects them when the sweep ends, on the launching machine.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from hexicore.core.schema import write_text_atomic
 
 RESULT = "result.json"
 
@@ -29,10 +33,8 @@ def record(row: Mapping[str, Any]) -> Path | None:
         return None
     out = Path(hc.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = {"job": hc.job.get("num", 0), "overrides": " ".join(hc.overrides.task), **row}
-    path = out / RESULT
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-    return path
+    data = {"job": hc.job.get("num", 0), "overrides": " ".join(hc.overrides.task), "outcome": "ok", **row}
+    return write_text_atomic(out / RESULT, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -60,14 +62,15 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> tuple[Path, Pa
     for r in rows:
         columns += [k for k in r if k not in columns]
     csv_path, md_path = sweep_dir / "summary.csv", sweep_dir / "summary.md"
-    with csv_path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(columns)
-        for r in rows:
-            w.writerow([_cell(r.get(c)) for c in columns])
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([_cell(r.get(c)) for c in columns])
+    write_text_atomic(csv_path, buf.getvalue())
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r.get(c)).replace("|", "\\|") for c in columns) + " |" for r in rows]
-    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(md_path, "\n".join(lines) + "\n")
     return csv_path, md_path
 
 
@@ -86,3 +89,7 @@ class SummaryCallback(Callback):
         console().print(rows_table(f"sweep summary ({len(rows)} jobs)", cols, [[_cell(r.get(c)) for c in cols]
                                                                                    for r in rows]))
         print(f"summary written to {csv_path} and {md_path}")
+        failed = [r for r in rows if r.get("outcome") == "failed"]
+        if failed:
+            print(f"{len(failed)} of {len(rows)} jobs failed (see the error column)", file=sys.stderr)
+            raise SystemExit(1)  # after the summary: the sweep as a whole failed

@@ -116,7 +116,10 @@ def test_model_that_fits_nowhere(capsys, hydra_dir, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["plan", "solver=nope"], "unknown solver 'nope'; choose one of:"),
     (["plan", "cluster=nope"], "unknown cluster 'nope'; choose one of:"),
-    (["plan", "colour=red"], "Could not override 'colour'"),
+    (["plan", "colour=red"], "colour: unknown key"),
+    (["plan", "+train.global_bach=8"], "train.global_bach: unknown key"),
+    (["plan", "seed=abc"], "seed: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["plan", "train.dtype=fp8"], "train.dtype: must be one of bf16, fp16, fp32"),
     (["plan", "train.global_batch=7", "train.micro_batch=2"], "train.global_batch"),
     (["plan", "exclude=[Z.1]"], "exclude: unknown device 'Z.1'"),
     (["evaluate"], "plan_file"),

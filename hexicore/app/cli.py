@@ -9,6 +9,7 @@ stderr and exit status 2; every :class:`HexicoreError` raised by a command does 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import Any, Callable, Sequence
 
@@ -117,10 +118,23 @@ def preflight(overrides: Sequence[str]) -> None:
     try:
         from hexicore.app.compose import config_from_overrides
 
-        config_from_overrides(trial)
+        cfg = config_from_overrides(trial)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-        raise HexicoreError("; ".join(lines[:3]), source="command line") from None
+        raise _config_error(exc) from None
+    from hexicore.app.config_schema import check_config
+
+    check_config(cfg)
+
+
+def _config_error(exc: BaseException) -> HexicoreError:
+    """One line from a Hydra/OmegaConf composition error: the value's problem and its key."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    message = "; ".join(ln for ln in lines[:3] if not ln.startswith(("full_key:", "object_type=", "reference_type=")))
+    if re.match(r"Key '[^']+' not in '", message):
+        message = "unknown key (hexicore COMMAND --help lists every key)"
+    return HexicoreError(message or str(exc), source="command line", field=key or None)
 
 
 def _in_multirun() -> bool:
@@ -207,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from hexicore.registry import Registry
 
+        from hexicore.app.config_schema import store_schema
+
+        store_schema()
         Registry.default().store_configs()
         if command == "plugins":
             return plugins_command()

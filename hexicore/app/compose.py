@@ -180,6 +180,9 @@ def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_na
     """Compose the project config like the CLI does (Hydra compose API)."""
     from hydra import compose, initialize_config_module
 
+    from hexicore.app.config_schema import store_schema
+
+    store_schema()
     Registry.default().store_configs()
     with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))

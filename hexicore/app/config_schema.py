@@ -1,0 +1,113 @@
+"""Typed schema of hexicore's primary config (``conf/config.yaml``): Hydra structured configs.
+
+The top-level keys and the ``train``, ``pipeline``, ``timing`` and ``prepare`` sections are
+dataclasses, stored in Hydra's ConfigStore as ``hexicore_schema`` and listed first in the
+primary config's defaults. Hydra itself then refuses a wrong type (``seed=abc``,
+``train.steps=abc``) or an unknown key (``train.global_bach=8``, even with ``+``) when the
+config is composed — before any work — and the CLI prints that as one line with exit status 2.
+Ranges (positive batch, efficiency <= 1, ...) are checked where the values are used, with the
+field named. Config groups (cluster, model, solver, schedule, cost, runtime) are typed by their
+own plugins' configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TrainSection:
+    global_batch: int = 24
+    micro_batch: int = 1
+    seq_len: Optional[int] = None
+    dtype: str = "bf16"
+    recompute: bool = True
+    steps: int = 10
+    checkpoint_every: int = 0
+
+
+@dataclass
+class PipelineSection:
+    ranks: int = 4
+    micro_batches: int = 8
+
+
+@dataclass
+class TimingSection:
+    forward: float = 1.0
+    backward: float = 2.0
+    comm: float = 0.0
+
+
+@dataclass
+class PrepareSection:
+    text_key: str = "text"
+    eos: Optional[Any] = None
+    batch_docs: int = 1024
+
+
+@dataclass
+class HexicoreConfig:
+    """The primary config; groups are filled by the defaults list."""
+
+    cluster: Any = MISSING
+    model: Any = MISSING
+    solver: Any = MISSING
+    schedule: Any = MISSING
+    cost: Any = MISSING
+    runtime: Any = MISSING
+    cluster_file: Optional[str] = None
+    model_file: Optional[str] = None
+    plan_file: Optional[str] = None
+    out: Optional[str] = None
+    exclude: List[str] = field(default_factory=list)
+    warm_start: Optional[str] = None
+    seed: int = 0
+    parallel: str = "pipeline"
+    resume: Optional[str] = None
+    input: Optional[Any] = None
+    tokenizer: Optional[str] = None
+    prepare: PrepareSection = field(default_factory=PrepareSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    pipeline: PipelineSection = field(default_factory=PipelineSection)
+    timing: TimingSection = field(default_factory=TimingSection)
+
+
+def store_schema() -> None:
+    """Register :class:`HexicoreConfig` as ``hexicore_schema`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="hexicore_schema", node=HexicoreConfig, provider="hexicore")
+
+
+#: allowed values of the string keys the schema types as ``str``
+CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32")}
+_SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
+             "prepare": PrepareSection}
+
+
+def check_config(cfg: Any) -> None:
+    """Refuse keys the schema does not declare (``+train.global_bach=8`` bypasses Hydra's struct
+    check) and string values outside their choices; one-line :class:`HexicoreError`."""
+    from dataclasses import fields as dc_fields
+
+    from hexicore.core.errors import HexicoreError
+
+    for section, schema_cls in _SECTIONS.items():
+        node = cfg.get(section) if section else cfg
+        if node is None:
+            continue
+        known = {f.name for f in dc_fields(schema_cls)} | ({"hydra"} if not section else set())
+        for key in node.keys():
+            if key not in known:
+                where = f"{section}.{key}" if section else str(key)
+                raise HexicoreError(f"unknown key; {section or 'top-level'} keys are: {', '.join(sorted(known - {'hydra'}))}",
+                                    source="command line", field=where)
+    for key, allowed in CHOICES.items():
+        node, _, leaf = key.rpartition(".")
+        value = (cfg.get(node) if node else cfg).get(leaf)
+        if value is not None and str(value) not in allowed:
+            raise HexicoreError(f"must be one of {', '.join(allowed)}, got {value!r}", source="command line", field=key)

@@ -160,3 +160,19 @@ def test_hydra_flags_pass_through(capsys, hydra_dir):
     assert code == 0 and "name: tiny" in out and "cluster:" in out
     code, _, err = run(["plan", "--cfg", "job", "solver=nope", *hydra_dir], capsys)
     assert code == 2 and "unknown solver 'nope'" in err
+
+
+def test_shell_completion_candidates():
+    from hexicore.app.cli import complete_line
+
+    assert complete_line("hexicore pl") == ["plan", "plugins"]
+    assert complete_line("hexicore plan solver=m") == ["megatron", "metis_like"]
+    assert "train.global_batch=" in complete_line("hexicore plan train.g")
+    assert "hetero1" in complete_line("hexicore plan cluster=")
+
+
+def test_job_log_is_written_under_the_command_name(tmp_path, capsys):
+    code = run_cli(["plan", "model=tiny", f"out={tmp_path / 'p.json'}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0
+    log = (tmp_path / "run" / "plan.log").read_text()
+    assert "hexicore plan" in log and "finished with exit status 0" in log

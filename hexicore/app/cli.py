@@ -9,6 +9,7 @@ stderr and exit status 2; every :class:`HexicoreError` raised by a command does 
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 import sys
 from typing import Any, Callable, Sequence
@@ -23,6 +24,7 @@ COMMANDS = {
     "prepare-data": "tokenize text / JSON-lines files with a Hugging Face tokenizer into a token file",
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
 }
+log = logging.getLogger("hexicore")
 GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
 
 USAGE = """usage: hexicore COMMAND [key=value ...] [-m] [--cfg job] [--help]
@@ -33,6 +35,7 @@ commands:
 {commands}
 
 examples:
+  eval "$(hexicore --shell-completion bash)"     # tab completion of commands, groups and keys
   hexicore plan                                   # paper case, Llama-2 13B, default solver
   hexicore plan cluster=hetero1 model=llama2_7b train.global_batch=64 out=plan.json
   hexicore evaluate plan_file=plan.json
@@ -171,18 +174,21 @@ def _task(command: str) -> Callable:
 
     def task(cfg: Any) -> int:
         multirun = _in_multirun()
+        log.info("hexicore %s %s", command, " ".join(_job_overrides()))
         try:
             if multirun:
                 _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
             if not multirun:
+                log.info("refused: %s", exc)
                 sys.exit(fail(exc))
             return _failed_job(command, str(exc))
         except Exception as exc:  # noqa: BLE001 - a sweep outlives one job's bug; reported as one line
             if not multirun:
                 raise
             return _failed_job(command, f"{type(exc).__name__}: {exc}".splitlines()[0])
+        log.info("%s finished with exit status %s", command, code or 0)
         if code:
             if multirun:
                 return _failed_job(command, f"exit status {code}")
@@ -192,10 +198,19 @@ def _task(command: str) -> Callable:
     return task
 
 
+def _job_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
 def _failed_job(command: str, message: str) -> int:
     from hexicore.app.sweep import record
 
-    print(f"error: {message}", file=sys.stderr)
+    log.error("%s failed: %s", command, message)
     record({"command": command, "outcome": "failed", "error": message})
     return 1
 
@@ -209,8 +224,63 @@ def plugins_command() -> int:
     return 0
 
 
+BASH_COMPLETION = """# hexicore bash completion: eval "$(hexicore --shell-completion bash)"
+_hexicore_complete() {
+    local IFS=$'\\n'
+    COMPREPLY=($(hexicore __complete "${COMP_LINE:0:COMP_POINT}" 2>/dev/null))
+}
+complete -o nospace -o default -F _hexicore_complete hexicore
+"""
+
+
+def complete_line(line: str) -> list[str]:
+    """Completion replies for a bash command line up to the cursor. Bash splits words at ``=``,
+    so after ``key=`` only the value part is replied."""
+    words = line.split()[1:] + ([""] if not line or line[-1].isspace() else [])
+    found = completions(words)
+    if words and "=" in words[-1]:
+        return [c.split("=", 1)[1] for c in found]
+    return found
+
+
+def completions(words: Sequence[str]) -> list[str]:
+    """Candidates for the last of ``words`` (the words after ``hexicore``): a command first,
+    then ``group=option`` and ``key=`` / ``section.key=`` names of the composed config."""
+    words = list(words) or [""]
+    if len(words) == 1:
+        return [c for c in COMMANDS if c.startswith(words[0])]
+    word = words[-1]
+    if "=" in word:
+        key, _, prefix = word.partition("=")
+        if key in GROUPS:
+            return [f"{key}={o}" for o in _group_options(key) if o.startswith(prefix)]
+        return []
+    from omegaconf import OmegaConf
+
+    from hexicore.app.compose import config_from_overrides
+
+    cfg = config_from_overrides([])
+    names = [f"{g}=" for g in GROUPS]
+    for k, v in cfg.items():
+        if OmegaConf.is_dict(v) and k not in GROUPS:
+            names += [f"{k}.{sub}=" for sub in v.keys()]
+        elif k not in GROUPS:
+            names.append(f"{k}=")
+    for g in GROUPS:
+        names += [f"{g}.{sub}=" for sub in (cfg.get(g) or {}).keys() if sub != "name"]
+    return sorted(n for n in names if n.startswith(word))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--shell-completion"]:
+        if argv[1:] not in ([], ["bash"]):
+            return fail("only bash completion is provided: hexicore --shell-completion bash")
+        print(BASH_COMPLETION, end="")
+        return 0
+    if argv[:1] == ["__complete"]:
+        print("\n".join(complete_line(" ".join(argv[1:]) if len(argv) != 2 else argv[1])))
+        return 0
     if not argv or argv[0] in ("-h", "--help", "help"):
         width = max(map(len, COMMANDS))
         print(USAGE.format(commands="\n".join(f"  {c:<{width}}  {d}" for c, d in COMMANDS.items())))
@@ -238,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     task.__name__ = f"hexicore_{command.replace('-', '_')}"
     wrapped = hydra.main(version_base="1.3", config_path="pkg://hexicore.conf", config_name="config")(task)
     saved = sys.argv
+    if not any(a.startswith("hydra.job.name=") for a in rest):
+        rest = [*rest, f"hydra.job.name={command.replace('-', '_')}"]
     sys.argv = [f"hexicore {command}", *rest]
     try:
         wrapped()

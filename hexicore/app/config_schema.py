@@ -77,9 +77,15 @@ class HexicoreConfig:
 
 
 def store_schema() -> None:
-    """Register :class:`HexicoreConfig` as ``hexicore_schema`` (idempotent)."""
-    from hydra.core.config_store import ConfigStore
+    """Register :class:`HexicoreConfig` as ``hexicore_schema`` and the ``hexicore_pid`` resolver
+    that makes run directories unique (idempotent)."""
+    import os
 
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("hexicore_pid"):
+        OmegaConf.register_new_resolver("hexicore_pid", lambda: str(os.getpid()), use_cache=True)
     ConfigStore.instance().store(name="hexicore_schema", node=HexicoreConfig, provider="hexicore")
 
 

@@ -87,10 +87,10 @@ def gap_rows(limit: float, workers: int, tmp: Path) -> list[list[str]]:
         solver = [*base, "solver=cpsat", f"solver.time_limit={limit}", f"solver.workers={workers}"]
         cold, _ = run(solver)
         cp, cp_s = run([*solver, f"warm_start={warm}"])
-        h, b, lb = hx.estimate["iteration_s"], cp.estimate["iteration_s"], cp.solver["bound"]
+        h, b, lb = hx.estimate.iteration_s, cp.estimate.iteration_s, cp.solver["bound"]
         lb = max(lb, cold.solver["bound"])  # both are proven bounds of the same problem
         rows.append([label, f"{len(hx.cluster.devices)}", f"{h:.3f} s ({hx_s:.1f} s)",
-                     f"{cold.estimate['iteration_s']:.3f} s ({cold.solver['status']})", f"{b:.3f} s",
+                     f"{cold.estimate.iteration_s:.3f} s ({cold.solver['status']})", f"{b:.3f} s",
                      cp.solver["status"], f"{lb:.3f} s", f"{cp_s:.0f} s", f"{100 * (h / b - 1):+.2f}%",
                      f"{100 * (h / lb - 1):.2f}%"])
         print(" | ".join(rows[-1]), flush=True)
@@ -106,7 +106,7 @@ def scaling_rows(limit: float, workers: int, tmp: Path, sizes: list[int]) -> tup
         hx, _ = run([*base, "solver=hexiscale"])
         mix = ", ".join(f"{m['count']} x {m['gpu']}" for m in cluster["machines"])
         status = cp.solver["status"]
-        best, h = cp.estimate["iteration_s"], hx.estimate["iteration_s"]
+        best, h = cp.estimate.iteration_s, hx.estimate.iteration_s
         rows.append([str(n), mix, status, f"{cp.solver['wall_s']:.1f} s", f"{best:.3f} s",
                      f"{cp.solver['bound']:.3f} s", f"{h:.3f} s", f"{100 * (h / best - 1):+.2f}%"])
         print(" | ".join(rows[-1]), flush=True)

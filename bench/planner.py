@@ -21,6 +21,7 @@ from results import write_section
 
 from hexicore.app import compose as app
 from hexicore.core.errors import HexicoreError
+from hexicore.core.estimate import Estimate
 from hexicore.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ SOLVERS = [
 ]
 
 
-def run(overrides: list[str], registry: Registry) -> tuple[dict | None, float, float, str]:
+def run(overrides: list[str], registry: Registry) -> tuple[Estimate | None, float, float, str]:
     """(estimate or None, wall s, cpu s, note)."""
     cfg = app.config_from_overrides(overrides)
     w, c = time.perf_counter(), time.process_time()
@@ -71,7 +72,7 @@ def run(overrides: list[str], registry: Registry) -> tuple[dict | None, float, f
     except HexicoreError as exc:
         note = "OOM" if "fit" in str(exc) else str(exc).splitlines()[0][:60]
         return None, time.perf_counter() - w, time.process_time() - c, note
-    est = plan.estimate or {}
+    est = plan.estimate
     shape = f"D_dp={len(plan.pipelines)}, stages " + "/".join(str(len(p.stages)) for p in plan.pipelines)
     return est, time.perf_counter() - w, time.process_time() - c, shape
 
@@ -83,8 +84,8 @@ def quality_table(registry: Registry, settings, solvers) -> list[str]:
         base = [f"cluster={cluster}", f"model={model}", f"train.global_batch={batch}", "train.micro_batch=1"]
         for i, (name, solver, extra) in enumerate(solvers):
             est, wall, cpu, note = run(base + [f"solver={solver}"] + extra, registry)
-            it = f"{est['iteration_s']:.2f}" if est else "—"
-            mfu = f"{100 * est['mfu']:.2f}%" if est else "—"
+            it = f"{est.iteration_s:.2f}" if est else "—"
+            mfu = f"{100 * est.mfu:.2f}%" if est else "—"
             lines.append(f"| {label if i == 0 else ''} | {name} | {it} | {mfu} | {note} | {wall:.1f} / {cpu:.1f} | "
                          f"{PAPER.get(label, '') if i == 0 else ''} |")
             print(lines[-1], flush=True)
@@ -99,7 +100,7 @@ def scale_table(registry: Registry, sizes: list[int]) -> list[str]:
         base = ["cluster=synthetic", f"cluster.synthetic.gpus={n}", f"model={model}", f"train.global_batch={batch}"]
         hexi, wall, cpu, _ = run(base + ["solver=hexiscale"], registry)
         mega, _, _, _ = run(base + ["solver=megatron"], registry)
-        f = (lambda e: f"{e['iteration_s']:.2f}" if e else "OOM")
+        f = (lambda e: f"{e.iteration_s:.2f}" if e else "OOM")
         lines.append(f"| {n} | {model} | {batch} | {f(hexi)} | {f(mega)} | {wall:.1f} / {cpu:.1f} |")
         print(lines[-1], flush=True)
     return lines
@@ -124,7 +125,7 @@ def paper_case_lines(registry: Registry) -> list[str]:
         cfg = app.config_from_overrides(["solver=hexiscale"] + extra)
         plan, _ = app.solve(cfg, registry)
         e = plan.estimate
-        rows.append(f"| {label} | {e['iteration_s']:.2f} | {max(e['pipeline_s']):.2f} | {e['dp_s']:.2f} | "
+        rows.append(f"| {label} | {e.iteration_s:.2f} | {max(e.pipeline_s):.2f} | {e.dp_s:.2f} | "
                     f"{describe(plan)} |")
     problem = app.build_problem(app.config_from_overrides([]), registry)
     c, m, t, cost = problem.cluster, problem.model, problem.train, problem.cost

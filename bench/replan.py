@@ -86,7 +86,7 @@ def replan_table(reg, extra, losses=(1, 2)) -> list[str]:
             "pipelines kept | devices moved | layer shards moved |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     full = app.build_problem(app.config_from_overrides(FLEET + extra), reg)
     before, be, bs = solve(full, reg, extra)
-    before = before.with_estimate(be.to_dict())
+    before = before.with_estimate(be)
     rows.append(f"| 320 GPUs, 70B, batch 512 | none (the running plan) | {bs:.1f} | {be.iteration_s:.2f} s, "
                 f"{be.mfu:.2%} | | | | | |")
     rng = random.Random(0)

@@ -1,20 +1,32 @@
-"""The plugin manager: entry points + lookup by name (DESIGN.md §3).
+"""The plugin manager: entry points + lookup by name (docs/plugins.md).
 
 :class:`Registry` wraps a pluggy manager. ``Registry.default()`` loads every module of the
 ``hexicore`` entry-point group — the built-in plugins and third-party packages alike. Tests
 build ``Registry(plugins=[...])`` with throwaway objects and stay hermetic.
+
+One bad plugin never takes the others down:
+
+- a module whose import raises (or whose hooks raise, or yield something that is not a
+  :class:`PluginSpec`) is skipped and kept in :attr:`Registry.broken` (entry point,
+  distribution, the one-line error) for ``hexicore plugins`` to report;
+- two plugins registering the same name under the same kind are kept side by side; only using
+  that name (:meth:`Registry.spec`, :meth:`Registry.create`) is an error, naming both
+  distributions (:meth:`Registry.conflicts` lists them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from typing import Any, Iterable
 
 import pluggy
 
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import KINDS, PROJECT, HexicoreSpecs, PluginSpec
+
+NOT_INSTALLED = "(not installed)"
 
 
 @dataclass(frozen=True)
@@ -26,17 +38,51 @@ class Entry:
     distribution: str
 
 
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plugin that could not be used: its entry point (or pluggy name), the module it names,
+    its distribution, and the error as one line (``ImportError: No module named 'x'``)."""
+
+    name: str
+    module: str
+    distribution: str
+    error: str
+
+
+def plugin_entry_points() -> list[Any]:
+    """The entry points of the ``hexicore`` group (tests replace this function with fakes that
+    have ``name``, ``value``, ``dist`` and ``load()``)."""
+    return list(metadata.entry_points(group=PROJECT))
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` — an error fit for one line of a table."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _distribution(ep: Any) -> str:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return NOT_INSTALLED
+    name = getattr(dist, "name", None) or dist.metadata["Name"]
+    return f"{name} {dist.version}"
+
+
 class Registry:
-    """Implementations by kind and name; duplicate names are refused."""
+    """Implementations by kind and name; broken plugins skipped, duplicate names refused on use."""
 
     def __init__(self, plugins: Iterable[Any] = (), *, entry_points: bool = False):
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(HexicoreSpecs)
+        self._dists: dict[int, str] = {}
+        self._failed: list[BrokenPlugin] = []
+        self._hook_failures: list[BrokenPlugin] = []
+        self._index: dict[str, dict[str, tuple[Entry, ...]]] | None = None
         if entry_points:
-            self.pm.load_setuptools_entrypoints(PROJECT)
+            self._load_entry_points()
         for p in plugins:
             self.pm.register(p)
-        self._entries: dict[str, dict[str, Entry]] | None = None
 
     @classmethod
     @lru_cache(maxsize=1)
@@ -44,50 +90,90 @@ class Registry:
         """Every plugin installed in the ``hexicore`` entry-point group (cached per process)."""
         return cls(entry_points=True)
 
+    def _load_entry_points(self) -> None:
+        """Import and register each entry point's module; remember the ones that fail (pluggy's
+        own ``load_setuptools_entrypoints`` stops at the first failure)."""
+        for ep in plugin_entry_points():
+            if self.pm.get_plugin(ep.name) is not None or self.pm.is_blocked(ep.name):
+                continue
+            dist = _distribution(ep)
+            try:
+                plugin = ep.load()
+                if self.pm.is_registered(plugin):
+                    continue
+                self.pm.register(plugin, name=ep.name)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - any third-party failure
+                self._failed.append(BrokenPlugin(ep.name, str(ep.value), dist, one_line(exc)))
+                continue
+            self._dists[id(plugin)] = dist
+
     def register(self, plugin: Any, name: str | None = None) -> None:
         self.pm.register(plugin, name=name)
-        self._entries = None
+        self._index = None
 
     def unregister(self, plugin: Any = None, name: str | None = None) -> None:
         self.pm.unregister(plugin, name=name)
-        self._entries = None
+        self._index = None
 
     # --------------------------------------------------------------- lookup
-    def _dists(self) -> dict[int, str]:
-        return {id(p): f"{d.project_name} {d.version}" for p, d in self.pm.list_plugin_distinfo()}
+    def _registrations(self) -> dict[str, dict[str, tuple[Entry, ...]]]:
+        """kind -> name -> every registration of that name, in registration order."""
+        if self._index is None:
+            failures: list[BrokenPlugin] = []
+            out: dict[str, dict[str, list[Entry]]] = {k: {} for k in KINDS}
+            for kind, (hook, _) in KINDS.items():
+                for impl in getattr(self.pm.hook, hook).get_hookimpls():
+                    dist = self._dists.get(id(impl.plugin), NOT_INSTALLED)
+                    try:
+                        specs = list(impl.function() or ())
+                        bad = [s for s in specs if not isinstance(s, PluginSpec) or s.kind != kind]
+                        if bad:
+                            raise TypeError(f"{hook}() must yield PluginSpec(kind={kind!r}, ...), got {bad[0]!r}")
+                    except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported, not fatal
+                        module = getattr(impl.plugin, "__name__", type(impl.plugin).__name__)
+                        failures.append(BrokenPlugin(impl.plugin_name, str(module), dist, one_line(exc)))
+                        continue
+                    for spec in specs:
+                        out[kind].setdefault(spec.name, []).append(Entry(spec, impl.plugin_name, dist))
+            self._hook_failures = failures
+            self._index = {k: {n: tuple(v[n]) for n in sorted(v)} for k, v in out.items()}
+        return self._index
+
+    @property
+    def broken(self) -> tuple[BrokenPlugin, ...]:
+        """Plugins skipped because their module or one of their hooks failed."""
+        self._registrations()
+        return tuple(self._failed) + tuple(self._hook_failures)
 
     @property
     def entries(self) -> dict[str, dict[str, Entry]]:
-        if self._entries is None:
-            dists = self._dists()
-            out: dict[str, dict[str, Entry]] = {k: {} for k in KINDS}
-            for kind, (hook, _) in KINDS.items():
-                caller = getattr(self.pm.hook, hook)
-                for impl in caller.get_hookimpls():
-                    specs = impl.function()
-                    for spec in list(specs or ()):
-                        if not isinstance(spec, PluginSpec) or spec.kind != kind:
-                            raise HexicoreError(f"plugin {impl.plugin_name!r}: {hook}() must yield "
-                                                f"PluginSpec(kind={kind!r}, ...), got {spec!r}")
-                        if spec.name in out[kind]:
-                            other = out[kind][spec.name].plugin
-                            raise HexicoreError(f"conflicting plugins: {kind} {spec.name!r} is registered by both "
-                                                f"{other!r} and {impl.plugin_name!r}")
-                        out[kind][spec.name] = Entry(spec, impl.plugin_name,
-                                                     dists.get(id(impl.plugin), "(not installed)"))
-            self._entries = {k: dict(sorted(v.items())) for k, v in out.items()}
-        return self._entries
+        """kind -> name -> entry, for every name registered exactly once (a conflicting name is
+        left out: see :meth:`conflicts`)."""
+        return {k: {n: es[0] for n, es in by.items() if len(es) == 1} for k, by in self._registrations().items()}
+
+    def conflicts(self) -> list[tuple[str, str, tuple[Entry, ...]]]:
+        """(kind, name, the registrations) for every name registered more than once."""
+        return [(k, n, es) for k, by in self._registrations().items() for n, es in by.items() if len(es) > 1]
 
     def names(self, kind: str) -> list[str]:
-        return list(self.entries[kind])
+        """Every registered name of ``kind``, conflicting ones included (sorted)."""
+        return list(self._registrations()[kind])
 
     def spec(self, kind: str, name: str) -> PluginSpec:
-        found = self.entries.get(kind, {})
+        """The record registered as ``name``; an unknown or doubly registered name is a one-line
+        :class:`HexicoreError` (the latter naming both distributions)."""
+        found = self._registrations().get(kind, {})
+        label = kind.replace("_", " ")
         if name not in found:
-            label = kind.replace("_", " ")
             raise HexicoreError(f"unknown {label} {name!r}; choose one of: {', '.join(found) or '(none registered)'}",
                                 field=KINDS[kind][1] or kind)
-        return found[name].spec
+        regs = found[name]
+        if len(regs) > 1:
+            who = [f"{e.plugin!r} ({e.distribution})" for e in regs]
+            raise HexicoreError(f"conflicting plugins: {label} {name!r} is registered by both "
+                                f"{', '.join(who[:-1])} and {who[-1]}; uninstall one of them",
+                                field=KINDS[kind][1] or kind)
+        return regs[0].spec
 
     def create(self, kind: str, name: str, **params: Any) -> Any:
         """Build an implementation: ``factory(**params)``; bad params are a one-line error."""
@@ -98,20 +184,34 @@ class Registry:
             raise HexicoreError(f"{kind} {name!r}: {exc}", field=KINDS[kind][1] or kind) from None
 
     def rows(self) -> list[tuple[str, str, str, str]]:
-        """(kind, name, distribution, description) for ``hexicore plugins``."""
-        return [(kind, name, e.distribution, e.spec.description)
-                for kind, by in self.entries.items() for name, e in by.items()]
+        """(kind, name, distribution, description) for ``hexicore plugins``; a conflicting name
+        has one row per registration, its description saying so."""
+        out = []
+        for kind, by in self._registrations().items():
+            for name, regs in by.items():
+                for e in regs:
+                    note = e.spec.description
+                    if len(regs) > 1:
+                        others = ", ".join(o.distribution for o in regs if o is not e)
+                        note = f"CONFLICT (also registered by {others}; using {name!r} is an error)"
+                    out.append((kind, name, e.distribution, note))
+        return out
 
     def store_configs(self) -> None:
-        """Put every plugin's structured config into Hydra's ConfigStore (provider = plugin)."""
+        """Put every plugin's structured config into Hydra's ConfigStore (provider = plugin).
+
+        A conflicting name stores its first registration's config, so that choosing it
+        (``solver=NAME``) composes and then fails where it is used, with the error naming both
+        distributions, rather than as an unknown option."""
         from hydra.core.config_store import ConfigStore
 
         cs = ConfigStore.instance()
-        for kind, by in self.entries.items():
+        for kind, by in self._registrations().items():
             group = KINDS[kind][1]
             if group is None:
                 continue
-            for name, e in by.items():
+            for name, regs in by.items():
+                e = regs[0]
                 if e.spec.config is not None:
                     node = e.spec.config
                     if isinstance(node, dict):

@@ -1,23 +1,34 @@
-"""Library API (DESIGN.md §4) and Hydra multirun summaries (issue 9 item 1)."""
+"""Library API (docs/cli.md) and Hydra multirun summaries."""
 
 import csv
 import csv
+import json
+import subprocess
+import sys
 
 import pytest
 
 import hexicore
 from hexicore.app.cli import main
 from hexicore.core.errors import HexicoreError
+from tests.conftest import run_cli
 
 
 def test_plan_round_trips_through_json(tmp_path):
     plan = hexicore.plan(cluster="paper_case", model="llama2_7b", solver="megatron",
                          overrides=["train.global_batch=32"])
-    assert plan.train.global_batch == 32 and plan.estimate["iteration_s"] > 0
+    assert plan.train.global_batch == 32 and plan.estimate.iteration_s > 0
+    assert isinstance(plan.estimate, hexicore.Estimate) and plan.estimate.fits
+    assert plan.estimate.iteration_s == pytest.approx(max(plan.estimate.pipeline_s) + plan.estimate.dp_s)
+    assert set(plan.estimate.memory_gb) == set(plan.devices)
     path = plan.save(tmp_path / "p.json")
+    assert path.read_text() == plan.to_json() + "\n"
     again = hexicore.load_plan(path)
-    assert again.to_dict() == plan.to_dict()
-    assert hexicore.evaluate(path).estimate["iteration_s"] == pytest.approx(plan.estimate["iteration_s"])
+    assert again == plan and again.to_dict() == plan.to_dict()
+    assert hexicore.Plan.from_json(plan.to_json()) == plan
+    fresh = hexicore.evaluate(path)
+    assert isinstance(fresh.estimate, hexicore.Estimate)
+    assert fresh.estimate.iteration_s == pytest.approx(plan.estimate.iteration_s)
     assert callable(hexicore.plan)  # the function, not the hexicore.core.plan module
 
 
@@ -49,10 +60,26 @@ def test_two_job_multirun_writes_summary(tmp_path, capsys):
 
 def test_simulate_api(tmp_path):
     s = hexicore.simulate("1f1b", ranks=4, micro_batches=8, out=tmp_path)
-    assert s["bubble_ratio"] == pytest.approx(3 / 11)
-    assert s["action_list"].ranks == 4 and (tmp_path / "timeline.png").is_file()
+    assert isinstance(s, hexicore.SimulationResult)
+    assert s.bubble_ratio == pytest.approx(3 / 11) and s.closed_form_bubble == pytest.approx(3 / 11)
+    assert s.action_list.ranks == 4 and (tmp_path / "timeline.png").is_file()
+    assert s.peak_activations == (4, 3, 2, 1) and s.idle[0] == pytest.approx(s.makespan - s.busy[0])
+    assert json.dumps(s.to_dict(), indent=2) + "\n" == (tmp_path / "summary.json").read_text()
     w = hexicore.simulate("hanayo", ranks=4, micro_batches=4, overrides=["schedule.waves=2"])
-    assert w["schedule"]["waves"] == 2 and w["bubble_ratio"] < s["bubble_ratio"]
+    assert w.schedule["waves"] == 2 and w.bubble_ratio < s.bubble_ratio
+
+
+def test_simulate_api_equals_the_command_files(tmp_path):
+    """hexicore.simulate(...).to_dict() is the command's summary.json, byte for byte (waves=auto
+    included: its choice table has integer keys in memory)."""
+    run_cli(["simulate", "schedule=hanayo", "schedule.waves=auto", "pipeline.ranks=4", "pipeline.micro_batches=4",
+             "timing.comm=0.1", f"out={tmp_path / 'cli'}", f"hydra.run.dir={tmp_path}"])
+    lib = hexicore.simulate("hanayo", ranks=4, micro_batches=4, comm=0.1, out=tmp_path / "lib",
+                            overrides=["schedule.waves=auto"])
+    text = (tmp_path / "cli" / "summary.json").read_text()
+    assert json.dumps(lib.to_dict(), indent=2) + "\n" == text == (tmp_path / "lib" / "summary.json").read_text()
+    assert (tmp_path / "cli" / "actions.json").read_text() == (tmp_path / "lib" / "actions.json").read_text()
+    assert lib.n_actions == sum(len(a) for a in lib.action_list.actions) and lib.comm == 0.1
 
 
 def test_simulate_multirun_summary(tmp_path, capsys):
@@ -88,3 +115,20 @@ def test_absolute_out_in_a_sweep_is_refused(tmp_path, capsys):
     assert code == 1 and not (tmp_path / "same.json").exists()
     rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
     assert all(r["outcome"] == "failed" and "absolute out=" in r["error"] for r in rows)
+def test_the_promised_one_liner_and_typed_exports():
+    p = hexicore.plan(cluster="paper_case", model="llama2_13b")
+    assert p.estimate.iteration_s > 0 and json.loads(p.to_json())["format"] == "hexicore.plan/1"
+    assert hexicore.Plan is type(p) and hexicore.Estimate is type(p.estimate)
+    assert {"Plan", "Estimate", "SimulationResult", "Registry", "HexicoreError"} <= set(hexicore.__all__)
+    assert set(hexicore.__all__) == set(hexicore._EXPORTS) and all(getattr(hexicore, n) for n in hexicore.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        hexicore.nothing  # noqa: B018
+
+
+def test_import_hexicore_stays_light():
+    """``import hexicore`` reads none of the plan code or the heavy libraries (they load on use)."""
+    code = ("import sys, hexicore; heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'ortools', 'matplotlib', 'hydra', 'omegaconf', 'numpy', 'pluggy', 'rich')"
+            " or m.startswith('hexicore.')]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

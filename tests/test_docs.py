@@ -18,7 +18,7 @@ def test_concept_pictures(tmp_path):
     import hexicore
 
     c = save_cluster_picture(load_cluster(config_from_overrides(["exclude=[A.1]"])), tmp_path / "c.png")
-    al = hexicore.simulate("1f1b", ranks=2, micro_batches=2)["action_list"]
+    al = hexicore.simulate("1f1b", ranks=2, micro_batches=2).action_list
     a = save_action_list_picture(al, tmp_path / "a.png")
     for p in (c, a):
         assert p.read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,5 @@
-"""The library API (DESIGN.md §4 "Library use mirrors the CLI").
+"""The library API: the command line's ``plan``, ``evaluate`` and ``simulate`` as functions
+that return typed results (docs/cli.md).
 
 Configs are composed exactly as the CLI composes them (Hydra's compose API over
 ``hexicore.conf`` plus every plugin's structured config), so ``hexicore.plan(cluster="hetero1")``
@@ -7,8 +8,14 @@ and ``hexicore plan cluster=hetero1`` give the same plan::
     import hexicore
     plan = hexicore.plan(cluster="paper_case", model="llama2_13b", solver="megatron",
                          overrides=["train.global_batch=32"])
-    plan.estimate["iteration_s"], plan.to_json()
-    again = hexicore.load_plan("plan.json")
+    plan.estimate.iteration_s, plan.estimate.mfu, plan.estimate.memory_gb["A.0"]
+    plan.save("plan.json")                    # plan.to_json() is the same text
+    again = hexicore.load_plan("plan.json")   # == hexicore.Plan.from_json(text)
+    sim = hexicore.simulate("hanayo", ranks=4, micro_batches=8, overrides=["schedule.waves=2"])
+    sim.bubble_ratio, sim.peak_activations, sim.to_dict()   # to_dict(): summary.json
+
+Every function raises :class:`hexicore.core.errors.HexicoreError` (one line naming the file
+or config field) on bad input.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from hexicore.app.results import SimulationResult
 from hexicore.core.plan import Plan
 
 
@@ -35,8 +43,11 @@ def compose(overrides: Sequence[str] = ()):
 def plan(cluster: str | None = None, model: str | None = None, solver: str | None = None, *,
          schedule: str | None = None, cluster_file: str | Path | None = None, model_file: str | Path | None = None,
          overrides: Sequence[str] = ()) -> Plan:
-    """Solve for a plan; the result carries ``.estimate`` (a dict: ``iteration_s``, ``mfu``, ...)
-    and ``.solver``. Raises :class:`hexicore.core.errors.HexicoreError` on bad input."""
+    """Solve for a plan like ``hexicore plan``: the named presets (or files), the configured
+    solver, the validator. The plan's ``estimate`` is an :class:`~hexicore.core.estimate.Estimate`
+    (``.iteration_s``, ``.mfu``, ``.tokens_per_s``, ``.memory_gb``, ...), its ``solver`` a mapping
+    (``name``, ``seconds``, ``status``, ``bound``, ...). ``overrides`` are Hydra overrides
+    (``["train.global_batch=32"]``)."""
     from hexicore.app.compose import solve
     from hexicore.registry import Registry
 
@@ -52,12 +63,13 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
 
 def simulate(schedule: str = "1f1b", ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
              backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
-             overrides: Sequence[str] = ()) -> dict:
+             overrides: Sequence[str] = ()) -> SimulationResult:
     """Build, validate and simulate a schedule's action lists like ``hexicore simulate``.
 
-    Returns the summary (``makespan``, ``bubble_ratio``, ``peak_activations`` per rank, ...)
-    with the :class:`hexicore.pipeline.actions.ActionList` under ``"action_list"``; ``out`` also writes
-    the four files. ``overrides`` take schedule parameters, e.g. ``["schedule.waves=4"]``."""
+    Returns a :class:`~hexicore.app.results.SimulationResult` (``makespan``, ``bubble_ratio``,
+    ``peak_activations`` per rank, ``closed_form_bubble``, the ``action_list``; ``to_dict()`` is
+    ``summary.json``); ``out`` also writes the command's four files. ``overrides`` take schedule
+    parameters, e.g. ``["schedule.waves=4"]``."""
     from hexicore.app.commands.simulate import build, write
 
     cfg = compose([f"schedule={schedule}", f"pipeline.ranks={ranks}", f"pipeline.micro_batches={micro_batches}",
@@ -66,16 +78,17 @@ def simulate(schedule: str = "1f1b", ranks: int = 4, micro_batches: int = 8, *, 
     al, res, summary = build(cfg)
     if out is not None:
         write(Path(out), al, res, summary)
-    return {**summary, "action_list": al}
+    return SimulationResult.from_summary(summary, al, res)
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and structurally check a plan JSON (``hexicore.plan/1``)."""
+    """Read and structurally check a plan JSON (``hexicore.plan/1``); same as :meth:`Plan.load`."""
     return Plan.load(path)
 
 
 def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) -> Plan:
-    """Validate a plan and attach a fresh estimate from the configured cost model."""
+    """Validate a plan (a :class:`Plan` or a plan JSON path) like ``hexicore evaluate`` and return
+    it with a fresh :class:`~hexicore.core.estimate.Estimate` from the configured cost model."""
     from hexicore.app.compose import build_cost_model, evaluate as _evaluate
     from hexicore.registry import Registry
 

@@ -1,4 +1,4 @@
-"""The ``hexicore`` console script: Hydra entry points per command (DESIGN.md §4).
+"""The ``hexicore`` console script: Hydra entry points per command (docs/cli.md).
 
 ``hexicore COMMAND [overrides...]`` — COMMAND picks the task, everything after it is Hydra's
 (``key=value``, groups, ``-m``, ``--cfg job``, ``--help``). Before Hydra runs, a preflight
@@ -46,7 +46,7 @@ examples:
 
 
 def fail(exc: BaseException | str) -> int:
-    """One line on stderr, exit status 2 (DESIGN.md §4 bad input)."""
+    """One line on stderr, exit status 2 (bad input, docs/cli.md)."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"hexicore: error: {msg}", file=sys.stderr)
     return 2
@@ -216,11 +216,21 @@ def _failed_job(command: str, message: str) -> int:
 
 
 def plugins_command() -> int:
+    """The registered implementations; then the plugins that failed to load and the names
+    registered twice (both are skipped or refused only where used, so every other command runs)."""
     from hexicore.registry import Registry
     from hexicore.app.report import console, rows_table
 
-    rows = Registry.default().rows()
-    console().print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), rows))
+    registry = Registry.default()
+    out = console()
+    out.print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), registry.rows()))
+    lines = [f"broken: plugin {b.name!r} ({b.distribution}, module {b.module}) skipped: {b.error}"
+             for b in registry.broken]
+    for kind, name, regs in registry.conflicts():
+        who = " and ".join(f"{e.plugin!r} ({e.distribution})" for e in regs)
+        lines.append(f"conflict: {kind.replace('_', ' ')} {name!r} is registered by {who}; using it is an error")
+    for line in lines:  # plain lines (never wrapped, no markup): errors are quoted as they are
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
     return 0
 
 
@@ -269,6 +279,13 @@ def completions(words: Sequence[str]) -> list[str]:
     for g in GROUPS:
         names += [f"{g}.{sub}=" for sub in (cfg.get(g) or {}).keys() if sub != "name"]
     return sorted(n for n in names if n.startswith(word))
+def warn_broken_plugins() -> None:
+    """One line on stderr per plugin that failed to load (no traceback; details in ``hexicore plugins``)."""
+    from hexicore.registry import Registry
+
+    for b in Registry.default().broken:
+        print(f"hexicore: warning: plugin {b.name!r} ({b.distribution}) skipped: {b.error} "
+              "(see `hexicore plugins`)", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Registry.default().store_configs()
         if command == "plugins":
             return plugins_command()
+        warn_broken_plugins()
         if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
             preflight(rest)
     except HexicoreError as exc:

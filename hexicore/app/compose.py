@@ -153,7 +153,7 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     info = {"name": name, "seconds": round(seconds, 4), "params": {}, "status": "HEURISTIC", "bound": None}
     info.update(dict(plan.solver or {}))
     info["name"], info["seconds"] = name, round(seconds, 4)
-    return plan.with_estimate(est.to_dict()).with_solver(info), warnings
+    return plan.with_estimate(est).with_solver(info), warnings
 
 
 def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
@@ -163,7 +163,7 @@ def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Pl
             getattr(cost, "pipeline_timer", False) is None:
         cost = schedule_cost(cost, {"name": "per pipeline"}, Registry.default())
     est, warnings = validate_plan(plan, cost, source)
-    return plan.with_estimate(est.to_dict()), est, warnings
+    return plan.with_estimate(est), est, warnings
 
 
 def output_dir(cfg: DictConfig) -> Path:

@@ -71,11 +71,11 @@ def pictures(folder: Path) -> list[Path]:
     sim = hexicore.simulate("hanayo", ranks=4, micro_batches=4, overrides=["schedule.waves=2"])
     from hexicore.pipeline.simulate import simulate
 
-    al = sim["action_list"]
+    al = sim.action_list
     res = simulate(al, record=True, comm=True)
     save_gantt(al, res, folder / "schedule.png")
     out.append(folder / "schedule.png")
-    small = hexicore.simulate("1f1b", ranks=2, micro_batches=3)["action_list"]
+    small = hexicore.simulate("1f1b", ranks=2, micro_batches=3).action_list
     out.append(save_action_list_picture(small, folder / "actions.png"))
     return out
 

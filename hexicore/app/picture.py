@@ -83,10 +83,10 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     bx.invert_yaxis()
     bx.set_xlim(0, L)
     bx.set_xlabel("transformer layers")
-    est = plan.estimate or {}
+    est = plan.estimate
     title = f"{plan.model.name} on {plan.cluster.name}"
-    if est:
-        title += f": {est['iteration_s']:.3g} s / iteration, MFU {100 * est['mfu']:.1f}%"
+    if est is not None:
+        title += f": {est.iteration_s:.3g} s / iteration, MFU {100 * est.mfu:.1f}%"
     bx.set_title(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Rich tables for plans and estimates (results print as tables; DESIGN.md §8)."""
+"""Rich tables for plans and estimates (results print as tables, docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def _fmt_s(x: float) -> str:
 
 def plan_table(plan: Plan) -> Table:
     """One row per stage: pipeline, batch, schedule, stage, devices, TP, layers, memory."""
-    est = plan.estimate or {}
-    mem: Mapping[str, float] = est.get("memory_gb", {}) or {}
-    pipe_s = est.get("pipeline_s") or []
+    est = plan.estimate
+    mem: Mapping[str, float] = est.memory_gb if est is not None else {}
+    pipe_s = est.pipeline_s if est is not None else ()
     t = Table(title=f"plan: {plan.model.name} on {plan.cluster.name} "
                     f"({len(plan.devices)}/{len(plan.cluster.devices)} GPUs, global batch {plan.train.global_batch}, "
                     f"micro-batch {plan.train.micro_batch})")
@@ -41,18 +41,18 @@ def plan_table(plan: Plan) -> Table:
 
 
 def summary_lines(plan: Plan) -> list[str]:
-    est = plan.estimate or {}
+    est = plan.estimate
     lines = []
-    if est:
-        lines.append(f"predicted iteration time {_fmt_s(est['iteration_s'])}  (slowest pipeline "
-                     f"{_fmt_s(max(est['pipeline_s']))} + DP sync {_fmt_s(est['dp_s'])})")
-        lines.append(f"MFU {100 * est['mfu']:.2f}%   tokens/s {est['tokens_per_s']:.0f}")
+    if est is not None:
+        lines.append(f"predicted iteration time {_fmt_s(est.iteration_s)}  (slowest pipeline "
+                     f"{_fmt_s(max(est.pipeline_s, default=0.0))} + DP sync {_fmt_s(est.dp_s)})")
+        lines.append(f"MFU {100 * est.mfu:.2f}%   tokens/s {est.tokens_per_s:.0f}")
     s = plan.solver or {}
     if s:
         extra = f"  params {s.get('params')}" if s.get("params") else ""
         line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds', 0):.2f} s{extra}"
-        if s.get("bound") is not None and est:
-            gap = (est["iteration_s"] - s["bound"]) / est["iteration_s"] if est["iteration_s"] else 0.0
+        if s.get("bound") is not None and est is not None:
+            gap = (est.iteration_s - s["bound"]) / est.iteration_s if est.iteration_s else 0.0
             line += f"  bound {_fmt_s(s['bound'])}  gap {100 * gap:.2f}%"
         lines.append(line)
     return lines

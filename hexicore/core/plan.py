@@ -1,7 +1,7 @@
-"""Plan / Pipeline / Stage and the plan JSON contract ``hexicore.plan/1`` (DESIGN.md §5).
+"""Plan / Pipeline / Stage and the plan JSON contract ``hexicore.plan/1`` (docs/formats.md).
 
-A plan is HexiScale's asymmetric parallel layout (REFERENCE.md §1): any number of pipelines,
-each with its own batch share, stages, per-stage TP degree and layer range. This module holds
+A plan is the HexiScale paper's asymmetric DP x PP x TP layout: any number of pipelines, each
+with its own batch share, stages, per-stage TP degree and layer range. This module holds
 the data and the structural checks; memory and cost live in :mod:`hexicore.cost` and the full
 check (structure + memory) in :func:`hexicore.planner.validate.validate_plan`.
 """
@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from hexicore.core import schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError, PlanError
+from hexicore.core.estimate import Estimate
 from hexicore.core.model import DTYPE_BYTES, ModelSpec, parse_model
 
 FORMAT = "hexicore.plan/1"
@@ -115,21 +116,31 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class Plan:
-    """An asymmetric DP x PP x TP plan over a cluster for a model (DESIGN.md §5)."""
+    """An asymmetric DP x PP x TP plan over a cluster for a model (docs/formats.md, "Plan JSON").
+
+    ``estimate`` is the cost model's typed verdict (``plan.estimate.iteration_s``), None for a
+    plan nobody has priced yet; a mapping given here is read with :meth:`Estimate.from_dict`.
+    ``solver`` says who made the plan (a mapping, written as it is).
+    """
 
     model: ModelSpec
     cluster: Cluster
     train: TrainConfig
     pipelines: tuple[Pipeline, ...]
-    estimate: Mapping[str, Any] | None = None
+    estimate: Estimate | None = None
     solver: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.estimate is not None and not isinstance(self.estimate, Estimate):
+            object.__setattr__(self, "estimate", Estimate.from_dict(self.estimate))
 
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(d for p in self.pipelines for d in p.devices)
 
-    def with_estimate(self, estimate: Mapping[str, Any]) -> "Plan":
-        return replace(self, estimate=dict(estimate))
+    def with_estimate(self, estimate: Estimate | Mapping[str, Any] | None) -> "Plan":
+        """This plan with ``estimate`` attached (an :class:`Estimate`, or its JSON mapping)."""
+        return replace(self, estimate=estimate)
 
     def with_solver(self, solver: Mapping[str, Any]) -> "Plan":
         return replace(self, solver=dict(solver))
@@ -142,11 +153,12 @@ class Plan:
             "cluster": self.cluster.to_dict(),
             "train": self.train.to_dict(),
             "pipelines": [p.to_dict() for p in self.pipelines],
-            "estimate": dict(self.estimate) if self.estimate is not None else None,
+            "estimate": self.estimate.to_dict() if self.estimate is not None else None,
             "solver": dict(self.solver) if self.solver is not None else None,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
+        """The plan JSON text (``hexicore.plan/1``; :meth:`save` adds the final newline)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> Path:
@@ -159,6 +171,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        """Parse plan JSON text; malformed JSON or a bad field is a one-line :class:`HexicoreError`."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -168,6 +181,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """Read and structurally check a plan JSON file."""
         return parse_plan(schema.load_json(path, "plan"), str(path))
 
 
@@ -180,6 +194,8 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
     model = parse_model(schema.get(d, "model", source, None), source, "model")
     cluster = parse_cluster(schema.get(d, "cluster", source, None), source, "cluster")
     train = TrainConfig.from_dict(d.get("train") or {}, source)
+    if d.get("estimate") is not None:  # typed here, so that a bad field names this file
+        d = {**d, "estimate": Estimate.from_dict(d["estimate"], source)}
     raw = schema.as_list(schema.get(d, "pipelines", source, None), source, "pipelines")
     pipelines = []
     for i, rp in enumerate(raw):
@@ -211,7 +227,8 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
 
 
 def check_structure(plan: Plan, source: str | None = None) -> list[str]:
-    """Raise :class:`PlanError` on a plan that violates the §5 invariants; return warnings.
+    """Raise :class:`PlanError` on a plan that breaks the invariants of docs/formats.md; return
+    the warnings.
 
     Checks: known, non-overlapping devices; ``tp`` equal to the stage's device count; stages
     covering ``[0, L)`` in order without gaps or overlaps; batches that are positive multiples of

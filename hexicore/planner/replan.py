@@ -129,7 +129,7 @@ def plan_diff(old: Plan, new: Plan) -> dict[str, Any]:
     return {"excluded": list(new.cluster.excluded), "lost": lost, "pipelines_kept": same,
             "pipelines_before": len(old.pipelines), "pipelines_after": len(new.pipelines),
             "devices_moved": len(moved), "moved": moved[:32], "layers_moved": layers,
-            "previous_iteration_s": (old.estimate or {}).get("iteration_s")}
+            "previous_iteration_s": old.estimate.iteration_s if old.estimate else None}
 
 
 def describe(diff: dict[str, Any]) -> str:

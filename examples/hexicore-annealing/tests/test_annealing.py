@@ -35,7 +35,7 @@ def test_never_worse_than_megatron_and_seeded():
     a = hexicore.plan(cluster="paper_case", model="llama2_7b", solver="annealing", overrides=["solver.steps=30"])
     b = hexicore.plan(cluster="paper_case", model="llama2_7b", solver="annealing", overrides=["solver.steps=30"])
     m = hexicore.plan(cluster="paper_case", model="llama2_7b", solver="megatron")
-    assert a.estimate["iteration_s"] <= m.estimate["iteration_s"] + 1e-9
+    assert a.estimate.iteration_s <= m.estimate.iteration_s + 1e-9
     assert a.pipelines == b.pipelines
 
 

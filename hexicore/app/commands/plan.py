@@ -40,10 +40,10 @@ def run(cfg: DictConfig) -> int:
 
         print(describe(plan.solver["replan"]))
     print(f"plan written to {out} (picture: {picture})")
-    est, sol = plan.estimate or {}, plan.solver or {}
+    est, sol = plan.estimate, plan.solver or {}
     record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
             "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
-            "iteration_s": est.get("iteration_s"), "mfu": est.get("mfu"),
-            "peak_memory_gb": max((est.get("memory_gb") or {0: 0}).values()),
+            "iteration_s": est.iteration_s if est else None, "mfu": est.mfu if est else None,
+            "peak_memory_gb": est.peak_memory_gb if est else 0,
             "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(out)})
     return 0

@@ -63,6 +63,7 @@ class HexicoreConfig:
     model_file: Optional[str] = None
     plan_file: Optional[str] = None
     out: Optional[str] = None
+    overwrite: Optional[bool] = None
     exclude: List[str] = field(default_factory=list)
     warm_start: Optional[str] = None
     seed: int = 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hexicore.core import schema
+from hexicore.core.ownership import png_metadata
 from hexicore.core.plan import Plan
 
 _LABEL_LIMIT = 96  # above this many devices, labels would overlap: draw colours only
@@ -90,7 +92,8 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     bx.set_title(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
+                                                 metadata=png_metadata("picture")))
     plt.close(fig)
     return path
 
@@ -138,7 +141,8 @@ def save_cluster_picture(cluster, path: str | Path) -> Path:
     ax.set_title(f"cluster {cluster.name}: {len(cluster.devices)} GPUs, {cluster.total_tflops:g} TFLOPS", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
+                                                 metadata=png_metadata("picture")))
     plt.close(fig)
     return path
 
@@ -171,6 +175,7 @@ def save_action_list_picture(al, path: str | Path, limit: int = 40) -> Path:
                  f", P={al.ranks}, M={al.micro_batches}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
+                                                 metadata=png_metadata("picture")))
     plt.close(fig)
     return path

@@ -146,6 +146,18 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
 
 
+def write_with(path: str | Path, writer: Any) -> Path:
+    """Atomic write through ``writer(tmp_path)`` (e.g. ``fig.savefig(tmp, format="png")``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        writer(tmp)
+        return publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`)."""
     return write_bytes_atomic(path, text.encode("utf-8"))

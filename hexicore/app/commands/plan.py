@@ -15,10 +15,13 @@ from hexicore.app.picture import save_plan_picture
 from hexicore.registry import Registry
 from hexicore.app.report import console, print_plan
 from hexicore.app.sweep import record
+from hexicore.core.ownership import check_all
 
 
 def run(cfg: DictConfig) -> int:
     err = console(stderr=True)
+    out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
+    check_all([(out, "hexicore.plan"), (out.with_suffix(".png"), "hexicore.png")], overwrite=cfg.get("overwrite"))
     registry = Registry.default()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
@@ -29,13 +32,12 @@ def run(cfg: DictConfig) -> int:
             bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
 
         plan, warnings = app.solve(cfg, registry, progress)
-    out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
     plan.save(out)
     picture = save_plan_picture(plan, out.with_suffix(".png"))
     print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if (plan.solver or {}).get("replan"):  # issue 8: how the replanned plan differs from the previous one
+    if (plan.solver or {}).get("replan"):  # elastic replanning: how the plan differs from the previous one
         from hexicore.planner.replan import describe
 
         print(describe(plan.solver["replan"]))

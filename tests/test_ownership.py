@@ -1,0 +1,45 @@
+"""Outputs never clobber what is not theirs (hexicore.core.ownership): a command refuses, before
+any work, to replace a file that is not a hexicore output of the same kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.ownership import check_writable, kind_of
+from tests.conftest import run_cli
+
+
+def test_plan_refuses_a_foreign_file_and_its_sibling(tmp_path, capsys):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "important.txt").write_text("my notes")
+    code = run_cli(["plan", "model=tiny", f"out={notes / 'important.txt'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not a hexicore output" in err and len(err.strip().splitlines()) == 1
+    assert (notes / "important.txt").read_text() == "my notes"
+    (notes / "p.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)  # someone else's picture
+    code = run_cli(["plan", "model=tiny", f"out={notes / 'p.json'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert code == 2 and "p.png" in capsys.readouterr().err and not (notes / "p.json").exists()
+
+
+def test_plan_replaces_its_own_outputs(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    for _ in range(2):
+        assert run_cli(["plan", "model=tiny", f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"]) == 0
+    assert kind_of(out) == "hexicore.plan" and kind_of(tmp_path / "plan.png") == "hexicore.png"
+    assert run_cli(["plan", "model=tiny", f"out={out}", "overwrite=false", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    capsys.readouterr()
+
+
+def test_kinds_and_overwrite(tmp_path):
+    actions = tmp_path / "a.json"
+    actions.write_text(json.dumps({"format": "hexicore.actions/1"}))
+    with pytest.raises(HexicoreError, match="is a actions file"):
+        check_writable(actions, "hexicore.plan")
+    check_writable(actions, "hexicore.plan", overwrite=True)
+    with pytest.raises(HexicoreError, match="is a directory"):
+        check_writable(tmp_path, "hexicore.plan", overwrite=True)
+    check_writable(tmp_path / "new.json", "hexicore.plan", overwrite=False)

@@ -1,4 +1,4 @@
-"""schedule=auto (issue 8): per-pipeline schedule choice, schedule-priced cost model, memory."""
+"""schedule=auto: per-pipeline schedule choice, schedule-priced cost model, memory."""
 
 import json
 import random
@@ -12,7 +12,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.planner.pricing import DEFAULT_OPTIONS, ScheduleBook, options, timed_cost
+from hexicore.planner.pricing import ScheduleBook, auto_defaults, options, timed_cost
 from hexicore.planner.validate import validate_plan
 
 from .conftest import CONF
@@ -20,6 +20,7 @@ from tests.conftest import run_cli
 
 FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
 GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
+DEFAULT_OPTIONS = auto_defaults()["options"]  # conf/schedule/auto.yaml
 AUTO = {"name": "auto", "options": [dict(o) for o in DEFAULT_OPTIONS]}
 
 
@@ -78,7 +79,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 
         peaks = sched.peak_activations(ScheduleSpec(4, 8))
         assert [cost.in_flight(plan.pipelines[0], j, 8) for j in range(4)] == pytest.approx(list(peaks))
-    plain = AnalyticCostModel()  # no schedule injected: the GPipe/1F1B rule as before
+    plain = AnalyticCostModel()  # no schedule injected: the cost model's default rule, P - j
     assert [plain.in_flight(Pipeline(8, stages, {"name": "hanayo"}), j, 8) for j in range(4)] == [4, 3, 2, 1]
 
 

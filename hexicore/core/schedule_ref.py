@@ -116,6 +116,7 @@ class ScheduleRef(Mapping):
         if "name" in params:
             raise HexicoreError("'name' is the schedule's name, not a parameter", field="schedule.name")
         object.__setattr__(self, "params", params)
+        object.__setattr__(self, "_hash", hash((self.name, params)))  # per process: pickling rebuilds it
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -175,11 +176,12 @@ class ScheduleRef(Mapping):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ScheduleRef):
-            return self.name == other.name and self.params == other.params
+            return self is other or (self._hash == other._hash and self.name == other.name
+                                     and self.params == other.params)
         return isinstance(other, Mapping) and self.to_dict() == dict(other)
 
     def __hash__(self) -> int:
-        return hash((self.name, self.params))
+        return self._hash
 
     def __reduce__(self) -> tuple:
         return (ScheduleRef, (self.name, self.params))

@@ -69,6 +69,7 @@ class ScheduleBook:
 
     registry: Any
     _built: dict = field(default_factory=dict, compare=False, repr=False)
+    _priced: dict = field(default_factory=dict, compare=False, repr=False)
 
     def schedule(self, ref: Mapping[str, Any]) -> Any:
         """The schedule plugin object for ``ref`` (built on first use)."""
@@ -98,21 +99,31 @@ class ScheduleBook:
         """Whether the cost model's own PIPELINE-TIME is this schedule's (``Pricing.cost_model_time``)."""
         return not is_auto(ref) and self.schedule(ref).pricing.cost_model_time
 
+    def priced(self, ref: Mapping[str, Any], ranks: int) -> Any:
+        """The schedule object a pipeline of ``ranks`` under ``ref`` is priced by (:meth:`effective`; cached)."""
+        if not isinstance(ref, ScheduleRef):
+            ref = ScheduleRef.from_mapping(ref)
+        key = (ref, ranks)
+        hit = self._priced.get(key)
+        if hit is None:
+            hit = self._priced[key] = self.schedule(self.effective(ref, ranks))
+        return hit
+
     def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
-        return self.schedule(self.effective(ref, len(stage_s))).pipeline_time(stage_s, hop_s, int(n))
+        return self.priced(ref, len(stage_s)).pipeline_time(stage_s, hop_s, int(n))
 
     def model(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """The search's PIPELINE-TIME (the schedule's ``model_time``)."""
-        return self.schedule(self.effective(ref, len(stage_s))).model_time(stage_s, hop_s, int(n))
+        return self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n))
 
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank (units of a rank's whole share)."""
-        return self.schedule(self.effective(ref, ranks)).peaks(ranks, n)
+        return self.priced(ref, ranks).peaks(ranks, n)
 
     def model_peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """The search's peaks (the schedule's ``model_peaks``); the final plan is checked with
         :meth:`peaks`."""
-        return self.schedule(self.effective(ref, ranks)).model_peaks(ranks, n)
+        return self.priced(ref, ranks).model_peaks(ranks, n)
 
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
                 n: int) -> tuple[ScheduleRef, float]:

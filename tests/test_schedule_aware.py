@@ -180,3 +180,16 @@ def test_the_search_gets_its_book_from_the_problem():
     assert make_context(problem, SearchConfig()).book is problem.pricing
     plain = build_problem(config_from_overrides(["schedule=1f1b"]), reg)
     assert plain.pricing is None and make_context(plain, SearchConfig()).book is None
+
+
+def test_plan_with_a_schedule_that_needs_two_ranks(tmp_path):
+    """Chimera (two directions) declares two ranks at least: the search prices one-rank
+    candidates as 1F1B instead of failing on them, and the plan's pipelines run Chimera."""
+    out = tmp_path / "p.json"
+    assert run_cli(["plan", "schedule=chimera", "solver.iterations=6", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    pipes = json.loads(out.read_text())["pipelines"]
+    assert all(p["schedule"]["name"] == "chimera" and len(p["stages"]) >= 2 for p in pipes)
+    from hexicore.core.schedule_ref import ScheduleRef
+
+    assert ScheduleBook(Registry.default()).effective(ScheduleRef("chimera"), 1) == ScheduleRef("1f1b")

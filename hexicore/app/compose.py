@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 

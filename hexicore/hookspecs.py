@@ -1,4 +1,4 @@
-"""pluggy hook specifications of the ``hexicore`` plugin system (DESIGN.md §3).
+"""pluggy hook specifications of the ``hexicore`` plugin system (docs/plugins.md).
 
 One hook per kind; each returns (or yields) typed :class:`PluginSpec` records, as conda's
 ``conda_solvers()`` does. A plugin module implements any subset::
@@ -82,7 +82,27 @@ class HexicoreSpecs:
 
     @hookspec
     def hexicore_schedules(self) -> Iterable[PluginSpec]:
-        """Pipeline schedules: ``actions(spec)`` and ``pipeline_time(stage_times, hop_times, n_mb)``."""
+        """Pipeline schedules: ``factory(**params)`` (the ``schedule.*`` keys but ``name``) returns a
+        :class:`hexicore.pipeline.schedule.Schedule`, in practice a subclass of
+        :class:`hexicore.pipeline.schedule.ActionSchedule` that writes ``order(spec)`` (compute-only
+        per-rank action lists; ``actions(spec)`` adds the shared comm pass) and declares how it is
+        priced, so that the planner, ``hexicore simulate`` and the runtimes need no schedule name:
+
+        * ``pricing = Pricing(growth=STEADY | BLOCKS, min_ranks=1, fewer_ranks=None,
+          cost_model_time=False)``: how the search models its PIPELINE-TIME above P micro-batches
+          (steady state, or blocks of P micro-batches like Hanayo), the fewest ranks it runs on
+          and the :class:`hexicore.core.schedule_ref.ScheduleRef` a pipeline with fewer is priced
+          as, whether the cost model's own closed PIPELINE-TIME is its time;
+        * ``closed_form(stage_times, hop_times, n_mb)``: its exact makespan where a closed form
+          holds, else None (then ``pipeline_time`` simulates its default-time order);
+        * ``peak_rule(ranks, n_mb)``: its peak activations per rank by a closed rule (1F1B's
+          ``min(P - j, n)``, GPipe's ``n``), else None (``peaks`` simulates);
+        * ``closed_bubble(spec, chosen)``: its paper's bubble ratio where one applies (printed by
+          ``hexicore simulate`` next to the simulated one), and ``note(chosen)``;
+        * ``resolve(ref, stage_times, hop_times, n_mb) -> (ScheduleRef, seconds)``: its own choice
+          of free parameters for one pipeline (Hanayo's ``waves=auto``), as the plan records it.
+
+        docs/plugins.md, "Writing a schedule plugin", walks through one."""
 
     @hookspec
     def hexicore_runtimes(self) -> Iterable[PluginSpec]:

@@ -158,9 +158,15 @@ def test_matches_brute_force(case):
 
 
 def test_gpipe_memory_matches_brute_force():
-    """GPipe keeps every micro-batch's activations (in_flight = n_mb): the element-table path."""
+    """GPipe keeps every micro-batch's activations (in_flight = n_mb, the schedule's own peaks
+    injected as the cost model's ``activation``): the element-table path."""
+    from hexicore.planner.pricing import ScheduleBook
+    from hexicore.registry import Registry
+
     mk_cluster, mk_model, gb = CASES["memory-4090x2+3090x2"]
-    p = problem(mk_cluster(), replace(mk_model(), seq_len=4096), 4, schedule={"name": "gpipe"})
+    cost = AnalyticCostModel(activation=ScheduleBook(Registry.default()).activation())
+    p = problem(mk_cluster(), replace(mk_model(), seq_len=4096), 4, schedule={"name": "gpipe"}, cost=cost)
+    assert [p.cost.in_flight(Pipeline(4, (Stage(("x",), 1, (0, 1)),) * 2, p.schedule), j, 4) for j in (0, 1)] == [4, 4]
     best = brute_force(p)
     plan = solve(p)
     est = p.cost.estimate(plan)

@@ -1,4 +1,4 @@
-"""schedule=auto (issue 8): per-pipeline schedule choice, schedule-priced cost model, memory."""
+"""schedule=auto: per-pipeline schedule choice, schedule-priced cost model, memory."""
 
 import json
 import random
@@ -12,7 +12,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.planner.pricing import DEFAULT_OPTIONS, ScheduleBook, options, timed_cost
+from hexicore.planner.pricing import ScheduleBook, auto_defaults, options, timed_cost
 from hexicore.planner.validate import validate_plan
 
 from .conftest import CONF
@@ -20,6 +20,7 @@ from tests.conftest import run_cli
 
 FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
 GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
+DEFAULT_OPTIONS = auto_defaults()["options"]  # conf/schedule/auto.yaml
 AUTO = {"name": "auto", "options": [dict(o) for o in DEFAULT_OPTIONS]}
 
 
@@ -78,7 +79,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 
         peaks = sched.peak_activations(ScheduleSpec(4, 8))
         assert [cost.in_flight(plan.pipelines[0], j, 8) for j in range(4)] == pytest.approx(list(peaks))
-    plain = AnalyticCostModel()  # no schedule injected: the GPipe/1F1B rule as before
+    plain = AnalyticCostModel()  # no schedule injected: the cost model's default rule, P - j
     assert [plain.in_flight(Pipeline(8, stages, {"name": "hanayo"}), j, 8) for j in range(4)] == [4, 3, 2, 1]
 
 
@@ -123,3 +124,72 @@ def test_auto_keeps_the_seed_plans(tmp_path):
     base = validate_plan(reg.create("solver", "hexiscale", **fast).solve(one), one.cost)[0]
     est = validate_plan(reg.create("solver", "hexiscale", **fast).solve(auto), auto.cost)[0]
     assert est.iteration_s <= base.iteration_s + 1e-9
+
+
+def test_builtins_declare_their_pricing_and_the_rules_match_the_simulator():
+    from hexicore.core.schedule_ref import ScheduleRef
+    from hexicore.pipeline.schedule import BLOCKS, STEADY, ScheduleSpec
+    from hexicore.pipeline.simulate import simulate
+
+    reg = Registry.default()
+    one, gpipe, hanayo = (reg.create("schedule", n) for n in ("1f1b", "gpipe", "hanayo"))
+    for P in (1, 2, 4):
+        for M in (1, 3, 8):
+            for s in (one, gpipe):
+                assert s.peak_rule(P, M) == pytest.approx(simulate(s.order(ScheduleSpec(P, M))).peak_activations)
+    assert one.pricing.cost_model_time and not gpipe.pricing.cost_model_time
+    assert (hanayo.pricing.growth, hanayo.pricing.min_ranks, hanayo.pricing.fewer_ranks) == \
+        (BLOCKS, 2, ScheduleRef("1f1b"))
+    assert one.pricing.growth == STEADY and reg.create("schedule", "interleaved_1f1b").peak_rule(4, 8) is None
+    book = ScheduleBook(reg)
+    wave = ScheduleRef("hanayo", {"waves": "auto", "max_waves": 4})
+    assert book.effective(wave, 1) == ScheduleRef("1f1b") and not book.usable(wave, 1)
+    assert book.exact(wave, [3.0], [], 5) == pytest.approx(15.0)  # one rank: 1F1B, no bubble
+    st, hop = [3.0, 3.0, 2.0, 4.0], [0.1, 0.1, 0.1]
+    assert book.model(wave, st, hop, 9) == pytest.approx(3 * book.exact(wave, st, hop, 4))  # blocks of P
+    steady = ScheduleRef("interleaved_1f1b", {"chunks": 2})
+    a, b = book.exact(steady, st, hop, 4), book.exact(steady, st, hop, 8)
+    assert book.model(steady, st, hop, 6) == pytest.approx(a + (b - a) / 2)  # affine through P and 2P
+    chosen, secs = book.resolve(wave, st, hop, 4)
+    assert chosen.name == "hanayo" and set(chosen.params) == {"waves"} and isinstance(chosen["waves"], int)
+    assert secs == pytest.approx(book.exact(chosen, st, hop, 4))
+
+
+def test_schedule_pricing_keeps_the_cost_models_formula_only_where_the_schedule_says_so():
+    from hexicore.planner.pricing import schedule_pricing
+
+    reg = Registry.default()
+    cost, book = schedule_pricing(AnalyticCostModel(), {"name": "1f1b"}, reg)
+    assert book is None and cost.pipeline_timer is None and cost.activation is not None
+    for sched in ({"name": "gpipe"}, {"name": "auto"}):
+        cost, book = schedule_pricing(AnalyticCostModel(), sched, reg)
+        assert isinstance(book, ScheduleBook) and cost.pipeline_timer is not None
+    stages = tuple(Stage((f"A.{k}",), 1, (k, k + 1)) for k in range(3))
+    cost, _ = schedule_pricing(AnalyticCostModel(), {"name": "gpipe"}, reg)
+    assert [cost.in_flight(Pipeline(6, stages, {"name": "gpipe"}), j, 6) for j in range(3)] == [6, 6, 6]
+
+
+def test_the_search_gets_its_book_from_the_problem():
+    """No book is fished out of the cost model: ``Problem.pricing`` is the book the search uses."""
+    from hexicore.planner.search import make_context
+    from hexicore.planner.search_config import SearchConfig
+
+    reg = Registry.default()
+    problem = build_problem(config_from_overrides(["schedule=gpipe"]), reg)
+    assert isinstance(problem.pricing, ScheduleBook)
+    assert make_context(problem, SearchConfig()).book is problem.pricing
+    plain = build_problem(config_from_overrides(["schedule=1f1b"]), reg)
+    assert plain.pricing is None and make_context(plain, SearchConfig()).book is None
+
+
+def test_plan_with_a_schedule_that_needs_two_ranks(tmp_path):
+    """Chimera (two directions) declares two ranks at least: the search prices one-rank
+    candidates as 1F1B instead of failing on them, and the plan's pipelines run Chimera."""
+    out = tmp_path / "p.json"
+    assert run_cli(["plan", "schedule=chimera", "solver.iterations=6", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    pipes = json.loads(out.read_text())["pipelines"]
+    assert all(p["schedule"]["name"] == "chimera" and len(p["stages"]) >= 2 for p in pipes)
+    from hexicore.core.schedule_ref import ScheduleRef
+
+    assert ScheduleBook(Registry.default()).effective(ScheduleRef("chimera"), 1) == ScheduleRef("1f1b")

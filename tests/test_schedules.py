@@ -1,5 +1,5 @@
 """Every schedule plugin: registration, validity on grids and at random, bubbles against the
-closed forms (issue 5 item 2 and "exact checks")."""
+closed forms (exact checks), and each schedule's own pricing declarations."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def test_hanayo_meets_the_paper_closed_form():
 
 
 def test_hanayo_reference_greedy_numbers():
-    """REFERENCE.md §6 measured 0.333, 0.213, 0.119, 0.063 at P = M = 4, W = 1, 2, 4, 8."""
+    """The greedy wave order's bubbles at P = M = 4, W = 1, 2, 4, 8 (docs/results.md's table):
+    0.333, 0.213, 0.119, 0.063."""
     got = [round(bubble(Hanayo(waves=W), 4, 4), 3) for W in (1, 2, 4, 8)]
     assert got == [0.333, 0.213, 0.119, 0.063]
 

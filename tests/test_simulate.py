@@ -1,4 +1,4 @@
-"""The event simulator and the planner's ``pipeline_time`` (issue 5 items 4, 5)."""
+"""The event simulator and the planner's ``pipeline_time``."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_pipeline_timer_hook_uses_each_pipelines_schedule():
 
 
 def test_waves_auto_follows_the_links():
-    """REFERENCE.md §6: more waves over fast links, fewer over slow ones; the choice is recorded."""
+    """Hanayo (SC'23): more waves over fast links, fewer over slow ones; the choice is recorded."""
     fast = Hanayo(waves="auto", max_waves=4).order(ScheduleSpec(4, 8))
     slow = Hanayo(waves="auto", max_waves=4).order(ScheduleSpec(4, 8, hops=(1.0, 1.0, 1.0)))
     assert fast.schedule["waves"] > slow.schedule["waves"]

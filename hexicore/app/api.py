@@ -25,6 +25,7 @@ from typing import Sequence
 
 from hexicore.app.results import SimulationResult
 from hexicore.core.plan import Plan
+from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
 
 
 def _overrides(groups: dict[str, str | None], extra: Sequence[str]) -> list[str]:
@@ -61,7 +62,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     return result
 
 
-def simulate(schedule: str = "1f1b", ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
+def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
              backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
              overrides: Sequence[str] = ()) -> SimulationResult:
     """Build, validate and simulate a schedule's action lists like ``hexicore simulate``.

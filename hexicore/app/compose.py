@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -16,6 +16,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.registry import Registry
 from hexicore.planner.validate import validate_plan
@@ -115,20 +117,9 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     train = train_config(cfg, model)
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
-    schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
-    return Problem(cluster, model, train, schedule_cost(build_cost_model(cfg, registry), schedule, registry),
-                   schedule, registry, warm_start)
-
-
-def schedule_cost(cost: CostModel, schedule: Mapping[str, Any], registry: Registry) -> CostModel:
-    """The cost model whose pipeline term and activation memory follow each pipeline's
-    schedule (issue 8) for any configured schedule but plain 1F1B, which keeps App. A's closed
-    PIPELINE-TIME (the paper's model, which CP-SAT's proven bound relies on)."""
-    from hexicore.planner.pricing import ScheduleBook, timed_cost
-
-    if str(schedule.get("name", "1f1b")) == "1f1b" or not hasattr(cost, "activation"):
-        return cost
-    return timed_cost(cost, ScheduleBook(registry))
+    schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule") or None, source=_choice(cfg, "schedule"))
+    cost, book = schedule_pricing(build_cost_model(cfg, registry), schedule, registry)
+    return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book)
 
 
 def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress) -> tuple[Plan, list[str]]:
@@ -157,11 +148,16 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
 
 
 def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
-    """Validate a plan from any source and attach a fresh estimate (pipelines under schedules
-    other than 1F1B priced by their schedules, as the planner did: :func:`schedule_cost`)."""
-    if {str(p.schedule.get("name", "1f1b")) for p in plan.pipelines} - {"1f1b"} and \
-            getattr(cost, "pipeline_timer", False) is None:
-        cost = schedule_cost(cost, {"name": "per pipeline"}, Registry.default())
+    """Validate a plan from any source and attach a fresh estimate (pipelines whose schedule
+    is not timed by the cost model's own formula priced by their schedules, as the planner
+    did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
+    if getattr(cost, "pipeline_timer", False) is None:
+        book = ScheduleBook(Registry.default())
+        try:
+            if not all(book.native(p.schedule) for p in plan.pipelines):
+                cost = timed_cost(cost, book)
+        except HexicoreError as exc:
+            raise exc.located(source=source) from None
     est, warnings = validate_plan(plan, cost, source)
     return plan.with_estimate(est), est, warnings
 

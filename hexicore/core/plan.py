@@ -18,6 +18,7 @@ from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import DTYPE_BYTES, ModelSpec, parse_model
+from hexicore.core.schedule_ref import ScheduleRef
 
 FORMAT = "hexicore.plan/1"
 
@@ -97,11 +98,16 @@ class Stage:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """One data-parallel replica: its batch share (sequences), stages and schedule."""
+    """One data-parallel replica: its batch share (sequences), stages and schedule (a
+    :class:`ScheduleRef`; a ``{"name": ..., **params}`` mapping is converted)."""
 
     batch: int
     stages: tuple[Stage, ...]
-    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "1f1b"})
+    schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schedule, ScheduleRef):
+            object.__setattr__(self, "schedule", ScheduleRef.from_mapping(self.schedule))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -111,7 +117,7 @@ class Pipeline:
         return self.batch // micro_batch
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "schedule": dict(self.schedule), "stages": [s.to_dict() for s in self.stages]}
+        return {"batch": self.batch, "schedule": self.schedule.to_dict(), "stages": [s.to_dict() for s in self.stages]}
 
 
 @dataclass(frozen=True)
@@ -214,10 +220,7 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
             lo = schema.integer(layers[0], source, f"{sf}.layers", minimum=0)
             hi = schema.integer(layers[1], source, f"{sf}.layers", minimum=0)
             stages.append(Stage(devs, tp, (lo, hi)))
-        sched = p.get("schedule") or {"name": "1f1b"}
-        if isinstance(sched, str):
-            sched = {"name": sched}
-        sched = dict(schema.as_mapping(sched, source, f"{pf}.schedule"))
+        sched = ScheduleRef.from_mapping(p.get("schedule") or None, source=source, field=f"{pf}.schedule")
         pipelines.append(Pipeline(schema.integer(schema.get(p, "batch", source, pf), source, f"{pf}.batch"),
                                   tuple(stages), sched))
     plan = Plan(model, cluster, train, tuple(pipelines),

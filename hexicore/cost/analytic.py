@@ -19,7 +19,7 @@ from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
-from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer
+from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 
 @dataclass(frozen=True)
 class AnalyticCostModel:
@@ -30,9 +30,9 @@ class AnalyticCostModel:
     gradients and two Adam moments in the training dtype, which is the paper's ``48 H^2 B_type``
     per 12H^2-parameter layer; mixed precision with fp32 master weights is 16);
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
-    ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces the 1F1B
-    PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the GPipe/1F1B
-    in-flight rule with the schedule's peak activations.
+    ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces App. A's
+    PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the default in-flight
+    rule (:func:`hexicore.cost.base.default_in_flight`) with the schedule's peak activations.
     """
 
     efficiency: Mapping[str, float] = field(default_factory=dict)
@@ -111,7 +111,7 @@ class AnalyticCostModel:
           first stage and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer);
         * stored activations: ``in_flight`` micro-batches x per-layer bytes
           (``B_mb*S*H*B_type`` with recomputation, App. A) — the schedule decides ``in_flight``
-          (1F1B: P - j at stage j);
+          (:meth:`in_flight`);
         * working set of the block being (re)computed: one layer's full activations / tp, and on
           the last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient;
         * ``reserve_gb``.
@@ -140,13 +140,11 @@ class AnalyticCostModel:
 
     def in_flight(self, pipeline: Pipeline, stage_index: int, n_mb: int) -> float:
         """Micro-batches whose activations a stage holds at its peak: the injected
-        ``activation`` (the schedule's peak) if any; else GPipe keeps all ``n_mb`` and
-        1F1B-style schedules keep ``P - j`` at stage j (capped by ``n_mb``)."""
+        ``activation`` (the pipeline's schedule's peak) if any; else the default rule,
+        ``P - j`` at stage j capped by ``n_mb`` (:func:`hexicore.cost.base.default_in_flight`)."""
         if self.activation is not None:
             return self.activation(pipeline, stage_index, n_mb)
-        if str(pipeline.schedule.get("name", "1f1b")) == "gpipe":
-            return n_mb
-        return max(1, min(n_mb, len(pipeline.stages) - stage_index))
+        return default_in_flight(len(pipeline.stages), stage_index, n_mb)
 
     def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
         """STAGE and HOP times of one pipeline, one micro-batch each."""

@@ -26,6 +26,14 @@ PipelineTimer = Callable[[Pipeline, Sequence[float], Sequence[float], int], floa
 ActivationFn = Callable[[Pipeline, int, int], float]
 
 
+def default_in_flight(ranks: int, stage_index: int, n_mb: int) -> int:
+    """In-flight micro-batches at stage j of a P-stage pipeline when no schedule supplies its
+    peak activations (the cost model's default, HexiScale App. A's memory model): each stage
+    holds the micro-batches that entered the pipeline before its first backward could run,
+    ``P - j``, at most ``n_mb`` (at least one). Schedules declare their own (``peaks``)."""
+    return max(1, min(n_mb, ranks - stage_index))
+
+
 class CostModel(Protocol):
     """What a solver needs from a cost model."""
 

@@ -39,6 +39,7 @@ from typing import Any, Iterable
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.schedule_ref import ScheduleRef
 
 FORMAT = "hexicore.actions/1"
 COMPUTE_OPS = ("F", "B", "I", "W")
@@ -87,9 +88,10 @@ class Action:
 @dataclass(frozen=True)
 class ActionList:
     """Per-rank action lists of one pipeline under one schedule. ``actions`` may be given as
-    :class:`hexicore.pipeline.arrays.ActionArrays`; the ``Action`` tuples are then built on first read."""
+    :class:`hexicore.pipeline.arrays.ActionArrays`; the ``Action`` tuples are then built on first read.
+    ``schedule`` is a :class:`ScheduleRef` (a mapping is converted; ``{}`` is an unnamed one)."""
 
-    schedule: dict[str, Any]
+    schedule: ScheduleRef
     ranks: int
     stages: int
     micro_batches: int
@@ -100,6 +102,8 @@ class ActionList:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.schedule, ScheduleRef):
+            object.__setattr__(self, "schedule", ScheduleRef.from_mapping(self.schedule, default=""))
         if not self.chains:
             object.__setattr__(self, "chains", (tuple(range(self.stages)),))
         if not self.mb_chain:
@@ -167,7 +171,7 @@ class ActionList:
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "format": FORMAT, "schedule": dict(self.schedule), "ranks": self.ranks, "stages": self.stages,
+            "format": FORMAT, "schedule": self.schedule.to_dict(), "ranks": self.ranks, "stages": self.stages,
             "micro_batches": self.micro_batches, "stage_rank": list(self.stage_rank),
         }
         if self.chains != (tuple(range(self.stages)),):
@@ -231,7 +235,7 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
                      for c in schema.as_list(d.get("mb_chain") or [0] * mbs, source, "mb_chain"))
     if len(mb_chain) != mbs or any(c >= len(chains) for c in mb_chain):
         raise HexicoreError(f"needs {mbs} chain indices in [0, {len(chains)})", source=source, field="mb_chain")
-    return ActionList(dict(schema.as_mapping(d.get("schedule") or {}, source, "schedule")), ranks, stages, mbs,
+    return ActionList(ScheduleRef.from_mapping(d.get("schedule") or {}, default="", source=source), ranks, stages, mbs,
                       tuple(s2r), tuple(lists), chains, mb_chain)
 
 

@@ -1,12 +1,27 @@
-"""The pipeline-schedule interface (DESIGN.md §2) and helpers shared by schedule plugins.
+"""The pipeline-schedule interface and helpers shared by schedule plugins (docs/plugins.md,
+"Writing a schedule plugin").
 
 A schedule turns a :class:`ScheduleSpec` (P ranks, M micro-batches, optional per-rank times)
 into per-rank action lists. Plugins implement :meth:`ActionSchedule.order` (compute only);
 :meth:`ActionSchedule.actions` runs the shared comm pass (:func:`hexicore.pipeline.comm.insert_comm`).
-The planner calls :meth:`ActionSchedule.pipeline_time` — a closed form where it is exact, else
-the simulator (:mod:`hexicore.pipeline.simulate`) run on the schedule's default-time order (built once per
-P and M) under the given stage and link times; cached per input. Time-driven orders (greedy)
-built for the actual times by :meth:`ActionSchedule.actions` may differ slightly from that.
+
+Schedules price themselves; the planner (:mod:`hexicore.planner.pricing`) only asks:
+
+* :meth:`ActionSchedule.pipeline_time` — exact PIPELINE-TIME: the schedule's closed form where it
+  is exact (:meth:`ActionSchedule.closed_form`), else the simulator
+  (:mod:`hexicore.pipeline.simulate`) run on the schedule's default-time order (built once per
+  P and M) under the given stage and link times; cached per input. Time-driven orders (greedy)
+  built for the actual times by :meth:`ActionSchedule.actions` may differ slightly from that;
+* :meth:`ActionSchedule.model_time` — the cheap model the search ranks thousands of candidates
+  with, shaped by the declared :class:`Pricing` (steady-state growth or blocks of P);
+* :meth:`ActionSchedule.peaks` / :meth:`ActionSchedule.model_peaks` — peak in-flight activations
+  per rank (a closed rule, :meth:`ActionSchedule.peak_rule`, or simulated);
+* :meth:`ActionSchedule.resolve` — its own choice of free parameters for given times;
+* :attr:`ActionSchedule.pricing` — growth kind, fewest ranks and what fewer are priced as,
+  whether the cost model's own PIPELINE-TIME formula is the schedule's.
+
+``hexicore simulate`` also prints :meth:`ActionSchedule.closed_bubble` next to the simulated bubble
+and the schedule's :meth:`ActionSchedule.note` under it.
 
 Time units follow the cost model: ``stage_times[j]`` is forward + backward of one micro-batch
 through rank j's whole share (split ``T_F : T_B = 1 : 2``, HexiScale App. A counts backward as
@@ -16,6 +31,7 @@ so one transfer is half of it.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
@@ -23,6 +39,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import HexicoreError
+from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
 
 
@@ -57,17 +74,73 @@ class ScheduleSpec:
         return Timing.from_ranks(al, self.forward, self.backward, self.hops)
 
 
+#: :attr:`Pricing.growth` kinds
+STEADY, BLOCKS = "steady", "blocks"
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How the planner prices a schedule: declared by each schedule plugin as the class
+    attribute ``pricing`` (docs/plugins.md, "Writing a schedule plugin").
+
+    * ``growth`` — how the search's model of PIPELINE-TIME grows with the micro-batch count n
+      above P ranks (:meth:`ActionSchedule.model_time`): :data:`STEADY` (affine in n in steady
+      state: the bottleneck rank does one F+B per micro-batch; fitted through the exact times
+      at P and 2P, exact for n <= P) or :data:`BLOCKS` (the schedule runs blocks of P
+      micro-batches: ``ceil(n / P)`` times its time at P, a partial block priced as a whole
+      one; its peak activations those at P);
+    * ``min_ranks`` — the fewest ranks the schedule runs on; a pipeline with fewer is priced
+      as ``fewer_ranks`` (a reference to another schedule; ``None``: refused there);
+    * ``cost_model_time`` — the cost model's own closed PIPELINE-TIME (HexiScale App. A:
+      ``sum_j (STAGE_j + HOP_j) + (n - 1) max_j (STAGE_j + HOP_j)``) is this schedule's time:
+      when it is the configured schedule (not ``auto``) the planner keeps that formula, which
+      the CP-SAT solver's proven bound relies on.
+
+    Exact times come from :meth:`ActionSchedule.pipeline_time` (the schedule's closed form where
+    one is exact, else the simulator), peak activations from :meth:`ActionSchedule.peaks` (the
+    schedule's closed rule if it declares one, else the simulator).
+    """
+
+    growth: str = STEADY
+    min_ranks: int = 1
+    fewer_ranks: ScheduleRef | None = None
+    cost_model_time: bool = False
+
+    def __post_init__(self) -> None:
+        if self.growth not in (STEADY, BLOCKS):
+            raise ValueError(f"Pricing.growth must be {STEADY!r} or {BLOCKS!r}, got {self.growth!r}")
+        if self.min_ranks < 1:
+            raise ValueError(f"Pricing.min_ranks must be >= 1, got {self.min_ranks}")
+
+
 @runtime_checkable
 class Schedule(Protocol):
-    """DESIGN.md §2: ``actions(spec)`` and ``pipeline_time(stage_times, hop_times, n_mb)``."""
+    """What the planner, the simulator and the runtimes use of a schedule plugin (docs/plugins.md):
+    the action lists, exact and modelled pipeline times, peak activations, the pricing
+    declaration, a closed-form bubble and its choice of free parameters. :class:`ActionSchedule`
+    implements everything but ``order``."""
 
     name: str
+    pricing: Pricing
 
     def actions(self, spec: ScheduleSpec) -> ActionList: ...
 
     def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float: ...
 
+    def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float: ...
+
     def peak_activations(self, spec: ScheduleSpec) -> tuple[float, ...]: ...
+
+    def peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]: ...
+
+    def model_peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]: ...
+
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None: ...
+
+    def note(self, chosen: ScheduleRef) -> str | None: ...
+
+    def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
+                n_mb: int) -> tuple[ScheduleRef, float]: ...
 
 
 # ------------------------------------------------------------------ stage -> rank maps
@@ -113,17 +186,22 @@ def build(name: str, params: Mapping[str, Any], spec: ScheduleSpec, stage_rank: 
         acts: Any = per_rank.append_per_rank(STEP)
     else:
         acts = tuple(tuple(a) + (Action("STEP"),) for a in per_rank)
-    return ActionList({"name": name, **dict(params)}, spec.ranks, len(stage_rank), spec.micro_batches,
+    return ActionList(ScheduleRef(name, params), spec.ranks, len(stage_rank), spec.micro_batches,
                       tuple(stage_rank), acts, tuple(tuple(c) for c in chains), tuple(mb_chain), dict(meta or {}))
 
 
 @dataclass(frozen=True)
 class ActionSchedule(ABC):
-    """Base of the built-in schedules: ``order`` is the plugin's; the rest is shared."""
+    """Base of the schedule plugins: ``order`` is the plugin's; the rest is shared, and a plugin
+    overrides what it knows better: ``closed_form`` (exact time), ``peak_rule`` (closed
+    peak activations), ``closed_bubble``, ``resolve`` (its free parameters) and the class
+    attribute ``pricing`` (:class:`Pricing`). Caches live in the instance: the planner builds
+    each schedule once per solve (:class:`hexicore.planner.pricing.ScheduleBook`)."""
 
     _cache: dict = field(default_factory=dict, compare=False, repr=False, init=False)
 
     name = "abstract"
+    pricing = Pricing()
 
     @abstractmethod
     def order(self, spec: ScheduleSpec) -> ActionList:
@@ -136,8 +214,9 @@ class ActionSchedule(ABC):
         """The lists a runtime executes: :meth:`order` + the shared comm pass."""
         return insert_comm(self.order(spec))
 
+    # --------------------------------------------------------------- time
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
-        """Exact makespan where a closed form exists for these inputs, else None."""
+        """Exact makespan where a closed form exists for these inputs, else None (simulated)."""
         return None
 
     def simulate(self, spec: ScheduleSpec, *, record: bool = False) -> tuple[ActionList, SimResult]:
@@ -171,30 +250,98 @@ class ActionSchedule(ABC):
             self._cache[key] = t
         return self._cache[key]
 
+    def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """The search's PIPELINE-TIME model (:class:`Pricing`, ``growth``), from the exact times
+        at P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS); anchors cached."""
+        p, n = len(stage_times), int(n_mb)
+        block = self.pricing.growth == BLOCKS
+        if n <= p and not block:
+            return self.pipeline_time(stage_times, hop_times, n)
+        key = ("model", tuple(stage_times), tuple(hop_times))
+        hit = self._cache.get(key)
+        if hit is None:
+            a = self.pipeline_time(stage_times, hop_times, p)
+            b = 2 * a if block else self.pipeline_time(stage_times, hop_times, 2 * p)
+            hit = self._cache[key] = (a, max(b - a, 0.0))
+        a, step = hit
+        return a + (max(math.ceil(n / p), 1) - 1 if block else (n - p) / p) * step
+
+    # ------------------------------------------------------------ memory
     def peak_activations(self, spec: ScheduleSpec) -> tuple[float, ...]:
-        """Peak in-flight activations per rank (units of DESIGN.md §4) under ``spec``."""
+        """Peak in-flight activations per rank (units of a rank's whole share) under ``spec``'s
+        times, simulated."""
         return self.simulate(spec)[1].peak_activations
+
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...] | None:
+        """Peak activations per rank by a closed rule (e.g. ``n`` on every rank for fill-drain),
+        or None: :meth:`peaks` simulates."""
+        return None
+
+    def peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Peak in-flight micro-batches per rank for default times: :meth:`peak_rule`, else
+        :meth:`peak_activations` of ``ScheduleSpec(ranks, n_mb)``; cached."""
+        key = ("peaks", int(ranks), int(n_mb))
+        if key not in self._cache:
+            rule = self.peak_rule(int(ranks), int(n_mb))
+            self._cache[key] = tuple(float(x) for x in (
+                rule if rule is not None else self.peak_activations(ScheduleSpec(int(ranks), int(n_mb)))))
+        return self._cache[key]
+
+    def model_peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """The search's peaks: at ``min(n, 2P - 1)`` (STEADY: exact below, the saturated value
+        above; 1F1B saturates at P, interleaved groups hold at most 2P - 1 micro-batches) or at
+        P (BLOCKS: the block it repeats). The final plan is checked with :meth:`peaks`."""
+        if self.pricing.growth == BLOCKS:
+            return self.peaks(ranks, ranks)
+        return self.peaks(ranks, min(n_mb, 2 * ranks - 1))
+
+    # ------------------------------------------------------ the schedule's own
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        """The bubble ratio the schedule's paper predicts for ``spec`` (``hexicore simulate``
+        prints it next to the simulated one), or None where no closed form applies. ``chosen``
+        is the section of the lists actually built (free parameters resolved)."""
+        return None
+
+    def note(self, chosen: ScheduleRef) -> str | None:
+        """A line ``hexicore simulate`` prints under its summary about the lists built as
+        ``chosen`` (e.g. the free parameters the schedule chose), or None."""
+        return None
+
+    def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
+                n_mb: int) -> tuple[ScheduleRef, float]:
+        """The reference a plan records for this schedule under these stage and hop times, with
+        its exact time: the schedule's own choice of its free parameters (e.g. Hanayo's
+        ``waves=auto``). ``ref`` is the reference it was built from; by default it is kept."""
+        return ref, self.pipeline_time(stage_times, hop_times, n_mb)
 
 
 def uniform_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
-    """GPipe/1F1B with equal stages and free transfers: ``(M + P - 1)(T_F + T_B)`` (exact)."""
+    """Makespan of a fill-drain-shaped schedule (every stage one F+B per micro-batch, no overlap
+    gain) with equal stages and free transfers: ``(M + P - 1)(T_F + T_B)`` (exact)."""
     if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
         return (n_mb + len(stage_times) - 1) * stage_times[0]
     return None
 
 
+def uniform_bubble(spec: ScheduleSpec) -> float | None:
+    """The bubble ratio of :func:`uniform_closed_form`, ``(P-1)/(M+P-1)``, when ``spec`` has
+    equal stages and free transfers; else None."""
+    P, M = spec.ranks, spec.micro_batches
+    if len(set(spec.forward)) == 1 and len(set(spec.backward)) == 1 and not any(spec.hops):
+        return (P - 1) / (M + P - 1)
+    return None
+
+
 def pipeline_timer(registry: Any) -> Any:
-    """The cost model's ``pipeline_timer`` hook (hexicore.cost.PipelineTimer) from the registry:
+    """A cost model's ``pipeline_timer`` (hexicore.cost.PipelineTimer) from the registry:
     ``timer(pipeline, stage_times, hop_times, n_mb)`` prices each pipeline under its own
-    ``schedule`` section through :meth:`ActionSchedule.pipeline_time` (schedules built once)."""
-    built: dict[tuple, Any] = {}
+    schedule reference through :meth:`ActionSchedule.pipeline_time` (schedules built once)."""
+    built: dict[ScheduleRef, Any] = {}
 
     def timer(pipeline: Any, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        params = dict(pipeline.schedule)
-        name = str(params.pop("name", "1f1b"))
-        key = (name, tuple(sorted((k, str(v)) for k, v in params.items())))
-        if key not in built:
-            built[key] = registry.create("schedule", name, **params)
-        return built[key].pipeline_time(stage_times, hop_times, n_mb)
+        ref = ScheduleRef.from_mapping(pipeline.schedule)
+        if ref not in built:
+            built[ref] = registry.create("schedule", ref.name, **ref.kwargs())
+        return built[ref].pipeline_time(stage_times, hop_times, n_mb)
 
     return timer

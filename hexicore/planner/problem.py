@@ -1,14 +1,15 @@
-"""The planning problem a solver receives, and the solver interface (DESIGN.md §2)."""
+"""The planning problem a solver receives, and the solver interface (docs/plugins.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Protocol
 
 from hexicore.core.cluster import Cluster
 from hexicore.cost import CostModel, Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.schedule_ref import ScheduleRef
 
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
@@ -20,16 +21,25 @@ def no_progress(message: str, fraction: float) -> None:
 @dataclass(frozen=True)
 class Problem:
     """Everything a solver may use: the cluster, the model, the training setup, a cost model,
-    the schedule chosen in config, the registry (to build partitioners, refiners, orderers by
-    name) and an optional warm-start plan."""
+    the schedule chosen in config (a :class:`ScheduleRef`; a mapping is converted; ``auto``:
+    the planner chooses per pipeline), the registry (to build partitioners, refiners, orderers
+    by name), an optional warm-start plan, and ``pricing``: the
+    :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
+    ``cost`` (None when the cost model's own PIPELINE-TIME does;
+    :func:`hexicore.planner.pricing.schedule_pricing` builds both)."""
 
     cluster: Cluster
     model: ModelSpec
     train: TrainConfig
     cost: CostModel
-    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "1f1b"})
+    schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     registry: Any = None
     warm_start: Plan | None = None
+    pricing: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schedule, ScheduleRef):
+            object.__setattr__(self, "schedule", ScheduleRef.from_mapping(self.schedule))
 
     def evaluate(self, plan: Plan) -> Estimate:
         return self.cost.estimate(plan)

@@ -34,7 +34,7 @@ from hexicore.cost import GIB, Estimate
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, section_key, timed_cost
+from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, timed_cost
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
 from hexicore.planner.search_config import SearchConfig
 from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline, machine_contiguous,
@@ -74,9 +74,9 @@ class Context:
     ema_dp: float | None = None
     ema_pp: float | None = None
     evaluated: int = 0
-    book: ScheduleBook | None = None  # set when pipelines are priced by their schedules (issue 8)
+    book: ScheduleBook | None = None  # set when pipelines are priced by their schedules
     exact_cost: Any = None  # the cost model the final plan is priced with (the search's is modelled)
-    options: tuple = ()  # schedule sections a pipeline may get (schedule=auto: several)
+    options: tuple = ()  # ScheduleRefs a pipeline may get (schedule=auto: several)
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
 
@@ -107,7 +107,7 @@ def pipeline_time_fn(ctx: Context, layout: Layout, n_mb_max: int | None = None, 
     return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
 
 
-def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) -> list[tuple[dict, Layout]]:
+def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) -> list[tuple[Any, Layout]]:
     """The options a layout may run under, each with a layout that fits the option's memory:
     the layout itself where its layers fit the option's peak activations, else its stages
     re-laid out under the option's caps; options that fit no way are left out (cached).
@@ -118,7 +118,7 @@ def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) 
         for o in ctx.options if choose else ctx.options[:1]:
             if not ctx.book.usable(o, len(layout.stages)):
                 continue
-            table = ctx.tables[section_key(o)]
+            table = ctx.tables[o]
             lay = layout_pipeline(table, layout.stages, n_mb_max, layout.layers) or \
                 layout_pipeline(table, layout.stages, n_mb_max)
             if lay is not None:
@@ -411,15 +411,15 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
     orderer = reg.create("orderer", cfg.orderer, tau=cfg.tau)
     m = problem.model
     degrees = tuple(d for d in range(1, cfg.max_tp + 1) if m.heads % d == 0 and m.kv_heads % d == 0)
-    book = getattr(getattr(cost, "pipeline_timer", None), "schedule_book", None)
+    book = problem.pricing if cfg.cost_model is None else None  # the book problem.cost is priced with
     if book is None and is_auto(problem.schedule):
         book = ScheduleBook(reg)
-    exact, opts = cost, (dict(problem.schedule),)
+    exact, opts = cost, (problem.schedule,)
     if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
         opts = options(problem.schedule)
         exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
     table = StageTable(problem.cluster, m, problem.train, cost, opts[0])
-    tables = {section_key(o): table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
+    tables = {o: table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
                    problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
@@ -431,14 +431,14 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
     out = []
     p = ctx.problem
     if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
-        p = replace(p, schedule=dict(ctx.options[0]), cost=ctx.exact_cost)
+        p = replace(p, schedule=ctx.options[0], cost=ctx.exact_cost)
     for name in ctx.cfg.seeds:
         try:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
         except HexicoreError:
             continue  # that solver finds nothing that fits: no seed from it
         if ctx.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
-            plan = replace(plan, pipelines=tuple(replace(q, schedule=dict(ctx.options[0])) for q in plan.pipelines))
+            plan = replace(plan, pipelines=tuple(replace(q, schedule=ctx.options[0]) for q in plan.pipelines))
         est = ctx.cost.estimate(plan)  # the seed itself, exactly as its solver made it
         out.append(Candidate(est.iteration_s if est.fits else INF, plan.with_solver({}), est, f"seed:{name}",
                              info={"d_dp": len(plan.pipelines)}))
@@ -524,7 +524,7 @@ def finalize(ctx: Context, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
         est = ctx.exact_cost.estimate(plan)
         out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
     _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
-    info = {"origin": origin, "schedules": [dict(p.schedule) for p in plan.pipelines]}
+    info = {"origin": origin, "schedules": [p.schedule.to_dict() for p in plan.pipelines]}
     if tried:
         info["schedule_s"] = tried
     return plan, info

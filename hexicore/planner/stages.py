@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from hexicore.core.cluster import Cluster
 from hexicore.planner.layers import allocate_layers, layer_ranges
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.cost.base import default_in_flight
 
 Group = tuple[str, ...]
 
@@ -66,18 +68,22 @@ def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
 @dataclass
 class StageTable:
     """Cached cost pieces for one (cluster, model, train, cost model): stage time rows
-    ``t(l), l = 0..L``, memory caps and hop times. Mutable cache, local to one search."""
+    ``t(l), l = 0..L``, memory caps and hop times, under one schedule (whose peak activations
+    set the caps). Mutable cache, local to one search."""
 
     cluster: Cluster
     model: ModelSpec
     train: TrainConfig
     cost: Any
-    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "1f1b"})
+    schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     _times: dict = field(default_factory=dict)
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
     _flight: dict = field(default_factory=dict)
     _rows: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.schedule = ScheduleRef.from_mapping(self.schedule)
 
     def times(self, devices: Group, first: bool, last: bool) -> np.ndarray:
         """STAGE(d_ij) of App. A for 0..L layers (one micro-batch). When the cost model's stage
@@ -108,15 +114,16 @@ class StageTable:
         return self._hops[key]
 
     def in_flight(self, n_stages: int, j: int, n_mb: int) -> int:
-        """Micro-batches stage j holds at its peak under the configured schedule."""
+        """Micro-batches stage j holds at its peak under the table's schedule (the cost model's
+        ``in_flight``; a cost model without one: :func:`hexicore.cost.base.default_in_flight`)."""
         key = (n_stages, j, n_mb)
         if key not in self._flight:
             probe = getattr(self.cost, "in_flight", None)
             if probe is None:
-                self._flight[key] = max(1, min(n_mb, n_stages - j))
+                self._flight[key] = default_in_flight(n_stages, j, n_mb)
             else:
                 dummy = Pipeline(n_mb * self.train.micro_batch,
-                                 tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), dict(self.schedule))
+                                 tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), self.schedule)
                 self._flight[key] = probe(dummy, j, n_mb)
         return self._flight[key]
 
@@ -157,9 +164,9 @@ class Layout:
         per = [s + h for s, h in zip(self.stage_s, list(self.hop_s) + [0.0])]
         return sum(per), max(per)
 
-    def pipeline(self, batch: int, schedule: Mapping[str, Any]) -> Pipeline:
+    def pipeline(self, batch: int, schedule: ScheduleRef) -> Pipeline:
         return Pipeline(batch, tuple(Stage(g, len(g), r) for g, r in zip(self.stages, layer_ranges(self.layers))),
-                        dict(schedule))
+                        schedule)
 
 
 def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple[np.ndarray, list[int], list[float]]:

@@ -9,6 +9,9 @@ default 2P: room for both directions — a tighter cap costs bubble under this g
 Chimera's hand-made units keep P). Phases: 1. both directions fill from opposite ends; 2. steady forward/backward
 interleaving; 3. drain; 4. ``REDUCE`` of each model part between its two replicas (parts in
 ascending order on every rank, so the rendezvous cannot cross), then ``STEP``.
+
+Pricing: simulated; two directions need two ranks, so a one-rank pipeline (no bubble under any
+schedule) is priced as 1F1B.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need
 from hexicore.pipeline.simulate import makespan
 
 
@@ -42,6 +46,7 @@ def reduces(rank: int, ranks: int) -> list[Action]:
 class Chimera(ActionSchedule):
     memory: float | None = None
     name = "chimera"
+    pricing = Pricing(min_ranks=2, fewer_ranks=ScheduleRef("1f1b"))
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         P, M = spec.ranks, spec.micro_batches

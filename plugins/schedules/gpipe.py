@@ -1,7 +1,8 @@
 """Schedule ``gpipe``: fill-drain (GPipe, Huang et al. 2019).
 
 Phases per rank: 1. all forwards, micro-batches 0..M-1; 2. all backwards, 0..M-1.
-Bubble ratio with equal stages and free transfers: ``(P-1)/(M+P-1)``; peak activations M.
+Bubble ratio with equal stages and free transfers: ``(P-1)/(M+P-1)``; peak activations M on
+every rank. Pricing: that closed form where it is exact, else the simulator; peaks by the rule.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Sequence
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, uniform_closed_form
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, loop_map, need, uniform_bubble,
+                                        uniform_closed_form)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,13 @@ class GPipe(ActionSchedule):
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         return uniform_closed_form(stage_times, hop_times, n_mb)
+
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Every rank holds all M micro-batches before its first backward."""
+        return (float(n_mb),) * ranks
+
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        return uniform_bubble(spec)
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""Schedule ``hanayo``: wave-like pipeline (Liu et al., SC'23; REFERENCE.md §6).
+"""Schedule ``hanayo``: wave-like pipeline (Liu et al., "Hanayo: Harnessing Wave-like Pipeline
+Parallelism for Enhanced Large Model Training Efficiency", SC'23).
 
 One model copy cut into ``S = 2PW`` stages on the wave map 0..P-1, P-1..0 (W times): each
 micro-batch runs down the ranks and back up W times; the turns need no transfer. The order is
@@ -15,22 +16,29 @@ rank 0 keeps injecting; 2. steady: backward waves return and interleave with for
 Closed form with ``T_B = 2 T_F``, ``T_C = 0``, M = P: ``(2P-2)/(3PW+P-1)``.
 
 ``waves=auto`` picks W in 1..``max_waves`` by simulating each under the spec's times and keeping
-the fastest whose peak activations stay within ``memory`` (REFERENCE.md §6: more waves over fast
+the fastest whose peak activations stay within ``memory`` (the paper: more waves over fast
 links, fewer over slow ones); the choice and every candidate's makespan are recorded in the
-action list's ``schedule`` section.
+action list's ``schedule`` section, and a plan records the chosen W (:meth:`Hanayo.resolve`).
+
+Pricing (:class:`hexicore.pipeline.schedule.Pricing`): simulated; for M > P the planner's search
+models it in blocks of P micro-batches (``ceil(M / P)`` times its time at P, an upper bound:
+consecutive blocks overlap), its peak activations as those at P; a wave turns on the last rank,
+so it needs two ranks and a one-rank pipeline (no bubble under any schedule) is priced as 1F1B.
 """
 
 from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from hexicore.pipeline.arrays import CODE, ActionArrays, tile_blocks
 from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.greedy import greedy_tuples
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need, positive_int, wave_map
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import (BLOCKS, ActionSchedule, Pricing, ScheduleSpec, build, need, positive_int,
+                                        wave_map)
 from hexicore.pipeline.simulate import compile_lists, makespan, simulate
 
 
@@ -56,8 +64,17 @@ def _greedy_arrays(*args: Any, **kw: Any) -> ActionArrays:
             gc.enable()
 
 
+def wave_bubble(ranks: int, waves: int, tf: float, tb: float, tc: float) -> float:
+    """The paper's closed-form bubble ratio for M = P micro-batches, equal stages (T_F, T_B) and
+    equal transfers T_C: ``(T_B/W + (1 + 2W + 2/P + (P-2)/3) T_C) /
+    (P/(P-1) T_F + (1/(2W) + P/(P-1)) T_B + ((P-2)/2 + 4W) T_C)``."""
+    P, W = ranks, waves
+    num = tb / W + (1 + 2 * W + 2 / P + (P - 2) / 3) * tc
+    return num / (P / (P - 1) * tf + (1 / (2 * W) + P / (P - 1)) * tb + ((P - 2) / 2 + 4 * W) * tc)
+
+
 def hanayo_bubble(ranks: int, waves: int) -> float:
-    """The paper's closed form with T_B = 2 T_F, T_C = 0 and M = P: ``(2P-2)/(3PW+P-1)``."""
+    """:func:`wave_bubble` with T_B = 2 T_F, T_C = 0: ``(2P-2)/(3PW+P-1)``."""
     return (2 * ranks - 2) / (3 * ranks * waves + ranks - 1)
 
 
@@ -67,6 +84,7 @@ class Hanayo(ActionSchedule):
     memory: float | None = None
     max_waves: int = 8
     name = "hanayo"
+    pricing = Pricing(growth=BLOCKS, min_ranks=2, fewer_ranks=ScheduleRef("1f1b"))
 
     def __post_init__(self) -> None:
         if self.waves != "auto":
@@ -124,6 +142,30 @@ class Hanayo(ActionSchedule):
             if peak <= self._cap(spec) + 1e-9 and (best is None or seen[w] < seen[best] - 1e-12):
                 best = w
         return (best or 1), seen
+
+    def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
+                n_mb: int) -> tuple[ScheduleRef, float]:
+        """``waves=auto``: the W :meth:`choose_waves` picks for these times, recorded as
+        ``{"name": "hanayo", "waves": W}``; a fixed W is kept."""
+        if self.waves != "auto":
+            return super().resolve(ref, stage_times, hop_times, n_mb)
+        w, seen = self.choose_waves(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb))
+        return ScheduleRef(ref.name, {"waves": w}), seen[w]
+
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        """:func:`wave_bubble` for M = P with equal stages and transfers (W as built)."""
+        uniform = all(len(set(x)) <= 1 for x in (spec.forward, spec.backward, spec.hops))
+        if spec.micro_batches != spec.ranks or spec.ranks < 2 or not uniform:
+            return None
+        tc = spec.hops[0] if spec.hops else 0.0
+        return wave_bubble(spec.ranks, int(chosen.get("waves", self.waves)), spec.forward[0], spec.backward[0], tc)
+
+    def note(self, chosen: ScheduleRef) -> str | None:
+        """``waves=auto``: the W chosen and every candidate's makespan (recorded as ``auto``)."""
+        if "auto" not in chosen:
+            return None
+        cands = ", ".join(f"W={w}: {t:.4g}" for w, t in chosen["auto"].items())
+        return f"waves=auto chose W={chosen['waves']} (makespan by W: {cands})"
 
     def price(self, spec: ScheduleSpec) -> float:
         if self.waves != "auto":

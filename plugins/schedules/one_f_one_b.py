@@ -5,7 +5,12 @@ Phases on rank r of P, M micro-batches (w = min(P - r - 1, M) warm-up forwards):
 2. steady: for i in 0..M-w-1: F(w + i), then B(i);
 3. cool-down: B of the remaining w micro-batches.
 Same bubble as GPipe, ``(P-1)/(M+P-1)`` with equal stages and free transfers; rank r holds at
-most ``min(P - r, M)`` micro-batches of activations.
+most ``min(P - r, M)`` micro-batches of activations (its warm-up forwards and the one in
+flight).
+
+Pricing: the closed form above where it is exact, else the simulator; the cost model's own
+closed PIPELINE-TIME (HexiScale App. A) is 1F1B's, so a plan configured with ``schedule=1f1b``
+keeps that formula (``Pricing.cost_model_time``); peak activations by the rule above.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Sequence
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, uniform_closed_form
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import (ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need, uniform_bubble,
+                                        uniform_closed_form)
 
 
 def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = None) -> list[Action]:
@@ -31,6 +38,7 @@ def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = N
 @dataclass(frozen=True)
 class OneFOneB(ActionSchedule):
     name = "1f1b"
+    pricing = Pricing(cost_model_time=True)
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")
@@ -39,6 +47,13 @@ class OneFOneB(ActionSchedule):
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         return uniform_closed_form(stage_times, hop_times, n_mb)
+
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Rank j holds ``min(P - j, M)`` micro-batches (module docstring)."""
+        return tuple(float(max(1, min(n_mb, ranks - j))) for j in range(ranks))
+
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        return uniform_bubble(spec)
 
 
 @hookimpl

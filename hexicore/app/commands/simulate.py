@@ -1,10 +1,12 @@
 """``hexicore simulate schedule=NAME [schedule.waves=W] pipeline.ranks=P pipeline.micro_batches=M
-[timing.forward=TF timing.backward=TB timing.comm=TC] [out=DIR]`` (DESIGN.md §4).
+[timing.forward=TF timing.backward=TB timing.comm=TC] [out=DIR]`` (docs/cli.md).
 
 Builds the schedule's action lists (comm inserted), validates and simulates them, writes
 ``actions.json``, ``summary.json``, ``trace.json`` (Chrome trace, µs) and ``timeline.png`` to
 ``out`` (default: Hydra's output dir) and prints the summary. TF/TB are one micro-batch through
-one rank's whole share, TC one transfer; times are read as seconds for the trace.
+one rank's whole share, TC one transfer; times are read as seconds for the trace. Next to the
+simulated bubble it prints the schedule's own closed-form bubble where it declares one
+(the schedule's ``closed_bubble``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig
 from hexicore.app import compose as app
 
 from hexicore.core import schema
+from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.actions import ActionList
 from hexicore.registry import Registry
 from hexicore.pipeline.schedule import ScheduleSpec
@@ -29,30 +32,21 @@ from hexicore.pipeline.validate import validate_actions
 SRC = "command line"
 
 
-def closed_form(al: ActionList, tf: float, tb: float, tc: float) -> float | None:
-    """The bubble ratio a paper's closed form predicts for these inputs, where one applies:
-    GPipe/1F1B ``(P-1)/(M+P-1)`` (T_C = 0); Hanayo (REFERENCE.md §6, M = P)."""
-    name, P, M = al.schedule.get("name"), al.ranks, al.micro_batches
-    if name in ("gpipe", "1f1b") and tc == 0:
-        return (P - 1) / (M + P - 1)
-    if name == "hanayo" and M == P:
-        W = int(al.schedule["waves"])
-        num = tb / W + (1 + 2 * W + 2 / P + (P - 2) / 3) * tc
-        return num / (P / (P - 1) * tf + (1 / (2 * W) + P / (P - 1)) * tb + ((P - 2) / 2 + 4 * W) * tc)
-    return None
-
-
-def summary(al: ActionList, res: SimResult, tf: float, tb: float, tc: float) -> dict[str, Any]:
-    cf = closed_form(al, tf, tb, tc)
-    return {"schedule": dict(al.schedule), "ranks": al.ranks, "stages": al.stages, "micro_batches": al.micro_batches,
+def summary(al: ActionList, res: SimResult, tf: float, tb: float, tc: float,
+            closed_bubble: float | None = None) -> dict[str, Any]:
+    """The simulation's summary (summary.json); ``closed_bubble`` is the schedule's own
+    closed-form bubble ratio for these inputs, where it has one."""
+    return {"schedule": al.schedule.to_dict(), "ranks": al.ranks, "stages": al.stages, "micro_batches": al.micro_batches,
             "timing": {"forward": tf, "backward": tb, "comm": tc},
-            "makespan": res.makespan, "bubble_ratio": res.bubble_ratio, "closed_form_bubble": cf,
+            "makespan": res.makespan, "bubble_ratio": res.bubble_ratio, "closed_form_bubble": closed_bubble,
             "busy": list(res.busy), "peak_activations": list(res.peak_activations),
             "weight_copies": len(al.chains),
             "actions": sum(len(a) for a in al.actions)}
 
 
-def print_summary(s: dict[str, Any]) -> None:
+def print_summary(s: dict[str, Any], note: str | None = None) -> None:
+    """The summary as a table and a line; ``note`` (the schedule's own, e.g. the free
+    parameters it chose) under it."""
     from rich.table import Table
 
     from hexicore.app.report import console
@@ -70,16 +64,19 @@ def print_summary(s: dict[str, Any]) -> None:
     out.print(f"makespan {s['makespan']:.6g}   bubble ratio {s['bubble_ratio']:.4f}"
               + (f"   (closed form {cf:.4f})" if cf is not None else "")
               + f"   weight copies {s['weight_copies']}")
-    if "auto" in s["schedule"]:
-        cands = ", ".join(f"W={w}: {t:.4g}" for w, t in s["schedule"]["auto"].items())
-        out.print(f"waves=auto chose W={s['schedule']['waves']} (makespan by W: {cands})")
+    if note:
+        out.print(note)
+
+
+def schedule_of(cfg: DictConfig) -> Any:
+    """The configured schedule plugin object."""
+    ref = ScheduleRef.from_mapping(app.group_params(cfg, "schedule") or None, source=SRC)
+    return Registry.default().create("schedule", ref.name, **ref.kwargs())
 
 
 def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
     """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``."""
-    params = app.group_params(cfg, "schedule")
-    name = str(params.pop("name", "1f1b"))
-    schedule = Registry.default().create("schedule", name, **params)
+    schedule = schedule_of(cfg)
     pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
     P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
     M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")
@@ -92,7 +89,7 @@ def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
     from hexicore.pipeline.simulate import simulate
 
     res = simulate(al, spec.timing(al), record=True, comm=True)
-    return al, res, summary(al, res, tf, tb, tc)
+    return al, res, summary(al, res, tf, tb, tc, schedule.closed_bubble(spec, al.schedule))
 
 
 def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
@@ -108,7 +105,7 @@ def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
 def run(cfg: DictConfig) -> int:
     al, res, s = build(cfg)
     out = write(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), al, res, s)
-    print_summary(s)
+    print_summary(s, schedule_of(cfg).note(al.schedule))
     print(f"wrote actions.json, summary.json, trace.json, timeline.png to {out}")
     sched = s["schedule"]
     record({"command": "simulate", "schedule": sched.get("name"), "P": s["ranks"], "M": s["micro_batches"],

@@ -73,22 +73,26 @@ def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
 SHARED_SCHEDULE_KEYS = ("waves", "chunks")
 
 
-def group_params(cfg: DictConfig, group: str) -> dict[str, Any]:
-    """A config group's section as a dict. For ``schedule``, the shared sweep keys are dropped
-    where they are null or where the named schedule takes no such parameter."""
+def group_params(cfg: DictConfig, group: str, registry: Registry | None = None) -> dict[str, Any]:
+    """A config group's section as a dict. For ``schedule`` (which needs the ``registry``), the
+    shared sweep keys are dropped where they are null or where the named schedule takes no
+    such parameter."""
     node = _plain(cfg.get(group)) or {}
     params = dict(schema.as_mapping(node, _choice(cfg, group), group))
     if group == "schedule":
-        params = _schedule_params(params)
+        if registry is None:
+            raise TypeError("group_params(cfg, 'schedule', registry): the schedule's parameters depend on the "
+                            "registry's schedule plugin")
+        params = _schedule_params(params, registry)
     return params
 
 
-def _schedule_params(params: dict[str, Any]) -> dict[str, Any]:
+def _schedule_params(params: dict[str, Any], registry: Registry) -> dict[str, Any]:
     import inspect
 
     accepted: set[str] | None = None
     try:
-        factory = Registry.default().spec("schedule", str(params.get("name")))
+        factory = registry.spec("schedule", str(params.get("name")))
         sig = inspect.signature(factory.factory)
         if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
             accepted = set(sig.parameters)
@@ -110,7 +114,7 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     train = train_config(cfg, model)
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
-    schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
+    schedule = group_params(cfg, "schedule", registry) or {"name": "1f1b"}
     return Problem(cluster, model, train, schedule_cost(build_cost_model(cfg, registry), schedule, registry),
                    schedule, registry, warm_start)
 
@@ -151,12 +155,14 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     return plan.with_estimate(est.to_dict()).with_solver(info), warnings
 
 
-def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
+def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
+             registry: Registry) -> tuple[Plan, Estimate, list[str]]:
     """Validate a plan from any source and attach a fresh estimate (pipelines under schedules
-    other than 1F1B priced by their schedules, as the planner did: :func:`schedule_cost`)."""
+    other than 1F1B priced by their schedules from ``registry``, as the planner did:
+    :func:`schedule_cost`)."""
     if {str(p.schedule.get("name", "1f1b")) for p in plan.pipelines} - {"1f1b"} and \
             getattr(cost, "pipeline_timer", False) is None:
-        cost = schedule_cost(cost, {"name": "per pipeline"}, Registry.default())
+        cost = schedule_cost(cost, {"name": "per pipeline"}, registry)
     est, warnings = validate_plan(plan, cost, source)
     return plan.with_estimate(est.to_dict()), est, warnings
 
@@ -171,10 +177,12 @@ def output_dir(cfg: DictConfig) -> Path:
         return Path.cwd()
 
 
-def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
-    """Compose the project config like the CLI does (Hydra compose API)."""
+def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
+                          registry: Registry | None = None) -> DictConfig:
+    """Compose the project config like the CLI does (Hydra compose API), with the structured
+    configs of ``registry``'s plugins (default: every installed plugin, :meth:`Registry.default`)."""
     from hydra import compose, initialize_config_module
 
-    Registry.default().store_configs()
+    (registry if registry is not None else Registry.default()).store_configs()
     with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))

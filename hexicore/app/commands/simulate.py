@@ -77,9 +77,10 @@ def print_summary(s: dict[str, Any]) -> None:
 
 def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
     """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``."""
-    params = app.group_params(cfg, "schedule")
+    registry = Registry.default()
+    params = app.group_params(cfg, "schedule", registry)
     name = str(params.pop("name", "1f1b"))
-    schedule = Registry.default().create("schedule", name, **params)
+    schedule = registry.create("schedule", name, **params)
     pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
     P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
     M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")

@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from hexicore.registry import Registry
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 RESULTS = HERE.parent / "docs" / "results.md"
@@ -51,7 +53,7 @@ def _layout(args, plan, world):
         for tp, n in stages:
             groups.append(StageGroup(tuple(range(rank, rank + tp)), n))
             rank += tp
-        pipes.append((batch, groups, schedule_actions({"name": sched}, len(groups), batch // args.micro_batch)))
+        pipes.append((batch, groups, schedule_actions({"name": sched}, len(groups), batch // args.micro_batch, Registry.default())))
     gb = sum(b for b, _, _ in plan)
     return build_layout(_model(args), pipes, global_batch=gb, micro_batch=args.micro_batch, seq_len=args.seq,
                         world=world)

@@ -18,6 +18,8 @@ import time
 import uuid
 from pathlib import Path
 
+from hexicore.registry import Registry
+
 OUT = Path(__file__).resolve().parent / "out"
 
 
@@ -30,14 +32,14 @@ def _model(args):
 
 def _ours(args, schedule, rank, world, device):
     from hexicore_plugins.runtimes.torch.layout import build_layout, single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.trainer import RunSpec, train
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec, train
 
     gb = args.micro_batches * args.micro_batch
-    lay = single_pipeline_layout(_model(args), {"name": schedule}, world, global_batch=gb,
+    lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
                                  micro_batch=args.micro_batch, seq_len=args.seq)
     lay = build_layout(lay.model, [(gb, list(lay.pipelines[0].groups), lay.pipelines[0].actions)], global_batch=gb,
                        micro_batch=args.micro_batch, seq_len=args.seq, world=world)
-    out = train(RunSpec(layout=lay, steps=args.steps, progress=False), rank, world, device)
+    out = train(WorkerSpec(layout=lay, steps=args.steps, progress=False), rank, world, device)
     return out["metrics"]["step_s"] if out else None
 
 
@@ -52,8 +54,8 @@ def _torch(args, schedule, rank, world, device):
     from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
 
     model, gb = _model(args), args.micro_batches * args.micro_batch
-    lay = single_pipeline_layout(model, {"name": "gpipe"}, world, global_batch=gb, micro_batch=args.micro_batch,
-                                 seq_len=args.seq)
+    lay = single_pipeline_layout(model, {"name": "gpipe"}, world, registry=Registry.default(), global_batch=gb,
+                                 micro_batch=args.micro_batch, seq_len=args.seq)
     chunk = build_stages(model, lay.pipelines[0], rank, TPGroup(), full=seeded(0), recompute=False,
                          device=device)[rank].module
 
@@ -130,7 +132,7 @@ def _predicted(args, schedule, rank, world, device):
     from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
 
     gb = args.micro_batches * args.micro_batch
-    lay = single_pipeline_layout(_model(args), {"name": schedule}, world, global_batch=gb,
+    lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
                                  micro_batch=args.micro_batch, seq_len=args.seq)
     part, g = lay.pipelines[0], build_groups(lay, rank, world)
     stages = build_stages(lay.model, part, rank, g.tp, full=seeded(0), recompute=False, device=device)

@@ -106,4 +106,21 @@ class HexicoreSpecs:
 
     @hookspec
     def hexicore_runtimes(self) -> Iterable[PluginSpec]:
-        """Runtimes: ``run(plan, model, data, *, steps, ...) -> RunReport``."""
+        """Runtimes: ``factory()`` (no parameters) builds an object with
+
+        * ``run(spec, *, registry) -> Mapping | None``: check and execute one training run.
+          ``spec`` is a :class:`hexicore.core.run_spec.RunSpec` built by the app layer: the
+          layout (a plan already checked by the cost model, one pipeline of equal stages, or the
+          single-process reference), the model and cluster, one schedule section per pipeline,
+          the train settings, and the runtime's own config section (``spec.runtime.params``,
+          which the runtime validates). ``registry`` is the caller's
+          :class:`hexicore.registry.Registry`: the runtime builds schedules from it (never from
+          a registry of its own), so plugins registered only by the caller work. Returns the
+          metrics (``metrics.json``'s content) on the process that reports them, else None.
+          Bad input raises :class:`~hexicore.core.errors.HexicoreError` before anything starts;
+          a run that started and failed raises :class:`~hexicore.core.errors.RunError`.
+        * optionally ``check_plan(spec, *, registry)``: raise ``HexicoreError`` if the layout
+          cannot run (structure only, no framework or devices needed); ``hexicore evaluate``
+          reports it as a warning.
+
+        A runtime never imports :mod:`hexicore.app` or reads the Hydra config."""

@@ -1,7 +1,6 @@
 """Library API (docs/cli.md) and Hydra multirun summaries."""
 
 import csv
-import csv
 import json
 import subprocess
 import sys

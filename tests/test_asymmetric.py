@@ -1,4 +1,4 @@
-"""Asymmetric execution (issue 7): any HexiScale plan — pipelines with different stage counts,
+"""Asymmetric execution: any HexiScale plan — pipelines with different stage counts,
 layer cuts, TP degrees, batch shares and schedules — trains exactly like ``parallel=none``.
 
 Fast tests check the chunked data-parallel sync plan (chunks of the smallest shard size, each
@@ -19,6 +19,7 @@ import pytest
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan
+from hexicore.registry import Registry
 from tests.conftest import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -66,7 +67,8 @@ PLANS = {
 def layout_of(pipelines, **kw):
     from hexicore_plugins.runtimes.torch.layout import plan_layout
 
-    return plan_layout(plan_of(pipelines, **kw), {"name": "1f1b"}, seq_len=SEQ)
+    plan = plan_of(pipelines, **kw)
+    return plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
 
 
 # ------------------------------------------------------------------ sync plan (no processes)
@@ -104,7 +106,8 @@ def test_every_parameter_chunk_is_covered_once_per_pipeline():
     pipes = [(4, [StageGroup((0, 1, 2, 3), 1), StageGroup((4,), 3)]), (2, [StageGroup((5, 6), 2),
                                                                             StageGroup((7,), 2)]),
              (2, [StageGroup((8,), 4)])]
-    layout = build_layout(big, [(b, g, schedule_actions({"name": "1f1b"}, len(g), b)) for b, g in pipes],
+    reg = Registry.default()
+    layout = build_layout(big, [(b, g, schedule_actions({"name": "1f1b"}, len(g), b, reg)) for b, g in pipes],
                           global_batch=8, micro_batch=1, seq_len=16)
     shapes = full_shapes(big)
     plan = sync_plan(layout, shapes)
@@ -165,13 +168,13 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     torch = pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import RunSpec
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=6)
     layouts = [dataclasses.replace(layout_of(p), world=6) for p in PLANS.values()]  # one 6-rank job
-    specs = [RunSpec(layout=x, steps=3, seed=5, progress=False, return_state=True) for x in [ref, *layouts]]
+    specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True) for x in [ref, *layouts]]
     results = launch(specs, 6)
     report = []
     for name, got in zip(PLANS, results[1:]):

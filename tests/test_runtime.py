@@ -12,6 +12,7 @@ import pytest
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.core.errors import HexicoreError
+from hexicore.registry import Registry
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, chunk_layers, reference_layout,
                                                     single_pipeline_layout)
@@ -39,12 +40,14 @@ def test_chunk_layers_walk_each_chain():
 
 
 def test_runtime_refuses_impossible_layouts(tiny):
+    reg = Registry.default()
     with pytest.raises(HexicoreError, match="more stages than layers"):
-        single_pipeline_layout(tiny, {"name": "1f1b"}, 9, global_batch=4, micro_batch=1, seq_len=32)
+        single_pipeline_layout(tiny, {"name": "1f1b"}, 9, registry=reg, global_batch=4, micro_batch=1, seq_len=32)
     with pytest.raises(HexicoreError, match="more stages than layers"):
-        single_pipeline_layout(tiny, {"name": "hanayo", "waves": 2}, 3, global_batch=6, micro_batch=1, seq_len=32)
+        single_pipeline_layout(tiny, {"name": "hanayo", "waves": 2}, 3, registry=reg, global_batch=6, micro_batch=1,
+                               seq_len=32)
     with pytest.raises(HexicoreError, match="does not divide the model's heads"):
-        single_pipeline_layout(tiny, {"name": "1f1b"}, 2, global_batch=4, micro_batch=1, seq_len=32, tp=3)
+        single_pipeline_layout(tiny, {"name": "1f1b"}, 2, registry=reg, global_batch=4, micro_batch=1, seq_len=32, tp=3)
     with pytest.raises(HexicoreError, match="exceeds the model"):
         reference_layout(tiny, global_batch=4, micro_batch=1, seq_len=64)
 
@@ -96,7 +99,8 @@ def test_plan_layout_maps_devices_to_ranks(tmp_path):
     from hexicore.core.plan import Plan
     from hexicore_plugins.runtimes.torch.layout import plan_layout
 
-    layout = plan_layout(Plan.load(_plan_json(tmp_path, 2)), {"name": "gpipe"}, seq_len=32)
+    layout = plan_layout(Plan.load(_plan_json(tmp_path, 2)), [{"name": "gpipe"}], registry=Registry.default(),
+                         seq_len=32)
     assert layout.world == 3
     assert [g.ranks for g in layout.pipelines[0].groups] == [(0, 1), (2,)]
     assert layout.role(1).tp_rank == 1 and layout.role(2).pipe_rank == 1
@@ -104,7 +108,7 @@ def test_plan_layout_maps_devices_to_ranks(tmp_path):
 
 def test_registry_and_plugin_import_do_not_import_torch():
     code = ("import sys; from hexicore.registry import Registry; r = Registry.default(); "
-            "assert 'torch' in r.names('runtime'); r.create('runtime', 'torch', timeout_s=5); "
+            "assert 'torch' in r.names('runtime'); r.create('runtime', 'torch'); "
             "import hexicore_plugins.runtimes.torch.layout; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -154,9 +158,9 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
 # ------------------------------------------------- executor on one process
 def _run(layout, steps=3, **kw):
     from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.trainer import RunSpec
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
 
-    return launch([RunSpec(layout=layout, steps=steps, seed=5, progress=False, return_state=True, **kw)], 1)[0]
+    return launch([WorkerSpec(layout=layout, steps=steps, seed=5, progress=False, return_state=True, **kw)], 1)[0]
 
 
 def test_executor_local_handover_and_split_backward_match_reference(tiny):

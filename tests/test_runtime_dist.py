@@ -22,7 +22,8 @@ from hexicore.core.model import ModelSpec  # noqa: E402
 from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: E402
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)
-from hexicore_plugins.runtimes.torch.trainer import RunSpec  # noqa: E402
+from hexicore_plugins.runtimes.torch.trainer import WorkerSpec  # noqa: E402
+from hexicore.registry import Registry  # noqa: E402
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -36,12 +37,12 @@ def tiny() -> ModelSpec:
     return ModelSpec.load(CONF / "model" / "tiny.yaml")
 
 
-def spec(layout, steps=3, **kw) -> RunSpec:
-    return RunSpec(layout=layout, steps=steps, seed=11, progress=False, return_state=True, **kw)
+def spec(layout, steps=3, **kw) -> WorkerSpec:
+    return WorkerSpec(layout=layout, steps=steps, seed=11, progress=False, return_state=True, **kw)
 
 
 def pipeline(schedule: dict, groups: list[StageGroup], batch: int = GB, micro_batch: int = 1):
-    return batch, groups, schedule_actions(schedule, len(groups), batch // micro_batch)
+    return batch, groups, schedule_actions(schedule, len(groups), batch // micro_batch, Registry.default())
 
 
 def equal_stages(ranks: int, tp: int = 1) -> list[StageGroup]:
@@ -135,8 +136,8 @@ TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.globa
 
 def test_cli_under_torchrun_then_parallel_none_resumes_its_checkpoint(tmp_path, capsys):
     """The ``hexicore train`` entry point run by torchrun (as on several machines: each rank is a
-    worker, no second launch) writes the §7 outputs and a checkpoint; the single-process reference
-    resumed from that checkpoint ends where the pipeline ended. (``hexicore train`` launching its
+    worker, no second launch) writes metrics.json, final.pt and a checkpoint; the single-process
+    reference resumed from that checkpoint ends where the pipeline ended. (``hexicore train`` launching its
     own workers through ``elastic_launch`` is the path of every other test here.)"""
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     script = Path(sys.executable).with_name("hexicore")
@@ -164,7 +165,7 @@ def test_dead_or_hung_rank_stops_every_rank_within_the_timeout(kind):
                           seq_len=SEQ)
     t0 = time.perf_counter()
     with pytest.raises(LaunchError) as err:
-        launch([RunSpec(layout=layout, steps=3, progress=False, timeout_s=2,
+        launch([WorkerSpec(layout=layout, steps=3, progress=False, timeout_s=2,
                         fault={"rank": 1, "step": 1, "kind": kind})], 2)
     elapsed = time.perf_counter() - t0
     assert elapsed < 2 + 20, elapsed

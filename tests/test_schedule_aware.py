@@ -106,7 +106,7 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     assert est.iteration_s == pytest.approx(data["estimate"]["iteration_s"])
     from hexicore.app.compose import evaluate  # `hexicore evaluate` prices each pipeline by its schedule too
 
-    again = evaluate(Plan.from_dict(data), AnalyticCostModel())[1]
+    again = evaluate(Plan.from_dict(data), AnalyticCostModel(), registry=Registry.default())[1]
     assert again.iteration_s == pytest.approx(data["estimate"]["iteration_s"])
 
 

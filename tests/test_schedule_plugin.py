@@ -155,7 +155,7 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import RunSpec
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
 
     reg = registry()
     cluster = tmp_path / "small3.yaml"
@@ -171,15 +171,11 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     assert [p.schedule for p in plan.pipelines] == [ScheduleRef(NAME, {"group": 2})]
     assert len(plan.pipelines[0].stages) > 1
 
-    def actions_for(schedule, ranks, micro_batches, source=None):  # the runtime's schedule lookup, from `reg`
-        ref = ScheduleRef.from_mapping(schedule)
-        return reg.create("schedule", ref.name, **ref.kwargs()).actions(ScheduleSpec(ranks, micro_batches))
-
-    layout = plan_layout(plan, ScheduleRef.default(), seq_len=32, actions_for=actions_for)
+    layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=reg, seq_len=32)
     m = plan.model
     ref = build_layout(m, [(6, [StageGroup((0,), m.layers)], reference_actions(6))], global_batch=6,
                        micro_batch=1, seq_len=32, world=layout.world)
-    specs = [RunSpec(layout=x, steps=3, seed=7, progress=False, return_state=True) for x in (ref, layout)]
+    specs = [WorkerSpec(layout=x, steps=3, seed=7, progress=False, return_state=True) for x in (ref, layout)]
     want, got = launch(specs, layout.world)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got["metrics"]["losses"], want["metrics"]["losses"]))
     weights = max((got["state"][k] - v).abs().max().item() for k, v in want["state"].items())

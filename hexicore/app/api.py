@@ -95,4 +95,5 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
 
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
     cfg = compose(list(overrides))
-    return _evaluate(p, build_cost_model(cfg, Registry.default()))[0]
+    registry = Registry.default()
+    return _evaluate(p, build_cost_model(cfg, registry), registry=registry)[0]

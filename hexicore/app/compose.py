@@ -80,22 +80,26 @@ def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
 SHARED_SCHEDULE_KEYS = ("waves", "chunks")
 
 
-def group_params(cfg: DictConfig, group: str) -> dict[str, Any]:
-    """A config group's section as a dict. For ``schedule``, the shared sweep keys are dropped
-    where they are null or where the named schedule takes no such parameter."""
+def group_params(cfg: DictConfig, group: str, registry: Registry | None = None) -> dict[str, Any]:
+    """A config group's section as a dict. For ``schedule`` (which needs the ``registry``), the
+    shared sweep keys are dropped where they are null or where the named schedule takes no
+    such parameter."""
     node = _plain(cfg.get(group)) or {}
     params = dict(schema.as_mapping(node, _choice(cfg, group), group))
     if group == "schedule":
-        params = _schedule_params(params)
+        if registry is None:
+            raise TypeError("group_params(cfg, 'schedule', registry): the schedule's parameters depend on the "
+                            "registry's schedule plugin")
+        params = _schedule_params(params, registry)
     return params
 
 
-def _schedule_params(params: dict[str, Any]) -> dict[str, Any]:
+def _schedule_params(params: dict[str, Any], registry: Registry) -> dict[str, Any]:
     import inspect
 
     accepted: set[str] | None = None
     try:
-        factory = Registry.default().spec("schedule", str(params.get("name")))
+        factory = registry.spec("schedule", str(params.get("name")))
         sig = inspect.signature(factory.factory)
         if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
             accepted = set(sig.parameters)
@@ -117,7 +121,8 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     train = train_config(cfg, model)
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
-    schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule") or None, source=_choice(cfg, "schedule"))
+    schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule", registry) or None,
+                                        source=_choice(cfg, "schedule"))
     cost, book = schedule_pricing(build_cost_model(cfg, registry), schedule, registry)
     return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book)
 
@@ -147,12 +152,13 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     return plan.with_estimate(est).with_solver(info), warnings
 
 
-def evaluate(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Plan, Estimate, list[str]]:
+def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
+             registry: Registry) -> tuple[Plan, Estimate, list[str]]:
     """Validate a plan from any source and attach a fresh estimate (pipelines whose schedule
-    is not timed by the cost model's own formula priced by their schedules, as the planner
-    did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
+    is not timed by the cost model's own formula priced by their schedules from ``registry``, as
+    the planner did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
     if getattr(cost, "pipeline_timer", False) is None:
-        book = ScheduleBook(Registry.default())
+        book = ScheduleBook(registry)
         try:
             if not all(book.native(p.schedule) for p in plan.pipelines):
                 cost = timed_cost(cost, book)
@@ -172,13 +178,15 @@ def output_dir(cfg: DictConfig) -> Path:
         return Path.cwd()
 
 
-def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
-    """Compose the project config like the CLI does (Hydra compose API)."""
+def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
+                          registry: Registry | None = None) -> DictConfig:
+    """Compose the project config like the CLI does (Hydra compose API), with the structured
+    configs of ``registry``'s plugins (default: every installed plugin, :meth:`Registry.default`)."""
     from hydra import compose, initialize_config_module
 
     from hexicore.app.config_schema import store_schema
 
     store_schema()
-    Registry.default().store_configs()
+    (registry if registry is not None else Registry.default()).store_configs()
     with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))

@@ -1,6 +1,7 @@
 """The data of hexicore: clusters (:mod:`~hexicore.core.cluster`), model specs
 (:mod:`~hexicore.core.model`), plans and their JSON (:mod:`~hexicore.core.plan`), estimates
-(:mod:`~hexicore.core.estimate`), schedule references (:mod:`~hexicore.core.schedule_ref`), file
+(:mod:`~hexicore.core.estimate`), schedule references (:mod:`~hexicore.core.schedule_ref`), the
+run a runtime receives (:mod:`~hexicore.core.run_spec`), file
 readers and writers (:mod:`~hexicore.core.schema`) and errors (:mod:`~hexicore.core.errors`).
 
 Frozen dataclasses and pure parsing only: no search, no pricing, no I/O beyond reading and

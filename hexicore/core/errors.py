@@ -35,3 +35,8 @@ class PlanError(HexicoreError):
 
 class ScheduleError(HexicoreError):
     """An action list that is malformed, out of order or deadlocks (DESIGN.md §6)."""
+
+
+class RunError(HexicoreError):
+    """A run that started and then failed (a worker raised, died or hung): the CLI prints the
+    one line and exits 1, not 2, because the input was accepted."""

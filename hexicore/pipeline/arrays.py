@@ -15,10 +15,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from hexicore.pipeline.actions import OPS, Action
+from hexicore.pipeline.actions import OPS, Action, Op, from_columns
 
-CODE = {op: i for i, op in enumerate(OPS)}
-F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE, STEP = (CODE[o] for o in OPS)
+#: Array code of every op: its position in :class:`~hexicore.pipeline.actions.Op` (definition
+#: order); keyed by the members, so their strings (``CODE["F"]``) look up the same codes.
+CODE: dict[Op, int] = {op: i for i, op in enumerate(OPS)}
+F, B, I, W = CODE[Op.F], CODE[Op.B], CODE[Op.I], CODE[Op.W]
+SEND_F, RECV_F, SEND_B, RECV_B = CODE[Op.SEND_F], CODE[Op.RECV_F], CODE[Op.SEND_B], CODE[Op.RECV_B]
+REDUCE, STEP = CODE[Op.REDUCE], CODE[Op.STEP]
+assert (SEND_F, RECV_F, SEND_B, RECV_B) == tuple(range(SEND_F, SEND_F + 4)), "is_comm needs contiguous comm codes"
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +66,7 @@ class ActionArrays:
     def to_lists(self) -> tuple[tuple[Action, ...], ...]:
         ops = [OPS[c] for c in self.op.tolist()]
         fields = [[None if v < 0 else v for v in arr.tolist()] for arr in (self.stage, self.mb, self.peer)]
-        acts = list(map(Action, ops, *fields))
+        acts = from_columns(ops, *fields)
         o = self.offsets.tolist()
         return tuple(tuple(acts[o[r]:o[r + 1]]) for r in range(self.ranks))
 

@@ -1,4 +1,4 @@
-"""Baseline solvers for side-by-side tables (HexiScale §5, REFERENCE.md §5, notes/planners.md):
+"""Baseline solvers for side-by-side tables (the baselines of the HexiScale paper, §5):
 
 * ``metis_like`` — Metis (ATC'24): one model layout, stages of uniform (dp, tp) groups laid over
   the devices in device-type order (every order of the types is tried), layers proportional to
@@ -25,7 +25,7 @@ from hexicore.planner.layers import layer_ranges
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
-from hexicore_plugins.solvers.megatron import factorisations, legal, symmetric_plan
+from hexicore.planner.symmetric import factorisations, legal, symmetric_plan
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 

@@ -1,69 +1,25 @@
-"""Solver ``megatron``: the symmetric DP x TP x PP baseline (REFERENCE.md §4).
+"""Solver ``megatron``: the symmetric DP x TP x PP baseline (HexiScale §5 baselines).
 
 What a Megatron-LM user would run: every (DP, TP, PP) with DP*TP*PP = devices, TP dividing the
 attention and KV heads, PP <= layers, the global batch split equally over DP in whole
 micro-batches; ranks laid out in Megatron's order (TP innermost, then DP, then PP) over the
 cluster's device order; equal layers per stage (the first ``L mod PP`` stages take one more);
-the best of them by the cost model, among those that fit in memory.
+the best of them by the cost model, among those that fit in memory. The layouts themselves
+are built by :mod:`hexicore.planner.symmetric` (shared with ``plugins/solvers/baselines.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.symmetric import even_layers, factorisations, legal, symmetric_plan
 
-
-def even_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
-    """Near-equal contiguous ranges: the first ``n_layers % n_stages`` stages get one more."""
-    base, extra = divmod(n_layers, n_stages)
-    out, lo = [], 0
-    for j in range(n_stages):
-        hi = lo + base + (1 if j < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
-def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
-    """Every (dp, tp, pp) with dp * tp * pp == n."""
-    for dp in range(1, n + 1):
-        if n % dp:
-            continue
-        rest = n // dp
-        for tp in range(1, rest + 1):
-            if rest % tp == 0:
-                yield dp, tp, rest // tp
-
-
-def symmetric_plan(problem: Problem, dp: int, tp: int, pp: int, devices: list[str] | None = None) -> Plan:
-    """The Megatron layout of (dp, tp, pp) over ``devices`` (default: the cluster's order).
-
-    Global rank r has tp index r % tp, dp index (r // tp) % dp, pp index r // (tp * dp).
-    """
-    devices = list(devices if devices is not None else (d.id for d in problem.cluster.devices))
-    train, model = problem.train, problem.model
-    ranges = even_layers(model.layers, pp)
-    pipelines = []
-    for i in range(dp):
-        stages = []
-        for j in range(pp):
-            base = j * tp * dp + i * tp
-            stages.append(Stage(tuple(devices[base:base + tp]), tp, ranges[j]))
-        pipelines.append(Pipeline(train.global_batch // dp, tuple(stages), dict(problem.schedule)))
-    return Plan(model, problem.cluster, train, tuple(pipelines))
-
-
-def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
-    """Megatron's constraints: TP divides the heads and KV heads, PP <= layers, and the global
-    batch divides into DP equal shares of whole micro-batches."""
-    m, t = problem.model, problem.train
-    return (m.heads % tp == 0 and m.kv_heads % tp == 0 and pp <= m.layers
-            and t.global_batch % (dp * t.micro_batch) == 0)
+__all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""``hexicore evaluate plan_file=PATH [out=PATH]``: validate a plan from any source and
-re-estimate it with the configured cost model."""
+"""``hexicore evaluate plan_file=PATH [out=PATH]``: validate a plan from any source,
+re-estimate it with the configured cost model, and say whether the configured runtime
+would refuse it (``hexicore train`` then exits 2 with the same line)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ import sys
 from omegaconf import DictConfig
 
 from hexicore.app import compose as app
+from hexicore.app.report import console, print_plan
+from hexicore.app.training import create_runtime, plan_run_spec, runtime_settings
+from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.registry import Registry
-from hexicore.app.report import console, print_plan
 
 
 def run(cfg: DictConfig) -> int:
     if not cfg.get("plan_file"):
         raise HexicoreError("evaluate needs plan_file=PATH", source="command line", field="plan_file")
+    registry = Registry.default()
     path = str(cfg.plan_file)
     plan = Plan.load(path)
-    cost = app.build_cost_model(cfg, Registry.default())
-    plan, _, warnings = app.evaluate(plan, cost, source=path)
-    warnings += _runtime_refusal(cfg, plan, path)
+    cost = app.build_cost_model(cfg, registry)
+    plan, est, warnings = app.evaluate(plan, cost, source=path, registry=registry)
+    warnings += _runtime_refusal(cfg, plan, est, path, registry)
     print_plan(plan, console())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -31,18 +35,20 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def _runtime_refusal(cfg: DictConfig, plan: Plan, path: str) -> list[str]:
-    """What the configured runtime would refuse (``hexicore train`` exits 2 on the same line)."""
-    params = app.group_params(cfg, "runtime")
-    name = str(params.pop("name", "torch"))
+def _runtime_refusal(cfg: DictConfig, plan: Plan, est, path: str, registry: Registry) -> list[str]:
+    """What the configured runtime's ``check_plan`` refuses (structure only: no framework, no
+    devices needed); nothing when the runtime or the train settings cannot even be built."""
     try:
-        runtime = Registry.default().create("runtime", name, **params)
+        settings = runtime_settings(cfg)
+        spec = plan_run_spec(cfg, plan, app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict(), settings,
+                             source=path, estimate=est)
+        runtime = create_runtime(spec, registry)
     except HexicoreError:
         return []
     check = getattr(runtime, "check_plan", None)
     try:
         if check is not None:
-            check(plan, path)
+            check(spec, registry=registry)
     except HexicoreError as exc:
-        return [f"runtime {name} cannot run this plan: {exc}"]
+        return [f"runtime {settings.name} cannot run this plan: {exc}"]
     return []

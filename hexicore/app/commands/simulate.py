@@ -68,15 +68,16 @@ def print_summary(s: dict[str, Any], note: str | None = None) -> None:
         out.print(note)
 
 
-def schedule_of(cfg: DictConfig) -> Any:
+def schedule_of(cfg: DictConfig, registry: Registry) -> Any:
     """The configured schedule plugin object."""
-    ref = ScheduleRef.from_mapping(app.group_params(cfg, "schedule") or None, source=SRC)
-    return Registry.default().create("schedule", ref.name, **ref.kwargs())
+    ref = ScheduleRef.from_mapping(app.group_params(cfg, "schedule", registry) or None, source=SRC)
+    return registry.create("schedule", ref.name, **ref.kwargs())
 
 
-def build(cfg: DictConfig) -> tuple[ActionList, SimResult, dict[str, Any]]:
-    """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``."""
-    schedule = schedule_of(cfg)
+def build(cfg: DictConfig, registry: Registry | None = None) -> tuple[ActionList, SimResult, dict[str, Any]]:
+    """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``
+    (schedules from ``registry``; the command builds the default one)."""
+    schedule = schedule_of(cfg, registry if registry is not None else Registry.default())
     pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
     P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
     M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")
@@ -105,7 +106,7 @@ def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
 def run(cfg: DictConfig) -> int:
     al, res, s = build(cfg)
     out = write(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), al, res, s)
-    print_summary(s, schedule_of(cfg).note(al.schedule))
+    print_summary(s, schedule_of(cfg, Registry.default()).note(al.schedule))
     print(f"wrote actions.json, summary.json, trace.json, timeline.png to {out}")
     sched = s["schedule"]
     record({"command": "simulate", "schedule": sched.get("name"), "P": s["ranks"], "M": s["micro_batches"],

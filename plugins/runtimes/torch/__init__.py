@@ -5,7 +5,7 @@ column/row parallel), :mod:`.layout` (ranks, pipelines, chunk layer ranges; no t
 :mod:`.groups` (process groups), :mod:`.stage` (build + seeded init of a rank's chunks),
 :mod:`.executor` (the action-list interpreter), :mod:`.data`, :mod:`.checkpoint`,
 :mod:`.trainer` (one rank's loop), :mod:`.launch` (elastic launch / torchrun), :mod:`.runtime`
-(config -> checked run). This module imports no torch, so registering the plugin is cheap.
+(:class:`~hexicore.core.run_spec.RunSpec` -> checked, launched run). This module imports no torch, so registering the plugin is cheap.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from __future__ import annotations
 from hexicore.hookspecs import PluginSpec, hookimpl
 
 
-def _factory(**params):
+def _factory():
+    """The runtime takes no parameters: its config section arrives in each run's
+    :class:`~hexicore.core.run_spec.RunSpec` (``spec.runtime``)."""
     from .runtime import TorchRuntime
 
-    return TorchRuntime(**params)
+    return TorchRuntime()
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Consolidated checkpoints: the full model under standard names, plus AdamW state (issue 6 item 5).
+"""Consolidated checkpoints: the full model under standard names, plus AdamW state.
 
 Every rank contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are
 identical — and replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along

@@ -1,4 +1,4 @@
-"""Training data: a seeded synthetic token stream and a byte-level text file (issue 6 item 4).
+"""Training data: a seeded synthetic token stream and a byte-level text file.
 
 A source returns the *global* batch of a step, ``[global_batch, seq_len + 1]`` token ids (inputs
 are ``[:, :-1]``, labels ``[:, 1:]``), as a pure function of ``(seed, step)``. Every rank and the

@@ -1,6 +1,6 @@
 """Asymmetric data-parallel gradient sync: chunked all-reduce among exactly the holders of a chunk.
 
-HexiScale §3.2 (REFERENCE.md §1): pipelines of one plan may cut the model differently and shard
+HexiScale §3.2 (asymmetric plans): pipelines of one plan may cut the model differently and shard
 a layer with different TP degrees, so "the same shard in every pipeline" does not exist. Instead,
 for every parameter (grouped by its standard name — the layer, not the stage, decides who holds
 it) this module cuts the full tensor along its TP shard dimension at *every* shard boundary any

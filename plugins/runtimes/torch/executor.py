@@ -1,7 +1,9 @@
-"""Executes one rank's action list (DESIGN.md §6) for one training step.
+"""Executes one rank's action list (:mod:`hexicore.pipeline.actions`) for one training step.
 
-The runtime only follows instructions, so any schedule runs on it (Hanayo §runtime, REFERENCE.md
-§6): ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``/``W`` split the
+The runtime only follows instructions, so any schedule runs on it (the Hanayo paper's runtime):
+each action's kind (:class:`~hexicore.pipeline.actions.Op`) selects its handler in
+:data:`HANDLERS`, a table from kind to method as in ``torch.distributed.pipelining``'s schedule
+runtime. ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``/``W`` split the
 backward into input-gradient and weight-gradient passes (zero-bubble family), ``SEND_*``/``RECV_*``
 move activations and their gradients between ranks, ``REDUCE`` sums the gradients of a stage's
 replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.dp_sync`) and steps the optimizer.
@@ -22,18 +24,20 @@ from __future__ import annotations
 import contextlib
 import time
 from datetime import timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
-from hexicore.pipeline.actions import Action
+from hexicore.pipeline.actions import Action, Op
 
 from .groups import Groups
 from .layout import PipelinePart
 from .stage import Stage
 
-KIND = {"SEND_F": 0, "RECV_F": 0, "SEND_B": 1, "RECV_B": 1}
+KIND = {Op.SEND_F: 0, Op.RECV_F: 0, Op.SEND_B: 1, Op.RECV_B: 1}  # message tag kinds: activation, gradient
+SENDS, RECVS = frozenset((Op.SEND_F, Op.SEND_B)), frozenset((Op.RECV_F, Op.RECV_B))
 
 
 class ExecutionError(RuntimeError):
@@ -53,8 +57,8 @@ class Executor:
         self.loss_scale, self.autocast_dtype = loss_scale, autocast_dtype
         self.timeout = timedelta(seconds=timeout_s)
         self.leader = groups.tp.rank == 0
-        self.recv_queue = [i for i, a in enumerate(self.acts) if a.op.startswith("RECV")] if self.leader else []
-        self.explicit_step = any(a.op == "STEP" for a in self.acts)
+        self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
+        self.explicit_step = any(a.op is Op.STEP for a in self.acts)
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:
@@ -105,7 +109,7 @@ class Executor:
         while self.next_post < min(upto, len(self.recv_queue)):
             i = self.recv_queue[self.next_post]
             a = self.acts[i]
-            if any(b.op.startswith("SEND") and b.peer == a.peer for b in self.acts[self.pos + 1:i]):
+            if any(b.op in SENDS and b.peer == a.peer for b in self.acts[self.pos + 1:i]):
                 break
             buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.device)
             self.buffers[i] = buf
@@ -173,18 +177,18 @@ class Executor:
 
     def _backward(self, st: Stage, mb: int, op: str) -> None:
         key = (st.index, mb)
-        if op == "W" and key in self.deferred:
+        if op is Op.W and key in self.deferred:
             out, grad = self.deferred.pop(key)
         else:
             if key not in self.outputs:
                 raise ExecutionError(f"{op}{mb} of stage {st.index} before its forward")
             out, grad = self.outputs.pop(key), self._out_grad(st, mb)
-        if op == "B":
+        if op is Op.B:
             torch.autograd.backward(out, grad)
             x = self.inputs.pop(key)
             if not st.first:
                 self.in_grads[key] = x.grad
-        elif op == "I":
+        elif op is Op.I:
             x = self.inputs.pop(key)
             if not st.first:
                 (self.in_grads[key],) = torch.autograd.grad(out, x, grad, retain_graph=True)
@@ -276,23 +280,44 @@ class Executor:
         return self.loss
 
     def _execute(self, i: int, a: Action) -> None:
-        op = a.op
-        if op == "F":
-            self._forward(self.stages[a.stage], a.mb)
-        elif op in ("B", "I", "W"):
-            self._backward(self.stages[a.stage], a.mb, op)
-        elif op == "RECV_F":
-            self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()
-        elif op == "RECV_B":
-            self.out_grads[(a.stage, a.mb)] = self._receive(i, a)
-        elif op == "SEND_F":
-            nxt = self.al.next_stage(a.stage, a.mb)
-            self._send(i, a, self.outputs[(a.stage, a.mb)], nxt)
-        elif op == "SEND_B":
-            if (a.stage, a.mb) not in self.in_grads:
-                raise ExecutionError("SEND_B before the input gradient was computed (B or I)")
-            self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.al.prev_stage(a.stage, a.mb))
-        elif op == "REDUCE":
-            self._reduce(a.stage)
-        elif op == "STEP":
-            self._step()
+        handler = HANDLERS.get(a.op)
+        if handler is None:
+            raise ExecutionError(f"this runtime has no handler for {a.op.value!r} actions")
+        handler(self, i, a)
+
+    # ------------------------------------------------------------ handlers
+    def _on_forward(self, i: int, a: Action) -> None:
+        self._forward(self.stages[a.stage], a.mb)
+
+    def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
+        self._backward(self.stages[a.stage], a.mb, a.op)
+
+    def _on_recv_f(self, i: int, a: Action) -> None:
+        self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()
+
+    def _on_recv_b(self, i: int, a: Action) -> None:
+        self.out_grads[(a.stage, a.mb)] = self._receive(i, a)
+
+    def _on_send_f(self, i: int, a: Action) -> None:
+        self._send(i, a, self.outputs[(a.stage, a.mb)], self.al.next_stage(a.stage, a.mb))
+
+    def _on_send_b(self, i: int, a: Action) -> None:
+        if (a.stage, a.mb) not in self.in_grads:
+            raise ExecutionError("SEND_B before the input gradient was computed (B or I)")
+        self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.al.prev_stage(a.stage, a.mb))
+
+    def _on_reduce(self, i: int, a: Action) -> None:
+        self._reduce(a.stage)
+
+    def _on_step(self, i: int, a: Action) -> None:
+        self._step()
+
+
+#: Action kind -> handler ``(executor, index in the list, action)``; one entry per
+#: :class:`~hexicore.pipeline.actions.Op`.
+HANDLERS: Mapping[Op, Callable[[Executor, int, Action], None]] = MappingProxyType({
+    Op.F: Executor._on_forward, Op.B: Executor._on_backward, Op.I: Executor._on_backward,
+    Op.W: Executor._on_backward, Op.SEND_F: Executor._on_send_f, Op.RECV_F: Executor._on_recv_f,
+    Op.SEND_B: Executor._on_send_b, Op.RECV_B: Executor._on_recv_b, Op.REDUCE: Executor._on_reduce,
+    Op.STEP: Executor._on_step,
+})

@@ -3,19 +3,20 @@
 ``hexicore train`` on one machine calls :func:`launch`, which starts ``world`` workers through
 ``torch.distributed.launcher.api.elastic_launch`` (the API behind ``torchrun --standalone``:
 c10d rendezvous on localhost, no restarts, the agent stops every worker as soon as one fails).
-Workers receive the resolved :class:`RunSpec` objects; they never compose Hydra configs.
+Workers receive resolved :class:`~.trainer.WorkerSpec` objects whose layouts hold the action lists
+already built by the launching process's registry: a worker reads no config and builds no
+schedule, so a schedule plugin registered only in the launching process (not installed as an
+entry point) runs as well as a built-in one.
 
-Across machines, start the *same* entry point under torchrun on every node, e.g. two nodes with
-four GPUs each (a plan over 8 devices)::
-
-    torchrun --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=HOST0:29500 \\
-        --rdzv_id=job42 $(which hexicore) train plan_file=plan.json out=/shared/run1 \\
-        hydra.run.dir=. hydra.output_subdir=null
+Across machines, start the *same* entry point (``hexicore train``) under torchrun on every
+node; docs/runtime.md ("Several machines: torchrun") gives the command.
 
 Inside torchrun (``TORCHELASTIC_RUN_ID`` and ``RANK`` are set) ``hexicore train`` runs as that
-worker directly; every rank composes the same config from the same command line, and rank 0's
-settings are broadcast so all ranks agree. ``out`` and ``resume`` must be on a filesystem rank 0
-can write (checkpoints are consolidated on rank 0) and every rank can read (resume).
+worker directly; every rank composes the same config from the same command line (and builds
+its registry from the installed entry points, as ``hexicore train`` does), and rank 0's
+:class:`~.trainer.WorkerSpec` is broadcast so all ranks agree. ``out`` and ``resume`` must be
+on a filesystem rank 0 can write (checkpoints are consolidated on rank 0) and every rank can
+read (resume).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, RunError
 
 
 def in_torchrun() -> bool:
@@ -41,7 +42,7 @@ def in_torchrun() -> bool:
 ERROR_DIR = "HEXICORE_ERROR_DIR"
 
 
-class LaunchError(HexicoreError):
+class LaunchError(RunError):
     """A worker failed, died or timed out; the message names the rank and the cause."""
 
 
@@ -83,7 +84,7 @@ def worker_main(specs: list) -> list[Any] | None:
 
 
 def _agree(spec, rank: int, world: int):
-    """Rank 0's spec for everyone (torchrun: each rank composed its own; conventions §2)."""
+    """Rank 0's spec for everyone (torchrun: each rank composed its own)."""
     import torch.distributed as dist
 
     box = [spec if rank == 0 else None]

@@ -1,8 +1,8 @@
 """Who runs what: global ranks, pipelines, TP groups and the layer range of every stage chunk.
 
 Pure Python (no torch), so a plan the runtime cannot run fails with one line *before* any
-process starts (issue 6 item 6). A :class:`Layout` is the runtime's view of a plan
-(DESIGN.md §5): each pipeline is an action list (DESIGN.md §6) whose pipeline rank ``q`` is a
+process starts. A :class:`Layout` is the runtime's view of a plan (docs/formats.md): each
+pipeline is an action list (:mod:`hexicore.pipeline.actions`) whose pipeline rank ``q`` is a
 :class:`StageGroup` — the TP group of global ranks of plan stage ``q``, leader first
 (HexiScale §3.2: activations go leader -> leader, then the leader broadcasts in its TP group).
 
@@ -21,9 +21,9 @@ among whoever holds them (:mod:`.dp_sync`), so no shape has to match across pipe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.actions import Action, ActionList, Op
 from hexicore.core.errors import PlanError
 from hexicore.core.model import ModelSpec
 
@@ -155,7 +155,7 @@ def check_actions(actions: ActionList, source: str | None = None) -> None:
     """Structural checks the executor relies on (ops name stages of their own rank, peers exist)."""
     for r, acts in enumerate(actions.actions):
         for a in acts:
-            if a.op == "STEP":
+            if a.op is Op.STEP:
                 continue
             if a.stage is None or not 0 <= a.stage < actions.stages:
                 raise PlanError(f"rank {r}: action {a} names no valid stage", source=source, field="actions")
@@ -174,10 +174,10 @@ def check_fifo(actions: ActionList, source: str | None = None) -> None:
     got: dict[tuple[int, int], list] = {}
     for r, acts in enumerate(actions.actions):
         for a in acts:
-            if a.op in ("SEND_F", "SEND_B"):
-                to = actions.next_stage(a.stage, a.mb) if a.op == "SEND_F" else actions.prev_stage(a.stage, a.mb)
+            if a.op is Op.SEND_F or a.op is Op.SEND_B:
+                to = actions.next_stage(a.stage, a.mb) if a.op is Op.SEND_F else actions.prev_stage(a.stage, a.mb)
                 sent.setdefault((r, a.peer), []).append((a.op[-1], to, a.mb))
-            elif a.op in ("RECV_F", "RECV_B"):
+            elif a.op is Op.RECV_F or a.op is Op.RECV_B:
                 got.setdefault((a.peer, r), []).append((a.op[-1], a.stage, a.mb))
     for link in sorted(set(sent) | set(got)):
         if sent.get(link, []) != got.get(link, []):
@@ -235,8 +235,8 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
 
 def reference_actions(micro_batches: int) -> ActionList:
     """``parallel=none``: one rank, one stage, all forwards then all backwards, then STEP."""
-    acts = [Action("F", 0, m) for m in range(micro_batches)] + [Action("B", 0, m) for m in range(micro_batches)]
-    return ActionList({"name": "none"}, 1, 1, micro_batches, (0,), (tuple(acts) + (Action("STEP"),),))
+    acts = [Action(Op.F, 0, m) for m in range(micro_batches)] + [Action(Op.B, 0, m) for m in range(micro_batches)]
+    return ActionList({"name": "none"}, 1, 1, micro_batches, (0,), (tuple(acts) + (Action(Op.STEP),),))
 
 
 def reference_layout(model: ModelSpec, *, global_batch: int, micro_batch: int, seq_len: int) -> Layout:
@@ -253,15 +253,18 @@ def _micro_batches(batch: int, micro_batch: int, source: str | None = None) -> i
     return batch // micro_batch
 
 
-def schedule_actions(schedule: dict[str, Any], ranks: int, micro_batches: int, source: str | None = None) -> ActionList:
-    """The named schedule's action lists (with communication) from the registry."""
-    from hexicore.registry import Registry
-
-    params = dict(schedule)
-    name = str(params.pop("name", "1f1b"))
-    sched = Registry.default().create("schedule", name, **params)
+def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int, registry: Any,
+                     source: str | None = None) -> ActionList:
+    """The action lists (with communication) of the schedule section ``schedule``, built by
+    ``registry``'s schedule plugin of that name. They travel to the workers inside the
+    :class:`Layout`, so workers need no registry (a schedule registered only in the launching
+    process runs too)."""
     from hexicore.pipeline.comm import insert_comm
     from hexicore.pipeline.schedule import ScheduleSpec
+
+    params = dict(schedule)
+    name = str(params.pop("name", "?"))
+    sched = registry.create("schedule", name, **params)
 
     actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches))
     if ranks > 1 and not any(a.is_comm for acts in actions.actions for a in acts):
@@ -269,9 +272,11 @@ def schedule_actions(schedule: dict[str, Any], ranks: int, micro_batches: int, s
     return actions
 
 
-def single_pipeline_layout(model: ModelSpec, schedule: dict[str, Any], ranks: int, *, global_batch: int,
-                           micro_batch: int, seq_len: int, tp: int = 1, actions: ActionList | None = None) -> Layout:
-    """One pipeline of ``ranks`` equal stages (``tp`` ranks each) under a schedule (no plan file)."""
+def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks: int, *, registry: Any,
+                           global_batch: int, micro_batch: int, seq_len: int, tp: int = 1,
+                           actions: ActionList | None = None) -> Layout:
+    """One pipeline of ``ranks`` equal stages (``tp`` ranks each) under a schedule (no plan file);
+    its actions are ``actions`` or else built by ``registry`` (:func:`schedule_actions`)."""
     if ranks < 1:
         raise PlanError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
     if ranks > model.layers:
@@ -279,27 +284,30 @@ def single_pipeline_layout(model: ModelSpec, schedule: dict[str, Any], ranks: in
                         "layers)", field="pipeline.ranks")
     check_model(model, tp)
     mbs = _micro_batches(global_batch, micro_batch)
-    actions = actions or schedule_actions(schedule, ranks, mbs)
+    actions = actions or schedule_actions(schedule, ranks, mbs, registry)
     groups = [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n) for q, n in enumerate(split_even(model.layers, ranks))]
     return build_layout(model, [(global_batch, groups, actions)], global_batch=global_batch,
                         micro_batch=micro_batch, seq_len=seq_len)
 
 
-def plan_layout(plan: Any, schedule_default: dict[str, Any], *, seq_len: int, source: str | None = None,
-                actions_for=None) -> Layout:
-    """A :class:`hexicore.core.plan.Plan` -> layout: devices numbered in plan order become global ranks."""
+def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: Any, seq_len: int,
+                source: str | None = None) -> Layout:
+    """A :class:`hexicore.core.plan.Plan` -> layout: devices numbered in plan order become global
+    ranks; pipeline ``i`` runs ``schedules[i]`` (its own section, defaults resolved by the app),
+    built by ``registry``."""
     model, train = plan.model, plan.train
+    if len(schedules) != len(plan.pipelines):
+        raise PlanError(f"{len(schedules)} schedules for {len(plan.pipelines)} pipelines", source=source,
+                        field="pipelines")
     if any(s.n_layers < 1 for p in plan.pipelines for s in p.stages):
         raise PlanError("a stage holds no layers (more stages than layers)", source=source, field="layers")
     rank_of = {d: i for i, d in enumerate(plan.devices)}
     pipes = []
-    for p in plan.pipelines:
+    for p, sched in zip(plan.pipelines, schedules):
         mbs = _micro_batches(p.batch, train.micro_batch, source)
         groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
         for s in p.stages:
             check_model(model, s.tp, source, "stages.tp")
-        sched = dict(p.schedule or schedule_default)
-        actions = (actions_for or schedule_actions)(sched, len(groups), mbs, source)
-        pipes.append((p.batch, groups, actions))
+        pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source)

@@ -1,147 +1,163 @@
-"""The ``torch`` runtime: from a composed config to a launched, checked training run.
+"""The ``torch`` runtime: from a :class:`~hexicore.core.run_spec.RunSpec` to a launched, checked run.
 
-Everything that can be wrong with a run — an unknown schedule, TP not dividing the heads, more
-stages than layers, a missing checkpoint — is found here, in the launching process, before any
-worker starts (one line, exit 2). Only then are the workers launched (:mod:`.launch`).
+The app layer hands over the run (layout, schedules, train settings, this runtime's config
+section; a plan already checked by the cost model) and the registry. Everything this runtime can
+find wrong with it — an unknown schedule, TP not dividing the heads, more stages than layers, a
+missing checkpoint, a model too big for this machine — is found here, in the launching process,
+before any worker starts (one line, exit 2). Then the workers are launched (:mod:`.launch`) with a
+:class:`~.trainer.WorkerSpec` that holds the built action lists, so no worker needs a registry.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 
 from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
 
-DTYPES = ("fp32", "bf16", "fp16")
+BACKENDS = ("auto", "gloo", "nccl")
+DATA = ("synthetic", "text")
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    """The ``runtime`` config section of ``runtime=torch`` (conf/runtime/torch.yaml), typed.
+    AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), ``eps``, ``weight_decay``."""
+
+    backend: str = "auto"
+    timeout_s: float = 120.0
+    lr: float = 3e-4
+    eps: float = 1e-5
+    weight_decay: float = 0.1
+    data: str = "synthetic"
+    data_file: str | None = None
+    progress: bool = True
+    start_method: str = "spawn"
+    fault: Mapping[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any]) -> "TorchSettings":
+        """Check the section: unknown keys and bad values are one line naming ``runtime.KEY``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise HexicoreError(f"unknown runtime key {unknown[0]!r}; choose from: {', '.join(sorted(known))}",
+                                field=f"runtime.{unknown[0]}")
+        p = {**{f.name: f.default for f in fields(cls)}, **params}
+        if p["backend"] not in BACKENDS:
+            raise HexicoreError(f"unknown backend {p['backend']!r}; choose one of: {', '.join(BACKENDS)}",
+                                field="runtime.backend")
+        if p["data"] not in DATA:
+            raise HexicoreError(f"unknown data {p['data']!r}; choose one of: {', '.join(DATA)}", field="runtime.data")
+        nums = {k: schema.number(p[k], None, f"runtime.{k}", allow_zero=k == "weight_decay")
+                for k in ("timeout_s", "lr", "eps", "weight_decay")}
+        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=bool(p["progress"]),
+                   data_file=None if p["data_file"] is None else str(p["data_file"]),
+                   start_method=str(p["start_method"]), fault=dict(p["fault"]) if p["fault"] else None, **nums)
 
 
 class TorchRuntime:
-    """Executes action lists on torch.distributed (gloo on CPU, NCCL on CUDA)."""
+    """Executes action lists on torch.distributed (gloo on CPU, NCCL on CUDA). Stateless: the
+    run, settings included, is the :class:`RunSpec`; the registry builds the schedules."""
 
-    def __init__(self, backend: str = "auto", timeout_s: float = 120, lr: float = 3e-4, eps: float = 1e-5,
-                 weight_decay: float = 0.1,
-                 data: str = "synthetic", data_file: str | None = None, progress: bool = True,
-                 start_method: str = "spawn", fault: Any = None, **unknown: Any):
-        if unknown:
-            raise HexicoreError(f"unknown runtime key {sorted(unknown)[0]!r}", field=f"runtime.{sorted(unknown)[0]}")
-        if backend not in ("auto", "gloo", "nccl"):
-            raise HexicoreError(f"unknown backend {backend!r}; choose one of: auto, gloo, nccl", field="runtime.backend")
-        if not float(timeout_s) > 0:
-            raise HexicoreError("must be positive", field="runtime.timeout_s")
-        self.params = dict(backend=backend, timeout_s=float(timeout_s), lr=float(lr), eps=float(eps),
-                           weight_decay=float(weight_decay),
-                           data=str(data), data_file=data_file, progress=bool(progress),
-                           fault=dict(fault) if fault else None)
-        self.start_method = start_method
+    def layout(self, spec: RunSpec, *, registry: Any) -> Layout:
+        """The runtime's :class:`~.layout.Layout` of ``spec`` (ranks, chunks, action lists from
+        ``registry``); raises ``PlanError`` for what it cannot run. Pure Python, no torch."""
+        t, where = spec.train, spec.layout
+        if isinstance(where, ReferenceLayout):
+            return reference_layout(spec.model, global_batch=t.global_batch, micro_batch=t.micro_batch,
+                                    seq_len=t.seq_len)
+        if isinstance(where, PipelineLayout):
+            return single_pipeline_layout(spec.model, spec.schedules[0], where.ranks, registry=registry,
+                                          global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=t.seq_len,
+                                          tp=where.tp)
+        if isinstance(where, PlanLayout):
+            return plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)
+        raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 
-    # ---------------------------------------------------------------- config
-    def layout(self, cfg: Any) -> tuple[Layout, str | None]:
-        """The layout a config asks for (``parallel=none`` | ``plan_file`` | ``schedule`` + ranks)."""
-        from hexicore.app.compose import group_params, load_model
-        from hexicore.core.plan import Plan
+    def check_plan(self, spec: RunSpec, *, registry: Any) -> Layout:
+        """What ``hexicore evaluate`` asks: would this runtime refuse the run's layout (TP divides
+        heads, kv heads and FFN; every schedule chunk gets a layer; ...)? No torch needed, so
+        ``evaluate`` and ``train`` agree on what a plan means on any machine."""
+        return self.layout(spec, registry=registry)
 
-        model = load_model(cfg)
-        t = cfg.train
-        seq_len = int(t.seq_len) if t.get("seq_len") is not None else model.seq_len
-        parallel = str(cfg.get("parallel", "pipeline"))
-        if parallel == "none":
-            return reference_layout(model, global_batch=int(t.global_batch), micro_batch=int(t.micro_batch),
-                                    seq_len=seq_len), None
-        if parallel != "pipeline":
-            raise HexicoreError(f"unknown parallel {parallel!r}; choose one of: none, pipeline", field="parallel")
-        schedule = group_params(cfg, "schedule") or {"name": "1f1b"}
-        if cfg.get("plan_file"):
-            from hexicore.app.compose import build_cost_model, evaluate
-            from hexicore.registry import Registry
-
-            path = str(cfg.plan_file)
-            plan = Plan.load(path)  # parse + hexicore.core.plan.check_structure
-            evaluate(plan, build_cost_model(cfg, Registry.default()), source=path)  # what `hexicore evaluate` checks
-            seq = plan.train.seq_len if t.get("seq_len") is None else seq_len
-            return plan_layout(plan, schedule, seq_len=seq, source=path), path
-        return single_pipeline_layout(model, schedule, int(cfg.pipeline.ranks), global_batch=int(t.global_batch),
-                                      micro_batch=int(t.micro_batch), seq_len=seq_len), None
-
-    def check_plan(self, plan: Any, source: str | None = None) -> Layout:
-        """Everything this runtime adds to the plan validator (TP divides heads, kv heads and FFN;
-        every schedule chunk gets a layer; ...): raises ``PlanError`` on a plan it cannot run.
-        ``hexicore evaluate`` calls it too, so both agree on what a plan means (no torch needed)."""
-        return plan_layout(plan, {"name": "1f1b"}, seq_len=plan.train.seq_len, source=source)
-
-    def spec(self, cfg: Any, out: str | None):
-        """A :class:`RunSpec` for this config (validated, nothing launched)."""
+    def prepare(self, spec: RunSpec, *, registry: Any):
+        """The :class:`~.trainer.WorkerSpec` of ``spec``, fully checked; nothing launched."""
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
             raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install "
                                 "'hexicore[torch]' (the CPU build: pip install torch==2.13.0)", field="runtime")
-        from .trainer import RunSpec
+        from .trainer import WorkerSpec
 
-        layout, plan = self.layout(cfg)
-        t = cfg.train
-        dtype = str(t.get("dtype", "fp32"))
-        if dtype not in DTYPES:
-            raise HexicoreError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}", field="train.dtype")
-        steps = int(t.steps)
-        every = int(t.get("checkpoint_every") or 0)
-        if steps < 1 or every < 0:
-            raise HexicoreError("train.steps must be >= 1 and train.checkpoint_every >= 0", field="train.steps")
-        resume = cfg.get("resume")
+        settings = TorchSettings.parse(spec.runtime.params)
+        layout = self.layout(spec, registry=registry)
+        t = spec.train
+        resume = t.resume
         if resume:
             from . import checkpoint
 
-            resume = str(checkpoint.resolve(str(resume)))
-        self.check_memory(layout)
-        if self._nccl():
+            resume = str(checkpoint.resolve(resume))
+        check_memory(layout)
+        if _nccl(settings.backend):
             from .layout import check_fifo
 
             for p in layout.pipelines:
-                check_fifo(p.actions, plan)
-        if self.params["data"] == "text":
+                check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
+        if settings.data == "text":
             from .data import make_source
 
             make_source("text", vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
-                        path=self.params["data_file"])
-        return RunSpec(layout=layout, steps=steps, seed=int(cfg.get("seed") or 0), dtype=dtype,
-                       recompute=bool(t.get("recompute", False)), out=out, resume=resume, checkpoint_every=every,
-                       plan=plan, **self.params)
+                        path=settings.data_file)
+        plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
+        return WorkerSpec(layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
+                          resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
+                          eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
+                          data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
+                          progress=settings.progress, fault=dict(settings.fault) if settings.fault else None)
 
-    def check_memory(self, layout: Layout) -> None:
-        """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
-        parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
-        from .launch import in_torchrun
-
-        if in_torchrun():
-            return
-        import torch
-
-        copies = sum(len(p.actions.chains) for p in layout.pipelines)
-        need = 16 * layout.model.total_params() * copies
-        if torch.cuda.is_available():
-            have = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-            need, where = need / max(layout.world, 1), "per GPU"
-        else:
-            have, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "on this machine"
-        if need > 0.9 * have:
-            raise HexicoreError(f"model {layout.model.name!r} needs about {need / 2**30:.1f} GiB {where} for weights, "
-                                f"gradients and AdamW state, and there are {have / 2**30:.1f} GiB (try model=tiny)",
-                                field="model")
-
-    def _nccl(self) -> bool:
-        if self.params["backend"] == "gloo":
-            return False
-        if self.params["backend"] == "nccl":
-            return True
-        import torch
-
-        return torch.cuda.is_available()
-
-    # ------------------------------------------------------------------- run
-    def run(self, specs: list, nproc: int | None = None) -> list[dict[str, Any] | None]:
-        """Launch ``specs`` (in sequence, one job) on ``nproc`` workers (default: the layout's world)."""
+    def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
+        """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
+        process is one of them) and return the metrics (``metrics.json``) on the process that
+        reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.LaunchError`."""
         from .launch import launch
 
-        nproc = nproc or max(s.layout.world for s in specs)
-        return launch(list(specs), nproc, start_method=self.start_method)
+        job = self.prepare(spec, registry=registry)
+        start_method = TorchSettings.parse(spec.runtime.params).start_method
+        results = launch([job], job.layout.world, start_method=start_method)
+        return results[0]["metrics"] if results and results[0] else None
+
+
+def check_memory(layout: Layout) -> None:
+    """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
+    parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
+    from .launch import in_torchrun
+
+    if in_torchrun():
+        return
+    import torch
+
+    copies = sum(len(p.actions.chains) for p in layout.pipelines)
+    need = 16 * layout.model.total_params() * copies
+    if torch.cuda.is_available():
+        have = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+        need, where = need / max(layout.world, 1), "per GPU"
+    else:
+        have, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "on this machine"
+    if need > 0.9 * have:
+        raise HexicoreError(f"model {layout.model.name!r} needs about {need / 2**30:.1f} GiB {where} for weights, "
+                            f"gradients and AdamW state, and there are {have / 2**30:.1f} GiB (try model=tiny)",
+                            field="model")
+
+
+def _nccl(backend: str) -> bool:
+    if backend != "auto":
+        return backend == "nccl"
+    import torch
+
+    return torch.cuda.is_available()

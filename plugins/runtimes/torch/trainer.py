@@ -1,9 +1,11 @@
 """The training loop of one rank: build its stages, run the steps, checkpoint, report.
 
-One :class:`RunSpec` is one training run (a layout plus settings); it is plain data, so the
-launcher hands it to spawned workers (they never re-run Hydra: conventions §2) and one launched
-job can run several specs in sequence on the same process group (the tests do). ``parallel=none``
-is the same loop on one process with no process group.
+One :class:`WorkerSpec` is one training run as a worker sees it (the layout with its built
+action lists, plus settings); the runtime derives it from the app's
+:class:`~hexicore.core.run_spec.RunSpec`. It is plain data, so the launcher hands it to spawned
+workers (they read no config and need no registry) and one launched job can run several specs
+in sequence on the same process group (the tests do). ``parallel=none`` is the same loop on one
+process with no process group.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """Everything a worker needs for one run (picklable, no Hydra objects)."""
+class WorkerSpec:
+    """Everything a worker needs for one run (picklable; no config, no registry)."""
 
     layout: Layout
     steps: int
@@ -61,7 +63,7 @@ def choose_backend(requested: str) -> str:
     return requested
 
 
-def _inject_fault(spec: RunSpec, rank: int, step: int) -> None:
+def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
     f = spec.fault or {}
     if f.get("rank") == rank and f.get("step", 0) == step:
         if f.get("kind") == "die":
@@ -96,7 +98,7 @@ class _Progress:
             self.bar.stop()
 
 
-def train(spec: RunSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
+def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
     layout = spec.layout
     groups = build_groups(layout, rank, world)

@@ -1,0 +1,90 @@
+"""From a composed config to a :class:`~hexicore.core.run_spec.RunSpec` and the runtime that runs it.
+
+``hexicore train`` (and the runtime check of ``hexicore evaluate``) build the run here, in the
+app layer: the model or the plan file, the plan's check by the cost model (the same check as
+``hexicore evaluate``, so a plan that does not fit never reaches a runtime), every default of
+``train`` and ``schedule`` resolved, and the runtime's config section. The runtime plugin then
+receives only the spec and the registry (docs/runtime.md); it never reads the config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
+
+from hexicore.app import compose as app
+from hexicore.core import schema
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import Plan
+from hexicore.core.run_spec import (PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings,
+                                    TrainSettings)
+from hexicore.registry import Registry
+
+SRC = "command line"
+PARALLEL = ("none", "pipeline")
+
+
+def runtime_settings(cfg: DictConfig) -> RuntimeSettings:
+    """The ``runtime`` group: its ``name`` and the rest of its section."""
+    params = app.group_params(cfg, "runtime")
+    return RuntimeSettings(str(params.pop("name", "torch")), params)
+
+
+def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, out: str | None = None) -> TrainSettings:
+    """``train.*``, ``seed``, ``resume`` and ``out``; a plan's batch sizes and sequence length
+    win over the config's (``train.seq_len`` given explicitly still overrides the plan's)."""
+    t = cfg.get("train") or {}
+
+    def whole(key: str, minimum: int | None = 1) -> int:
+        return schema.integer(t.get(key), SRC, f"train.{key}", minimum=minimum)
+
+    seq_len = whole("seq_len") if t.get("seq_len") is not None else (plan.train.seq_len if plan else model.seq_len)
+    gb, mb = (plan.train.global_batch, plan.train.micro_batch) if plan else (whole("global_batch"), whole("micro_batch"))
+    resume = cfg.get("resume")
+    return TrainSettings(steps=whole("steps"), global_batch=gb, micro_batch=mb, seq_len=seq_len,
+                         dtype=str(t.get("dtype", "fp32")), recompute=bool(t.get("recompute", False)),
+                         seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
+                         checkpoint_every=whole("checkpoint_every", 0) if t.get("checkpoint_every") else 0,
+                         resume=str(resume) if resume else None, out=out)
+
+
+def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) -> RunSpec:
+    """The run ``cfg`` asks for: ``parallel=none`` | ``plan_file=PATH`` | ``schedule`` +
+    ``pipeline.ranks``. A plan is checked by the configured cost model first (what
+    ``hexicore evaluate`` checks); a plan that does not fit is a one-line error here."""
+    parallel = str(cfg.get("parallel", "pipeline"))
+    if parallel not in PARALLEL:
+        raise HexicoreError(f"unknown parallel {parallel!r}; choose one of: {', '.join(PARALLEL)}", field="parallel")
+    runtime = runtime_settings(cfg)
+    if parallel == "none":
+        model = app.load_model(cfg)
+        return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime)
+    schedule = app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict()
+    if cfg.get("plan_file"):
+        path = str(cfg.plan_file)
+        plan = Plan.load(path)  # parse + hexicore.core.plan.check_structure
+        plan, est, warnings = app.evaluate(plan, app.build_cost_model(cfg, registry), source=path, registry=registry)
+        return plan_run_spec(cfg, plan, schedule, runtime, source=path, out=out, estimate=est, warnings=warnings)
+    model = app.load_model(cfg)
+    ranks = schema.integer((cfg.get("pipeline") or {}).get("ranks"), SRC, "pipeline.ranks", minimum=None)
+    if ranks < 1:
+        raise HexicoreError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
+    return RunSpec(PipelineLayout(ranks), model, (schedule,), train_settings(cfg, model, out=out), runtime)
+
+
+def plan_run_spec(cfg: DictConfig, plan: Plan, schedule: Mapping[str, Any], runtime: RuntimeSettings, *,
+                  source: str | None, out: str | None = None, estimate: Any = None,
+                  warnings: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """A plan run; each pipeline runs its own schedule section, ``schedule`` where it has none."""
+    schedules = tuple(dict(p.schedule) if p.schedule else dict(schedule) for p in plan.pipelines)
+    return RunSpec(PlanLayout(plan, source), plan.model, schedules, train_settings(cfg, plan.model, plan, out),
+                   runtime, cluster=plan.cluster, estimate=estimate, warnings=tuple(warnings))
+
+
+def create_runtime(spec: RunSpec, registry: Registry) -> Any:
+    """The runtime plugin ``spec.runtime.name`` (its factory takes no parameters: the run's
+    settings travel in the spec)."""
+    return registry.create("runtime", spec.runtime.name)

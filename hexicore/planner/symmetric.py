@@ -1,0 +1,63 @@
+"""Megatron-LM's symmetric DP x TP x PP layouts, shared by the baseline solvers.
+
+A symmetric layout splits ``n`` devices into ``dp`` equal pipelines of ``pp`` stages of ``tp``
+devices each, in Megatron's rank order (TP innermost, then DP, then PP) over a device order, with
+near-equal contiguous layer ranges per stage and the global batch split equally over DP. The
+``megatron`` solver searches all of them; the homogeneous baselines (``plugins/solvers/baselines.py``)
+search them inside each GPU type. Pure functions of a :class:`~hexicore.planner.problem.Problem`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.problem import Problem
+
+
+def even_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """Near-equal contiguous ranges: the first ``n_layers % n_stages`` stages get one more."""
+    base, extra = divmod(n_layers, n_stages)
+    out, lo = [], 0
+    for j in range(n_stages):
+        hi = lo + base + (1 if j < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
+    """Every (dp, tp, pp) with dp * tp * pp == n."""
+    for dp in range(1, n + 1):
+        if n % dp:
+            continue
+        rest = n // dp
+        for tp in range(1, rest + 1):
+            if rest % tp == 0:
+                yield dp, tp, rest // tp
+
+
+def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
+    """Megatron's constraints: TP divides the heads and KV heads, PP <= layers, and the global
+    batch divides into DP equal shares of whole micro-batches."""
+    m, t = problem.model, problem.train
+    return (m.heads % tp == 0 and m.kv_heads % tp == 0 and pp <= m.layers
+            and t.global_batch % (dp * t.micro_batch) == 0)
+
+
+def symmetric_plan(problem: Problem, dp: int, tp: int, pp: int, devices: list[str] | None = None) -> Plan:
+    """The Megatron layout of (dp, tp, pp) over ``devices`` (default: the cluster's order).
+
+    Global rank r has tp index r % tp, dp index (r // tp) % dp, pp index r // (tp * dp).
+    """
+    devices = list(devices if devices is not None else (d.id for d in problem.cluster.devices))
+    train, model = problem.train, problem.model
+    ranges = even_layers(model.layers, pp)
+    pipelines = []
+    for i in range(dp):
+        stages = []
+        for j in range(pp):
+            base = j * tp * dp + i * tp
+            stages.append(Stage(tuple(devices[base:base + tp]), tp, ranges[j]))
+        pipelines.append(Pipeline(train.global_batch // dp, tuple(stages), dict(problem.schedule)))
+    return Plan(model, problem.cluster, train, tuple(pipelines))

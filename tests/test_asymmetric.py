@@ -205,4 +205,6 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["ranks"] == len(plan.devices) and metrics["plan"] == str(plan_path)
     assert len(metrics["losses"]) == 2 and all(math.isfinite(x) for x in metrics["losses"])
-    assert torch.load(out / "final.pt", weights_only=True).keys() == results[0]["state"].keys()
+    from safetensors.torch import load_file
+
+    assert load_file(out / "final" / "model.safetensors").keys() == results[0]["state"].keys()

@@ -146,13 +146,14 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
     assert list(model) == ["model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
                            "lm_head.weight"]
     assert model["model.layers.0.self_attn.q_proj.weight"].equal(q) and optim["step"] is None
-    (tmp_path / "checkpoints").mkdir()
     for k in (2, 10):
-        checkpoint.save(tmp_path / "checkpoints" / f"step_{k}.pt", {"format": checkpoint.FORMAT, "step": k})
-    assert checkpoint.resolve(tmp_path).name == "step_10.pt"
-    torch.save({"x": 1}, tmp_path / "other.pt")
-    with pytest.raises(HexicoreError, match="not a hexicore.checkpoint/1"):
-        checkpoint.load(tmp_path / "other.pt")
+        checkpoint.save(tmp_path / "checkpoints" / f"step_{k}", model, optim, {"step": k})
+    assert checkpoint.resolve(tmp_path).name == "step_10"
+    assert checkpoint.load(tmp_path)["step"] == 10
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "meta.json").write_text('{"x": 1}')
+    with pytest.raises(HexicoreError, match="not a hexicore.checkpoint/2"):
+        checkpoint.load(tmp_path / "other")
 
 
 # ------------------------------------------------- executor on one process
@@ -197,12 +198,19 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
     m = json.loads((a / "metrics.json").read_text())
     assert set(m) == {"losses", "tokens_per_s", "step_s", "ranks", "plan", "schedule", "seed"}
     assert len(m["losses"]) == 4 and m["ranks"] == 1 and m["seed"] == 3 and m["tokens_per_s"] > 0
-    final = torch.load(a / "final.pt", weights_only=True)
+    from safetensors.torch import load_file
+
+    final = load_file(a / "final" / "model.safetensors")
     assert "model.layers.7.mlp.up_proj.weight" in final and "lm_head.weight" in final
-    assert (a / "checkpoints" / "step_2.pt").is_file()
+    assert json.loads((a / "final" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (a / "checkpoints" / "step_2" / "meta.json").is_file()
+    assert not list(a.rglob("*.pt"))  # no pickles anywhere
     code, io = cli([*TRAIN, "parallel=none", "train.steps=4", "seed=3", f"out={b}",
-                    f"resume={a / 'checkpoints' / 'step_2.pt'}"], capsys)
+                    f"resume={a / 'checkpoints' / 'step_2'}"], capsys)
     assert code == 0, io.err
     assert json.loads((b / "metrics.json").read_text())["losses"] == m["losses"]
-    resumed = torch.load(b / "final.pt", weights_only=True)
+    resumed = load_file(b / "final" / "model.safetensors")
+    code, io = cli([*TRAIN, "parallel=none", "train.steps=4", "seed=4", f"out={tmp_path / 'c'}",
+                    f"resume={a / 'checkpoints' / 'step_2'}"], capsys)
+    assert code == 2 and io.err.count("\n") == 1 and "seed 3" in io.err
     assert all(resumed[k].equal(v) for k, v in final.items())

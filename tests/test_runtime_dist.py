@@ -23,6 +23,7 @@ from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: 
 from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)
 from hexicore_plugins.runtimes.torch.trainer import WorkerSpec  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from hexicore.registry import Registry  # noqa: E402
 from tests.conftest import run_cli
 
@@ -112,7 +113,7 @@ def test_every_schedule_tp_dp_and_resume_match_single_process(tmp_path):
     chim = build_layout(m, [pipeline({"name": "chimera"}, equal_stages(2))], global_batch=GB, micro_batch=1,
                         seq_len=SEQ, world=WORLD)
     specs.append(spec(inter, steps=4, checkpoint_every=2, out=str(a)))
-    specs.append(spec(chim, steps=4, out=str(b), resume=str(a / "checkpoints" / "step_2.pt")))
+    specs.append(spec(chim, steps=4, out=str(b), resume=str(a / "checkpoints" / "step_2")))
     results = launch(specs, WORLD)
     report = []
     for name, got in zip(names + ["interleaved P=3 v=2, 4 steps", "chimera P=2 resumed after step 2"], results):
@@ -123,7 +124,7 @@ def test_every_schedule_tp_dp_and_resume_match_single_process(tmp_path):
         assert rel <= TOL and w <= TOL, report[-1]
     print("\n".join(report))
     assert json.loads((b / "metrics.json").read_text())["losses"][:2] == results[-2]["metrics"]["losses"][:2]
-    assert torch.load(b / "final.pt", weights_only=True).keys() == ref4["state"].keys()
+    assert load_file(b / "final" / "model.safetensors").keys() == ref4["state"].keys()
 
 
 def cli(args, capsys):
@@ -136,7 +137,7 @@ TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.globa
 
 def test_cli_under_torchrun_then_parallel_none_resumes_its_checkpoint(tmp_path, capsys):
     """The ``hexicore train`` entry point run by torchrun (as on several machines: each rank is a
-    worker, no second launch) writes metrics.json, final.pt and a checkpoint; the single-process
+    worker, no second launch) writes metrics.json, final/ and a checkpoint; the single-process
     reference resumed from that checkpoint ends where the pipeline ended. (``hexicore train`` launching its
     own workers through ``elastic_launch`` is the path of every other test here.)"""
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
@@ -154,7 +155,7 @@ def test_cli_under_torchrun_then_parallel_none_resumes_its_checkpoint(tmp_path, 
     la, lb, lc = (json.loads((d / "metrics.json").read_text()) for d in (a, b, c))
     assert la["ranks"] == 2 and la["schedule"] == "hanayo" and la["plan"] is None and lc["ranks"] == 1
     assert max_rel(la["losses"], lc["losses"]) <= TOL and max_rel(lb["losses"], lc["losses"]) <= TOL
-    fa, fb, fc = (torch.load(d / "final.pt", weights_only=True) for d in (a, b, c))
+    fa, fb, fc = (load_file(d / "final" / "model.safetensors") for d in (a, b, c))
     assert max_abs(fa, fc) <= TOL and max_abs(fb, fc) <= TOL
 
 

@@ -69,6 +69,7 @@ class HexicoreConfig:
     seed: int = 0
     parallel: str = "pipeline"
     resume: Optional[str] = None
+    init_from: Optional[str] = None
     input: Optional[Any] = None
     tokenizer: Optional[str] = None
     prepare: PrepareSection = field(default_factory=PrepareSection)

@@ -34,7 +34,7 @@ def runtime_settings(cfg: DictConfig) -> RuntimeSettings:
 
 
 def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, out: str | None = None) -> TrainSettings:
-    """``train.*``, ``seed``, ``resume`` and ``out``; a plan's batch sizes and sequence length
+    """``train.*``, ``seed``, ``resume``, ``init_from`` and ``out``; a plan's batch sizes and sequence length
     win over the config's (``train.seq_len`` given explicitly still overrides the plan's)."""
     t = cfg.get("train") or {}
 
@@ -43,12 +43,13 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
 
     seq_len = whole("seq_len") if t.get("seq_len") is not None else (plan.train.seq_len if plan else model.seq_len)
     gb, mb = (plan.train.global_batch, plan.train.micro_batch) if plan else (whole("global_batch"), whole("micro_batch"))
-    resume = cfg.get("resume")
+    resume, init_from = cfg.get("resume"), cfg.get("init_from")
     return TrainSettings(steps=whole("steps"), global_batch=gb, micro_batch=mb, seq_len=seq_len,
                          dtype=str(t.get("dtype", "fp32")), recompute=bool(t.get("recompute", False)),
                          seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
                          checkpoint_every=whole("checkpoint_every", 0) if t.get("checkpoint_every") else 0,
-                         resume=str(resume) if resume else None, out=out)
+                         resume=str(resume) if resume else None, out=out,
+                         init_from=str(init_from) if init_from else None)
 
 
 def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) -> RunSpec:

@@ -88,8 +88,9 @@ class TrainSettings:
     recompute: bool = False
     seed: int = 0
     checkpoint_every: int = 0
-    resume: str | None = None  # a checkpoint file or a directory of step_*.pt
-    out: str | None = None  # where metrics.json, final.pt and checkpoints/ go
+    resume: str | None = None  # a checkpoint folder (step_N/) or a directory holding them
+    out: str | None = None  # where metrics.json, final/ and checkpoints/ go
+    init_from: str | None = None  # a Hugging Face checkpoint directory to start from (not with resume)
 
     def __post_init__(self) -> None:
         for f in ("steps", "global_batch", "micro_batch", "seq_len"):

@@ -2,9 +2,10 @@
 
 ``hexicore train [plan_file=PATH | parallel=none | schedule=NAME pipeline.ranks=P] model=tiny
 runtime=torch train.steps=N [train.global_batch=N train.micro_batch=N] [seed=S] [out=DIR]
-[resume=CKPT] [train.checkpoint_every=K]`` builds the run (:func:`hexicore.app.training.build_run_spec`:
+[resume=CKPT | init_from=HF_DIR] [train.checkpoint_every=K]`` builds the run (:func:`hexicore.app.training.build_run_spec`:
 a plan is checked by the cost model first), hands it to the runtime with the registry, prints a
-summary, and the runtime writes ``metrics.json`` and ``final.pt`` to ``out`` (default: Hydra's
+summary, and the runtime writes ``metrics.json`` and ``final/`` (a Hugging Face checkpoint
+directory) to ``out`` (default: Hydra's
 output directory). Bad input is one line and exit 2, before any process starts; a worker that
 fails, dies or hangs ends the run with one line on stderr and exit status 1. Under ``torchrun``
 this process is one of the workers (see ``docs/runtime.md`` for the multi-node command).
@@ -44,4 +45,4 @@ def train(cfg: DictConfig, registry: Registry) -> int:
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:
     return (f"trained {len(m['losses'])} steps ({m['schedule']}, {m['ranks']} ranks): loss {m['losses'][0]:.4f} -> "
-            f"{m['losses'][-1]:.4f}, {m['tokens_per_s']:,.0f} tokens/s; wrote {out}/metrics.json, {out}/final.pt")
+            f"{m['losses'][-1]:.4f}, {m['tokens_per_s']:,.0f} tokens/s; wrote {out}/metrics.json, {out}/final/")

@@ -1,15 +1,24 @@
-"""Consolidated checkpoints: the full model under standard names, plus AdamW state.
+"""Checkpoints without pickles: safetensors for tensors, JSON for everything else.
 
-Every rank contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are
-identical — and replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along
-their shard dimension. The result is layout-free: ``final.pt`` is a plain ``state_dict`` of the
-whole model (``torch.load(path, weights_only=True)``), and a checkpoint
-``{"format", "step", "model", "optim", "losses", "step_s", "seed", "schedule"}`` can resume a run
-under any layout, because resuming slices the full tensors exactly as initialisation does.
+Resumable checkpoints (``out/checkpoints/step_N/``): ``model.safetensors`` (the whole model under
+standard names), ``optim.safetensors`` (AdamW moments as ``exp_avg.NAME`` / ``exp_avg_sq.NAME``)
+and ``meta.json`` (format ``hexicore.checkpoint/2``: step, losses, step times, seed, schedule,
+AdamW step count, the model spec, the data source and a fingerprint of the plan). Every rank
+contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are identical — and
+replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along their shard
+dimension and writes. The result is layout-free: resuming reads, on every rank, only the TP slices
+of its own chunks (:class:`~.hf_io.SafeTensors`), exactly as initialisation slices, so a run can
+resume under any plan. Loading never unpickles. With tied embeddings only the embedding is stored.
+
+The final model (``out/final/``) is a Hugging Face directory (:func:`write_final`):
+``config.json`` and ``model.safetensors``, or — above ``shard_bytes`` — one shard per stage of
+pipeline 0, written by that stage's TP leader, plus ``model.safetensors.index.json`` from rank 0.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +27,14 @@ import torch.distributed as dist
 
 from hexicore.core.errors import HexicoreError
 
-from .stage import Stage
-from .tensor_parallel import TPGroup, shard, shard_dim, unshard
+from . import hf_io
+from .hf_io import EMBED, HEAD
+from .stage import Stage, canonical
+from .tensor_parallel import TPGroup, shard_dim, unshard
 
-FORMAT = "hexicore.checkpoint/1"
+FORMAT = "hexicore.checkpoint/2"
 OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
+META, MODEL, OPTIM = "meta.json", "model.safetensors", "optim.safetensors"
 
 
 def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.Optimizer | None,
@@ -35,6 +47,8 @@ def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.O
         if not st.primary:
             continue
         for name, p in st.module.named_parameters():
+            if st.module.spec.tied_embeddings and name == HEAD:
+                continue  # a tied head is stored as the embedding, which its chain's first stage reports
             dim = shard_dim(name)
             if dim is None and tp.rank != 0:
                 continue
@@ -51,20 +65,20 @@ def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.O
 
 def consolidate(pieces: list) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Full ``state_dict`` and optimizer state from every rank's pieces."""
-    by_name: dict[str, list] = {}
+    by_name: dict[str, dict[int, Any]] = {}
     for name, dim, r, item in pieces:
-        by_name.setdefault(name, []).append((r, dim, item))
+        by_name.setdefault(name, {})[r] = (dim, item)
     model, optim = {}, {"exp_avg": {}, "exp_avg_sq": {}}
     step = None
     for name in sorted(by_name, key=_order):
-        parts = sorted(by_name[name], key=lambda x: x[0])
-        dim = parts[0][1]
-        model[name] = unshard([it["param"] for _, _, it in parts], dim).contiguous()
+        parts = [by_name[name][r] for r in sorted(by_name[name])]
+        dim = parts[0][0]
+        model[name] = unshard([it["param"] for _, it in parts], dim).contiguous()
         for k in OPTIM_KEYS:
-            if all(k in it for _, _, it in parts):
-                optim[k][name] = unshard([it[k] for _, _, it in parts], dim).contiguous()
-        if "step" in parts[0][2]:
-            step = float(parts[0][2]["step"])
+            if all(k in it for _, it in parts):
+                optim[k][name] = unshard([it[k] for _, it in parts], dim).contiguous()
+        if "step" in parts[0][1]:
+            step = float(parts[0][1]["step"])
     optim["step"] = step
     return model, optim
 
@@ -89,53 +103,158 @@ def gather(stages: dict[int, Stage], tp: TPGroup, optimizer, pipeline: int, *, r
     return consolidate([p for ps in every for p in ps]) if rank == 0 else None
 
 
-def save(path: str | Path, obj: Any) -> Path:
-    """Write atomically (a crash never leaves a truncated checkpoint)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
-    return path
+# ------------------------------------------------------------------ resumable checkpoints
+def plan_fingerprint(layout: Any) -> str:
+    """A short hash of who runs what: pipelines' batches, stage ranks and layers, schedules."""
+    doc = [[p.batch, [[list(g.ranks), g.layers] for g in p.groups], dict(p.actions.schedule)]
+           for p in layout.pipelines]
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save(folder: str | Path, model: dict[str, torch.Tensor], optim: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write ``folder/{model,optim}.safetensors`` and ``meta.json`` (last, so a folder with a
+    ``meta.json`` is complete)."""
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    hf_io.save_tensors(d / MODEL, model)
+    moments = {f"{k}.{n}": t for k in OPTIM_KEYS for n, t in (optim.get(k) or {}).items()}
+    hf_io.save_tensors(d / OPTIM, moments)
+    doc = {"format": FORMAT, **meta, "adam_step": optim.get("step")}
+    tmp = d / (META + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(d / META)
+    return d
+
+
+def _step_of(p: Path) -> int:
+    try:
+        return int(p.name.split("_", 1)[1])
+    except (IndexError, ValueError):
+        return -1
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or a directory whose latest ``step_*.pt`` (also under ``checkpoints/``) is used."""
+    """A checkpoint folder (holding ``meta.json``), or a directory whose latest ``step_N/``
+    (also under ``checkpoints/``) is used."""
     p = Path(path)
+    if (p / META).is_file():
+        return p
     if p.is_dir():
-        found = sorted(list(p.glob("step_*.pt")) + list(p.glob("checkpoints/step_*.pt")),
-                       key=lambda f: int(f.stem.split("_")[1]))
+        found = sorted((f.parent for f in list(p.glob(f"step_*/{META}")) + list(p.glob(f"checkpoints/step_*/{META}"))),
+                       key=_step_of)
         if not found:
-            raise HexicoreError("no step_*.pt checkpoint in this directory", source=str(p), field="resume")
+            raise HexicoreError("no step_N/ checkpoint in this directory", source=str(p), field="resume")
         return found[-1]
-    if not p.is_file():
-        raise HexicoreError("no such checkpoint", source=str(p), field="resume")
-    return p
+    raise HexicoreError("no such checkpoint", source=str(p), field="resume")
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """Read and check a checkpoint written by :func:`save` (``weights_only`` loading)."""
-    p = resolve(path)
+    """The checked ``meta.json`` of a checkpoint, with ``"dir"`` (its folder). Tensors are read
+    later, per rank, slice by slice (:func:`model_source`, :func:`restore_optimizer`)."""
+    d = resolve(path)
     try:
-        ck = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one clear line
-        raise HexicoreError(f"cannot read checkpoint: {str(exc).splitlines()[0]}", source=str(p),
-                            field="resume") from None
+        ck = json.loads((d / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HexicoreError(f"cannot read checkpoint: {exc}", source=str(d / META), field="resume") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
-        raise HexicoreError(f"not a {FORMAT} checkpoint", source=str(p), field="resume")
-    return ck
+        raise HexicoreError(f"not a {FORMAT} checkpoint", source=str(d), field="resume")
+    for f in (MODEL, OPTIM):
+        if not (d / f).is_file():
+            raise HexicoreError(f"checkpoint has no {f}", source=str(d), field="resume")
+    return {**ck, "dir": str(d)}
+
+
+def model_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
+    return hf_io.SafeTensors.directory(ck["dir"], field="resume")
+
+
+def optim_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
+    path = Path(ck["dir"]) / OPTIM
+    return hf_io.SafeTensors({n: path for n in hf_io.header_shapes(path, "resume")})
+
+
+def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: dict[str, Any],
+                 plan: str) -> str | None:
+    """Refuse resuming with another seed, model or data (one line naming the difference); a
+    different plan or schedule is allowed: returns the line that says so (None when the same)."""
+    src = ck.get("dir")
+    if ck.get("seed") != seed:
+        raise HexicoreError(f"the checkpoint was trained with seed {ck.get('seed')}, this run has seed {seed}",
+                            source=src, field="seed")
+    if ck.get("model") != model:
+        keys = sorted(k for k in set(model) | set(ck.get("model") or {}) if (ck.get("model") or {}).get(k) != model.get(k))
+        raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)}", source=src, field="model")
+    if ck.get("data") != data:
+        raise HexicoreError(f"the checkpoint was trained on data {ck.get('data')}, this run uses {data}", source=src,
+                            field="runtime.data")
+    if ck.get("plan") != plan:
+        return (f"hexicore: resuming step {ck.get('step')} under another plan/schedule than the checkpoint's "
+                f"({ck.get('schedule')}, plan {ck.get('plan')} -> {plan})")
+    return None
 
 
 @torch.no_grad()
 def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, Stage], tp: TPGroup,
-                      optim: dict[str, Any]) -> None:
-    """Give every local parameter its shard of the consolidated AdamW state."""
-    if not optim or optim.get("step") is None:
+                      ck: dict[str, Any]) -> None:
+    """Give every local parameter its shard of the stored AdamW state (read slice by slice)."""
+    if ck.get("adam_step") is None:
         return
+    src = optim_source(ck)
     for st in stages.values():
         for name, p in st.module.named_parameters():
-            dim = shard_dim(name)
-            state = {"step": torch.tensor(float(optim["step"]))}
+            name = canonical(name, st.module.spec)
+            dim, shape = shard_dim(name), tuple(p.shape)
+            full = list(shape)
+            if dim is not None:
+                full[dim] *= tp.size
+            state = {"step": torch.tensor(float(ck["adam_step"]))}
             for k in OPTIM_KEYS:
-                state[k] = shard(optim[k][name], dim, tp.rank, tp.size).to(p.device, p.dtype).clone()
+                state[k] = src.with_prefix(f"{k}.").read(name, tuple(full), dim, tp.rank, tp.size).to(p.device, p.dtype)
             optimizer.state[p] = state
+
+
+# ------------------------------------------------------------------ the final Hugging Face directory
+def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layout: Any, *, rank: int, world: int,
+                shard_bytes: int) -> None:
+    """``folder`` as a Hugging Face checkpoint directory (collective: every rank calls it)."""
+    from hexicore.core.hf_config import write_hf_config
+
+    d = Path(folder)
+    model = layout.model
+    total = 4 * model.total_params()
+    role = groups.role
+    if total <= shard_bytes or world == 1:
+        got = gather(stages, groups.tp, None, role.pipeline if role else -1, rank=rank, world=world)
+        if rank == 0:
+            d.mkdir(parents=True, exist_ok=True)
+            hf_io.save_tensors(d / hf_io.SINGLE, _drop_tied(got[0], model))
+            write_hf_config(model, d)
+        return
+    part0 = layout.pipelines[0]
+    mine = local_pieces(stages, groups.tp, None, role.pipeline if role else -1)
+    tp = groups.tp
+    if tp.size > 1:
+        pieces = [None] * tp.size if tp.rank == 0 else None
+        dist.gather_object(mine, pieces, dst=groups.tp_leader, group=tp.group)
+        mine = [x for ps in pieces for x in ps] if tp.rank == 0 else []
+    written = []
+    if mine and tp.rank == 0:
+        tensors = _drop_tied(consolidate(mine)[0], model)
+        name = hf_io.shard_name(role.pipe_rank, len(part0.groups))
+        d.mkdir(parents=True, exist_ok=True)
+        hf_io.save_tensors(d / name, tensors)
+        written = [(n, name, t.numel() * t.element_size()) for n, t in tensors.items()]
+    every = [None] * world if rank == 0 else None
+    dist.gather_object(written, every, dst=0)
+    if rank == 0:
+        rows = [x for w in every for x in w]
+        hf_io.write_index(d, {n: f for n, f, _ in rows}, sum(b for _, _, b in rows))
+        write_hf_config(model, d)
+
+
+def _drop_tied(tensors: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    return {n: t for n, t in tensors.items() if not (model.tied_embeddings and n == HEAD)}
+
+
+__all__ = ["FORMAT", "EMBED", "HEAD", "consolidate", "gather", "save", "load", "resolve", "check_resume",
+           "restore_optimizer", "write_final", "plan_fingerprint", "model_source"]

@@ -1,10 +1,12 @@
-"""Training data: a seeded synthetic token stream and a byte-level text file.
+"""Training data: a seeded synthetic token stream, a byte-level text file, a tokenized corpus.
 
 A source returns the *global* batch of a step, ``[global_batch, seq_len + 1]`` token ids (inputs
 are ``[:, :-1]``, labels ``[:, 1:]``), as a pure function of ``(seed, step)``. Every rank and the
 ``parallel=none`` reference therefore see the same rows in the same order, and a resumed run
 sees exactly what the uninterrupted one saw. Pipeline ``p`` takes rows ``[offset_p, offset_p +
-batch_p)``; its micro-batch ``m`` the ``m``-th slice of those.
+batch_p)``; its micro-batch ``m`` the ``m``-th slice of those. ``batch(step, lo, hi)`` returns
+rows ``[lo, hi)`` only: for a token file (:class:`TokenData`, ``hexicore.tokens/1`` written by
+``hexicore prepare-data``) only those windows are read from the memory-mapped ids.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ class SyntheticTokens:
     def __init__(self, vocab: int, seq_len: int, global_batch: int, seed: int):
         self.vocab, self.seq_len, self.global_batch, self.seed = vocab, seq_len, global_batch, seed
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         g = _generator(self.seed, step)
         start = torch.randint(0, self.vocab, (self.global_batch, 1), generator=g)
         stride = torch.randint(1, 8, (self.global_batch, 1), generator=g)
         pos = torch.arange(self.seq_len + 1).unsqueeze(0)
-        return (start + stride * pos) % self.vocab
+        return ((start + stride * pos) % self.vocab)[lo:hi]
 
 
 def demo_text_path() -> Path:
@@ -60,16 +62,43 @@ class ByteText:
         self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         g = _generator(self.seed, step)
         starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=g)
-        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()])
+        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()[lo:hi]])
+
+
+class TokenData:
+    """A tokenized corpus (:mod:`hexicore.core.token_file`): seeded windows of ``seq_len + 1``
+    ids; the step's window starts are a pure function of ``(seed, step)``
+    (:func:`~hexicore.core.token_file.window_starts`), and only rows ``[lo, hi)`` are read."""
+
+    def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int):
+        from hexicore.core.token_file import TokenFile
+
+        if not path:
+            raise HexicoreError("runtime.data=tokens needs runtime.data_file=X.bin (hexicore prepare-data writes it)",
+                                field="runtime.data_file")
+        self.file = TokenFile.open(path)
+        self.file.check(vocab, seq_len)
+        self.data = self.file.array()
+        self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
+
+    def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        from hexicore.core.token_file import window_starts, windows
+
+        width = self.seq_len + 1
+        starts = window_starts(self.seed, step, self.global_batch, self.file.tokens, width)[lo:hi]
+        return torch.from_numpy(windows(self.data, starts, width))
 
 
 def make_source(kind: str, *, vocab: int, seq_len: int, global_batch: int, seed: int, path: str | None = None):
-    """``kind``: ``synthetic`` or ``text`` (byte level; ``path`` or the shipped demo file)."""
+    """``kind``: ``synthetic``, ``text`` (byte level; ``path`` or the shipped demo file) or
+    ``tokens`` (a ``hexicore.tokens/1`` file at ``path``; ids checked against ``vocab``)."""
+    if kind == "tokens":
+        return TokenData(path, vocab, seq_len, global_batch, seed)
     if kind == "synthetic":
         return SyntheticTokens(vocab, seq_len, global_batch, seed)
     if kind == "text":
         return ByteText(path, vocab, seq_len, global_batch, seed)
-    raise HexicoreError(f"unknown data {kind!r}; choose one of: synthetic, text", field="runtime.data")
+    raise HexicoreError(f"unknown data {kind!r}; choose one of: synthetic, text, tokens", field="runtime.data")

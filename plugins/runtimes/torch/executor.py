@@ -141,7 +141,8 @@ class Executor:
 
     # -------------------------------------------------------------- compute
     def _micro(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = self.part.offset + mb * self.part.batch // self.al.micro_batches
+        off = 0 if self.tokens.shape[0] == self.part.batch else self.part.offset  # own rows, or the global batch
+        lo = off + mb * self.part.batch // self.al.micro_batches
         rows = self.tokens[lo: lo + self.part.batch // self.al.micro_batches]
         return rows[:, :-1], rows[:, 1:]
 
@@ -239,6 +240,8 @@ class Executor:
     def _step(self) -> None:
         for s in sorted(self.stages):
             self._reduce(s)
+        if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient
+            self.g.tied.run(self.stages, self._wait)
         if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders
             params = {(s, n): p for s in sorted(self.stages) for n, p in self.stages[s].module.named_parameters()}
             self.g.dp.run(params, self._wait)
@@ -249,7 +252,8 @@ class Executor:
 
     # ----------------------------------------------------------------- run
     def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Execute the whole list on ``tokens [global_batch, seq_len + 1]``; return this rank's
+        """Execute the whole list on ``tokens``: this pipeline's rows ``[batch, seq_len + 1]`` (rows
+        ``[offset, offset + batch)`` of the global batch) or the global batch; return this rank's
         share of the loss (scaled, summed over the micro-batches of its last stages)."""
         self.tokens = tokens.to(self.device)
         self.loss = torch.zeros((), dtype=torch.float32, device=self.device)

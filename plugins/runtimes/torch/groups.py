@@ -4,7 +4,8 @@ Built once per run from the layout. ``torch.distributed.new_group`` is collectiv
 world, so every rank creates every group in the same order, members or not, and keeps the
 handles of the groups it belongs to: first a TP group per stage (pipeline by pipeline), then one
 group per set of ranks that hold the same gradient chunks across pipelines (:mod:`.dp_sync`:
-chunks of the smallest shard size, grouped by layer and parameter, not by stage). P2P between
+chunks of the smallest shard size, grouped by layer and parameter, not by stage), then, for a
+tied embedding, the embedding group of every rank holding a copy (:mod:`.tied`). P2P between
 consecutive stages uses the default group (leader to leader, HexiScale §3.2).
 """
 
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .dp_sync import DPSync, sync_plan
+from . import tied
+from .dp_sync import DPSync, full_shapes, sync_plan
 from .layout import Layout, Role
 from .tensor_parallel import TPGroup
 
@@ -30,6 +32,7 @@ class Groups:
     tp: TPGroup
     tp_leader: int
     dp: DPSync | None = None
+    tied: tied.TiedSync | None = None
 
 
 def build_groups(layout: Layout, rank: int, world: int) -> Groups:
@@ -42,11 +45,20 @@ def build_groups(layout: Layout, rank: int, world: int) -> Groups:
                 handle = dist.new_group(list(g.ranks)) if world > 1 else None
                 if rank in g.ranks:
                     tp, leader = TPGroup(g.ranks.index(rank), g.tp, handle), g.leader
-    plan = sync_plan(layout)
+    shapes = full_shapes(layout.model)
+    emb = tied.members(layout)
+    if emb:  # the tied embedding has its own group (all copies, all pipelines): :mod:`.tied`
+        shapes = {n: s for n, s in shapes.items() if n not in ("model.embed_tokens.weight", "lm_head.weight")}
+    plan = sync_plan(layout, shapes)
     handles: dict[tuple[int, ...], Any] = {}
     for members in plan.members():
         handle = dist.new_group(list(members)) if world > 1 else None
         if rank in members:
             handles[members] = handle
     dp = DPSync(plan, rank, role.pipeline, handles) if role is not None else None
-    return Groups(rank, world, role, tp, leader, dp or None)
+    tied_sync = None
+    if len(emb) > 1 and world > 1:
+        handle = dist.new_group(list(emb))
+        if rank in emb:
+            tied_sync = tied.TiedSync(handle, role.tp_rank)
+    return Groups(rank, world, role, tp, leader, dp or None, tied_sync)

@@ -2,8 +2,12 @@
 
 Layout (Touvron et al. 2023): token embedding, ``layers`` pre-norm blocks of RMSNorm ->
 grouped-query attention with rotary positions (RoPE, rotate-half form) -> residual, RMSNorm ->
-SwiGLU MLP (``down(silu(gate(x)) * up(x))``) -> residual; final RMSNorm and an untied head.
-No biases. Parameter names are the standard (Hugging Face Llama) ones —
+SwiGLU MLP (``down(silu(gate(x)) * up(x))``) -> residual; final RMSNorm and the head. What a
+:class:`ModelSpec` read from a Hugging Face config adds: ``head_dim`` apart from ``hidden / heads``,
+q/k/v biases (``qkv_bias``, Qwen2) and an o bias (``o_bias``, Llama's ``attention_bias``),
+``norm_eps``, ``rope_theta``, Llama 3's wavelength-band rope scaling (:func:`inv_frequencies`)
+and a head tied to the embedding (``tied_embeddings``: one Parameter when a chunk holds both;
+across chunks see :mod:`.tied`). Parameter names are the standard (Hugging Face Llama) ones —
 ``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``, ``model.norm.weight``,
 ``lm_head.weight`` — so a chunk's ``state_dict`` keys are already global names and the full
 model is just the chunk that covers everything.
@@ -18,6 +22,9 @@ through flash-attn when it imports and the tensors are half precision on CUDA, e
 
 from __future__ import annotations
 
+import math
+from typing import Any, Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +36,7 @@ from .tensor_parallel import TPGroup, copy_to, reduce_from
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 try:  # optional: only ever used on CUDA with half-precision tensors
     from flash_attn import flash_attn_func as _flash_attn_func  # type: ignore
@@ -49,9 +57,32 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[seq_len, head_dim]`` for rotary positions (Su et al. 2021)."""
+def inv_frequencies(head_dim: int, theta: float = ROPE_THETA, scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """Rotary inverse frequencies ``theta^(-2i/d)`` (Su et al. 2021); with Llama 3's scaling
+    (``rope_type: llama3``, The Llama 3 Herd of Models, §3.2 long context): wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, shorter than
+    ``... / high_freq_factor`` kept, and the band between interpolated linearly in
+    ``original / wavelength``."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    sc = dict(scaling or {})
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind in ("default", None):
+        return inv
+    if kind != "llama3":
+        raise ValueError(f"rope type {kind!r} is not implemented (default, llama3)")
+    factor, lo_f, hi_f = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old = float(sc["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / lo_f, inv / factor, inv)
+    smooth = (old / wavelen - lo_f) / (hi_f - lo_f)
+    mid = (wavelen >= old / hi_f) & (wavelen <= old / lo_f)
+    return torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float = ROPE_THETA,
+                scaling: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[seq_len, head_dim]`` for rotary positions (rotate-half layout)."""
+    inv = inv_frequencies(head_dim, theta, scaling)
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().float(), ang.sin().float()
@@ -82,10 +113,10 @@ class Attention(nn.Module):
         super().__init__()
         self.tp, self.d = tp, spec.head_dim
         self.h, self.kv = spec.heads // tp.size, spec.kv_heads // tp.size
-        self.q_proj = nn.Linear(spec.hidden, self.h * self.d, bias=False)
-        self.k_proj = nn.Linear(spec.hidden, self.kv * self.d, bias=False)
-        self.v_proj = nn.Linear(spec.hidden, self.kv * self.d, bias=False)
-        self.o_proj = nn.Linear(self.h * self.d, spec.hidden, bias=False)
+        self.q_proj = nn.Linear(spec.hidden, self.h * self.d, bias=spec.qkv_bias)
+        self.k_proj = nn.Linear(spec.hidden, self.kv * self.d, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(spec.hidden, self.kv * self.d, bias=spec.qkv_bias)
+        self.o_proj = RowLinear(self.h * self.d, spec.hidden, bias=spec.o_bias, tp=tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -95,7 +126,22 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, self.kv, self.d).transpose(1, 2)
         q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
         out = attention(q, k, v).transpose(1, 2).reshape(b, s, self.h * self.d)
-        return reduce_from(self.o_proj(out), self.tp)
+        return self.o_proj(out)
+
+
+class RowLinear(nn.Module):
+    """Row-parallel linear: the partial products are all-reduced, then the (replicated) bias is
+    added once — not once per TP rank."""
+
+    def __init__(self, n_in: int, n_out: int, *, bias: bool, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(n_out, n_in))
+        self.bias = nn.Parameter(torch.zeros(n_out)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from(F.linear(x, self.weight), self.tp)
+        return y if self.bias is None else y + self.bias
 
 
 class MLP(nn.Module):
@@ -119,9 +165,9 @@ class Block(nn.Module):
 
     def __init__(self, spec: ModelSpec, tp: TPGroup):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps)
         self.self_attn = Attention(spec, tp)
-        self.post_attention_layernorm = RMSNorm(spec.hidden)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps)
         self.mlp = MLP(spec, tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -150,17 +196,22 @@ class LlamaChunk(nn.Module):
             self.model.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
         self.model.layers = nn.ModuleDict({str(i): Block(spec, tp) for i in range(start, end)})
         if last:
-            self.model.norm = RMSNorm(spec.hidden)
+            self.model.norm = RMSNorm(spec.hidden, spec.norm_eps)
             self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        cos, sin = rope_tables(spec.seq_len, spec.head_dim)
+            if first and spec.tied_embeddings:  # one Parameter, named model.embed_tokens.weight
+                self.lm_head.weight = self.model.embed_tokens.weight
+        cos, sin = self._rope(spec.seq_len)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    def _rope(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(seq_len, self.spec.head_dim, self.spec.rope_theta, dict(self.spec.rope_scaling))
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, loss_scale: float = 1.0) -> torch.Tensor:
         h = self.model.embed_tokens(x) if self.first else x
         cos, sin = self.cos, self.sin
         if cos.shape[0] < h.shape[1]:
-            cos, sin = (t.to(h.device) for t in rope_tables(h.shape[1], self.spec.head_dim))
+            cos, sin = (t.to(h.device) for t in self._rope(h.shape[1]))
         for block in self.model.layers.values():
             if self.recompute and torch.is_grad_enabled():
                 h = checkpoint(block, h, cos, sin, use_reentrant=False)

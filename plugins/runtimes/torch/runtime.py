@@ -21,7 +21,7 @@ from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, 
 from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
 
 BACKENDS = ("auto", "gloo", "nccl")
-DATA = ("synthetic", "text")
+DATA = ("synthetic", "text", "tokens")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class TorchSettings:
     weight_decay: float = 0.1
     data: str = "synthetic"
     data_file: str | None = None
+    shard_mb: float = 5120.0  # out/final/ is one file up to this size, else one shard per stage
     progress: bool = True
     start_method: str = "spawn"
     fault: Mapping[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
@@ -55,7 +56,7 @@ class TorchSettings:
         if p["data"] not in DATA:
             raise HexicoreError(f"unknown data {p['data']!r}; choose one of: {', '.join(DATA)}", field="runtime.data")
         nums = {k: schema.number(p[k], None, f"runtime.{k}", allow_zero=k == "weight_decay")
-                for k in ("timeout_s", "lr", "eps", "weight_decay")}
+                for k in ("timeout_s", "lr", "eps", "weight_decay", "shard_mb")}
         return cls(backend=str(p["backend"]), data=str(p["data"]), progress=bool(p["progress"]),
                    data_file=None if p["data_file"] is None else str(p["data_file"]),
                    start_method=str(p["start_method"]), fault=dict(p["fault"]) if p["fault"] else None, **nums)
@@ -109,17 +110,19 @@ class TorchRuntime:
 
             for p in layout.pipelines:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
-        if settings.data == "text":
-            from .data import make_source
-
-            make_source("text", vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
-                        path=settings.data_file)
+        data_id = check_data(settings, layout)
+        init_from = None
+        if t.init_from and not resume:
+            init_from = check_init_from(t.init_from, layout)
+        if resume:
+            _check_resume(resume, layout, t.seed, data_id)
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         return WorkerSpec(layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
                           resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
-                          progress=settings.progress, fault=dict(settings.fault) if settings.fault else None)
+                          progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
+                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id)
 
     def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
@@ -131,6 +134,46 @@ class TorchRuntime:
         start_method = TorchSettings.parse(spec.runtime.params).start_method
         results = launch([job], job.layout.world, start_method=start_method)
         return results[0]["metrics"] if results and results[0] else None
+
+
+def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
+    """Open the data source once here (a bad file, or ids >= the model's vocabulary in a token
+    file, is one line before launch); returns what identifies it in checkpoints."""
+    from pathlib import Path
+
+    from .data import make_source
+
+    if settings.data == "synthetic":
+        return {"kind": "synthetic"}
+    src = make_source(settings.data, vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
+                      path=settings.data_file)
+    name = Path(settings.data_file).name if settings.data_file else "demo.txt"
+    size = src.file.tokens if settings.data == "tokens" else len(src.data)
+    return {"kind": settings.data, "file": name, "size": int(size)}
+
+
+def check_init_from(folder: str, layout: Layout) -> str:
+    """A Hugging Face checkpoint directory whose tensors (names and shapes, from the safetensors
+    headers only) are exactly the model's; else one line naming the first bad tensor."""
+    from pathlib import Path
+
+    from .dp_sync import full_shapes
+    from .hf_io import check_shapes
+
+    check_shapes(full_shapes(layout.model), folder, tied=layout.model.tied_embeddings)
+    return str(Path(folder).resolve())
+
+
+def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any]) -> None:
+    import sys
+
+    from . import checkpoint
+
+    ck = checkpoint.load(resume)
+    note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
+                                   plan=checkpoint.plan_fingerprint(layout))
+    if note:
+        print(note, file=sys.stderr)
 
 
 def check_memory(layout: Layout) -> None:

@@ -4,50 +4,62 @@ Every layout starts from identical weights: a parameter's *full* tensor is a pur
 the seed and its standard name (its own ``torch.Generator`` seeded from both), and each rank
 slices its TP shard out of it. So ``parallel=none``, any pipeline cut and any TP degree begin
 from bit-identical models, and no rank ever materialises more than one full tensor at a time.
-Norm weights start at 1, every matrix at N(0, 0.02).
+Norm weights start at 1, biases at 0, every matrix at N(0, 0.02). A :class:`TensorSource`
+abstracts where tensors come from: the seed (:class:`Seeded`), or safetensors files — a Hugging
+Face checkpoint (``init_from``) or a resumable checkpoint — read slice by slice
+(:class:`~.hf_io.SafeTensors`), so a rank reads only its own chunks' tensors and its TP shard.
+A tied head (``tied_embeddings``) is stored as the embedding (:func:`canonical`); chunks that
+hold both share one Parameter, and so do chunks of one chain on the same rank
+(:func:`build_stages`).
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Protocol
 
 import torch
 
 from hexicore.core.model import ModelSpec
 
 from .layout import PipelinePart
-from .model import LlamaChunk
+from .model import EMBED, HEAD, LlamaChunk
 from .tensor_parallel import TPGroup, shard, shard_dim
 
 INIT_STD = 0.02
 
-FullTensor = Callable[[str, tuple[int, ...]], torch.Tensor]
-
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """The full initial value of parameter ``name`` (depends only on seed and name)."""
+    """The full initial value of parameter ``name`` (depends only on seed and name): norms 1,
+    biases 0, matrices N(0, 0.02)."""
     if name.endswith("norm.weight"):
         return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
     g = torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
     return torch.randn(shape, generator=g) * INIT_STD
 
 
-def seeded(seed: int) -> FullTensor:
-    return lambda name, shape: init_tensor(name, shape, seed)
+class TensorSource(Protocol):
+    """Where a rank's initial tensors come from: ``read(name, shape, dim, rank, size)`` returns
+    TP shard ``rank`` of ``size`` along ``dim`` of the full tensor ``name`` of ``shape``."""
+
+    def read(self, name: str, shape: tuple[int, ...], dim: int | None, rank: int, size: int) -> torch.Tensor: ...
 
 
-def from_state(state: Mapping[str, torch.Tensor]) -> FullTensor:
-    """Full tensors from a consolidated state dict (resume); shapes are checked."""
-    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if name not in state:
-            raise KeyError(f"checkpoint has no parameter {name!r}")
-        t = state[name]
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"checkpoint parameter {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-        return t
-    return get
+@dataclass(frozen=True)
+class Seeded:
+    """Initial weights from the seed (:func:`init_tensor`), sliced after the full tensor is made."""
+
+    seed: int
+
+    def read(self, name: str, shape: tuple[int, ...], dim: int | None, rank: int, size: int) -> torch.Tensor:
+        return shard(init_tensor(name, shape, self.seed), dim, rank, size)
+
+
+def seeded(seed: int) -> Seeded:
+    return Seeded(seed)
 
 
 def full_shape(name: str, local: torch.Size, tp: TPGroup) -> tuple[int, ...]:
@@ -57,12 +69,19 @@ def full_shape(name: str, local: torch.Size, tp: TPGroup) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def canonical(name: str, model: ModelSpec) -> str:
+    """The stored name of a parameter: a tied head is the embedding."""
+    return EMBED if model.tied_embeddings and name == HEAD else name
+
+
 @torch.no_grad()
-def load_shards(module: torch.nn.Module, full: FullTensor, tp: TPGroup) -> None:
-    """Fill every parameter of ``module`` with its TP shard of the full tensor."""
+def load_shards(module: LlamaChunk, source: TensorSource, tp: TPGroup) -> None:
+    """Fill every parameter of ``module`` with its TP shard read from ``source``."""
     for name, p in module.named_parameters():
-        t = full(name, full_shape(name, p.shape, tp))
-        p.copy_(shard(t, shard_dim(name), tp.rank, tp.size))
+        t = source.read(canonical(name, module.spec), full_shape(name, p.shape, tp), shard_dim(name), tp.rank, tp.size)
+        if tuple(t.shape) != tuple(p.shape):
+            raise ValueError(f"tensor {name!r}: shard of shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+        p.copy_(t)
 
 
 @dataclass
@@ -81,9 +100,11 @@ class Stage:
         return self.chain == 0
 
 
-def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGroup, *, full: FullTensor,
+def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGroup, *, full: TensorSource,
                  recompute: bool, device: torch.device) -> dict[int, Stage]:
-    """The chunks ``pipe_rank`` holds in ``part``, initialised from ``full`` and moved to ``device``."""
+    """The chunks ``pipe_rank`` holds in ``part``, initialised from ``full`` and moved to
+    ``device``. With tied embeddings, a head and an embedding of the same chain on this rank are
+    one Parameter (so only one is read and updated)."""
     out = {}
     for s in part.actions.stages_of(pipe_rank):
         start, end = part.chunk_layers[s]
@@ -91,11 +112,18 @@ def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGro
         module = LlamaChunk(model, start, end, first=first, last=last, tp=tp, recompute=recompute)
         load_shards(module, full, tp)
         out[s] = Stage(s, part.chain_index(s), first, last, module.to(device))
+    if model.tied_embeddings:
+        for chain in range(len(part.actions.chains)):
+            mine = [st for st in out.values() if st.chain == chain]
+            emb = next((st.module.model.embed_tokens for st in mine if st.first), None)
+            for st in mine:
+                if emb is not None and st.last and not st.first:
+                    st.module.lm_head.weight = emb.weight
     return out
 
 
-def full_model(model: ModelSpec, full: FullTensor) -> LlamaChunk:
-    """The whole model in one module (the reference, and for loading ``final.pt``)."""
+def full_model(model: ModelSpec, source: TensorSource) -> LlamaChunk:
+    """The whole model in one module (the reference)."""
     m = LlamaChunk(model, 0, model.layers, first=True, last=True)
-    load_shards(m, full, TPGroup())
+    load_shards(m, source, TPGroup())
     return m

@@ -40,9 +40,17 @@ class TPGroup:
 
 
 def shard_dim(name: str) -> int | None:
-    """The TP shard dimension of a parameter by its standard name (None: replicated)."""
+    """The TP shard dimension of a parameter by its standard name (None: replicated). Biases of
+    column-parallel projections (q/k/v) are sharded with their output features; the bias of a
+    row-parallel one (o_proj) is replicated and added once after the all-reduce."""
     parts = name.split(".")
-    return SHARD_DIM.get(parts[-2]) if len(parts) >= 2 and parts[-1] == "weight" else None
+    if len(parts) < 2:
+        return None
+    if parts[-1] == "weight":
+        return SHARD_DIM.get(parts[-2])
+    if parts[-1] == "bias":
+        return 0 if SHARD_DIM.get(parts[-2]) == 0 else None
+    return None
 
 
 def shard(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:

@@ -26,7 +26,8 @@ from .data import make_source
 from .executor import Executor
 from .groups import build_groups
 from .layout import Layout
-from .stage import build_stages, from_state, seeded
+from .hf_io import SafeTensors
+from .stage import Seeded, build_stages
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -47,6 +48,9 @@ class WorkerSpec:
     data_file: str | None = None
     out: str | None = None
     resume: str | None = None
+    init_from: str | None = None  # a Hugging Face checkpoint directory (each rank reads its slices)
+    shard_bytes: int = 5 * 2**30  # final/ is sharded per stage above this many bytes
+    data_id: dict[str, Any] | None = None  # what resuming must match (data kind, file, size)
     checkpoint_every: int = 0
     timeout_s: float = 120.0
     backend: str = "auto"
@@ -98,28 +102,41 @@ class _Progress:
             self.bar.stop()
 
 
+def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
+    if ck:
+        return checkpoint.model_source(ck)
+    if spec.init_from:
+        return SafeTensors.directory(spec.init_from)
+    return Seeded(spec.seed)
+
+
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
     layout = spec.layout
     groups = build_groups(layout, rank, world)
     role = groups.role
     ck = checkpoint.load(spec.resume) if spec.resume else None
-    full = from_state(ck["model"]) if ck else seeded(spec.seed)
-    stages, executor, optimizer = {}, None, None
+    weights = _weights(spec, ck)
+    stages, executor, optimizer, rows = {}, None, None, None
     if role is not None:
         part = layout.pipelines[role.pipeline]
-        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=full, recompute=spec.recompute,
+        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
                               device=device)
-        params = [p for s in sorted(stages) for p in stages[s].module.parameters()]
+        params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
         optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
                                       weight_decay=spec.weight_decay)
         if ck:
-            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck.get("optim") or {})
+            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
         mb_rows = part.batch // part.actions.micro_batches
         executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
                             autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s)
+        if any(st.first or st.last for st in stages.values()):  # only ends of a chain read token rows
+            rows = (part.offset, part.offset + part.batch)
+        else:
+            blank = torch.zeros((part.batch, layout.seq_len + 1), dtype=torch.long)
+    _record_reads(spec, weights, rank)
     source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
                          global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file)
     start = int(ck["step"]) if ck else 0
@@ -132,7 +149,10 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         for step in range(start, spec.steps):
             _inject_fault(spec, rank, step)
             t0 = time.perf_counter()
-            local = executor.run_step(source.batch(step)) if executor else torch.zeros((), device=device)
+            if executor is None:
+                local = torch.zeros((), device=device)
+            else:
+                local = executor.run_step(source.batch(step, *rows) if rows else blank)
             loss = local.detach().clone() if role is not None and groups.tp.rank == 0 else torch.zeros_like(local)
             if world > 1:
                 dist.all_reduce(loss)
@@ -143,18 +163,33 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
-    gathered = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
+    state = None
+    if spec.return_state:
+        got = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
+        state = got[0] if got else None
+    if out is not None:
+        checkpoint.write_final(out / "final", stages, groups, layout, rank=rank, world=world,
+                               shard_bytes=spec.shard_bytes)
     if rank != 0:
         return None
-    model_state, _ = gathered
     steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
     metrics = {"losses": losses, "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
                "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(out / "final.pt", model_state)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    return {"metrics": metrics, "state": model_state if spec.return_state else None}
+    return {"metrics": metrics, "state": state}
+
+
+def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
+    """``out/reads/rank_R.json``: the tensors (name, bytes) this rank read to start (checkpoint runs)."""
+    reads = getattr(weights, "reads", None)
+    if reads is None or not spec.out:
+        return
+    d = Path(spec.out) / "reads"
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"rank": rank, "tensors": [n for n, _ in reads], "bytes": sum(b for _, b in reads)}
+    (d / f"rank_{rank}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    weights.close()
 
 
 def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:
@@ -162,7 +197,8 @@ def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses,
                             rank=rank, world=world)
     if rank == 0 and out is not None:
         model, optim = got
-        checkpoint.save(out / "checkpoints" / f"step_{step}.pt",
-                        {"format": checkpoint.FORMAT, "step": step, "model": model, "optim": optim,
-                         "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
-                         "schedule": spec.layout.schedule_name})
+        meta = {"step": step, "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
+                "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
+                "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
+                "plan_file": spec.plan}
+        checkpoint.save(out / "checkpoints" / f"step_{step}", model, optim, meta)

@@ -1,0 +1,173 @@
+"""Hugging Face checkpoint directories in and out: lazy safetensors reads, header checks, writers.
+
+A Hugging Face checkpoint directory holds ``config.json`` and either ``model.safetensors`` or
+shards ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json`` (its
+``weight_map`` names the file of every tensor). :class:`SafeTensors` opens such a set (or any
+set of safetensors files) and reads a tensor's TP slice with ``safe_open(...).get_slice(name)``,
+so a rank reads only the bytes of the tensors of its own chunks and of its own shard; it records
+every read (name, bytes) so tests can check what each rank touched.
+
+:func:`header_shapes` reads only the JSON headers (the safetensors layout: an 8-byte little-endian
+header length, then the JSON header) — no torch, no tensor data — and :func:`check_shapes`
+compares them with the shapes a :class:`~hexicore.core.model.ModelSpec` implies, before any
+worker starts. A tied checkpoint may omit ``lm_head.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any, Iterable
+
+from hexicore.core.errors import HexicoreError
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def weight_files(folder: str | Path, field: str = "init_from") -> dict[str, Path]:
+    """Tensor name -> file of a checkpoint directory (single file or sharded with its index)."""
+    d = Path(folder)
+    if (d / INDEX).is_file():
+        try:
+            wm = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError):
+            raise HexicoreError("unreadable index: no weight_map", source=str(d / INDEX), field=field) from None
+        return {str(n): d / str(f) for n, f in wm.items()}
+    if (d / SINGLE).is_file():
+        return {n: d / SINGLE for n in header_shapes(d / SINGLE, field)}
+    what = "no such directory" if not d.is_dir() else f"neither {SINGLE} nor {INDEX} in this directory"
+    raise HexicoreError(what, source=str(d), field=field)
+
+
+def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
+    """The JSON header of a safetensors file (reads the first ``8 + n`` bytes only)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 1 << 30:
+                raise ValueError("header too large")
+            head = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error) as exc:
+        raise HexicoreError(f"not a readable safetensors file ({exc})", source=str(p), field=field) from None
+    head.pop("__metadata__", None)
+    return head
+
+
+def header_shapes(path: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
+    return {n: tuple(int(x) for x in v["shape"]) for n, v in read_header(path, field).items()}
+
+
+def checkpoint_shapes(folder: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a checkpoint directory, from the headers only."""
+    files = weight_files(folder, field)
+    out: dict[str, tuple[int, ...]] = {}
+    for f in sorted(set(files.values())):
+        if not f.is_file():
+            raise HexicoreError("the index names a file that does not exist", source=str(f), field=field)
+        out.update(header_shapes(f, field))
+    return out
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], folder: str | Path, *, tied: bool,
+                 field: str = "init_from") -> None:
+    """Refuse a checkpoint whose tensors are missing, extra or of other shapes (one line naming
+    the first such tensor). ``expected``: standard name -> full shape of the model's parameters."""
+    have = checkpoint_shapes(folder, field)
+    src = str(folder)
+    for name, shape in expected.items():
+        if name not in have:
+            raise HexicoreError(f"tensor {name!r} is missing from the checkpoint", source=src, field=field)
+        if tuple(have[name]) != tuple(shape):
+            raise HexicoreError(f"tensor {name!r} has shape {list(have[name])} in the checkpoint, the model needs "
+                                f"{list(shape)}", source=src, field=field)
+    extra = sorted(n for n in have if n not in expected and not (tied and n == HEAD) and not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise HexicoreError(f"tensor {extra[0]!r} in the checkpoint is not a parameter of the model", source=src,
+                            field=field)
+
+
+class SafeTensors:
+    """A set of safetensors files read lazily, slice by slice (a :class:`~.stage.TensorSource`).
+
+    ``prefix`` is prepended to names (optimizer moments live as ``exp_avg.NAME`` in a
+    checkpoint). ``reads`` lists ``(name, bytes)`` of every read, in order."""
+
+    def __init__(self, files: dict[str, Path], prefix: str = ""):
+        self.files, self.prefix = files, prefix
+        self.reads: list[tuple[str, int]] = []
+        self._open: dict[Path, Any] = {}
+
+    @classmethod
+    def directory(cls, folder: str | Path, prefix: str = "", field: str = "init_from") -> "SafeTensors":
+        return cls(weight_files(folder, field), prefix)
+
+    def with_prefix(self, prefix: str) -> "SafeTensors":
+        other = SafeTensors(self.files, prefix)
+        other.reads, other._open = self.reads, self._open
+        return other
+
+    def _handle(self, path: Path):
+        if path not in self._open:
+            from safetensors import safe_open
+
+            self._open[path] = safe_open(str(path), framework="pt")
+        return self._open[path]
+
+    def has(self, name: str) -> bool:
+        return self.prefix + name in self.files
+
+    def read(self, name: str, shape: tuple[int, ...], dim: int | None, rank: int, size: int):
+        """Shard ``rank`` of ``size`` along ``dim`` of tensor ``name`` (only those bytes are read)."""
+        key = self.prefix + name
+        if key not in self.files:
+            raise KeyError(f"tensor {key!r} is not in the checkpoint")
+        sl = self._handle(self.files[key]).get_slice(key)
+        full = tuple(int(x) for x in sl.get_shape())
+        if full != tuple(shape):
+            raise ValueError(f"tensor {key!r} has shape {list(full)}, expected {list(shape)}")
+        if dim is None or size == 1:
+            t = sl[:]
+        else:
+            n = full[dim] // size
+            index = tuple(slice(None) for _ in range(dim)) + (slice(rank * n, (rank + 1) * n),)
+            t = sl[index]
+        t = t.float() if t.is_floating_point() else t
+        self.reads.append((key, t.numel() * t.element_size()))
+        return t
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def shard_name(k: int, n: int) -> str:
+    return f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+
+
+def write_index(folder: str | Path, weight_map: dict[str, str], total_bytes: int) -> Path:
+    """``model.safetensors.index.json`` (Hugging Face's sharded layout)."""
+    p = Path(folder) / INDEX
+    doc = {"metadata": {"total_size": int(total_bytes)}, "weight_map": dict(sorted(weight_map.items()))}
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(p)
+    return p
+
+
+def save_tensors(path: str | Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
+    """Write a safetensors file atomically (contiguous CPU copies; never a pickle)."""
+    from safetensors.torch import save_file
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
+              metadata={"format": "pt", **(metadata or {})})
+    tmp.replace(p)
+    return p
+
+
+def nbytes(tensors: Iterable[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -154,7 +154,7 @@ def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
                             field="model.arch")
     mt = spec.hf_model_type or "llama"
     rope: dict[str, Any] = {"rope_theta": spec.rope_theta, "rope_type": "default"}
-    rope.update(dict(spec.rope_scaling))
+    rope.update(_rope_json(spec.rope_scaling))
     d: dict[str, Any] = {
         "architectures": [ARCHITECTURES[mt]], "model_type": mt, "hidden_size": spec.hidden,
         "intermediate_size": spec.ffn, "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
@@ -165,13 +165,21 @@ def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
         "torch_dtype": "float32",
     }
     if spec.rope_scaling:
-        d["rope_scaling"] = dict(spec.rope_scaling)
+        d["rope_scaling"] = _rope_json(spec.rope_scaling)
     if mt == "qwen2":
         d.update(use_sliding_window=False, sliding_window=None)
     else:
         d["attention_bias"] = spec.o_bias
         if mt == "mistral":
             d["sliding_window"] = None
+    return d
+
+
+def _rope_json(scaling) -> dict[str, Any]:
+    """Rope scaling as transformers expects it (``original_max_position_embeddings`` an integer)."""
+    d = dict(scaling)
+    if isinstance(d.get("original_max_position_embeddings"), float):
+        d["original_max_position_embeddings"] = int(d["original_max_position_embeddings"])
     return d
 
 

@@ -272,3 +272,20 @@ def test_header_check_names_the_tensor(tmp_path):
     shapes.pop("model.layers.3.self_attn.k_proj.bias")
     with pytest.raises(HexicoreError, match="k_proj.bias' in the checkpoint is not a parameter"):
         check_shapes(shapes, tmp_path, tied=True)
+
+
+def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
+    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+
+    model = {"name": "m", "layers": 4}
+    ck = {"dir": "ck/step_2", "step": 2, "seed": 1, "model": model, "data": {"kind": "tokens", "file": "x.bin",
+                                                                            "size": 10}, "plan": "aaaa"}
+    same = dict(model=model, seed=1, data=ck["data"], plan="aaaa")
+    assert check_resume(ck, **same) is None
+    assert "another plan" in check_resume(ck, **{**same, "plan": "bbbb"})
+    with pytest.raises(HexicoreError, match="seed 1, this run has seed 2"):
+        check_resume(ck, **{**same, "seed": 2})
+    with pytest.raises(HexicoreError, match="model differs in layers"):
+        check_resume(ck, **{**same, "model": {"name": "m", "layers": 5}})
+    with pytest.raises(HexicoreError, match="trained on data"):
+        check_resume(ck, **{**same, "data": {"kind": "synthetic"}})

@@ -98,7 +98,6 @@ class SafeTensors:
     def __init__(self, files: dict[str, Path], prefix: str = ""):
         self.files, self.prefix = files, prefix
         self.reads: list[tuple[str, int]] = []
-        self._open: dict[Path, Any] = {}
 
     @classmethod
     def directory(cls, folder: str | Path, prefix: str = "", field: str = "init_from") -> "SafeTensors":
@@ -106,15 +105,8 @@ class SafeTensors:
 
     def with_prefix(self, prefix: str) -> "SafeTensors":
         other = SafeTensors(self.files, prefix)
-        other.reads, other._open = self.reads, self._open
+        other.reads = self.reads
         return other
-
-    def _handle(self, path: Path):
-        if path not in self._open:
-            from safetensors import safe_open
-
-            self._open[path] = safe_open(str(path), framework="pt")
-        return self._open[path]
 
     def has(self, name: str) -> bool:
         return self.prefix + name in self.files
@@ -124,22 +116,27 @@ class SafeTensors:
         key = self.prefix + name
         if key not in self.files:
             raise KeyError(f"tensor {key!r} is not in the checkpoint")
-        sl = self._handle(self.files[key]).get_slice(key)
-        full = tuple(int(x) for x in sl.get_shape())
-        if full != tuple(shape):
-            raise ValueError(f"tensor {key!r} has shape {list(full)}, expected {list(shape)}")
-        if dim is None or size == 1:
-            t = sl[:]
-        else:
-            n = full[dim] // size
-            index = tuple(slice(None) for _ in range(dim)) + (slice(rank * n, (rank + 1) * n),)
-            t = sl[index]
-        t = t.float() if t.is_floating_point() else t
+        from safetensors import safe_open
+
+        # a fresh handle per tensor: its memory map (and the file pages the slice touched) goes
+        # away with it, so a rank's resident memory stays its shard plus one tensor in flight
+        with safe_open(str(self.files[key]), framework="pt") as f:
+            sl = f.get_slice(key)
+            full = tuple(int(x) for x in sl.get_shape())
+            if full != tuple(shape):
+                raise ValueError(f"tensor {key!r} has shape {list(full)}, expected {list(shape)}")
+            if dim is None or size == 1:
+                t = sl[:]
+            else:
+                n = full[dim] // size
+                index = tuple(slice(None) for _ in range(dim)) + (slice(rank * n, (rank + 1) * n),)
+                t = sl[index]
+            t = t.float() if t.is_floating_point() else t.clone()
         self.reads.append((key, t.numel() * t.element_size()))
         return t
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing stays open between reads (kept for callers that close sources)."""
 
 
 def shard_name(k: int, n: int) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -166,7 +167,7 @@ def bench_load(folder: Path, quick: bool) -> tuple[float, list[tuple[str, dict]]
     return size, rows
 
 
-def section(prep: dict, size: float, rows: list[tuple[str, dict]]) -> str:
+def section(prep: dict, size: float, rows: list[tuple[str, dict]], largest: float) -> str:
     lines = [
         "Measured by `bench/hf_io.py` on this machine (2 shared CPU cores; numbers vary with the other jobs).",
         "",
@@ -177,10 +178,13 @@ def section(prep: dict, size: float, rows: list[tuple[str, dict]]) -> str:
         "",
         f"**Loading a Hugging Face checkpoint per rank** ({size:.0f} MB fp32 Llama, `init_from` path): each rank "
         "of a 2-stage x TP-2 run, in a fresh process, builds its chunk and reads only its tensors' TP slices. "
-        "Peak RSS growth is over the process after imports; it counts the pages of the memory-mapped "
-        "safetensors file that the reads touched (page cache, shared by the ranks of a machine, "
-        "released when the file is closed) besides private memory; *private after* is the anonymous "
-        "memory the rank holds once loaded (its parameters).",
+        "Peak RSS growth is over the process after imports; besides private memory it counts the pages "
+        "of the memory-mapped safetensors file that a read touched (each tensor is read through its own "
+        "`safe_open` handle, so those pages are unmapped after it). *Private after* is the anonymous "
+        "memory the rank holds once loaded (its parameters). What the peak adds to the parameters is "
+        "about one tensor in flight — at most the largest one, here the embedding "
+        f"({largest:.0f} MB, read whole: it is not TP-sharded). The last row loads the whole file in "
+        "one process for comparison.",
         "",
         "| checkpoint | rank | load s | read MB | its parameters MB | peak RSS growth MB | private after MB |",
         "|---|---|---|---|---|---|---|",
@@ -207,7 +211,10 @@ def main() -> None:
         (d / "p").mkdir()
         prep = bench_prepare(d / "p", 1.0 if a.quick else 4.0)
         size, rows = bench_load(d / "ckpt", a.quick)
-    text = section(prep, size, rows)
+        from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+
+        largest = max(4 * math.prod(s) for s in checkpoint_shapes(d / "ckpt" / "single").values()) / 2**20
+    text = section(prep, size, rows, largest)
     print(text)
     if not a.no_docs:
         sys.path.insert(0, str(HERE))

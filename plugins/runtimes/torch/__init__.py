@@ -2,8 +2,10 @@
 
 Modules (one concept each): :mod:`.model` (Llama chunks), :mod:`.tensor_parallel` (Megatron
 column/row parallel), :mod:`.layout` (ranks, pipelines, chunk layer ranges; no torch),
-:mod:`.groups` (process groups), :mod:`.stage` (build + seeded init of a rank's chunks),
-:mod:`.executor` (the action-list interpreter), :mod:`.data`, :mod:`.checkpoint`,
+:mod:`.groups` (process groups), :mod:`.stage` (build + init of a rank's chunks: seed,
+checkpoint or Hugging Face weights), :mod:`.tied` (tied embeddings across stages),
+:mod:`.executor` (the action-list interpreter), :mod:`.data`, :mod:`.hf_io` (safetensors slices
+in, Hugging Face directories out), :mod:`.checkpoint` (pickle-free checkpoints),
 :mod:`.trainer` (one rank's loop), :mod:`.launch` (elastic launch / torchrun), :mod:`.runtime`
 (:class:`~hexicore.core.run_spec.RunSpec` -> checked, launched run). This module imports no torch, so registering the plugin is cheap.
 """

@@ -181,9 +181,11 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
     if ck.get("seed") != seed:
         raise HexicoreError(f"the checkpoint was trained with seed {ck.get('seed')}, this run has seed {seed}",
                             source=src, field="seed")
-    if ck.get("model") != model:
-        keys = sorted(k for k in set(model) | set(ck.get("model") or {}) if (ck.get("model") or {}).get(k) != model.get(k))
-        raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)}", source=src, field="model")
+    have, want = _plain(ck.get("model") or {}), _plain(model)
+    keys = sorted(k for k in set(have) | set(want) if k != "name" and have.get(k) != want.get(k))
+    if keys:  # the name is cosmetic (a config directory's name); the architecture is not
+        raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)}: {have.get(keys[0])!r} there, "
+                            f"{want.get(keys[0])!r} here", source=src, field="model")
     if ck.get("data") != data:
         raise HexicoreError(f"the checkpoint was trained on data {ck.get('data')}, this run uses {data}", source=src,
                             field="runtime.data")
@@ -191,6 +193,10 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
         return (f"hexicore: resuming step {ck.get('step')} under another plan/schedule than the checkpoint's "
                 f"({ck.get('schedule')}, plan {ck.get('plan')} -> {plan})")
     return None
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(d, default=list))
 
 
 @torch.no_grad()

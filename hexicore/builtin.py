@@ -1,5 +1,6 @@
-"""Plugins that live in the core: the ``analytic`` cost model (registered through the same
-``hexicore`` entry-point group as every other plugin)."""
+"""Plugins that live in the core: the ``analytic`` and ``profiled`` cost models and the
+``hexiscale`` solver (registered through the same ``hexicore`` entry-point group as every other
+plugin)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ def _analytic(**params):
     return cost_model_from_config(params)
 
 
+def _profiled(**params):
+    from hexicore.cost.profiled import profiled_from_config
+
+    return profiled_from_config(params)
+
+
 @hookimpl
 def hexicore_cost_models():
     yield PluginSpec(kind="cost_model", name="analytic", factory=_analytic,
                      description="HexiScale App. A analytic model (compute, TP/PP/DP comm with alpha, memory)")
+    yield PluginSpec(kind="cost_model", name="profiled", factory=_profiled,
+                     description="App. A priced with measured block times and links (cost.profile_file)")
 
 
 def _hexiscale(**params):

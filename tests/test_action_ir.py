@@ -11,7 +11,7 @@ import pytest
 
 from hexicore.core.errors import HexicoreError
 from hexicore.pipeline import arrays
-from hexicore.pipeline.actions import COMM_OPS, COMPUTE_OPS, OPS, Action, ActionList, Op, parse_actions
+from hexicore.pipeline.actions import from_arrays, COMM_OPS, COMPUTE_OPS, OPS, Action, ActionList, Op, parse_actions
 from hexicore.pipeline.arrays import CODE, ActionArrays
 
 
@@ -67,7 +67,7 @@ def test_json_is_byte_identical_and_parses_to_members(tmp_path):
     assert (err.value.source, err.value.field) == ("x.json", "actions[1][2].op")
 
 
-def test_array_codes_come_from_the_enum():
+def test_array_codes_agree_with_the_enum():
     assert [CODE[o] for o in Op] == list(range(len(Op))) and CODE["RECV_F"] == CODE[Op.RECV_F]
     assert (arrays.F, arrays.SEND_F, arrays.RECV_B, arrays.STEP) == (CODE[Op.F], CODE[Op.SEND_F], CODE[Op.RECV_B],
                                                                       CODE[Op.STEP])
@@ -75,7 +75,7 @@ def test_array_codes_come_from_the_enum():
     arr = ActionArrays.from_lists(al.actions)
     assert [OPS[c] for c in arr.op.tolist()] == [a.op for acts in al.actions for a in acts]
     assert arr.is_comm().tolist() == [a.is_comm for acts in al.actions for a in acts]
-    back = arr.to_lists()
+    back = from_arrays(arr)
     assert back == al.actions and all(type(a.op) is Op for acts in back for a in acts)
 
 

@@ -1,4 +1,4 @@
-"""Action IR: comm insertion, the validator's defect reports, JSON round trip (issue 5 items 1, 3)."""
+"""Action IR: comm insertion, the validator's defect reports, JSON round trip."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_receive_out_of_link_order_is_named():
 
 
 def test_deadlock_is_named():
-    """The cyclic wait of notes/pipelining.md: rank 0 F0 B0 F1 B1, rank 1 F0 F1 B0 B1."""
+    """A cyclic wait: rank 0 F0 B0 F1 B1, rank 1 F0 F1 B0 B1."""
     bad = [ops("F00", "B00", "F01", "B01"), ops("F10", "F11", "B10", "B11")]
     msg = error(two_ranks(bad))
     assert msg.startswith("actions: deadlock:") and "rank 0, position 1, action 0B0 waits" in msg

@@ -1,5 +1,5 @@
-"""The Hydra CLI (DESIGN.md §4): plan/evaluate/plugins end to end, and bad input -> one line,
-exit status 2, no traceback (one test per case of issue 2, item 7)."""
+"""The Hydra CLI (docs/cli.md): plan/evaluate/plugins end to end, and bad input -> one line,
+exit status 2, no traceback (one test per case)."""
 
 import json
 import subprocess

@@ -64,7 +64,7 @@ def test_presets(name, n):
 
 
 def test_hetero_settings_match_paper_flops_ratios():
-    # REFERENCE.md §5 gives total FLOPS relative to the A800 PCIe baselines; with our catalog
+    # HexiScale §5 (docs/background.md) gives total FLOPS relative to the A800 PCIe baselines; with our catalog
     # figures hetero1 is within a few percent of 2x8 A800 (the paper: +1.36%).
     h1 = cluster_preset("hetero1").total_tflops / cluster_preset("homo_a800_16").total_tflops
     assert 0.85 < h1 < 1.15

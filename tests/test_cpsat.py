@@ -1,4 +1,4 @@
-"""The ``cpsat`` exact solver (issue 4): brute-force optimum on tiny clusters, fidelity to the
+"""The ``cpsat`` exact solver: brute-force optimum on tiny clusters, fidelity to the
 cost model, valid bounds, fix_groups, bad input, the CLI.
 
 The brute force enumerates every plan of the solver's plan space (stages inside one machine,

@@ -1,5 +1,5 @@
-"""Array paths (issue 5 "speed"): array-backed action lists, the array comm pass and the array
-simulator agree with the object paths; defects still get the object path's located errors."""
+"""Array paths: array-backed action lists and the array engine of the simulator agree with the
+object lists and the event loop; defects still get the event loop's located errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from hexicore.pipeline.arrays import ActionArrays
-from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.actions import OPS, Action, ActionList
+from hexicore.pipeline.arrays import CODE, ActionArrays
 from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import ScheduleError
 from hexicore.pipeline.schedule import ScheduleSpec
@@ -38,13 +38,20 @@ def random_timing(rng, al, P):
                   tuple(rng.uniform(0, 1) for _ in range(P - 1)), reduce=rng.uniform(0, 1))
 
 
+def test_array_codes_are_the_op_order():
+    assert [CODE[op] for op in OPS] == list(range(len(OPS)))
+    assert ActionArrays.from_lists([[Action(op, 0, 0) for op in OPS]]).op.tolist() == list(range(len(OPS)))
+
+
 @pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
-def test_array_comm_pass_equals_the_object_pass(sched):
+def test_comm_pass_arrays_and_objects_are_the_same_lists(sched):
+    """``fast`` only chooses how the result is held (tests/test_comm.py checks the pass itself)."""
     for P, M in GRID:
         al = sched.order(ScheduleSpec(P, M))
-        fast = insert_comm(al, fast=True)
-        assert not fast.has_objects()
-        assert fast == insert_comm(al, fast=False), (P, M)
+        fast, objects = insert_comm(al, fast=True), insert_comm(al, fast=False)
+        assert not fast.has_objects() and objects.has_objects()
+        assert fast == objects, (P, M)
+        assert insert_comm(arrays_backed(al), fast=False) == objects
 
 
 @pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")

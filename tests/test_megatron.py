@@ -1,4 +1,4 @@
-"""The symmetric Megatron baseline and the paper's worked case (REFERENCE.md §4)."""
+"""The symmetric Megatron baseline and the paper's worked case (docs/background.md)."""
 
 import importlib
 

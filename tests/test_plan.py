@@ -1,4 +1,4 @@
-"""Plan JSON contract (DESIGN.md §5) and the validator's precise refusals."""
+"""Plan JSON contract (docs/formats.md) and the validator's precise refusals."""
 
 import json
 
@@ -97,7 +97,7 @@ def test_parse_errors_name_json_fields(paper_case, llama13b):
 
 
 def test_plan_from_another_tool_with_devices_only_cluster(paper_case, llama13b):
-    """DESIGN.md §5 lists the cluster as its devices plus links: machines are derived from them."""
+    """docs/formats.md lists the cluster as its devices plus links: machines are derived from them."""
     data = make_plan(paper_case, llama13b).to_dict()
     data["cluster"] = {"name": "foreign", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
                        "intra": {"bandwidth_gbs": 100, "latency_us": 5},

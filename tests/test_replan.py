@@ -1,4 +1,4 @@
-"""Elastic replanning (issue 8): exclude=[...] + warm_start=PLAN.json repairs the previous plan."""
+"""Elastic replanning: exclude=[...] + warm_start=PLAN.json repairs the previous plan."""
 
 import json
 import random

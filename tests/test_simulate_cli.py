@@ -1,4 +1,4 @@
-"""``hexicore simulate`` (DESIGN.md §4): the four files, the summary, one-line errors."""
+"""``hexicore simulate`` (docs/cli.md): the four files, the summary, one-line errors."""
 
 from __future__ import annotations
 

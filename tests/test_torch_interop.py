@@ -1,4 +1,4 @@
-"""Export to torch.distributed.pipelining's CSV and pass torch's own checker (issue 5 item 8).
+"""Export to torch.distributed.pipelining's CSV and pass torch's own checker.
 
 torch's helpers are private (torch 2.13: ``_validate_schedule``, ``_add_send_recv``,
 ``_simulate_comms_compute``): the test pins nothing but skips if they are gone."""

@@ -1,5 +1,5 @@
 """From a composed config to objects and results: the one path shared by the CLI and the
-library API (config -> cluster/model -> solver -> plan; DESIGN.md §1 data flow)."""
+library API (config -> cluster/model -> solver -> plan; docs/design.md, data flow)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""plan.png: the cluster coloured by pipeline, and one bar per pipeline (issue 3, item 5).
+"""plan.png: the cluster coloured by pipeline, and one bar per pipeline.
 
 Left: every machine is a column of its GPUs; a GPU's colour is its pipeline, its label
 ``p<i>s<j>`` the stage it serves; arrows join consecutive stages' leaders (the pipeline's path

@@ -1,4 +1,4 @@
-"""The project's exception type (DESIGN.md §8 "Errors").
+"""The project's exception type (docs/design.md, "Errors").
 
 Every error a user can cause (a bad file, an unknown name, an impossible plan) is raised as a
 :class:`HexicoreError` that carries the file and the field it is about. The CLI turns it into one
@@ -30,11 +30,11 @@ class HexicoreError(Exception):
 
 
 class PlanError(HexicoreError):
-    """A plan that cannot be executed or estimated (DESIGN.md §5 invariants)."""
+    """A plan that cannot be executed or estimated (the plan invariants of docs/formats.md)."""
 
 
 class ScheduleError(HexicoreError):
-    """An action list that is malformed, out of order or deadlocks (DESIGN.md §6)."""
+    """An action list that is malformed, out of order or deadlocks (docs/formats.md, action lists)."""
 
 
 class RunError(HexicoreError):

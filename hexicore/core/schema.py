@@ -47,6 +47,11 @@ def as_list(obj: Any, source: str | None, field: str) -> list:
     return list(obj)
 
 
+def dotted(prefix: str | None, key: str) -> str:
+    """The dotted field name ``prefix.key`` (``key`` alone at the top level)."""
+    return f"{prefix}.{key}" if prefix else key
+
+
 def get(d: Mapping[str, Any], key: str, source: str | None, prefix: str | None, default: Any = _MISSING) -> Any:
     """``d[key]`` or ``default``; a missing required key is an error naming the field."""
     field = f"{prefix}.{key}" if prefix else key

@@ -8,7 +8,7 @@ backward), ``I``/``W`` (backward-input / backward-weight, zero-bubble family), `
 Chimera's two copies) and ``STEP`` (optimizer). A stage is a model chunk; a rank may hold
 several. ``SEND_*`` carry the sending stage, ``RECV_*`` the receiving stage, ``peer`` the other
 rank. ``chains`` lists each model copy's stages in data order; ``mb_chain`` says which chain
-each micro-batch runs through.
+each micro-batch runs through (the rule: :mod:`hexicore.pipeline.chains`).
 
 Executing a list (what :mod:`hexicore.pipeline.simulate` models and a runtime implements), per rank, in
 order:
@@ -45,6 +45,8 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.arrays import ActionArrays
+from hexicore.pipeline.chains import ChainLinks
 
 FORMAT = "hexicore.actions/1"
 
@@ -201,17 +203,15 @@ class ActionList:
 
     def __getattr__(self, name: str) -> Any:
         if name == "actions" and "_arrays" in self.__dict__:
-            acts = self.__dict__["_arrays"].to_lists()
+            acts = from_arrays(self.__dict__["_arrays"])
             object.__setattr__(self, "actions", acts)
             return acts
         raise AttributeError(name)
 
     @property
-    def arrays(self) -> Any:
+    def arrays(self) -> ActionArrays:
         """The actions as :class:`hexicore.pipeline.arrays.ActionArrays` (built from the objects once)."""
         if "_arrays" not in self.__dict__:
-            from hexicore.pipeline.arrays import ActionArrays
-
             object.__setattr__(self, "_arrays", ActionArrays.from_lists(self.actions))
         return self.__dict__["_arrays"]
 
@@ -232,16 +232,20 @@ class ActionList:
     def chain_of(self, mb: int) -> tuple[int, ...]:
         return self.chains[self.mb_chain[mb]]
 
+    @property
+    def links(self) -> ChainLinks:
+        """The chains' previous/next-stage tables (:class:`hexicore.pipeline.chains.ChainLinks`), built once."""
+        if "_links" not in self.__dict__:
+            object.__setattr__(self, "_links", ChainLinks.of(self.chains, self.stages))
+        return self.__dict__["_links"]
+
     def next_stage(self, stage: int, mb: int) -> int | None:
-        """The stage after ``stage`` in the chain micro-batch ``mb`` runs through."""
-        chain = self.chain_of(mb)
-        k = chain.index(stage)
-        return chain[k + 1] if k + 1 < len(chain) else None
+        """The stage after ``stage`` in the chain micro-batch ``mb`` runs through (None: the last)."""
+        return self.links.next_stage(self.mb_chain[mb], stage)
 
     def prev_stage(self, stage: int, mb: int) -> int | None:
-        chain = self.chain_of(mb)
-        k = chain.index(stage)
-        return chain[k - 1] if k > 0 else None
+        """The stage before ``stage`` in the chain micro-batch ``mb`` runs through (None: the first)."""
+        return self.links.prev_stage(self.mb_chain[mb], stage)
 
     def compute_only(self) -> "ActionList":
         """The same lists with communication removed (what schedules emit)."""
@@ -332,3 +336,12 @@ def compute(op: Op | str, stage: int, mb: int) -> Action:
 
 def flatten(actions: Iterable[Iterable[Action]]) -> list[Action]:
     return [a for acts in actions for a in acts]
+
+
+def from_arrays(arrays: ActionArrays) -> tuple[tuple[Action, ...], ...]:
+    """The ``Action`` objects of :class:`~hexicore.pipeline.arrays.ActionArrays`, per rank."""
+    ops = [OPS[c] for c in arrays.op.tolist()]
+    fields = [[None if v < 0 else v for v in arr.tolist()] for arr in (arrays.stage, arrays.mb, arrays.peer)]
+    acts = from_columns(ops, *fields)
+    o = arrays.offsets.tolist()
+    return tuple(tuple(acts[o[r]:o[r + 1]]) for r in range(arrays.ranks))

@@ -3,27 +3,25 @@
 An :class:`~hexicore.pipeline.actions.ActionList` may hold its actions as :class:`ActionArrays` — one
 flat int array per field (op code, stage, micro-batch, peer; -1 for None) in rank order, with
 ``offsets[r]:offsets[r+1]`` rank r's slice — and builds the ``Action`` objects only when
-``.actions`` is read. Large schedules (Hanayo with P = 64, W = 8, M = 512: ~3M actions) are
-built, given their communication (:func:`hexicore.pipeline.comm.insert_comm`), validated and simulated
+``.actions`` is read (:func:`hexicore.pipeline.actions.from_arrays`). Large schedules (Hanayo
+with P = 64, W = 8, M = 512: ~3M actions) are built, given their communication
+(:func:`hexicore.pipeline.comm.insert_comm`), validated and simulated
 (:mod:`hexicore.pipeline.simulate_fast`) in this form; the object view and the JSON stay the contract.
+
+Imports nothing else of hexicore: the records module builds on this one, not the other way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from hexicore.pipeline.actions import OPS, Action, Op, from_columns
-
-#: Array code of every op: its position in :class:`~hexicore.pipeline.actions.Op` (definition
-#: order); keyed by the members, so their strings (``CODE["F"]``) look up the same codes.
-CODE: dict[Op, int] = {op: i for i, op in enumerate(OPS)}
-F, B, I, W = CODE[Op.F], CODE[Op.B], CODE[Op.I], CODE[Op.W]
-SEND_F, RECV_F, SEND_B, RECV_B = CODE[Op.SEND_F], CODE[Op.RECV_F], CODE[Op.SEND_B], CODE[Op.RECV_B]
-REDUCE, STEP = CODE[Op.REDUCE], CODE[Op.STEP]
-assert (SEND_F, RECV_F, SEND_B, RECV_B) == tuple(range(SEND_F, SEND_F + 4)), "is_comm needs contiguous comm codes"
+#: array code of each op of the IR: its position in :data:`hexicore.pipeline.actions.OPS`
+#: (tests/test_fast_paths.py checks the two agree); keyed by the op's name
+CODE = {op: i for i, op in enumerate(("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE", "STEP"))}
+F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE, STEP = CODE.values()
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,20 +53,14 @@ class ActionArrays:
                    np.asarray(peer, dtype=np.int32), off)
 
     @classmethod
-    def from_lists(cls, lists: Iterable[Iterable[Action]]) -> "ActionArrays":
+    def from_lists(cls, lists: Iterable[Iterable[Any]]) -> "ActionArrays":
+        """Encode per-rank lists of actions (anything with ``op``, ``stage``, ``mb``, ``peer``)."""
         rows = [list(acts) for acts in lists]
         flat = [a for acts in rows for a in acts]
         none = -1
         return cls.build([CODE[a.op] for a in flat], [none if a.stage is None else a.stage for a in flat],
                          [none if a.mb is None else a.mb for a in flat],
                          [none if a.peer is None else a.peer for a in flat], [len(r) for r in rows])
-
-    def to_lists(self) -> tuple[tuple[Action, ...], ...]:
-        ops = [OPS[c] for c in self.op.tolist()]
-        fields = [[None if v < 0 else v for v in arr.tolist()] for arr in (self.stage, self.mb, self.peer)]
-        acts = from_columns(ops, *fields)
-        o = self.offsets.tolist()
-        return tuple(tuple(acts[o[r]:o[r + 1]]) for r in range(self.ranks))
 
     def select(self, keep: np.ndarray) -> "ActionArrays":
         """The actions where ``keep`` is true (rank order kept)."""
@@ -108,14 +100,3 @@ def tile_blocks(block: ActionArrays, block_mbs: int, repeats: int, rest: ActionA
     op, st, mb = (np.concatenate(p) if p else np.zeros(0, np.int32) for p in (parts_op, parts_st, parts_mb))
     return ActionArrays.build(op, st, mb, np.full(len(op), -1, dtype=np.int32), counts)
 
-
-def chain_links(al) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(prev, next, chain) per stage; None when chains overlap or leave the stage range."""
-    S = al.stages
-    prev, nxt, chain_of = np.full(S, -1), np.full(S, -1), np.full(S, -1)
-    for c, chain in enumerate(al.chains):
-        ch = np.asarray(chain, dtype=np.int64)
-        if len(ch) and (ch.min() < 0 or ch.max() >= S or (chain_of[ch] >= 0).any()):
-            return None
-        chain_of[ch], prev[ch[1:]], nxt[ch[:-1]] = c, ch[:-1], ch[1:]
-    return prev, nxt, chain_of

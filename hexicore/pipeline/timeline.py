@@ -1,5 +1,5 @@
 """Pictures of a simulated schedule: Chrome trace (Perfetto) and a matplotlib Gantt chart
-(conventions §5: complete events ``ph: "X"`` in µs; one row per rank like the papers' figures)."""
+(Chrome trace event format: complete events ``ph: "X"`` in µs; one row per rank like the papers' figures)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hexicore.pipeline.actions import ActionList
-from hexicore.pipeline.simulate import SimResult
+from hexicore.pipeline.timing import SimResult
 
 COMM_ROW = 1000  # trace thread id offset of a rank's send row
 

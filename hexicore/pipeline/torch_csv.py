@@ -1,4 +1,4 @@
-"""Interop with torch.distributed.pipelining's CSV pipeline-order format (issue 5 item 8).
+"""Interop with torch.distributed.pipelining's CSV pipeline-order format.
 
 torch's ``_PipelineScheduleRuntime._load_csv(path, format="compute_only"|"compute_comms")`` reads
 one row per rank of action strings ``<stage><op><mb>`` (``2F0``, ``3SEND_F1``; ``_Action.from_str``)

@@ -1,4 +1,4 @@
-"""The action-list validator (issue 5 item 3; DESIGN.md §6).
+"""The action-list validator (the action-list contract: docs/formats.md).
 
 :func:`validate_actions` checks, and raises :class:`ScheduleError` naming the rank, the position
 and the action on the first defect:
@@ -19,9 +19,10 @@ Compute-only lists (what schedules emit) are checked as if the comm pass had run
 
 from __future__ import annotations
 
-from hexicore.pipeline.actions import ActionList
 from hexicore.core.errors import ScheduleError
-from hexicore.pipeline.simulate import SimResult, Timing, simulate
+from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.simulate import simulate
+from hexicore.pipeline.timing import SimResult, Timing
 
 
 def check_layout(al: ActionList) -> None:

@@ -1,4 +1,4 @@
-"""Batch allocation across pipelines (HexiScale §3.3, §4; REFERENCE.md §4: "pipeline batch
+"""Batch allocation across pipelines (HexiScale §3.3, §4; docs/background.md, the worked case: "pipeline batch
 sizes differ by 40% while their run times differ by 7%").
 
 The global batch is ``M`` micro-batches; pipeline i runs ``n_i >= 1`` of them with gradient

@@ -1,4 +1,4 @@
-"""Layer allocation across the stages of one pipeline (HexiScale §4.3, REFERENCE.md §2).
+"""Layer allocation across the stages of one pipeline (HexiScale §4.3; docs/background.md).
 
 Given, for every stage j, its time ``t_j(l)`` for ``l = 0..L`` layers (STAGE + HOP of App. A,
 one micro-batch) and the most layers ``cap_j`` its devices hold in memory, choose integer layer

@@ -1,4 +1,4 @@
-"""Graph-partitioning interfaces and helpers of the HexiScale scheduler (§4.2, DESIGN.md §2).
+"""Graph-partitioning interfaces and helpers of the HexiScale scheduler (§4.2; docs/design.md, extension points).
 
 The device graph is :meth:`hexicore.core.cluster.Cluster.graph`: a complete graph, vertex weight
 ``tflops`` (c_d) and edge weight ``bandwidth`` (beta(d, d') in GB/s). A partition is a list of

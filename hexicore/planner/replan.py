@@ -1,4 +1,4 @@
-"""Elastic replanning after losing devices (issue 8): ``exclude=[A.1,B.0] warm_start=PLAN.json``.
+"""Elastic replanning after losing devices: ``exclude=[A.1,B.0] warm_start=PLAN.json``.
 
 Start from the previous plan instead of a cold search:
 

@@ -1,15 +1,8 @@
-"""The HexiScale two-phase iterative planner (§4, REFERENCE.md §2), exposed as solver ``hexiscale``.
+"""The HexiScale two-phase iterative planner (HexiScale §4), exposed as solver ``hexiscale``.
 
-One candidate (§4.2-4.3):
-
-1. phase 1 — partition the device graph into ``D_dp`` parts (one per pipeline) with the
-   configured partitioner, min-cut or max-cut, then the refiner;
-2. phase 2, per part — partition it again into ``k_i`` groups of well-connected GPUs (min-cut),
-   order the groups with the stage orderer (top-tau), choose each group's local strategy (TP
-   degree and number of stages, inside one machine) by the cost model, and allocate layers
-   exactly (:mod:`hexicore.planner.layers`);
-3. allocate the global batch over the pipelines (:mod:`hexicore.planner.batch`, gradient accumulation)
-   and score the plan with the cost model (out of memory = infinity).
+One candidate (§4.2-4.3: phase 1 partitions the devices into pipelines, phase 2 lays out each
+pipeline, then the batch is allocated and the plan scored) is built by
+:mod:`hexicore.planner.candidates`; this module is the loop around it.
 
 The loop (§4.4) sweeps ``D_dp``, then walks around the best ``D_dp`` varying ``k_i`` and the
 partition seed; min-cut vs max-cut follows a moving average of the simulated DP sync time vs the
@@ -18,343 +11,35 @@ plans of the ``seeds`` solvers (``megatron``) and a warm-start plan are candidat
 result is never worse than they are under the same cost model. The best plan is finally polished
 by moving single stage boundaries under the full estimate (DP sync included).
 
-Everything pluggable comes from ``problem.registry`` by name; the core imports no plugin.
+Everything pluggable comes from ``problem.registry`` by name; the core imports no plugin. The
+candidate pieces (``INF``, ``Candidate``, ``Context``, ``assemble``, ``phase2``, ...) are
+importable from here as well.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from dataclasses import asdict, replace
+from typing import Sequence
 
-from hexicore.planner.batch import allocate_batch, affine_time
-from hexicore.cost import GIB, Estimate
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
-from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.cost import GIB
+from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assemble, best_strategy, merge_adjacent,
+                                         phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
+                                         unit_orders, variants)
 from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, timed_cost
+from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
 from hexicore.planner.search_config import SearchConfig
-from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline, machine_contiguous,
-                             split_by_machine, tp_menus)
+from hexicore.planner.stages import StageTable
 
-INF = math.inf
+__all__ = ["INF", "Candidate", "Context", "aligned", "assemble", "best_strategy", "choose_objective", "dp_range",
+           "finalize", "initial_sweep", "make_context", "merge_adjacent", "no_fit_error", "phase2",
+           "pipeline_time_fn", "polish", "relayout", "replan_search", "run_search", "search_loop",
+           "seed_candidates", "state_gb", "track_auto", "two_phase", "unit_orders", "variants"]
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """A scored plan; ``origin`` says where it came from (``search``, ``seed:megatron``, ...)."""
-
-    score: float
-    plan: Plan | None
-    estimate: Estimate | None
-    origin: str
-    layouts: tuple[Layout, ...] = ()
-    info: dict = field(default_factory=dict, compare=False)
-
-
-@dataclass
-class Context:
-    """Per-solve state: the problem, plugins built by name, caches, the moving averages."""
-
-    problem: Problem
-    cfg: SearchConfig
-    table: StageTable
-    partitioner: Any
-    refiner: Any
-    orderer: Any
-    graph: Any
-    micro_batches: int
-    degrees: tuple[int, ...]
-    phase2_cache: dict = field(default_factory=dict)
-    layout_cache: dict = field(default_factory=dict)
-    seen: dict = field(default_factory=dict)
-    ema_dp: float | None = None
-    ema_pp: float | None = None
-    evaluated: int = 0
-    book: ScheduleBook | None = None  # set when pipelines are priced by their schedules
-    exact_cost: Any = None  # the cost model the final plan is priced with (the search's is modelled)
-    options: tuple = ()  # ScheduleRefs a pipeline may get (schedule=auto: several)
-    tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
-    auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
-
-    @property
-    def auto(self) -> bool:
-        return len(self.options) > 1
-
-    @property
-    def cost(self):
-        return self.table.cost
-
-
-# ----------------------------------------------------------------------------- phase 2
-def pipeline_time_fn(ctx: Context, layout: Layout, n_mb_max: int | None = None, rank_only: bool = False,
-                     choose: bool = False):
-    """PIPELINE-TIME(n_mb) of a layout: with a schedule book the fastest option's modelled time
-    (:mod:`hexicore.planner.pricing`), else the cost model's timer if it has one, else App. A.
-    ``rank_only`` (phase 2 ranking orders and TP menus): App. A's closed form with a schedule
-    book too — thousands of layouts, cheap; :func:`assemble` prices each candidate's pipelines
-    by their schedules. ``choose``: the fastest of all options (schedule=auto), else the first."""
-    if ctx.book is not None and not rank_only:
-        opts = variants(ctx, layout, ctx.micro_batches if n_mb_max is None else n_mb_max, choose)
-        return lambda n: min((ctx.book.model(o, lay.stage_s, lay.hop_s, n) for o, lay in opts), default=INF)
-    timer = getattr(ctx.cost, "pipeline_timer", None)
-    if timer is None or ctx.book is not None:
-        return affine_time(*layout.fill_step())
-    sched, mb = ctx.problem.schedule, ctx.problem.train.micro_batch
-    return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
-
-
-def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) -> list[tuple[Any, Layout]]:
-    """The options a layout may run under, each with a layout that fits the option's memory:
-    the layout itself where its layers fit the option's peak activations, else its stages
-    re-laid out under the option's caps; options that fit no way are left out (cached).
-    ``choose``: every option, else the first only."""
-    key = ("variants", layout.stages, layout.layers, n_mb_max, choose)
-    if key not in ctx.layout_cache:
-        out = []
-        for o in ctx.options if choose else ctx.options[:1]:
-            if not ctx.book.usable(o, len(layout.stages)):
-                continue
-            table = ctx.tables[o]
-            lay = layout_pipeline(table, layout.stages, n_mb_max, layout.layers) or \
-                layout_pipeline(table, layout.stages, n_mb_max)
-            if lay is not None:
-                out.append((o, lay))
-        ctx.layout_cache[key] = out
-    return ctx.layout_cache[key]
-
-
-def unit_orders(ctx: Context, part: Sequence[str], k: int, seed: int) -> list[list[Group]]:
-    """Phase 2 (i)+(iii): ``k`` well-connected groups; each group split per machine into units
-    (TP stays inside a machine, §3.2); the units ordered by the orderer (its few best paths when
-    it offers ``orders``). Ordering units rather than whole groups keeps a machine's pieces
-    adjacent even when the partitioner spread it over two groups (intra-machine links are the
-    fastest, so top-tau joins them)."""
-    sub = ctx.graph.subgraph(part)
-    groups = ctx.partitioner.partition(sub, k, objective="min_cut", balance=ctx.cfg.group_balance, seed=seed) \
-        if k > 1 else [list(part)]
-    units = [list(u) for g in groups if g for u in split_by_machine(ctx.problem.cluster, g)]
-    many = getattr(ctx.orderer, "orders", None)
-    paths = many(units, sub, ctx.cfg.orders) if many is not None else [ctx.orderer.order(units, sub)]
-    return [merge_adjacent(ctx, path) for path in paths]
-
-
-def merge_adjacent(ctx: Context, path: Sequence[Sequence[str]]) -> list[Group]:
-    """Consecutive units of one machine become one unit, so its TP menu spans all of them."""
-    out: list[list[str]] = []
-    machine = ctx.problem.cluster.device
-    for u in path:
-        if out and machine(out[-1][0]).machine == machine(u[0]).machine:
-            out[-1].extend(u)
-        else:
-            out.append(list(u))
-    return [tuple(u) for u in out]
-
-
-def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_max: int) -> tuple[float, Layout | None]:
-    """Phase 2 (ii): per unit a TP menu (:func:`tp_menus`) — the unit's TP degrees and number of
-    stages — chosen by the cost model: each candidate order (and its reverse; top-tau scores
-    bandwidth only, memory favours some ends) is scored with every uniform strategy (all units
-    at TP degree d where they can be); on the best order and start, coordinate descent over the
-    units' menus, scored by the pipeline's time at its nominal number of micro-batches."""
-
-    def score(order, menus, choice) -> tuple[float, Layout | None]:
-        stages = tuple(g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c]))
-        key = (stages, n_mb_max)
-        if key not in ctx.layout_cache:
-            ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
-        lay = ctx.layout_cache[key]
-        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)
-
-    starts = []
-    tried = set()
-    for order in (o for units in orders for o in (units, units[::-1])):
-        if tuple(order) in tried:
-            continue
-        tried.add(tuple(order))
-        menus = [tp_menus(len(u), tuple(d for d in ctx.degrees if d <= len(u))) for u in order]
-        for d in ctx.degrees:
-            choice = [min(range(len(ms)), key=lambda i: (sum(abs(t - d) for t in ms[i]), i)) for ms in menus]
-            starts.append((score(order, menus, choice), len(starts), order, menus, choice))
-    (cur, _, order, menus, choice) = min(starts, key=lambda s: (s[0][0], s[1]))
-    for _ in range(ctx.cfg.strategy_passes):
-        improved = False
-        for u in range(len(order)):
-            for c in range(len(menus[u])):
-                if c == choice[u]:
-                    continue
-                trial = choice[:u] + [c] + choice[u + 1:]
-                s = score(order, menus, trial)
-                if s[0] < cur[0] - 1e-12:
-                    cur, choice, improved = s, trial, True
-        if not improved:
-            break
-    return cur
-
-
-def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
-    """One pipeline's layout from its devices (cached per part, k and batch bound)."""
-    tf = ctx.problem.cluster.total_tflops
-    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
-    key = (frozenset(part), k, n_mb_max)
-    if key not in ctx.phase2_cache:
-        ctx.phase2_cache[key] = best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
-    return ctx.phase2_cache[key]
-
-
-# ---------------------------------------------------------------------- candidates
-def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | None = None,
-             choose: bool = False) -> Candidate:
-    """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
-    With a schedule book each pipeline gets the option fastest at its micro-batches — among
-    all options with ``choose`` (schedule=auto; such candidates leave the search's moving
-    averages alone, so the first option's trajectory is the same as searching it alone)."""
-    p = ctx.problem
-    n_mb_max = ctx.micro_batches - (len(layouts) - 1)
-    counts = allocate_batch([pipeline_time_fn(ctx, lay, n_mb_max, choose=choose) for lay in layouts],
-                            ctx.micro_batches)
-    if counts is None:
-        return Candidate(INF, None, None, origin)
-    sections = [p.schedule] * len(layouts)
-    if ctx.book is not None:  # per pipeline the option that is fastest at its micro-batches
-        picks = []
-        for lay, n in zip(layouts, counts):
-            opts = variants(ctx, lay, n_mb_max, choose)
-            if not opts:
-                return Candidate(INF, None, None, origin)
-            picks.append(min(opts, key=lambda ol: ctx.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
-        sections, layouts = [o for o, _ in picks], [lay for _, lay in picks]
-    pipes = tuple(lay.pipeline(n * p.train.micro_batch, sec) for lay, n, sec in zip(layouts, counts, sections))
-    plan = Plan(p.model, p.cluster, p.train, pipes)
-    est = ctx.cost.estimate(plan)
-    ctx.evaluated += 1
-    score = est.iteration_s if est.fits else INF
-    if est.fits and not choose:
-        slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
-        pp = counts[slow] * sum(layouts[slow].hop_s)
-        a = ctx.cfg.ema
-        ctx.ema_dp = est.dp_s if ctx.ema_dp is None else a * est.dp_s + (1 - a) * ctx.ema_dp
-        ctx.ema_pp = pp if ctx.ema_pp is None else a * pp + (1 - a) * ctx.ema_pp
-    return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
-
-
-def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
-    """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
-    origin = f"search D_dp={d_dp} {objective}"
-    parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
-    if ctx.refiner is not None and d_dp > 1:
-        parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
-    parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
-    cl = ctx.problem.cluster
-    ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
-          for i, p in enumerate(parts)]
-    key = (tuple(tuple(p) for p in parts), tuple(ks))
-    if key in ctx.seen:
-        return ctx.seen[key]
-    n_mb_max = ctx.micro_batches - (len(parts) - 1)
-    layouts = []
-    for i, (p, k) in enumerate(zip(parts, ks)):
-        lay = phase2(ctx, p, k, n_mb_max, seed + i)
-        if lay is None:
-            ctx.seen[key] = Candidate(INF, None, None, origin)
-            return ctx.seen[key]
-        layouts.append(lay)
-    info = {"d_dp": len(parts), "objective": objective, "k": ks}
-    cand = min([assemble(ctx, layouts, origin, info)] + aligned(ctx, layouts, n_mb_max, origin, info),
-               key=lambda c: c.score)
-    ctx.seen[key] = cand
-    if ctx.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
-        track_auto(ctx, [assemble(ctx, layouts, origin, info, True)]
-                   + aligned(ctx, layouts, n_mb_max, origin, info, True))
-    return cand
-
-
-def track_auto(ctx: Context, cands: Sequence[Candidate]) -> None:
-    """schedule=auto: remember the best candidate whose schedules were chosen."""
-    for c in cands:
-        if ctx.auto_best is None or c.score < ctx.auto_best.score:
-            ctx.auto_best = c
-
-
-def aligned(ctx: Context, layouts: Sequence[Layout], n_mb_max: int, origin: str, info: dict,
-            choose: bool = False) -> list[Candidate]:
-    """Variants where every pipeline copies one pipeline's machine order and per-machine layer
-    ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
-    partition) their DP sync then stays inside machines. Each pipeline serves as the template
-    once (at most ``ctx.cfg.align_templates``)."""
-    if len(layouts) < 2:
-        return []
-    out = []
-    for t, template in enumerate(layouts[:ctx.cfg.align_templates]):
-        template = machine_contiguous(ctx.table, template, n_mb_max)
-        if template is None:
-            continue
-        new = [template if i == t else align_to(ctx.table, template, lay.stages, n_mb_max)
-               for i, lay in enumerate(layouts)]
-        if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
-            out.append(assemble(ctx, new, origin + " aligned", info, choose))
-    return out
-
-
-def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
-    """A given plan's stages (e.g. megatron's) as a candidate, with its own layers or with the
-    exact layer allocation; batches re-allocated. Devices no longer in the cluster are dropped."""
-    cl = ctx.problem.cluster
-    pipes = [[tuple(d for d in s.devices if cl.has_device(d)) for s in p.stages] for p in plan.pipelines]
-    kept = [[g for g in p if g] for p in pipes]
-    kept = [p for p in kept if p]
-    same = all(len(a) == len(b.stages) for a, b in zip(kept, plan.pipelines)) and len(kept) == len(plan.pipelines)
-    n_mb_max = ctx.micro_batches - (len(kept) - 1)
-    layouts = []
-    for i, stages in enumerate(kept):
-        layers = [s.n_layers for s in plan.pipelines[i].stages] if keep_layers and same else None
-        lay = layout_pipeline(ctx.table, stages, n_mb_max, layers)
-        if lay is None:
-            return Candidate(INF, None, None, origin)
-        layouts.append(lay)
-    return assemble(ctx, layouts, origin, {"d_dp": len(layouts)})
-
-
-def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] | None = None,
-           choose: bool = False) -> Candidate:
-    """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
-    ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
-    allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
-    with cheap DP links, REFERENCE.md §4: "cross-machine DP on machine B covers 5 layers").
-    ``only``: the pipelines whose boundaries may move (all by default); ``choose``: as in
-    :func:`assemble`."""
-    if best.plan is None or not best.layouts:
-        return best
-    n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
-    budget = ctx.evaluated + ctx.cfg.polish_evals  # a count, not a clock: the result stays seeded
-    for _ in range(ctx.cfg.polish_rounds):
-        improved = False
-        for i, lay in enumerate(best.layouts):
-            if only is not None and i not in only:
-                continue
-            for j in range(len(lay.layers) - 1):
-                for delta in (1, -1):
-                    if time.monotonic() > deadline or ctx.evaluated >= budget:
-                        return best
-                    layers = list(lay.layers)
-                    layers[j] += delta
-                    layers[j + 1] -= delta
-                    new = layout_pipeline(ctx.table, lay.stages, n_mb_max, layers)
-                    if new is None:
-                        continue
-                    layouts = best.layouts[:i] + (new,) + best.layouts[i + 1:]
-                    cand = assemble(ctx, layouts, best.origin + " +polish", best.info, choose)
-                    if cand.score < best.score - 1e-9:
-                        best, lay, improved = cand, new, True
-        if not improved:
-            break
-    return best
-
-
-# --------------------------------------------------------------------------- the loop
 def state_gb(problem: Problem) -> float:
     """Training state of the whole model (weights, gradients, optimizer) in GiB."""
     per = getattr(problem.cost, "state_bytes_per_param", None) or 4 * problem.train.dtype_bytes
@@ -393,7 +78,7 @@ def choose_objective(ctx: Context, rng: random.Random) -> str:
 
 
 def no_fit_error(problem: Problem) -> HexicoreError:
-    """Nothing fits: say how much memory the model's state alone needs (issue 3, item 6)."""
+    """Nothing fits: say how much memory the model's state alone needs."""
     c, m, t = problem.cluster, problem.model, problem.train
     return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
                          f"{state_gb(problem):.1f} GB plus activations (micro-batch {t.micro_batch}, sequence "
@@ -402,7 +87,7 @@ def no_fit_error(problem: Problem) -> HexicoreError:
 
 
 def make_context(problem: Problem, cfg: SearchConfig) -> Context:
-    """Build the plugins by name from the registry (DESIGN.md §2) and the caches."""
+    """Build the plugins by name from the registry (docs/plugins.md) and the caches."""
     reg = problem.registry
     if reg is None:
         raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
@@ -427,7 +112,7 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
 
 
 def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
-    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4 + issue 3)."""
+    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4)."""
     out = []
     p = ctx.problem
     if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)

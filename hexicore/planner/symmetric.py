@@ -59,5 +59,5 @@ def symmetric_plan(problem: Problem, dp: int, tp: int, pp: int, devices: list[st
         for j in range(pp):
             base = j * tp * dp + i * tp
             stages.append(Stage(tuple(devices[base:base + tp]), tp, ranges[j]))
-        pipelines.append(Pipeline(train.global_batch // dp, tuple(stages), dict(problem.schedule)))
+        pipelines.append(Pipeline(train.global_batch // dp, tuple(stages), problem.schedule))
     return Plan(model, problem.cluster, train, tuple(pipelines))

@@ -1,4 +1,4 @@
-"""The full plan check shared by ``plan``, ``evaluate`` and the runtime (DESIGN.md §5).
+"""The full plan check shared by ``plan``, ``evaluate`` and the runtime (docs/formats.md, plan JSON).
 
 Structure (devices, TP, layer coverage, batches) comes from :func:`hexicore.core.plan.check_structure`;
 memory from the cost model. Both raise :class:`hexicore.core.errors.PlanError` with the file and the

@@ -48,7 +48,7 @@ class TopTauOrderer:
     name: str = "top_tau"
 
     def order(self, groups: Sequence[Sequence[Hashable]], graph) -> list[list[Hashable]]:
-        """The cheapest path (DESIGN.md §2 ``StageOrderer.order``)."""
+        """The cheapest path (the orderer interface, docs/design.md)."""
         return self.orders(groups, graph, 1)[0]
 
     def orders(self, groups: Sequence[Sequence[Hashable]], graph, limit: int = 8) -> list[list[list[Hashable]]]:

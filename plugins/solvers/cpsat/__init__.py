@@ -6,7 +6,7 @@ minimises the analytic cost model's iteration time ``max_i PIPELINE-TIME(i) + CO
 (App. A) under per-device memory limits. The formulation and its simplifications are in
 :mod:`.formulation`, the cost-model tables in :mod:`.tables`.
 
-The plan's ``solver`` section (DESIGN.md §5) carries ``status`` (``OPTIMAL`` when CP-SAT proved
+The plan's ``solver`` section (docs/formats.md) carries ``status`` (``OPTIMAL`` when CP-SAT proved
 the model optimal, ``FEASIBLE`` when the time limit stopped it), ``objective`` (the model's value
 of the returned plan, seconds, :func:`.evaluate.model_value`) and ``bound`` (CP-SAT's proven lower bound, seconds). Every
 table entry and every simplification under-estimates the cost model, so ``bound`` is a valid

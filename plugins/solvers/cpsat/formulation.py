@@ -1,4 +1,4 @@
-"""The CP-SAT model of HexiScale's plan search (REFERENCE.md §1, cost model §3).
+"""The CP-SAT model of HexiScale's plan search (cost model: HexiScale App. A, docs/cost-model.md).
 
 Indices: pipeline ``i`` (up to ``P_max``), stage slot ``j`` of a pipeline (slots are used as a
 prefix, in pipeline order), stage option ``o = (machine, tp)`` (see :mod:`.tables`), block ``k``.
@@ -117,21 +117,41 @@ def slot_counts(n_devices: int, max_pipelines: int, layers: int) -> list[int]:
 
 def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int],
           fixed: Sequence[Sequence[int]] | None = None) -> Formulation:
-    """Build the model. ``fixed`` (fix_groups): per pipeline, the option of each stage, kept as is."""
+    """Build the model. ``fixed`` (fix_groups): per pipeline, the option of each stage, kept as is.
+    Variables and constraints are created in a fixed order (the solver's search depends on it)."""
     m = cp_model.CpModel()
-    K, L = len(tab.options), tab.layers
-    opts = range(1, K + 1)
     P = len(slots)
-    f = Formulation(m, slots=list(slots), n_blocks=L)
+    f = Formulation(m, slots=list(slots), n_blocks=tab.layers)
     max_u = max(_flat(tab.stage)) + max(_flat(tab.hop))
     if tab.ceiling is not None:  # a known plan costs less: no optimum has a larger term (valid cut)
         max_u = min(max_u, tab.ceiling)
     top_t = min(max(slots) * max_u + n_mb * max_u, tab.ceiling if tab.ceiling is not None else math.inf)
-    max_flight = len(tab.cap[0][0][0]) - 1
+    used, oid, last = _slot_variables(m, tab, f, n_mb)
+    n_stages = {i: sum(used[i, j] for j in range(slots[i])) for i in range(P)}
+    _devices_and_order(m, tab, f, machines, n_stages, fixed)
+    one_f_one_b = all(tab.in_flight[p][j][n] == min(n, p - j) for p in range(1, len(tab.in_flight))
+                      for j in range(p) for n in range(1, n_mb + 1))
+    pipe = [_pipeline_time(m, tab, f, i, (used, oid, last, n_stages), n_mb, (max_u, top_t), one_f_one_b)
+            for i in range(P)]
+    slowest = m.new_int_var(0, top_t, "maxPIPE")
+    m.add_max_equality(slowest, pipe)
+    f.T = m.new_int_var(0, top_t, "T")  # T = max(slowest, cut)
+    m.add(f.T >= slowest)
+    m.add(f.T >= throughput_bound(tab, machines, n_mb))
 
-    used, oid, last, U, S = {}, {}, {}, {}, {}
-    z = f.z
-    for i in range(P):
+    f.DP = _dp_term(m, tab, f, used, last, z=f.z, slots=slots)
+    m.minimize(f.T + f.DP)
+    return f
+
+
+def _slot_variables(m, tab: Tables, f: Formulation, n_mb: int) -> tuple[dict, dict, dict]:
+    """Per pipeline: its slots' options ``x``, blocks ``z`` (contiguous), ``used`` and ``last``
+    flags, and its micro-batches ``n``. Returns (used, option id, last) per slot."""
+    K, L = len(tab.options), tab.layers
+    opts = range(1, K + 1)
+    slots, z = f.slots, f.z
+    used, oid, last = {}, {}, {}
+    for i in range(len(slots)):
         for j in range(slots[i]):
             for o in opts:
                 f.x[i, j, o] = m.new_bool_var(f"x{i}_{j}_{o}")
@@ -160,68 +180,66 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
         m.add(f.n[i] >= used[i, 0])
         m.add(f.n[i] <= n_mb * used[i, 0])
     m.add(sum(f.n.values()) == n_mb)
-    n_stages = {i: sum(used[i, j] for j in range(slots[i])) for i in range(P)}
+    return used, oid, last
 
+
+def _devices_and_order(m, tab: Tables, f: Formulation, machines: dict[str, int], n_stages: dict,
+                       fixed: Sequence[Sequence[int]] | None) -> None:
+    """Device counts per machine; the fixed options, else symmetry breaking between pipelines."""
     for name, count in machines.items():
         m.add(sum(tab.options[o - 1].tp * f.x[i, j, o] for (i, j, o) in f.x
                   if tab.options[o - 1].machine == name) <= count)
-
     if fixed is not None:
         for i, row in enumerate(fixed):
             for j, o in enumerate(row):
                 m.add(f.x[i, j, o] == 1)
-    else:
-        for i in range(P - 1):  # symmetry: pipelines by (stages, micro-batches) non-increasing
-            m.add(n_stages[i] >= n_stages[i + 1])
-            tie = m.new_bool_var(f"tie{i}")
-            m.add(n_stages[i] == n_stages[i + 1]).only_enforce_if(tie)
-            m.add(n_stages[i] != n_stages[i + 1]).only_enforce_if(~tie)
-            m.add(f.n[i] >= f.n[i + 1]).only_enforce_if(tie)
+        return
+    for i in range(len(f.slots) - 1):  # symmetry: pipelines by (stages, micro-batches) non-increasing
+        m.add(n_stages[i] >= n_stages[i + 1])
+        tie = m.new_bool_var(f"tie{i}")
+        m.add(n_stages[i] == n_stages[i + 1]).only_enforce_if(tie)
+        m.add(n_stages[i] != n_stages[i + 1]).only_enforce_if(~tie)
+        m.add(f.n[i] >= f.n[i + 1]).only_enforce_if(tie)
 
-    # ---------------------------------------------------------------- pipeline time and memory
-    one_f_one_b = all(tab.in_flight[p][j][n] == min(n, p - j) for p in range(1, len(tab.in_flight))
-                      for j in range(p) for n in range(1, n_mb + 1))
-    pipe = []
-    for i in range(P):
-        for j in range(slots[i]):
-            fi = 1 if j == 0 else 0
-            S[i, j] = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi, max_u)
-            hop = 0
-            if j + 1 < slots[i]:
-                hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
-                _element(m, oid[i, j] * (K + 1) + oid[i, j + 1], _flat(tab.hop), hop, f"iH{i}_{j}")
-            U[i, j] = m.new_int_var(0, max_u, f"U{i}_{j}")
-            m.add(U[i, j] == S[i, j] + hop)
-            # memory: blocks <= cap[o][first][last][in_flight(P_i, j, n_i)]
-            flight = m.new_int_var(0, max_flight, f"fl{i}_{j}")
-            if one_f_one_b:  # in_flight = min(n_i, P_i - j), 0 on unused slots
-                m.add_min_equality(flight, [f.n[i], sum(used[i, jj] for jj in range(j, slots[i]))])
-            else:
-                fl_tab = [tab.in_flight[p][j][n] if j < len(tab.in_flight[p]) else 0
-                          for p in range(len(tab.in_flight)) for n in range(n_mb + 1)]
-                _element(m, n_stages[i] * (n_mb + 1) + f.n[i], fl_tab, flight, f"iF{i}_{j}")
-            cap = m.new_int_var(0, L, f"cap{i}_{j}")
-            cap_tab = _flat([tab.cap[o][fi] for o in range(K + 1)])  # [o][last][f]
-            _element(m, (oid[i, j] * 2 + last[i, j]) * (max_flight + 1) + flight, cap_tab, cap, f"iC{i}_{j}")
-            m.add(f.layers[i, j] <= cap)
-        top = m.new_int_var(0, max_u, f"M{i}")
-        m.add_max_equality(top, [U[i, j] for j in range(slots[i])])
-        rest = m.new_int_var(0, n_mb, f"nm1_{i}")
-        m.add(rest == f.n[i] - used[i, 0])
-        prod = m.new_int_var(0, min(n_mb * max_u, top_t), f"prod{i}")
-        m.add_multiplication_equality(prod, [rest, top])
-        p_i = m.new_int_var(0, top_t, f"PIPE{i}")
-        m.add(p_i == sum(U[i, j] for j in range(slots[i])) + prod)
-        pipe.append(p_i)
-    slowest = m.new_int_var(0, top_t, "maxPIPE")
-    m.add_max_equality(slowest, pipe)
-    f.T = m.new_int_var(0, top_t, "T")  # T = max(slowest, cut)
-    m.add(f.T >= slowest)
-    m.add(f.T >= throughput_bound(tab, machines, n_mb))
 
-    f.DP = _dp_term(m, tab, f, used, last, z, slots)
-    m.minimize(f.T + f.DP)
-    return f
+def _pipeline_time(m, tab: Tables, f: Formulation, i: int, slot_vars: tuple, n_mb: int, bounds: tuple[int, int],
+                   one_f_one_b: bool):
+    """PIPE[i] (module docstring) and the memory constraint of each of pipeline i's slots."""
+    used, oid, last, n_stages = slot_vars
+    max_u, top_t = bounds
+    K, L, slots = len(tab.options), tab.layers, f.slots
+    max_flight = len(tab.cap[0][0][0]) - 1
+    U = {}
+    for j in range(slots[i]):
+        fi = 1 if j == 0 else 0
+        stage = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi, max_u)
+        hop = 0
+        if j + 1 < slots[i]:
+            hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
+            _element(m, oid[i, j] * (K + 1) + oid[i, j + 1], _flat(tab.hop), hop, f"iH{i}_{j}")
+        U[j] = m.new_int_var(0, max_u, f"U{i}_{j}")
+        m.add(U[j] == stage + hop)
+        # memory: blocks <= cap[o][first][last][in_flight(P_i, j, n_i)]
+        flight = m.new_int_var(0, max_flight, f"fl{i}_{j}")
+        if one_f_one_b:  # in_flight = min(n_i, P_i - j), 0 on unused slots
+            m.add_min_equality(flight, [f.n[i], sum(used[i, jj] for jj in range(j, slots[i]))])
+        else:
+            fl_tab = [tab.in_flight[p][j][n] if j < len(tab.in_flight[p]) else 0
+                      for p in range(len(tab.in_flight)) for n in range(n_mb + 1)]
+            _element(m, n_stages[i] * (n_mb + 1) + f.n[i], fl_tab, flight, f"iF{i}_{j}")
+        cap = m.new_int_var(0, L, f"cap{i}_{j}")
+        cap_tab = _flat([tab.cap[o][fi] for o in range(K + 1)])  # [o][last][f]
+        _element(m, (oid[i, j] * 2 + last[i, j]) * (max_flight + 1) + flight, cap_tab, cap, f"iC{i}_{j}")
+        m.add(f.layers[i, j] <= cap)
+    top = m.new_int_var(0, max_u, f"M{i}")
+    m.add_max_equality(top, [U[j] for j in range(slots[i])])
+    rest = m.new_int_var(0, n_mb, f"nm1_{i}")
+    m.add(rest == f.n[i] - used[i, 0])
+    prod = m.new_int_var(0, min(n_mb * max_u, top_t), f"prod{i}")
+    m.add_multiplication_equality(prod, [rest, top])
+    p_i = m.new_int_var(0, top_t, f"PIPE{i}")
+    m.add(p_i == sum(U[j] for j in range(slots[i])) + prod)
+    return p_i
 
 
 def _best_split(tab: Tables, name: str, count: int, value) -> float:

@@ -1,0 +1,79 @@
+"""The GPU catalog: GPU types with their peak dense BF16/FP16 tensor TFLOPS and memory, and a
+cluster file's ``gpus:`` section merged over it (the cluster YAML contract: docs/formats.md and
+the files under conf/cluster/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU model: peak dense BF16/FP16 tensor TFLOPS (no sparsity) and memory in GB.
+
+    ``intra_gbs`` is the typical intra-machine bandwidth for the synthetic-fleet generator
+    (NVLink per direction, or PCIe 4.0 x16 ~ 32 GB/s); cluster files always state their own.
+    """
+
+    name: str
+    tflops: float
+    memory_gb: float
+    source: str = ""
+    intra_gbs: float = 32.0
+
+    def __post_init__(self) -> None:
+        if self.tflops <= 0 or self.memory_gb <= 0:
+            raise HexicoreError(f"GPU type {self.name!r} needs positive tflops and memory_gb")
+
+
+def _g(name: str, tflops: float, memory_gb: float, source: str, intra_gbs: float = 32.0) -> tuple[str, GpuType]:
+    return name, GpuType(name, tflops, memory_gb, source, intra_gbs)
+
+
+# Peak dense BF16/FP16 tensor-core TFLOPS (FP32 accumulate, which BF16 training uses).
+GPU_CATALOG: Mapping[str, GpuType] = MappingProxyType(dict([
+    _g("a100-40g", 312.0, 40, "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16 dense, 40 GB HBM2", 300),
+    _g("a100-80g", 312.0, 80, "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16 dense, 80 GB HBM2e", 300),
+    _g("a800-80g-nvlink", 312.0, 80, "A800 = A100 compute with NVLink 400 GB/s bidir (200 GB/s/dir); NVIDIA A800 brief", 200),
+    _g("a800-80g-pcie", 312.0, 80, "NVIDIA A800 PCIe 80GB product brief: 312 TFLOPS BF16 dense", 32),
+    _g("h100-80g", 989.4, 80, "NVIDIA H100 SXM datasheet: 989.4 TFLOPS BF16 dense (1979 sparse)", 450),
+    _g("h200", 989.0, 141, "NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 141 GB HBM3e", 450),
+    _g("rtx4090", 165.2, 24, "Ada whitepaper (RTX 4090): 165.2 TFLOPS FP16 tensor, FP32 accumulate, dense", 32),
+    _g("rtx3090", 71.0, 24, "GA102 whitepaper (RTX 3090): 71 TFLOPS FP16 tensor, FP32 accumulate, dense", 16),
+    _g("rtx3080ti", 68.2, 12, "GA102 whitepaper scaled to RTX 3080 Ti (80 SMs, 1.665 GHz): FP32-accumulate dense", 24),
+    _g("v100-32g", 125.0, 32, "NVIDIA V100 SXM2 datasheet: 125 TFLOPS FP16 tensor, 32 GB HBM2", 150),
+    _g("l40s", 362.05, 48, "NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense, 48 GB GDDR6", 32),
+    _g("rtx-a6000", 154.8, 48, "NVIDIA RTX A6000 datasheet: 154.8 TFLOPS FP16 tensor dense, 48 GB GDDR6", 32),
+]))
+
+
+def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[str, GpuType]:
+    """The catalog with a file's ``gpus:`` section merged over it (new or overridden types)."""
+    catalog = dict(GPU_CATALOG)
+    if data is None:
+        return catalog
+    gpus = schema.as_mapping(data, source, prefix)
+    for name, spec in gpus.items():
+        fp = schema.dotted(prefix, str(name))
+        spec = schema.as_mapping(spec, source, fp)
+        base = catalog.get(str(name))
+        tflops = spec.get("tflops", base.tflops if base else None)
+        memory = spec.get("memory_gb", base.memory_gb if base else None)
+        if tflops is None:
+            raise HexicoreError("missing required field", source=source, field=schema.dotted(fp, "tflops"))
+        if memory is None:
+            raise HexicoreError("missing required field", source=source, field=schema.dotted(fp, "memory_gb"))
+        catalog[str(name)] = GpuType(
+            str(name),
+            schema.number(tflops, source, schema.dotted(fp, "tflops")),
+            schema.number(memory, source, schema.dotted(fp, "memory_gb")),
+            str(spec.get("source", "cluster file")),
+            schema.number(spec.get("intra_gbs", base.intra_gbs if base else 32.0), source, schema.dotted(fp, "intra_gbs")),
+        )
+    return catalog

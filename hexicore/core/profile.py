@@ -1,0 +1,184 @@
+"""Measured costs of a cluster's devices and links: the profile file (``hexicore.profile/1``).
+
+Written by ``hexicore profile`` (or by hand, or by another tool) and read by the ``profiled``
+cost model (:mod:`hexicore.cost.profiled`). YAML::
+
+    format: hexicore.profile/1
+    environment: {torch: 2.13.0, backend: gloo, dtype: fp32, attention: sdpa, date: 2026-12-01}
+    devices:                      # per GPU type (or per device id, when profiled one by one)
+      rtx4090:
+        blocks:                   # one transformer block, one micro-batch
+          - {micro_batch: 1, tp: 1, seq_len: 4096, hidden: 4096, ffn: 11008, heads: 32,
+             kv_heads: 32, forward_s: 0.0101, backward_s: 0.0198, recompute_s: 0.0101,
+             activation_bytes: 33554432}
+        head: {micro_batch: 1, seq_len: 4096, hidden: 4096, vocab: 32000, forward_s: 0.004, backward_s: 0.008}
+    links:                        # point to point, fitted as latency + bytes / bandwidth
+      - {between: [A, A], latency_s: 5.0e-06, bandwidth_gbs: 180.0}
+      - {between: [A, B], latency_s: 4.0e-05, bandwidth_gbs: 1.9}
+    allreduce:                    # bus bandwidth per group size and link class
+      - {between: [A, A], group: 2, bandwidth_gbs: 150.0}
+
+Seconds are wall seconds of one micro-batch; ``between`` names the profiled cluster's machines
+(the same machine twice is the link inside it). Every field is checked on reading; an error
+names the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+
+FORMAT = "hexicore.profile/1"
+_SHAPE = ("hidden", "ffn", "heads", "kv_heads")
+
+
+@dataclass(frozen=True)
+class BlockTiming:
+    """One transformer block measured at ``micro_batch`` x ``seq_len`` on a TP group of ``tp``."""
+
+    micro_batch: int
+    tp: int
+    seq_len: int
+    forward_s: float
+    backward_s: float
+    recompute_s: float = 0.0
+    hidden: int = 0
+    ffn: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    activation_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class HeadTiming:
+    """The output projection (+ loss) of one micro-batch."""
+
+    micro_batch: int
+    seq_len: int
+    forward_s: float
+    backward_s: float
+    hidden: int = 0
+    vocab: int = 0
+
+
+@dataclass(frozen=True)
+class LinkTiming:
+    """``latency_s + bytes / (bandwidth_gbs * 1e9)`` between two machines (or inside one)."""
+
+    between: tuple[str, str]
+    latency_s: float
+    bandwidth_gbs: float
+
+
+@dataclass(frozen=True)
+class AllReduceTiming:
+    between: tuple[str, str]
+    group: int
+    bandwidth_gbs: float
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    blocks: tuple[BlockTiming, ...] = ()
+    head: HeadTiming | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A whole profile file."""
+
+    devices: Mapping[str, DeviceProfile]
+    links: tuple[LinkTiming, ...] = ()
+    allreduce: tuple[AllReduceTiming, ...] = ()
+    environment: Mapping[str, Any] = field(default_factory=dict)
+
+    def link(self, a: str, b: str) -> LinkTiming | None:
+        """The measured link between machines ``a`` and ``b`` (either order)."""
+        key = tuple(sorted((a, b)))
+        return next((ln for ln in self.links if tuple(sorted(ln.between)) == key), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(obj: Any) -> dict[str, Any]:
+            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in obj.__dict__.items()}
+
+        return {"format": FORMAT, "environment": dict(self.environment),
+                "devices": {name: {"blocks": [clean(b) for b in dev.blocks],
+                                   **({"head": clean(dev.head)} if dev.head else {})}
+                            for name, dev in self.devices.items()},
+                "links": [clean(ln) for ln in self.links], "allreduce": [clean(a) for a in self.allreduce]}
+
+    def save(self, path: str | Path) -> Path:
+        import yaml
+
+        return schema.write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        return parse_profile(schema.load_yaml(path, "profile"), str(path))
+
+
+def _record(cls: type, d: Any, source: str, where: str, ints: tuple[str, ...], floats: tuple[str, ...],
+            optional: tuple[str, ...] = ()) -> Any:
+    m = schema.as_mapping(d, source, where)
+    known = set(ints) | set(floats)
+    unknown = sorted(set(m) - known)
+    if unknown:
+        raise HexicoreError(f"unknown field; fields are: {', '.join(sorted(known))}", source=source,
+                            field=f"{where}.{unknown[0]}")
+    kw: dict[str, Any] = {}
+    for k in ints:
+        if k in m or k not in optional:
+            kw[k] = schema.integer(schema.get(m, k, source, where), source, f"{where}.{k}")
+    for k in floats:
+        if k in m or k not in optional:
+            kw[k] = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}", allow_zero=True)
+    return cls(**kw)
+
+
+def _between(d: Mapping[str, Any], source: str, where: str) -> tuple[str, str]:
+    pair = schema.as_list(schema.get(d, "between", source, where), source, f"{where}.between")
+    if len(pair) != 2:
+        raise HexicoreError("expected two machine names", source=source, field=f"{where}.between")
+    return (schema.string(pair[0], source, f"{where}.between"), schema.string(pair[1], source, f"{where}.between"))
+
+
+def parse_profile(data: Any, source: str = "profile") -> Profile:
+    """Validate a profile mapping (module docstring)."""
+    d = schema.as_mapping(data, source, None)
+    if d.get("format") != FORMAT:
+        raise HexicoreError(f"unsupported format {d.get('format')!r}; expected {FORMAT!r}", source=source,
+                            field="format")
+    devices = {}
+    for name, dev in schema.as_mapping(schema.get(d, "devices", source, None), source, "devices").items():
+        where = f"devices.{name}"
+        dev = schema.as_mapping(dev, source, where)
+        blocks = tuple(_record(BlockTiming, b, source, f"{where}.blocks[{i}]", ("micro_batch", "tp", "seq_len") + _SHAPE,
+                               ("forward_s", "backward_s", "recompute_s", "activation_bytes"),
+                               optional=_SHAPE + ("recompute_s", "activation_bytes"))
+                       for i, b in enumerate(schema.as_list(dev.get("blocks") or [], source, f"{where}.blocks")))
+        head = None if dev.get("head") is None else _record(
+            HeadTiming, dev["head"], source, f"{where}.head", ("micro_batch", "seq_len", "hidden", "vocab"),
+            ("forward_s", "backward_s"), optional=("hidden", "vocab"))
+        devices[str(name)] = DeviceProfile(blocks, head)
+    links = []
+    for i, ln in enumerate(schema.as_list(d.get("links") or [], source, "links")):
+        m = schema.as_mapping(ln, source, f"links[{i}]")
+        links.append(LinkTiming(_between(m, source, f"links[{i}]"),
+                                schema.number(schema.get(m, "latency_s", source, f"links[{i}]"), source,
+                                              f"links[{i}].latency_s", allow_zero=True),
+                                schema.number(schema.get(m, "bandwidth_gbs", source, f"links[{i}]"), source,
+                                              f"links[{i}].bandwidth_gbs")))
+    allreduce = []
+    for i, a in enumerate(schema.as_list(d.get("allreduce") or [], source, "allreduce")):
+        m = schema.as_mapping(a, source, f"allreduce[{i}]")
+        allreduce.append(AllReduceTiming(_between(m, source, f"allreduce[{i}]"),
+                                         schema.integer(schema.get(m, "group", source, f"allreduce[{i}]"), source,
+                                                        f"allreduce[{i}].group"),
+                                         schema.number(schema.get(m, "bandwidth_gbs", source, f"allreduce[{i}]"),
+                                                       source, f"allreduce[{i}].bandwidth_gbs")))
+    env = dict(schema.as_mapping(d.get("environment") or {}, source, "environment"))
+    return Profile(devices, tuple(links), tuple(allreduce), env)

@@ -1,0 +1,194 @@
+"""The ``profiled`` cost model: App. A's structure priced with measured times (``cost=profiled
+cost.profile_file=profile.yaml``; the file is :mod:`hexicore.core.profile`).
+
+Everything the analytic model (:mod:`hexicore.cost.analytic`) derives from catalog peaks and
+configured links comes from the profile where the profile has it:
+
+* **compute of a stage** = its blocks' forward + backward (+ recompute) seconds measured on the
+  GPU type at the stage's TP degree (+ the head on the last stage). Micro-batch sizes, sequence
+  lengths and block shapes that were not measured are interpolated in FLOPs: the time is taken
+  as affine in the block's FLOPs through the two nearest measurements of that TP degree
+  (proportional beyond the measured range, or with a single measurement). A TP degree that was
+  not measured is scaled from the nearest measured one by FLOPs per device (and then its TP
+  communication is priced from the measured links, App. A's formula).
+* **TP communication** of a stage measured at its TP degree is inside the measured block times.
+* **links** (hops, DP sync, unmeasured TP) use the measured latency and bandwidth of each machine
+  pair (the same machine twice: the link inside it) in place of the cluster file's figures.
+* **memory** stays the analytic model's (a profile's activation bytes are informational).
+
+Anything the profile lacks (a GPU type, a machine pair) falls back to the analytic model with a
+one-line warning naming what was extrapolated (logged once per item on the ``hexicore`` logger).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from hexicore.core.cluster import Cluster, Link
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import TrainConfig
+from hexicore.core.profile import BlockTiming, Profile
+from hexicore.cost.analytic import AnalyticCostModel, cost_model_from_config
+
+log = logging.getLogger("hexicore")
+
+
+def block_flops(b: BlockTiming, model: ModelSpec) -> float:
+    """Forward FLOPs of the measured block (its own shape where given, else ``model``'s)."""
+    h = b.hidden or model.hidden
+    heads = b.heads or model.heads
+    kv = (b.kv_heads or model.kv_heads) * (h // heads if b.hidden else model.head_dim)
+    q = h if b.hidden else model.q_dim
+    f = b.ffn or model.ffn
+    per_token = 2.0 * (2 * h * q + 2 * h * kv + 3 * h * f) + 4.0 * b.seq_len * q
+    return per_token * b.micro_batch * b.seq_len
+
+
+def target_flops(model: ModelSpec, train: TrainConfig) -> float:
+    return model.layer_flops_per_token(train.seq_len) * train.micro_batch * train.seq_len
+
+
+def block_seconds(b: BlockTiming, recompute: bool) -> float:
+    return b.forward_s + b.backward_s + (b.recompute_s if recompute else 0.0)
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Time at FLOPs ``x`` from measured ``(flops, seconds)``: affine through the bracketing pair,
+    proportional to the nearest point outside the range (or with one point)."""
+    pts = sorted(points)
+    if len(pts) == 1 or x <= pts[0][0] or x >= pts[-1][0]:
+        fx, ft = min(pts, key=lambda p: abs(p[0] - x))
+        return ft * x / fx
+    for (x0, t0), (x1, t1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return t0 + (t1 - t0) * (x - x0) / (x1 - x0) if x1 > x0 else t0
+    return pts[-1][1]  # unreachable: x lies inside the range
+
+
+@dataclass(frozen=True)
+class ProfiledCostModel(AnalyticCostModel):
+    """:class:`AnalyticCostModel` with measured compute and links (module docstring)."""
+
+    profile: Profile = field(default_factory=lambda: Profile({}))
+    name: str = "profiled"
+    _noted: set = field(default_factory=set, compare=False, repr=False)
+    _clusters: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _note(self, what: str) -> None:
+        if what not in self._noted:
+            self._noted.add(what)
+            log.warning("profiled cost model: %s", what)
+
+    # ------------------------------------------------------------------ links
+    def measured(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with every machine's and machine pair's latency and bandwidth replaced by
+        the profile's measurements (cached per cluster)."""
+        key = id(cluster)
+        hit = self._clusters.get(key)
+        if hit is not None and hit[0] is cluster:
+            return hit[1]
+        machines, links = [], []
+        names = [m.name for m in cluster.machines]
+        for m in cluster.machines:
+            ln = self.profile.link(m.name, m.name)
+            if ln is None:
+                if m.count > 1:
+                    self._note(f"no measured link inside machine {m.name}; using the cluster file's")
+                machines.append(m)
+            else:
+                machines.append(replace(m, bandwidth_gbs=ln.bandwidth_gbs, latency_us=ln.latency_s * 1e6))
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                ln = self.profile.link(a, b)
+                if ln is None:
+                    self._note(f"no measured link between machines {a} and {b}; using the cluster file's")
+                else:
+                    links.append(Link((a, b), ln.bandwidth_gbs, ln.latency_s * 1e6))
+        keep = [ln for ln in cluster.links if not self.profile.link(*ln.between)]
+        out = replace(cluster, machines=tuple(machines), links=tuple(keep) + tuple(links))
+        self._clusters[key] = (cluster, out)
+        return out
+
+    # ---------------------------------------------------------------- compute
+    def _blocks(self, gpu: str) -> tuple[BlockTiming, ...]:
+        dev = self.profile.devices.get(gpu)
+        return dev.blocks if dev is not None else ()
+
+    def _slowest_gpu(self, cluster: Cluster, devices: Sequence[str]) -> str:
+        return min((cluster.device(d) for d in devices), key=lambda dev: (dev.tflops, dev.id)).gpu.name
+
+    def block_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float | None:
+        """Measured seconds of one block on ``devices`` (a TP group), interpolated; None when the
+        profile has no block of the group's GPU types."""
+        tp = len(devices)
+        per_type = []
+        for gpu in sorted({cluster.device(d).gpu.name for d in devices}):
+            blocks = self._blocks(gpu)
+            if not blocks:
+                self._note(f"GPU type {gpu} was not profiled; its compute is the analytic model's")
+                return None
+            same = [b for b in blocks if b.tp == tp]
+            if not same:
+                near = min({b.tp for b in blocks}, key=lambda t: (abs(t - tp), t))
+                self._note(f"{gpu}: TP degree {tp} was not profiled; scaled from TP {near} by FLOPs per device")
+                same = [b for b in blocks if b.tp == near]
+                scale = near / tp
+            else:
+                scale = 1.0
+            pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
+            per_type.append(interpolate(pts, target_flops(model, train)) * scale)
+        return max(per_type)
+
+    def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float:
+        gpu = self._slowest_gpu(cluster, devices)
+        dev = self.profile.devices.get(gpu)
+        tokens = train.micro_batch * train.seq_len
+        if dev is None or dev.head is None:
+            k = 4.0 if train.recompute else 3.0
+            return tokens * model.head_flops_per_token() * k / self.achieved_flops(cluster, devices)
+        h = dev.head
+        flops = 2.0 * (h.hidden or model.hidden) * (h.vocab or model.vocab) * h.micro_batch * h.seq_len
+        return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops / len(devices)
+
+    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                  n_layers: int, *, last: bool = False) -> float:
+        blk = self.block_s(cluster, model, train, devices)
+        if blk is None:
+            return super().compute_s(cluster, model, train, devices, n_layers, last=last)
+        return n_layers * blk + (self.head_s(cluster, model, train, devices) if last else 0.0)
+
+    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                  n_layers: int) -> float:
+        """Zero where the blocks were measured at this TP degree (inside their times), else App. A
+        on the measured links."""
+        gpus = {cluster.device(d).gpu.name for d in devices}
+        if all(any(b.tp == len(devices) for b in self._blocks(g)) for g in gpus):
+            return 0.0
+        return super().tp_comm_s(self.measured(cluster), model, train, devices, n_layers)
+
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+              dst: Sequence[str]) -> float:
+        return super().hop_s(self.measured(cluster), model, train, src, dst)
+
+    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], n_params: float, dtype_bytes: int,
+                   links: dict | None = None) -> float:
+        return super().dp_layer_s(self.measured(cluster), holders, n_params, dtype_bytes, links)
+
+
+def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost") -> ProfiledCostModel:
+    """``cost=profiled``: the analytic settings (fallback efficiency, state bytes, reserve) plus
+    ``profile_file``; a missing or malformed profile is a one-line error naming the file."""
+    from hexicore.core import schema
+    from hexicore.core.errors import HexicoreError
+
+    d = dict(schema.as_mapping(cfg or {}, source, "cost"))
+    path = d.pop("profile_file", None)
+    if not path:
+        raise HexicoreError("cost=profiled needs cost.profile_file=PATH (written by hexicore profile)",
+                            source="command line", field="cost.profile_file")
+    base = cost_model_from_config(d, source=source)
+    fields = {k: getattr(base, k) for k in ("efficiency", "default_efficiency", "state_bytes_per_param",
+                                             "reserve_gb")}
+    return ProfiledCostModel(**fields, profile=Profile.load(str(path)))

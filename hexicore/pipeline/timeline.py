@@ -1,11 +1,15 @@
 """Pictures of a simulated schedule: Chrome trace (Perfetto) and a matplotlib Gantt chart
-(Chrome trace event format: complete events ``ph: "X"`` in µs; one row per rank like the papers' figures)."""
+(Chrome trace event format: complete events ``ph: "X"`` in µs; one row per rank like the papers' figures).
+Both files are marked as hexicore's (``otherData.generator``, the PNG's ``Software`` text) and
+written atomically (hexicore.core.schema)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from hexicore.core import schema
+from hexicore.core.ownership import png_metadata
 from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.timing import SimResult
 
@@ -30,7 +34,7 @@ def chrome_trace(al: ActionList, res: SimResult, unit_s: float = 1.0) -> dict[st
                    "ts": e.start * us, "dur": (e.end - e.start) * us, "pid": 0,
                    "tid": COMM_ROW + e.rank if comm else e.rank,
                    "args": {"stage": a.stage, "mb": a.mb, **({"peer": a.peer} if comm else {})}})
-    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+    return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"generator": "hexicore"}}
 
 
 def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = "") -> Path:
@@ -68,6 +72,9 @@ def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = ""
               loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (al.ranks + 2)), ncol=3, fontsize=7)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # atomic, and marked as ours (hexicore.core.ownership)
+        schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
+                                                         metadata=png_metadata("timeline")))
+    finally:
+        plt.close(fig)
     return path

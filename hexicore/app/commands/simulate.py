@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from hexicore.app import compose as app
 
 from hexicore.core import schema
+from hexicore.core.ownership import check_dir
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.actions import ActionList
 from hexicore.registry import Registry
@@ -30,13 +31,17 @@ from hexicore.pipeline.timeline import chrome_trace, save_gantt
 from hexicore.pipeline.validate import validate_actions
 
 SRC = "command line"
+SUMMARY_FORMAT = "hexicore.summary/1"
+#: what ``simulate`` writes into ``out``, with each file's kind (hexicore.core.ownership)
+FILES = (("actions.json", "hexicore.actions"), ("summary.json", "hexicore.summary"),
+         ("trace.json", "hexicore.trace"), ("timeline.png", "hexicore.png"))
 
 
 def summary(al: ActionList, res: SimResult, tf: float, tb: float, tc: float,
             closed_bubble: float | None = None) -> dict[str, Any]:
     """The simulation's summary (summary.json); ``closed_bubble`` is the schedule's own
     closed-form bubble ratio for these inputs, where it has one."""
-    return {"schedule": al.schedule.to_dict(), "ranks": al.ranks, "stages": al.stages, "micro_batches": al.micro_batches,
+    return {"format": SUMMARY_FORMAT, "schedule": al.schedule.to_dict(), "ranks": al.ranks, "stages": al.stages, "micro_batches": al.micro_batches,
             "timing": {"forward": tf, "backward": tb, "comm": tc},
             "makespan": res.makespan, "bubble_ratio": res.bubble_ratio, "closed_form_bubble": closed_bubble,
             "busy": list(res.busy), "peak_activations": list(res.peak_activations),
@@ -97,15 +102,17 @@ def write(out: Path, al: ActionList, res: SimResult, s: dict[str, Any]) -> Path:
     """actions.json, summary.json, trace.json and timeline.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     al.save(out / "actions.json")
-    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
-    (out / "trace.json").write_text(json.dumps(chrome_trace(al, res)) + "\n", encoding="utf-8")
+    schema.write_text_atomic(out / "summary.json", json.dumps(s, indent=2) + "\n")
+    schema.write_text_atomic(out / "trace.json", json.dumps(chrome_trace(al, res)) + "\n")
     save_gantt(al, res, out / "timeline.png")
     return out
 
 
 def run(cfg: DictConfig) -> int:
+    out = check_dir(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), FILES,
+                    overwrite=cfg.get("overwrite"))
     al, res, s = build(cfg)
-    out = write(Path(str(cfg.out)) if cfg.get("out") else app.output_dir(cfg), al, res, s)
+    out = write(out, al, res, s)
     print_summary(s, schedule_of(cfg, Registry.default()).note(al.schedule))
     print(f"wrote actions.json, summary.json, trace.json, timeline.png to {out}")
     sched = s["schedule"]

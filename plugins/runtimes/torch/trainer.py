@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hexicore.core import schema
+
 from . import checkpoint
 from .data import make_source
 from .executor import Executor
@@ -28,6 +30,7 @@ from .groups import build_groups
 from .layout import Layout
 from .stage import build_stages, from_state, seeded
 
+METRICS_FORMAT = "hexicore.metrics/1"
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -148,12 +151,12 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         return None
     model_state, _ = gathered
     steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
-    metrics = {"losses": losses, "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
+    metrics = {"format": METRICS_FORMAT, "losses": losses, "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
                "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         checkpoint.save(out / "final.pt", model_state)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": model_state if spec.return_state else None}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -72,6 +73,9 @@ def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
         if f.get("kind") == "die":
             print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
             os._exit(13)
+        if f.get("kind") == "stop":  # stopped by the OS: ignores SIGTERM, only SIGKILL ends it
+            print(f"hexicore: rank {rank}: injected fault: SIGSTOP at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if f.get("kind") == "hang":
             print(f"hexicore: rank {rank}: injected fault: hanging at step {step}", file=sys.stderr, flush=True)
             time.sleep(10**6)

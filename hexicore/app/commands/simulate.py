@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from hexicore.app import compose as app
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.ownership import check_dir
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.actions import ActionList
@@ -32,6 +32,9 @@ from hexicore.pipeline.validate import validate_actions
 
 SRC = "command line"
 SUMMARY_FORMAT = "hexicore.summary/1"
+#: actions per (rank, micro-batch, wave) a schedule builds at most, comm included (F, B, W and
+#: their sends and receives): the up-front bound checked against hexicore.core.limits.MAX_ACTIONS
+ACTIONS_PER_CELL = 12
 #: what ``simulate`` writes into ``out``, with each file's kind (hexicore.core.ownership)
 FILES = (("actions.json", "hexicore.actions"), ("summary.json", "hexicore.summary"),
          ("trace.json", "hexicore.trace"), ("timeline.png", "hexicore.png"))
@@ -73,22 +76,34 @@ def print_summary(s: dict[str, Any], note: str | None = None) -> None:
         out.print(note)
 
 
+def schedule_ref(cfg: DictConfig, registry: Registry) -> ScheduleRef:
+    """The configured schedule section."""
+    return ScheduleRef.from_mapping(app.group_params(cfg, "schedule", registry) or None, source=SRC)
+
+
 def schedule_of(cfg: DictConfig, registry: Registry) -> Any:
     """The configured schedule plugin object."""
-    ref = ScheduleRef.from_mapping(app.group_params(cfg, "schedule", registry) or None, source=SRC)
+    ref = schedule_ref(cfg, registry)
     return registry.create("schedule", ref.name, **ref.kwargs())
 
 
 def build(cfg: DictConfig, registry: Registry | None = None) -> tuple[ActionList, SimResult, dict[str, Any]]:
     """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``
     (schedules from ``registry``; the command builds the default one)."""
-    schedule = schedule_of(cfg, registry if registry is not None else Registry.default())
+    registry = registry if registry is not None else Registry.default()
     pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
     P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
     M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")
     tf = schema.number(timing.get("forward", 1.0), SRC, "timing.forward")
     tb = schema.number(timing.get("backward", 2.0), SRC, "timing.backward")
     tc = schema.number(timing.get("comm", 0.0), SRC, "timing.comm", allow_zero=True)
+    limits.check(P, limits.MAX_DEVICES, "ranks", source=SRC, field="pipeline.ranks")
+    limits.check(M, limits.MAX_MICRO_BATCHES, "micro-batches", source=SRC, field="pipeline.micro_batches")
+    ref = schedule_ref(cfg, registry)
+    depth = max([1] + [v for k, v in ref.items() if k in ("waves", "chunks") and isinstance(v, int)])
+    limits.check(ACTIONS_PER_CELL * P * M * depth, limits.MAX_ACTIONS, "actions (about)", source=SRC,
+                 field="pipeline.micro_batches")
+    schedule = registry.create("schedule", ref.name, **ref.kwargs())
     spec = ScheduleSpec(P, M, (tf,) * P, (tb,) * P, (tc,) * (P - 1))
     al = schedule.actions(spec)
     validate_actions(al, comm=True)

@@ -86,3 +86,31 @@ def test_train_refuses_a_directory_of_another_runs_checkpoints(tmp_path, capsys)
     # continuing this very run is allowed
     assert run_cli([*TRAIN, "train.steps=6", "train.checkpoint_every=2", "seed=1", f"out={out}",
                     f"resume={out}"]) == 0, capsys.readouterr().err
+
+
+def test_run_dir_rule_for_checkpoint_folders(tmp_path):
+    """The folder form of checkpoints (safetensors + meta.json written last): a killed save's
+    folder without meta.json is ours too; a step_* folder holding other files is never cleared."""
+    import pytest
+
+    from hexicore.core.errors import HexicoreError
+    from hexicore.core.ownership import check_run_dir, clear_checkpoints
+
+    ck = tmp_path / "checkpoints"
+    (ck / "step_4").mkdir(parents=True)
+    (ck / "step_4" / "meta.json").write_text(json.dumps({"format": "hexicore.checkpoint/2"}))
+    (ck / "step_4" / "model.safetensors").write_bytes(b"x")
+    (ck / "step_6").mkdir()
+    (ck / "step_6" / "model.safetensors").write_bytes(b"x")  # killed before meta.json
+    with pytest.raises(HexicoreError, match="step_4, step_6"):
+        check_run_dir(tmp_path)
+    assert check_run_dir(tmp_path, resume=str(ck / "step_4")) == []
+    with pytest.raises(HexicoreError, match="exists and overwrite=false|another run"):
+        check_run_dir(tmp_path, resume=str(ck / "step_4"), overwrite=False)
+    clear_checkpoints(check_run_dir(tmp_path, overwrite=True))
+    assert list(ck.iterdir()) == []
+    (ck / "step_7").mkdir()
+    (ck / "step_7" / "notes.txt").write_text("mine")
+    with pytest.raises(HexicoreError, match="not a hexicore checkpoint"):
+        check_run_dir(tmp_path, overwrite=True)
+    assert (ck / "step_7" / "notes.txt").read_text() == "mine"

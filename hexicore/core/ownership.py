@@ -135,12 +135,13 @@ def _step_entries(folder: Path) -> list[Path]:
 
 
 def _owned_checkpoint(p: Path) -> bool:
-    """A checkpoint hexicore wrote: a folder whose ``meta.json`` has a ``hexicore.checkpoint``
-    format (or a ``step_N.pt`` file of the single-file form)."""
+    """A checkpoint hexicore wrote: a folder of safetensors and JSON files (and temporary files)
+    whose ``meta.json``, where present (it is written last), has a ``hexicore.checkpoint``
+    format; or a ``step_N.pt`` file of the single-file form."""
     if p.is_dir():
-        return json_kind(p / "meta.json") == "hexicore.checkpoint" and all(
-            f.is_file() and (f.suffix in (".json", ".safetensors") or f.name.endswith(".hexicore-tmp"))
-            for f in p.iterdir())
+        meta = p / "meta.json"
+        return (not meta.exists() or json_kind(meta) == "hexicore.checkpoint") and all(
+            f.is_file() and f.suffix in (".json", ".safetensors", ".tmp", ".hexicore-tmp") for f in p.iterdir())
     return p.is_file() and p.suffix == ".pt"
 
 

@@ -57,7 +57,7 @@ def summary(al: ActionList, res: SimResult, tf: float, tb: float, tc: float,
             "makespan": res.makespan, "bubble_ratio": res.bubble_ratio, "closed_form_bubble": closed_bubble,
             "busy": list(res.busy), "peak_activations": list(res.peak_activations),
             "weight_copies": len(al.chains),
-            "actions": sum(len(a) for a in al.actions), "format": SUMMARY_FORMAT}
+            "actions": al.n_actions, "format": SUMMARY_FORMAT}
 
 
 def print_summary(s: dict[str, Any], note: str | None = None) -> None:

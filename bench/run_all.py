@@ -26,6 +26,7 @@ BENCHES = [
     ("replan.py", [], []),
     ("runtime.py", [], ["--steps", "3"]),
     ("asymmetric.py", [], ["--steps", "3"]),
+    ("simulate_cli.py", ["--cases", "64,8,512", "16,4,64", "--repeat", "3"], ["--repeat", "1"]),
 ]
 
 

@@ -27,6 +27,7 @@ BENCHES = [
     ("runtime.py", [], ["--steps", "3"]),
     ("asymmetric.py", [], ["--steps", "3"]),
     ("hf_io.py", [], ["--quick"]),
+    ("simulate_cli.py", ["--cases", "64,8,512", "16,4,64", "--repeat", "3"], ["--repeat", "1"]),
 ]
 
 

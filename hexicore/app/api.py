@@ -76,7 +76,7 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     cfg = compose([f"schedule={schedule}", f"pipeline.ranks={ranks}", f"pipeline.micro_batches={micro_batches}",
                    f"timing.forward={forward}", f"timing.backward={backward}", f"timing.comm={comm}",
                    *overrides])
-    al, res, summary = build(cfg)
+    al, res, summary = build(cfg, record=True if out is not None else None)
     if out is not None:
         write(Path(out), al, res, summary)
     return SimulationResult.from_summary(summary, al, res)

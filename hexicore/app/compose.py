@@ -133,8 +133,11 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     problem = build_problem(cfg, registry)
     params = group_params(cfg, "solver")
     name = str(params.pop("name", "megatron"))
+    source = _choice(cfg, "solver")
     time_limit = params.pop("time_limit", None)
-    seed = int(params.pop("seed", cfg.get("seed", 0)) or 0)
+    if time_limit is not None:
+        time_limit = schema.number(time_limit, source, "solver.time_limit")
+    seed = schema.integer(params.pop("seed", cfg.get("seed", 0)) or 0, source, "solver.seed", minimum=None)
     solver = registry.create("solver", name, **params)
     t0 = time.perf_counter()
     try:

@@ -43,6 +43,11 @@ class TimingSection:
 
 
 @dataclass
+class SimulateSection:
+    files: Any = "auto"
+
+
+@dataclass
 class PrepareSection:
     text_key: str = "text"
     eos: Optional[Any] = None
@@ -76,6 +81,7 @@ class HexicoreConfig:
     train: TrainSection = field(default_factory=TrainSection)
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     timing: TimingSection = field(default_factory=TimingSection)
+    simulate: SimulateSection = field(default_factory=SimulateSection)
 
 
 def store_schema() -> None:

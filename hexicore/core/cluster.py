@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.fleet import machines_from_devices, synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
@@ -249,6 +249,8 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             schema.number(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
             schema.number(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us"), allow_zero=True),
         ))
+    limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
+                 field=schema.dotted(prefix, "machines"))
     inter = d.get("inter")
     if inter is None:
         if len(machines) > 1:

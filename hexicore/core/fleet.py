@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
@@ -40,6 +40,8 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
         if m["gpu"] != gpu:
             raise HexicoreError(f"machine {mname!r} mixes GPU types {m['gpu']!r} and {gpu!r}", source=source,
                                 field=schema.dotted(fp, "gpu"))
+        limits.check(int(idx) + 1, limits.MAX_DEVICES, "GPUs in one machine", source=source,
+                     field=schema.dotted(fp, "id"))
         m["count"] = max(m["count"], int(idx) + 1)
         present.add(did)
         if r.get("tflops") is not None or r.get("memory_gb") is not None:
@@ -68,6 +70,7 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
     sp = schema.dotted(prefix, "synthetic")
     s = schema.as_mapping(d["synthetic"], source, sp)
     n = schema.integer(schema.get(s, "gpus", source, sp), source, schema.dotted(sp, "gpus"))
+    limits.check(n, limits.MAX_DEVICES, "GPUs", source=source, field=schema.dotted(sp, "gpus"))
     mix = schema.as_mapping(schema.get(s, "mix", source, sp), source, schema.dotted(sp, "mix"))
     seed = schema.integer(s.get("seed", 0), source, schema.dotted(sp, "seed"), minimum=0)
     per = schema.integer(s.get("per_machine", 8), source, schema.dotted(sp, "per_machine"))

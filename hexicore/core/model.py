@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -59,6 +59,8 @@ class ModelSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HexicoreError(f"must be a positive integer, got {v!r}", field=f)
+        limits.check(self.layers, limits.MAX_LAYERS, "layers", field="layers")
+        limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="seq_len")
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
         if self.head_dim is None:

@@ -108,3 +108,83 @@ def check_all(items: Iterable[tuple[str | Path, str]], *, overwrite: bool | None
     """:func:`check_writable` for every ``(path, kind)`` before anything is written."""
     for path, kind in items:
         check_writable(path, kind, overwrite=overwrite, field=field)
+
+
+def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: bool | None = None,
+              field: str = "out") -> Path:
+    """A command's output directory: not a file, and each ``(name, kind)`` it will write inside
+    passes :func:`check_writable` (``overwrite=false`` refuses any of them that exists)."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise HexicoreError("is a file; an output directory goes here", source=str(d), field=field)
+    check_all(((d / name, kind) for name, kind in items), overwrite=overwrite, field=field)
+    return d
+
+
+def _step_entries(folder: Path) -> list[Path]:
+    """A run directory's checkpoints: ``step_N.pt`` files or ``step_N/`` folders, here and under
+    ``checkpoints/``, ordered by N."""
+    found = []
+    for base in (folder, folder / "checkpoints"):
+        if base.is_dir():
+            for p in base.glob("step_*"):
+                n = p.name[5:].split(".")[0]
+                if n.isdigit() and (p.is_dir() or p.suffix == ".pt"):
+                    found.append((int(n), p))
+    return [p for _, p in sorted(found)]
+
+
+def _owned_checkpoint(p: Path) -> bool:
+    """A checkpoint hexicore wrote: a folder of safetensors and JSON files (and temporary files)
+    whose ``meta.json``, where present (it is written last), has a ``hexicore.checkpoint``
+    format; or a ``step_N.pt`` file of the single-file form."""
+    if p.is_dir():
+        meta = p / "meta.json"
+        return (not meta.exists() or json_kind(meta) == "hexicore.checkpoint") and all(
+            f.is_file() and f.suffix in (".json", ".safetensors", ".tmp", ".hexicore-tmp") for f in p.iterdir())
+    return p.is_file() and p.suffix == ".pt"
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def check_run_dir(path: str | Path, *, resume: str | None = None, overwrite: bool | None = None,
+                  field: str = "out") -> list[Path]:
+    """``train``'s output directory. Refused (one line) when it is a file, when its
+    ``metrics.json`` is not a hexicore metrics file, or when it already holds another run's
+    checkpoints — unless ``resume`` continues that run (``resume`` lies in this directory) or
+    ``overwrite=true``, which clears hexicore's own checkpoints (returned; nothing else goes).
+    ``overwrite=false`` refuses any existing metrics or checkpoint."""
+    d = check_dir(path, [("metrics.json", "hexicore.metrics")], overwrite=overwrite, field=field)
+    steps = _step_entries(d)
+    if not steps:
+        return []
+    if resume and _inside(Path(resume), d) and overwrite is not False:
+        return []
+    if overwrite is not True:
+        names = ", ".join(p.name for p in steps[-3:])
+        raise HexicoreError(f"already holds another run's checkpoints ({names}); continue that run with "
+                            f"resume={d}, choose another out=, or overwrite=true to clear them",
+                            source=str(d), field=field)
+    foreign = [p for p in steps if not _owned_checkpoint(p)]
+    if foreign:
+        raise HexicoreError("holds a step_* entry that is not a hexicore checkpoint; not clearing it",
+                            source=str(foreign[0]), field=field)
+    return steps
+
+
+def clear_checkpoints(steps: Iterable[Path]) -> None:
+    """Remove checkpoints :func:`check_run_dir` found to be hexicore's (files, or folders of
+    our own files)."""
+    import shutil
+
+    for p in steps:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.estimate import Estimate
@@ -38,6 +38,10 @@ class TrainConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HexicoreError(f"must be a positive integer, got {v!r}", field=f"train.{f}")
+        limits.check(self.global_batch, limits.MAX_GLOBAL_BATCH, "sequences", field="train.global_batch")
+        limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
+        limits.check(self.global_batch // self.micro_batch, limits.MAX_MICRO_BATCHES, "micro-batches",
+                     field="train.micro_batch")
         if self.global_batch % self.micro_batch:
             raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
                                 f"{self.micro_batch}", field="train.global_batch")

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from hexicore.core import limits
 from hexicore.core.errors import HexicoreError
 
 #: The plan format's default schedule (``hexicore.plan/1``): a pipeline section without a
@@ -144,6 +145,8 @@ class ScheduleRef(Mapping):
             name = default
         if not isinstance(name, str):
             raise HexicoreError(f"a schedule name must be a string, got {name!r}", source=source, field=f"{field}.name")
+        for key in ("waves", "chunks"):
+            limits.check(section.get(key), limits.MAX_WAVES, key, source=source, field=f"{field}.{key}")
         return cls(name, FrozenMap((k, v) for k, v in section.items() if k != "name"))
 
     def with_params(self, **changes: Any) -> "ScheduleRef":

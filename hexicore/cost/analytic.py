@@ -281,10 +281,14 @@ def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: Pip
             from hexicore.core.errors import HexicoreError
             raise HexicoreError(f"efficiency must be in (0, 1], got {v:g}", source=source, field=f"cost.efficiency.{k}")
     sbp = d.get("state_bytes_per_param")
+    default = schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source, "cost.default_efficiency")
+    if default > 1:
+        from hexicore.core.errors import HexicoreError
+        raise HexicoreError(f"efficiency must be in (0, 1], got {default:g}", source=source,
+                            field="cost.default_efficiency")
     return AnalyticCostModel(
         efficiency=efficiency,
-        default_efficiency=schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source,
-                                         "cost.default_efficiency"),
+        default_efficiency=default,
         state_bytes_per_param=None if sbp is None else schema.number(sbp, source, "cost.state_bytes_per_param"),
         reserve_gb=schema.number(d.get("reserve_gb", 1.0), source, "cost.reserve_gb", allow_zero=True),
         pipeline_timer=pipeline_timer,

@@ -42,7 +42,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.arrays import ActionArrays
@@ -296,6 +296,9 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
     ranks = schema.integer(schema.get(d, "ranks", source, None), source, "ranks")
     stages = schema.integer(schema.get(d, "stages", source, None), source, "stages")
     mbs = schema.integer(schema.get(d, "micro_batches", source, None), source, "micro_batches")
+    limits.check(ranks, limits.MAX_DEVICES, "ranks", source=source, field="ranks")
+    limits.check(stages, limits.MAX_DEVICES * limits.MAX_WAVES, "stages", source=source, field="stages")
+    limits.check(mbs, limits.MAX_MICRO_BATCHES, "micro-batches", source=source, field="micro_batches")
     s2r = [schema.integer(x, source, "stage_rank", minimum=0)
            for x in schema.as_list(schema.get(d, "stage_rank", source, None), source, "stage_rank")]
     if len(s2r) != stages or any(r >= ranks for r in s2r):
@@ -303,6 +306,8 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
     raw = schema.as_list(schema.get(d, "actions", source, None), source, "actions")
     if len(raw) != ranks:
         raise HexicoreError(f"expected {ranks} lists (one per rank), got {len(raw)}", source=source, field="actions")
+    limits.check(sum(len(x) for x in raw if isinstance(x, list)), limits.MAX_ACTIONS, "actions", source=source,
+                 field="actions")
     lists = []
     for r, acts in enumerate(raw):
         out = []

@@ -13,6 +13,7 @@ from hexicore.app.report import console, print_plan
 from hexicore.app.training import create_runtime, plan_run_spec, runtime_settings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.core.errors import HexicoreError
+from hexicore.core.ownership import check_writable
 from hexicore.core.plan import Plan
 from hexicore.registry import Registry
 
@@ -20,6 +21,8 @@ from hexicore.registry import Registry
 def run(cfg: DictConfig) -> int:
     if not cfg.get("plan_file"):
         raise HexicoreError("evaluate needs plan_file=PATH", source="command line", field="plan_file")
+    if cfg.get("out"):
+        check_writable(str(cfg.out), "hexicore.plan", overwrite=cfg.get("overwrite"))
     registry = Registry.default()
     path = str(cfg.plan_file)
     plan = Plan.load(path)

@@ -13,13 +13,17 @@ this process is one of the workers (see ``docs/runtime.md`` for the multi-node c
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
 from hexicore.app.compose import output_dir
 from hexicore.app.training import build_run_spec, create_runtime
+from hexicore.core import schema
+from hexicore.core.ownership import check_run_dir, clear_checkpoints
 from hexicore.core.errors import RunError
 from hexicore.registry import Registry
 
@@ -32,6 +36,7 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     """The command with an explicit registry (tests pass one holding their own plugins)."""
     out = str(cfg.out) if cfg.get("out") else str(output_dir(cfg))
     spec = build_run_spec(cfg, registry, out)
+    prepare_out(out, cfg.get("resume"), cfg.get("overwrite"))
     runtime = create_runtime(spec, registry)
     try:
         metrics = runtime.run(spec, registry=registry)
@@ -41,6 +46,27 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     if metrics:
         print(summary_line(metrics, out))
     return 0
+
+
+#: fixed temporary names a killed checkpoint save may leave behind
+LEFTOVERS = ("step_*.pt.tmp", "final.pt.tmp", "meta.json.tmp", "*.safetensors.tmp", "metrics.json.tmp")
+
+
+def prepare_out(out: str, resume: Any, overwrite: bool | None) -> None:
+    """Before any process starts: refuse an ``out`` that is not ours or holds another run's
+    checkpoints (:func:`hexicore.core.ownership.check_run_dir`), clear them under
+    ``overwrite=true``, and remove what killed writers left (temporary files). Under torchrun
+    rank 0 alone does this (it alone writes)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    steps = check_run_dir(out, resume=str(resume) if resume else None, overwrite=overwrite)
+    clear_checkpoints(steps)
+    for folder in (Path(out), Path(out) / "checkpoints", *Path(out).glob("checkpoints/step_*/")):
+        if folder.is_dir():
+            schema.clean_stale_temps(folder)
+            for pattern in LEFTOVERS:  # a killed save under a fixed temporary name
+                for f in folder.glob(pattern):
+                    f.unlink(missing_ok=True)
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

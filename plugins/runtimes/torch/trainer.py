@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hexicore.core import schema
+
 from . import checkpoint
 from .data import make_source
 from .executor import Executor
@@ -29,6 +32,7 @@ from .layout import Layout
 from .hf_io import SafeTensors
 from .stage import Seeded, build_stages
 
+METRICS_FORMAT = "hexicore.metrics/1"
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -73,6 +77,9 @@ def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
         if f.get("kind") == "die":
             print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
             os._exit(13)
+        if f.get("kind") == "stop":  # stopped by the OS: ignores SIGTERM, only SIGKILL ends it
+            print(f"hexicore: rank {rank}: injected fault: SIGSTOP at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if f.get("kind") == "hang":
             print(f"hexicore: rank {rank}: injected fault: hanging at step {step}", file=sys.stderr, flush=True)
             time.sleep(10**6)
@@ -173,10 +180,10 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     if rank != 0:
         return None
     steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
-    metrics = {"losses": losses, "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
-               "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
+    metrics = {"format": METRICS_FORMAT, "losses": losses,
+               "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if out is not None:
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
 
 
@@ -188,7 +195,7 @@ def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     d = Path(spec.out) / "reads"
     d.mkdir(parents=True, exist_ok=True)
     doc = {"rank": rank, "tensors": [n for n, _ in reads], "bytes": sum(b for _, b in reads)}
-    (d / f"rank_{rank}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    schema.write_text_atomic(d / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
     weights.close()
 
 

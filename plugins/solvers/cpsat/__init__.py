@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
@@ -78,6 +79,14 @@ class CpSatSolver:
     log: bool = False
     name: str = "cpsat"
 
+    def __post_init__(self) -> None:
+        """Parameters from the config or a library call: wrong types and ranges are one line."""
+        self.workers = schema.integer(self.workers, "solver cpsat", "solver.workers")
+        for key in ("fix_groups", "log"):
+            if not isinstance(getattr(self, key), bool):
+                raise HexicoreError(f"expected true or false, got {getattr(self, key)!r}", source="solver cpsat",
+                                    field=f"solver.{key}")
+
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         from ortools.sat.python import cp_model
@@ -87,7 +96,8 @@ class CpSatSolver:
         from .hint import plan_rows
         from .formulation import build, slot_counts
 
-        limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
+        limit = (schema.number(time_limit, "solver cpsat", "solver.time_limit") if time_limit is not None
+                 else DEFAULT_TIME_LIMIT)
         t, L = problem.train, problem.model.layers
         n_mb = t.global_batch // t.micro_batch
         machines: dict[str, int] = {}

@@ -1,0 +1,40 @@
+"""Documented limits on sizes hexicore accepts (docs/formats.md, "Limits").
+
+Every command's time and memory follow the real problem, never a number a user typed: a size
+beyond one of these limits is refused up front with one line naming the field, the value and the
+limit (:func:`check`), before anything is built. The limits sit well above every cluster, model
+and schedule the papers describe (HexiScale's largest setting is 256 GPUs; Llama 2 70B has 80
+blocks) and low enough that the work they allow fits in seconds and a few GB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hexicore.core.errors import HexicoreError
+
+#: GPUs in one cluster (also the ranks of one pipeline)
+MAX_DEVICES = 4096
+#: transformer blocks of one model
+MAX_LAYERS = 1024
+#: sequences in one global batch
+MAX_GLOBAL_BATCH = 1 << 20
+#: micro-batches of one pipeline (global batch / micro-batch)
+MAX_MICRO_BATCHES = 1 << 16
+#: tokens in one sequence
+MAX_SEQ_LEN = 1 << 20
+#: waves (or chunks) of one schedule
+MAX_WAVES = 256
+#: actions in one set of action lists (a file, or what one simulation builds)
+MAX_ACTIONS = 1 << 24
+
+TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
+         "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,
+         "actions": MAX_ACTIONS}
+
+
+def check(value: Any, limit: int, what: str, *, source: str | None = None, field: str | None = None) -> None:
+    """Refuse ``value`` above ``limit`` (one line: the field, the value, the limit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+        raise HexicoreError(f"{value:,} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
+                            source=source, field=field)

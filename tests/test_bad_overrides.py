@@ -1,0 +1,56 @@
+"""Every bad override is one line and exit 2 before any work (the solver, cost and runtime
+sections validate their parameters and name ``solver.time_limit`` etc.), and the torch runtime's
+thread setting follows the machine (plugins/runtimes/torch/launch.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+
+CASES = [
+    (["plan", "solver=cpsat", "solver.time_limit=abc"], "solver.time_limit"),
+    (["plan", "solver=cpsat", "solver.time_limit=-5"], "solver.time_limit"),
+    (["plan", "solver.time_limit=0"], "solver.time_limit"),
+    (["plan", "solver=cpsat", "solver.workers=abc"], "solver.workers"),
+    (["plan", "cost.default_efficiency=5"], "cost.default_efficiency"),
+    (["plan", "cost.default_efficiency=abc"], "cost.default_efficiency"),
+    (["train", "parallel=none", "runtime.lr=abc"], "runtime.lr"),
+    (["train", "parallel=none", "runtime.timeout_s=abc"], "runtime.timeout_s"),
+    (["train", "parallel=none", "train.seq_len=0"], "train.seq_len"),
+    (["plan", "seed=abc"], "seed"),
+    (["train", "parallel=none", "train.steps=abc"], "train.steps"),
+]
+
+
+@pytest.mark.parametrize("argv,field", CASES, ids=[" ".join(c[0][1:]) for c in CASES])
+def test_bad_override_is_one_line_exit_2(argv, field, tmp_path, capsys):
+    out = tmp_path / "out.json" if argv[0] == "plan" else tmp_path / "run"
+    code = run_cli([argv[0], "model=tiny", *argv[1:], f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch import launch
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launch, "usable_cores", lambda: 8)
+    try:
+        monkeypatch.setattr(launch.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+        assert launch.set_threads(1, announce=True) == 8 == torch.get_num_threads()
+        assert "torch threads per rank: 8 (8 cores, load 0, 1 local rank)" in capsys.readouterr().err
+        assert launch.set_threads(3) == 2  # an idle machine split among three local ranks
+        monkeypatch.setattr(launch.os, "getloadavg", lambda: (6.5, 0.0, 0.0))
+        assert launch.set_threads(1) == 2  # six cores kept busy by others: use the two left
+        assert launch.set_threads(4) == 1
+        monkeypatch.setattr(launch.os, "getloadavg", lambda: (20.0, 0.0, 0.0))
+        assert launch.set_threads(1) == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(3)
+        assert launch.set_threads(2, announce=True) == 3 and "OMP_NUM_THREADS" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,116 @@
+"""Every command's outputs follow the ownership rule (hexicore.core.ownership): simulate's files,
+evaluate's plan, train's metrics and checkpoints; a train directory holding another run's
+checkpoints is refused unless resumed or cleared; leftovers of a killed save are cleaned."""
+
+from __future__ import annotations
+
+import json
+
+from hexicore.core.ownership import kind_of
+from tests.conftest import run_cli
+
+SIM = ["simulate", "schedule=1f1b", "pipeline.ranks=2", "pipeline.micro_batches=2"]
+TRAIN = ["train", "model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4",
+         "runtime.progress=false", "parallel=none"]
+
+
+def one_line_exit_2(code, capsys, *words):
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_simulate_outputs_are_marked_and_replaced_only_when_ours(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert run_cli([*SIM, f"out={out}"]) == 0
+    kinds = {f: kind_of(out / f) for f in ("actions.json", "summary.json", "trace.json", "timeline.png")}
+    assert kinds == {"actions.json": "hexicore.actions", "summary.json": "hexicore.summary",
+                     "trace.json": "hexicore.trace", "timeline.png": "hexicore.png"}
+    assert run_cli([*SIM, f"out={out}"]) == 0  # its own files: replaced
+    (out / "trace.json").write_text('{"traceEvents": []}')  # another tool's trace
+    one_line_exit_2(run_cli([*SIM, f"out={out}"]), capsys, "trace.json", "not a hexicore output")
+    assert (out / "trace.json").read_text() == '{"traceEvents": []}'
+    one_line_exit_2(run_cli([*SIM, f"out={out}", "overwrite=false"]), capsys, "overwrite=false")
+    assert run_cli([*SIM, f"out={out}", "overwrite=true"]) == 0
+    assert kind_of(out / "trace.json") == "hexicore.trace"
+    capsys.readouterr()
+    one_line_exit_2(run_cli([*SIM, f"out={out / 'summary.json'}"]), capsys, "is a file")
+    assert list(out.glob(".*hexicore-tmp")) == []
+
+
+def test_evaluate_out_refuses_a_foreign_file(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert run_cli(["plan", "model=tiny", f"out={plan}", f"hydra.run.dir={tmp_path / 'r'}"]) == 0
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"format": "other.tool/1"}))
+    one_line_exit_2(run_cli(["evaluate", f"plan_file={plan}", f"out={mine}"]), capsys, "mine.json")
+    assert json.loads(mine.read_text()) == {"format": "other.tool/1"}
+    assert run_cli(["evaluate", f"plan_file={plan}", f"out={tmp_path / 'again.json'}"]) == 0
+    assert kind_of(tmp_path / "again.json") == "hexicore.plan"
+
+
+def test_train_refuses_a_foreign_metrics_file_before_training(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"accuracy": 0.9}')
+    one_line_exit_2(run_cli([*TRAIN, "train.steps=1", f"out={out}"]), capsys, "metrics.json")
+    assert (out / "metrics.json").read_text() == '{"accuracy": 0.9}' and not (out / "final.pt").exists()
+    f = tmp_path / "file"
+    f.write_text("x")
+    one_line_exit_2(run_cli([*TRAIN, "train.steps=1", f"out={f}"]), capsys, "is a file")
+
+
+def _steps(out):
+    return sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def test_train_refuses_a_directory_of_another_runs_checkpoints(tmp_path, capsys):
+    out = tmp_path / "run"
+    a = [*TRAIN, "train.steps=4", "train.checkpoint_every=1", "seed=0", f"out={out}"]
+    assert run_cli(a) == 0, capsys.readouterr().err
+    before = _steps(out)
+    assert len(before) == 3 and json.loads((out / "metrics.json").read_text())["format"] == "hexicore.metrics/1"
+    capsys.readouterr()
+    b = [*TRAIN, "train.steps=4", "train.checkpoint_every=2", "seed=1", f"out={out}"]
+    one_line_exit_2(run_cli(b), capsys, "another run's checkpoints", "resume=", "overwrite=true")
+    assert _steps(out) == before and json.loads((out / "metrics.json").read_text())["seed"] == 0
+    (out / "checkpoints" / "step_9.pt.tmp").write_bytes(b"")  # a killed save's leftover
+    assert run_cli([*b, "overwrite=true"]) == 0, capsys.readouterr().err
+    after = _steps(out)
+    assert len(after) == 1 and after[0] not in ("step_1", "step_3", "step_1.pt", "step_3.pt")
+    assert json.loads((out / "metrics.json").read_text())["seed"] == 1
+    assert not (out / "checkpoints" / "step_9.pt.tmp").exists()
+    capsys.readouterr()
+    # continuing this very run is allowed
+    assert run_cli([*TRAIN, "train.steps=6", "train.checkpoint_every=2", "seed=1", f"out={out}",
+                    f"resume={out}"]) == 0, capsys.readouterr().err
+
+
+def test_run_dir_rule_for_checkpoint_folders(tmp_path):
+    """The folder form of checkpoints (safetensors + meta.json written last): a killed save's
+    folder without meta.json is ours too; a step_* folder holding other files is never cleared."""
+    import pytest
+
+    from hexicore.core.errors import HexicoreError
+    from hexicore.core.ownership import check_run_dir, clear_checkpoints
+
+    ck = tmp_path / "checkpoints"
+    (ck / "step_4").mkdir(parents=True)
+    (ck / "step_4" / "meta.json").write_text(json.dumps({"format": "hexicore.checkpoint/2"}))
+    (ck / "step_4" / "model.safetensors").write_bytes(b"x")
+    (ck / "step_6").mkdir()
+    (ck / "step_6" / "model.safetensors").write_bytes(b"x")  # killed before meta.json
+    with pytest.raises(HexicoreError, match="step_4, step_6"):
+        check_run_dir(tmp_path)
+    assert check_run_dir(tmp_path, resume=str(ck / "step_4")) == []
+    with pytest.raises(HexicoreError, match="exists and overwrite=false|another run"):
+        check_run_dir(tmp_path, resume=str(ck / "step_4"), overwrite=False)
+    clear_checkpoints(check_run_dir(tmp_path, overwrite=True))
+    assert list(ck.iterdir()) == []
+    (ck / "step_7").mkdir()
+    (ck / "step_7" / "notes.txt").write_text("mine")
+    with pytest.raises(HexicoreError, match="not a hexicore checkpoint"):
+        check_run_dir(tmp_path, overwrite=True)
+    assert (ck / "step_7" / "notes.txt").read_text() == "mine"

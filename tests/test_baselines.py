@@ -14,7 +14,7 @@ baselines = importlib.import_module("hexicore_plugins.solvers.baselines")
 
 @pytest.fixture(scope="module")
 def paper_problem():
-    return build_problem(config_from_overrides([]), Registry.default())
+    return build_problem(config_from_overrides(["cost.state_bytes_per_param=8"]), Registry.default())  # the paper's state size
 
 
 def solve(problem, name, **params):

@@ -25,6 +25,7 @@ class TrainSection:
     seq_len: Optional[int] = None
     dtype: str = "bf16"
     recompute: bool = True
+    zero: str = "0"
     steps: int = 10
     checkpoint_every: int = 0
 
@@ -91,7 +92,8 @@ def store_schema() -> None:
 
 
 #: allowed values of the string keys the schema types as ``str``
-CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32")}
+CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
+           "train.zero": ("0", "1", "2", "3", "auto")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection}
 

@@ -138,3 +138,20 @@ def test_memory_breakdown_sums_to_the_estimate():
         assert sum(parts[d].values()) == pytest.approx(gb, abs=1e-3)
     assert set(parts["A.0"]) == {"weights", "gradients", "optimizer", "activations", "workspace"}
     assert AnalyticCostModel(state_bytes_per_param=8).state_bytes(TRAIN).total == 8
+
+
+def test_uneven_shards_follow_device_memory_by_hand():
+    # A.* have 40 GB, B.* 16 GB: under zero_split=memory A keeps 40/56 of each chunk, B 16/56
+    plan = _plan(1)
+    plan = Plan(plan.model, plan.cluster, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=1,
+                                                      zero_split="memory"), plan.pipelines)
+    parts = COST.memory_parts(plan)
+    first = 2 * LAYER_PARAMS + V * H
+    assert parts["A.0"]["optimizer"] == pytest.approx(8 * first * 40 / 56 / GIB)
+    assert parts["B.0"]["optimizer"] == pytest.approx(8 * first * 16 / 56 / GIB)
+    assert parts["B.0"]["weights"] == pytest.approx(4 * first / GIB)  # ZeRO-1 keeps whole weights
+    # the ring's pieces are uneven: B.0 receives A.0's larger piece (40/56 of each chunk)
+    per_layer_b = 2 * (100e-6 + LAYER_PARAMS * 2 * 40 / 56 / 1e9)
+    emb_b = 2 * (100e-6 + V * H * 2 * 40 / 56 / 1e9)
+    assert COST.dp_stage_s(plan)[(1, 0)] == pytest.approx(2 * per_layer_b + emb_b)
+    assert "zero_split" in plan.train.to_dict() and "zero_split" not in _plan(1).train.to_dict()

@@ -26,6 +26,7 @@ class TrainSection:
     dtype: str = "bf16"
     recompute: bool = True
     zero: str = "0"
+    zero_split: str = "even"
     steps: int = 10
     checkpoint_every: int = 0
 
@@ -93,7 +94,8 @@ def store_schema() -> None:
 
 #: allowed values of the string keys the schema types as ``str``
 CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
-           "train.zero": ("0", "1", "2", "3", "auto")}
+           "train.zero": ("0", "1", "2", "3", "auto"),
+           "train.zero_split": ("even", "memory")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection}
 

@@ -25,6 +25,7 @@ FORMAT = "hexicore.plan/1"
 
 #: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
 ZERO_STAGES = (0, 1, 2, 3, "auto")
+ZERO_SPLITS = ("even", "memory")
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,9 @@ class TrainConfig:
     sharded-state stage ``zero`` (ZeRO, Rajbhandari et al. 2020: 0 = every data-parallel holder
     keeps the full state, 1 = optimizer state sharded among the holders of a layer chunk, 2 = +
     gradients, 3 = + weights; ``"auto"`` only in a planning problem: the planner chooses).
-    Shards are even among a chunk's holders. ``zero`` is written to the plan JSON only when not 0."""
+    ``zero_split``: ``even`` shards among a chunk's holders, or ``memory`` = each holder's share
+    proportional to its device's memory (Cephalo-style). Both are written to the plan JSON only
+    when not the default (0, even)."""
 
     global_batch: int = 24
     micro_batch: int = 1
@@ -41,6 +44,7 @@ class TrainConfig:
     dtype: str = "bf16"
     recompute: bool = True
     zero: int | str = 0
+    zero_split: str = "even"
 
     def __post_init__(self) -> None:
         for f in ("global_batch", "micro_batch", "seq_len"):
@@ -55,6 +59,9 @@ class TrainConfig:
                                 field="train.dtype")
         if self.zero not in ZERO_STAGES:
             raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
+        if self.zero_split not in ZERO_SPLITS:
+            raise HexicoreError(f"zero_split must be one of {', '.join(ZERO_SPLITS)}; got {self.zero_split!r}",
+                                field="train.zero_split")
 
     @property
     def zero_stage(self) -> int:
@@ -70,6 +77,8 @@ class TrainConfig:
                                "seq_len": self.seq_len, "dtype": self.dtype, "recompute": self.recompute}
         if self.zero != 0:
             out["zero"] = self.zero
+        if self.zero_split != "even":
+            out["zero_split"] = self.zero_split
         return out
 
     @classmethod
@@ -92,6 +101,8 @@ class TrainConfig:
             if isinstance(z, bool) or z not in ZERO_STAGES:
                 raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {z!r}", source=source, field=f"{prefix}.zero")
             kw["zero"] = z
+        if d.get("zero_split") is not None:
+            kw["zero_split"] = schema.string(d["zero_split"], source, f"{prefix}.zero_split")
         try:
             return cls(**kw)
         except HexicoreError as exc:

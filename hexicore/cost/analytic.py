@@ -20,7 +20,7 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
-from hexicore.cost.precision import StateBytes, sharded, state_bytes
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
 #: factor 2 is one reduce-scatter + one all-gather): all-gather before the forward, all-gather
@@ -115,14 +115,15 @@ class AnalyticCostModel:
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
-                           dp: int = 1) -> dict[str, float]:
+                           dp: int = 1, kept: float | None = None) -> dict[str, float]:
         """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
 
         * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
           (:meth:`state_bytes`) x params / tp for the blocks, the embedding on the first stage
           and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer); under
           ``train.zero`` the sharded parts are divided among the ``dp`` holders of each chunk
-          (one per pipeline, :func:`hexicore.cost.precision.sharded`);
+          (one per pipeline, :func:`hexicore.cost.precision.sharded`), or, with uneven shards,
+          kept for ``kept`` parameters (:meth:`kept_params`);
         * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
           with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
@@ -137,6 +138,9 @@ class AnalyticCostModel:
         full = self.state_bytes(train)
         per = sharded(full, train.zero_stage, dp)
         out = {k: v * params / tp / GIB for k, v in per.parts().items()}
+        if kept is not None:
+            for k in SHARDED_PARTS[train.zero_stage]:
+                out[k] = full.parts()[k] * kept / GIB
         out["activations"] = in_flight * n_layers * model.activation_bytes_per_layer(
             train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
             seq_len=train.seq_len) / GIB
@@ -189,7 +193,7 @@ class AnalyticCostModel:
 
     # ------------------------------------------------------------------ DP
     def dp_layer_s(self, cluster: Cluster, holders: Sequence[Stage], n_params: float, dtype_bytes: int,
-                   links: dict | None = None) -> float:
+                   links: dict | None = None, weight: Mapping[str, float] | None = None) -> float:
         """COMM-DP-LAYER (App. A) for one layer held by one stage in each of several pipelines.
 
         Paper: ``2 * max_d sum_{d' != d} (alpha + P*B_type / (|D| * beta))`` over the devices D
@@ -200,6 +204,9 @@ class AnalyticCostModel:
         With every tp = 1 this is the paper's formula; TP peers of one stage never exchange DP
         traffic (the paper's ``|D^k_dp|`` would count them). One pipeline: 0. ``links`` (optional)
         memoises ``(alpha, beta)`` per device pair across calls (a speed-up only).
+        ``weight`` (ZeRO with ``zero_split=memory``): uneven shards, a holder's share of a chunk
+        proportional to its weight (its device memory), so the piece a device receives from a
+        peer is ``chunk x w_peer / sum_holders w`` instead of ``chunk / |D|`` (same ring form).
         """
         n = len(holders)
         link = links if links is not None else {}
@@ -219,7 +226,9 @@ class AnalyticCostModel:
                             ab = link.get((d, peer))
                             if ab is None:
                                 ab = link[(d, peer)] = (cluster.alpha(d, peer), cluster.beta(d, peer))
-                            t += ab[0] + chunk / (n * ab[1])
+                            share = 1.0 / n if weight is None else weight[peer] / sum(
+                                weight[h.devices[c * h.tp // chunks]] for h in holders)
+                            t += ab[0] + chunk * share / ab[1]
                 worst = max(worst, 2.0 * t)
         return worst
 
@@ -238,17 +247,18 @@ class AnalyticCostModel:
                     holder[i][k] = s
         cache: dict[tuple, float] = {}
         links: dict = {}
+        w = self.shard_weights(plan)
 
         def layer_cost(k: int) -> float:
             hs = tuple(holder[i][k] for i in range(len(pipes)))
             key = tuple(id(s) for s in hs)
             if key not in cache:
-                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links)
+                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links, w)
             return cache[key]
 
         per_layer = [layer_cost(k) for k in range(m.layers)]
-        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links)
-        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links)
+        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links, w)
+        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links, w)
         out = {}
         for i, p in enumerate(pipes):
             for j, s in enumerate(p.stages):
@@ -256,6 +266,38 @@ class AnalyticCostModel:
                 t += first if j == 0 else 0.0
                 t += last if j == len(p.stages) - 1 else 0.0
                 out[(i, j)] = t
+        return out
+
+    def shard_weights(self, plan: Plan) -> dict[str, float] | None:
+        """Uneven ZeRO shards (``train.zero_split=memory``, Cephalo-style): each device's weight
+        is its memory (GB); ``None`` for even shards or no sharding."""
+        if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
+            return None
+        return {d.id: d.memory_gb for d in plan.cluster.devices}
+
+    def kept_params(self, plan: Plan) -> dict[str, float] | None:
+        """Under uneven shards: per device, the parameters whose sharded state parts it keeps —
+        for every chunk (``P / lcm(tp)`` of a layer, the embedding, the head; HexiScale §3.2
+        chunks) its share ``w_d / sum_holders w`` of it. ``None`` for even shards."""
+        w = self.shard_weights(plan)
+        if w is None or len(plan.pipelines) <= 1:
+            return None
+        out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
+
+        def add(stages: Sequence[Stage], n_params: float) -> None:
+            chunks = math.lcm(*(s.tp for s in stages))
+            for c in range(chunks):
+                hs = [s.devices[c * s.tp // chunks] for s in stages]
+                tot = sum(w[h] for h in hs)
+                for h in hs:
+                    out[h] += n_params / chunks * w[h] / tot
+
+        m = plan.model
+        for k in range(m.layers):
+            add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
+                m.layer_params())
+        add([p.stages[0] for p in plan.pipelines], m.embedding_params())
+        add([p.stages[-1] for p in plan.pipelines], m.head_params())
         return out
 
     def dp_s(self, plan: Plan) -> float:
@@ -287,14 +329,15 @@ class AnalyticCostModel:
         plan uses."""
         out: dict[str, dict[str, float]] = {}
         c, m, t = plan.cluster, plan.model, plan.train
+        kept = self.kept_params(plan)
         for p in plan.pipelines:
             n_mb = p.n_micro_batches(t.micro_batch)
             last = len(p.stages) - 1
             for j, s in enumerate(p.stages):
-                parts = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                                in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines))
                 for d in s.devices:
-                    out[d] = parts
+                    out[d] = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                                     in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
+                                                     kept=None if kept is None else kept[d])
         return out
 
     def memory_gb(self, plan: Plan) -> dict[str, float]:

@@ -26,6 +26,7 @@ BENCHES = [
     ("replan.py", [], []),
     ("runtime.py", [], ["--steps", "3"]),
     ("asymmetric.py", [], ["--steps", "3"]),
+    ("zero.py", [], ["--iterations", "6"]),
 ]
 
 

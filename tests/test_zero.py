@@ -155,3 +155,16 @@ def test_uneven_shards_follow_device_memory_by_hand():
     emb_b = 2 * (100e-6 + V * H * 2 * 40 / 56 / 1e9)
     assert COST.dp_stage_s(plan)[(1, 0)] == pytest.approx(2 * per_layer_b + emb_b)
     assert "zero_split" in plan.train.to_dict() and "zero_split" not in _plan(1).train.to_dict()
+
+
+def test_the_torch_runtime_refuses_sharded_plans_it_does_not_execute(tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    plan = _plan(1)
+    path = tmp_path / "z.json"
+    plan.save(str(path))
+    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+    assert "does not shard training state" in capsys.readouterr().err
+    assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
+    out = capsys.readouterr()
+    assert "does not shard training state" in out.err and "ZeRO-1 over 2 holders" in out.out

@@ -77,6 +77,12 @@ class TorchRuntime:
                                           global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=t.seq_len,
                                           tp=where.tp)
         if isinstance(where, PlanLayout):
+            z = where.plan.train.zero_stage
+            if z and len(where.plan.pipelines) > 1:  # unsharded training would not fit where the plan relies on it
+                from hexicore.core.errors import PlanError
+
+                raise PlanError(f"the torch runtime does not shard training state yet (plan has train.zero={z}); "
+                                "plan with train.zero=0 to train it", source=where.source, field="train.zero")
             return plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)
         raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 

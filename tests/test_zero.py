@@ -157,14 +157,63 @@ def test_uneven_shards_follow_device_memory_by_hand():
     assert "zero_split" in plan.train.to_dict() and "zero_split" not in _plan(1).train.to_dict()
 
 
-def test_the_torch_runtime_refuses_sharded_plans_it_does_not_execute(tmp_path, capsys):
+def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys):
     from tests.conftest import run_cli
 
-    plan = _plan(1)
-    path = tmp_path / "z.json"
-    plan.save(str(path))
-    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
-    assert "does not shard training state" in capsys.readouterr().err
-    assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
-    out = capsys.readouterr()
-    assert "does not shard training state" in out.err and "ZeRO-1 over 2 holders" in out.out
+    for zero, split in ((3, "even"), (1, "memory")):
+        plan = _plan(zero)
+        plan = Plan(plan.model, plan.cluster, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=zero,
+                                                          zero_split=split), plan.pipelines)
+        path = tmp_path / f"z{zero}.json"
+        plan.save(str(path))
+        assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+        assert "does not execute" in capsys.readouterr().err
+        assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
+        out = capsys.readouterr()
+        assert "does not execute" in out.err and f"ZeRO-{zero} over 2 holders" in out.out
+
+
+#: TP degrees agree per layer (different batches, schedules): every chunk's holders are tp x n
+#: ranks, so the cost model's ``params / tp / n`` is exactly what each rank keeps
+SAME_TP = [(5, "1f1b", [(2, 3), (1, 5)]), (3, "gpipe", [(2, 3), (1, 5)])]
+
+
+@pytest.mark.slow
+def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_bytes():
+    """One 6-rank job: the one-process reference, then the asymmetric acceptance plan (tp2+tp1 |
+    3 x tp1, uneven batches, different schedules) under ZeRO-1 and ZeRO-2, and :data:`SAME_TP`
+    under ZeRO-1: losses and weights within 1e-5 of the reference; on :data:`SAME_TP` each rank's
+    AdamW state equals the cost model's optimizer bytes of its device (up to one element per
+    group from uneven division)."""
+    import dataclasses
+
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from tests.test_asymmetric import ACCEPTANCE, SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
+
+    m = tiny()
+    ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
+                       micro_batch=1, seq_len=SEQ, world=6)
+    acc = dataclasses.replace(layout_of(ACCEPTANCE), world=6)
+    same = dataclasses.replace(layout_of(SAME_TP), world=6)
+    specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z)
+             for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 1))]
+    results = launch(specs, 6)
+    for got in results[1:]:
+        assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
+        assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
+    plan = plan_of(SAME_TP)
+    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines)
+    parts = AnalyticCostModel().memory_parts(plan)
+    groups = sync_plan(same).members()
+    measured = results[3]["metrics"]["optimizer_state_bytes"]
+    assert len(measured) == 6
+    for r, b in enumerate(measured):
+        predicted = parts[f"M.{r}"]["optimizer"] * GIB
+        slack = 8 * sum(1 for g in groups if r in g)  # even pieces differ by at most one element
+        assert abs(b - predicted) <= slack, (r, b, predicted)
+        unsharded = 2 * parts[f"M.{r}"]["weights"] * GIB  # 8 B of moments per 4 B of weights
+        assert b <= unsharded / 2 + slack  # two holders per chunk: half of the moments

@@ -28,6 +28,7 @@ BENCHES = [
     ("asymmetric.py", [], ["--steps", "3"]),
     ("hf_io.py", [], ["--quick"]),
     ("simulate_cli.py", ["--cases", "64,8,512", "16,4,64", "--repeat", "3"], ["--repeat", "1"]),
+    ("zero.py", [], ["--iterations", "6"]),
 ]
 
 

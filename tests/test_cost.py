@@ -85,9 +85,10 @@ def test_single_pipeline_has_no_dp_cost():
 
 def test_memory_by_hand():
     # first stage, 2 layers, tp=1, 3 micro-batches in flight, recompute:
-    # state 8 bytes/param (4 x bf16) x (2 layers + embedding) + 3 x 2 x B*S*H*2 + one layer's
-    # full activations (flash: S*B*H*(10+24) bytes)
-    state = 8 * (2 * LAYER_PARAMS + V * H)
+    # state 16 bytes/param (the runtime's recipe: fp32 weights 4 + fp32 gradients 4 + two fp32
+    # Adam moments 8) x (2 layers + embedding) + 3 x 2 x B*S*H*2 + one layer's full activations
+    # (flash: S*B*H*(10+24) bytes)
+    state = 16 * (2 * LAYER_PARAMS + V * H)
     act = 3 * 2 * B * S * H * 2
     work = S * B * H * 34
     gb = COST.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)

@@ -41,7 +41,7 @@ def small_llama(layers, seq_len=1024):
 
 def problem(c, m, global_batch, micro_batch=1, warm_start=None, schedule=None, cost=None):
     t = TrainConfig(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
-    return Problem(c, m, t, cost or AnalyticCostModel(), schedule or {"name": "1f1b"}, warm_start=warm_start)
+    return Problem(c, m, t, cost or AnalyticCostModel(state_bytes_per_param=8), schedule or {"name": "1f1b"}, warm_start=warm_start)
 
 
 def solve(p, time_limit=20.0, **kw):

@@ -82,7 +82,7 @@ def test_memory_over_capacity_is_refused(paper_case, llama13b):
 def test_cross_machine_tp_is_legal_but_warned(paper_case, llama13b):
     plan = Plan(llama13b, paper_case, TrainConfig(), (
         Pipeline(24, (Stage(("A.0", "A.1"), 2, (0, 30)), Stage(("A.2", "B.0"), 2, (30, 40)))),))
-    _, warnings = validate_plan(plan, AnalyticCostModel())
+    _, warnings = validate_plan(plan, AnalyticCostModel(state_bytes_per_param=8))
     assert any("spans machines A, B" in w for w in warnings)
 
 

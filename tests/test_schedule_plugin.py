@@ -119,7 +119,7 @@ def solve_auto(reg, memory_gb: float, opts: list[dict]) -> tuple[Plan, Problem]:
     model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
     train = TrainConfig(global_batch=8, micro_batch=1, seq_len=2048, recompute=False)
     schedule = {"name": "auto", "options": opts}
-    cost, book = schedule_pricing(AnalyticCostModel(), schedule, reg)
+    cost, book = schedule_pricing(AnalyticCostModel(state_bytes_per_param=8), schedule, reg)  # sizes tuned to 8 B/param
     problem = Problem(small_cluster(memory_gb), model, train, cost, schedule, reg, pricing=book)
     plan = reg.create("solver", "hexiscale", **FAST).solve(problem, time_limit=None, seed=0, progress=lambda m, f: None)
     validate_plan(plan, problem.cost)

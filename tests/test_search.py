@@ -92,7 +92,7 @@ def solve(problem, seed=0, **params):
 
 @pytest.fixture(scope="module")
 def paper_problem():
-    return build_problem(config_from_overrides([]), Registry.default())
+    return build_problem(config_from_overrides(["cost.state_bytes_per_param=8"]), Registry.default())  # the paper's state size
 
 
 def test_paper_case_beats_megatron_by_1_5x(paper_problem):

@@ -19,6 +19,7 @@ from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.zero import solve_zero
 from hexicore.registry import Registry
 from hexicore.planner.validate import validate_plan
 
@@ -115,6 +116,16 @@ def build_cost_model(cfg: DictConfig, registry: Registry) -> CostModel:
     return registry.create("cost_model", name, **params)
 
 
+def memory_cost(cfg: DictConfig, registry: Registry) -> CostModel:
+    """The configured cost model with each pipeline's schedule's peak activations (as the planner
+    prices memory), for the per-device memory breakdown."""
+    cost = build_cost_model(cfg, registry)
+    if hasattr(cost, "activation"):
+        from dataclasses import replace as _replace
+        cost = _replace(cost, activation=ScheduleBook(registry).activation())
+    return cost
+
+
 def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None = None) -> Problem:
     cluster = load_cluster(cfg)
     model = load_model(cfg)
@@ -141,7 +152,7 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     solver = registry.create("solver", name, **params)
     t0 = time.perf_counter()
     try:
-        plan = solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+        plan = solve_zero(solver, problem, time_limit=time_limit, seed=seed, progress=progress)
     except HexicoreError as exc:
         if exc.source:
             raise

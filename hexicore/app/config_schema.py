@@ -25,6 +25,8 @@ class TrainSection:
     seq_len: Optional[int] = None
     dtype: str = "bf16"
     recompute: bool = True
+    zero: str = "0"
+    zero_split: str = "even"
     steps: int = 10
     checkpoint_every: int = 0
 
@@ -98,7 +100,9 @@ def store_schema() -> None:
 
 
 #: allowed values of the string keys the schema types as ``str``
-CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32")}
+CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
+           "train.zero": ("0", "1", "2", "3", "auto"),
+           "train.zero_split": ("even", "memory")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection}
 

@@ -58,6 +58,30 @@ def summary_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def memory_table(plan: Plan, cost: Any) -> Table | None:
+    """Per-device peak memory by part (GiB): weights, gradients, optimizer, activations,
+    workspace (the cost model's ``memory_parts``; None for a cost model without it). Devices
+    with the same breakdown share a row."""
+    probe = getattr(cost, "memory_parts", None)
+    if probe is None:
+        return None
+    keys = ("weights", "gradients", "optimizer", "activations", "workspace")
+    rows: dict[tuple, list[str]] = {}
+    for d, parts in probe(plan).items():
+        gpu = plan.cluster.device(d).gpu.name
+        rows.setdefault((gpu, *(round(parts.get(k, 0.0), 2) for k in keys)), []).append(d)
+    zero = plan.train.zero_stage
+    title = f"memory per device (GiB), ZeRO-{zero}" + (f" over {len(plan.pipelines)} holders" if zero else "")
+    t = Table(title=title)
+    for c in ("devices", "gpu", *keys, "total / GPU"):
+        t.add_column(c, justify="left" if c in ("devices", "gpu") else "right")
+    for (_, *vals), devs in rows.items():
+        dev = plan.cluster.device(devs[0])
+        shown = ",".join(devs) if len(devs) <= 4 else f"{','.join(devs[:3])},... ({len(devs)})"
+        t.add_row(shown, dev.gpu.name, *(f"{v:.2f}" for v in vals), f"{sum(vals):.1f} / {dev.memory_gb:g}")
+    return t
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console; when output is not a terminal (pipes, CI logs) tables get 160 columns
     instead of rich's 80 so plan rows are not folded."""

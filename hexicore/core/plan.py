@@ -23,15 +23,28 @@ from hexicore.core.schedule_ref import ScheduleRef
 FORMAT = "hexicore.plan/1"
 
 
+#: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
+ZERO_STAGES = (0, 1, 2, 3, "auto")
+ZERO_SPLITS = ("even", "memory")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Global batch (sequences), micro-batch, sequence length, dtype, recomputation."""
+    """Global batch (sequences), micro-batch, sequence length, dtype, recomputation, and the
+    sharded-state stage ``zero`` (ZeRO, Rajbhandari et al. 2020: 0 = every data-parallel holder
+    keeps the full state, 1 = optimizer state sharded among the holders of a layer chunk, 2 = +
+    gradients, 3 = + weights; ``"auto"`` only in a planning problem: the planner chooses).
+    ``zero_split``: ``even`` shards among a chunk's holders, or ``memory`` = each holder's share
+    proportional to its device's memory (Cephalo-style). Both are written to the plan JSON only
+    when not the default (0, even)."""
 
     global_batch: int = 24
     micro_batch: int = 1
     seq_len: int = 4096
     dtype: str = "bf16"
     recompute: bool = True
+    zero: int | str = 0
+    zero_split: str = "even"
 
     def __post_init__(self) -> None:
         for f in ("global_batch", "micro_batch", "seq_len"):
@@ -48,14 +61,29 @@ class TrainConfig:
         if self.dtype not in DTYPE_BYTES:
             raise HexicoreError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}",
                                 field="train.dtype")
+        if self.zero not in ZERO_STAGES:
+            raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
+        if self.zero_split not in ZERO_SPLITS:
+            raise HexicoreError(f"zero_split must be one of {', '.join(ZERO_SPLITS)}; got {self.zero_split!r}",
+                                field="train.zero_split")
+
+    @property
+    def zero_stage(self) -> int:
+        """The sharded-state stage as a number (``auto``, unresolved: 0)."""
+        return self.zero if isinstance(self.zero, int) else 0
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
-                "dtype": self.dtype, "recompute": self.recompute}
+        out: dict[str, Any] = {"global_batch": self.global_batch, "micro_batch": self.micro_batch,
+                               "seq_len": self.seq_len, "dtype": self.dtype, "recompute": self.recompute}
+        if self.zero != 0:
+            out["zero"] = self.zero
+        if self.zero_split != "even":
+            out["zero_split"] = self.zero_split
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None, prefix: str = "train") -> "TrainConfig":
@@ -70,6 +98,15 @@ class TrainConfig:
             if not isinstance(d["recompute"], bool):
                 raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
             kw["recompute"] = d["recompute"]
+        if d.get("zero") is not None:
+            z = d["zero"]
+            if isinstance(z, str) and z.strip().isdigit():
+                z = int(z)
+            if isinstance(z, bool) or z not in ZERO_STAGES:
+                raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {z!r}", source=source, field=f"{prefix}.zero")
+            kw["zero"] = z
+        if d.get("zero_split") is not None:
+            kw["zero_split"] = schema.string(d["zero_split"], source, f"{prefix}.zero_split")
         try:
             return cls(**kw)
         except HexicoreError as exc:

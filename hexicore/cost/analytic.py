@@ -20,15 +20,22 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
+
+#: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
+#: factor 2 is one reduce-scatter + one all-gather): all-gather before the forward, all-gather
+#: before the backward, reduce-scatter of the gradients = 3 halves
+ZERO3_PER_MICRO_BATCH = 1.5
 
 @dataclass(frozen=True)
 class AnalyticCostModel:
     """HexiScale App. A with the gaps filled (see each method).
 
     ``efficiency`` maps GPU type -> achieved fraction of peak; ``state_bytes_per_param`` is the
-    weight + gradient + optimizer bytes kept per parameter (default ``4 * B_type``: weights,
-    gradients and two Adam moments in the training dtype, which is the paper's ``48 H^2 B_type``
-    per 12H^2-parameter layer; mixed precision with fp32 master weights is 16);
+    weight + gradient + optimizer bytes kept per parameter (default ``None``: the runtime's
+    precision recipe, :func:`hexicore.cost.precision.state_bytes`, 16 B with AdamW over fp32
+    master weights; an explicit number overrides it, e.g. 8 = the paper's ``48 H^2 B_type``
+    per 12H^2-parameter layer in bf16);
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
     ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces App. A's
     PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the default in-flight
@@ -44,8 +51,12 @@ class AnalyticCostModel:
     name: str = "analytic"
 
     # ------------------------------------------------------------- pieces
+    def state_bytes(self, train: TrainConfig) -> StateBytes:
+        """Per-parameter weights/gradients/optimizer bytes (:mod:`hexicore.cost.precision`)."""
+        return state_bytes(train.dtype, self.state_bytes_per_param)
+
     def _state_bytes(self, train: TrainConfig) -> float:
-        return self.state_bytes_per_param if self.state_bytes_per_param is not None else 4.0 * train.dtype_bytes
+        return self.state_bytes(train).total
 
     def achieved_flops(self, cluster: Cluster, devices: Sequence[str]) -> float:
         """FLOP/s of a TP group: tp x the slowest member's peak x its efficiency."""
@@ -102,34 +113,54 @@ class AnalyticCostModel:
         bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
         return 2.0 * (send + bcast)
 
-    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
-                        n_layers: int, *, first: bool = False, last: bool = False, in_flight: int = 1,
-                        dp: int = 1) -> float:
-        """Peak memory of each device of a stage in GiB (App. A MEM-CUMSUM, extended).
+    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                           n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
+                           dp: int = 1, kept: float | None = None) -> dict[str, float]:
+        """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
 
-        * model state: ``state_bytes_per_param x params / tp`` for the blocks, the embedding on the
-          first stage and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer);
-        * stored activations: ``in_flight`` micro-batches x per-layer bytes
-          (``B_mb*S*H*B_type`` with recomputation, App. A) — the schedule decides ``in_flight``
-          (:meth:`in_flight`);
-        * working set of the block being (re)computed: one layer's full activations / tp, and on
-          the last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient;
-        * ``reserve_gb``.
-        ``dp`` is accepted for cost models that shard optimizer state; this one does not.
+        * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
+          (:meth:`state_bytes`) x params / tp for the blocks, the embedding on the first stage
+          and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer); under
+          ``train.zero`` the sharded parts are divided among the ``dp`` holders of each chunk
+          (one per pipeline, :func:`hexicore.cost.precision.sharded`), or, with uneven shards,
+          kept for ``kept`` parameters (:meth:`kept_params`);
+        * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
+          with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
+        * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
+          last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient, under ZeRO-3 with
+          ``dp > 1`` the gathered weights of two layers (the one computed and the prefetched
+          one) plus the embedding/head the stage holds, and ``reserve_gb``.
         """
         tp = len(devices)
-        params = n_layers * model.layer_params() + (model.embedding_params() if first else 0) + \
+        layer_p = model.layer_params()
+        params = n_layers * layer_p + (model.embedding_params() if first else 0) + \
             (model.head_params() if last else 0)
-        state = self._state_bytes(train) * params / tp
-        act = in_flight * n_layers * model.activation_bytes_per_layer(
+        full = self.state_bytes(train)
+        per = sharded(full, train.zero_stage, dp)
+        out = {k: v * params / tp / GIB for k, v in per.parts().items()}
+        if kept is not None:
+            for k in SHARDED_PARTS[train.zero_stage]:
+                out[k] = full.parts()[k] * kept / GIB
+        out["activations"] = in_flight * n_layers * model.activation_bytes_per_layer(
             train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
-            seq_len=train.seq_len)
+            seq_len=train.seq_len) / GIB
         work = model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
                                                 dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \
             if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4 / tp
-        return (state + act + work) / GIB + self.reserve_gb
+        if train.zero_stage == 3 and dp > 1:
+            gathered = min(2, n_layers) * layer_p + params - n_layers * layer_p
+            work += full.weights * gathered / tp
+        out["workspace"] = work / GIB + self.reserve_gb
+        return out
+
+    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                        n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
+                        dp: int = 1) -> float:
+        """Peak memory of each device of a stage in GiB: the sum of :meth:`stage_memory_parts`."""
+        return sum(self.stage_memory_parts(cluster, model, train, devices, n_layers, first=first, last=last,
+                                           in_flight=in_flight, dp=dp).values())
 
     # ------------------------------------------------------------ pipeline
     def pipeline_s(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
@@ -147,17 +178,22 @@ class AnalyticCostModel:
         return default_in_flight(len(pipeline.stages), stage_index, n_mb)
 
     def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
-        """STAGE and HOP times of one pipeline, one micro-batch each."""
+        """STAGE and HOP times of one pipeline, one micro-batch each (under ZeRO-3 the stage
+        time includes its per-micro-batch weight gathers, :meth:`zero3_stage_s`)."""
         c, m, t = plan.cluster, plan.model, plan.train
         last = len(pipeline.stages) - 1
         stages = [self.stage_s(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last)
                   for j, s in enumerate(pipeline.stages)]
+        if t.zero_stage == 3 and len(plan.pipelines) > 1:
+            i = next(k for k, q in enumerate(plan.pipelines) if q is pipeline or q == pipeline)
+            z3 = self.zero3_stage_s(plan)
+            stages = [x + z3[(i, j)] for j, x in enumerate(stages)]
         hops = [self.hop_s(c, m, t, a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         return stages, hops
 
     # ------------------------------------------------------------------ DP
     def dp_layer_s(self, cluster: Cluster, holders: Sequence[Stage], n_params: float, dtype_bytes: int,
-                   links: dict | None = None) -> float:
+                   links: dict | None = None, weight: Mapping[str, float] | None = None) -> float:
         """COMM-DP-LAYER (App. A) for one layer held by one stage in each of several pipelines.
 
         Paper: ``2 * max_d sum_{d' != d} (alpha + P*B_type / (|D| * beta))`` over the devices D
@@ -168,6 +204,9 @@ class AnalyticCostModel:
         With every tp = 1 this is the paper's formula; TP peers of one stage never exchange DP
         traffic (the paper's ``|D^k_dp|`` would count them). One pipeline: 0. ``links`` (optional)
         memoises ``(alpha, beta)`` per device pair across calls (a speed-up only).
+        ``weight`` (ZeRO with ``zero_split=memory``): uneven shards, a holder's share of a chunk
+        proportional to its weight (its device memory), so the piece a device receives from a
+        peer is ``chunk x w_peer / sum_holders w`` instead of ``chunk / |D|`` (same ring form).
         """
         n = len(holders)
         link = links if links is not None else {}
@@ -187,16 +226,19 @@ class AnalyticCostModel:
                             ab = link.get((d, peer))
                             if ab is None:
                                 ab = link[(d, peer)] = (cluster.alpha(d, peer), cluster.beta(d, peer))
-                            t += ab[0] + chunk / (n * ab[1])
+                            share = 1.0 / n if weight is None else weight[peer] / sum(
+                                weight[h.devices[c * h.tp // chunks]] for h in holders)
+                            t += ab[0] + chunk * share / ab[1]
                 worst = max(worst, 2.0 * t)
         return worst
 
-    def dp_s(self, plan: Plan) -> float:
-        """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``; the
-        embedding and the head are synced like a layer among the first/last stages."""
+    def dp_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
+        """Per stage ``(pipeline, stage)``: ``sum_{k in stage} COMM-DP-LAYER(D^k_dp)`` (App. A),
+        the embedding and the head synced like a layer among the first/last stages; empty with
+        one pipeline."""
         pipes = plan.pipelines
         if len(pipes) <= 1:
-            return 0.0
+            return {}
         c, m, bt = plan.cluster, plan.model, plan.train.dtype_bytes
         holder = [[None] * m.layers for _ in pipes]
         for i, p in enumerate(pipes):
@@ -205,40 +247,102 @@ class AnalyticCostModel:
                     holder[i][k] = s
         cache: dict[tuple, float] = {}
         links: dict = {}
+        w = self.shard_weights(plan)
 
         def layer_cost(k: int) -> float:
             hs = tuple(holder[i][k] for i in range(len(pipes)))
             key = tuple(id(s) for s in hs)
             if key not in cache:
-                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links)
+                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links, w)
             return cache[key]
 
         per_layer = [layer_cost(k) for k in range(m.layers)]
-        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links)
-        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links)
-        worst = 0.0
-        for p in pipes:
+        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links, w)
+        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links, w)
+        out = {}
+        for i, p in enumerate(pipes):
             for j, s in enumerate(p.stages):
                 t = sum(per_layer[k] for k in range(*s.layers))
                 t += first if j == 0 else 0.0
                 t += last if j == len(p.stages) - 1 else 0.0
-                worst = max(worst, t)
-        return worst
+                out[(i, j)] = t
+        return out
+
+    def shard_weights(self, plan: Plan) -> dict[str, float] | None:
+        """Uneven ZeRO shards (``train.zero_split=memory``, Cephalo-style): each device's weight
+        is its memory (GB); ``None`` for even shards or no sharding."""
+        if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
+            return None
+        return {d.id: d.memory_gb for d in plan.cluster.devices}
+
+    def kept_params(self, plan: Plan) -> dict[str, float] | None:
+        """Under uneven shards: per device, the parameters whose sharded state parts it keeps —
+        for every chunk (``P / lcm(tp)`` of a layer, the embedding, the head; HexiScale §3.2
+        chunks) its share ``w_d / sum_holders w`` of it. ``None`` for even shards."""
+        w = self.shard_weights(plan)
+        if w is None or len(plan.pipelines) <= 1:
+            return None
+        out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
+
+        def add(stages: Sequence[Stage], n_params: float) -> None:
+            chunks = math.lcm(*(s.tp for s in stages))
+            for c in range(chunks):
+                hs = [s.devices[c * s.tp // chunks] for s in stages]
+                tot = sum(w[h] for h in hs)
+                for h in hs:
+                    out[h] += n_params / chunks * w[h] / tot
+
+        m = plan.model
+        for k in range(m.layers):
+            add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
+                m.layer_params())
+        add([p.stages[0] for p in plan.pipelines], m.embedding_params())
+        add([p.stages[-1] for p in plan.pipelines], m.head_params())
+        return out
+
+    def dp_s(self, plan: Plan) -> float:
+        """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``.
+
+        ZeRO-1/2 replace the all-reduce by a reduce-scatter of the gradients and an all-gather
+        of the updated weights: the same bytes, so the same time (the formula's factor 2 is
+        exactly those two halves). ZeRO-3 has no step-end sync: its traffic is paid per
+        micro-batch inside the stage time (:meth:`zero3_stage_s`)."""
+        if plan.train.zero_stage == 3:
+            return 0.0
+        return max(self.dp_stage_s(plan).values(), default=0.0)
+
+    def zero3_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
+        """ZeRO-3 traffic of one micro-batch through each stage ``(pipeline, stage)``: all-gather
+        of the stage's weights before its forward and again before its backward, and
+        reduce-scatter of its gradients, each half of the stage's COMM-DP term, i.e.
+        ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch (``ZERO3_PER_MICRO_BATCH``), priced on
+        the same per-link alpha/beta model and not overlapped with compute. Weights are
+        re-gathered every micro-batch because a pipeline interleaves the micro-batches'
+        forwards and backwards (keeping them gathered for the step would undo the sharding)."""
+        if plan.train.zero_stage != 3:
+            return {}
+        return {k: ZERO3_PER_MICRO_BATCH * v for k, v in self.dp_stage_s(plan).items()}
 
     # ------------------------------------------------------------ the plan
-    def memory_gb(self, plan: Plan) -> dict[str, float]:
-        """Peak memory per device (GiB) for every device the plan uses."""
-        out: dict[str, float] = {}
+    def memory_parts(self, plan: Plan) -> dict[str, dict[str, float]]:
+        """Peak memory per device (GiB) by part (:meth:`stage_memory_parts`), every device the
+        plan uses."""
+        out: dict[str, dict[str, float]] = {}
         c, m, t = plan.cluster, plan.model, plan.train
+        kept = self.kept_params(plan)
         for p in plan.pipelines:
             n_mb = p.n_micro_batches(t.micro_batch)
             last = len(p.stages) - 1
             for j, s in enumerate(p.stages):
-                gb = self.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                          in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines))
                 for d in s.devices:
-                    out[d] = gb
+                    out[d] = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                                     in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
+                                                     kept=None if kept is None else kept[d])
         return out
+
+    def memory_gb(self, plan: Plan) -> dict[str, float]:
+        """Peak memory per device (GiB) for every device the plan uses."""
+        return {d: sum(parts.values()) for d, parts in self.memory_parts(plan).items()}
 
     def estimate(self, plan: Plan) -> Estimate:
         """Iteration time = ``max_i PIPELINE-TIME(i) + COMM-DP`` (App. A), MFU, memory, breakdown.

@@ -172,9 +172,12 @@ class ProfiledCostModel(AnalyticCostModel):
               dst: Sequence[str]) -> float:
         return super().hop_s(self.measured(cluster), model, train, src, dst)
 
-    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], n_params: float, dtype_bytes: int,
-                   links: dict | None = None) -> float:
-        return super().dp_layer_s(self.measured(cluster), holders, n_params, dtype_bytes, links)
+    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], *args: Any, **kw: Any) -> float:
+        return super().dp_layer_s(self.measured(cluster), holders, *args, **kw)
+
+    def estimate(self, plan: Any) -> Any:
+        """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""
+        return super().estimate(replace(plan, cluster=self.measured(plan.cluster)))
 
 
 def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost") -> ProfiledCostModel:

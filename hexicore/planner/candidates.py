@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from hexicore.core.estimate import Estimate
@@ -69,6 +69,7 @@ class Context:
     options: tuple = ()  # ScheduleRefs a pipeline may get (schedule=auto: several)
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
+    dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
 
     @property
     def auto(self) -> bool:
@@ -77,6 +78,20 @@ class Context:
     @property
     def cost(self):
         return self.table.cost
+
+
+def at_dp(ctx: Context, d_dp: int) -> Context:
+    """Under ``train.zero`` > 0 a stage's memory depends on the number of pipelines (the shard
+    count): point ``ctx``'s stage tables at ``d_dp`` (their caps; times and hops are shared).
+    Without ZeRO nothing changes. Caches keyed by ``n_mb_max`` already differ per ``d_dp``."""
+    if ctx.problem.train.zero_stage == 0 or ctx.table.dp == d_dp:
+        return ctx
+    ctx.dp_tables.setdefault(ctx.table.dp, ctx.tables)
+    if d_dp not in ctx.dp_tables:
+        ctx.dp_tables[d_dp] = {o: replace(t, dp=d_dp, _caps={}, _rows={}) for o, t in ctx.tables.items()}
+    ctx.tables = ctx.dp_tables[d_dp]
+    ctx.table = ctx.tables[ctx.options[0]] if ctx.options else replace(ctx.table, dp=d_dp, _caps={}, _rows={})
+    return ctx
 
 
 # ----------------------------------------------------------------------------- phase 2
@@ -234,6 +249,7 @@ def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | 
 def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
     origin = f"search D_dp={d_dp} {objective}"
+    at_dp(ctx, d_dp)
     parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
     if ctx.refiner is not None and d_dp > 1:
         parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
@@ -298,6 +314,7 @@ def relayout(ctx: Context, plan: Plan, origin: str, keep_layers: bool) -> Candid
     kept = [p for p in kept if p]
     same = all(len(a) == len(b.stages) for a, b in zip(kept, plan.pipelines)) and len(kept) == len(plan.pipelines)
     n_mb_max = ctx.micro_batches - (len(kept) - 1)
+    at_dp(ctx, len(kept))
     layouts = []
     for i, stages in enumerate(kept):
         layers = [s.n_layers for s in plan.pipelines[i].stages] if keep_layers and same else None
@@ -320,6 +337,7 @@ def polish(ctx: Context, best: Candidate, deadline: float, only: Sequence[int] |
     if best.plan is None or not best.layouts:
         return best
     n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
+    at_dp(ctx, len(best.layouts))
     budget = ctx.evaluated + ctx.cfg.polish_evals  # a count, not a clock: the result stays seeded
     for _ in range(ctx.cfg.polish_rounds):
         improved = False

@@ -26,6 +26,7 @@ from typing import Sequence
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.cost import GIB
+from hexicore.cost.precision import SHARDED_PARTS, state_bytes
 from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assemble, best_strategy, merge_adjacent,
                                          phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
                                          unit_orders, variants)
@@ -40,10 +41,15 @@ __all__ = ["INF", "Candidate", "Context", "aligned", "assemble", "best_strategy"
            "pipeline_time_fn", "polish", "relayout", "replan_search", "run_search", "search_loop",
            "seed_candidates", "state_gb", "track_auto", "two_phase", "unit_orders", "variants"]
 
-def state_gb(problem: Problem) -> float:
-    """Training state of the whole model (weights, gradients, optimizer) in GiB."""
-    per = getattr(problem.cost, "state_bytes_per_param", None) or 4 * problem.train.dtype_bytes
-    return problem.model.total_params() * per / GIB
+def state_gb(problem: Problem, sharded_only: bool = False) -> float:
+    """Training state of the whole model (weights, gradients, optimizer) in GiB (the cost
+    model's precision recipe, :func:`hexicore.cost.precision.state_bytes`, if it has one);
+    ``sharded_only``: the parts ``train.zero`` shards."""
+    probe = getattr(problem.cost, "state_bytes", None)
+    per = probe(problem.train) if probe is not None else state_bytes(problem.train.dtype)
+    parts = per.parts()
+    keep = SHARDED_PARTS[problem.train.zero_stage] if sharded_only else tuple(parts)
+    return problem.model.total_params() * sum(parts[k] for k in keep) / GIB
 
 
 def dp_range(ctx: Context) -> list[int]:
@@ -55,6 +61,10 @@ def dp_range(ctx: Context) -> list[int]:
         raise HexicoreError(f"dp_max={cfg.dp_max} exceeds the cluster's {n} devices", field="solver.dp_max")
     usable = sum(d.memory_gb - getattr(p.cost, "reserve_gb", 0.0) for d in p.cluster.devices)
     by_memory = max(1, int(usable // state_gb(p)))
+    if p.train.zero_stage:  # sharded parts are held once in all, the rest once per pipeline
+        shared = state_gb(p, sharded_only=True)
+        copies = state_gb(p) - shared
+        by_memory = n if copies <= 0 else max(1, int((usable - shared) // copies))
     hi = min(n, ctx.micro_batches, by_memory, cfg.dp_max or n)
     lo = cfg.dp_min
     if lo > hi:

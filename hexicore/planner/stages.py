@@ -76,6 +76,7 @@ class StageTable:
     train: TrainConfig
     cost: Any
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
+    dp: int = 1  # pipelines of the plan being built: the ZeRO shard count of the memory caps
     _times: dict = field(default_factory=dict)
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
@@ -137,7 +138,7 @@ class StageTable:
 
             def fits(l: int) -> bool:
                 return self.cost.stage_memory_gb(c, m, t, devices, l, first=first, last=last,
-                                                 in_flight=in_flight) <= limit
+                                                 in_flight=in_flight, dp=self.dp) <= limit
 
             lo, hi = -1, m.layers  # largest l with fits(l); memory grows with l
             while lo < hi:

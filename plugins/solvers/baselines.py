@@ -6,9 +6,9 @@
 * ``galvatron_like`` — Galvatron: symmetric DP x TP x PP over the devices in cluster order, the
   layers of the stages balanced by a dynamic programme over memory (minimise the largest stage
   memory, heterogeneity-blind for time);
-* ``fsdp`` — pure sharded data parallelism: one single-GPU pipeline per rank with the whole
-  model, equal per-rank batch. Whether the shards fit is the cost model's call (the analytic
-  model does not shard state, so large models do not fit).
+* ``fsdp`` — fully sharded data parallelism (ZeRO-3): one single-GPU pipeline per rank with the
+  whole model, per-rank batch proportional to speed, state sharded over all ranks (even or
+  proportional to memory).
 
 Each returns the fastest of its own candidates that fits, by the problem's cost model.
 """
@@ -162,10 +162,25 @@ class GalvatronLikeSolver:
         return best_fitting(problem, cands, self.name)
 
 
+def speed_shares(total: int, speeds: list[float]) -> list[int]:
+    """``total`` micro-batches split proportional to ``speeds``, at least one each (largest
+    remainder); ``len(speeds) <= total``."""
+    raw = [total * v / sum(speeds) for v in speeds]
+    out = [max(1, int(r)) for r in raw]
+    while sum(out) > total:
+        out[max(range(len(out)), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+    for j in sorted(range(len(out)), key=lambda j: raw[j] - out[j], reverse=True)[:total - sum(out)]:
+        out[j] += 1
+    return out
+
+
 @dataclass(frozen=True)
 class FsdpSolver:
-    """Pure (sharded) data parallelism: ``n`` single-GPU replicas, ``n`` the most devices (the
-    fastest first) that divide the global batch's micro-batches evenly."""
+    """Fully sharded data parallelism (ZeRO-3, as PyTorch FSDP): one single-GPU replica per
+    device (the fastest ``min(devices, micro-batches)``), each device's batch proportional to its
+    peak FLOP/s; the training state is sharded over all of them (``train.zero=3``), evenly or in
+    proportion to each device's memory (``zero_split=memory``, Cephalo-style): both are priced
+    and the fastest that fits is returned."""
 
     name: str = "fsdp"
 
@@ -173,13 +188,17 @@ class FsdpSolver:
               progress: Progress = no_progress) -> Plan:
         t, L = problem.train, problem.model.layers
         mbs = t.global_batch // t.micro_batch
-        devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))
-        n = max(k for k in range(1, min(len(devs), mbs) + 1) if mbs % k == 0)
-        pipes = tuple(Pipeline(t.global_batch // n, (Stage((d.id,), 1, (0, L)),), dict(problem.schedule))
-                      for d in devs[:n])
-        plan = Plan(problem.model, problem.cluster, t, pipes)
-        progress("fsdp: one replica per GPU", 1.0)
-        return best_fitting(problem, [({"ranks": n}, plan)], self.name)
+        devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:mbs]
+        counts = speed_shares(mbs, [d.tflops for d in devs])
+        cands = []
+        for split in ("even", "memory"):
+            train = replace(t, zero=3, zero_split=split)
+            pipes = tuple(Pipeline(k * t.micro_batch, (Stage((d.id,), 1, (0, L)),), dict(problem.schedule))
+                          for d, k in zip(devs, counts))
+            cands.append(({"ranks": len(devs), "zero": 3, "zero_split": split},
+                          Plan(problem.model, problem.cluster, train, pipes)))
+        progress("fsdp: one ZeRO-3 replica per GPU", 1.0)
+        return best_fitting(problem, cands, self.name)
 
 
 @hookimpl
@@ -189,4 +208,4 @@ def hexicore_solvers():
     yield PluginSpec(kind="solver", name="galvatron_like", factory=GalvatronLikeSolver,
                      description="Galvatron-style baseline: symmetric DP x TP x PP, memory-balanced stages")
     yield PluginSpec(kind="solver", name="fsdp", factory=FsdpSolver,
-                     description="pure sharded data parallelism, one replica per GPU")
+                     description="fully sharded data parallelism (ZeRO-3), one replica per GPU, batch by speed")

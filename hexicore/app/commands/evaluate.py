@@ -9,7 +9,7 @@ import sys
 from omegaconf import DictConfig
 
 from hexicore.app import compose as app
-from hexicore.app.report import console, print_plan
+from hexicore.app.report import console, memory_table, print_plan
 from hexicore.app.training import create_runtime, plan_run_spec, runtime_settings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.core.errors import HexicoreError
@@ -30,6 +30,9 @@ def run(cfg: DictConfig) -> int:
     plan, est, warnings = app.evaluate(plan, cost, source=path, registry=registry)
     warnings += _runtime_refusal(cfg, plan, est, path, registry)
     print_plan(plan, console())
+    table = memory_table(plan, app.memory_cost(cfg, registry))
+    if table is not None:
+        console().print(table)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if cfg.get("out"):

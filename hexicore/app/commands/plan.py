@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from hexicore.app import compose as app
 from hexicore.app.picture import save_plan_picture
 from hexicore.registry import Registry
-from hexicore.app.report import console, print_plan
+from hexicore.app.report import console, memory_table, print_plan
 from hexicore.app.sweep import record
 from hexicore.core.ownership import check_all
 
@@ -35,6 +35,9 @@ def run(cfg: DictConfig) -> int:
     plan.save(out)
     picture = save_plan_picture(plan, out.with_suffix(".png"))
     print_plan(plan, console())
+    table = memory_table(plan, app.memory_cost(cfg, registry))
+    if table is not None:
+        console().print(table)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if (plan.solver or {}).get("replan"):  # elastic replanning: how the plan differs from the previous one

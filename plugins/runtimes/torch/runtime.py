@@ -78,6 +78,7 @@ class TorchRuntime:
                                           global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=t.seq_len,
                                           tp=where.tp)
         if isinstance(where, PlanLayout):
+            check_zero(where.plan.train, len(where.plan.pipelines), t, where.source)
             return plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)
         raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 
@@ -117,7 +118,8 @@ class TorchRuntime:
         if resume:
             _check_resume(resume, layout, t.seed, data_id)
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
-        return WorkerSpec(layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
+        zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
+        return WorkerSpec(zero=zero, layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
                           resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
@@ -174,6 +176,27 @@ def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any
                                    plan=checkpoint.plan_fingerprint(layout))
     if note:
         print(note, file=sys.stderr)
+
+def check_zero(train: Any, pipelines: int, settings: Any, source: str | None) -> None:
+    """What of ``train.zero`` this runtime executes: ZeRO-1/2 with even shards for every plan
+    shape (:class:`~.dp_sync.ShardedAdamW`); not yet ZeRO-3 across pipelines, uneven shards, or
+    checkpoints of sharded optimizer state. Refused before launch (a plan relying on sharding
+    would not fit unsharded)."""
+    from hexicore.core.errors import PlanError
+
+    z = train.zero_stage
+    if not z or pipelines <= 1:
+        return
+    why = None
+    if z == 3:
+        why = "ZeRO-3 across pipelines"
+    elif train.zero_split != "even":
+        why = f"uneven ZeRO shards (zero_split={train.zero_split})"
+    elif getattr(settings, "checkpoint_every", 0) or getattr(settings, "resume", None):
+        why = "checkpoints of sharded optimizer state"
+    if why:
+        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); "
+                        "plan with train.zero=0, 1 or 2 and even shards", source=source, field="train.zero")
 
 
 def check_memory(layout: Layout) -> None:

@@ -62,6 +62,7 @@ class WorkerSpec:
     plan: str | None = None
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
+    zero: int = 0  # ZeRO stage of the plan: 1/2 shard the optimizer state among each chunk's holders
 
 
 def choose_backend(requested: str) -> str:
@@ -130,8 +131,16 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
                               device=device)
         params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
+        if spec.zero and groups.dp is not None:  # ZeRO-1/2: the DP-synced tensors step sharded
+            from .dp_sync import ShardedAdamW
+
+            groups.dp.sharded = ShardedAdamW(groups.dp, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
+                                             weight_decay=spec.weight_decay)
+            skip = groups.dp.sharded.synced()
+            params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
+                           if (s, n) not in skip}.values())
         optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                      weight_decay=spec.weight_decay)
+                                      weight_decay=spec.weight_decay) if params else None
         if ck:
             checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
         mb_rows = part.batch // part.actions.micro_batches
@@ -170,6 +179,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
+    state_bytes = _optimizer_bytes(groups, optimizer, world) if spec.zero else None
     state = None
     if spec.return_state:
         got = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
@@ -181,7 +191,10 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         return None
     steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
     metrics = {"format": METRICS_FORMAT, "losses": losses,
-               "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
+               "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world,
+               "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
+    if state_bytes is not None:
+        metrics["optimizer_state_bytes"] = state_bytes
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
@@ -197,6 +210,19 @@ def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     doc = {"rank": rank, "tensors": [n for n, _ in reads], "bytes": sum(b for _, b in reads)}
     schema.write_text_atomic(d / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
     weights.close()
+
+
+def _optimizer_bytes(groups, optimizer, world: int) -> list[int]:
+    """Per rank, the bytes of optimizer state it keeps (AdamW moments, sharded or not)."""
+    mine = groups.dp.sharded.state_bytes() if groups.dp is not None and groups.dp.sharded is not None else 0
+    if optimizer is not None:
+        mine += sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
+                    if torch.is_tensor(v) and v.dim() > 0)
+    if world == 1:
+        return [mine]
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    return [int(x) for x in every]
 
 
 def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:

@@ -1,0 +1,63 @@
+"""The precision recipe: training-state bytes per parameter, stated once, and how ZeRO shards them.
+
+The runtime (``plugins/runtimes/torch``) keeps every parameter in fp32 (master weights) and runs
+``train.dtype`` only inside ``torch.autocast`` (bf16/fp16; fp32 runs without it); gradients
+accumulate in the parameters' dtype (fp32); ``torch.optim.AdamW`` keeps two moments per
+parameter in the parameters' dtype. Per parameter that is
+
+    weights 4 B + gradients 4 B + optimizer 8 B = 16 B, for every ``train.dtype``
+
+(:func:`state_bytes`). An explicit ``cost.state_bytes_per_param = X`` overrides the total and is
+split in the recipe's proportions (1/4 weights, 1/4 gradients, 1/2 optimizer).
+
+ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", SC'20) shards the optimizer state (stage 1), also the gradients (2), also the weights
+(3) among the ``n`` devices that hold the same chunk of a layer — the chunked data-parallel
+groups of HexiScale §3.2, one holder per pipeline — so each keeps ``1/n`` of those parts
+(:func:`sharded`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: bytes per parameter the torch runtime keeps with AdamW: fp32 master weights, fp32 gradients,
+#: two fp32 Adam moments (the same for bf16/fp16 autocast and for plain fp32)
+RECIPE = {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0}
+#: which parts each ZeRO stage shards
+SHARDED_PARTS = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("optimizer", "gradients", "weights")}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each part of the training state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    def parts(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer}
+
+
+def state_bytes(dtype: str, override: float | None = None) -> StateBytes:
+    """Per-parameter state of the runtime's recipe (module docstring): 4 + 4 + 8 = 16 B whatever
+    ``dtype`` (the autocast dtype only shapes activations and messages); ``override`` (the
+    ``cost.state_bytes_per_param`` setting) replaces the total, split 1/4 : 1/4 : 1/2."""
+    if override is not None:
+        return StateBytes(override / 4.0, override / 4.0, override / 2.0)
+    return StateBytes(**RECIPE)
+
+
+def sharded(per: StateBytes, zero: int, n: int) -> StateBytes:
+    """Bytes per parameter one holder keeps when ``n`` holders shard under ZeRO stage ``zero``
+    (even shards): each sharded part divided by ``n``."""
+    parts = per.parts()
+    n = max(1, n)
+    for k in SHARDED_PARTS[zero]:
+        parts[k] /= n
+    return StateBytes(**parts)

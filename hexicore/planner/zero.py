@@ -1,0 +1,48 @@
+"""``train.zero=auto``: the sharded-state stage (ZeRO 0-3, :mod:`hexicore.cost.precision`) as a
+search dimension, per plan.
+
+Any solver is run once per stage on the problem with that stage fixed (its memory caps and prices
+then follow the stage); the fastest plan that fits is kept, ties going to the lower stage (less
+traffic, simpler runtime). Stage 0 is among the choices, so ``auto`` is never slower than
+``zero=0`` under the same cost model and solver, and a plan that fits only with sharding is found
+when the solver finds it at that stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan
+from hexicore.planner.problem import Problem, Progress, no_progress
+
+STAGES = (0, 1, 2, 3)
+
+
+def solve_zero(solver: Any, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+               progress: Progress = no_progress) -> Plan:
+    """``solver.solve(problem)``; with ``train.zero=auto`` the best over :data:`STAGES` (each
+    stage gets ``time_limit / 4``); the plan's solver info gets ``zero_s``: per stage the
+    estimated iteration seconds (``None``: nothing fits)."""
+    if problem.train.zero != "auto":
+        return solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+    limit = None if time_limit is None else time_limit / len(STAGES)
+    best, seen, error = None, {}, None
+    for z in STAGES:
+        p = replace(problem, train=replace(problem.train, zero=z))
+        if p.warm_start is not None:
+            p = replace(p, warm_start=replace(p.warm_start, train=p.train))
+        try:
+            plan = solver.solve(p, time_limit=limit, seed=seed, progress=progress)
+        except HexicoreError as exc:
+            seen[z], error = None, error or exc
+            continue
+        est = problem.cost.estimate(plan)
+        seen[z] = round(est.iteration_s, 6) if est.fits else None
+        if est.fits and (best is None or est.iteration_s < best[0] - 1e-12):
+            best = (est.iteration_s, plan)
+    if best is None:
+        raise error or HexicoreError("no ZeRO stage gives a plan that fits", field="train.zero")
+    plan = best[1]
+    return plan.with_solver({**dict(plan.solver or {}), "zero_s": {str(k): v for k, v in seen.items()}})

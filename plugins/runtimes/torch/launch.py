@@ -55,7 +55,7 @@ def in_torchrun() -> bool:
 ERROR_DIR = "HEXICORE_ERROR_DIR"
 ERRORS_PREFIX = "hexicore-errors-"
 #: seconds the launcher gives workers to stop on SIGTERM before it kills them
-SHUTDOWN_S = 2
+SHUTDOWN_S = 1
 #: exit status of a worker that was told to stop (128 + signal number)
 STOPPED = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
 

@@ -191,6 +191,9 @@ class Cluster:
         if custom:
             gpus = {m.gpu.name: m.gpu for m in self.machines}
             out["gpus"] = {n: {"tflops": gpus[n].tflops, "memory_gb": gpus[n].memory_gb} for n in sorted(custom)}
+            for n in sorted(custom):
+                if gpus[n].price_per_hour is not None:
+                    out["gpus"][n]["price_per_hour"] = gpus[n].price_per_hour
         if self.excluded:
             out["excluded"] = list(self.excluded)
         out["devices"] = [

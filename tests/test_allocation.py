@@ -136,3 +136,13 @@ def test_cpsat_leaves_the_slow_machine_idle_too():
     assert [g["name"] for g in plan.solver["idle"]] == ["rtx3090"]
     every, t_every = run(cluster(fast + [slow], slow_gbs=0.001), use_all_devices=True)
     assert t <= t_every
+
+
+def test_screened_greedy_descent_keeps_the_result():
+    """Large clusters screen greedy neighbours with a short search; here forced on a small one."""
+    for bw, used in ((0.01, 8), (25.0, 12)):
+        p = problem(cluster(FAST_MACHINES + [SLOW], slow_gbs=bw))
+        plain = solve(p, allocation_exhaustive=1)
+        screened = solve(p, allocation_exhaustive=1, allocation_screen_above=1)
+        assert screened.solver["allocation"]["screened"] > 0 and len(screened.devices) == used
+        assert screened.estimate.iteration_s == pytest.approx(plain.estimate.iteration_s, abs=1e-9)

@@ -43,6 +43,7 @@ __all__ = ["Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
 
 INF = math.inf
 Solve = Callable[[Problem, Progress], Plan]  # (sub-problem, progress) -> plan
+Screen = Callable[[Problem, Plan], "Plan | None"]  # (sub-problem, best plan so far) -> a quick plan there
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class _Search:
     best: Trial | None = None
     deadline: float | None = None
     progress: Progress = no_progress
+    screen: Screen | None = None
+    screened: int = 0
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -121,6 +124,19 @@ class _Search:
         best = self.best.plan.estimate
         best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
         return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def promising(self, counts: tuple[int, ...]) -> bool:
+        """The screen: does a quick plan on this sub-cluster already beat the best so far?"""
+        machines = self.machines(counts)
+        if not machines or machines in self.trials or self.best is None or self.best.plan is None:
+            return bool(machines)
+        sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        try:
+            quick = self.screen(sub, self.best.plan)
+        except HexicoreError:
+            quick = None
+        self.screened += 1
+        return quick is not None and self.objective.score(quick) < self.best.score
 
     def trial(self, counts: tuple[int, ...], first: bool = False) -> Trial | None:
         machines = self.machines(counts)
@@ -162,10 +178,12 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
 
 
 def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
-             deadline: float | None = None) -> Plan:
+             deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128) -> Plan:
     """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
     past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
-    always is);
+    always is). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
+    cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
+    full only when that plan already beats the best;
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
     the machines used) and ``idle`` (:func:`idle_groups`)."""
     objective = problem.objective
@@ -187,9 +205,11 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             by_type.setdefault(problem.cluster.machine(cls[0]).gpu.name, []).append(i)
         types = [tuple(v) for v in by_type.values()] if len(by_type) > 1 else []
         cur = full
+        screened = screen is not None and len(problem.cluster.devices) > screen_above
+        s.screen = screen
         while True:
             here = s.best
-            steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types)]
+            steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
                 break
@@ -199,7 +219,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         raise objective.unmet(problem, s.trials)
     info = dict(best.plan.solver or {})
     info["allocation"] = {"mode": mode, "solved": sum(1 for t in s.trials.values() if t is not None),
-                          "considered": len(s.trials), "machines": list(best.machines),
+                          "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),
                           "objective": objective.to_dict()}
     info.update(rate(best.plan))
     info["idle"] = idle_groups(problem.cluster, best.plan, [t for t in s.trials.values() if t is not None])

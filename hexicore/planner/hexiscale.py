@@ -5,7 +5,7 @@ runs on sub-clusters of whole machines too and the best plan under the problem's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import time
@@ -45,5 +45,11 @@ class HexiScaleSolver:
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
             return run_search(sub, self.config, time_limit=left, seed=seed, progress=report)
 
+        quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
+
+        def screen(sub: Problem, plan: Plan) -> Plan | None:  # a short search (a tenth of the iterations)
+            found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress)
+            return found.with_estimate(sub.cost.estimate(found))
+
         return allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
-                        deadline=deadline)
+                        deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above)

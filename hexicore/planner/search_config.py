@@ -26,7 +26,9 @@ class SearchConfig:
     repairing it (:mod:`hexicore.planner.replan`); null = ignore the repair and run the full search.
     ``use_all_devices``: plan on every device (no allocation); ``allocation_exhaustive``: solve
     every sub-cluster of whole machines when there are at most this many, else descend greedily
-    (:mod:`hexicore.planner.allocation`)."""
+    (:mod:`hexicore.planner.allocation`); ``allocation_screen_above``: on clusters with more
+    devices, a greedy neighbour is searched in full only when a short search on it (a tenth of
+    the iterations, no polishing) already beats the best plan so far."""
 
     partitioner: str = "metis"
     refiner: str | None = "kl"
@@ -51,6 +53,7 @@ class SearchConfig:
     replan_iterations: int | None = 2
     use_all_devices: bool = False
     allocation_exhaustive: int = 8
+    allocation_screen_above: int = 128
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:
@@ -68,7 +71,8 @@ class SearchConfig:
                 raise bad(key, "an integer >= 1")
         if not isinstance(self.use_all_devices, bool):
             raise bad("use_all_devices", "true or false")
-        for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive"):
+        for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive",
+                    "allocation_screen_above"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(key, "an integer >= 0")

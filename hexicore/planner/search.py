@@ -86,9 +86,8 @@ def no_fit_error(problem: Problem) -> HexicoreError:
                          f"{max(d.memory_gb for d in c.devices):g} GB per GPU", field="model")
 
 
-def make_context(problem: Problem, cfg: SearchConfig, graph: bool = True) -> Context:
-    """Build the plugins by name from the registry (docs/plugins.md) and the caches;
-    ``graph=False`` leaves out the device graph (for re-laying out given plans only)."""
+def make_context(problem: Problem, cfg: SearchConfig) -> Context:
+    """Build the plugins by name from the registry (docs/plugins.md) and the caches."""
     reg = problem.registry
     if reg is None:
         raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
@@ -108,7 +107,7 @@ def make_context(problem: Problem, cfg: SearchConfig, graph: bool = True) -> Con
     tables = {o: table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
-                   problem.cluster.graph() if graph else None, problem.train.global_batch // problem.train.micro_batch, degrees,
+                   problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
                    book=book, exact_cost=exact, options=opts, tables=tables)
 
 

@@ -166,7 +166,7 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     cfg = config_from_overrides(["model=tiny", f"cluster_file={cluster}", "train.dtype=fp32", "train.recompute=false",
                                  "train.global_batch=6", "train.seq_len=32", "schedule=auto",
                                  f"schedule.options=[{{name:{NAME},group:2}}]", "solver.dp_max=1",
-                                 "solver.iterations=6"])
+                                 "solver.iterations=6", "solver.use_all_devices=true"])
     plan, _ = solve(cfg, reg)
     assert [p.schedule for p in plan.pipelines] == [ScheduleRef(NAME, {"group": 2})]
     assert len(plan.pipelines[0].stages) > 1

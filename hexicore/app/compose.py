@@ -18,6 +18,7 @@ from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost
+from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
 from hexicore.registry import Registry
@@ -135,7 +136,13 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule", registry) or None,
                                         source=_choice(cfg, "schedule"))
     cost, book = schedule_pricing(build_cost_model(cfg, registry), schedule, registry)
-    return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book)
+    objective = Objective(str(cfg.get("objective") or "throughput"), _opt_float(cfg.get("budget_per_hour")),
+                          _opt_float(cfg.get("min_tokens_per_s")))
+    return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book, objective=objective)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress) -> tuple[Plan, list[str]]:

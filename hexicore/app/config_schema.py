@@ -79,6 +79,9 @@ class HexicoreConfig:
     init_from: Optional[str] = None
     input: Optional[Any] = None
     tokenizer: Optional[str] = None
+    objective: str = "throughput"
+    budget_per_hour: Optional[float] = None
+    min_tokens_per_s: Optional[float] = None
     prepare: PrepareSection = field(default_factory=PrepareSection)
     train: TrainSection = field(default_factory=TrainSection)
     pipeline: PipelineSection = field(default_factory=PipelineSection)

@@ -56,9 +56,11 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
                        edgecolors="black", linewidths=0.5)
             if n_dev <= _LABEL_LIMIT:
                 ax.annotate(f"p{i}s{j}", (x, y), ha="center", va="center", fontsize=6, zorder=4)
-        else:
+        else:  # idle: no pipeline uses it (the planner left it out, solver.idle)
             ax.scatter([x], [y], s=260 if n_dev <= _LABEL_LIMIT else 40, facecolors="white", edgecolors="grey",
                        zorder=3)
+            if n_dev <= _LABEL_LIMIT:
+                ax.annotate("idle", (x, y), ha="center", va="center", fontsize=5, color="grey", zorder=4)
     for i, p in enumerate(plan.pipelines):
         for a, b in zip(p.stages, p.stages[1:]):
             (x0, y0), (x1, y1) = pos[a.leader], pos[b.leader]
@@ -71,6 +73,10 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     ax.set_xlim(-0.7, len(machines) - 0.3)
     ax.set_ylim(-tall + 0.4, 0.7)
     ax.set_title("devices by pipeline (p<i>s<j>: pipeline i, stage j)", fontsize=9)
+    idle = [g for g in (plan.solver or {}).get("idle") or [] if g.get("iteration_s") is not None]
+    if idle:  # what each left-out group would cost: the best plan found that uses it
+        ax.set_xlabel("\n".join(f"idle {g['name']}: best plan using it {g['iteration_s']:.3g} s" for g in idle[:4]),
+                      fontsize=7)
 
     L = plan.model.layers
     for i, p in enumerate(plan.pipelines):

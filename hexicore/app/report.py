@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hexicore.core.plan import Plan
+from hexicore.planner.objective import rate
 
 
 def _fmt_s(x: float) -> str:
@@ -19,8 +20,9 @@ def plan_table(plan: Plan) -> Table:
     est = plan.estimate
     mem: Mapping[str, float] = est.memory_gb if est is not None else {}
     pipe_s = est.pipeline_s if est is not None else ()
+    idle = len(plan.cluster.devices) - len(plan.devices)
     t = Table(title=f"plan: {plan.model.name} on {plan.cluster.name} "
-                    f"({len(plan.devices)}/{len(plan.cluster.devices)} GPUs, global batch {plan.train.global_batch}, "
+                    f"({len(plan.devices)}/{len(plan.cluster.devices)} GPUs{f', {idle} idle' if idle else ''}, global batch {plan.train.global_batch}, "
                     f"micro-batch {plan.train.micro_batch})")
     for col, just in (("pipe", "right"), ("batch", "right"), ("schedule", "left"), ("stage", "right"),
                       ("devices", "left"), ("tp", "right"), ("layers", "left"), ("memory / GPU", "right"),
@@ -46,8 +48,12 @@ def summary_lines(plan: Plan) -> list[str]:
     if est is not None:
         lines.append(f"predicted iteration time {_fmt_s(est.iteration_s)}  (slowest pipeline "
                      f"{_fmt_s(max(est.pipeline_s, default=0.0))} + DP sync {_fmt_s(est.dp_s)})")
-        lines.append(f"MFU {100 * est.mfu:.2f}%   tokens/s {est.tokens_per_s:.0f}")
+        r = rate(plan)
+        money = (f"   $/hour {r['usd_per_hour']:.2f}   $/M tokens {r['usd_per_mtok']:.4f}"
+                 if r["usd_per_mtok"] is not None else "")
+        lines.append(f"MFU {100 * est.mfu:.2f}%   tokens/s {est.tokens_per_s:.0f}{money}")
     s = plan.solver or {}
+    lines += idle_lines(s.get("idle") or [])
     if s:
         extra = f"  params {s.get('params')}" if s.get("params") else ""
         line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds', 0):.2f} s{extra}"
@@ -80,6 +86,24 @@ def memory_table(plan: Plan, cost: Any) -> Table | None:
         shown = ",".join(devs) if len(devs) <= 4 else f"{','.join(devs[:3])},... ({len(devs)})"
         t.add_row(shown, dev.gpu.name, *(f"{v:.2f}" for v in vals), f"{sum(vals):.1f} / {dev.memory_gb:g}")
     return t
+def idle_lines(idle: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per idle group of a plan's ``solver.idle`` (docs/formats.md): what it is and
+    the best plan found that uses it."""
+    out = []
+    for g in idle:
+        what = {"gpu": "GPU type", "machine": "machine"}.get(g.get("kind"), "devices on")
+        devs = list(g.get("devices") or [])
+        head = f"idle {what} {g.get('name')} ({len(devs)} GPUs: {', '.join(devs[:8])}{', ...' if len(devs) > 8 else ''})"
+        if g.get("iteration_s") is None:
+            out.append(head + ": no plan found that uses it")
+            continue
+        tail = f"{_fmt_s(g['iteration_s'])}"
+        if g.get("tokens_per_s"):
+            tail += f", {g['tokens_per_s']:.0f} tokens/s"
+        if g.get("usd_per_mtok") is not None:
+            tail += f", ${g['usd_per_hour']:.2f}/hour, ${g['usd_per_mtok']:.4f}/M tokens"
+        out.append(f"{head}: the best plan using it takes {tail}")
+    return out
 
 
 def console(stderr: bool = False) -> Console:

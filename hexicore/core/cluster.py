@@ -112,32 +112,44 @@ class Cluster:
         return self._machines[name]
 
     # ------------------------------------------------------------------ links
+    @cached_property
+    def _pair_cache(self) -> dict[tuple[str, str], tuple[float, float]]:
+        return {}
+
+    def _pair(self, a: str, b: str) -> tuple[float, float]:
+        """(bandwidth GB/s, latency us) between two devices, cached per machine pair (the
+        search asks millions of times)."""
+        by_id = self._by_id
+        da, db = by_id.get(a) or self.device(a), by_id.get(b) or self.device(b)
+        if a == b:
+            return (float("inf"), 0.0)
+        key = (da.machine, db.machine)
+        hit = self._pair_cache.get(key)
+        if hit is None:
+            if da.machine == db.machine:
+                m = self._machines[da.machine]
+                hit = (m.bandwidth_gbs, m.latency_us)
+            else:
+                link = self._links.get(frozenset(key))
+                hit = (link.bandwidth_gbs, link.latency_us) if link else (self.inter_bandwidth_gbs,
+                                                                         self.inter_latency_us)
+            self._pair_cache[key] = hit
+        return hit
+
     def bandwidth_gbs(self, a: str, b: str) -> float:
         """One-direction bandwidth between two devices in GB/s (infinite for a device itself)."""
-        da, db = self.device(a), self.device(b)
-        if da.id == db.id:
-            return float("inf")
-        if da.machine == db.machine:
-            return self._machines[da.machine].bandwidth_gbs
-        link = self._links.get(frozenset((da.machine, db.machine)))
-        return link.bandwidth_gbs if link else self.inter_bandwidth_gbs
+        return self._pair(a, b)[0]
 
     def latency_us(self, a: str, b: str) -> float:
-        da, db = self.device(a), self.device(b)
-        if da.id == db.id:
-            return 0.0
-        if da.machine == db.machine:
-            return self._machines[da.machine].latency_us
-        link = self._links.get(frozenset((da.machine, db.machine)))
-        return link.latency_us if link else self.inter_latency_us
+        return self._pair(a, b)[1]
 
     def beta(self, a: str, b: str) -> float:
         """beta(d, d') of HexiScale App. A in bytes/s."""
-        return self.bandwidth_gbs(a, b) * GB
+        return self._pair(a, b)[0] * GB
 
     def alpha(self, a: str, b: str) -> float:
         """alpha(d, d') of HexiScale App. A in seconds."""
-        return self.latency_us(a, b) * 1e-6
+        return self._pair(a, b)[1] * 1e-6
 
     # ------------------------------------------------------------------ graph
     def graph(self):
@@ -191,6 +203,9 @@ class Cluster:
         if custom:
             gpus = {m.gpu.name: m.gpu for m in self.machines}
             out["gpus"] = {n: {"tflops": gpus[n].tflops, "memory_gb": gpus[n].memory_gb} for n in sorted(custom)}
+            for n in sorted(custom):
+                if gpus[n].price_per_hour is not None:
+                    out["gpus"][n]["price_per_hour"] = gpus[n].price_per_hour
         if self.excluded:
             out["excluded"] = list(self.excluded)
         out["devices"] = [

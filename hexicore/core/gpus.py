@@ -19,6 +19,9 @@ class GpuType:
 
     ``intra_gbs`` is the typical intra-machine bandwidth for the synthetic-fleet generator
     (NVLink per direction, or PCIe 4.0 x16 ~ 32 GB/s); cluster files always state their own.
+    ``price_per_hour``: on-demand US dollars per GPU-hour (None: unknown), used by
+    ``objective=cost`` and ``budget_per_hour`` (:mod:`hexicore.planner.objective`);
+    ``price_source`` says where the number comes from.
     """
 
     name: str
@@ -26,14 +29,41 @@ class GpuType:
     memory_gb: float
     source: str = ""
     intra_gbs: float = 32.0
+    price_per_hour: float | None = None
+    price_source: str = ""
 
     def __post_init__(self) -> None:
         if self.tflops <= 0 or self.memory_gb <= 0:
             raise HexicoreError(f"GPU type {self.name!r} needs positive tflops and memory_gb")
+        if self.price_per_hour is not None and self.price_per_hour < 0:
+            raise HexicoreError(f"GPU type {self.name!r} needs a non-negative price_per_hour")
 
 
 def _g(name: str, tflops: float, memory_gb: float, source: str, intra_gbs: float = 32.0) -> tuple[str, GpuType]:
-    return name, GpuType(name, tflops, memory_gb, source, intra_gbs)
+    price, where = PRICES[name]
+    return name, GpuType(name, tflops, memory_gb, source, intra_gbs, price, where)
+
+
+_LAMBDA = "Lambda on-demand cloud list price per GPU-hour (lambdalabs.com/service/gpu-cloud, 2024)"
+_RUNPOD = "RunPod community-cloud on-demand list price per GPU-hour (runpod.io/pricing, 2024)"
+#: On-demand US$ per GPU-hour and where it comes from. Cloud prices change often and differ by
+#: provider and region: they are a starting point; a cluster file's ``gpus:`` section overrides
+#: them (``price_per_hour``). Entries marked "estimate" have no public on-demand offer we know of.
+PRICES: Mapping[str, tuple[float, str]] = MappingProxyType({
+    "a100-40g": (1.29, _LAMBDA),
+    "a100-80g": (1.79, _LAMBDA),
+    "a800-80g-nvlink": (1.79, "estimate: priced as the A100 80GB SXM it derives from (Lambda, 2024)"),
+    "a800-80g-pcie": (1.79, "estimate: priced as the A100 80GB (Lambda, 2024)"),
+    "h100-80g": (2.99, _LAMBDA + ", H100 SXM in 8-GPU machines"),
+    "h200": (3.99, "RunPod on-demand list price per GPU-hour for H200 SXM (runpod.io/pricing, 2024)"),
+    "rtx4090": (0.69, "RunPod secure-cloud on-demand list price per GPU-hour (runpod.io/pricing, 2024)"),
+    "rtx3090": (0.43, "RunPod secure-cloud on-demand list price per GPU-hour (runpod.io/pricing, 2024)"),
+    "rtx3080ti": (0.25, "estimate: no on-demand offer known; about 0.6x the RTX 3090 price, as their "
+                        "community-market prices compare"),
+    "v100-32g": (0.55, _LAMBDA + ", V100 in 8-GPU machines"),
+    "l40s": (0.86, "RunPod secure-cloud on-demand list price per GPU-hour (runpod.io/pricing, 2024)"),
+    "rtx-a6000": (0.80, _LAMBDA),
+})
 
 
 # Peak dense BF16/FP16 tensor-core TFLOPS (FP32 accumulate, which BF16 training uses).
@@ -75,5 +105,14 @@ def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[s
             schema.number(memory, source, schema.dotted(fp, "memory_gb")),
             str(spec.get("source", "cluster file")),
             schema.number(spec.get("intra_gbs", base.intra_gbs if base else 32.0), source, schema.dotted(fp, "intra_gbs")),
+            *_price(spec, base, source, fp),
         )
     return catalog
+
+
+def _price(spec: Mapping[str, Any], base: GpuType | None, source: str | None, fp: str | None) -> tuple:
+    """``price_per_hour`` (and its source) of a ``gpus:`` entry: its own, else the catalog's."""
+    if spec.get("price_per_hour") is None:
+        return (base.price_per_hour, base.price_source) if base else (None, "")
+    price = schema.number(spec["price_per_hour"], source, schema.dotted(fp, "price_per_hour"), allow_zero=True)
+    return price, str(spec.get("price_source", "cluster file"))

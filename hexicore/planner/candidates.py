@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from hexicore.core.estimate import Estimate
 from hexicore.core.plan import Plan
 from hexicore.planner.batch import affine_time, allocate_batch
+from hexicore.planner.partition import ordered_subgraph
 from hexicore.planner.pricing import ScheduleBook
 from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
@@ -138,7 +139,7 @@ def unit_orders(ctx: Context, part: Sequence[str], k: int, seed: int) -> list[li
     it offers ``orders``). Ordering units rather than whole groups keeps a machine's pieces
     adjacent even when the partitioner spread it over two groups (intra-machine links are the
     fastest, so top-tau joins them)."""
-    sub = ctx.graph.subgraph(part)
+    sub = ordered_subgraph(ctx.graph, part)
     groups = ctx.partitioner.partition(sub, k, objective="min_cut", balance=ctx.cfg.group_balance, seed=seed) \
         if k > 1 else [list(part)]
     units = [list(u) for g in groups if g for u in split_by_machine(ctx.problem.cluster, g)]

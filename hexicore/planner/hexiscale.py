@@ -1,13 +1,18 @@
 """Solver ``hexiscale``: the two-phase planner of HexiScale §4 (:mod:`hexicore.planner.search`),
-registered from the core through :mod:`hexicore.builtin`."""
+registered from the core through :mod:`hexicore.builtin`. Unless ``use_all_devices``, the search
+runs on sub-clusters of whole machines too and the best plan under the problem's objective wins
+(:mod:`hexicore.planner.allocation`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import time
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
+from hexicore.planner.allocation import allocate
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.search import run_search
 from hexicore.planner.search_config import SearchConfig
@@ -32,4 +37,19 @@ class HexiScaleSolver:
                                 field="solver.time_limit")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise HexicoreError(f"seed must be an integer, got {seed!r}", field="solver.seed")
-        return run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
+        if self.config.use_all_devices:
+            return run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
+        deadline = None if time_limit is None else time.monotonic() + time_limit
+
+        def one(sub: Problem, report: Progress) -> Plan:  # the same search on a sub-cluster, in the time left
+            left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+            return run_search(sub, self.config, time_limit=left, seed=seed, progress=report)
+
+        quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
+
+        def screen(sub: Problem, plan: Plan) -> Plan | None:  # a short search (a tenth of the iterations)
+            found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress)
+            return found.with_estimate(sub.cost.estimate(found))
+
+        return allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
+                        deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above)

@@ -51,6 +51,28 @@ def check_parts(n_nodes: int, parts: int) -> None:
                             field="solver.parts")
 
 
+class _Shown:
+    """A node filter that keeps ``nodes`` in their given order (networkx's own filter keeps a
+    ``set``, so a small view's node order would follow the string hash seed)."""
+
+    def __init__(self, nodes: Sequence[Hashable]) -> None:
+        self.nodes = dict.fromkeys(nodes)
+
+    def __call__(self, node: Hashable) -> bool:
+        return node in self.nodes
+
+
+def ordered_subgraph(graph, nodes: Sequence[Hashable]):
+    """A read-only view of ``graph`` on ``nodes`` whose node order never depends on
+    ``PYTHONHASHSEED``: ``nodes``' own order when the view is small, else the graph's order
+    (``networkx.subgraph_view``; the view shares ``graph.graph``, so :func:`weight_matrix`'s
+    cache is shared too). Partitioners list a graph's nodes in its order, so a plan is the same
+    under every hash seed."""
+    import networkx as nx
+
+    return nx.subgraph_view(graph, filter_node=_Shown(nodes))
+
+
 def weight_matrix(graph, nodes: Sequence[Hashable], attr: str = "bandwidth") -> np.ndarray:
     """Symmetric matrix of an edge attribute over ``nodes`` (0 where there is no edge).
 

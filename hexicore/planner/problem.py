@@ -10,6 +10,7 @@ from hexicore.cost import CostModel, Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.planner.objective import Objective
 
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
@@ -26,7 +27,8 @@ class Problem:
     by name), an optional warm-start plan, and ``pricing``: the
     :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
     ``cost`` (None when the cost model's own PIPELINE-TIME does;
-    :func:`hexicore.planner.pricing.schedule_pricing` builds both)."""
+    :func:`hexicore.planner.pricing.schedule_pricing` builds both). ``objective``: what the
+    allocation of devices optimises (:mod:`hexicore.planner.objective`; throughput by default)."""
 
     cluster: Cluster
     model: ModelSpec
@@ -36,6 +38,7 @@ class Problem:
     registry: Any = None
     warm_start: Plan | None = None
     pricing: Any = None
+    objective: Objective = field(default_factory=Objective)
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, ScheduleRef):

@@ -23,7 +23,12 @@ class SearchConfig:
     ``polish_rounds``/``polish_evals``: boundary hill-climbing rounds and estimates at most. ``align_templates``: pipelines tried as the
     template of the machine-aligned variants. ``seeds``: solvers whose plans seed the
     search. ``replan_iterations``: with a ``warm_start`` plan, two-phase candidates tried after
-    repairing it (:mod:`hexicore.planner.replan`); null = ignore the repair and run the full search."""
+    repairing it (:mod:`hexicore.planner.replan`); null = ignore the repair and run the full search.
+    ``use_all_devices``: plan on every device (no allocation); ``allocation_exhaustive``: solve
+    every sub-cluster of whole machines when there are at most this many, else descend greedily
+    (:mod:`hexicore.planner.allocation`); ``allocation_screen_above``: on clusters with more
+    devices, a greedy neighbour is searched in full only when a short search on it (a tenth of
+    the iterations, no polishing) already beats the best plan so far."""
 
     partitioner: str = "metis"
     refiner: str | None = "kl"
@@ -46,6 +51,9 @@ class SearchConfig:
     align_templates: int = 4
     seeds: tuple[str, ...] = ("megatron",)
     replan_iterations: int | None = 2
+    use_all_devices: bool = False
+    allocation_exhaustive: int = 8
+    allocation_screen_above: int = 128
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:
@@ -61,7 +69,10 @@ class SearchConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, "an integer >= 1")
-        for key in ("polish_rounds", "polish_evals", "align_templates"):
+        if not isinstance(self.use_all_devices, bool):
+            raise bad("use_all_devices", "true or false")
+        for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive",
+                    "allocation_screen_above"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(key, "an integer >= 0")

@@ -14,6 +14,7 @@ from hexicore.app import compose as app
 from hexicore.app.picture import save_plan_picture
 from hexicore.registry import Registry
 from hexicore.app.report import console, memory_table, print_plan
+from hexicore.planner.objective import rate as money
 from hexicore.app.sweep import record
 from hexicore.core.ownership import check_all
 
@@ -49,6 +50,7 @@ def run(cfg: DictConfig) -> int:
     record({"command": "plan", "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
             "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
             "iteration_s": est.iteration_s if est else None, "mfu": est.mfu if est else None,
-            "peak_memory_gb": est.peak_memory_gb if est else 0,
+            "peak_memory_gb": est.peak_memory_gb if est else 0, **money(plan),
+            "gpus_used": len(plan.devices), "gpus_idle": len(plan.cluster.devices) - len(plan.devices),
             "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(out)})
     return 0

@@ -33,6 +33,7 @@ from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
+from hexicore.planner.allocation import allocate
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 from .tables import Option, build_tables, stage_options
@@ -77,6 +78,8 @@ class CpSatSolver:
     workers: int = 8
     fix_groups: bool = False
     log: bool = False
+    use_all_devices: bool = False
+    allocation_exhaustive: int = 8
     name: str = "cpsat"
 
     def __post_init__(self) -> None:
@@ -89,6 +92,23 @@ class CpSatSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        """Unless ``use_all_devices`` (or ``fix_groups``), the model is solved on sub-clusters of
+        whole machines too, each with the same time limit, and the best plan under the problem's
+        objective is returned (:func:`hexicore.planner.allocation.allocate`)."""
+        if not isinstance(self.use_all_devices, bool):
+            raise HexicoreError(f"use_all_devices must be true or false, got {self.use_all_devices!r}",
+                                field="solver.use_all_devices")
+        if self.use_all_devices or self.fix_groups:
+            return self._solve_all(problem, time_limit=time_limit, seed=seed, progress=progress)
+        def one(sub: Problem, report: Progress) -> Plan:
+            return self._solve_all(sub, time_limit=time_limit, seed=seed, progress=report)
+
+        return allocate(problem, one, exhaustive=int(self.allocation_exhaustive), progress=progress)
+
+    def _solve_all(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+                   progress: Progress = no_progress) -> Plan:
+        """long: one CP-SAT model over every device of ``problem.cluster``: tabulate, build,
+        hint, solve, decode, and the plan's solver section (one linear story)."""
         from ortools.sat.python import cp_model
 
         from .decode import decode

@@ -1,0 +1,262 @@
+"""Allocation: which devices a plan uses (the solver decides, not the user).
+
+A solver that always uses every device of its cluster can be slowed down by adding hardware
+(a slow machine behind a slow link joins a pipeline or the DP sync). :func:`allocate` runs the
+same solver on sub-clusters made of whole machines and keeps the best plan under the problem's
+:class:`~hexicore.planner.objective.Objective`:
+
+* machines are grouped into classes of interchangeable machines (same GPU type, usable device
+  count, intra-machine link, no per-pair link override); a sub-cluster is a count per class (the
+  first machines of each class in cluster order), so isomorphic sub-clusters are solved once;
+* when there are at most ``exhaustive`` such sub-clusters, all are solved (the returned plan is
+  then the best the solver finds on *any* sub-cluster of whole machines, and adding a machine
+  never makes it worse: the smaller cluster's sub-clusters are among the larger one's);
+* otherwise a greedy descent from the whole cluster: each step solves every neighbour (one
+  machine fewer of one class, or one GPU type removed entirely) and moves to the best if it
+  improves — the whole cluster and every all-but-one-machine / all-but-one-type sub-cluster are
+  always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
+  than any plan on a cluster with one machine less;
+* sub-clusters are skipped without solving when their memory cannot hold the model's state,
+  their price exceeds ``budget_per_hour``, or a lower bound (the model's FLOPs over their peak
+  FLOP rate; every plan's MFU is at most 1) cannot beat the best plan found.
+
+The returned plan lives on the problem's whole cluster (its JSON lists every device); devices
+no pipeline uses are idle, reported per left-out GPU type or machine by :func:`idle_groups`
+with the best plan found that uses them (the plan's ``solver.idle``, docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from hexicore.core.cluster import Cluster
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan
+from hexicore.planner.objective import Objective, plan_price, rate
+from hexicore.planner.problem import Problem, Progress, no_progress
+
+__all__ = ["Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
+
+INF = math.inf
+Solve = Callable[[Problem, Progress], Plan]  # (sub-problem, progress) -> plan
+Screen = Callable[[Problem, Plan], "Plan | None"]  # (sub-problem, best plan so far) -> a quick plan there
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One solved sub-cluster: its machines, the plan (None: nothing fits), its score."""
+
+    machines: tuple[str, ...]
+    plan: Plan | None
+    score: tuple[float, float]
+
+
+def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
+    """Interchangeable machines, in cluster order: same GPU type, usable device count and
+    intra-machine link; a machine named by a per-pair link override is a class of its own."""
+    used = {d.machine: 0 for d in cluster.devices}
+    for d in cluster.devices:
+        used[d.machine] += 1
+    linked = {m for l in cluster.links for m in l.between}
+    classes: dict[tuple, list[str]] = {}
+    for m in cluster.machines:
+        if m.name not in used:
+            continue
+        key = ("own", m.name) if m.name in linked else (m.gpu, used[m.name], m.bandwidth_gbs, m.latency_us)
+        classes.setdefault(key, []).append(m.name)
+    return [tuple(v) for v in classes.values()]
+
+
+def sub_cluster(cluster: Cluster, machines: tuple[str, ...]) -> Cluster:
+    """``cluster`` restricted to the usable devices of ``machines`` (the rest excluded)."""
+    keep = set(machines)
+    gone = [d.id for d in cluster.devices if d.machine not in keep]
+    return cluster.exclude(gone) if gone else cluster
+
+
+def _lower_bound(flops: float | None, cluster: Cluster, machines: tuple[str, ...]) -> float:
+    """Iteration time no plan on ``machines`` beats: the model's FLOPs at their peak rate."""
+    if not flops:
+        return 0.0
+    keep = set(machines)
+    return flops / (sum(d.tflops for d in cluster.devices if d.machine in keep) * 1e12)
+
+
+@dataclass
+class _Search:
+    """The memo of solved sub-clusters and the best so far (internal to :func:`allocate`)."""
+
+    problem: Problem
+    solve: Solve
+    objective: Objective
+    classes: list[tuple[str, ...]]
+    trials: dict
+    flops: float | None = None
+    best: Trial | None = None
+    deadline: float | None = None
+    progress: Progress = no_progress
+    screen: Screen | None = None
+    screened: int = 0
+
+    def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
+        keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
+        return tuple(m.name for m in self.problem.cluster.machines if m.name in keep)
+
+    def skip(self, machines: tuple[str, ...]) -> bool:
+        """Pruned without solving: no memory for the state, over budget, or bounded out."""
+        cl, keep = self.problem.cluster, set(machines)
+        devs = [d for d in cl.devices if d.machine in keep]
+        reserve = getattr(self.problem.cost, "reserve_gb", 0.0)
+        per = getattr(self.problem.cost, "state_bytes_per_param", None) or 4 * self.problem.train.dtype_bytes
+        if sum(d.memory_gb - reserve for d in devs) * 2**30 < self.problem.model.total_params() * per:
+            return True
+        price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
+        if self.objective.budget_per_hour is not None and price > self.objective.budget_per_hour + 1e-9:
+            return True
+        if self.best is None or self.best.plan is None or self.best.score[0] == INF:
+            return False
+        lb = _lower_bound(self.flops, cl, machines)
+        bound = price * lb if self.objective.kind == "cost" else lb  # $ per iteration or seconds
+        best = self.best.plan.estimate
+        best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
+        return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def promising(self, counts: tuple[int, ...]) -> bool:
+        """The screen: does a quick plan on this sub-cluster already beat the best so far?"""
+        machines = self.machines(counts)
+        if not machines or machines in self.trials or self.best is None or self.best.plan is None:
+            return bool(machines)
+        sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        try:
+            quick = self.screen(sub, self.best.plan)
+        except HexicoreError:
+            quick = None
+        self.screened += 1
+        return quick is not None and self.objective.score(quick) < self.best.score
+
+    def trial(self, counts: tuple[int, ...], first: bool = False) -> Trial | None:
+        machines = self.machines(counts)
+        if not machines:
+            return None
+        if machines in self.trials:
+            return self.trials[machines]
+        if not first and self.deadline is not None and time.monotonic() > self.deadline:
+            return None
+        if not first and self.skip(machines):
+            self.trials[machines] = None
+            return None
+        sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        try:
+            plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else no_progress)
+        except HexicoreError:
+            if first:
+                raise
+            plan = None  # nothing fits (or the solver's settings do not suit) this sub-cluster
+        if plan is not None:
+            est = plan.estimate or sub.cost.estimate(plan)
+            plan = Plan(plan.model, self.problem.cluster, plan.train, plan.pipelines, est, plan.solver)
+            if first and est.mfu > 0 and est.mfu <= 1:
+                self.flops = est.mfu * est.iteration_s * sub.cluster.total_tflops * 1e12
+        t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF))
+        self.trials[machines] = t
+        if self.best is None or t.score < self.best.score:
+            self.best = t
+        return t
+
+
+def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: list[tuple[int, ...]]):
+    for i, n in enumerate(counts):
+        if n > 0:
+            yield counts[:i] + (n - 1,) + counts[i + 1:]
+    for members in types:
+        if any(counts[i] for i in members):
+            yield tuple(0 if i in members else n for i, n in enumerate(counts))
+
+
+def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
+             deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128) -> Plan:
+    """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
+    past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
+    always is). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
+    cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
+    full only when that plan already beats the best;
+    its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
+    the machines used) and ``idle`` (:func:`idle_groups`)."""
+    objective = problem.objective
+    objective.check_prices(problem.cluster)
+    classes = machine_classes(problem.cluster)
+    full = tuple(len(c) for c in classes)
+    s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress)
+    s.trial(full, first=True)
+    total = math.prod(n + 1 for n in full) - 1
+    mode = "exhaustive" if total <= exhaustive else "greedy"
+    if mode == "exhaustive":
+        vectors = sorted(itertools.product(*(range(n + 1) for n in full)), key=lambda v: -sum(v))
+        for i, v in enumerate(vectors):
+            progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
+            s.trial(v)
+    else:
+        by_type: dict[str, list[int]] = {}
+        for i, cls in enumerate(classes):
+            by_type.setdefault(problem.cluster.machine(cls[0]).gpu.name, []).append(i)
+        types = [tuple(v) for v in by_type.values()] if len(by_type) > 1 else []
+        cur = full
+        screened = screen is not None and len(problem.cluster.devices) > screen_above
+        s.screen = screen
+        while True:
+            here = s.best
+            steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
+            progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
+            if s.best is here:
+                break
+            cur = next(v for v, t in steps if t is s.best)
+    best = s.best
+    if best is None or best.plan is None or best.score[0] == INF:
+        raise objective.unmet(problem, s.trials)
+    info = dict(best.plan.solver or {})
+    info["allocation"] = {"mode": mode, "solved": sum(1 for t in s.trials.values() if t is not None),
+                          "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),
+                          "objective": objective.to_dict()}
+    info.update(rate(best.plan))
+    info["idle"] = idle_groups(problem.cluster, best.plan, [t for t in s.trials.values() if t is not None])
+    progress(f"allocation: done, {len(best.machines)} of {len(problem.cluster.machines)} machines used", 1.0)
+    return best.plan.with_solver(info)
+
+
+def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]:
+    """Devices no pipeline of ``plan`` uses, per GPU type left out entirely, else per machine
+    (else the single devices): ``{"kind", "name", "devices", "iteration_s", ...}`` where
+    ``iteration_s`` / ``tokens_per_s`` / ``usd_per_mtok`` describe the best plan found that uses
+    the group (null when no solved sub-cluster used it)."""
+    used = set(plan.devices)
+    idle = [d for d in cluster.devices if d.id not in used]
+    if not idle:
+        return []
+    groups: list[tuple[str, str, list[str]]] = []
+    types = {d.gpu.name for d in cluster.devices if d.id in used}
+    done: set[str] = set()
+    for d in idle:
+        if d.id in done:
+            continue
+        if d.gpu.name not in types:
+            members = [e.id for e in idle if e.gpu.name == d.gpu.name]
+            groups.append(("gpu", d.gpu.name, members))
+        else:
+            members = [e.id for e in idle if e.machine == d.machine]
+            whole = all(e.id not in used for e in cluster.devices if e.machine == d.machine)
+            groups.append(("machine" if whole else "devices", d.machine, members))
+        done.update(members)
+    out = []
+    for kind, name, members in groups:
+        need = {cluster.device(m).machine for m in members}
+        using = [t for t in trials if t.plan is not None and need <= set(t.machines)]
+        top = min(using, key=lambda t: t.score, default=None)
+        row = {"kind": kind, "name": name, "devices": members, "iteration_s": None}
+        if top is not None:
+            row.update({"iteration_s": top.plan.estimate.iteration_s, **rate(top.plan)})
+        out.append(row)
+    return out

@@ -1,0 +1,148 @@
+"""Allocation: the planner chooses which machines to use (hexicore.planner.allocation)."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hexicore.core.cluster import parse_cluster
+from hexicore.core.plan import Plan, TrainConfig
+from hexicore.cost.analytic import AnalyticCostModel
+from hexicore.planner.allocation import machine_classes, sub_cluster
+from hexicore.planner.hexiscale import HexiScaleSolver
+from hexicore.planner.problem import Problem
+from hexicore.registry import Registry
+
+from .conftest import model_preset
+
+FAST = {"iterations": 8, "polish_rounds": 2}
+FAST_MACHINES = [{"name": "A", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10},
+                 {"name": "B", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10}]
+SLOW = {"name": "S", "gpu": "rtx3090", "count": 4, "bandwidth_gbs": 16, "latency_us": 10}
+
+
+def cluster(machines, slow_gbs=None, inter=25.0):
+    d = {"name": "t", "inter": {"bandwidth_gbs": inter, "latency_us": 10}, "machines": machines}
+    if slow_gbs is not None:
+        d["links"] = [{"between": [m["name"], "S"], "bandwidth_gbs": slow_gbs} for m in machines if m["name"] != "S"]
+    return parse_cluster(d, "test")
+
+
+def problem(c, model=None, global_batch=32, **kw):
+    m = model or model_preset("llama2_7b")
+    t = TrainConfig(global_batch=global_batch, micro_batch=1, seq_len=m.seq_len)
+    return Problem(c, m, t, AnalyticCostModel(), {"name": "1f1b"}, Registry.default(), **kw)
+
+
+def solve(p, **params):
+    return HexiScaleSolver.from_params(**{**FAST, **params}).solve(p, seed=0)
+
+
+@pytest.fixture(scope="module")
+def fast_only():
+    return solve(problem(cluster(FAST_MACHINES)))
+
+
+def test_slow_machine_behind_a_slow_link_stays_idle(fast_only):
+    plan = solve(problem(cluster(FAST_MACHINES + [SLOW], slow_gbs=0.01)))
+    assert not any(d.startswith("S.") for d in plan.devices)
+    assert plan.estimate.iteration_s == pytest.approx(fast_only.estimate.iteration_s, rel=0, abs=1e-9)
+    (idle,) = plan.solver["idle"]
+    assert idle["kind"] == "gpu" and idle["name"] == "rtx3090" and idle["devices"] == ["S.0", "S.1", "S.2", "S.3"]
+    assert idle["iteration_s"] > plan.estimate.iteration_s  # the best plan that uses it is slower
+    assert plan.solver["allocation"]["machines"] == ["A", "B"]
+    # the plan keeps the whole cluster: it reads back with its idle devices listed
+    again = Plan.from_json(plan.to_json())
+    assert len(again.cluster.devices) == 12 and again.solver["idle"] == plan.solver["idle"]
+
+
+def test_slow_machine_behind_a_fast_link_is_used(fast_only):
+    plan = solve(problem(cluster(FAST_MACHINES + [SLOW], slow_gbs=25.0)))
+    assert any(d.startswith("S.") for d in plan.devices)
+    assert plan.estimate.iteration_s < fast_only.estimate.iteration_s
+    assert not plan.solver["idle"]
+
+
+def test_use_all_devices_restores_every_device():
+    p = problem(cluster(FAST_MACHINES + [SLOW], slow_gbs=0.01))
+    every = solve(p, use_all_devices=True)
+    chosen = solve(p)
+    assert len(every.devices) == 12 and "idle" not in every.solver
+    assert chosen.estimate.iteration_s < p.evaluate(every).iteration_s
+
+
+def test_machine_classes_and_sub_clusters():
+    c = cluster(FAST_MACHINES + [SLOW], slow_gbs=0.01)
+    assert machine_classes(c) == [("A",), ("B",), ("S",)]  # link overrides make each machine its own
+    c2 = cluster(FAST_MACHINES + [SLOW])
+    assert machine_classes(c2) == [("A", "B"), ("S",)]
+    sub = sub_cluster(c2, ("A", "S"))
+    assert [d.machine for d in sub.devices] == ["A"] * 4 + ["S"] * 4
+
+
+GPUS = ("rtx4090", "rtx3090", "a100-40g")
+
+
+@st.composite
+def small_clusters(draw):
+    n = draw(st.integers(2, 3))
+    machines = [{"name": f"M{i}", "gpu": draw(st.sampled_from(GPUS)), "count": draw(st.sampled_from((1, 2, 4))),
+                 "bandwidth_gbs": 32, "latency_us": 10} for i in range(n)]
+    links = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            if draw(st.booleans()):
+                links.append({"between": [f"M{i}", f"M{j}"], "bandwidth_gbs": draw(st.sampled_from((0.01, 1.0, 25.0)))})
+    return {"name": "r", "inter": {"bandwidth_gbs": draw(st.sampled_from((0.1, 5.0))), "latency_us": 20},
+            "machines": machines, "links": links}
+
+
+def without(d, name):
+    return {**d, "machines": [m for m in d["machines"] if m["name"] != name],
+            "links": [l for l in d["links"] if name not in l["between"]]}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_clusters())
+def test_removing_a_machine_never_makes_the_plan_faster(d):
+    """Monotone allocation: every sub-cluster of the smaller cluster is one of the larger one's."""
+    m = replace(model_preset("llama2_7b"), layers=8, seq_len=512)
+    params = {"iterations": 4, "polish_rounds": 1}
+    def time_on(c):
+        p = problem(parse_cluster(c, "t"), m, global_batch=8)
+        return p.evaluate(solve(p, **params)).iteration_s
+
+    whole = time_on(d)
+    for gone in d["machines"]:
+        assert whole <= time_on(without(d, gone["name"])) * (1 + 1e-3)
+
+
+def test_cpsat_leaves_the_slow_machine_idle_too():
+    from hexicore_plugins.solvers.cpsat import CpSatSolver
+
+    m = replace(model_preset("llama2_7b"), layers=4, seq_len=512)
+    fast = [dict(x, count=2) for x in FAST_MACHINES]
+    slow = dict(SLOW, count=2)
+
+    def run(c, **kw):
+        p = problem(c, m, global_batch=4)
+        plan = CpSatSolver(workers=2, **kw).solve(p, time_limit=20.0, seed=0)
+        return plan, p.evaluate(plan).iteration_s
+
+    alone, t_alone = run(cluster(fast))
+    plan, t = run(cluster(fast + [slow], slow_gbs=0.001))
+    assert not any(d.startswith("S.") for d in plan.devices) and t == pytest.approx(t_alone, abs=1e-9)
+    assert [g["name"] for g in plan.solver["idle"]] == ["rtx3090"]
+    every, t_every = run(cluster(fast + [slow], slow_gbs=0.001), use_all_devices=True)
+    assert t <= t_every
+
+
+def test_screened_greedy_descent_keeps_the_result():
+    """Large clusters screen greedy neighbours with a short search; here forced on a small one."""
+    for bw, used in ((0.01, 8), (25.0, 12)):
+        p = problem(cluster(FAST_MACHINES + [SLOW], slow_gbs=bw))
+        plain = solve(p, allocation_exhaustive=1)
+        screened = solve(p, allocation_exhaustive=1, allocation_screen_above=1)
+        assert screened.solver["allocation"]["screened"] > 0 and len(screened.devices) == used
+        assert screened.estimate.iteration_s == pytest.approx(plain.estimate.iteration_s, abs=1e-9)

@@ -1,0 +1,74 @@
+"""Objectives: throughput, cost per token, budgets and throughput floors (hexicore.planner.objective)."""
+
+import pytest
+
+from hexicore.app.api import plan as make_plan
+from hexicore.app.report import summary_lines
+from hexicore.core.cluster import parse_cluster
+from hexicore.core.errors import HexicoreError
+from hexicore.core.gpus import GPU_CATALOG
+from hexicore.planner.objective import Objective, rate
+
+from tests.conftest import run_cli
+
+BASE = ["train.global_batch=64", "solver.iterations=8", "solver.polish_rounds=3"]
+
+
+def plan(*extra):
+    return make_plan("mixed_price", "llama2_7b", overrides=BASE + list(extra))
+
+
+@pytest.fixture(scope="module")
+def both():
+    return plan(), plan("objective=cost")
+
+
+def test_cost_objective_picks_a_cheaper_per_token_plan(both):
+    fast, cheap = both
+    rf, rc = rate(fast), rate(cheap)
+    assert sorted(fast.devices) != sorted(cheap.devices)
+    assert rc["usd_per_mtok"] < rf["usd_per_mtok"] and fast.estimate.iteration_s < cheap.estimate.iteration_s
+    # $/M tokens from the prices of the devices used (idle ones are not paid)
+    usd = sum(cheap.cluster.device(d).gpu.price_per_hour for d in cheap.devices)
+    assert rc["usd_per_hour"] == pytest.approx(usd)
+    assert rc["usd_per_mtok"] == pytest.approx(usd / 3600 / cheap.estimate.tokens_per_s * 1e6)
+    assert cheap.solver["usd_per_mtok"] == pytest.approx(rc["usd_per_mtok"])
+    lines = "\n".join(summary_lines(cheap))
+    assert "tokens/s" in lines and "$/hour" in lines and "$/M tokens" in lines and "idle GPU type" in lines
+
+
+def test_floor_and_budget(both):
+    fast, cheap = both
+    floor = (rate(fast)["tokens_per_s"] + rate(cheap)["tokens_per_s"]) / 2
+    got = plan("objective=cost", f"min_tokens_per_s={floor}")
+    assert rate(got)["tokens_per_s"] >= floor
+    budget = (rate(fast)["usd_per_hour"] + rate(cheap)["usd_per_hour"]) / 2
+    got = plan(f"budget_per_hour={budget}")
+    assert rate(got)["usd_per_hour"] <= budget
+    with pytest.raises(HexicoreError, match="budget_per_hour"):
+        plan("budget_per_hour=1")
+
+
+def test_prices_come_from_the_catalog_or_the_cluster_file():
+    assert all(g.price_per_hour and g.price_source for g in GPU_CATALOG.values())
+    d = {"name": "p", "inter": {"bandwidth_gbs": 1}, "machines": [
+        {"name": "A", "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32},
+        {"name": "B", "gpu": "mine", "count": 2, "bandwidth_gbs": 32}],
+         "gpus": {"rtx4090": {"price_per_hour": 0.25}, "mine": {"tflops": 100, "memory_gb": 32}}}
+    c = parse_cluster(d, "t")
+    assert c.device("A.0").gpu.price_per_hour == 0.25 and c.device("B.0").gpu.price_per_hour is None
+    again = parse_cluster(c.to_dict(), "t")
+    assert again.device("A.0").gpu.price_per_hour == 0.25
+    with pytest.raises(HexicoreError, match="price_per_hour for GPU type\\(s\\) mine"):
+        Objective("cost").check_prices(c)
+    Objective("throughput").check_prices(c)  # throughput needs no prices
+
+
+def test_bad_objectives_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(HexicoreError, match="unknown objective"):
+        Objective("speed")
+    with pytest.raises(HexicoreError, match="budget_per_hour"):
+        Objective(budget_per_hour=-1.0)
+    assert run_cli(["plan", "cluster=paper_case", "model=tiny", "objective=speed",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert "unknown objective" in capsys.readouterr().err

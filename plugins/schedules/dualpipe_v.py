@@ -12,12 +12,12 @@ Phases on rank r of P (M micro-batches, M >= 2P; F0/F1 forward of chunk 0/1, B0/
 4. ``M - 2P + r + 1`` x (F0 + B1, F1 + B0) overlap pairs;  5. ``P - r - 1`` x (B1, F1 + B0);
 6. ``r + 1`` x (B1, B0), the second half split (I, W deferred);  7. ``P - r - 1`` x (W, I0);
 8. ``r + 1`` x W.
-Memory: peak in-flight micro-batches (units of the rank's whole share) ``P + 1`` at most on
-the tested grid (rank 0 holds 2P chunk activations after phase 2).
-Bubble: no closed form under this simulator. DualPipeV's published bubble
-``(P/2 - 1)(T_{F&B} + T_B - 3 T_W)`` assumes the overlapped pair costs less than its parts;
-with the pair run as two actions the simulated bubble is measured (the tests and the
-benchmark table compare it with 1F1B's and ZB-V's).
+Memory: peak in-flight micro-batches (units of the rank's whole share) ``P + 1/2`` on rank 0
+(2P + 1 chunk activations of half a share each, after phase 2's last forward).
+Bubble with T_F = T_I = T_W = T per rank (T/2 per chunk), equal stages and free transfers:
+makespan ``(3M + (P - 1)/2) T``, bubble ``(P - 1) / (6M + P - 1)`` — ZB-V's, the lower bound
+under an iteration barrier. DualPipeV's published bubble ``(P/2 - 1)(T_{F&B} + T_B - 3 T_W)``
+counts the overlapped pair as cheaper than its parts, which one computation at a time cannot.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from dataclasses import dataclass
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need, wave_map
+from typing import Sequence
+
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, need, split_bubble, split_closed_form,
+                                        wave_map)
 
 
 class _Rank:
@@ -92,6 +96,14 @@ class DualPipeV(ActionSchedule):
         need(P >= 1, self.name, "needs ranks >= 1")
         need(M >= 2 * P, self.name, f"needs micro_batches >= 2 x ranks = {2 * P}, got {M}", "micro_batches")
         return build(self.name, {}, spec, wave_map(P, 1), [dualpipe_v(r, P, M) for r in range(P)])
+
+    def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
+        if n_mb < 2 * len(stage_times):
+            return None
+        return split_closed_form(stage_times, hop_times, n_mb, (len(stage_times) - 1) / 2)
+
+    def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        return split_bubble(spec, (spec.ranks - 1) / 2) if spec.micro_batches >= 2 * spec.ranks else None
 
 
 @hookimpl

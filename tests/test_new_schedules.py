@@ -118,7 +118,7 @@ def test_split_backward_priced_per_stage():
 @pytest.mark.slow
 def test_runtime_trains_each_new_schedule_like_one_process():
     """One launched 3-rank job (gloo, fp32): each new schedule on 2 ranks, ZB-V with a tp=2 stage,
-    DualPipeV and interleaved ZB on an asymmetric plan (5 + 3 layers) — losses and weights equal
+    DualPipeV, interleaved ZB and synth (lists for recorded uneven times) on an asymmetric plan — losses and weights equal
     ``parallel=none``'s within 1e-5."""
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch import launch
@@ -135,6 +135,8 @@ def test_runtime_trains_each_new_schedule_like_one_process():
     asym = [StageGroup((2,), m.layers - 3), StageGroup((0,), 3)]
     cases.append(("dualpipe_v asymmetric", {"name": "dualpipe_v"}, asym))
     cases.append(("interleaved_zb asymmetric", {"name": "interleaved_zb", "chunks": 2}, asym))
+    cases.append(("synth for uneven times, asymmetric", {"name": "synth", "stage_times": [2.0, 0.9], "hop_times": [0.1]},
+                  asym))
     specs = [spec(build_layout(m, [pipeline(s, groups)], global_batch=GB, micro_batch=1, seq_len=SEQ, world=WORLD))
              for _, s, groups in cases]
     report = []

@@ -35,7 +35,7 @@ from hexicore.pipeline.arrays import ActionArrays
 from hexicore.pipeline.greedy import greedy_order
 from hexicore.pipeline.improve import justify
 from hexicore.core.errors import ScheduleError
-from hexicore.pipeline.simulate import simulate
+from hexicore.pipeline.simulate import makespan, simulate
 
 #: stage -> rank maps synth considers (name -> (ranks -> map))
 LAYOUTS = ("linear", "v", "loop2")
@@ -68,7 +68,7 @@ def _probe(spec: Any, s2r: Sequence[int]) -> ActionList:
     return ActionList({}, spec.ranks, len(s2r), spec.micro_batches, tuple(s2r), ((),) * spec.ranks)
 
 
-def _run(spec: Any, name: str, ff: bool, wl: int | None, caps: Sequence[float]) -> tuple[float, float, ActionList]:
+def candidate(spec: Any, name: str, ff: bool, wl: int | None, caps: Sequence[float]) -> tuple[float, float, ActionList]:
     """One greedy candidate: (makespan, peak, compute-only lists)."""
     P, M = spec.ranks, spec.micro_batches
     s2r = layout_map(name, P)
@@ -93,7 +93,7 @@ def _descend(spec: Any, name: str, ff: bool, wl: int | None, cap: float, start: 
                 if v == caps[r]:
                     continue
                 trial = caps[:r] + [v] + caps[r + 1:]
-                got = _run(spec, name, ff, wl, trial)
+                got = candidate(spec, name, ff, wl, trial)
                 if got[1] <= cap + 1e-9 and got[0] < best[0] - 1e-12:
                     caps, best, moved = trial, got, True
         if not moved:
@@ -120,7 +120,7 @@ def synthesize(spec: Any, cap: float, *, layouts: Sequence[str] = LAYOUTS, keep:
         for ff in (False, True):
             for wl in (None, P):
                 rule = f"{'forward' if ff else 'backward'}-first, W deferral {'unbounded' if wl is None else wl}"
-                got = _run(spec, name, ff, wl, [cap] * P)
+                got = candidate(spec, name, ff, wl, [cap] * P)
                 offer(name, rule, got)
                 if got[1] <= cap + 1e-9:
                     fitting.append((got[0], ff, wl, rule, got))
@@ -161,9 +161,11 @@ def climb(al: ActionList, timing: Any, cap: float, trials: int, seed: int) -> tu
         rows[r][k], rows[r][k + 1] = rows[r][k + 1], rows[r][k]
         trial = ActionList(al.schedule, al.ranks, al.stages, al.micro_batches, al.stage_rank,
                            tuple(tuple(x) for x in rows), al.chains, al.mb_chain, al.meta)
-        try:
-            got = simulate(trial, timing, comm=False)
-            ok = got.makespan < best - 1e-12 and max(got.peak_activations) <= cap + 1e-9
+        try:  # the makespan alone first (cheap); the peak only for an improvement
+            ok = makespan(trial, timing) < best - 1e-12
+            if ok:
+                got = simulate(trial, timing, comm=False)
+                ok = got.makespan < best - 1e-12 and max(got.peak_activations) <= cap + 1e-9
         except ScheduleError:
             ok = False
         if ok:

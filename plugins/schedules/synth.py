@@ -16,8 +16,8 @@ Bubble: no closed form (it is built for uneven times); with equal times it match
 zero-bubble order's ``(3M + (P-1)/2) T`` or better. ``hexicore.pipeline.synth.lower_bound``
 gives the bound docs/results.md measures it against.
 Pricing: exact time simulated on the lists built for the given times (a synthesis, cached per
-input); the search's model (thousands of calls) prices the lists synthesised for equal times
-under the given times, one synthesis per P and M.
+input); the search's model (thousands of calls) prices two of its first candidates, built once
+per P and M for equal times, under the given times (:meth:`Synth.model_time`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need
-from hexicore.pipeline.synth import synthesize
+from hexicore.pipeline.simulate import compile_lists, makespan
+from hexicore.pipeline.synth import candidate, synthesize
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,18 @@ class Synth(ActionSchedule):
         return self.simulate(spec)[1].makespan
 
     def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        """The search's cheap model: the lists synthesised for equal times (once per P and M)
-        priced under these times (:meth:`ActionSchedule.price`); the plan is re-priced exactly."""
-        return self.price(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb))
+        """The search's cheap model (thousands of calls): two of synth's own first candidates
+        (linear and V layouts, backward first, under the cap) built once per P and M for equal
+        times, the faster under these times; the final plan is re-priced exactly
+        (:meth:`pipeline_time`)."""
+        P, n = len(stage_times), int(n_mb)
+        key = ("seeds", P, n)
+        if key not in self._cache:
+            base = ScheduleSpec(P, n)
+            self._cache[key] = [(al, compile_lists(al)) for al in
+                                (candidate(base, name, False, None, [self.cap(P)] * P)[2] for name in ("linear", "v"))]
+        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n)
+        return min(makespan(al, spec.timing(al), c) for al, c in self._cache[key])
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
                 n_mb: int) -> tuple[ScheduleRef, float]:

@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("planner.py", [], ["--quick", "--scale", "64"]),
     ("schedules.py", [], ["--big", "16", "4", "64"]),
+    ("schedules_zb.py", [], ["--big", "16", "64", "--cpsat-limit", "10"]),
     ("cpsat.py", [], ["--time-limit", "10", "--sizes", "2", "3", "4"]),
     ("replan.py", [], []),
     ("runtime.py", [], ["--steps", "3"]),

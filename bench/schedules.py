@@ -28,7 +28,7 @@ def bubble(sched, P, M) -> float:
 
 
 def hanayo_table() -> list[str]:
-    rows = ["| P | W | closed form (2P-2)/(3PW+P-1) | hexicore greedy (M = P) | difference |", "|---|---|---|---|---|"]
+    rows = ["| P | W | closed form (2P-2)/(3PW+P-1) | hexicore wave order (greedy + justification, M = P) | difference |", "|---|---|---|---|---|"]
     for P in (2, 4, 8, 16):
         for W in (1, 2, 4, 8):
             got, cf = bubble(Hanayo(waves=W), P, P), hanayo_bubble(P, W)

@@ -85,7 +85,8 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 
 def test_options_validation():
     assert options({"name": "1f1b"}) == ({"name": "1f1b"},)
-    assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "hanayo"]
+    assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v",
+                                                             "interleaved_zb"]
     from hexicore.core.errors import HexicoreError
 
     with pytest.raises(HexicoreError, match="options"):
@@ -98,7 +99,7 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     for p in data["pipelines"]:
-        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo"}
+        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v", "interleaved_zb"}
     problem = build_problem(config_from_overrides(["schedule=auto"]), Registry.default())
     from hexicore.core.plan import Plan
 

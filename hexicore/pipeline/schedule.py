@@ -38,6 +38,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.comm import insert_comm
+from hexicore.pipeline.greedy import greedy_order
 from hexicore.core.errors import HexicoreError
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
@@ -47,13 +48,17 @@ from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespa
 class ScheduleSpec:
     """What a schedule is built for. ``forward``/``backward`` are per-rank T_F/T_B (one
     micro-batch through the rank's whole share; default 1 and 2), ``hops`` one transfer between
-    ranks r and r+1 (default 0). Time-driven orders (greedy) use them; fixed orders ignore them."""
+    ranks r and r+1 (default 0); ``input_grad``/``weight_grad`` the split backward's per-rank
+    T_I/T_W (zero-bubble ``I``/``W``; default half of T_B each, so the defaults are
+    T_F = T_I = T_W = 1). Time-driven orders (greedy) use them; fixed orders ignore them."""
 
     ranks: int
     micro_batches: int
     forward: tuple[float, ...] = ()
     backward: tuple[float, ...] = ()
     hops: tuple[float, ...] = ()
+    input_grad: tuple[float, ...] = ()
+    weight_grad: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         p = self.ranks
@@ -71,7 +76,20 @@ class ScheduleSpec:
                    tuple(2.0 * t / 3.0 for t in stage_times), tuple(h / 2.0 for h in hop_times))
 
     def timing(self, al: ActionList) -> Timing:
-        return Timing.from_ranks(al, self.forward, self.backward, self.hops)
+        return Timing.from_ranks(al, self.forward, self.backward, self.hops,
+                                 input_grad=self.input_grad, weight_grad=self.weight_grad)
+
+    def split_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-rank (T_I, T_W): the given ones, else half of T_B each."""
+        half = tuple(b / 2 for b in self.backward)
+        return self.input_grad or half, self.weight_grad or half
+
+    def equal_split(self) -> float | None:
+        """T where every rank has T_F = T_I = T_W = T and transfers are free (the zero-bubble
+        papers' setting), else None."""
+        i, w = self.split_times()
+        vals = set(self.forward) | set(i) | set(w)
+        return self.forward[0] if len(vals) == 1 and not any(self.hops) else None
 
 
 #: :attr:`Pricing.growth` kinds
@@ -330,6 +348,32 @@ def uniform_bubble(spec: ScheduleSpec) -> float | None:
     if len(set(spec.forward)) == 1 and len(set(spec.backward)) == 1 and not any(spec.hops):
         return (P - 1) / (M + P - 1)
     return None
+
+
+def split_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                      lag: float) -> float | None:
+    """Makespan ``(3M + lag) T`` of a split-backward schedule whose ranks stay busy after the
+    last rank's first forward arrives ``lag`` forward-times late, with equal stages and free
+    transfers (planner units: a stage time is ``T_F + T_B = 3T``, T_I = T_W = T); else None."""
+    if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
+        return (n_mb + lag / 3.0) * stage_times[0]
+    return None
+
+
+def split_bubble(spec: ScheduleSpec, lag: float) -> float | None:
+    """The bubble ratio of :func:`split_closed_form`, ``lag / (3M + lag)``, when ``spec`` has
+    T_F = T_I = T_W on every rank and free transfers; else None."""
+    if spec.equal_split() is None:
+        return None
+    return lag / (3 * spec.micro_batches + lag)
+
+
+def greedy_lists(spec: ScheduleSpec, stage_rank: Sequence[int], **kw: Any) -> list[list[Action]]:
+    """:func:`hexicore.pipeline.greedy.greedy_order` of one chain through ``stage_rank`` (stages
+    in index order) under ``spec``'s times; ``kw`` as there (``cap``, ``split_backward``, ...)."""
+    P, M, n = spec.ranks, spec.micro_batches, len(stage_rank)
+    probe = ActionList({}, P, n, M, tuple(stage_rank), ((),) * P)
+    return greedy_order(P, tuple(stage_rank), [tuple(range(n))], (0,) * M, spec.timing(probe), **kw)
 
 
 def pipeline_timer(registry: Any) -> Any:

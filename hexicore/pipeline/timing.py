@@ -53,13 +53,20 @@ class Timing:
 
     @classmethod
     def from_ranks(cls, al: ActionList, forward: Sequence[float], backward: Sequence[float],
-                   hops: Sequence[float] = (), reduce: float = 0.0) -> "Timing":
-        """Per-rank times of one micro-batch through the rank's whole share (Hanayo's T_F, T_B):
-        a stage takes its share of its rank's time (Hanayo, SC'23: T_F/(2W) per stage on a wave)."""
+                   hops: Sequence[float] = (), reduce: float = 0.0, *, input_grad: Sequence[float] = (),
+                   weight_grad: Sequence[float] = ()) -> "Timing":
+        """Per-rank times of one micro-batch through the rank's whole share (Hanayo's T_F, T_B;
+        optionally the split backward's T_I, T_W, else half of T_B each): a stage takes its
+        share of its rank's time (Hanayo, SC'23: T_F/(2W) per stage on a wave)."""
         sh = shares(al)
-        f = tuple(forward[al.stage_rank[s]] * sh[s] for s in range(al.stages))
-        b = tuple(backward[al.stage_rank[s]] * sh[s] for s in range(al.stages))
-        return cls(f, b, tuple(hops), reduce=reduce)
+
+        def per_stage(per_rank: Sequence[float]) -> tuple[float, ...] | None:
+            if not per_rank:
+                return None
+            return tuple(per_rank[al.stage_rank[s]] * sh[s] for s in range(al.stages))
+
+        return cls(per_stage(forward), per_stage(backward), tuple(hops), per_stage(input_grad),
+                   per_stage(weight_grad), reduce=reduce)
 
     @classmethod
     def uniform(cls, al: ActionList, forward: float = 1.0, backward: float = 2.0, comm: float = 0.0) -> "Timing":

@@ -1,0 +1,107 @@
+"""Schedule ``synth``: per-rank action lists synthesised for a pipeline's own stage times
+(:mod:`hexicore.pipeline.synth`: greedy list scheduling over three layouts and two rules, then
+double justification), under a per-rank activation cap.
+
+Inputs: the spec's per-rank T_F, T_I, T_W and hop times (from the plan and the cost model, or a
+profile) and ``memory``, the cap on peak in-flight micro-batches per rank (units of the rank's
+whole share; default P, 1F1B's rank-0 peak). A plan records the stage and hop times it was
+synthesised for (``stage_times``, ``hop_times`` in the ``schedule`` section, planner units:
+T_F + T_B per micro-batch, one round trip per hop), so a runtime that asks for P and M only
+rebuilds the same lists (:meth:`Synth.order`).
+Phases: those of the layout and rule chosen (warm-up forwards, steady F / I with W's filling
+gaps, cool-down), reshaped by justification around the slow ranks.
+Memory: at most ``memory`` per rank (the simulated peak is checked; if no candidate fits, the
+one with the lowest peak is kept and ``peaks`` reports it).
+Bubble: no closed form (it is built for uneven times); with equal times it matches the best
+zero-bubble order's ``(3M + (P-1)/2) T`` or better. ``hexicore.pipeline.synth.lower_bound``
+gives the bound docs/results.md measures it against.
+Pricing: exact time simulated on the lists built for the given times (a synthesis, cached per
+input); the search's model (thousands of calls) prices two of its first candidates, built once
+per P and M for equal times, under the given times (:meth:`Synth.model_time`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hexicore.pipeline.actions import ActionList
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need
+from hexicore.pipeline.simulate import compile_lists, makespan
+from hexicore.pipeline.synth import candidate, synthesize
+
+
+@dataclass(frozen=True)
+class Synth(ActionSchedule):
+    memory: float | None = None
+    stage_times: Any = None
+    hop_times: Any = None
+    name = "synth"
+
+    def __post_init__(self) -> None:
+        if self.memory is not None:
+            need(float(self.memory) > 0, self.name, f"memory must be positive, got {self.memory!r}", "schedule.memory")
+
+    def params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.memory is None else {"memory": self.memory}
+        if self.stage_times is not None:
+            out["stage_times"] = [float(x) for x in self.stage_times]
+            out["hop_times"] = [float(x) for x in (self.hop_times or [0.0] * (len(self.stage_times) - 1))]
+        return out
+
+    def cap(self, ranks: int) -> float:
+        return float(self.memory) if self.memory is not None else float(ranks)
+
+    def _spec(self, spec: ScheduleSpec) -> ScheduleSpec:
+        """The recorded times when the spec carries the defaults (a runtime asking for P, M)."""
+        if self.stage_times is None or spec != ScheduleSpec(spec.ranks, spec.micro_batches):
+            return spec
+        need(len(self.stage_times) == spec.ranks, self.name,
+             f"stage_times has {len(self.stage_times)} entries for {spec.ranks} ranks", "schedule.stage_times")
+        return ScheduleSpec.from_pieces(self.stage_times, self.hop_times or [0.0] * (spec.ranks - 1),
+                                        spec.micro_batches)
+
+    def order(self, spec: ScheduleSpec) -> ActionList:
+        need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")
+        spec = self._spec(spec)
+        key = ("synth", spec)
+        if key not in self._cache:
+            s = synthesize(spec, self.cap(spec.ranks))
+            self._cache[key] = build(self.name, self.params(), spec, s.stage_rank, s.lists,
+                                     meta={"layout": s.layout, "synth_makespan": s.makespan})
+        return self._cache[key]
+
+    def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n_mb)
+        return self.simulate(spec)[1].makespan
+
+    def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """The search's cheap model (thousands of calls): two of synth's own first candidates
+        (linear and V layouts, backward first, under the cap) built once per P and M for equal
+        times, the faster under these times; the final plan is re-priced exactly
+        (:meth:`pipeline_time`)."""
+        P, n = len(stage_times), int(n_mb)
+        key = ("seeds", P, n)
+        if key not in self._cache:
+            base = ScheduleSpec(P, n)
+            self._cache[key] = [(al, compile_lists(al)) for al in
+                                (candidate(base, name, False, None, [self.cap(P)] * P)[2] for name in ("linear", "v"))]
+        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n)
+        return min(makespan(al, spec.timing(al), c) for al, c in self._cache[key])
+
+    def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
+                n_mb: int) -> tuple[ScheduleRef, float]:
+        """Records the times synthesised for (module docstring)."""
+        mine = Synth(self.memory, tuple(map(float, stage_times)), tuple(map(float, hop_times)))
+        return ScheduleRef(self.name, mine.params()), self.pipeline_time(stage_times, hop_times, n_mb)
+
+    def note(self, chosen: ScheduleRef) -> str | None:
+        return None
+
+
+@hookimpl
+def hexicore_schedules():
+    yield PluginSpec(kind="schedule", name="synth", factory=Synth,
+                     description="synthesised for the pipeline's own stage times under an activation cap")

@@ -43,3 +43,16 @@ def test_kinds_and_overwrite(tmp_path):
     with pytest.raises(HexicoreError, match="is a directory"):
         check_writable(tmp_path, "hexicore.plan", overwrite=True)
     check_writable(tmp_path / "new.json", "hexicore.plan", overwrite=False)
+
+
+def test_two_concurrent_plans_without_out_both_kept(tmp_path):
+    """Two runs started together get their own run directories (sub-second time + process id)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", "import sys; from hexicore.app.cli import main; sys.exit(main(sys.argv[1:]))",
+           "plan", "model=tiny", "solver=megatron"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    assert all(p.wait(120) == 0 for p in procs), [p.stderr.read() for p in procs]
+    plans = sorted(tmp_path.glob("outputs/*/*/plan.json"))
+    assert len(plans) == 2 and plans[0].parent != plans[1].parent

@@ -61,7 +61,7 @@ def prepare_out(out: str, resume: Any, overwrite: bool | None) -> None:
         return
     steps = check_run_dir(out, resume=str(resume) if resume else None, overwrite=overwrite)
     clear_checkpoints(steps)
-    for folder in (Path(out), Path(out) / "checkpoints", *Path(out).glob("checkpoints/step_*/")):
+    for folder in (Path(out), Path(out) / "final", Path(out) / "checkpoints", *Path(out).glob("checkpoints/step_*/")):
         if folder.is_dir():
             schema.clean_stale_temps(folder)
             for pattern in LEFTOVERS:  # a killed save under a fixed temporary name

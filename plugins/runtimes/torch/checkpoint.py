@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
 from . import hf_io
@@ -120,9 +121,7 @@ def save(folder: str | Path, model: dict[str, torch.Tensor], optim: dict[str, An
     moments = {f"{k}.{n}": t for k in OPTIM_KEYS for n, t in (optim.get(k) or {}).items()}
     hf_io.save_tensors(d / OPTIM, moments)
     doc = {"format": FORMAT, **meta, "adam_step": optim.get("step")}
-    tmp = d / (META + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(d / META)
+    schema.write_text_atomic(d / META, json.dumps(doc, indent=2) + "\n")
     return d
 
 

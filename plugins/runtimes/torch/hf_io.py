@@ -20,6 +20,7 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable
 
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -147,23 +148,15 @@ def write_index(folder: str | Path, weight_map: dict[str, str], total_bytes: int
     """``model.safetensors.index.json`` (Hugging Face's sharded layout)."""
     p = Path(folder) / INDEX
     doc = {"metadata": {"total_size": int(total_bytes)}, "weight_map": dict(sorted(weight_map.items()))}
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return schema.write_text_atomic(p, json.dumps(doc, indent=2) + "\n")
 
 
 def save_tensors(path: str | Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
     """Write a safetensors file atomically (contiguous CPU copies; never a pickle)."""
     from safetensors.torch import save_file
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
-              metadata={"format": "pt", **(metadata or {})})
-    tmp.replace(p)
-    return p
+    data = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return schema.write_with(path, lambda tmp: save_file(data, str(tmp), metadata={"format": "pt", **(metadata or {})}))
 
 
 def nbytes(tensors: Iterable[Any]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
@@ -19,6 +20,12 @@ def cluster_preset(name: str) -> Cluster:
 
 def model_preset(name: str) -> ModelSpec:
     return ModelSpec.load(CONF / "model" / f"{name}.yaml")
+
+
+# Property tests draw the same examples on every run (CI must not flake on a new random draw);
+# the example database is off so runs leave nothing behind.
+settings.register_profile("hexicore", derandomize=True, database=None)
+settings.load_profile("hexicore")
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def test_floor_and_budget(both):
     assert rate(got)["tokens_per_s"] >= floor
     budget = (rate(fast)["usd_per_hour"] + rate(cheap)["usd_per_hour"]) / 2
     got = plan(f"budget_per_hour={budget}")
-    assert rate(got)["usd_per_hour"] <= budget
+    assert rate(got)["usd_per_hour"] <= budget * (1 + 1e-12)  # a sum of prices: rounding aside
     with pytest.raises(HexicoreError, match="budget_per_hour"):
         plan("budget_per_hour=1")
 

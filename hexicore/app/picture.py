@@ -27,6 +27,15 @@ def _positions(plan: Plan) -> dict[str, tuple[float, float]]:
     return pos
 
 
+def save_png(fig, path: Path, dpi: int) -> Path:
+    """Write ``fig`` to ``path`` as a marked PNG (hexicore.core.ownership), atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, metadata=png_metadata("picture")))
+    plt.close(fig)
+    return path
+
+
 def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     """Draw ``plan`` to ``path`` (PNG) and return the path."""
     import matplotlib
@@ -97,10 +106,7 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
         title += f": {est.iteration_s:.3g} s / iteration, MFU {100 * est.mfu:.1f}%"
     bx.set_title(title, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
-                                                 metadata=png_metadata("picture")))
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return path
 
 
@@ -146,10 +152,7 @@ def save_cluster_picture(cluster, path: str | Path) -> Path:
     ax.axis("off")
     ax.set_title(f"cluster {cluster.name}: {len(cluster.devices)} GPUs, {cluster.total_tflops:g} TFLOPS", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
-                                                 metadata=png_metadata("picture")))
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return path
 
 
@@ -180,8 +183,5 @@ def save_action_list_picture(al, path: str | Path, limit: int = 40) -> Path:
     ax.set_title(f"action lists: {al.schedule.get('name')} {dict((k, v) for k, v in al.schedule.items() if k != 'name')}"
                  f", P={al.ranks}, M={al.micro_batches}", fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    schema.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120,
-                                                 metadata=png_metadata("picture")))
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
     return path

@@ -22,6 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from hexicore.app.report import console, rows_table
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.token_file import DTYPES, dtype_for, write_sidecar
 
@@ -114,7 +115,7 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = DTYPES[dtype_for(vocab)]
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp = schema.temp_path(out)
     n_docs = n_tokens = 0
     try:
         with tmp.open("wb") as fh:
@@ -126,9 +127,7 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
                 n_tokens += len(ids)
                 if progress is not None:
                     progress(nbytes)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
+        schema.publish(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}

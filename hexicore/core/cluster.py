@@ -27,13 +27,19 @@ GB = 1e9  # bandwidths are GB/s of bytes, decimal (1 GB = 1e9 bytes)
 
 @dataclass(frozen=True)
 class Machine:
-    """A host with ``count`` GPUs of one type; bandwidth/latency are intra-machine."""
+    """A host with ``count`` GPUs of one type; bandwidth/latency are intra-machine.
+
+    ``slowdown`` (the cluster file's ``emulate: {slowdown: K}``) is a test aid, never a default:
+    the runtime stretches every compute action of this machine's ranks to K times its measured
+    duration, so one host can stand for devices of different speeds (docs/runtime.md). The
+    analytic cost model does not see it; ``hexicore profile`` measures it like any device."""
 
     name: str
     gpu: GpuType
     count: int
     bandwidth_gbs: float
     latency_us: float
+    slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,10 @@ class Cluster:
 
     def machine(self, name: str) -> Machine:
         return self._machines[name]
+
+    def slowdown(self, device_id: str) -> float:
+        """The emulated slowdown of a device's machine (1.0 unless the cluster file says ``emulate``)."""
+        return self._machines[self.device(device_id).machine].slowdown
 
     # ------------------------------------------------------------------ links
     @cached_property
@@ -192,7 +202,8 @@ class Cluster:
             "inter": {"bandwidth_gbs": self.inter_bandwidth_gbs, "latency_us": self.inter_latency_us},
             "machines": [
                 {"name": m.name, "gpu": m.gpu.name, "count": m.count,
-                 "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us}
+                 "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us,
+                 **({"emulate": {"slowdown": m.slowdown}} if m.slowdown != 1.0 else {})}
                 for m in self.machines
             ],
             "links": [
@@ -228,6 +239,27 @@ def _brief(ids: Iterable[str], n: int = 8) -> str:
     return ", ".join(ids[:n]) + (f", ... ({len(ids)} in all)" if len(ids) > n else "")
 
 
+#: the cluster file's fields (docs/formats.md); ``devices`` is the resolved list a plan JSON carries
+CLUSTER_KEYS = frozenset({"name", "machines", "inter", "links", "gpus", "excluded", "devices", "intra", "synthetic"})
+MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate"})
+LINK_KEYS = frozenset({"bandwidth_gbs", "latency_us"})
+
+
+def _slowdown(raw: Any, source: str | None, fp: str) -> float:
+    """``emulate: {slowdown: K}`` (K >= 1; absent = 1): a test aid, see :class:`Machine`."""
+    if raw is None:
+        return 1.0
+    e = schema.as_mapping(raw, source, fp)
+    extra = sorted(set(map(str, e)) - {"slowdown"})
+    if extra:
+        raise HexicoreError(f"unknown key {extra[0]!r}; emulate takes only slowdown", source=source,
+                            field=schema.dotted(fp, extra[0]))
+    k = schema.number(schema.get(e, "slowdown", source, fp), source, schema.dotted(fp, "slowdown"))
+    if not 1.0 <= k <= 1000.0:
+        raise HexicoreError(f"must be between 1 and 1000, got {k}", source=source, field=schema.dotted(fp, "slowdown"))
+    return float(k)
+
+
 def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
     """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
 
@@ -238,6 +270,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
         d = synthetic_fleet_dict(d, source, prefix)
     if d.get("machines") is None and d.get("devices") is not None:
         d = machines_from_devices(d, source, prefix)
+    schema.known_keys(d, CLUSTER_KEYS, source, prefix)
     catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))
     name = schema.string(d.get("name", "cluster"), source, schema.dotted(prefix, "name"))
     raw_machines = schema.as_list(schema.get(d, "machines", source, prefix), source, schema.dotted(prefix, "machines"))
@@ -248,6 +281,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     for i, raw in enumerate(raw_machines):
         fp = schema.dotted(prefix, f"machines[{i}]")
         m = schema.as_mapping(raw, source, fp)
+        schema.known_keys(m, MACHINE_KEYS, source, fp)
         mname = str(schema.string(schema.get(m, "name", source, fp), source, schema.dotted(fp, "name")))
         if mname in seen:
             raise HexicoreError(f"duplicate machine name {mname!r}", source=source, field=schema.dotted(fp, "name"))
@@ -263,6 +297,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
             schema.number(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
             schema.number(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us"), allow_zero=True),
+            _slowdown(m.get("emulate"), source, schema.dotted(fp, "emulate")),
         ))
     limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
                  field=schema.dotted(prefix, "machines"))
@@ -274,6 +309,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
         inter = {"bandwidth_gbs": 1.0, "latency_us": 0.0}
     inter = schema.as_mapping(inter, source, schema.dotted(prefix, "inter"))
     ip = schema.dotted(prefix, "inter")
+    schema.known_keys(inter, LINK_KEYS, source, ip)
     inter_bw = schema.number(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
     inter_lat = schema.number(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"), allow_zero=True)
     links: list[Link] = []
@@ -281,6 +317,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     for i, raw in enumerate(schema.as_list(d.get("links") or [], source, schema.dotted(prefix, "links"))):
         fp = schema.dotted(prefix, f"links[{i}]")
         l = schema.as_mapping(raw, source, fp)
+        schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
         between = schema.as_list(schema.get(l, "between", source, fp), source, schema.dotted(fp, "between"))
         if len(between) != 2 or between[0] == between[1]:
             raise HexicoreError("between must name two different machines", source=source, field=schema.dotted(fp, "between"))

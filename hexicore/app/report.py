@@ -146,6 +146,9 @@ def prediction_table(predicted: Mapping[str, Any] | None, measured: Mapping[str,
     if predicted is None and measured is None:
         return None
     rows = comparison_rows(predicted, measured)
+    if predicted is None:  # a run without a plan: no cost model priced it
+        return rows_table("measured (no plan, nothing predicted)", ("quantity", "measured"),
+                          ((q, _fmt_value(q, m)) for q, _, m, _ in rows))
     if measured is None:
         return rows_table("predicted (cost model)", ("quantity", "predicted"),
                           ((q, _fmt_value(q, p)) for q, p, _, _ in rows))

@@ -139,7 +139,12 @@ def test_a_plan_run_writes_predicted_and_measured(tmp_path, capsys):
     assert all(x > 0 for x in [meas["step_s"], meas["dp_sync_s"], *meas["pipelines_s"], *meas["peak_memory_gb"]])
     assert all(st[k] > 0 for p in meas["stages"] for st in p for k in ("forward_s", "backward_s"))
     assert max(meas["pipelines_s"]) <= 1.02 * meas["step_s"]  # the schedule is inside the step (clock skew aside)
+    per = meas["per_rank"]
+    assert [(r["pipeline"], r["stage"]) for r in per] == [(0, 0), (0, 1), (1, 0)]
+    assert meas["pipelines_s"] == [max(per[0]["schedule_s"], per[1]["schedule_s"]), per[2]["schedule_s"]]
+    assert meas["dp_sync_s"] <= max(r["dp_sync_s"] for r in per)  # the last to arrive waited least
     fast, slow = meas["stages"][0]
+    assert (fast["forward_s"], slow["backward_s"]) == (per[0]["forward_s"], per[1]["backward_s"])
     assert slow["forward_s"] > 2 * fast["forward_s"] and slow["backward_s"] > 2 * fast["backward_s"]
     assert "predicted vs measured" in printed and "pipeline 0 stage 1 backward_s" in printed
     assert m["losses"] and len(m["step_s"]) == 4  # the old keys are all still there

@@ -121,4 +121,7 @@ def measured(summaries: Sequence[dict[str, Any]], step_s: Sequence[float], stage
             "peak_memory_gb": [s["peak_memory_gb"] for s in summaries],
             "stages": [[{"forward_s": _largest([s["forward_s"] for s in st]),
                          "backward_s": _largest([s["backward_s"] for s in st])} for st in p] for p in on],
-            "memory": memory, "steps": len(steady)}
+            "memory": memory, "steps": len(steady),
+            "per_rank": [{"pipeline": s["pipeline"], "stage": s["stage"], "schedule_s": s["schedule_s"],
+                          "dp_sync_s": _median(s["sync_steps"]), "forward_s": s["forward_s"],
+                          "backward_s": s["backward_s"]} for s in summaries]}

@@ -129,3 +129,29 @@ def rows_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]
     for r in rows:
         t.add_row(*(str(x) for x in r))
     return t
+
+
+def _fmt_value(quantity: str, x: Any) -> str:
+    if not isinstance(x, (int, float)):
+        return "-"
+    return f"{x:.4g} GiB" if quantity.endswith("memory_gb") else f"{x:.4g} s"
+
+
+def prediction_table(predicted: Mapping[str, Any] | None, measured: Mapping[str, Any] | None = None) -> Table | None:
+    """The predicted-vs-measured table of a run's ``metrics.json`` (quantity, predicted, measured,
+    error %; :func:`hexicore.core.prediction.comparison_rows`), or the predictions alone
+    (``measured`` None, as ``hexicore evaluate`` prints them); None when there is nothing."""
+    from hexicore.core.prediction import comparison_rows
+
+    if predicted is None and measured is None:
+        return None
+    rows = comparison_rows(predicted, measured)
+    if predicted is None:  # a run without a plan: no cost model priced it
+        return rows_table("measured (no plan, nothing predicted)", ("quantity", "measured"),
+                          ((q, _fmt_value(q, m)) for q, _, m, _ in rows))
+    if measured is None:
+        return rows_table("predicted (cost model)", ("quantity", "predicted"),
+                          ((q, _fmt_value(q, p)) for q, p, _, _ in rows))
+    return rows_table("predicted vs measured", ("quantity", "predicted", "measured", "error %"),
+                      ((q, _fmt_value(q, p), _fmt_value(q, m), "-" if e is None else f"{e:+.1f}")
+                       for q, p, m, e in rows))

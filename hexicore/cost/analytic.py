@@ -21,6 +21,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
+from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
 #: factor 2 is one reduce-scatter + one all-gather): all-gather before the forward, all-gather
@@ -360,7 +361,8 @@ class AnalyticCostModel:
             else:
                 ps = self.pipeline_s(stages, hops, n_mb)
             pipe_s.append(ps)
-            parts.append({"stage_s": stages, "hop_s": hops, "micro_batches": n_mb})
+            fwd, bwd = forward_backward(self, plan, p, stages)  # the two passes of each STAGE
+            parts.append({"stage_s": stages, "hop_s": hops, "micro_batches": n_mb, "forward_s": fwd, "backward_s": bwd})
         dp = self.dp_s(plan)
         it = max(pipe_s) + dp
         mem = self.memory_gb(plan)
@@ -376,18 +378,17 @@ def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: Pip
                            source: str = "cost") -> AnalyticCostModel:
     """Build the analytic model from the ``cost:`` config section (see conf/cost/analytic.yaml)."""
     from hexicore.core import schema
+    from hexicore.core.errors import HexicoreError
 
     d = dict(schema.as_mapping(cfg or {}, source, "cost"))
     eff = schema.as_mapping(d.get("efficiency") or {}, source, "cost.efficiency")
     efficiency = {str(k): schema.number(v, source, f"cost.efficiency.{k}") for k, v in eff.items()}
     for k, v in efficiency.items():
         if v > 1:
-            from hexicore.core.errors import HexicoreError
             raise HexicoreError(f"efficiency must be in (0, 1], got {v:g}", source=source, field=f"cost.efficiency.{k}")
     sbp = d.get("state_bytes_per_param")
     default = schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source, "cost.default_efficiency")
     if default > 1:
-        from hexicore.core.errors import HexicoreError
         raise HexicoreError(f"efficiency must be in (0, 1], got {default:g}", source=source,
                             field="cost.default_efficiency")
     return AnalyticCostModel(

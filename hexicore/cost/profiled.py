@@ -31,6 +31,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
 from hexicore.cost.analytic import AnalyticCostModel, cost_model_from_config
+from hexicore.cost.split import compute_forward_fraction
 
 log = logging.getLogger("hexicore")
 
@@ -158,6 +159,19 @@ class ProfiledCostModel(AnalyticCostModel):
         if blk is None:
             return super().compute_s(cluster, model, train, devices, n_layers, last=last)
         return n_layers * blk + (self.head_s(cluster, model, train, devices) if last else 0.0)
+
+    def forward_fraction(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
+                         devices: Sequence[str]) -> float:
+        """The forward's share of a stage's compute (:mod:`hexicore.cost.split`): measured, the
+        blocks' forward seconds over forward + backward (+ recompute) of the slowest GPU type at
+        the nearest profiled TP degree; App. A's 1/3 (1/4) where that type was not profiled."""
+        blocks = self._blocks(self._slowest_gpu(cluster, devices))
+        if not blocks:
+            return compute_forward_fraction(train.recompute)
+        near = min({b.tp for b in blocks}, key=lambda t: (abs(t - len(devices)), t))
+        same = [b for b in blocks if b.tp == near]
+        total = sum(block_seconds(b, train.recompute) for b in same)
+        return sum(b.forward_s for b in same) / total if total > 0 else compute_forward_fraction(train.recompute)
 
     def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                   n_layers: int) -> float:

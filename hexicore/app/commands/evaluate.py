@@ -9,12 +9,13 @@ import sys
 from omegaconf import DictConfig
 
 from hexicore.app import compose as app
-from hexicore.app.report import console, memory_table, print_plan
+from hexicore.app.report import console, memory_table, prediction_table, print_plan
 from hexicore.app.training import create_runtime, plan_run_spec, runtime_settings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
 from hexicore.core.plan import Plan
+from hexicore.core.prediction import predictions
 from hexicore.registry import Registry
 
 
@@ -33,6 +34,8 @@ def run(cfg: DictConfig) -> int:
     table = memory_table(plan, app.memory_cost(cfg, registry))
     if table is not None:
         console().print(table)
+    if est is not None:  # what `hexicore train` will compare its measurements with
+        console().print(prediction_table(predictions(est, plan.devices)))
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if cfg.get("out"):

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from hexicore.app.compose import output_dir
+from hexicore.app.report import console, prediction_table
 from hexicore.app.training import build_run_spec, create_runtime
 from hexicore.core import schema
 from hexicore.core.ownership import check_run_dir, clear_checkpoints
@@ -45,6 +46,9 @@ def train(cfg: DictConfig, registry: Registry) -> int:
         return 1
     if metrics:
         print(summary_line(metrics, out))
+        table = prediction_table(metrics.get("predicted"), metrics.get("measured"))
+        if table is not None:
+            console().print(table)
     return 0
 
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from hexicore.pipeline.actions import Action, Op
 
-from .emulate import stretch
+from .emulate import settle, stretch
 from .groups import Groups
 from .layout import PipelinePart
 from .stage import Stage
@@ -241,6 +241,8 @@ class Executor:
             self.reduced.add(r)
 
     def _step(self) -> None:
+        settle(self.device)  # the step's queued compute is not the sync's
+        t0 = time.perf_counter()
         for s in sorted(self.stages):
             self._reduce(s)
         if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient
@@ -252,6 +254,8 @@ class Executor:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.stepped = True
+        settle(self.device)
+        self.sync_s += time.perf_counter() - t0
 
     # ----------------------------------------------------------------- run
     def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -267,10 +271,14 @@ class Executor:
         self.stepped = False
         self._issue(self._recv_ops(1))
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
+        self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
         t0 = time.perf_counter()
         for i, a in enumerate(self.acts):
             self.pos = i
             start = time.perf_counter() - t0
+            if a.is_compute and self.device.type == "cuda":
+                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                events[-1][0].record()
             try:
                 self._execute(i, a)
             except ExecutionError as exc:
@@ -278,6 +286,8 @@ class Executor:
             if a.is_compute:
                 if self.slowdown > 1.0:
                     stretch(self.slowdown, t0 + start, self.device)
+                if events:
+                    events[-1][1].record()
                 self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))
         self._wait([w for k, ws in list(self.works.items()) if k[0] == "send" for w in ws], "outstanding sends")
         leftovers = [k for k in self.works if k[0] == "recv"] + list(self.outputs) + list(self.deferred)
@@ -285,6 +295,12 @@ class Executor:
             raise ExecutionError(f"the action list left work undone: {leftovers[:4]}")
         if not self.explicit_step:
             self._step()
+        settle(self.device)
+        #: this step's wall seconds without the DP sync and optimizer step (the schedule's part)
+        self.schedule_s = time.perf_counter() - t0 - self.sync_s
+        #: (op, stage, mb, seconds) of each compute action: device time on CUDA, wall time on CPU
+        self.passes = [(op, st, mb, (ev[0].elapsed_time(ev[1]) / 1e3) if events else end - start)
+                       for (op, st, mb, start, end), ev in zip(self.timeline, events or [()] * len(self.timeline))]
         self.tokens = None
         return self.loss
 

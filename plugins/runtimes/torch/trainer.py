@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from hexicore.core import schema
 
-from . import checkpoint
+from . import checkpoint, measure
 from .data import make_source
 from .executor import Executor
 from .groups import build_groups
@@ -64,6 +64,7 @@ class WorkerSpec:
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
     slowdown: tuple[float, ...] = ()  # per global rank, the cluster file's emulate.slowdown (test aid)
     zero: int = 0  # ZeRO stage of the plan: 1/2 shard the optimizer state among each chunk's holders
+    predicted: dict[str, Any] | None = None  # metrics.json's "predicted" (hexicore.core.prediction), plan runs
 
 
 def choose_backend(requested: str) -> str:
@@ -136,6 +137,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     tokens = layout.global_batch * layout.seq_len
     out = Path(spec.out) if spec.out else None
     bar = _Progress(spec.progress and rank == 0 and sys.stderr.isatty(), spec.steps, start, layout.schedule_name)
+    recorder = measure.Recorder()
+    measure.reset_peak(device)
     try:
         for step in range(start, spec.steps):
             _inject_fault(spec, rank, step)
@@ -149,12 +152,14 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 dist.all_reduce(loss)
             losses.append(float(loss))
             step_s.append(time.perf_counter() - t0)
+            recorder.record(executor)
             bar.update(losses[-1], tokens / step_s[-1])
             if spec.checkpoint_every and (step + 1) % spec.checkpoint_every == 0 and step + 1 < spec.steps:
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
     state_bytes = _optimizer_bytes(groups, optimizer, world) if spec.zero else None
+    summaries = measure.gather(recorder.summary(role, device), world)
     state = None
     if spec.return_state:
         got = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
@@ -170,6 +175,9 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if state_bytes is not None:
         metrics["optimizer_state_bytes"] = state_bytes
+    metrics["predicted"] = spec.predicted
+    metrics["measured"] = measure.measured(summaries, step_s[start:], [len(p.groups) for p in layout.pipelines],
+                                           "cuda" if device.type == "cuda" else "rss")
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}

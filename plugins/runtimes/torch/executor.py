@@ -291,10 +291,26 @@ class Executor:
 
     # ------------------------------------------------------------ handlers
     def _on_forward(self, i: int, a: Action) -> None:
+        shards = self._shards()
+        if shards is not None:
+            shards.before(a.op, self._wait)
         self._forward(self.stages[a.stage], a.mb)
+        if shards is not None:
+            shards.after(a.op, self._wait)
 
     def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
+        shards = self._shards()
+        if shards is not None:
+            shards.before(a.op, self._wait)
         self._backward(self.stages[a.stage], a.mb, a.op)
+        if shards is not None:
+            shards.after(a.op, self._wait)
+
+    def _shards(self):
+        """ZeRO-2/3 per micro-batch (:class:`.zero.ShardedState`): gathers weights before a
+        compute action, sums a finished gradient and frees weights after it; else None."""
+        sharded = self.g.dp.sharded if self.g.dp is not None else None
+        return sharded if hasattr(sharded, "before") else None
 
     def _on_recv_f(self, i: int, a: Action) -> None:
         self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()

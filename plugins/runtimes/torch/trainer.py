@@ -62,7 +62,8 @@ class WorkerSpec:
     plan: str | None = None
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
-    zero: int = 0  # ZeRO stage of the plan: 1/2 shard the optimizer state among each chunk's holders
+    zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
+    shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
 
 
 def choose_backend(requested: str) -> str:
@@ -121,7 +122,7 @@ def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
     layout = spec.layout
-    groups = build_groups(layout, rank, world)
+    groups = build_groups(layout, rank, world, zero=spec.zero)
     role = groups.role
     ck = checkpoint.load(spec.resume) if spec.resume else None
     weights = _weights(spec, ck)
@@ -131,11 +132,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
                               device=device)
         params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
-        if spec.zero and groups.dp is not None:  # ZeRO-1/2: the DP-synced tensors step sharded
-            from .dp_sync import ShardedAdamW
-
-            groups.dp.sharded = ShardedAdamW(groups.dp, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                             weight_decay=spec.weight_decay)
+        if spec.zero and groups.dp is not None:  # ZeRO: the DP-synced tensors step sharded
+            groups.dp.sharded = _sharded(spec, groups, stages)
             skip = groups.dp.sharded.synced()
             params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
                            if (s, n) not in skip}.values())
@@ -179,6 +177,11 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
+    sharded = groups.dp.sharded if groups.dp is not None else None
+    kept = _every(sharded.kept_bytes(stages) if hasattr(sharded, "kept_bytes") else None, world) \
+        if spec.zero and spec.zero >= 2 else None
+    if hasattr(sharded, "materialize"):
+        sharded.materialize(executor._wait)  # ZeRO-3: full weights back for the results
     state_bytes = _optimizer_bytes(groups, optimizer, world) if spec.zero else None
     state = None
     if spec.return_state:
@@ -195,9 +198,27 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if state_bytes is not None:
         metrics["optimizer_state_bytes"] = state_bytes
+    if kept is not None and any(k is not None for k in kept):
+        metrics["state_bytes"] = kept
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
+
+
+def _sharded(spec: WorkerSpec, groups, stages):
+    """The sharded optimizer of this rank: ZeRO-2/3 per micro-batch where every pipeline is one
+    stage (:class:`.zero.ShardedState`), else ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    from .dp_sync import ShardedAdamW
+    from .zero import ShardedState, compute_counts, one_stage_per_pipeline
+
+    adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
+    if spec.zero >= 2 and one_stage_per_pipeline(spec.layout):
+        params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
+        rounds = {r: compute_counts(spec.layout, r) for r in range(spec.layout.world)}
+        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, rounds=rounds, **adam)
+    if spec.zero == 3:
+        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline")
+    return ShardedAdamW(groups.dp, weights=spec.shard_weights, **adam)
 
 
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
@@ -218,11 +239,16 @@ def _optimizer_bytes(groups, optimizer, world: int) -> list[int]:
     if optimizer is not None:
         mine += sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
                     if torch.is_tensor(v) and v.dim() > 0)
+    return [int(x) for x in _every(mine, world)]
+
+
+def _every(mine: Any, world: int) -> list:
+    """``mine`` of every rank, in rank order (a collective over the world)."""
     if world == 1:
         return [mine]
     every: list = [None] * world
     dist.all_gather_object(every, mine)
-    return [int(x) for x in every]
+    return every
 
 
 def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:

@@ -160,17 +160,35 @@ def test_uneven_shards_follow_device_memory_by_hand():
 def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys):
     from tests.conftest import run_cli
 
-    for zero, split in ((3, "even"), (1, "memory")):
-        plan = _plan(zero)
-        plan = Plan(plan.model, plan.cluster, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=zero,
-                                                          zero_split=split), plan.pipelines)
-        path = tmp_path / f"z{zero}.json"
-        plan.save(str(path))
-        assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
-        assert "does not execute" in capsys.readouterr().err
-        assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
-        out = capsys.readouterr()
-        assert "does not execute" in out.err and f"ZeRO-{zero} over 2 holders" in out.out
+    plan = _plan(3)  # ZeRO-3 over pipelines of two stages
+    path = tmp_path / "z3.json"
+    plan.save(str(path))
+    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+    assert "does not execute" in capsys.readouterr().err
+    assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
+    out = capsys.readouterr()
+    assert "does not execute" in out.err and "ZeRO-3 over 2 holders" in out.out
+
+
+def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_pipeline():
+    from hexicore_plugins.runtimes.torch.runtime import check_zero
+
+    uneven = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=2,
+                                              zero_split="memory"), _plan(2).pipelines)
+    check_zero(uneven.train, uneven.pipelines, None, "p.json")
+    flat = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3),
+                tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
+    check_zero(flat.train, flat.pipelines, None, "p.json")
+
+
+def test_shard_bounds_even_and_by_memory_by_hand():
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.zero import shard_bounds
+
+    assert shard_bounds(10, None, 3) == [(0, 4), (4, 7), (7, 10)]
+    # 24 : 80 GB of 1000 elements: 24/104 * 1000 = 230.77 -> cut at 231
+    assert shard_bounds(1000, [24.0, 80.0], 2) == [(0, 231), (231, 1000)]
+    assert shard_bounds(5, [1.0, 0.0, 1.0], 3)[1] == (2, 2)  # a zero weight keeps nothing
 
 
 #: TP degrees agree per layer (different batches, schedules): every chunk's holders are tp x n
@@ -217,3 +235,66 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
         assert abs(b - predicted) <= slack, (r, b, predicted)
         unsharded = 2 * parts[f"M.{r}"]["weights"] * GIB  # 8 B of moments per 4 B of weights
         assert b <= unsharded / 2 + slack  # two holders per chunk: half of the moments
+
+
+#: ZeRO-3/2 per micro-batch (one stage per pipeline): different batches, schedules (1f1b | gpipe:
+#: the gathers and gradient sums interleave differently) on an 80 GB and a 24 GB device
+FLAT = [(5, "1f1b", "N.0"), (3, "gpipe", "M.0")]
+
+
+def _flat_plan(zero: int, split: str) -> Plan:
+    from tests.test_asymmetric import CLUSTER as CPU6, SEQ, plan_of
+
+    base = plan_of([(b, s, [(1, 8)]) for b, s, _ in FLAT]).to_dict()
+    base["cluster"] = {**CPU6, "machines": [{"name": "M", "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32},
+                                            {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
+    base.pop("estimate", None)
+    for p, (_, _, dev) in zip(base["pipelines"], FLAT):
+        p["stages"][0]["devices"] = [dev]
+    base["train"].update({"zero": zero, "zero_split": split, "seq_len": SEQ})
+    return Plan.from_dict(base, "flat plan")
+
+
+@pytest.mark.slow
+def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predicted_state():
+    """One 3-rank job: the reference; :data:`FLAT` under ZeRO-3 (even and memory-proportional
+    shards) and ZeRO-2 (memory), each rank's kept weights, gradients and AdamW state equal to the
+    cost model's (within one element); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)."""
+    import dataclasses
+
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore.registry import Registry
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
+
+    m = tiny()
+    ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
+                       micro_batch=1, seq_len=SEQ, world=3)
+    cases = [(3, "even"), (3, "memory"), (2, "memory")]
+    plans = [_flat_plan(z, split) for z, split in cases]
+    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
+    for plan in plans:
+        layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
+        weights = AnalyticCostModel().shard_weights(plan)
+        specs.append(WorkerSpec(layout=dataclasses.replace(layout, world=3), steps=3, seed=5, progress=False,
+                                return_state=True, zero=plan.train.zero_stage,
+                                shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
+    mixed = layout_of([(4, "1f1b", [(2, 8)]), (4, "zb_h1", [(1, 8)])])
+    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3))
+    results = launch(specs, 3)
+    for got in results[1:]:
+        assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
+        assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
+    for (zero, split), plan, got in zip(cases, plans, results[1:4]):
+        parts = AnalyticCostModel().memory_parts(plan)
+        kept = got["metrics"]["state_bytes"]
+        assert got["metrics"]["optimizer_state_bytes"] == [k["optimizer"] for k in kept[:2]] + [0]
+        for r, dev in enumerate(plan.devices):
+            for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
+                assert abs(kept[r][part] - parts[dev][part] * GIB) <= size, (zero, split, r, part)
+        full = 4 * m.total_params()
+        if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
+            assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
+        assert (kept[0]["weights"] < full) == (zero == 3)

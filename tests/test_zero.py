@@ -199,9 +199,10 @@ SAME_TP = [(5, "1f1b", [(2, 3), (1, 5)]), (3, "gpipe", [(2, 3), (1, 5)])]
 @pytest.mark.slow
 def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_bytes():
     """One 6-rank job: the one-process reference, then the asymmetric acceptance plan (tp2+tp1 |
-    3 x tp1, uneven batches, different schedules) under ZeRO-1 and ZeRO-2, and :data:`SAME_TP`
-    under ZeRO-1: losses and weights within 1e-5 of the reference; on :data:`SAME_TP` each rank's
-    AdamW state equals the cost model's optimizer bytes of its device (up to one element per
+    3 x tp1, uneven batches, different schedules) under ZeRO-1 and ZeRO-2, :data:`SAME_TP` under
+    ZeRO-2 and under ZeRO-1 with shards by memory: losses and weights within 1e-5 of the
+    reference; on :data:`SAME_TP` each rank's AdamW state (and under ZeRO-2 the gradients kept
+    between micro-batches) equals the cost model's bytes for its device (up to one element per
     group from uneven division)."""
     import dataclasses
 
@@ -218,13 +219,17 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
     acc = dataclasses.replace(layout_of(ACCEPTANCE), world=6)
     same = dataclasses.replace(layout_of(SAME_TP), world=6)
     specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z)
-             for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 1))]
+             for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 2))]
+    uneven = _on_two_gpus(plan_of(SAME_TP), 1)  # pipeline 1 on 80 GB cards, shards by memory
+    weights = AnalyticCostModel().shard_weights(uneven)
+    specs.append(WorkerSpec(layout=same, steps=3, seed=5, progress=False, return_state=True, zero=1,
+                            shard_weights=tuple(weights[d] for d in uneven.devices)))
     results = launch(specs, 6)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
     plan = plan_of(SAME_TP)
-    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines)
+    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)
     groups = sync_plan(same).members()
     measured = results[3]["metrics"]["optimizer_state_bytes"]
@@ -235,6 +240,31 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
         assert abs(b - predicted) <= slack, (r, b, predicted)
         unsharded = 2 * parts[f"M.{r}"]["weights"] * GIB  # 8 B of moments per 4 B of weights
         assert b <= unsharded / 2 + slack  # two holders per chunk: half of the moments
+        kept = results[3]["metrics"]["state_bytes"][r]  # ZeRO-2 per micro-batch: half of the gradients
+        assert abs(kept["gradients"] - parts[f"M.{r}"]["gradients"] * GIB) <= slack / 2, r
+    parts = AnalyticCostModel().memory_parts(uneven)
+    for r, b in enumerate(results[4]["metrics"]["optimizer_state_bytes"]):
+        dev = uneven.devices[r]
+        slack = 8 * sum(1 for g in groups if r in g)
+        assert abs(b - parts[dev]["optimizer"] * GIB) <= slack, (r, b)
+        share = 80 / 104 if dev.startswith("N") else 24 / 104  # of the 8 B/param moments it holds
+        assert b == pytest.approx(share * 2 * parts[dev]["weights"] * GIB, abs=slack)
+
+
+def _on_two_gpus(plan: Plan, zero: int, split: str = "memory") -> Plan:
+    """``plan`` with pipeline 0 on 24 GB cards (``M.*``) and pipeline 1 on 80 GB cards (``N.*``)."""
+    d = plan.to_dict()
+    d.pop("estimate", None)
+    n = sum(len(s["devices"]) for s in d["pipelines"][1]["stages"])
+    d["cluster"] = {**d["cluster"], "machines": [{"name": "M", "gpu": "rtx4090", "count": 6, "bandwidth_gbs": 32},
+                                                 {"name": "N", "gpu": "a100-80g", "count": n, "bandwidth_gbs": 32}]}
+    d["cluster"].pop("devices", None)
+    k = 0
+    for s in d["pipelines"][1]["stages"]:
+        s["devices"] = [f"N.{k + i}" for i in range(len(s["devices"]))]
+        k += len(s["devices"])
+    d["train"].update({"zero": zero, "zero_split": split})
+    return Plan.from_dict(d, "two-gpu plan")
 
 
 #: ZeRO-3/2 per micro-batch (one stage per pipeline): different batches, schedules (1f1b | gpipe:

@@ -37,9 +37,9 @@ class Groups:
 
 
 def build_groups(layout: Layout, rank: int, world: int, zero: int = 0) -> Groups:
-    """Create (collectively) every TP and DP group of ``layout``; return this rank's. ZeRO-2/3
-    per micro-batch (:mod:`.zero`) gets a second group per member set for the weight gathers, so
-    gathers and gradient sums pair up in order on their own communicators."""
+    """Create (collectively) every TP and DP group of ``layout``; return this rank's. ZeRO-3
+    (:mod:`.zero`) gets a second group per member set for the weight gathers, so gathers and
+    gradient sums pair up in order on their own communicators."""
     role = layout.role(rank)
     tp, leader = TPGroup(), rank
     for p in layout.pipelines:
@@ -59,7 +59,7 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0) -> Groups
         if rank in members:
             handles[members] = handle
     gathers: dict[tuple[int, ...], Any] = {}
-    if zero >= 2 and one_stage_per_pipeline(layout):
+    if zero == 3 and one_stage_per_pipeline(layout):
         for members in plan.members():
             handle = dist.new_group(list(members)) if world > 1 else None
             if rank in members:

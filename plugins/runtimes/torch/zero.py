@@ -1,5 +1,6 @@
 """Sharded training state in the torch runtime: shard bounds, the AdamW update of a shard, and
-ZeRO-2/3 per micro-batch for plans whose pipelines have one stage each.
+ZeRO-2/3 per micro-batch (ZeRO-2 where every rank holds one stage chunk, ZeRO-3 where every
+pipeline is one stage).
 
 ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC'20) over the chunk groups of :mod:`.dp_sync` (every group is the set of ranks that
@@ -9,10 +10,13 @@ even pieces, or — ``zero_split=memory``, Cephalo-style — pieces proportional
 device memory, cut at ``round(n * cumulative share)`` so a piece is within one element of the
 cost model's ``n * w_i / sum w`` (:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`).
 
-:class:`ShardedState` (stage 2 and 3, every pipeline one stage): after every backward action
-(``B``, or ``W`` of the zero-bubble split) the gradients of the group are summed among its
-members and each keeps only its piece, added to a persistent gradient shard; the full local
-gradients are freed, so between micro-batches a rank holds ``1/n`` of the gradients. Stage 3
+:class:`ShardedState`: after every backward action (``B``, or ``W`` of the zero-bubble split)
+the gradients of the group are summed among its members and each keeps only its piece, added
+to a persistent gradient shard; the full local gradients are freed, so between micro-batches a
+rank holds ``1/n`` of the gradients. The sums are posted asynchronously and collected when done
+(at the latest before the optimizer step): a rank never blocks on a gradient sum while its
+pipeline still needs it, whatever order the schedules put backwards and transfers in (buckets
+in flight are communication workspace, not counted as kept gradients). Stage 3
 also keeps only its piece of the fp32 weights: before each compute action (``F``, ``B``, ``I``,
 ``W``) the weights are all-gathered into the stage's parameters and freed again after it
 (``untyped_storage().resize_(0)`` through ``.data``, which leaves autograd's saved references in
@@ -109,8 +113,15 @@ def compute_counts(layout, rank: int) -> tuple[int, int]:
 
 
 def one_stage_per_pipeline(layout) -> bool:
-    """Whether every pipeline is one stage on one pipeline rank (what :class:`ShardedState` runs)."""
+    """Whether every pipeline is one stage on one pipeline rank (what ZeRO-3 runs on)."""
     return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
+
+
+def one_stage_per_rank(layout) -> bool:
+    """Whether every pipeline rank holds exactly one stage chunk (no interleaving, no model
+    copies): what per-micro-batch ZeRO-2 runs on, since each backward then finishes a gradient
+    of everything the rank holds."""
+    return all(p.actions.stages == len(p.groups) and len(p.actions.chains) == 1 for p in layout.pipelines)
 
 
 @dataclass
@@ -138,8 +149,8 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 class ShardedState:
-    """ZeRO-2 (``stage=2``) or ZeRO-3 (``stage=3``) for one rank of a one-stage-per-pipeline
-    layout (module docstring). ``params[(stage, name)]`` are the rank's parameters, full and
+    """ZeRO-2 (``stage=2``, :func:`one_stage_per_rank` layouts) or ZeRO-3 (``stage=3``,
+    :func:`one_stage_per_pipeline` layouts) for one rank (module docstring). ``params[(stage, name)]`` are the rank's parameters, full and
     initialised; ``weights`` the shard weight of every global rank (None: even); ``rounds[r]``
     the (gather, reduce) rounds of rank ``r`` per step (:func:`compute_counts`)."""
 
@@ -289,7 +300,7 @@ class ShardedState:
             adamw_(w, g.grad, g.avg, g.sq, self.t, **self.adam)
             g.grad.zero_()
             if self.stage == 2:
-                self._write(g.chunks, gather_pieces(w, g.bounds, self.sync.gather_handles[g.members], wait,
+                self._write(g.chunks, gather_pieces(w, g.bounds, g.handle, wait,
                                                     f"ZeRO weight all-gather with {g.what}"))
 
     def materialize(self, wait: Callable) -> None:

@@ -328,3 +328,32 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
         if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
             assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
         assert (kept[0]["weights"] < full) == (zero == 3)
+
+
+@pytest.mark.slow
+def test_an_fsdp_plan_trains_from_the_cli(tmp_path, capsys):
+    """``hexicore plan solver=fsdp`` then ``hexicore train plan_file=``: a ZeRO-3 plan over a
+    24 GB and an 80 GB card runs; the AdamW state each rank keeps is the cost model's."""
+    import json
+
+    pytest.importorskip("torch")
+    from tests.conftest import run_cli
+
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\ninter: {bandwidth_gbs: 2, latency_us: 50}\nmachines:\n"
+                       "  - {name: F, gpu: rtx4090, count: 1, bandwidth_gbs: 32, latency_us: 10}\n"
+                       "  - {name: A, gpu: a100-80g, count: 1, bandwidth_gbs: 32, latency_us: 10}\n")
+    plan_path, out = tmp_path / "plan.json", tmp_path / "run"
+    common = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=6", "train.seq_len=32"]
+    assert run_cli(["plan", "solver=fsdp", f"cluster_file={cluster}", *common, f"out={plan_path}"]) == 0
+    plan = Plan.load(plan_path)
+    assert plan.train.zero == 3 and [len(p.stages) for p in plan.pipelines] == [1, 1]
+    assert [p.batch for p in plan.pipelines] != [3, 3]  # batch by speed: the pipelines differ
+    capsys.readouterr()
+    assert run_cli(["train", f"plan_file={plan_path}", "train.steps=2", "runtime.progress=false", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'hydra'}"]) == 0, capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    parts = AnalyticCostModel().memory_parts(plan)
+    for r, dev in enumerate(plan.devices):
+        assert abs(metrics["optimizer_state_bytes"][r] - parts[dev]["optimizer"] * GIB) <= 8
+        assert abs(metrics["state_bytes"][r]["weights"] - parts[dev]["weights"] * GIB) <= 4

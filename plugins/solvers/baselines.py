@@ -26,6 +26,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
 from hexicore.planner.symmetric import factorisations, legal, symmetric_plan
+from hexicore.planner.zero import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 
@@ -81,19 +82,23 @@ def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) ->
                              "candidates": len(cands), "fitting": len(fitting)})
 
 
-def _table(problem: Problem) -> StageTable:
-    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule)
+def _table(problem: Problem, dp: int = 1) -> StageTable:
+    """Cost pieces for plans of ``dp`` pipelines (the ZeRO shard count of the memory caps)."""
+    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule, dp=dp)
 
 
 @dataclass(frozen=True)
 class MetisLikeSolver:
-    """Metis-style search: device-type orders x uniform (dp, tp, pp) x speed-proportional layers."""
+    """Metis-style search: device-type orders x uniform (dp, tp, pp) x speed-proportional layers.
+    ``zero`` (``solver.zero=1``): the ZeRO stage used whatever ``train.zero`` says."""
 
     name: str = "metis_like"
+    zero: int | None = None
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
-        table, cl = _table(problem), problem.cluster
+        problem = at_stage(problem, self.zero)
+        tables, cl = {}, problem.cluster
         types = sorted({d.gpu.name for d in cl.devices})
         cands = []
         for perm in itertools.permutations(types):
@@ -104,6 +109,7 @@ class MetisLikeSolver:
                 plan = symmetric_plan(problem, dp, tp, pp, devices)
                 speed = [min(s.tp * min(cl.device(d).tflops for d in s.devices)
                              for s in (p.stages[j] for p in plan.pipelines)) for j in range(pp)]
+                table = tables.setdefault(dp, _table(problem, dp))
                 counts = proportional(problem.model.layers, speed, stage_caps(table, plan))
                 if counts is not None:
                     cands.append(({"order": list(perm), "dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
@@ -123,7 +129,7 @@ def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
         for p in plan.pipelines:
             s = p.stages[j]
             gb = table.cost.stage_memory_gb(c, m, t, s.devices, l, first=j == 0, last=j == pp - 1,
-                                            in_flight=table.in_flight(pp, j, n_mb))
+                                            in_flight=table.in_flight(pp, j, n_mb), dp=len(plan.pipelines))
             if gb > min(c.device(d).memory_gb for d in s.devices):
                 return float("inf")
             worst = max(worst, gb)
@@ -145,12 +151,15 @@ def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
 
 @dataclass(frozen=True)
 class GalvatronLikeSolver:
-    """Galvatron-style: symmetric DP x TP x PP, memory-balanced stages, best by the cost model."""
+    """Galvatron-style: symmetric DP x TP x PP, memory-balanced stages, best by the cost model.
+    ``zero`` (``solver.zero=1``): the ZeRO stage used whatever ``train.zero`` says."""
 
     name: str = "galvatron_like"
+    zero: int | None = None
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        problem = at_stage(problem, self.zero)
         table, cands = _table(problem), []
         for dp, tp, pp in factorisations(len(problem.cluster.devices)):
             if legal(problem, dp, tp, pp):

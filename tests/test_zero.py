@@ -1,6 +1,8 @@
 """Sharded training state (ZeRO 0-3) and the precision recipe: formulas by hand, the plan field,
 the planner's ``train.zero=auto`` on memory-tight clusters."""
 
+from dataclasses import replace
+
 import pytest
 
 from hexicore.core.errors import HexicoreError
@@ -168,6 +170,11 @@ def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys
     assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
     out = capsys.readouterr()
     assert "does not execute" in out.err and "ZeRO-3 over 2 holders" in out.out
+    hybrid = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
+                  tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
+    hybrid.save(str(path))
+    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+    assert "hybrid sharding" in capsys.readouterr().err
 
 
 def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_pipeline():
@@ -377,3 +384,39 @@ def test_a_bad_solver_zero_is_one_line():
     with pytest.raises(HexicoreError) as e:
         _solve(["cluster=tight8", "model=llama2_7b", "solver=megatron", "solver.zero=5"], False)
     assert e.value.field == "solver.zero"
+
+
+def test_hybrid_sharding_by_hand():
+    """``zero_scope=machine``: four one-stage replicas on A.0, A.1 | B.0, B.1 under ZeRO-3: each
+    device keeps half of the sharded parts (two holders in its machine); per micro-batch 1.5 x
+    the ring inside the slower machine (B: 5 GB/s, 20 us), at the step the sum of the halves
+    between the machines (1 GB/s, 100 us) of P/2 parameters per tensor."""
+    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine")
+    plan = Plan(MODEL, CLUSTER, t, tuple(Pipeline(1, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "A.1", "B.0", "B.1")))
+    tensors = [LAYER_PARAMS] * 4 + [V * H, V * H + H]
+    total = sum(tensors)
+    parts = COST.memory_parts(plan)
+    for d in ("A.0", "B.1"):
+        assert parts[d]["optimizer"] == pytest.approx(8 * total / 2 / GIB)
+        assert parts[d]["weights"] == pytest.approx(4 * total / 2 / GIB)
+    inside_b = sum(2 * (20e-6 + p * 2 / (2 * 5e9)) for p in tensors)
+    across = sum(2 * (100e-6 + p / 2 * 2 / (2 * 1e9)) for p in tensors)
+    est = COST.estimate(plan)
+    assert est.dp_s == pytest.approx(across)
+    stage, _ = COST.pipeline_pieces(plan, plan.pipelines[2])
+    plain, _ = COST.pipeline_pieces(replace(plan, train=TrainConfig(global_batch=4, micro_batch=1, seq_len=512)),
+                                    plan.pipelines[2])
+    assert stage[0] == pytest.approx(plain[0] + 1.5 * inside_b)
+    assert "zero_scope" in t.to_dict() and TrainConfig.from_dict(t.to_dict()).zero_scope == "machine"
+    # ZeRO-1 hybrid: the step pays the ring inside the machines and the halves across
+    z1 = replace(plan, train=replace(t, zero=1))
+    assert COST.estimate(z1).dp_s == pytest.approx(inside_b + across)
+
+
+def test_fsdp_hybrid_option_shards_per_machine():
+    plan = _solve(["cluster=homo_a800_16", "model=llama2_7b", "train.global_batch=64", "solver=fsdp",
+                   "solver.hybrid=true"], False)
+    full = _solve(["cluster=homo_a800_16", "model=llama2_7b", "train.global_batch=64", "solver=fsdp"], False)
+    assert plan.train.zero == 3 and plan.train.zero_scope == "machine" and full.train.zero_scope == "all"
+    # two machines of 8 behind 0.7 GB/s: gathering every micro-batch across them is far slower
+    assert plan.estimate.iteration_s < full.estimate.iteration_s

@@ -20,6 +20,7 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
+from hexicore.cost import sharding
 from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -235,93 +236,42 @@ class AnalyticCostModel:
     def dp_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
         """Per stage ``(pipeline, stage)``: ``sum_{k in stage} COMM-DP-LAYER(D^k_dp)`` (App. A),
         the embedding and the head synced like a layer among the first/last stages; empty with
-        one pipeline."""
-        pipes = plan.pipelines
-        if len(pipes) <= 1:
-            return {}
-        c, m, bt = plan.cluster, plan.model, plan.train.dtype_bytes
-        holder = [[None] * m.layers for _ in pipes]
-        for i, p in enumerate(pipes):
-            for s in p.stages:
-                for k in range(*s.layers):
-                    holder[i][k] = s
-        cache: dict[tuple, float] = {}
-        links: dict = {}
-        w = self.shard_weights(plan)
-
-        def layer_cost(k: int) -> float:
-            hs = tuple(holder[i][k] for i in range(len(pipes)))
-            key = tuple(id(s) for s in hs)
-            if key not in cache:
-                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links, w)
-            return cache[key]
-
-        per_layer = [layer_cost(k) for k in range(m.layers)]
-        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links, w)
-        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links, w)
-        out = {}
-        for i, p in enumerate(pipes):
-            for j, s in enumerate(p.stages):
-                t = sum(per_layer[k] for k in range(*s.layers))
-                t += first if j == 0 else 0.0
-                t += last if j == len(p.stages) - 1 else 0.0
-                out[(i, j)] = t
-        return out
+        one pipeline. Hybrid sharding adds the cross-machine sum of the shards
+        (:func:`hexicore.cost.sharding.dp_stage_parts`)."""
+        return {k: a + b for k, (a, b) in sharding.dp_stage_parts(self, plan).items()}
 
     def shard_weights(self, plan: Plan) -> dict[str, float] | None:
-        """Uneven ZeRO shards (``train.zero_split=memory``, Cephalo-style): each device's weight
-        is its memory (GB); ``None`` for even shards or no sharding."""
-        if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
-            return None
-        return {d.id: d.memory_gb for d in plan.cluster.devices}
+        """Per device its share weight under uneven shards (:func:`hexicore.cost.sharding.shard_weights`)."""
+        return sharding.shard_weights(plan)
 
     def kept_params(self, plan: Plan) -> dict[str, float] | None:
-        """Under uneven shards: per device, the parameters whose sharded state parts it keeps —
-        for every chunk (``P / lcm(tp)`` of a layer, the embedding, the head; HexiScale §3.2
-        chunks) its share ``w_d / sum_holders w`` of it. ``None`` for even shards."""
-        w = self.shard_weights(plan)
-        if w is None or len(plan.pipelines) <= 1:
-            return None
-        out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
-
-        def add(stages: Sequence[Stage], n_params: float) -> None:
-            chunks = math.lcm(*(s.tp for s in stages))
-            for c in range(chunks):
-                hs = [s.devices[c * s.tp // chunks] for s in stages]
-                tot = sum(w[h] for h in hs)
-                for h in hs:
-                    out[h] += n_params / chunks * w[h] / tot
-
-        m = plan.model
-        for k in range(m.layers):
-            add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
-                m.layer_params())
-        add([p.stages[0] for p in plan.pipelines], m.embedding_params())
-        add([p.stages[-1] for p in plan.pipelines], m.head_params())
-        return out
+        """Per device the parameters whose sharded parts it keeps (:func:`hexicore.cost.sharding.kept_params`)."""
+        return sharding.kept_params(plan)
 
     def dp_s(self, plan: Plan) -> float:
         """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``.
 
         ZeRO-1/2 replace the all-reduce by a reduce-scatter of the gradients and an all-gather
         of the updated weights: the same bytes, so the same time (the formula's factor 2 is
-        exactly those two halves). ZeRO-3 has no step-end sync: its traffic is paid per
-        micro-batch inside the stage time (:meth:`zero3_stage_s`)."""
+        exactly those two halves). ZeRO-3 pays its sharded traffic per micro-batch inside the
+        stage time (:meth:`zero3_stage_s`); at the step only hybrid sharding's cross-machine sum."""
+        parts = sharding.dp_stage_parts(self, plan).values()
         if plan.train.zero_stage == 3:
-            return 0.0
-        return max(self.dp_stage_s(plan).values(), default=0.0)
+            return max((b for _, b in parts), default=0.0)
+        return max((a + b for a, b in parts), default=0.0)
 
     def zero3_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
         """ZeRO-3 traffic of one micro-batch through each stage ``(pipeline, stage)``: all-gather
         of the stage's weights before its forward and again before its backward, and
-        reduce-scatter of its gradients, each half of the stage's COMM-DP term, i.e.
-        ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch (``ZERO3_PER_MICRO_BATCH``), priced on
-        the same per-link alpha/beta model and not overlapped with compute. Weights are
-        re-gathered every micro-batch because a pipeline interleaves the micro-batches'
-        forwards and backwards (keeping them gathered for the step would undo the sharding)."""
+        reduce-scatter of its gradients, each half of the stage's COMM-DP term among the
+        holders sharing shards, i.e. ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch
+        (``ZERO3_PER_MICRO_BATCH``), priced on the same per-link alpha/beta model and not
+        overlapped with compute. Weights are re-gathered every micro-batch because a pipeline
+        interleaves the micro-batches' forwards and backwards (keeping them gathered for the
+        step would undo the sharding)."""
         if plan.train.zero_stage != 3:
             return {}
-        return {k: ZERO3_PER_MICRO_BATCH * v for k, v in self.dp_stage_s(plan).items()}
+        return {k: ZERO3_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
 
     # ------------------------------------------------------------ the plan
     def memory_parts(self, plan: Plan) -> dict[str, dict[str, float]]:

@@ -189,9 +189,12 @@ class FsdpSolver:
     device (the fastest ``min(devices, micro-batches)``), each device's batch proportional to its
     peak FLOP/s; the training state is sharded over all of them (``train.zero=3``), evenly or in
     proportion to each device's memory (``zero_split=memory``, Cephalo-style): both are priced
-    and the fastest that fits is returned."""
+    and the fastest that fits is returned. ``hybrid`` (``solver.hybrid=true``): hybrid sharding
+    instead (``zero_scope=machine``, PyTorch's HSDP): the state is sharded among the replicas of
+    one machine and replicated across machines (:mod:`hexicore.cost.sharding`)."""
 
     name: str = "fsdp"
+    hybrid: bool = False
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
@@ -199,14 +202,17 @@ class FsdpSolver:
         mbs = t.global_batch // t.micro_batch
         devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:mbs]
         counts = speed_shares(mbs, [d.tflops for d in devs])
+        if not isinstance(self.hybrid, bool):
+            raise HexicoreError(f"expected true or false, got {self.hybrid!r}", field="solver.hybrid")
+        scope = "machine" if self.hybrid else "all"
         cands = []
         for split in ("even", "memory"):
-            train = replace(t, zero=3, zero_split=split)
+            train = replace(t, zero=3, zero_split=split, zero_scope=scope)
             pipes = tuple(Pipeline(k * t.micro_batch, (Stage((d.id,), 1, (0, L)),), dict(problem.schedule))
                           for d, k in zip(devs, counts))
-            cands.append(({"ranks": len(devs), "zero": 3, "zero_split": split},
+            cands.append(({"ranks": len(devs), "zero": 3, "zero_split": split, "zero_scope": scope},
                           Plan(problem.model, problem.cluster, train, pipes)))
-        progress("fsdp: one ZeRO-3 replica per GPU", 1.0)
+        progress("fsdp: one ZeRO-3 replica per GPU" + (", sharded per machine" if self.hybrid else ""), 1.0)
         return best_fitting(problem, cands, self.name)
 
 

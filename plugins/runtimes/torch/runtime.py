@@ -193,11 +193,11 @@ def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
 
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (:class:`~.dp_sync.ShardedAdamW`; per micro-batch where every pipeline is one
-    stage, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one stage
-    (``pipelines``: the plan's pipelines, or their count); not yet ZeRO-3 for deeper pipelines
-    or checkpoints of sharded state. Refused before launch (a plan relying on sharding would not
-    fit unsharded)."""
+    uneven shards (:class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per micro-batch where every rank
+    holds one stage chunk, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one
+    stage (``pipelines``: the plan's pipelines, or their count); not yet ZeRO-3 for deeper
+    pipelines, checkpoints of sharded state, or hybrid sharding (``zero_scope=machine``).
+    Refused before launch (a plan relying on sharding would not fit unsharded)."""
     from hexicore.core.errors import PlanError
 
     z = train.zero_stage
@@ -205,7 +205,9 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
     if not z or count <= 1:
         return
     why = None
-    if z == 3 and (isinstance(pipelines, int) or any(len(p.stages) > 1 for p in pipelines)):
+    if getattr(train, "zero_scope", "all") != "all":
+        why = f"hybrid sharding (zero_scope={train.zero_scope})"
+    elif z == 3 and (isinstance(pipelines, int) or any(len(p.stages) > 1 for p in pipelines)):
         why = "ZeRO-3 for pipelines of more than one stage"
     elif getattr(settings, "checkpoint_every", 0) or getattr(settings, "resume", None):
         why = "checkpoints of sharded optimizer state"

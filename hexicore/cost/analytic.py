@@ -21,7 +21,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 from hexicore.cost import sharding
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
 #: factor 2 is one reduce-scatter + one all-gather): all-gather before the forward, all-gather
@@ -71,12 +71,14 @@ class AnalyticCostModel:
 
         FLOPs = tokens x (n_layers x block forward FLOPs/token [+ head on the last stage]) x k,
         k = 4 with recomputation (forward, backward = 2x forward, recomputed forward), else 3;
-        divided by the TP group's achieved FLOP/s (``achieved_flops``).
+        the blocks divided by the TP group's achieved FLOP/s (``achieved_flops``), the head by
+        one member's (the runtime replicates the head: every TP rank computes all the logits).
         """
         tokens = train.micro_batch * train.seq_len
-        fwd = n_layers * model.layer_flops_per_token(train.seq_len) + (model.head_flops_per_token() if last else 0.0)
         k = 4.0 if train.recompute else 3.0
-        return tokens * fwd * k / self.achieved_flops(cluster, devices)
+        group = self.achieved_flops(cluster, devices)
+        head = model.head_flops_per_token() / (group / len(devices)) if last else 0.0
+        return tokens * k * (n_layers * model.layer_flops_per_token(train.seq_len) / group + head)
 
     def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                   n_layers: int) -> float:
@@ -120,27 +122,32 @@ class AnalyticCostModel:
         """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
 
         * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
-          (:meth:`state_bytes`) x params / tp for the blocks, the embedding on the first stage
-          and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer); under
-          ``train.zero`` the sharded parts are divided among the ``dp`` holders of each chunk
-          (one per pipeline, :func:`hexicore.cost.precision.sharded`), or, with uneven shards,
-          kept for ``kept`` parameters (:meth:`kept_params`);
+          (:meth:`state_bytes`) x the parameters a device keeps: the blocks' TP-split part
+          ``/ tp`` and, whole, what TP replicates — norms, row-parallel biases, the embedding on
+          the first stage, the head on the last (:func:`hexicore.cost.precision.device_params`;
+          App. A's ``48 H^2 B_type / |d_ij|`` per layer splits everything); under ``train.zero``
+          (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element, replicated ones
+          included, is split among all ``tp x dp`` ranks holding it,
+          :func:`hexicore.cost.precision.sharded`), or kept for ``kept`` parameters
+          (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ);
         * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
           with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
-          last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient, under ZeRO-3 with
-          ``dp > 1`` the gathered weights of two layers (the one computed and the prefetched
-          one) plus the embedding/head the stage holds, and ``reserve_gb``.
+          last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
+          replicated) and their gradient, under ZeRO-3 with ``dp > 1`` the gathered weights of
+          two layers (the one computed and the prefetched one) plus the embedding/head the
+          stage holds, and ``reserve_gb``.
         """
         tp = len(devices)
         layer_p = model.layer_params()
         params = n_layers * layer_p + (model.embedding_params() if first else 0) + \
             (model.head_params() if last else 0)
+        mine = device_params(model, n_layers, tp, first=first, last=last)
         full = self.state_bytes(train)
-        per = sharded(full, train.zero_stage, dp)
-        out = {k: v * params / tp / GIB for k, v in per.parts().items()}
+        split = SHARDED_PARTS[train.zero_stage] if dp > 1 else ()
+        out = {k: v * (params / tp / dp if k in split else mine) / GIB for k, v in full.parts().items()}
         if kept is not None:
-            for k in SHARDED_PARTS[train.zero_stage]:
+            for k in split:
                 out[k] = full.parts()[k] * kept / GIB
         out["activations"] = in_flight * n_layers * model.activation_bytes_per_layer(
             train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
@@ -149,10 +156,9 @@ class AnalyticCostModel:
                                                 dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \
             if train.recompute and n_layers else 0.0
         if last:
-            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4 / tp
+            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
         if train.zero_stage == 3 and dp > 1:
-            gathered = min(2, n_layers) * layer_p + params - n_layers * layer_p
-            work += full.weights * gathered / tp
+            work += full.weights * device_params(model, min(2, n_layers), tp, first=first, last=last)
         out["workspace"] = work / GIB + self.reserve_gb
         return out
 

@@ -26,6 +26,7 @@ import math
 from typing import Any, Sequence
 
 from hexicore.core.plan import Plan, Stage
+from hexicore.cost.precision import tp_replicated_layer_params
 
 
 def shard_weights(plan: Plan) -> dict[str, float] | None:
@@ -49,29 +50,39 @@ def peer_groups(plan: Plan, devices: Sequence[str]) -> list[list[int]]:
 
 def kept_params(plan: Plan) -> dict[str, float] | None:
     """Per device, the parameters whose sharded state parts it keeps: for every chunk (``P /
-    lcm(tp)`` of a layer, the embedding, the head; HexiScale §3.2) its share ``w_d / sum w``
-    among the holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards).
-    ``None`` where the even ``params / tp / dp`` rule is exact (even shards among all)."""
+    lcm(tp)`` of a block's TP-split part; HexiScale §3.2) its share ``w_d / sum w`` among the
+    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards); what TP
+    replicates (norms, row-parallel biases, embedding, head:
+    :func:`hexicore.cost.precision.tp_replicated_layer_params`) is one chunk held by every TP
+    rank of every holder. ``None`` where ``params / tp / dp`` is exact: even shards among all
+    holders, one TP degree everywhere."""
     w = shard_weights(plan)
-    if (w is None and plan.train.zero_scope != "machine") or plan.train.zero_stage == 0 or len(plan.pipelines) <= 1:
+    tps = {s.tp for p in plan.pipelines for s in p.stages}
+    if plan.train.zero_stage == 0 or len(plan.pipelines) <= 1 or \
+            (w is None and plan.train.zero_scope != "machine" and len(tps) == 1):
         return None
     weight = w or {}
     out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
 
-    def add(stages: Sequence[Stage], n_params: float) -> None:
+    def share(hs: Sequence[str], n_params: float) -> None:
+        for g in peer_groups(plan, hs):
+            tot = sum(weight.get(hs[i], 1.0) for i in g)
+            for i in g:
+                out[hs[i]] += n_params * weight.get(hs[i], 1.0) / tot
+
+    def add(stages: Sequence[Stage], split: float, replicated: float) -> None:
         chunks = math.lcm(*(s.tp for s in stages))
         for c in range(chunks):
-            hs = [s.devices[c * s.tp // chunks] for s in stages]
-            for g in peer_groups(plan, hs):
-                tot = sum(weight.get(hs[i], 1.0) for i in g)
-                for i in g:
-                    out[hs[i]] += n_params / chunks * weight.get(hs[i], 1.0) / tot
+            share([s.devices[c * s.tp // chunks] for s in stages], split / chunks)
+        share([d for s in stages for d in s.devices], replicated)
 
     m = plan.model
+    rep = tp_replicated_layer_params(m)
     for k in range(m.layers):
-        add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines], m.layer_params())
-    add([p.stages[0] for p in plan.pipelines], m.embedding_params())
-    add([p.stages[-1] for p in plan.pipelines], m.head_params())
+        add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
+            m.layer_params() - rep, rep)
+    add([p.stages[0] for p in plan.pipelines], 0, m.embedding_params())
+    add([p.stages[-1] for p in plan.pipelines], 0, m.head_params())
     return out
 
 

@@ -10,7 +10,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import StateBytes, sharded, state_bytes
 
-from tests.test_cost import CLUSTER, COST, LAYER_PARAMS, MODEL, TRAIN, H, V
+from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
 
 GIB = 2**30
 

@@ -177,12 +177,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
-    sharded = groups.dp.sharded if groups.dp is not None else None
-    kept = _every(sharded.kept_bytes(stages) if hasattr(sharded, "kept_bytes") else None, world) \
-        if spec.zero and spec.zero >= 2 else None
-    if hasattr(sharded, "materialize"):
-        sharded.materialize(executor._wait)  # ZeRO-3: full weights back for the results
-    state_bytes = _optimizer_bytes(groups, optimizer, world) if spec.zero else None
+    kept, state_bytes = _sharded_state(spec, groups, stages, optimizer, executor, world)
     state = None
     if spec.return_state:
         got = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
@@ -203,6 +198,18 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
+
+
+def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world: int) -> tuple[Any, Any]:
+    """After the last step, collectively: every rank's kept state bytes (ZeRO-2/3 per micro-batch)
+    and optimizer-state bytes (any ZeRO stage); ZeRO-3 then gathers the full weights back for
+    the results (state, ``final/``)."""
+    sharded = groups.dp.sharded if groups.dp is not None else None
+    kept = _every(sharded.kept_bytes(stages) if hasattr(sharded, "kept_bytes") else None, world) \
+        if spec.zero >= 2 else None
+    if hasattr(sharded, "materialize"):
+        sharded.materialize(executor._wait)
+    return kept, _optimizer_bytes(groups, optimizer, world) if spec.zero else None
 
 
 def _sharded(spec: WorkerSpec, groups, stages):

@@ -32,6 +32,7 @@ CASES = [  # (cluster, model, global batch)
     ("tight8", "llama2_7b", 32),
     ("tight16", "llama2_7b", 64),
     ("tight16", "llama2_13b", 64),
+    ("homo_a800_16", "llama2_7b", 64),
 ]
 
 

@@ -212,8 +212,9 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
     elif getattr(settings, "checkpoint_every", 0) or getattr(settings, "resume", None):
         why = "checkpoints of sharded optimizer state"
     if why:
-        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); "
-                        "plan with train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp)",
+        hint = "train.zero_scope=all" if why.startswith("hybrid") else \
+            "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp)"
+        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); plan with {hint}",
                         source=source, field="train.zero")
 
 

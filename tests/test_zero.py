@@ -1,6 +1,8 @@
 """Sharded training state (ZeRO 0-3) and the precision recipe: formulas by hand, the plan field,
 the planner's ``train.zero=auto`` on memory-tight clusters."""
 
+from dataclasses import replace
+
 import pytest
 
 from hexicore.core.errors import HexicoreError
@@ -8,7 +10,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import StateBytes, sharded, state_bytes
 
-from tests.test_cost import CLUSTER, COST, LAYER_PARAMS, MODEL, TRAIN, H, V
+from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
 
 GIB = 2**30
 
@@ -103,24 +105,37 @@ def test_plan_json_writes_zero_only_when_set():
     assert e.value.field == "train.zero"
 
 
-def _solve(overrides):
+def _solve(overrides, iterations: bool = True):
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore.registry import Registry
 
-    plan, _ = solve(config_from_overrides(overrides + ["solver.iterations=12"]), Registry.default())
+    plan, _ = solve(config_from_overrides(overrides + ["solver.iterations=12"] * iterations), Registry.default())
     return plan
 
 
 def test_auto_finds_a_faster_plan_with_more_data_parallelism_on_a_memory_tight_cluster():
-    base = ["cluster=tight8", "model=llama2_7b", "train.global_batch=32"]
+    """tight16 (16 x 24 GB) with Llama-2 7B: unsharded, a pipeline needs 5+ cards (16 B/param),
+    so two deep pipelines; ZeRO-2 fits four pipelines of four stages and is faster."""
+    base = ["cluster=tight16", "model=llama2_7b", "train.global_batch=64"]
     z0 = _solve(base + ["train.zero=0"])
     auto = _solve(base + ["train.zero=auto"])
-    assert len(z0.pipelines) == 1 and len(z0.pipelines[0].stages) >= 5  # deep single pipeline
+    assert all(len(p.stages) >= 5 for p in z0.pipelines)  # deep pipelines
     assert auto.train.zero in (1, 2, 3) and len(auto.pipelines) > len(z0.pipelines)
     assert auto.estimate.iteration_s < z0.estimate.iteration_s
     seen = auto.solver["zero_s"]
     assert seen["0"] == pytest.approx(z0.estimate.iteration_s, rel=1e-6)
     assert min(v for v in seen.values() if v is not None) == pytest.approx(auto.estimate.iteration_s, rel=1e-6)
+
+
+def test_auto_on_tight8_is_never_slower_and_keeps_a_deep_pipeline():
+    """tight8 (8 x 24 GB) with Llama-2 7B: the replicated head and full logits on every TP rank
+    (as the runtime keeps them) leave no sharded layout with more pipelines that is faster; auto
+    keeps the deep single pipeline of zero=0."""
+    base = ["cluster=tight8", "model=llama2_7b", "train.global_batch=32"]
+    z0 = _solve(base + ["train.zero=0"])
+    auto = _solve(base + ["train.zero=auto"])
+    assert len(z0.pipelines) == 1 and len(z0.pipelines[0].stages) >= 5
+    assert auto.estimate.iteration_s <= z0.estimate.iteration_s + 1e-9
 
 
 def test_auto_is_never_slower_than_zero_0_where_both_fit():
@@ -160,17 +175,40 @@ def test_uneven_shards_follow_device_memory_by_hand():
 def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys):
     from tests.conftest import run_cli
 
-    for zero, split in ((3, "even"), (1, "memory")):
-        plan = _plan(zero)
-        plan = Plan(plan.model, plan.cluster, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=zero,
-                                                          zero_split=split), plan.pipelines)
-        path = tmp_path / f"z{zero}.json"
-        plan.save(str(path))
-        assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
-        assert "does not execute" in capsys.readouterr().err
-        assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
-        out = capsys.readouterr()
-        assert "does not execute" in out.err and f"ZeRO-{zero} over 2 holders" in out.out
+    plan = _plan(3)  # ZeRO-3 over pipelines of two stages
+    path = tmp_path / "z3.json"
+    plan.save(str(path))
+    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+    assert "does not execute" in capsys.readouterr().err
+    assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
+    out = capsys.readouterr()
+    assert "does not execute" in out.err and "ZeRO-3 over 2 holders" in out.out
+    hybrid = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
+                  tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
+    hybrid.save(str(path))
+    assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
+    assert "hybrid sharding" in capsys.readouterr().err
+
+
+def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_pipeline():
+    from hexicore_plugins.runtimes.torch.runtime import check_zero
+
+    uneven = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=2,
+                                              zero_split="memory"), _plan(2).pipelines)
+    check_zero(uneven.train, uneven.pipelines, None, "p.json")
+    flat = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3),
+                tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
+    check_zero(flat.train, flat.pipelines, None, "p.json")
+
+
+def test_shard_bounds_even_and_by_memory_by_hand():
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.zero import shard_bounds
+
+    assert shard_bounds(10, None, 3) == [(0, 4), (4, 7), (7, 10)]
+    # 24 : 80 GB of 1000 elements: 24/104 * 1000 = 230.77 -> cut at 231
+    assert shard_bounds(1000, [24.0, 80.0], 2) == [(0, 231), (231, 1000)]
+    assert shard_bounds(5, [1.0, 0.0, 1.0], 3)[1] == (2, 2)  # a zero weight keeps nothing
 
 
 #: TP degrees agree per layer (different batches, schedules): every chunk's holders are tp x n
@@ -181,9 +219,10 @@ SAME_TP = [(5, "1f1b", [(2, 3), (1, 5)]), (3, "gpipe", [(2, 3), (1, 5)])]
 @pytest.mark.slow
 def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_bytes():
     """One 6-rank job: the one-process reference, then the asymmetric acceptance plan (tp2+tp1 |
-    3 x tp1, uneven batches, different schedules) under ZeRO-1 and ZeRO-2, and :data:`SAME_TP`
-    under ZeRO-1: losses and weights within 1e-5 of the reference; on :data:`SAME_TP` each rank's
-    AdamW state equals the cost model's optimizer bytes of its device (up to one element per
+    3 x tp1, uneven batches, different schedules) under ZeRO-1 and ZeRO-2, :data:`SAME_TP` under
+    ZeRO-2 and under ZeRO-1 with shards by memory: losses and weights within 1e-5 of the
+    reference; on :data:`SAME_TP` each rank's AdamW state (and under ZeRO-2 the gradients kept
+    between micro-batches) equals the cost model's bytes for its device (up to one element per
     group from uneven division)."""
     import dataclasses
 
@@ -200,13 +239,17 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
     acc = dataclasses.replace(layout_of(ACCEPTANCE), world=6)
     same = dataclasses.replace(layout_of(SAME_TP), world=6)
     specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z)
-             for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 1))]
+             for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 2))]
+    uneven = _on_two_gpus(plan_of(SAME_TP), 1)  # pipeline 1 on 80 GB cards, shards by memory
+    weights = AnalyticCostModel().shard_weights(uneven)
+    specs.append(WorkerSpec(layout=same, steps=3, seed=5, progress=False, return_state=True, zero=1,
+                            shard_weights=tuple(weights[d] for d in uneven.devices)))
     results = launch(specs, 6)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
     plan = plan_of(SAME_TP)
-    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines)
+    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)
     groups = sync_plan(same).members()
     measured = results[3]["metrics"]["optimizer_state_bytes"]
@@ -217,3 +260,222 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
         assert abs(b - predicted) <= slack, (r, b, predicted)
         unsharded = 2 * parts[f"M.{r}"]["weights"] * GIB  # 8 B of moments per 4 B of weights
         assert b <= unsharded / 2 + slack  # two holders per chunk: half of the moments
+        kept = results[3]["metrics"]["state_bytes"][r]  # ZeRO-2 per micro-batch: half of the gradients
+        assert abs(kept["gradients"] - parts[f"M.{r}"]["gradients"] * GIB) <= slack / 2, r
+    acc_plan = plan_of(ACCEPTANCE)  # mixed TP: replicated tensors shared by all their holders' TP ranks
+    acc_plan = Plan(acc_plan.model, acc_plan.cluster, TrainConfig(**{**acc_plan.train.to_dict(), "zero": 2}),
+                    acc_plan.pipelines)
+    acc_parts = AnalyticCostModel().memory_parts(acc_plan)
+    acc_groups = sync_plan(acc).members()
+    for r, kept in enumerate(results[2]["metrics"]["state_bytes"]):
+        slack = 8 * sum(1 for g in acc_groups if r in g)
+        assert abs(kept["optimizer"] - acc_parts[f"M.{r}"]["optimizer"] * GIB) <= slack, r
+    parts = AnalyticCostModel().memory_parts(uneven)
+    measured = results[4]["metrics"]["optimizer_state_bytes"]
+    for r, b in enumerate(measured):
+        slack = 8 * sum(1 for g in groups if r in g)
+        assert abs(b - parts[uneven.devices[r]]["optimizer"] * GIB) <= slack, (r, b)
+    for r in range(3):  # rank r (24 GB) and r + 3 (80 GB) hold the same chunks: 24 : 80 of each
+        assert measured[r + 3] / measured[r] == pytest.approx(80 / 24, rel=1e-3)
+
+
+def _on_two_gpus(plan: Plan, zero: int, split: str = "memory") -> Plan:
+    """``plan`` with pipeline 0 on 24 GB cards (``M.*``) and pipeline 1 on 80 GB cards (``N.*``)."""
+    d = plan.to_dict()
+    d.pop("estimate", None)
+    n = sum(len(s["devices"]) for s in d["pipelines"][1]["stages"])
+    d["cluster"] = {**d["cluster"], "machines": [{"name": "M", "gpu": "rtx4090", "count": 6, "bandwidth_gbs": 32},
+                                                 {"name": "N", "gpu": "a100-80g", "count": n, "bandwidth_gbs": 32}]}
+    d["cluster"].pop("devices", None)
+    k = 0
+    for s in d["pipelines"][1]["stages"]:
+        s["devices"] = [f"N.{k + i}" for i in range(len(s["devices"]))]
+        k += len(s["devices"])
+    d["train"].update({"zero": zero, "zero_split": split})
+    return Plan.from_dict(d, "two-gpu plan")
+
+
+#: ZeRO-3/2 per micro-batch (one stage per pipeline): different batches, schedules (1f1b | gpipe:
+#: the gathers and gradient sums interleave differently) on an 80 GB and a 24 GB device
+FLAT = [(5, "1f1b", "N.0"), (3, "gpipe", "M.0")]
+
+
+def _flat_plan(zero: int, split: str) -> Plan:
+    from tests.test_asymmetric import CLUSTER as CPU6, SEQ, plan_of
+
+    base = plan_of([(b, s, [(1, 8)]) for b, s, _ in FLAT]).to_dict()
+    base["cluster"] = {**CPU6, "machines": [{"name": "M", "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32},
+                                            {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
+    base.pop("estimate", None)
+    for p, (_, _, dev) in zip(base["pipelines"], FLAT):
+        p["stages"][0]["devices"] = [dev]
+    base["train"].update({"zero": zero, "zero_split": split, "seq_len": SEQ})
+    return Plan.from_dict(base, "flat plan")
+
+
+@pytest.mark.slow
+def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predicted_state():
+    """One 3-rank job: the reference; :data:`FLAT` under ZeRO-3 (even and memory-proportional
+    shards) and ZeRO-2 (memory), each rank's kept weights, gradients and AdamW state equal to the
+    cost model's (within one element); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)."""
+    import dataclasses
+
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore.registry import Registry
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
+
+    m = tiny()
+    ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
+                       micro_batch=1, seq_len=SEQ, world=3)
+    cases = [(3, "even"), (3, "memory"), (2, "memory")]
+    plans = [_flat_plan(z, split) for z, split in cases]
+    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
+    for plan in plans:
+        layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
+        weights = AnalyticCostModel().shard_weights(plan)
+        specs.append(WorkerSpec(layout=dataclasses.replace(layout, world=3), steps=3, seed=5, progress=False,
+                                return_state=True, zero=plan.train.zero_stage,
+                                shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
+    mixed = layout_of([(4, "1f1b", [(2, 8)]), (4, "zb_h1", [(1, 8)])])
+    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3))
+    results = launch(specs, 3)
+    for got in results[1:]:
+        assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
+        assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
+    for (zero, split), plan, got in zip(cases, plans, results[1:4]):
+        parts = AnalyticCostModel().memory_parts(plan)
+        kept = got["metrics"]["state_bytes"]
+        assert got["metrics"]["optimizer_state_bytes"] == [k["optimizer"] for k in kept[:2]] + [0]
+        for r, dev in enumerate(plan.devices):
+            for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
+                assert abs(kept[r][part] - parts[dev][part] * GIB) <= size, (zero, split, r, part)
+        full = 4 * m.total_params()
+        if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
+            assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
+        assert (kept[0]["weights"] < full) == (zero == 3)
+
+
+@pytest.mark.slow
+def test_an_fsdp_plan_trains_from_the_cli(tmp_path, capsys):
+    """``hexicore plan solver=fsdp`` then ``hexicore train plan_file=``: a ZeRO-3 plan over a
+    24 GB and an 80 GB card runs; the AdamW state each rank keeps is the cost model's."""
+    import json
+
+    pytest.importorskip("torch")
+    from tests.conftest import run_cli
+
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\ninter: {bandwidth_gbs: 2, latency_us: 50}\nmachines:\n"
+                       "  - {name: F, gpu: rtx4090, count: 1, bandwidth_gbs: 32, latency_us: 10}\n"
+                       "  - {name: A, gpu: a100-80g, count: 1, bandwidth_gbs: 32, latency_us: 10}\n")
+    plan_path, out = tmp_path / "plan.json", tmp_path / "run"
+    common = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=6", "train.seq_len=32"]
+    assert run_cli(["plan", "solver=fsdp", f"cluster_file={cluster}", *common, f"out={plan_path}"]) == 0
+    plan = Plan.load(plan_path)
+    assert plan.train.zero == 3 and [len(p.stages) for p in plan.pipelines] == [1, 1]
+    assert [p.batch for p in plan.pipelines] != [3, 3]  # batch by speed: the pipelines differ
+    capsys.readouterr()
+    assert run_cli(["train", f"plan_file={plan_path}", "train.steps=2", "runtime.progress=false", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'hydra'}"]) == 0, capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    parts = AnalyticCostModel().memory_parts(plan)
+    for r, dev in enumerate(plan.devices):
+        assert abs(metrics["optimizer_state_bytes"][r] - parts[dev]["optimizer"] * GIB) <= 8
+        assert abs(metrics["state_bytes"][r]["weights"] - parts[dev]["weights"] * GIB) <= 4
+
+
+@pytest.mark.parametrize("solver", ["megatron", "metis_like", "galvatron_like"])
+def test_baselines_with_their_zero_1_option_fit_more_data_parallelism(solver):
+    """``solver.zero=1`` (the originals' distributed optimizer): ZeRO-1 keeps ZeRO-0's traffic and
+    only lowers memory, so the best fitting layout is never slower; on tight8 7B Megatron's and
+    Galvatron's gain a second data-parallel group."""
+    base = ["cluster=tight8", "model=llama2_7b", "train.global_batch=32", f"solver={solver}"]
+    plain = _solve(base, False)
+    z1 = _solve(base + ["solver.zero=1"], False)
+    assert plain.train.zero == 0 and z1.train.zero == 1
+    assert z1.estimate.iteration_s <= plain.estimate.iteration_s + 1e-9
+    if solver != "metis_like":
+        assert len(z1.pipelines) == 2 > len(plain.pipelines)
+
+
+def test_a_bad_solver_zero_is_one_line():
+    with pytest.raises(HexicoreError) as e:
+        _solve(["cluster=tight8", "model=llama2_7b", "solver=megatron", "solver.zero=5"], False)
+    assert e.value.field == "solver.zero"
+
+
+def test_hybrid_sharding_by_hand():
+    """``zero_scope=machine``: four one-stage replicas on A.0, A.1 | B.0, B.1 under ZeRO-3: each
+    device keeps half of the sharded parts (two holders in its machine); per micro-batch 1.5 x
+    the ring inside the slower machine (B: 5 GB/s, 20 us), at the step the sum of the halves
+    between the machines (1 GB/s, 100 us) of P/2 parameters per tensor."""
+    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine")
+    plan = Plan(MODEL, CLUSTER, t, tuple(Pipeline(1, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "A.1", "B.0", "B.1")))
+    tensors = [LAYER_PARAMS] * 4 + [V * H, V * H + H]
+    total = sum(tensors)
+    parts = COST.memory_parts(plan)
+    for d in ("A.0", "B.1"):
+        assert parts[d]["optimizer"] == pytest.approx(8 * total / 2 / GIB)
+        assert parts[d]["weights"] == pytest.approx(4 * total / 2 / GIB)
+    inside_b = sum(2 * (20e-6 + p * 2 / (2 * 5e9)) for p in tensors)
+    across = sum(2 * (100e-6 + p / 2 * 2 / (2 * 1e9)) for p in tensors)
+    est = COST.estimate(plan)
+    assert est.dp_s == pytest.approx(across)
+    stage, _ = COST.pipeline_pieces(plan, plan.pipelines[2])
+    plain, _ = COST.pipeline_pieces(replace(plan, train=TrainConfig(global_batch=4, micro_batch=1, seq_len=512)),
+                                    plan.pipelines[2])
+    assert stage[0] == pytest.approx(plain[0] + 1.5 * inside_b)
+    assert "zero_scope" in t.to_dict() and TrainConfig.from_dict(t.to_dict()).zero_scope == "machine"
+    # ZeRO-1 hybrid: the step pays the ring inside the machines and the halves across
+    z1 = replace(plan, train=replace(t, zero=1))
+    assert COST.estimate(z1).dp_s == pytest.approx(inside_b + across)
+
+
+def test_fsdp_hybrid_option_shards_per_machine():
+    plan = _solve(["cluster=homo_a800_16", "model=llama2_7b", "train.global_batch=64", "solver=fsdp",
+                   "solver.hybrid=true"], False)
+    full = _solve(["cluster=homo_a800_16", "model=llama2_7b", "train.global_batch=64", "solver=fsdp"], False)
+    assert plan.train.zero == 3 and plan.train.zero_scope == "machine" and full.train.zero_scope == "all"
+    # two machines of 8 behind 0.7 GB/s: gathering every micro-batch across them is far slower
+    assert plan.estimate.iteration_s < full.estimate.iteration_s
+
+
+def test_tp_replicated_tensors_are_whole_on_every_tp_rank_by_hand():
+    """The runtime splits only the attention/MLP matrices across TP ranks; norms, the embedding and
+    the head stay whole on each (and so do the logits, and the head's FLOPs)."""
+    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512)
+    parts = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0", "A.1"], 4, first=True, last=True, in_flight=1)
+    rep = 2 * H  # two RMSNorms per block
+    mine = 4 * ((LAYER_PARAMS - rep) / 2 + rep) + V * H + (V * H + H)
+    assert parts["weights"] == pytest.approx(4 * mine / GIB)
+    assert parts["optimizer"] == pytest.approx(8 * mine / GIB)
+    # ZeRO-1 over two such pipelines: every element is split among its 4 holders (2 TP x 2 DP)
+    z1 = COST.stage_memory_parts(CLUSTER, MODEL, replace(t, zero=1), ["A.0", "A.1"], 4, first=True, last=True,
+                                 in_flight=1, dp=2)
+    total = 4 * LAYER_PARAMS + V * H + (V * H + H)
+    assert z1["optimizer"] == pytest.approx(8 * total / 4 / GIB) and z1["weights"] == parts["weights"]
+    # workspace: one block's full activations / tp + the whole logits and their gradient (fp32) + reserve 0
+    act = MODEL.activation_bytes_per_layer(1, tp=2, recompute=False, dtype_bytes=2, seq_len=512)
+    assert parts["workspace"] == pytest.approx((act + 2 * 512 * V * 4) / GIB)
+    # the head's FLOPs run on every TP rank: they are divided by one GPU's FLOP/s, not two
+    blocks = 4 * 512 * LAYER_FLOPS_TOKEN / (2 * 100e12 * 0.5)
+    head = 4 * 512 * 2 * H * V / (100e12 * 0.5)
+    assert COST.compute_s(CLUSTER, MODEL, t, ["A.0", "A.1"], 1, last=True) == pytest.approx(blocks + head)
+
+
+def test_kept_state_with_different_tp_degrees_by_hand():
+    """Pipeline 0 on A.0+A.1 (tp 2), pipeline 1 on B.0 (tp 1), whole model each, ZeRO-1: a split
+    matrix is cut in halves, each half shared by one A rank and B.0; a replicated tensor is
+    shared by A.0, A.1 and B.0."""
+    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=1)
+    plan = Plan(MODEL, CLUSTER, t, (Pipeline(2, (Stage(("A.0", "A.1"), 2, (0, 4)),)),
+                                    Pipeline(2, (Stage(("B.0",), 1, (0, 4)),))))
+    split = 4 * (LAYER_PARAMS - 2 * H)
+    rep = 4 * 2 * H + V * H + (V * H + H)
+    parts = COST.memory_parts(plan)
+    assert parts["A.1"]["optimizer"] == pytest.approx(8 * (split / 4 + rep / 3) / GIB)
+    assert parts["B.0"]["optimizer"] == pytest.approx(8 * (split / 2 + rep / 3) / GIB)
+    assert parts["B.0"]["weights"] == pytest.approx(4 * (split + rep) / GIB)

@@ -27,6 +27,7 @@ class TrainSection:
     recompute: bool = True
     zero: str = "0"
     zero_split: str = "even"
+    zero_scope: str = "all"
     steps: int = 10
     checkpoint_every: int = 0
 
@@ -105,7 +106,7 @@ def store_schema() -> None:
 #: allowed values of the string keys the schema types as ``str``
 CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
            "train.zero": ("0", "1", "2", "3", "auto"),
-           "train.zero_split": ("even", "memory")}
+           "train.zero_split": ("even", "memory"), "train.zero_scope": ("all", "machine")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection}
 

@@ -77,7 +77,8 @@ def memory_table(plan: Plan, cost: Any) -> Table | None:
         gpu = plan.cluster.device(d).gpu.name
         rows.setdefault((gpu, *(round(parts.get(k, 0.0), 2) for k in keys)), []).append(d)
     zero = plan.train.zero_stage
-    title = f"memory per device (GiB), ZeRO-{zero}" + (f" over {len(plan.pipelines)} holders" if zero else "")
+    title = f"memory per device (GiB), ZeRO-{zero}" + (f" over {len(plan.pipelines)} holders" if zero else "") + \
+        (", sharded within each machine" if zero and plan.train.zero_scope == "machine" else "")
     t = Table(title=title)
     for c in ("devices", "gpu", *keys, "total / GPU"):
         t.add_column(c, justify="left" if c in ("devices", "gpu") else "right")

@@ -26,6 +26,9 @@ FORMAT = "hexicore.plan/1"
 #: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
 ZERO_STAGES = (0, 1, 2, 3, "auto")
 ZERO_SPLITS = ("even", "memory")
+#: ``train.zero_scope``: shard among all holders of a chunk, or only among those in the same
+#: machine, replicating across machines (hybrid sharding, PyTorch's HSDP)
+ZERO_SCOPES = ("all", "machine")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,10 @@ class TrainConfig:
     keeps the full state, 1 = optimizer state sharded among the holders of a layer chunk, 2 = +
     gradients, 3 = + weights; ``"auto"`` only in a planning problem: the planner chooses).
     ``zero_split``: ``even`` shards among a chunk's holders, or ``memory`` = each holder's share
-    proportional to its device's memory (Cephalo-style). Both are written to the plan JSON only
-    when not the default (0, even)."""
+    proportional to its device's memory (Cephalo-style). ``zero_scope``: ``all`` holders share
+    the shards, or ``machine`` = shards among the holders in one machine, replicated across
+    machines (hybrid sharding). All three are written to the plan JSON only when not the
+    default (0, even, all)."""
 
     global_batch: int = 24
     micro_batch: int = 1
@@ -45,6 +50,7 @@ class TrainConfig:
     recompute: bool = True
     zero: int | str = 0
     zero_split: str = "even"
+    zero_scope: str = "all"
 
     def __post_init__(self) -> None:
         for f in ("global_batch", "micro_batch", "seq_len"):
@@ -66,6 +72,9 @@ class TrainConfig:
         if self.zero_split not in ZERO_SPLITS:
             raise HexicoreError(f"zero_split must be one of {', '.join(ZERO_SPLITS)}; got {self.zero_split!r}",
                                 field="train.zero_split")
+        if self.zero_scope not in ZERO_SCOPES:
+            raise HexicoreError(f"zero_scope must be one of {', '.join(ZERO_SCOPES)}; got {self.zero_scope!r}",
+                                field="train.zero_scope")
 
     @property
     def zero_stage(self) -> int:
@@ -83,6 +92,8 @@ class TrainConfig:
             out["zero"] = self.zero
         if self.zero_split != "even":
             out["zero_split"] = self.zero_split
+        if self.zero_scope != "all":
+            out["zero_scope"] = self.zero_scope
         return out
 
     @classmethod
@@ -107,6 +118,8 @@ class TrainConfig:
             kw["zero"] = z
         if d.get("zero_split") is not None:
             kw["zero_split"] = schema.string(d["zero_split"], source, f"{prefix}.zero_split")
+        if d.get("zero_scope") is not None:
+            kw["zero_scope"] = schema.string(d["zero_scope"], source, f"{prefix}.zero_scope")
         try:
             return cls(**kw)
         except HexicoreError as exc:

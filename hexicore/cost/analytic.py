@@ -20,7 +20,8 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
+from hexicore.cost import sharding
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
 from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -71,12 +72,14 @@ class AnalyticCostModel:
 
         FLOPs = tokens x (n_layers x block forward FLOPs/token [+ head on the last stage]) x k,
         k = 4 with recomputation (forward, backward = 2x forward, recomputed forward), else 3;
-        divided by the TP group's achieved FLOP/s (``achieved_flops``).
+        the blocks divided by the TP group's achieved FLOP/s (``achieved_flops``), the head by
+        one member's (the runtime replicates the head: every TP rank computes all the logits).
         """
         tokens = train.micro_batch * train.seq_len
-        fwd = n_layers * model.layer_flops_per_token(train.seq_len) + (model.head_flops_per_token() if last else 0.0)
         k = 4.0 if train.recompute else 3.0
-        return tokens * fwd * k / self.achieved_flops(cluster, devices)
+        group = self.achieved_flops(cluster, devices)
+        head = model.head_flops_per_token() / (group / len(devices)) if last else 0.0
+        return tokens * k * (n_layers * model.layer_flops_per_token(train.seq_len) / group + head)
 
     def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                   n_layers: int) -> float:
@@ -120,27 +123,32 @@ class AnalyticCostModel:
         """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
 
         * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
-          (:meth:`state_bytes`) x params / tp for the blocks, the embedding on the first stage
-          and the head on the last (App. A: ``48 H^2 B_type / |d_ij|`` per layer); under
-          ``train.zero`` the sharded parts are divided among the ``dp`` holders of each chunk
-          (one per pipeline, :func:`hexicore.cost.precision.sharded`), or, with uneven shards,
-          kept for ``kept`` parameters (:meth:`kept_params`);
+          (:meth:`state_bytes`) x the parameters a device keeps: the blocks' TP-split part
+          ``/ tp`` and, whole, what TP replicates — norms, row-parallel biases, the embedding on
+          the first stage, the head on the last (:func:`hexicore.cost.precision.device_params`;
+          App. A's ``48 H^2 B_type / |d_ij|`` per layer splits everything); under ``train.zero``
+          (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element, replicated ones
+          included, is split among all ``tp x dp`` ranks holding it,
+          :func:`hexicore.cost.precision.sharded`), or kept for ``kept`` parameters
+          (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ);
         * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
           with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
-          last stage the logits (fp32, ``B_mb*S*V*4/tp``) and their gradient, under ZeRO-3 with
-          ``dp > 1`` the gathered weights of two layers (the one computed and the prefetched
-          one) plus the embedding/head the stage holds, and ``reserve_gb``.
+          last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
+          replicated) and their gradient, under ZeRO-3 with ``dp > 1`` the gathered weights of
+          two layers (the one computed and the prefetched one) plus the embedding/head the
+          stage holds, and ``reserve_gb``.
         """
         tp = len(devices)
         layer_p = model.layer_params()
         params = n_layers * layer_p + (model.embedding_params() if first else 0) + \
             (model.head_params() if last else 0)
+        mine = device_params(model, n_layers, tp, first=first, last=last)
         full = self.state_bytes(train)
-        per = sharded(full, train.zero_stage, dp)
-        out = {k: v * params / tp / GIB for k, v in per.parts().items()}
+        split = SHARDED_PARTS[train.zero_stage] if dp > 1 else ()
+        out = {k: v * (params / tp / dp if k in split else mine) / GIB for k, v in full.parts().items()}
         if kept is not None:
-            for k in SHARDED_PARTS[train.zero_stage]:
+            for k in split:
                 out[k] = full.parts()[k] * kept / GIB
         out["activations"] = in_flight * n_layers * model.activation_bytes_per_layer(
             train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
@@ -149,10 +157,9 @@ class AnalyticCostModel:
                                                 dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \
             if train.recompute and n_layers else 0.0
         if last:
-            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4 / tp
+            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
         if train.zero_stage == 3 and dp > 1:
-            gathered = min(2, n_layers) * layer_p + params - n_layers * layer_p
-            work += full.weights * gathered / tp
+            work += full.weights * device_params(model, min(2, n_layers), tp, first=first, last=last)
         out["workspace"] = work / GIB + self.reserve_gb
         return out
 
@@ -236,93 +243,42 @@ class AnalyticCostModel:
     def dp_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
         """Per stage ``(pipeline, stage)``: ``sum_{k in stage} COMM-DP-LAYER(D^k_dp)`` (App. A),
         the embedding and the head synced like a layer among the first/last stages; empty with
-        one pipeline."""
-        pipes = plan.pipelines
-        if len(pipes) <= 1:
-            return {}
-        c, m, bt = plan.cluster, plan.model, plan.train.dtype_bytes
-        holder = [[None] * m.layers for _ in pipes]
-        for i, p in enumerate(pipes):
-            for s in p.stages:
-                for k in range(*s.layers):
-                    holder[i][k] = s
-        cache: dict[tuple, float] = {}
-        links: dict = {}
-        w = self.shard_weights(plan)
-
-        def layer_cost(k: int) -> float:
-            hs = tuple(holder[i][k] for i in range(len(pipes)))
-            key = tuple(id(s) for s in hs)
-            if key not in cache:
-                cache[key] = self.dp_layer_s(c, hs, m.layer_params(), bt, links, w)
-            return cache[key]
-
-        per_layer = [layer_cost(k) for k in range(m.layers)]
-        first = self.dp_layer_s(c, [p.stages[0] for p in pipes], m.embedding_params(), bt, links, w)
-        last = self.dp_layer_s(c, [p.stages[-1] for p in pipes], m.head_params(), bt, links, w)
-        out = {}
-        for i, p in enumerate(pipes):
-            for j, s in enumerate(p.stages):
-                t = sum(per_layer[k] for k in range(*s.layers))
-                t += first if j == 0 else 0.0
-                t += last if j == len(p.stages) - 1 else 0.0
-                out[(i, j)] = t
-        return out
+        one pipeline. Hybrid sharding adds the cross-machine sum of the shards
+        (:func:`hexicore.cost.sharding.dp_stage_parts`)."""
+        return {k: a + b for k, (a, b) in sharding.dp_stage_parts(self, plan).items()}
 
     def shard_weights(self, plan: Plan) -> dict[str, float] | None:
-        """Uneven ZeRO shards (``train.zero_split=memory``, Cephalo-style): each device's weight
-        is its memory (GB); ``None`` for even shards or no sharding."""
-        if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
-            return None
-        return {d.id: d.memory_gb for d in plan.cluster.devices}
+        """Per device its share weight under uneven shards (:func:`hexicore.cost.sharding.shard_weights`)."""
+        return sharding.shard_weights(plan)
 
     def kept_params(self, plan: Plan) -> dict[str, float] | None:
-        """Under uneven shards: per device, the parameters whose sharded state parts it keeps —
-        for every chunk (``P / lcm(tp)`` of a layer, the embedding, the head; HexiScale §3.2
-        chunks) its share ``w_d / sum_holders w`` of it. ``None`` for even shards."""
-        w = self.shard_weights(plan)
-        if w is None or len(plan.pipelines) <= 1:
-            return None
-        out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
-
-        def add(stages: Sequence[Stage], n_params: float) -> None:
-            chunks = math.lcm(*(s.tp for s in stages))
-            for c in range(chunks):
-                hs = [s.devices[c * s.tp // chunks] for s in stages]
-                tot = sum(w[h] for h in hs)
-                for h in hs:
-                    out[h] += n_params / chunks * w[h] / tot
-
-        m = plan.model
-        for k in range(m.layers):
-            add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
-                m.layer_params())
-        add([p.stages[0] for p in plan.pipelines], m.embedding_params())
-        add([p.stages[-1] for p in plan.pipelines], m.head_params())
-        return out
+        """Per device the parameters whose sharded parts it keeps (:func:`hexicore.cost.sharding.kept_params`)."""
+        return sharding.kept_params(plan)
 
     def dp_s(self, plan: Plan) -> float:
         """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``.
 
         ZeRO-1/2 replace the all-reduce by a reduce-scatter of the gradients and an all-gather
         of the updated weights: the same bytes, so the same time (the formula's factor 2 is
-        exactly those two halves). ZeRO-3 has no step-end sync: its traffic is paid per
-        micro-batch inside the stage time (:meth:`zero3_stage_s`)."""
+        exactly those two halves). ZeRO-3 pays its sharded traffic per micro-batch inside the
+        stage time (:meth:`zero3_stage_s`); at the step only hybrid sharding's cross-machine sum."""
+        parts = sharding.dp_stage_parts(self, plan).values()
         if plan.train.zero_stage == 3:
-            return 0.0
-        return max(self.dp_stage_s(plan).values(), default=0.0)
+            return max((b for _, b in parts), default=0.0)
+        return max((a + b for a, b in parts), default=0.0)
 
     def zero3_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
         """ZeRO-3 traffic of one micro-batch through each stage ``(pipeline, stage)``: all-gather
         of the stage's weights before its forward and again before its backward, and
-        reduce-scatter of its gradients, each half of the stage's COMM-DP term, i.e.
-        ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch (``ZERO3_PER_MICRO_BATCH``), priced on
-        the same per-link alpha/beta model and not overlapped with compute. Weights are
-        re-gathered every micro-batch because a pipeline interleaves the micro-batches'
-        forwards and backwards (keeping them gathered for the step would undo the sharding)."""
+        reduce-scatter of its gradients, each half of the stage's COMM-DP term among the
+        holders sharing shards, i.e. ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch
+        (``ZERO3_PER_MICRO_BATCH``), priced on the same per-link alpha/beta model and not
+        overlapped with compute. Weights are re-gathered every micro-batch because a pipeline
+        interleaves the micro-batches' forwards and backwards (keeping them gathered for the
+        step would undo the sharding)."""
         if plan.train.zero_stage != 3:
             return {}
-        return {k: ZERO3_PER_MICRO_BATCH * v for k, v in self.dp_stage_s(plan).items()}
+        return {k: ZERO3_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
 
     # ------------------------------------------------------------ the plan
     def memory_parts(self, plan: Plan) -> dict[str, dict[str, float]]:

@@ -61,3 +61,23 @@ def sharded(per: StateBytes, zero: int, n: int) -> StateBytes:
     for k in SHARDED_PARTS[zero]:
         parts[k] /= n
     return StateBytes(**parts)
+
+
+def tp_replicated_layer_params(model) -> int:
+    """Parameters of one block that tensor parallelism does *not* split (Megatron's column/row
+    split, as the torch runtime does it, ``plugins/runtimes/torch/tensor_parallel.py``): the two
+    norms and the biases added after a row-parallel all-reduce (o_proj's, and the MLP down
+    projection's in the GPT layout). Every TP rank keeps a full copy of them, as of the
+    embedding and the head (final norm + output projection), which the runtime replicates too."""
+    o_bias = model.arch == "gpt" or getattr(model, "o_bias", False)
+    down_bias = model.arch != "llama"
+    return 2 * model.norm_params() + (model.hidden if o_bias else 0) + (model.hidden if down_bias else 0)
+
+
+def device_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:
+    """Parameters one device of a ``tp``-way stage keeps: ``n_layers`` blocks (the split part
+    ``/ tp``, the replicated part whole, :func:`tp_replicated_layer_params`), plus the whole
+    embedding on the first stage and the whole head on the last."""
+    rep = tp_replicated_layer_params(model)
+    return n_layers * ((model.layer_params() - rep) / tp + rep) + \
+        (model.embedding_params() if first else 0) + (model.head_params() if last else 0)

@@ -20,6 +20,20 @@ from hexicore.planner.problem import Problem, Progress, no_progress
 STAGES = (0, 1, 2, 3)
 
 
+def at_stage(problem: Problem, zero: int | None, *, field: str = "solver.zero") -> Problem:
+    """``problem`` with the ZeRO stage fixed to ``zero`` (None: unchanged) — what a baseline's
+    own ``zero`` option does (Megatron-LM's distributed optimizer is ZeRO-1; so are Metis' and
+    Galvatron's optional sharded optimizers)."""
+    if zero is None:
+        return problem
+    if isinstance(zero, bool) or zero not in STAGES:
+        raise HexicoreError(f"must be one of 0, 1, 2, 3; got {zero!r}", field=field)
+    p = replace(problem, train=replace(problem.train, zero=zero))
+    if p.warm_start is not None:
+        p = replace(p, warm_start=replace(p.warm_start, train=p.train))
+    return p
+
+
 def solve_zero(solver: Any, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress) -> Plan:
     """``solver.solve(problem)``; with ``train.zero=auto`` the best over :data:`STAGES` (each
@@ -30,9 +44,7 @@ def solve_zero(solver: Any, problem: Problem, *, time_limit: float | None = None
     limit = None if time_limit is None else time_limit / len(STAGES)
     best, seen, error = None, {}, None
     for z in STAGES:
-        p = replace(problem, train=replace(problem.train, zero=z))
-        if p.warm_start is not None:
-            p = replace(p, warm_start=replace(p.warm_start, train=p.train))
+        p = at_stage(problem, z)
         try:
             plan = solver.solve(p, time_limit=limit, seed=seed, progress=progress)
         except HexicoreError as exc:

@@ -26,6 +26,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
 from hexicore.planner.symmetric import factorisations, legal, symmetric_plan
+from hexicore.planner.zero import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 
@@ -81,19 +82,23 @@ def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) ->
                              "candidates": len(cands), "fitting": len(fitting)})
 
 
-def _table(problem: Problem) -> StageTable:
-    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule)
+def _table(problem: Problem, dp: int = 1) -> StageTable:
+    """Cost pieces for plans of ``dp`` pipelines (the ZeRO shard count of the memory caps)."""
+    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule, dp=dp)
 
 
 @dataclass(frozen=True)
 class MetisLikeSolver:
-    """Metis-style search: device-type orders x uniform (dp, tp, pp) x speed-proportional layers."""
+    """Metis-style search: device-type orders x uniform (dp, tp, pp) x speed-proportional layers.
+    ``zero`` (``solver.zero=1``): the ZeRO stage used whatever ``train.zero`` says."""
 
     name: str = "metis_like"
+    zero: int | None = None
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
-        table, cl = _table(problem), problem.cluster
+        problem = at_stage(problem, self.zero)
+        tables, cl = {}, problem.cluster
         types = sorted({d.gpu.name for d in cl.devices})
         cands = []
         for perm in itertools.permutations(types):
@@ -104,6 +109,7 @@ class MetisLikeSolver:
                 plan = symmetric_plan(problem, dp, tp, pp, devices)
                 speed = [min(s.tp * min(cl.device(d).tflops for d in s.devices)
                              for s in (p.stages[j] for p in plan.pipelines)) for j in range(pp)]
+                table = tables.setdefault(dp, _table(problem, dp))
                 counts = proportional(problem.model.layers, speed, stage_caps(table, plan))
                 if counts is not None:
                     cands.append(({"order": list(perm), "dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
@@ -123,7 +129,7 @@ def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
         for p in plan.pipelines:
             s = p.stages[j]
             gb = table.cost.stage_memory_gb(c, m, t, s.devices, l, first=j == 0, last=j == pp - 1,
-                                            in_flight=table.in_flight(pp, j, n_mb))
+                                            in_flight=table.in_flight(pp, j, n_mb), dp=len(plan.pipelines))
             if gb > min(c.device(d).memory_gb for d in s.devices):
                 return float("inf")
             worst = max(worst, gb)
@@ -145,12 +151,15 @@ def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
 
 @dataclass(frozen=True)
 class GalvatronLikeSolver:
-    """Galvatron-style: symmetric DP x TP x PP, memory-balanced stages, best by the cost model."""
+    """Galvatron-style: symmetric DP x TP x PP, memory-balanced stages, best by the cost model.
+    ``zero`` (``solver.zero=1``): the ZeRO stage used whatever ``train.zero`` says."""
 
     name: str = "galvatron_like"
+    zero: int | None = None
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        problem = at_stage(problem, self.zero)
         table, cands = _table(problem), []
         for dp, tp, pp in factorisations(len(problem.cluster.devices)):
             if legal(problem, dp, tp, pp):
@@ -180,9 +189,12 @@ class FsdpSolver:
     device (the fastest ``min(devices, micro-batches)``), each device's batch proportional to its
     peak FLOP/s; the training state is sharded over all of them (``train.zero=3``), evenly or in
     proportion to each device's memory (``zero_split=memory``, Cephalo-style): both are priced
-    and the fastest that fits is returned."""
+    and the fastest that fits is returned. ``hybrid`` (``solver.hybrid=true``): hybrid sharding
+    instead (``zero_scope=machine``, PyTorch's HSDP): the state is sharded among the replicas of
+    one machine and replicated across machines (:mod:`hexicore.cost.sharding`)."""
 
     name: str = "fsdp"
+    hybrid: bool = False
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
@@ -190,14 +202,17 @@ class FsdpSolver:
         mbs = t.global_batch // t.micro_batch
         devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:mbs]
         counts = speed_shares(mbs, [d.tflops for d in devs])
+        if not isinstance(self.hybrid, bool):
+            raise HexicoreError(f"expected true or false, got {self.hybrid!r}", field="solver.hybrid")
+        scope = "machine" if self.hybrid else "all"
         cands = []
         for split in ("even", "memory"):
-            train = replace(t, zero=3, zero_split=split)
+            train = replace(t, zero=3, zero_split=split, zero_scope=scope)
             pipes = tuple(Pipeline(k * t.micro_batch, (Stage((d.id,), 1, (0, L)),), dict(problem.schedule))
                           for d, k in zip(devs, counts))
-            cands.append(({"ranks": len(devs), "zero": 3, "zero_split": split},
+            cands.append(({"ranks": len(devs), "zero": 3, "zero_split": split, "zero_scope": scope},
                           Plan(problem.model, problem.cluster, train, pipes)))
-        progress("fsdp: one ZeRO-3 replica per GPU", 1.0)
+        progress("fsdp: one ZeRO-3 replica per GPU" + (", sharded per machine" if self.hybrid else ""), 1.0)
         return best_fitting(problem, cands, self.name)
 
 

@@ -18,15 +18,19 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.symmetric import even_layers, factorisations, legal, symmetric_plan
+from hexicore.planner.zero import at_stage
 
 __all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]
 
 
 @dataclass
 class MegatronSolver:
-    """Exhaustive search over Megatron's symmetric layouts; returns the fastest that fits."""
+    """Exhaustive search over Megatron's symmetric layouts; returns the fastest that fits.
+    ``zero`` (``solver.zero=1``): the ZeRO stage these layouts use whatever ``train.zero`` says
+    (Megatron-LM's ``--use-distributed-optimizer`` is ZeRO-1); None: ``train.zero``."""
 
     name: str = "megatron"
+    zero: int | None = None
 
     def candidates(self, problem: Problem) -> list[tuple[tuple[int, int, int], Plan, Any]]:
         n = len(problem.cluster.devices)
@@ -39,6 +43,7 @@ class MegatronSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        problem = at_stage(problem, self.zero)
         cands = self.candidates(problem)
         progress("megatron: evaluated symmetric layouts", 1.0)
         fitting = [c for c in cands if c[2].fits]

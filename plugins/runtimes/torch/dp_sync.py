@@ -33,6 +33,7 @@ import torch
 
 from .layout import Layout
 from .tensor_parallel import shard_dim
+from .zero import adamw_, gather_pieces, shard_bounds, sum_piece
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ class DPSync:
 
     def __init__(self, plan: SyncPlan, rank: int, pipeline: int, handles: dict[tuple[int, ...], object]):
         self.rank, self.pipeline = rank, pipeline
-        self.sharded: ShardedAdamW | None = None  # ZeRO-1/2: set by the trainer
+        self.sharded = None  # ZeRO: a ShardedAdamW or a .zero.ShardedState, set by the trainer
+        self.gather_handles: dict[tuple[int, ...], object] = {}  # ZeRO-2/3 per micro-batch: weight gathers
         self.items = [(m, handles[m], [(c, [h for h in hold if h.rank == rank], contrib)
                                        for c, hold, contrib in plan.groups[m]])
                       for m in plan.members() if rank in m]
@@ -174,12 +176,12 @@ class DPSync:
     def run(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
         """All-reduce every chunk group this rank is in; ``params[(stage, name)]`` are its tensors.
         With a :class:`ShardedAdamW` attached (``sharded``), the sharded step runs instead."""
-        for p in params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         if self.sharded is not None:
             self.sharded.step(params, wait)
             return
+        for p in params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         pending = []
         for members, handle, chunks in self.items:
             flat = self.bucket(params, chunks)
@@ -195,26 +197,21 @@ class DPSync:
                 i += c.numel
 
 
-def piece(n: int, members: int, i: int) -> tuple[int, int]:
-    """Member ``i``'s even shard ``[lo, hi)`` of a bucket of ``n`` elements (the first
-    ``n % members`` members get one element more)."""
-    base, extra = divmod(n, members)
-    lo = i * base + min(i, extra)
-    return lo, lo + base + (1 if i < extra else 0)
-
-
 class ShardedAdamW:
-    """ZeRO-1/2 (Rajbhandari et al., SC'20) over the chunk groups of :class:`DPSync`: per group,
-    the gradient bucket is summed among the chunk's holders and this rank keeps only its even
-    shard of it (:func:`piece`), updates its shard of the weights with AdamW (the exact
-    ``torch.optim.AdamW`` arithmetic: decoupled decay, bias-corrected moments) keeping the two
-    moments of that shard only, then all-gathers the updated weights into every local copy.
-    The sum is an all-reduce on gloo (no reduce-scatter there) and a reduce-scatter on NCCL.
+    """ZeRO-1/2 (Rajbhandari et al., SC'20) over the chunk groups of :class:`DPSync`, for every
+    plan shape: at the step, per group, the gradient bucket is summed among the chunk's holders
+    and this rank keeps only its piece of it (:func:`.zero.shard_bounds`: even, or proportional
+    to ``weights``, the shard weight of every global rank), updates its piece of the weights
+    with AdamW (:func:`.zero.adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
+    two moments of that piece only, then all-gathers the updated weights into every local copy.
     Gradients accumulate in full over a step's micro-batches and are freed after the step, so
-    in this runtime stage 2 keeps the gradient memory of stage 1 during the backward passes."""
+    here stage 2 keeps the gradient memory of stage 1 during the backward passes; plans with one
+    stage per pipeline run stage 2 per micro-batch instead (:class:`.zero.ShardedState`)."""
 
-    def __init__(self, sync: DPSync, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
-        self.sync, self.lr, self.betas, self.eps, self.wd = sync, lr, betas, eps, weight_decay
+    def __init__(self, sync: DPSync, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 weights: tuple[float, ...] | None = None):
+        self.sync, self.weights = sync, weights
+        self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         self.moments: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.t = 0
 
@@ -225,44 +222,26 @@ class ShardedAdamW:
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for pair in self.moments.values() for t in pair)
 
-    def _sum_shard(self, flat: torch.Tensor, members: tuple[int, ...], handle, wait, lo: int, hi: int) -> torch.Tensor:
-        backend = torch.distributed.get_backend(handle)
-        if backend == "nccl" and flat.numel() % len(members) == 0:
-            out = torch.empty(flat.numel() // len(members), dtype=flat.dtype, device=flat.device)
-            wait([torch.distributed.reduce_scatter_tensor(out, flat, group=handle, async_op=True)],
-                 f"ZeRO gradient reduce-scatter with ranks {list(members)}")
-            return out
-        wait([torch.distributed.all_reduce(flat, group=handle, async_op=True)],
-             f"ZeRO gradient sum with ranks {list(members)}")
-        return flat[lo:hi]
-
     @torch.no_grad()
     def step(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
         self.t += 1
-        b1, b2 = self.betas
+        for p in params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         for members, handle, chunks in self.sync.items:
             flat = self.sync.bucket(params, chunks)
-            m, i = len(members), members.index(self.sync.rank)
-            lo, hi = piece(flat.numel(), m, i)
-            g = self._sum_shard(flat, members, handle, wait, lo, hi)
+            i = members.index(self.sync.rank)
+            bounds = shard_bounds(flat.numel(), None if self.weights is None else [self.weights[r] for r in members],
+                                  len(members))
+            lo, hi = bounds[i]
+            g = sum_piece(flat, bounds, i, handle, wait, f"ZeRO gradient sum with ranks {list(members)}")
             weights = torch.cat([self.sync._view(params[(mine[0].stage, c.name)], c, mine[0]).reshape(-1)
                                  for c, mine, _ in chunks])
             w = weights[lo:hi].clone()
             if members not in self.moments:
                 self.moments[members] = (torch.zeros_like(w), torch.zeros_like(w))
-            avg, sq = self.moments[members]
-            w.mul_(1 - self.lr * self.wd)
-            avg.lerp_(g, 1 - b1)
-            sq.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (sq.sqrt() / math.sqrt(1 - b2 ** self.t)).add_(self.eps)
-            w.addcdiv_(avg, denom, value=-self.lr / (1 - b1 ** self.t))
-            size = max(piece(flat.numel(), m, j)[1] - piece(flat.numel(), m, j)[0] for j in range(m))
-            buf = torch.zeros(size, dtype=w.dtype, device=w.device)
-            buf[: hi - lo] = w
-            got = [torch.empty_like(buf) for _ in range(m)]
-            wait([torch.distributed.all_gather(got, buf, group=handle, async_op=True)],
-                 f"ZeRO weight all-gather with ranks {list(members)}")
-            new = torch.cat([got[j][: piece(flat.numel(), m, j)[1] - piece(flat.numel(), m, j)[0]] for j in range(m)])
+            adamw_(w, g, *self.moments[members], self.t, **self.adam)
+            new = gather_pieces(w, bounds, handle, wait, f"ZeRO weight all-gather with ranks {list(members)}")
             k = 0
             for c, mine, _ in chunks:
                 for h in mine:

@@ -48,6 +48,10 @@ class ExecutionError(RuntimeError):
 class Executor:
     """One rank's stages of one pipeline plus the state of the step being executed."""
 
+    #: ZeRO-2/3 per micro-batch (:class:`.zero.ShardedState`): gathers weights before a compute
+    #: action, sums a finished gradient and frees weights after it; None without
+    shards: Any = None
+
     def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
                  loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0,
@@ -62,6 +66,8 @@ class Executor:
         self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
         self.explicit_step = any(a.op is Op.STEP for a in self.acts)
         self.slowdown = slowdown  # emulated device speed (test aid, emulate.py)
+        sharded = groups.dp.sharded if groups.dp is not None else None
+        self.shards = sharded if hasattr(sharded, "before") else None
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:
@@ -312,10 +318,20 @@ class Executor:
 
     # ------------------------------------------------------------ handlers
     def _on_forward(self, i: int, a: Action) -> None:
+        shards = self.shards
+        if shards is not None:
+            shards.before(a.op, self._wait)
         self._forward(self.stages[a.stage], a.mb)
+        if shards is not None:
+            shards.after(a.op, self._wait)
 
     def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
+        shards = self.shards
+        if shards is not None:
+            shards.before(a.op, self._wait)
         self._backward(self.stages[a.stage], a.mb, a.op)
+        if shards is not None:
+            shards.after(a.op, self._wait)
 
     def _on_recv_f(self, i: int, a: Action) -> None:
         self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()

@@ -20,6 +20,7 @@ from . import tied
 from .dp_sync import DPSync, full_shapes, sync_plan
 from .layout import Layout, Role
 from .tensor_parallel import TPGroup
+from .zero import one_stage_per_pipeline
 
 
 @dataclass
@@ -35,8 +36,10 @@ class Groups:
     tied: tied.TiedSync | None = None
 
 
-def build_groups(layout: Layout, rank: int, world: int) -> Groups:
-    """Create (collectively) every TP and DP group of ``layout``; return this rank's."""
+def build_groups(layout: Layout, rank: int, world: int, zero: int = 0) -> Groups:
+    """Create (collectively) every TP and DP group of ``layout``; return this rank's. ZeRO-3
+    (:mod:`.zero`) gets a second group per member set for the weight gathers, so gathers and
+    gradient sums pair up in order on their own communicators."""
     role = layout.role(rank)
     tp, leader = TPGroup(), rank
     for p in layout.pipelines:
@@ -55,7 +58,15 @@ def build_groups(layout: Layout, rank: int, world: int) -> Groups:
         handle = dist.new_group(list(members)) if world > 1 else None
         if rank in members:
             handles[members] = handle
+    gathers: dict[tuple[int, ...], Any] = {}
+    if zero == 3 and one_stage_per_pipeline(layout):
+        for members in plan.members():
+            handle = dist.new_group(list(members)) if world > 1 else None
+            if rank in members:
+                gathers[members] = handle
     dp = DPSync(plan, rank, role.pipeline, handles) if role is not None else None
+    if dp is not None:
+        dp.gather_handles = gathers
     tied_sync = None
     if len(emb) > 1 and world > 1:
         handle = dist.new_group(list(emb))

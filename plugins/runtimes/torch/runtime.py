@@ -79,8 +79,10 @@ class TorchRuntime:
                                           global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=t.seq_len,
                                           tp=where.tp)
         if isinstance(where, PlanLayout):
-            check_zero(where.plan.train, len(where.plan.pipelines), t, where.source)
-            return plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)
+            check_zero(where.plan.train, where.plan.pipelines, t, where.source)
+            layout = plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)
+            check_zero_layout(where.plan.train, layout, where.source)
+            return layout
         raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 
     def check_plan(self, spec: RunSpec, *, registry: Any) -> Layout:
@@ -125,7 +127,7 @@ class TorchRuntime:
             pl = spec.layout.plan
             slowdown = tuple(pl.cluster.slowdown(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
-        return WorkerSpec(zero=zero, layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
+        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
                           resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
@@ -184,26 +186,56 @@ def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any
     if note:
         print(note, file=sys.stderr)
 
-def check_zero(train: Any, pipelines: int, settings: Any, source: str | None) -> None:
-    """What of ``train.zero`` this runtime executes: ZeRO-1/2 with even shards for every plan
-    shape (:class:`~.dp_sync.ShardedAdamW`); not yet ZeRO-3 across pipelines, uneven shards, or
-    checkpoints of sharded optimizer state. Refused before launch (a plan relying on sharding
-    would not fit unsharded)."""
+def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
+    """Per global rank, its share weight under uneven ZeRO shards (``zero_split=memory``: the
+    device's memory, as :meth:`hexicore.cost.analytic.AnalyticCostModel.shard_weights`); None
+    for even shards or a run without a plan."""
+    if not isinstance(spec.layout, PlanLayout):
+        return None
+    plan = spec.layout.plan
+    if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
+        return None
+    return tuple(float(plan.cluster.device(d).memory_gb) for d in plan.devices)
+
+
+def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
+    """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
+    uneven shards (:class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per micro-batch where every rank
+    holds one stage chunk, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one
+    stage (``pipelines``: the plan's pipelines, or their count); not yet ZeRO-3 for deeper
+    pipelines, checkpoints of sharded state, or hybrid sharding (``zero_scope=machine``).
+    Refused before launch (a plan relying on sharding would not fit unsharded)."""
     from hexicore.core.errors import PlanError
 
     z = train.zero_stage
-    if not z or pipelines <= 1:
+    count = pipelines if isinstance(pipelines, int) else len(pipelines)
+    if not z or count <= 1:
         return
     why = None
-    if z == 3:
-        why = "ZeRO-3 across pipelines"
-    elif train.zero_split != "even":
-        why = f"uneven ZeRO shards (zero_split={train.zero_split})"
+    if getattr(train, "zero_scope", "all") != "all":
+        why = f"hybrid sharding (zero_scope={train.zero_scope})"
+    elif z == 3 and (isinstance(pipelines, int) or any(len(p.stages) > 1 for p in pipelines)):
+        why = "ZeRO-3 for pipelines of more than one stage"
     elif getattr(settings, "checkpoint_every", 0) or getattr(settings, "resume", None):
         why = "checkpoints of sharded optimizer state"
     if why:
-        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); "
-                        "plan with train.zero=0, 1 or 2 and even shards", source=source, field="train.zero")
+        hint = "train.zero_scope=all" if why.startswith("hybrid") else \
+            "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp)"
+        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); plan with {hint}",
+                        source=source, field="train.zero")
+
+
+def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
+    """ZeRO-3 also needs every schedule to keep one stage chunk per pipeline (no interleaving,
+    no model copies), as :class:`~.zero.ShardedState` gathers one stage per compute action."""
+    from hexicore.core.errors import PlanError
+
+    from .zero import one_stage_per_pipeline
+
+    if train.zero_stage == 3 and len(layout.pipelines) > 1 and not one_stage_per_pipeline(layout):
+        raise PlanError("the torch runtime runs ZeRO-3 only with one stage chunk per pipeline; this plan's "
+                        "schedules give a rank several chunks (use schedule=1f1b or gpipe)", source=source,
+                        field="train.zero")
 
 
 def check_memory(layout: Layout) -> None:

@@ -63,7 +63,8 @@ class WorkerSpec:
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
     slowdown: tuple[float, ...] = ()  # per global rank, the cluster file's emulate.slowdown (test aid)
-    zero: int = 0  # ZeRO stage of the plan: 1/2 shard the optimizer state among each chunk's holders
+    zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
+    shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
     predicted: dict[str, Any] | None = None  # metrics.json's "predicted" (hexicore.core.prediction), plan runs
 
 
@@ -123,7 +124,7 @@ def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
     layout = spec.layout
-    groups = build_groups(layout, rank, world)
+    groups = build_groups(layout, rank, world, zero=spec.zero)
     role = groups.role
     ck = checkpoint.load(spec.resume) if spec.resume else None
     weights = _weights(spec, ck)
@@ -158,7 +159,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                 _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
     finally:
         bar.close()
-    state_bytes = _optimizer_bytes(groups, optimizer, world) if spec.zero else None
+    kept, state_bytes = _sharded_state(spec, groups, stages, optimizer, executor, world)
     summaries = measure.gather(recorder.summary(role, device), world)
     state = None
     if spec.return_state:
@@ -175,6 +176,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
     if state_bytes is not None:
         metrics["optimizer_state_bytes"] = state_bytes
+    if kept is not None and any(k is not None for k in kept):
+        metrics["state_bytes"] = kept
     metrics["predicted"] = spec.predicted
     metrics["measured"] = measure.measured(summaries, step_s[start:], [len(p.groups) for p in layout.pipelines],
                                            "cuda" if device.type == "cuda" else "rss")
@@ -192,11 +195,8 @@ def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.
         stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
                               device=device)
         params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
-        if spec.zero and groups.dp is not None:  # ZeRO-1/2: the DP-synced tensors step sharded
-            from .dp_sync import ShardedAdamW
-
-            groups.dp.sharded = ShardedAdamW(groups.dp, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                             weight_decay=spec.weight_decay)
+        if spec.zero and groups.dp is not None:  # ZeRO: the DP-synced tensors step sharded
+            groups.dp.sharded = _sharded(spec, groups, stages)
             skip = groups.dp.sharded.synced()
             params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
                            if (s, n) not in skip}.values())
@@ -217,6 +217,35 @@ def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.
     return stages, executor, optimizer, rows, blank
 
 
+def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world: int) -> tuple[Any, Any]:
+    """After the last step, collectively: every rank's kept state bytes (ZeRO-2/3 per micro-batch)
+    and optimizer-state bytes (any ZeRO stage); ZeRO-3 then gathers the full weights back for
+    the results (state, ``final/``)."""
+    sharded = groups.dp.sharded if groups.dp is not None else None
+    kept = _every(sharded.kept_bytes(stages) if hasattr(sharded, "kept_bytes") else None, world) \
+        if spec.zero >= 2 else None
+    if hasattr(sharded, "materialize"):
+        sharded.materialize(executor._wait)
+    return kept, _optimizer_bytes(groups, optimizer, world) if spec.zero else None
+
+
+def _sharded(spec: WorkerSpec, groups, stages):
+    """The sharded optimizer of this rank: ZeRO-3 where every pipeline is one stage and ZeRO-2
+    where every rank holds one stage chunk, per micro-batch (:class:`.zero.ShardedState`); else
+    ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    from .dp_sync import ShardedAdamW
+    from .zero import ShardedState, compute_counts, one_stage_per_pipeline, one_stage_per_rank
+
+    adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
+    if (spec.zero == 3 and one_stage_per_pipeline(spec.layout)) or (spec.zero == 2 and one_stage_per_rank(spec.layout)):
+        params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
+        rounds = {r: compute_counts(spec.layout, r) for r in range(spec.layout.world)}
+        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, rounds=rounds, **adam)
+    if spec.zero == 3:
+        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline")
+    return ShardedAdamW(groups.dp, weights=spec.shard_weights, **adam)
+
+
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     """``out/reads/rank_R.json``: the tensors (name, bytes) this rank read to start (checkpoint runs)."""
     reads = getattr(weights, "reads", None)
@@ -235,11 +264,16 @@ def _optimizer_bytes(groups, optimizer, world: int) -> list[int]:
     if optimizer is not None:
         mine += sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
                     if torch.is_tensor(v) and v.dim() > 0)
+    return [int(x) for x in _every(mine, world)]
+
+
+def _every(mine: Any, world: int) -> list:
+    """``mine`` of every rank, in rank order (a collective over the world)."""
     if world == 1:
         return [mine]
     every: list = [None] * world
     dist.all_gather_object(every, mine)
-    return [int(x) for x in every]
+    return every
 
 
 def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:

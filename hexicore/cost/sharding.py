@@ -1,0 +1,137 @@
+"""Who shares the sharded training state (ZeRO, Rajbhandari et al. SC'20) and what syncing it costs.
+
+The holders of a layer chunk are one stage per pipeline (HexiScale §3.2's chunked data-parallel
+groups, chunks of ``P / lcm(tp)``). ``train.zero_scope`` says among whom the sharded parts are
+split:
+
+* ``all`` — every holder keeps a share of each chunk (even, or ``w_d / sum w`` with
+  ``zero_split=memory``, Cephalo-style, ``w`` = device memory);
+* ``machine`` — hybrid sharding (PyTorch's HSDP, "shard inside a machine, replicate across"):
+  a holder shares each chunk with the holders *in its own machine* only; the machines keep
+  replicas of the sharded state.
+
+Time, per layer (:func:`layer_sync_s`), as ``(intra, cross)``: ``intra`` is COMM-DP-LAYER
+(App. A's ring, :meth:`~hexicore.cost.analytic.AnalyticCostModel.dp_layer_s`) among the holders
+that share shards — all of them, or, hybrid, the slowest machine's; ``cross`` (hybrid only) is
+the all-reduce, among the machines, of the shard pieces: COMM-DP-LAYER over one holder per
+machine of ``P / k`` parameters, ``k`` the fewest holders any machine has (its pieces are the
+largest); each piece position has its own such ring and they run side by side, so one is priced.
+ZeRO-1/2 pay ``intra + cross`` at the step; ZeRO-3 pays ``1.5 x intra`` per micro-batch (gathers
+before forward and backward, reduce-scatter after) and ``cross`` at the step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from hexicore.core.plan import Plan, Stage
+from hexicore.cost.precision import tp_replicated_layer_params
+
+
+def shard_weights(plan: Plan) -> dict[str, float] | None:
+    """Uneven ZeRO shards (``train.zero_split=memory``): each device's weight is its memory
+    (GB); ``None`` for even shards or no sharding."""
+    if plan.train.zero_stage == 0 or plan.train.zero_split != "memory":
+        return None
+    return {d.id: d.memory_gb for d in plan.cluster.devices}
+
+
+def peer_groups(plan: Plan, devices: Sequence[str]) -> list[list[int]]:
+    """Indices of ``devices`` (one holder each) grouped by who shares shards: one group
+    (``zero_scope=all``) or one per machine, in order of first appearance (``machine``)."""
+    if plan.train.zero_scope != "machine":
+        return [list(range(len(devices)))]
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(devices):
+        groups.setdefault(plan.cluster.device(d).machine, []).append(i)
+    return list(groups.values())
+
+
+def kept_params(plan: Plan) -> dict[str, float] | None:
+    """Per device, the parameters whose sharded state parts it keeps: for every chunk (``P /
+    lcm(tp)`` of a block's TP-split part; HexiScale §3.2) its share ``w_d / sum w`` among the
+    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards); what TP
+    replicates (norms, row-parallel biases, embedding, head:
+    :func:`hexicore.cost.precision.tp_replicated_layer_params`) is one chunk held by every TP
+    rank of every holder. ``None`` where ``params / tp / dp`` is exact: even shards among all
+    holders, one TP degree everywhere."""
+    w = shard_weights(plan)
+    tps = {s.tp for p in plan.pipelines for s in p.stages}
+    if plan.train.zero_stage == 0 or len(plan.pipelines) <= 1 or \
+            (w is None and plan.train.zero_scope != "machine" and len(tps) == 1):
+        return None
+    weight = w or {}
+    out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
+
+    def share(hs: Sequence[str], n_params: float) -> None:
+        for g in peer_groups(plan, hs):
+            tot = sum(weight.get(hs[i], 1.0) for i in g)
+            for i in g:
+                out[hs[i]] += n_params * weight.get(hs[i], 1.0) / tot
+
+    def add(stages: Sequence[Stage], split: float, replicated: float) -> None:
+        chunks = math.lcm(*(s.tp for s in stages))
+        for c in range(chunks):
+            share([s.devices[c * s.tp // chunks] for s in stages], split / chunks)
+        share([d for s in stages for d in s.devices], replicated)
+
+    m = plan.model
+    rep = tp_replicated_layer_params(m)
+    for k in range(m.layers):
+        add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
+            m.layer_params() - rep, rep)
+    add([p.stages[0] for p in plan.pipelines], 0, m.embedding_params())
+    add([p.stages[-1] for p in plan.pipelines], 0, m.head_params())
+    return out
+
+
+def layer_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], n_params: float, links: dict,
+                 w: dict[str, float] | None) -> tuple[float, float]:
+    """``(intra, cross)`` seconds to sync one layer held by ``holders`` (module docstring)."""
+    c, bt = plan.cluster, plan.train.dtype_bytes
+    if plan.train.zero_stage == 0 or plan.train.zero_scope != "machine":
+        return cost.dp_layer_s(c, holders, n_params, bt, links, w), 0.0
+    groups = peer_groups(plan, [s.devices[0] for s in holders])
+    intra = max(cost.dp_layer_s(c, [holders[i] for i in g], n_params, bt, links, w) for g in groups)
+    if len(groups) == 1:
+        return intra, 0.0
+    k = min(len(g) for g in groups)
+    return intra, cost.dp_layer_s(c, [holders[g[0]] for g in groups], n_params / k, bt, links, None)
+
+
+def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per stage ``(pipeline, stage)``: ``(intra, cross)`` summed over its layers, the
+    embedding and the head synced like a layer among the first/last stages (App. A's
+    ``sum_{k in stage} COMM-DP-LAYER``); empty with one pipeline."""
+    pipes = plan.pipelines
+    if len(pipes) <= 1:
+        return {}
+    m = plan.model
+    holder = [[None] * m.layers for _ in pipes]
+    for i, p in enumerate(pipes):
+        for s in p.stages:
+            for k in range(*s.layers):
+                holder[i][k] = s
+    cache: dict[tuple, tuple[float, float]] = {}
+    links: dict = {}
+    w = shard_weights(plan)
+
+    def layer_cost(k: int) -> tuple[float, float]:
+        hs = tuple(holder[i][k] for i in range(len(pipes)))
+        key = tuple(id(s) for s in hs)
+        if key not in cache:
+            cache[key] = layer_sync_s(cost, plan, hs, m.layer_params(), links, w)
+        return cache[key]
+
+    per_layer = [layer_cost(k) for k in range(m.layers)]
+    first = layer_sync_s(cost, plan, [p.stages[0] for p in pipes], m.embedding_params(), links, w)
+    last = layer_sync_s(cost, plan, [p.stages[-1] for p in pipes], m.head_params(), links, w)
+    out = {}
+    for i, p in enumerate(pipes):
+        for j, s in enumerate(p.stages):
+            parts = [per_layer[k] for k in range(*s.layers)]
+            parts += [first] if j == 0 else []
+            parts += [last] if j == len(p.stages) - 1 else []
+            out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
+    return out

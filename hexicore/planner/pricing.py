@@ -130,7 +130,13 @@ class ScheduleBook:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
         schedule's own choice of its free parameters, ``resolve``)."""
         ref = ScheduleRef.from_mapping(ref)
-        return self.schedule(ref).resolve(ref, stage_s, hop_s, int(n))
+        sched = self.schedule(ref)
+        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
+        if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
+            share = getattr(sched, "share", None)
+            if share is not None:
+                share(self.schedule(chosen))
+        return chosen, secs
 
     def timer(self, modelled: bool = False):
         """A ``hexicore.cost.PipelineTimer`` pricing each pipeline under its own schedule."""
@@ -189,6 +195,18 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         pipes.append(Pipeline(p.batch, p.stages, best[2] if best else p.schedule))
         tried.append(seen)
     return replace(plan, pipelines=tuple(pipes)), tried
+
+
+def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
+    """``plan`` with each pipeline's schedule as it records itself under the pipeline's own
+    stage and hop times (:meth:`ScheduleBook.resolve`: free parameters chosen, a synthesised
+    schedule's times recorded), so evaluate and the runtime rebuild the very lists priced."""
+    pipes = []
+    for p in plan.pipelines:
+        stage_s, hop_s = cost.pipeline_pieces(plan, p)
+        ref, _ = book.resolve(p.schedule, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
+        pipes.append(Pipeline(p.batch, p.stages, ref))
+    return replace(plan, pipelines=tuple(pipes))
 
 
 def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:

@@ -7,7 +7,8 @@ returns (after the allocation over sub-clusters, so once per ``hexicore plan``).
 (layers, devices and batch fixed), each of ``final_options`` (conf/schedule/auto.yaml's by
 default) is built for the pipeline's own stage and hop times; a schedule whose ``Pricing``
 declares ``memory_cap`` gets the pipeline's own per-rank cap (:func:`memory_caps`: the most
-in-flight micro-batches every stage's devices hold). It replaces the pipeline's schedule only
+in-flight micro-batches every stage's devices hold,
+:func:`hexicore.planner.pricing.memory_caps`). It replaces the pipeline's schedule only
 when it is faster and its exact peak activations fit every stage
 (:func:`hexicore.planner.pricing.fits`); the new plan is kept only when its full estimate
 fits and is not slower. So ``auto`` with final options is never slower than without them, and
@@ -24,7 +25,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.objective import rate
-from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, fits, timed_cost
+from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 #: ``schedule=auto``'s key for the schedules tried on the final plan only
@@ -44,31 +45,6 @@ def final_options(schedule: Mapping[str, Any]) -> tuple[ScheduleRef, ...]:
             raise HexicoreError(f"each final option must be a mapping with a schedule name, got {o!r}",
                                 field=f"schedule.{FINAL}[{i}]")
         out.append(ScheduleRef.from_mapping(o))
-    return tuple(out)
-
-
-def memory_caps(cost: Any, plan: Plan, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
-    """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
-    the pipeline's micro-batch count, at least ``step``) with which the stage's memory
-    (``cost.stage_memory_gb``, the check of :func:`hexicore.planner.pricing.fits`) fits its
-    smallest device. Bisection: the stage memory grows with the in-flight count."""
-    c, m, t = plan.cluster, plan.model, plan.train
-    n = pipe.n_micro_batches(t.micro_batch)
-    last, out = len(pipe.stages) - 1, []
-    for j, s in enumerate(pipe.stages):
-        limit = min(c.device(d).memory_gb for d in s.devices)
-
-        def ok(k: int) -> bool:
-            return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                        in_flight=k * step, dp=len(plan.pipelines)) <= limit
-
-        lo, hi = 1, max(1, int(round(n / step)))
-        if ok(hi):
-            lo = hi
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-        out.append(lo * step)
     return tuple(out)
 
 
@@ -123,13 +99,11 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             stage_s: list, hop_s: list, n: int) -> tuple[ScheduleRef, dict]:
     """One pipeline: its schedule, or the fastest final option that is faster and fits."""
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
-    seen, caps = {}, None
+    seen = {}
     for ref in refs:
         if not book.usable(ref, len(p.stages)):
             continue
-        if book.schedule(ref).pricing.memory_cap and ref.get("memory") is None:
-            caps = caps or memory_caps(cost, plan, p)
-            ref = ref.with_params(memory=list(caps))
+        ref = capped(book, cost, plan, p, ref)
         chosen, secs = book.resolve(ref, stage_s, hop_s, n)
         seen[chosen.name] = round(secs, 6)
         if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):

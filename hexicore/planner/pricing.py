@@ -197,14 +197,50 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     return replace(plan, pipelines=tuple(pipes)), tried
 
 
+def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
+    """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
+    the pipeline's micro-batch count, at least ``step``) with which the stage's memory
+    (``cost.stage_memory_gb``, the check of :func:`hexicore.planner.pricing.fits`) fits its
+    smallest device. Bisection: the stage memory grows with the in-flight count."""
+    c, m, t = plan.cluster, plan.model, plan.train
+    n = pipe.n_micro_batches(t.micro_batch)
+    last, out = len(pipe.stages) - 1, []
+    for j, s in enumerate(pipe.stages):
+        limit = min(c.device(d).memory_gb for d in s.devices)
+
+        def ok(k: int) -> bool:
+            return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                        in_flight=k * step, dp=len(plan.pipelines)) <= limit
+
+        lo, hi = 1, max(1, int(round(n / step)))
+        if ok(hi):
+            lo = hi
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        out.append(lo * step)
+    return tuple(out)
+
+
+def capped(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) -> ScheduleRef:
+    """``ref`` with the pipeline's own per-rank cap (:func:`memory_caps`) as ``memory`` when the
+    schedule builds within one (``Pricing.memory_cap``) and none is set."""
+    if book.schedule(ref).pricing.memory_cap and ref.get("memory") is None and cost is not None \
+            and hasattr(cost, "stage_memory_gb"):
+        return ref.with_params(memory=list(memory_caps(cost, plan, pipe)))
+    return ref
+
+
 def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
     """``plan`` with each pipeline's schedule as it records itself under the pipeline's own
     stage and hop times (:meth:`ScheduleBook.resolve`: free parameters chosen, a synthesised
-    schedule's times recorded), so evaluate and the runtime rebuild the very lists priced."""
+    schedule's times recorded; a schedule built within a memory cap gets the pipeline's own,
+    :func:`capped`), so evaluate and the runtime rebuild the very lists priced."""
     pipes = []
     for p in plan.pipelines:
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
-        ref, _ = book.resolve(p.schedule, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
+        ref = capped(book, cost, plan, p, ScheduleRef.from_mapping(p.schedule))
+        ref, _ = book.resolve(ref, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
         pipes.append(Pipeline(p.batch, p.stages, ref))
     return replace(plan, pipelines=tuple(pipes))
 

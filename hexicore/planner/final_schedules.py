@@ -89,7 +89,7 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -
     tried = info.get("schedule_s") or [{} for _ in plan.pipelines]
     info["schedule_s"] = [{**a, **b} for a, b in zip(tried, seen_all)]
     info["schedules"] = [q.schedule.to_dict() for q in new.pipelines]
-    new = new.with_estimate(est)
+    new = new.with_estimate(est) if plan.estimate is not None else new
     if "tokens_per_s" in info:
         info.update(rate(new))
     return new.with_solver(info)

@@ -51,6 +51,12 @@ def test_final_options_default_and_off():
     assert final_options({"name": "zb_h1"}) == ()
     with pytest.raises(HexicoreError, match="final_options"):
         final_options({"name": "auto", "final_options": ["synth"]})
+    mine = [{"name": "1f1b"}, {"name": "gpipe"}]  # own options: exactly those, unless finals are named too
+    assert final_options({"name": "auto", "options": mine}) == ()
+    assert final_options({"name": "auto", "options": mine, "final_options": auto_defaults()["final_options"]}) == ()
+    assert [o.name for o in final_options({"name": "auto", "options": mine, "final_options": [{"name": "synth"}]})] \
+        == ["synth"]
+    assert final_options({"name": "auto", "options": auto_defaults()["options"]}) == final_options({"name": "auto"})
 
 
 def test_per_rank_caps_are_kept_and_bind():
@@ -79,11 +85,14 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
     # on both presets the pipelines' stage times are uneven: synth is chosen and strictly faster
     assert est.iteration_s < base.iteration_s - 1e-3
     assert plan.solver["schedules"] == [p.schedule.to_dict() for p in plan.pipelines]
+    finals = {o.name for o in final_options({"name": "auto"})}
     for p, tried in zip(plan.pipelines, plan.solver["schedule_s"]):
-        assert p.schedule.name == "synth" and tried["synth"] == min(tried.values())
-        caps = memory_caps(problem.cost, plan, p)
-        assert list(p.schedule["memory"]) == list(caps)
-        assert rebuilt_time(plan, p, problem.cost) == pytest.approx(tried["synth"], abs=1e-6)
+        assert p.schedule.name in finals and tried[p.schedule.name] == min(tried.values())
+        assert set(tried) >= finals - {"dualpipe_v"}  # every final option priced (DualPipeV needs M >= 2P)
+        if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps
+            assert list(p.schedule["memory"]) == list(memory_caps(problem.cost, plan, p))
+        assert rebuilt_time(plan, p, problem.cost) == pytest.approx(tried[p.schedule.name], abs=1e-6)
+    assert any(p.schedule.name == "synth" for p in plan.pipelines)
     again = evaluate(Plan.from_dict(json.loads(json.dumps(plan.to_dict()))), problem.cost.__class__(),
                      registry=Registry.default())[1]
     assert again.iteration_s == pytest.approx(est.iteration_s, abs=1e-9)

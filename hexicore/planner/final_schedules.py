@@ -1,14 +1,15 @@
-"""``schedule=auto``'s final re-pricing: schedules too costly to price inside the search (a
-synthesis per pipeline shape, e.g. ``synth``) are tried on the final plan's pipelines only.
+"""``schedule=auto``'s final re-pricing: the installed schedules not among its ``options`` are
+tried on the final plan's pipelines only (``final_options``): those too costly to price inside
+the search (a synthesis per pipeline shape, ``synth``) and the remaining named ones.
 
 The search and its exact re-choice (:func:`hexicore.planner.pricing.choose_exact`) use
 ``schedule=auto``'s ``options``; the solver then calls :func:`reschedule` once on the plan it
 returns (after the allocation over sub-clusters, so once per ``hexicore plan``). Per pipeline
 (layers, devices and batch fixed), each of ``final_options`` (conf/schedule/auto.yaml's by
 default) is built for the pipeline's own stage and hop times; a schedule whose ``Pricing``
-declares ``memory_cap`` gets the pipeline's own per-rank cap (:func:`memory_caps`: the most
-in-flight micro-batches every stage's devices hold,
-:func:`hexicore.planner.pricing.memory_caps`). It replaces the pipeline's schedule only
+declares ``memory_cap`` gets the pipeline's own per-rank cap (the most in-flight
+micro-batches every stage's devices hold, :func:`hexicore.planner.pricing.memory_caps`); an
+option that refuses the pipeline (e.g. too few micro-batches) is skipped. It replaces the pipeline's schedule only
 when it is faster and its exact peak activations fit every stage
 (:func:`hexicore.planner.pricing.fits`); the new plan is kept only when its full estimate
 fits and is not slower. So ``auto`` with final options is never slower than without them, and
@@ -33,17 +34,27 @@ FINAL = "final_options"
 
 
 def final_options(schedule: Mapping[str, Any]) -> tuple[ScheduleRef, ...]:
-    """``schedule=auto``'s ``final_options`` (conf/schedule/auto.yaml's when the key is absent;
-    ``[]`` turns the final re-pricing off); none for any other schedule."""
+    """``schedule=auto``'s ``final_options``: conf/schedule/auto.yaml's while ``options`` are
+    its defaults too (absent or equal); a problem that lists its own ``options`` gets exactly
+    those unless it names other ``final_options`` as well; ``[]`` turns the final re-pricing
+    off. None for any other schedule."""
     ref = ScheduleRef.from_mapping(schedule)
     if ref.name != AUTO:
         return ()
-    raw = ref.get(FINAL) if FINAL in ref.params else auto_defaults().get(FINAL)
+    shipped = auto_defaults()
+    default = _refs(shipped.get(FINAL), FINAL)
+    given = _refs(ref.get(FINAL), FINAL) if FINAL in ref.params else default
+    own_options = "options" in ref.params and _refs(ref.get("options"), "options") != _refs(shipped.get("options"),
+                                                                                           "options")
+    return () if own_options and given == default else given
+
+
+def _refs(raw: Any, key: str) -> tuple[ScheduleRef, ...]:
     out = []
     for i, o in enumerate(raw or []):
         if not isinstance(o, Mapping) or not isinstance(o.get("name"), str) or o["name"] == AUTO:
-            raise HexicoreError(f"each final option must be a mapping with a schedule name, got {o!r}",
-                                field=f"schedule.{FINAL}[{i}]")
+            raise HexicoreError(f"each entry must be a mapping with a schedule name, got {o!r}",
+                                field=f"schedule.{key}[{i}]")
         out.append(ScheduleRef.from_mapping(o))
     return tuple(out)
 
@@ -104,7 +115,10 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
         if not book.usable(ref, len(p.stages)):
             continue
         ref = capped(book, cost, plan, p, ref)
-        chosen, secs = book.resolve(ref, stage_s, hop_s, n)
+        try:
+            chosen, secs = book.resolve(ref, stage_s, hop_s, n)
+        except HexicoreError:
+            continue  # the schedule refuses this pipeline (e.g. too few micro-batches for it)
         seen[chosen.name] = round(secs, 6)
         if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
             best, best_s = chosen, secs

@@ -77,3 +77,19 @@ def test_synthetic_fleet_is_seeded():
     c = parse_cluster(a, "synthetic")
     assert len(c.devices) == 100
     assert parse_cluster({"synthetic": {"gpus": 20, "mix": {"rtx3090": 1}, "seed": 1}}, "s").devices[-1].id == "m2.3"
+
+
+def test_unknown_or_misspelled_cluster_fields_are_refused_with_their_place():
+    from hexicore.core.cluster import parse_cluster
+
+    good = {"name": "k", "inter": {"bandwidth_gbs": 1.0},
+            "machines": [{"name": "A", "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 100.0}]}
+    assert parse_cluster(good, "k.yaml").name == "k"
+    cases = [({"linkss": []}, "linkss"), ({"inter": {"bandwidth_gbs": 1.0, "latncy_us": 2}}, "inter.latncy_us"),
+             ({"machines": [{**good["machines"][0], "cnt": 3}]}, "machines[0].cnt"),
+             ({"gpus": {"x": {"tflops": 1, "memory_gb": 2, "mem": 3}}}, "gpus.x.mem"),
+             ({"links": [{"between": ["A", "B"], "bandwith_gbs": 1}]}, "links[0].bandwith_gbs")]
+    for extra, field in cases:
+        with pytest.raises(HexicoreError, match="unknown field") as e:
+            parse_cluster({**good, **extra}, "k.yaml")
+        assert e.value.field == field, extra

@@ -214,3 +214,41 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
                     f"resume={a / 'checkpoints' / 'step_2'}"], capsys)
     assert code == 2 and io.err.count("\n") == 1 and "seed 3" in io.err
     assert all(resumed[k].equal(v) for k, v in final.items())
+
+
+# ------------------------------------------- emulated heterogeneity (test aid)
+def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
+    """``emulate: {slowdown: K}``: each F/B/I/W is followed by a sleep of (K - 1) x its duration;
+    communication and the optimizer step are not stretched, and the numbers are unchanged."""
+    from hexicore_plugins.runtimes.torch import emulate
+
+    A = Action
+    acts = (A("F", 0, 0), A("F", 1, 0), A("I", 1, 0), A("B", 0, 0), A("W", 1, 0), A("STEP"))
+    al = ActionList({"name": "hand"}, 1, 2, 1, (0, 0), (acts,))
+    layout = build_layout(tiny, [(4, [StageGroup((0,), 8)], al)], global_batch=4, micro_batch=4, seq_len=32)
+    plain = _run(layout, steps=2)
+    slept: list[float] = []
+    monkeypatch.setattr(emulate.time, "sleep", slept.append)
+    slow = _run(layout, steps=2, slowdown=(3.0,))
+    assert len(slept) == 2 * 5 and all(s > 0 for s in slept)  # 5 compute actions per step, 2 steps
+    assert slow["metrics"]["losses"] == plain["metrics"]["losses"]
+    took = emulate.stretch(1.0, 0.0, __import__("torch").device("cpu"))
+    assert took > 0 and len(slept) == 10  # factor 1: no sleep
+
+
+def test_emulate_in_a_cluster_file_round_trips_and_bad_values_are_refused(tmp_path):
+    from hexicore.core.cluster import parse_cluster
+
+    base = {"name": "e", "inter": {"bandwidth_gbs": 1.0},
+            "machines": [{"name": "A", "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 100.0},
+                         {"name": "B", "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 100.0,
+                          "emulate": {"slowdown": 2.5}}]}
+    c = parse_cluster(base, "c.yaml")
+    assert [c.slowdown(d.id) for d in c.devices] == [1.0, 1.0, 2.5, 2.5]
+    assert parse_cluster(c.to_dict(), "plan.json", "cluster") == c
+    assert "emulate" not in c.to_dict()["machines"][0]
+    for bad, field in (({"slowdown": 0.5}, "emulate.slowdown"), ({"slow": 2}, "emulate.slow"), (3, "emulate")):
+        base["machines"][1]["emulate"] = bad
+        with pytest.raises(HexicoreError) as e:
+            parse_cluster(base, "c.yaml")
+        assert e.value.field == f"machines[1].{field}"

@@ -101,7 +101,7 @@ def idle_lines(idle: Iterable[Mapping[str, Any]]) -> list[str]:
     the best plan found that uses it."""
     out = []
     for g in idle:
-        what = {"gpu": "GPU type", "machine": "machine"}.get(g.get("kind"), "devices on")
+        what = {"gpu": "GPU type", "zone": "zone", "machine": "machine"}.get(g.get("kind"), "devices on")
         devs = list(g.get("devices") or [])
         head = f"idle {what} {g.get('name')} ({len(devs)} GPUs: {', '.join(devs[:8])}{', ...' if len(devs) > 8 else ''})"
         if g.get("iteration_s") is None:

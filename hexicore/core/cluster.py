@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.zones import LINK_KEYS, parse_zones
 from hexicore.core.fleet import machines_from_devices, synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
@@ -27,13 +28,20 @@ GB = 1e9  # bandwidths are GB/s of bytes, decimal (1 GB = 1e9 bytes)
 
 @dataclass(frozen=True)
 class Machine:
-    """A host with ``count`` GPUs of one type; bandwidth/latency are intra-machine."""
+    """A host with ``count`` GPUs of one type; bandwidth/latency are intra-machine.
+
+    ``slowdown`` (the cluster file's ``emulate: {slowdown: K}``) is a test aid, never a default:
+    the runtime stretches every compute action of this machine's ranks to K times its measured
+    duration, so one host can stand for devices of different speeds (docs/runtime.md). The
+    analytic cost model does not see it; ``hexicore profile`` measures it like any device."""
 
     name: str
     gpu: GpuType
     count: int
     bandwidth_gbs: float
     latency_us: float
+    slowdown: float = 1.0
+    zone: str | None = None  # the zone/region it stands in (None: the cluster's single default zone)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,13 @@ class Cluster:
     links: tuple[Link, ...] = ()
     excluded: tuple[str, ...] = ()
     gpus: Mapping[str, GpuType] = field(default_factory=dict, compare=False)
+    inter_zone: tuple[float, float] | None = None  # (GB/s, us) between machines of different zones
+    zone_links: tuple[Link, ...] = ()  # per zone-pair overrides of inter_zone
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """The zone names, in machine order (empty when no machine names one)."""
+        return tuple(dict.fromkeys(m.zone for m in self.machines if m.zone is not None))
 
     # ----------------------------------------------------------------- devices
     @cached_property
@@ -111,6 +126,10 @@ class Cluster:
     def machine(self, name: str) -> Machine:
         return self._machines[name]
 
+    def slowdown(self, device_id: str) -> float:
+        """The emulated slowdown of a device's machine (1.0 unless the cluster file says ``emulate``)."""
+        return self._machines[self.device(device_id).machine].slowdown
+
     # ------------------------------------------------------------------ links
     @cached_property
     def _pair_cache(self) -> dict[tuple[str, str], tuple[float, float]]:
@@ -131,10 +150,21 @@ class Cluster:
                 hit = (m.bandwidth_gbs, m.latency_us)
             else:
                 link = self._links.get(frozenset(key))
-                hit = (link.bandwidth_gbs, link.latency_us) if link else (self.inter_bandwidth_gbs,
-                                                                         self.inter_latency_us)
+                hit = (link.bandwidth_gbs, link.latency_us) if link else self._between_machines(*key)
             self._pair_cache[key] = hit
         return hit
+
+    def _between_machines(self, a: str, b: str) -> tuple[float, float]:
+        """Two machines without a pair override: the zone-pair link or ``inter_zone`` when their
+        zones differ, else ``inter``."""
+        za, zb = self._machines[a].zone, self._machines[b].zone
+        if za != zb:
+            zl = next((l for l in self.zone_links if set(l.between) == {za, zb}), None)
+            if zl is not None:
+                return (zl.bandwidth_gbs, zl.latency_us)
+            if self.inter_zone is not None:
+                return self.inter_zone
+        return (self.inter_bandwidth_gbs, self.inter_latency_us)
 
     def bandwidth_gbs(self, a: str, b: str) -> float:
         """One-direction bandwidth between two devices in GB/s (infinite for a device itself)."""
@@ -192,7 +222,9 @@ class Cluster:
             "inter": {"bandwidth_gbs": self.inter_bandwidth_gbs, "latency_us": self.inter_latency_us},
             "machines": [
                 {"name": m.name, "gpu": m.gpu.name, "count": m.count,
-                 "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us}
+                 "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us,
+                 **({"emulate": {"slowdown": m.slowdown}} if m.slowdown != 1.0 else {}),
+                 **({"zone": m.zone} if m.zone is not None else {})}
                 for m in self.machines
             ],
             "links": [
@@ -200,6 +232,11 @@ class Cluster:
                 for l in self.links
             ],
         }
+        if self.inter_zone is not None:
+            out["inter_zone"] = {"bandwidth_gbs": self.inter_zone[0], "latency_us": self.inter_zone[1]}
+        if self.zone_links:
+            out["zone_links"] = [{"between": list(l.between), "bandwidth_gbs": l.bandwidth_gbs,
+                                  "latency_us": l.latency_us} for l in self.zone_links]
         if custom:
             gpus = {m.gpu.name: m.gpu for m in self.machines}
             out["gpus"] = {n: {"tflops": gpus[n].tflops, "memory_gb": gpus[n].memory_gb} for n in sorted(custom)}
@@ -228,59 +265,36 @@ def _brief(ids: Iterable[str], n: int = 8) -> str:
     return ", ".join(ids[:n]) + (f", ... ({len(ids)} in all)" if len(ids) > n else "")
 
 
-def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
-    """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
+#: the cluster file's fields (docs/formats.md); ``devices`` is the resolved list a plan JSON carries
+CLUSTER_KEYS = frozenset({"name", "machines", "inter", "links", "gpus", "excluded", "devices", "intra", "synthetic",
+                          "inter_zone", "zone_links"})
+MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate", "zone"})
 
-    A mapping with a ``synthetic:`` section is expanded by :func:`synthetic_fleet` first.
-    """
-    d = schema.as_mapping(data, source, prefix)
-    if d.get("synthetic") is not None:
-        d = synthetic_fleet_dict(d, source, prefix)
-    if d.get("machines") is None and d.get("devices") is not None:
-        d = machines_from_devices(d, source, prefix)
-    catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))
-    name = schema.string(d.get("name", "cluster"), source, schema.dotted(prefix, "name"))
-    raw_machines = schema.as_list(schema.get(d, "machines", source, prefix), source, schema.dotted(prefix, "machines"))
-    if not raw_machines:
-        raise HexicoreError("a cluster needs at least one machine", source=source, field=schema.dotted(prefix, "machines"))
-    machines: list[Machine] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(raw_machines):
-        fp = schema.dotted(prefix, f"machines[{i}]")
-        m = schema.as_mapping(raw, source, fp)
-        mname = str(schema.string(schema.get(m, "name", source, fp), source, schema.dotted(fp, "name")))
-        if mname in seen:
-            raise HexicoreError(f"duplicate machine name {mname!r}", source=source, field=schema.dotted(fp, "name"))
-        if "." in mname:
-            raise HexicoreError(f"machine name {mname!r} must not contain '.'", source=source, field=schema.dotted(fp, "name"))
-        seen.add(mname)
-        gname = schema.string(schema.get(m, "gpu", source, fp), source, schema.dotted(fp, "gpu"))
-        if gname not in catalog:
-            raise HexicoreError(f"unknown GPU type {gname!r}; choose one of: {', '.join(sorted(catalog))} "
-                                "(or add it under gpus:)", source=source, field=schema.dotted(fp, "gpu"))
-        machines.append(Machine(
-            mname, catalog[gname],
-            schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
-            schema.number(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-            schema.number(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us"), allow_zero=True),
-        ))
-    limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
-                 field=schema.dotted(prefix, "machines"))
-    inter = d.get("inter")
-    if inter is None:
-        if len(machines) > 1:
-            raise HexicoreError("missing required field (the default inter-machine link)", source=source,
-                                field=schema.dotted(prefix, "inter"))
-        inter = {"bandwidth_gbs": 1.0, "latency_us": 0.0}
-    inter = schema.as_mapping(inter, source, schema.dotted(prefix, "inter"))
-    ip = schema.dotted(prefix, "inter")
-    inter_bw = schema.number(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
-    inter_lat = schema.number(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"), allow_zero=True)
+
+def _slowdown(raw: Any, source: str | None, fp: str) -> float:
+    """``emulate: {slowdown: K}`` (K >= 1; absent = 1): a test aid, see :class:`Machine`."""
+    if raw is None:
+        return 1.0
+    e = schema.as_mapping(raw, source, fp)
+    extra = sorted(set(map(str, e)) - {"slowdown"})
+    if extra:
+        raise HexicoreError(f"unknown key {extra[0]!r}; emulate takes only slowdown", source=source,
+                            field=schema.dotted(fp, extra[0]))
+    k = schema.number(schema.get(e, "slowdown", source, fp), source, schema.dotted(fp, "slowdown"))
+    if not 1.0 <= k <= 1000.0:
+        raise HexicoreError(f"must be between 1 and 1000, got {k}", source=source, field=schema.dotted(fp, "slowdown"))
+    return float(k)
+
+
+def _parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: str | None,
+                 prefix: str | None) -> list[Link]:
+    """The ``links`` section: per machine-pair overrides of ``inter``."""
     links: list[Link] = []
     pairs: set[frozenset] = set()
     for i, raw in enumerate(schema.as_list(d.get("links") or [], source, schema.dotted(prefix, "links"))):
         fp = schema.dotted(prefix, f"links[{i}]")
         l = schema.as_mapping(raw, source, fp)
+        schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
         between = schema.as_list(schema.get(l, "between", source, fp), source, schema.dotted(fp, "between"))
         if len(between) != 2 or between[0] == between[1]:
             raise HexicoreError("between must name two different machines", source=source, field=schema.dotted(fp, "between"))
@@ -296,7 +310,68 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
             schema.number(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us"), allow_zero=True),
         ))
-    cluster = Cluster(name, tuple(machines), inter_bw, inter_lat, tuple(links), gpus=catalog)
+    return links
+
+
+def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
+    """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
+
+    A mapping with a ``synthetic:`` section is expanded by :func:`synthetic_fleet` first.
+    """
+    d = schema.as_mapping(data, source, prefix)
+    if d.get("synthetic") is not None:
+        d = synthetic_fleet_dict(d, source, prefix)
+    if d.get("machines") is None and d.get("devices") is not None:
+        d = machines_from_devices(d, source, prefix)
+    schema.known_keys(d, CLUSTER_KEYS, source, prefix)
+    catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))
+    name = schema.string(d.get("name", "cluster"), source, schema.dotted(prefix, "name"))
+    raw_machines = schema.as_list(schema.get(d, "machines", source, prefix), source, schema.dotted(prefix, "machines"))
+    if not raw_machines:
+        raise HexicoreError("a cluster needs at least one machine", source=source, field=schema.dotted(prefix, "machines"))
+    machines: list[Machine] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_machines):
+        fp = schema.dotted(prefix, f"machines[{i}]")
+        m = schema.as_mapping(raw, source, fp)
+        schema.known_keys(m, MACHINE_KEYS, source, fp)
+        mname = str(schema.string(schema.get(m, "name", source, fp), source, schema.dotted(fp, "name")))
+        if mname in seen:
+            raise HexicoreError(f"duplicate machine name {mname!r}", source=source, field=schema.dotted(fp, "name"))
+        if "." in mname:
+            raise HexicoreError(f"machine name {mname!r} must not contain '.'", source=source, field=schema.dotted(fp, "name"))
+        seen.add(mname)
+        gname = schema.string(schema.get(m, "gpu", source, fp), source, schema.dotted(fp, "gpu"))
+        if gname not in catalog:
+            raise HexicoreError(f"unknown GPU type {gname!r}; choose one of: {', '.join(sorted(catalog))} "
+                                "(or add it under gpus:)", source=source, field=schema.dotted(fp, "gpu"))
+        machines.append(Machine(
+            mname, catalog[gname],
+            schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
+            schema.number(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+            schema.number(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us"), allow_zero=True),
+            _slowdown(m.get("emulate"), source, schema.dotted(fp, "emulate")),
+            None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
+        ))
+    limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
+                 field=schema.dotted(prefix, "machines"))
+    inter = d.get("inter")
+    if inter is None:
+        if len(machines) > 1:
+            raise HexicoreError("missing required field (the default inter-machine link)", source=source,
+                                field=schema.dotted(prefix, "inter"))
+        inter = {"bandwidth_gbs": 1.0, "latency_us": 0.0}
+    inter = schema.as_mapping(inter, source, schema.dotted(prefix, "inter"))
+    ip = schema.dotted(prefix, "inter")
+    schema.known_keys(inter, LINK_KEYS, source, ip)
+    inter_bw = schema.number(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
+    inter_lat = schema.number(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"), allow_zero=True)
+    links = _parse_links(d, seen, inter_lat, source, prefix)
+    inter_zone, zone_pairs = parse_zones(d, {m.zone for m in machines if m.zone is not None}, (inter_bw, inter_lat),
+                                         source, prefix)
+    zone_links = tuple(Link(*z) for z in zone_pairs)
+    cluster = Cluster(name, tuple(machines), inter_bw, inter_lat, tuple(links), gpus=catalog,
+                      inter_zone=inter_zone, zone_links=zone_links)
     excluded = d.get("excluded") or []
     if excluded:
         cluster = cluster.exclude(schema.as_list(excluded, source, schema.dotted(prefix, "excluded")), source=source)

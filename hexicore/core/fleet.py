@@ -28,6 +28,7 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
     for i, r in enumerate(raw):
         fp = f"{dp}[{i}]"
         r = schema.as_mapping(r, source, fp)
+        schema.known_keys(r, {"id", "machine", "gpu", "tflops", "memory_gb"}, source, fp)
         did = schema.string(schema.get(r, "id", source, fp), source, schema.dotted(fp, "id"))
         mname, _, idx = did.rpartition(".")
         if not mname or not idx.isdigit():
@@ -69,6 +70,7 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
     machines of ``per_machine`` GPUs of one type, intra bandwidth from the catalog."""
     sp = schema.dotted(prefix, "synthetic")
     s = schema.as_mapping(d["synthetic"], source, sp)
+    schema.known_keys(s, {"gpus", "mix", "seed", "per_machine", "inter_gbs", "inter_latency_us"}, source, sp)
     n = schema.integer(schema.get(s, "gpus", source, sp), source, schema.dotted(sp, "gpus"))
     limits.check(n, limits.MAX_DEVICES, "GPUs", source=source, field=schema.dotted(sp, "gpus"))
     mix = schema.as_mapping(schema.get(s, "mix", source, sp), source, schema.dotted(sp, "mix"))
@@ -80,11 +82,12 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
         if g not in catalog:
             raise HexicoreError(f"unknown GPU type {g!r}", source=source, field=schema.dotted(sp, f"mix.{g}"))
         weights[g] = schema.number(w, source, schema.dotted(sp, f"mix.{g}"))
-    return synthetic_fleet(n, weights, seed=seed, per_machine=per,
+    fleet = synthetic_fleet(n, weights, seed=seed, per_machine=per,
                            inter_gbs=schema.number(s.get("inter_gbs", 0.7), source, schema.dotted(sp, "inter_gbs")),
                            inter_latency_us=schema.number(s.get("inter_latency_us", 50.0), source,
                                                           schema.dotted(sp, "inter_latency_us"), allow_zero=True),
                            name=str(d.get("name", f"synthetic{n}")), catalog=catalog)
+    return {**fleet, **({"gpus": d["gpus"]} if d.get("gpus") is not None else {})}
 
 
 def synthetic_fleet(n: int, mix: Mapping[str, float], *, seed: int = 0, per_machine: int = 8,

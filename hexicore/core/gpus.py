@@ -83,6 +83,10 @@ GPU_CATALOG: Mapping[str, GpuType] = MappingProxyType(dict([
 ]))
 
 
+#: the fields of a ``gpus:`` entry in a cluster file
+GPU_KEYS = frozenset({"tflops", "memory_gb", "source", "intra_gbs", "price_per_hour", "price_source"})
+
+
 def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[str, GpuType]:
     """The catalog with a file's ``gpus:`` section merged over it (new or overridden types)."""
     catalog = dict(GPU_CATALOG)
@@ -92,6 +96,7 @@ def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[s
     for name, spec in gpus.items():
         fp = schema.dotted(prefix, str(name))
         spec = schema.as_mapping(spec, source, fp)
+        schema.known_keys(spec, GPU_KEYS, source, fp)
         base = catalog.get(str(name))
         tflops = spec.get("tflops", base.tflops if base else None)
         memory = spec.get("memory_gb", base.memory_gb if base else None)

@@ -47,6 +47,14 @@ def as_list(obj: Any, source: str | None, field: str) -> list:
     return list(obj)
 
 
+def known_keys(d: Mapping[str, Any], allowed: Any, source: str | None, prefix: str | None) -> None:
+    """Refuse a key of ``d`` outside ``allowed`` (a typo'd section is an error, never ignored)."""
+    extra = [str(k) for k in d if str(k) not in allowed]
+    if extra:
+        raise HexicoreError(f"unknown field; fields here are: {', '.join(sorted(allowed))}", source=source,
+                            field=dotted(prefix, extra[0]))
+
+
 def dotted(prefix: str | None, key: str) -> str:
     """The dotted field name ``prefix.key`` (``key`` alone at the top level)."""
     return f"{prefix}.{key}" if prefix else key

@@ -12,7 +12,7 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   then the best the solver finds on *any* sub-cluster of whole machines, and adding a machine
   never makes it worse: the smaller cluster's sub-clusters are among the larger one's);
 * otherwise a greedy descent from the whole cluster: each step solves every neighbour (one
-  machine fewer of one class, or one GPU type removed entirely) and moves to the best if it
+  machine fewer of one class, one GPU type or one zone removed entirely) and moves to the best if it
   improves — the whole cluster and every all-but-one-machine / all-but-one-type sub-cluster are
   always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
   than any plan on a cluster with one machine less;
@@ -56,8 +56,8 @@ class Trial:
 
 
 def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
-    """Interchangeable machines, in cluster order: same GPU type, usable device count and
-    intra-machine link; a machine named by a per-pair link override is a class of its own."""
+    """Interchangeable machines, in cluster order: same GPU type, usable device count,
+    intra-machine link and zone; a machine named by a per-pair link override is a class of its own."""
     used = {d.machine: 0 for d in cluster.devices}
     for d in cluster.devices:
         used[d.machine] += 1
@@ -66,7 +66,7 @@ def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
     for m in cluster.machines:
         if m.name not in used:
             continue
-        key = ("own", m.name) if m.name in linked else (m.gpu, used[m.name], m.bandwidth_gbs, m.latency_us)
+        key = ("own", m.name) if m.name in linked else (m.gpu, used[m.name], m.bandwidth_gbs, m.latency_us, m.zone)
         classes.setdefault(key, []).append(m.name)
     return [tuple(v) for v in classes.values()]
 
@@ -204,6 +204,10 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         for i, cls in enumerate(classes):
             by_type.setdefault(problem.cluster.machine(cls[0]).gpu.name, []).append(i)
         types = [tuple(v) for v in by_type.values()] if len(by_type) > 1 else []
+        by_zone: dict[str | None, list[int]] = {}
+        for i, cls in enumerate(classes):
+            by_zone.setdefault(problem.cluster.machine(cls[0]).zone, []).append(i)
+        types += [tuple(v) for v in by_zone.values()] if len(by_zone) > 1 else []  # a whole zone left out
         cur = full
         screened = screen is not None and len(problem.cluster.devices) > screen_above
         s.screen = screen
@@ -228,7 +232,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
 
 
 def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]:
-    """Devices no pipeline of ``plan`` uses, per GPU type left out entirely, else per machine
+    """Devices no pipeline of ``plan`` uses, per GPU type left out entirely, else per zone
+    left out entirely, else per machine
     (else the single devices): ``{"kind", "name", "devices", "iteration_s", ...}`` where
     ``iteration_s`` / ``tokens_per_s`` / ``usd_per_mtok`` describe the best plan found that uses
     the group (null when no solved sub-cluster used it)."""
@@ -242,9 +247,14 @@ def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]
     for d in idle:
         if d.id in done:
             continue
+        zone = cluster.machine(d.machine).zone
         if d.gpu.name not in types:
             members = [e.id for e in idle if e.gpu.name == d.gpu.name]
             groups.append(("gpu", d.gpu.name, members))
+        elif zone is not None and all(e.id not in used for e in cluster.devices
+                                      if cluster.machine(e.machine).zone == zone):
+            members = [e.id for e in idle if cluster.machine(e.machine).zone == zone and e.id not in done]
+            groups.append(("zone", zone, members))
         else:
             members = [e.id for e in idle if e.machine == d.machine]
             whole = all(e.id not in used for e in cluster.devices if e.machine == d.machine)

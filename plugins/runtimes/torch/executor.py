@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from hexicore.pipeline.actions import Action, Op
 
+from .emulate import stretch
 from .groups import Groups
 from .layout import PipelinePart
 from .stage import Stage
@@ -49,7 +50,8 @@ class Executor:
 
     def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
-                 loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0):
+                 loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0,
+                 slowdown: float = 1.0):
         self.part, self.q, self.stages, self.g = part, pipe_rank, stages, groups
         self.al = part.actions
         self.acts: tuple[Action, ...] = self.al.actions[pipe_rank]
@@ -59,6 +61,7 @@ class Executor:
         self.leader = groups.tp.rank == 0
         self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
         self.explicit_step = any(a.op is Op.STEP for a in self.acts)
+        self.slowdown = slowdown  # emulated device speed (test aid, emulate.py)
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:
@@ -273,6 +276,8 @@ class Executor:
             except ExecutionError as exc:
                 raise ExecutionError(f"action {i} ({a}): {exc}") from None
             if a.is_compute:
+                if self.slowdown > 1.0:
+                    stretch(self.slowdown, t0 + start, self.device)
                 self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))
         self._wait([w for k, ws in list(self.works.items()) if k[0] == "send" for w in ws], "outstanding sends")
         leftovers = [k for k in self.works if k[0] == "recv"] + list(self.outputs) + list(self.deferred)

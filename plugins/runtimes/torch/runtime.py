@@ -119,12 +119,17 @@ class TorchRuntime:
             _check_resume(resume, layout, t.seed, data_id)
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
+        slowdown = ()
+        if isinstance(spec.layout, PlanLayout):  # ranks are the plan's devices in order
+            pl = spec.layout.plan
+            slowdown = tuple(pl.cluster.slowdown(d) for d in pl.devices)
         return WorkerSpec(zero=zero, layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
                           resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
-                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id)
+                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
+                          slowdown=slowdown if any(k != 1.0 for k in slowdown) else ())
 
     def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this

@@ -62,6 +62,7 @@ class WorkerSpec:
     plan: str | None = None
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
+    slowdown: tuple[float, ...] = ()  # per global rank, the cluster file's emulate.slowdown (test aid)
     zero: int = 0  # ZeRO stage of the plan: 1/2 shard the optimizer state among each chunk's holders
 
 
@@ -125,33 +126,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     role = groups.role
     ck = checkpoint.load(spec.resume) if spec.resume else None
     weights = _weights(spec, ck)
-    stages, executor, optimizer, rows = {}, None, None, None
-    if role is not None:
-        part = layout.pipelines[role.pipeline]
-        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
-                              device=device)
-        params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
-        if spec.zero and groups.dp is not None:  # ZeRO-1/2: the DP-synced tensors step sharded
-            from .dp_sync import ShardedAdamW
-
-            groups.dp.sharded = ShardedAdamW(groups.dp, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                             weight_decay=spec.weight_decay)
-            skip = groups.dp.sharded.synced()
-            params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
-                           if (s, n) not in skip}.values())
-        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                      weight_decay=spec.weight_decay) if params else None
-        if ck:
-            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
-        mb_rows = part.batch // part.actions.micro_batches
-        executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
-                            act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
-                            loss_scale=1.0 / (layout.global_batch * layout.seq_len),
-                            autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s)
-        if any(st.first or st.last for st in stages.values()):  # only ends of a chain read token rows
-            rows = (part.offset, part.offset + part.batch)
-        else:
-            blank = torch.zeros((part.batch, layout.seq_len + 1), dtype=torch.long)
+    stages, executor, optimizer, rows, blank = _build_rank(spec, groups, weights, ck, rank, device)
     _record_reads(spec, weights, rank)
     source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
                          global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file)
@@ -198,6 +173,40 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
+
+
+def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.device):
+    """This rank's stages, executor, optimizer, and which token rows it reads (or a blank batch)."""
+    stages, executor, optimizer, rows, blank = {}, None, None, None, None
+    layout, role = spec.layout, groups.role
+    if role is not None:
+        part = layout.pipelines[role.pipeline]
+        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
+                              device=device)
+        params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
+        if spec.zero and groups.dp is not None:  # ZeRO-1/2: the DP-synced tensors step sharded
+            from .dp_sync import ShardedAdamW
+
+            groups.dp.sharded = ShardedAdamW(groups.dp, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
+                                             weight_decay=spec.weight_decay)
+            skip = groups.dp.sharded.synced()
+            params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
+                           if (s, n) not in skip}.values())
+        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
+                                      weight_decay=spec.weight_decay) if params else None
+        if ck:
+            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
+        mb_rows = part.batch // part.actions.micro_batches
+        executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
+                            act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
+                            loss_scale=1.0 / (layout.global_batch * layout.seq_len),
+                            autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s,
+                            slowdown=spec.slowdown[rank] if rank < len(spec.slowdown) else 1.0)
+        if any(st.first or st.last for st in stages.values()):  # only ends of a chain read token rows
+            rows = (part.offset, part.offset + part.batch)
+        else:
+            blank = torch.zeros((part.batch, layout.seq_len + 1), dtype=torch.long)
+    return stages, executor, optimizer, rows, blank
 
 
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:

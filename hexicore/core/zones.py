@@ -1,0 +1,51 @@
+"""Zones (regions) of a cluster: machines grouped into zones with their own links between zones.
+
+A geo-distributed fleet is machines in several zones (regions, data centres): links inside a
+zone are the cluster's ``inter`` link (or a per-pair ``links`` override), links between zones are
+much slower. The cluster file says so with ``zone: NAME`` on each machine, ``inter_zone:
+{bandwidth_gbs, latency_us}`` (the default between zones) and optional ``zone_links`` per zone
+pair. Pricing sees the resulting per-pair bandwidth and latency (HexiScale App. A's alpha/beta),
+so the planner crosses a slow zone boundary only where the cost model says it pays, and the
+allocation may leave a whole zone idle (:mod:`hexicore.planner.allocation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+
+#: the fields of a link (``inter``, ``inter_zone``; ``links``/``zone_links`` add ``between``)
+LINK_KEYS = frozenset({"bandwidth_gbs", "latency_us"})
+
+
+def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float], source: str | None,
+                prefix: str | None) -> tuple[tuple[float, float] | None, tuple[tuple, ...]]:
+    """``inter_zone: {bandwidth_gbs, latency_us}`` (the default link between machines of
+    different zones; absent: ``inter``) and ``zone_links`` (per zone-pair overrides); a machine
+    joins a zone with ``zone: NAME`` (``zones``: the names the machines use). Returns
+    ``(inter_zone or None, ((between, bandwidth_gbs, latency_us), ...))``."""
+    inter_zone = None
+    if d.get("inter_zone") is not None:
+        zp = schema.dotted(prefix, "inter_zone")
+        z = schema.as_mapping(d["inter_zone"], source, zp)
+        schema.known_keys(z, LINK_KEYS, source, zp)
+        inter_zone = (schema.number(schema.get(z, "bandwidth_gbs", source, zp), source, schema.dotted(zp, "bandwidth_gbs")),
+                      schema.number(z.get("latency_us", inter[1]), source, schema.dotted(zp, "latency_us"), allow_zero=True))
+    links: list[tuple] = []
+    for i, raw in enumerate(schema.as_list(d.get("zone_links") or [], source, schema.dotted(prefix, "zone_links"))):
+        fp = schema.dotted(prefix, f"zone_links[{i}]")
+        l = schema.as_mapping(raw, source, fp)
+        schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
+        between = [str(x) for x in schema.as_list(schema.get(l, "between", source, fp), source, schema.dotted(fp, "between"))]
+        if len(between) != 2 or between[0] == between[1] or any(z not in zones for z in between):
+            raise HexicoreError(f"between must name two different zones of the machines ({', '.join(sorted(zones)) or 'none'})",
+                                source=source, field=schema.dotted(fp, "between"))
+        if any(set(x[0]) == set(between) for x in links):
+            raise HexicoreError(f"duplicate zone link between {between[0]} and {between[1]}", source=source, field=fp)
+        links.append(((between[0], between[1]),
+                          schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+                          schema.number(l.get("latency_us", (inter_zone or inter)[1]), source,
+                                        schema.dotted(fp, "latency_us"), allow_zero=True)))
+    return inter_zone, tuple(links)

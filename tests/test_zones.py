@@ -1,0 +1,86 @@
+"""Zones: machines grouped into regions with their own links (hexicore.core.zones), priced per
+device pair and honoured by the allocation (a whole zone may stay idle)."""
+
+import pytest
+
+from hexicore.core.cluster import parse_cluster
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan, TrainConfig
+from hexicore.cost.analytic import AnalyticCostModel
+from hexicore.planner.allocation import machine_classes
+from hexicore.planner.hexiscale import HexiScaleSolver
+from hexicore.planner.problem import Problem
+from hexicore.registry import Registry
+
+from .conftest import model_preset
+
+FAST = {"iterations": 8, "polish_rounds": 2}
+
+
+def zoned(inter_zone_gbs, latency_us=30000.0, east=("E0", "E1"), west=("W0",)):
+    ms = [{"name": n, "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10, "zone": "east"} for n in east]
+    ms += [{"name": n, "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10, "zone": "west"} for n in west]
+    return parse_cluster({"name": "z", "inter": {"bandwidth_gbs": 25.0, "latency_us": 10},
+                          "inter_zone": {"bandwidth_gbs": inter_zone_gbs, "latency_us": latency_us},
+                          "machines": ms}, "z.yaml")
+
+
+def solve(cluster):
+    m = model_preset("llama2_7b")
+    p = Problem(cluster, m, TrainConfig(global_batch=32, micro_batch=1, seq_len=m.seq_len), AnalyticCostModel(),
+                {"name": "1f1b"}, Registry.default())
+    return HexiScaleSolver.from_params(**FAST).solve(p, seed=0)
+
+
+def test_zone_links_price_each_pair_and_round_trip():
+    c = parse_cluster({"name": "z", "inter": {"bandwidth_gbs": 25.0, "latency_us": 10},
+                       "inter_zone": {"bandwidth_gbs": 1.0, "latency_us": 30000},
+                       "zone_links": [{"between": ["east", "north"], "bandwidth_gbs": 3.0}],
+                       "links": [{"between": ["E0", "N0"], "bandwidth_gbs": 7.0, "latency_us": 2}],
+                       "machines": [{"name": n, "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32, "zone": z}
+                                    for n, z in (("E0", "east"), ("E1", "east"), ("W0", "west"), ("N0", "north"))]},
+                      "z.yaml")
+    assert c.zones == ("east", "west", "north")
+    assert (c.bandwidth_gbs("E0.0", "E1.0"), c.latency_us("E0.0", "E1.0")) == (25.0, 10)  # same zone: inter
+    assert (c.bandwidth_gbs("E0.0", "W0.0"), c.latency_us("E0.0", "W0.0")) == (1.0, 30000)  # inter_zone
+    assert (c.bandwidth_gbs("E1.0", "N0.0"), c.latency_us("E1.0", "N0.0")) == (3.0, 30000)  # zone pair link
+    assert (c.bandwidth_gbs("E0.0", "N0.0"), c.latency_us("E0.0", "N0.0")) == (7.0, 2)  # machine pair wins
+    assert parse_cluster(c.to_dict(), "plan.json", "cluster") == c
+    assert len(machine_classes(c)) == 4  # E0, N0: own pair link; E1, W0: different zones
+    assert machine_classes(zoned(1.0, east=("E0", "E1"))) == [("E0", "E1"), ("W0",)]  # a zone splits classes
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"zone_links": [{"between": ["east", "mars"], "bandwidth_gbs": 1}]}, "zone_links[0].between"),
+    ({"zone_links": [{"between": ["east", "west"], "bandwidth": 1}]}, "zone_links[0].bandwidth"),
+    ({"inter_zone": {"bandwidth_gbs": 0}}, "inter_zone.bandwidth_gbs"),
+    ({"inter_zone": {"bandwidth_gbs": 1, "lat": 3}}, "inter_zone.lat"),
+])
+def test_bad_zone_sections_are_refused_with_their_field(bad, field):
+    base = zoned(1.0).to_dict()
+    base.pop("devices")
+    base.pop("inter_zone")
+    with pytest.raises(HexicoreError) as e:
+        parse_cluster({**base, **bad}, "z.yaml")
+    assert e.value.field == field
+
+
+def test_a_zone_behind_a_very_slow_link_stays_idle_and_a_fast_one_is_used():
+    east_only = solve(zoned(1.0, west=()))
+    slow = solve(zoned(1e-4, latency_us=1e6))
+    assert all(d.startswith("E") for d in slow.devices)
+    assert slow.estimate.iteration_s == pytest.approx(east_only.estimate.iteration_s, rel=0, abs=1e-9)
+    (idle,) = slow.solver["idle"]
+    assert idle["kind"] == "zone" and idle["name"] == "west" and idle["devices"] == ["W0.0", "W0.1", "W0.2", "W0.3"]
+    fast = solve(zoned(25.0, latency_us=10))
+    assert any(d.startswith("W") for d in fast.devices)
+    assert fast.estimate.iteration_s < east_only.estimate.iteration_s
+    assert Plan.from_json(slow.to_json()).cluster == slow.cluster
+
+
+def test_two_zone_preset_loads_and_plans():
+    from hexicore.app.api import plan as plan_api
+
+    p = plan_api(cluster="two_zone", model="llama2_7b", overrides=["train.global_batch=64", "solver.iterations=6"])
+    assert p.cluster.zones == ("east", "west")
+    assert p.cluster.bandwidth_gbs("E0.0", "W0.0") == 1.25

@@ -25,6 +25,7 @@ BENCHES = [
     ("schedules_zb.py", [], ["--big", "16", "64", "--cpsat-limit", "10"]),
     ("cpsat.py", [], ["--time-limit", "10", "--sizes", "2", "3", "4"]),
     ("replan.py", [], []),
+    ("auto_final.py", [], ["--repeat", "1"]),
     ("runtime.py", [], ["--steps", "3"]),
     ("asymmetric.py", [], ["--steps", "3"]),
     ("hf_io.py", [], ["--quick"]),

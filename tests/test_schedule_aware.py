@@ -55,7 +55,7 @@ def test_auto_never_worse_than_1f1b_on_random_clusters(seed):
     plan = solve(auto)
     est, _ = validate_plan(plan, auto.cost)
     assert est.fits and est.iteration_s <= base.iteration_s + 1e-9
-    names = {o["name"] for o in DEFAULT_OPTIONS}
+    names = {o["name"] for o in DEFAULT_OPTIONS + auto_defaults()["final_options"]}
     assert all(p.schedule["name"] in names for p in plan.pipelines)
     assert all(isinstance(p.schedule["waves"], int) for p in plan.pipelines if p.schedule["name"] == "hanayo")
     assert plan.solver["schedules"] == [dict(p.schedule) for p in plan.pipelines]
@@ -99,7 +99,7 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     for p in data["pipelines"]:
-        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v", "interleaved_zb"}
+        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v", "interleaved_zb", "synth"}
     problem = build_problem(config_from_overrides(["schedule=auto"]), Registry.default())
     from hexicore.core.plan import Plan
 

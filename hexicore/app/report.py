@@ -15,6 +15,16 @@ def _fmt_s(x: float) -> str:
     return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
 
 
+def _short(value: Any) -> str:
+    """A schedule parameter as the plan table shows it: floats to 3 significant digits (a
+    synthesised schedule records its stage times and memory caps, full precision, in the JSON)."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
 def plan_table(plan: Plan) -> Table:
     """One row per stage: pipeline, batch, schedule, stage, devices, TP, layers, memory."""
     est = plan.estimate
@@ -29,7 +39,7 @@ def plan_table(plan: Plan) -> Table:
                       ("pipeline time", "right")):
         t.add_column(col, justify=just)
     for i, p in enumerate(plan.pipelines):
-        sched = ", ".join(f"{k}={v}" for k, v in p.schedule.items() if k != "name")
+        sched = ", ".join(f"{k}={_short(v)}" for k, v in p.schedule.items() if k != "name")
         sched = f"{p.schedule.get('name', '?')}" + (f" ({sched})" if sched else "")
         for j, s in enumerate(p.stages):
             gpus = sorted({plan.cluster.device(d).gpu.name for d in s.devices})

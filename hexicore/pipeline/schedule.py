@@ -113,6 +113,9 @@ class Pricing:
       ``sum_j (STAGE_j + HOP_j) + (n - 1) max_j (STAGE_j + HOP_j)``) is this schedule's time:
       when it is the configured schedule (not ``auto``) the planner keeps that formula, which
       the CP-SAT solver's proven bound relies on.
+    * ``memory_cap`` — its ``memory`` parameter caps peak in-flight micro-batches per rank (a
+      number or one per rank): ``schedule=auto``'s final re-pricing passes each pipeline's own
+      (:mod:`hexicore.planner.final_schedules`).
 
     Exact times come from :meth:`ActionSchedule.pipeline_time` (the schedule's closed form where
     one is exact, else the simulator), peak activations from :meth:`ActionSchedule.peaks` (the
@@ -123,6 +126,7 @@ class Pricing:
     min_ranks: int = 1
     fewer_ranks: ScheduleRef | None = None
     cost_model_time: bool = False
+    memory_cap: bool = False
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):
@@ -331,6 +335,10 @@ class ActionSchedule(ABC):
         its exact time: the schedule's own choice of its free parameters (e.g. Hanayo's
         ``waves=auto``). ``ref`` is the reference it was built from; by default it is kept."""
         return ref, self.pipeline_time(stage_times, hop_times, n_mb)
+
+    def share(self, resolved: "ActionSchedule") -> None:
+        """Hand ``resolved`` (built from the reference :meth:`resolve` returned) what it can
+        reuse of this one's cached work (e.g. synthesised lists); nothing by default."""
 
 
 def uniform_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:

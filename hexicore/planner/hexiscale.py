@@ -1,7 +1,8 @@
 """Solver ``hexiscale``: the two-phase planner of HexiScale §4 (:mod:`hexicore.planner.search`),
 registered from the core through :mod:`hexicore.builtin`. Unless ``use_all_devices``, the search
 runs on sub-clusters of whole machines too and the best plan under the problem's objective wins
-(:mod:`hexicore.planner.allocation`)."""
+(:mod:`hexicore.planner.allocation`). With ``schedule=auto`` the returned plan's pipelines then
+try ``final_options`` (:mod:`hexicore.planner.final_schedules`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.allocation import allocate
+from hexicore.planner.final_schedules import reschedule
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.search import run_search
 from hexicore.planner.search_config import SearchConfig
@@ -38,7 +40,8 @@ class HexiScaleSolver:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise HexicoreError(f"seed must be an integer, got {seed!r}", field="solver.seed")
         if self.config.use_all_devices:
-            return run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
+            plan = run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
+            return reschedule(problem, plan, progress)
         deadline = None if time_limit is None else time.monotonic() + time_limit
 
         def one(sub: Problem, report: Progress) -> Plan:  # the same search on a sub-cluster, in the time left
@@ -51,5 +54,6 @@ class HexiScaleSolver:
             found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress)
             return found.with_estimate(sub.cost.estimate(found))
 
-        return allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
+        plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above)
+        return reschedule(problem, plan, progress)

@@ -130,7 +130,13 @@ class ScheduleBook:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
         schedule's own choice of its free parameters, ``resolve``)."""
         ref = ScheduleRef.from_mapping(ref)
-        return self.schedule(ref).resolve(ref, stage_s, hop_s, int(n))
+        sched = self.schedule(ref)
+        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
+        if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
+            share = getattr(sched, "share", None)
+            if share is not None:
+                share(self.schedule(chosen))
+        return chosen, secs
 
     def timer(self, modelled: bool = False):
         """A ``hexicore.cost.PipelineTimer`` pricing each pipeline under its own schedule."""
@@ -189,6 +195,54 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         pipes.append(Pipeline(p.batch, p.stages, best[2] if best else p.schedule))
         tried.append(seen)
     return replace(plan, pipelines=tuple(pipes)), tried
+
+
+def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
+    """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
+    the pipeline's micro-batch count, at least ``step``) with which the stage's memory
+    (``cost.stage_memory_gb``, the check of :func:`hexicore.planner.pricing.fits`) fits its
+    smallest device. Bisection: the stage memory grows with the in-flight count."""
+    c, m, t = plan.cluster, plan.model, plan.train
+    n = pipe.n_micro_batches(t.micro_batch)
+    last, out = len(pipe.stages) - 1, []
+    for j, s in enumerate(pipe.stages):
+        limit = min(c.device(d).memory_gb for d in s.devices)
+
+        def ok(k: int) -> bool:
+            return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                        in_flight=k * step, dp=len(plan.pipelines)) <= limit
+
+        lo, hi = 1, max(1, int(round(n / step)))
+        if ok(hi):
+            lo = hi
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        out.append(lo * step)
+    return tuple(out)
+
+
+def capped(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) -> ScheduleRef:
+    """``ref`` with the pipeline's own per-rank cap (:func:`memory_caps`) as ``memory`` when the
+    schedule builds within one (``Pricing.memory_cap``) and none is set."""
+    if book.schedule(ref).pricing.memory_cap and ref.get("memory") is None and cost is not None \
+            and hasattr(cost, "stage_memory_gb"):
+        return ref.with_params(memory=list(memory_caps(cost, plan, pipe)))
+    return ref
+
+
+def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
+    """``plan`` with each pipeline's schedule as it records itself under the pipeline's own
+    stage and hop times (:meth:`ScheduleBook.resolve`: free parameters chosen, a synthesised
+    schedule's times recorded; a schedule built within a memory cap gets the pipeline's own,
+    :func:`capped`), so evaluate and the runtime rebuild the very lists priced."""
+    pipes = []
+    for p in plan.pipelines:
+        stage_s, hop_s = cost.pipeline_pieces(plan, p)
+        ref = capped(book, cost, plan, p, ScheduleRef.from_mapping(p.schedule))
+        ref, _ = book.resolve(ref, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
+        pipes.append(Pipeline(p.batch, p.stages, ref))
+    return replace(plan, pipelines=tuple(pipes))
 
 
 def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:

@@ -30,7 +30,7 @@ from hexicore.cost.precision import SHARDED_PARTS, state_bytes
 from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assemble, best_strategy, merge_adjacent,
                                          phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
                                          unit_orders, variants)
-from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, timed_cost
+from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, resolve_plan, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
 from hexicore.planner.search_config import SearchConfig
@@ -208,14 +208,18 @@ def finalize(ctx: Context, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
     """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
     modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
     schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
-    among the choices, so no pipeline gets slower)."""
+    among the choices, so no pipeline gets slower), any other schedule records itself as resolved
+    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`)."""
     if ctx.book is None:
         return cands[0].plan, {}
     out = []
     for c in cands:
         if c.plan is None:
             continue
-        plan, tried = choose_exact(ctx.book, ctx.exact_cost, c.plan, ctx.options) if ctx.auto else (c.plan, [])
+        if ctx.auto:
+            plan, tried = choose_exact(ctx.book, ctx.exact_cost, c.plan, ctx.options)
+        else:
+            plan, tried = resolve_plan(ctx.book, ctx.exact_cost, c.plan), []
         est = ctx.exact_cost.estimate(plan)
         out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
     _, _, plan, origin, tried = min(out, key=lambda c: c[:2])

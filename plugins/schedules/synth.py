@@ -4,10 +4,14 @@ double justification), under a per-rank activation cap.
 
 Inputs: the spec's per-rank T_F, T_I, T_W and hop times (from the plan and the cost model, or a
 profile) and ``memory``, the cap on peak in-flight micro-batches per rank (units of the rank's
-whole share; default P, 1F1B's rank-0 peak). A plan records the stage and hop times it was
-synthesised for (``stage_times``, ``hop_times`` in the ``schedule`` section, planner units:
-T_F + T_B per micro-batch, one round trip per hop), so a runtime that asks for P and M only
-rebuilds the same lists (:meth:`Synth.order`).
+whole share; one number, or a list with one per rank; default P, 1F1B's rank-0 peak).
+``effort``: ``full`` (default) or ``quick`` (one candidate per layout refined, no admission
+descent, 200 swap trials: what ``schedule=auto``'s final re-pricing uses, a few times faster).
+A plan records the stage and hop times it was synthesised for (``stage_times``, ``hop_times``
+in the ``schedule`` section, planner units: T_F + T_B per micro-batch, one round trip per hop):
+a synth with recorded times always builds the lists for those times (:meth:`Synth.order`), so
+a runtime that asks for P and M only, and ``hexicore evaluate`` under any cost model, get the
+very lists the plan was priced with (evaluate prices them under its own times).
 Phases: those of the layout and rule chosen (warm-up forwards, steady F / I with W's filling
 gaps, cool-down), reshaped by justification around the slow ranks.
 Memory: at most ``memory`` per rank (the simulated peak is checked; if no candidate fits, the
@@ -22,41 +26,66 @@ per P and M for equal times, under the given times (:meth:`Synth.model_time`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need
 from hexicore.pipeline.simulate import compile_lists, makespan
-from hexicore.pipeline.synth import candidate, synthesize
+from hexicore.pipeline.synth import candidate, caps_of, synthesize
+
+#: ``effort`` -> :func:`hexicore.pipeline.synth.synthesize` settings
+EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
 
 
 @dataclass(frozen=True)
 class Synth(ActionSchedule):
-    memory: float | None = None
+    memory: Any = None
     stage_times: Any = None
     hop_times: Any = None
+    effort: str = "full"
     name = "synth"
+    pricing = Pricing(memory_cap=True)
 
     def __post_init__(self) -> None:
         if self.memory is not None:
-            need(float(self.memory) > 0, self.name, f"memory must be positive, got {self.memory!r}", "schedule.memory")
+            caps = self.memory if isinstance(self.memory, (list, tuple)) else [self.memory]
+            ok = all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps) and caps
+            need(bool(ok), self.name, f"memory must be a positive number or a list of them, got {self.memory!r}",
+                 "schedule.memory")
+            if isinstance(self.memory, list):
+                object.__setattr__(self, "memory", tuple(float(c) for c in self.memory))
+        need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {self.effort!r}",
+             "schedule.effort")
 
     def params(self) -> dict[str, Any]:
-        out: dict[str, Any] = {} if self.memory is None else {"memory": self.memory}
+        out: dict[str, Any] = {}
+        if self.memory is not None:
+            out["memory"] = [float(c) for c in self.memory] if isinstance(self.memory, tuple) else self.memory
+        if self.effort != "full":
+            out["effort"] = self.effort
         if self.stage_times is not None:
             out["stage_times"] = [float(x) for x in self.stage_times]
             out["hop_times"] = [float(x) for x in (self.hop_times or [0.0] * (len(self.stage_times) - 1))]
         return out
 
-    def cap(self, ranks: int) -> float:
-        return float(self.memory) if self.memory is not None else float(ranks)
+    def cap(self, ranks: int) -> float | tuple[float, ...]:
+        """The cap on peak in-flight micro-batches: one number, or one per rank."""
+        if self.memory is None:
+            return float(ranks)
+        if isinstance(self.memory, tuple):
+            need(len(self.memory) == ranks, self.name, f"memory has {len(self.memory)} entries for {ranks} ranks",
+                 "schedule.memory")
+            return self.memory
+        return float(self.memory)
 
     def _spec(self, spec: ScheduleSpec) -> ScheduleSpec:
-        """The recorded times when the spec carries the defaults (a runtime asking for P, M)."""
-        if self.stage_times is None or spec != ScheduleSpec(spec.ranks, spec.micro_batches):
+        """What the lists are built for: the recorded times when there are some (a plan's
+        schedule: the runtime and evaluate get the lists the plan was priced with), else
+        ``spec``."""
+        if self.stage_times is None:
             return spec
         need(len(self.stage_times) == spec.ranks, self.name,
              f"stage_times has {len(self.stage_times)} entries for {spec.ranks} ranks", "schedule.stage_times")
@@ -68,7 +97,7 @@ class Synth(ActionSchedule):
         spec = self._spec(spec)
         key = ("synth", spec)
         if key not in self._cache:
-            s = synthesize(spec, self.cap(spec.ranks))
+            s = synthesize(spec, self.cap(spec.ranks), **EFFORT[self.effort])
             self._cache[key] = build(self.name, self.params(), spec, s.stage_rank, s.lists,
                                      meta={"layout": s.layout, "synth_makespan": s.makespan})
         return self._cache[key]
@@ -85,17 +114,26 @@ class Synth(ActionSchedule):
         P, n = len(stage_times), int(n_mb)
         key = ("seeds", P, n)
         if key not in self._cache:
-            base = ScheduleSpec(P, n)
+            base, caps = ScheduleSpec(P, n), caps_of(self.cap(P), P)
             self._cache[key] = [(al, compile_lists(al)) for al in
-                                (candidate(base, name, False, None, [self.cap(P)] * P)[2] for name in ("linear", "v"))]
+                                (candidate(base, name, False, None, caps)[2] for name in ("linear", "v"))]
         spec = ScheduleSpec.from_pieces(stage_times, hop_times, n)
         return min(makespan(al, spec.timing(al), c) for al, c in self._cache[key])
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
                 n_mb: int) -> tuple[ScheduleRef, float]:
         """Records the times synthesised for (module docstring)."""
-        mine = Synth(self.memory, tuple(map(float, stage_times)), tuple(map(float, hop_times)))
+        mine = Synth(self.memory, tuple(map(float, stage_times)), tuple(map(float, hop_times)), self.effort)
         return ScheduleRef(self.name, mine.params()), self.pipeline_time(stage_times, hop_times, n_mb)
+
+    def share(self, resolved: ActionSchedule) -> None:
+        """The lists synthesised here for the times ``resolved`` records (same cap and effort)."""
+        if not isinstance(resolved, Synth) or resolved.stage_times is None or \
+                (resolved.memory, resolved.effort) != (self.memory, self.effort):
+            return
+        for key, al in list(self._cache.items()):
+            if key[0] == "synth" and key[1].ranks == len(resolved.stage_times) and resolved._spec(key[1]) == key[1]:
+                resolved._cache.setdefault(key, replace(al, schedule=ScheduleRef(self.name, resolved.params())))
 
     def note(self, chosen: ScheduleRef) -> str | None:
         return None

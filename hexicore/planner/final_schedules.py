@@ -1,0 +1,125 @@
+"""``schedule=auto``'s final re-pricing: the installed schedules not among its ``options`` are
+tried on the final plan's pipelines only (``final_options``): those too costly to price inside
+the search (a synthesis per pipeline shape, ``synth``) and the remaining named ones.
+
+The search and its exact re-choice (:func:`hexicore.planner.pricing.choose_exact`) use
+``schedule=auto``'s ``options``; the solver then calls :func:`reschedule` once on the plan it
+returns (after the allocation over sub-clusters, so once per ``hexicore plan``). Per pipeline
+(layers, devices and batch fixed), each of ``final_options`` (conf/schedule/auto.yaml's by
+default) is built for the pipeline's own stage and hop times; a schedule whose ``Pricing``
+declares ``memory_cap`` gets the pipeline's own per-rank cap (the most in-flight
+micro-batches every stage's devices hold, :func:`hexicore.planner.pricing.memory_caps`); an
+option that refuses the pipeline (e.g. too few micro-batches) is skipped. It replaces the pipeline's schedule only
+when it is faster and its exact peak activations fit every stage
+(:func:`hexicore.planner.pricing.fits`); the new plan is kept only when its full estimate
+fits and is not slower. So ``auto`` with final options is never slower than without them, and
+the plan records the chosen schedule of every pipeline (with what a runtime needs to rebuild it,
+the schedule's ``resolve``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Pipeline, Plan
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.planner.objective import rate
+from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, timed_cost
+from hexicore.planner.problem import Problem, Progress, no_progress
+
+#: ``schedule=auto``'s key for the schedules tried on the final plan only
+FINAL = "final_options"
+
+
+def final_options(schedule: Mapping[str, Any]) -> tuple[ScheduleRef, ...]:
+    """``schedule=auto``'s ``final_options``: conf/schedule/auto.yaml's while ``options`` are
+    its defaults too (absent or equal); a problem that lists its own ``options`` gets exactly
+    those unless it names other ``final_options`` as well; ``[]`` turns the final re-pricing
+    off. None for any other schedule."""
+    ref = ScheduleRef.from_mapping(schedule)
+    if ref.name != AUTO:
+        return ()
+    shipped = auto_defaults()
+    default = _refs(shipped.get(FINAL), FINAL)
+    given = _refs(ref.get(FINAL), FINAL) if FINAL in ref.params else default
+    own_options = "options" in ref.params and _refs(ref.get("options"), "options") != _refs(shipped.get("options"),
+                                                                                           "options")
+    return () if own_options and given == default else given
+
+
+def _refs(raw: Any, key: str) -> tuple[ScheduleRef, ...]:
+    out = []
+    for i, o in enumerate(raw or []):
+        if not isinstance(o, Mapping) or not isinstance(o.get("name"), str) or o["name"] == AUTO:
+            raise HexicoreError(f"each entry must be a mapping with a schedule name, got {o!r}",
+                                field=f"schedule.{key}[{i}]")
+        out.append(ScheduleRef.from_mapping(o))
+    return tuple(out)
+
+
+def _pricing(problem: Problem) -> tuple[Any, ScheduleBook] | None:
+    """The schedule-priced cost model and book the plan is checked with (None: a cost model the
+    schedules cannot price)."""
+    if problem.pricing is not None:
+        return problem.cost, problem.pricing
+    if not hasattr(problem.cost, "activation") or not hasattr(problem.cost, "pipeline_timer"):
+        return None
+    book = ScheduleBook(problem.registry)
+    return timed_cost(problem.cost, book), book
+
+
+def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -> Plan:
+    """The module docstring's final re-pricing of ``plan`` (``problem.schedule`` is ``auto``
+    with final options; otherwise ``plan`` is returned as it is). The solver section's
+    ``schedules`` and ``schedule_s`` (seconds per option tried, per pipeline) and the rate
+    figures follow the new plan."""
+    refs = final_options(problem.schedule)
+    priced = _pricing(problem) if refs and problem.registry is not None else None
+    if priced is None:
+        return plan
+    cost, book = priced
+    base = cost.estimate(plan)
+    pipes, seen_all, shapes = [], [], {}
+    for i, p in enumerate(plan.pipelines):
+        progress(f"auto: final schedules for pipeline {i + 1}/{len(plan.pipelines)}", i / len(plan.pipelines))
+        stage_s, hop_s = cost.pipeline_pieces(plan, p)
+        n = p.n_micro_batches(plan.train.micro_batch)
+        key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
+        if key not in shapes:
+            shapes[key] = _choose(book, cost, plan, p, refs, stage_s, hop_s, n)
+        ref, seen = shapes[key]
+        pipes.append(Pipeline(p.batch, p.stages, ref))
+        seen_all.append(seen)
+    new = replace(plan, pipelines=tuple(pipes))
+    est = cost.estimate(new) if new != plan else base
+    if not est.fits or est.iteration_s > base.iteration_s + 1e-12:
+        new, est = plan, base
+    info = dict(plan.solver or {})
+    tried = info.get("schedule_s") or [{} for _ in plan.pipelines]
+    info["schedule_s"] = [{**a, **b} for a, b in zip(tried, seen_all)]
+    info["schedules"] = [q.schedule.to_dict() for q in new.pipelines]
+    new = new.with_estimate(est) if plan.estimate is not None else new
+    if "tokens_per_s" in info:
+        info.update(rate(new))
+    return new.with_solver(info)
+
+
+def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
+            stage_s: list, hop_s: list, n: int) -> tuple[ScheduleRef, dict]:
+    """One pipeline: its schedule, or the fastest final option that is faster and fits."""
+    best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
+    seen = {}
+    for ref in refs:
+        if not book.usable(ref, len(p.stages)):
+            continue
+        ref = capped(book, cost, plan, p, ref)
+        try:
+            chosen, secs = book.resolve(ref, stage_s, hop_s, n)
+        except HexicoreError:
+            continue  # the schedule refuses this pipeline (e.g. too few micro-batches for it)
+        seen[chosen.name] = round(secs, 6)
+        if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
+            best, best_s = chosen, secs
+    return best, seen

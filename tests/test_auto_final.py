@@ -1,0 +1,126 @@
+"""``schedule=auto``'s final options (synth re-priced on the final plan's pipelines under each
+pipeline's own memory cap) and plans of ``schedule=synth``: never slower than auto without them,
+each pipeline's choice recorded, and evaluate / the runtime rebuild the very lists priced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hexicore.app.compose import build_problem, config_from_overrides, evaluate
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan
+from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.pipeline.simulate import simulate
+from hexicore.pipeline.synth import synthesize
+from hexicore.planner.final_schedules import final_options
+from hexicore.planner.pricing import auto_defaults, memory_caps
+from hexicore.registry import Registry
+
+from tests.conftest import run_cli
+
+#: (cluster, model, global batch, extra overrides): the paper case through the allocation over
+#: sub-clusters (the final options run once, after it), hetero1 on all its devices (quicker)
+PRESETS = [("paper_case", "llama2_13b", 24, []), ("hetero1", "llama2_7b", 128, ["solver.use_all_devices=true"])]
+
+
+def solve(over: list[str]) -> tuple[Plan, object]:
+    reg = Registry.default()
+    problem = build_problem(config_from_overrides(over), reg)
+    every = any(o == "solver.use_all_devices=true" for o in over)
+    plan = reg.create("solver", "hexiscale", iterations=6, use_all_devices=every).solve(problem, seed=0)
+    return plan, problem
+
+
+def rebuilt_time(plan: Plan, pipe, cost) -> float:
+    """The pipeline's time with the lists a runtime builds from the plan's schedule section
+    (asking for P and M only), under the plan's own stage and hop times."""
+    ref = pipe.schedule
+    sched = Registry.default().create("schedule", ref.name, **ref.kwargs())
+    n = pipe.n_micro_batches(plan.train.micro_batch)
+    al = sched.order(ScheduleSpec(len(pipe.stages), n))
+    stage_s, hop_s = cost.pipeline_pieces(plan, pipe)
+    return simulate(al, ScheduleSpec.from_pieces(stage_s, hop_s, n).timing(al), comm=False).makespan
+
+
+def test_final_options_default_and_off():
+    assert [o.name for o in final_options({"name": "auto"})] == [o["name"] for o in auto_defaults()["final_options"]]
+    assert "synth" in [o.name for o in final_options({"name": "auto"})]
+    assert final_options({"name": "auto", "final_options": []}) == ()
+    assert final_options({"name": "zb_h1"}) == ()
+    with pytest.raises(HexicoreError, match="final_options"):
+        final_options({"name": "auto", "final_options": ["synth"]})
+    mine = [{"name": "1f1b"}, {"name": "gpipe"}]  # own options: exactly those, unless finals are named too
+    assert final_options({"name": "auto", "options": mine}) == ()
+    assert final_options({"name": "auto", "options": mine, "final_options": auto_defaults()["final_options"]}) == ()
+    assert [o.name for o in final_options({"name": "auto", "options": mine, "final_options": [{"name": "synth"}]})] \
+        == ["synth"]
+    assert final_options({"name": "auto", "options": auto_defaults()["options"]}) == final_options({"name": "auto"})
+
+
+def test_per_rank_caps_are_kept_and_bind():
+    spec = ScheduleSpec.from_pieces([0.5, 0.58, 0.52, 0.6, 0.58], [0.09, 0.0, 0.08, 0.0], 24)
+    loose = synthesize(spec, [24.0, 24.0, 24.0, 24.0, 24.0], keep=1, admit_rounds=0, swaps=50)
+    caps = [3.0, 24.0, 24.0, 24.0, 2.0]
+    tight = synthesize(spec, caps, keep=1, admit_rounds=0, swaps=50)
+    from hexicore.pipeline.actions import ActionList
+
+    al = ActionList({}, 5, len(tight.stage_rank), 24, tight.stage_rank, tight.lists)
+    peaks = simulate(al, spec.timing(al), comm=False).peak_activations
+    assert all(p <= c + 1e-9 for p, c in zip(peaks, caps)) and peaks[0] > 2
+    assert tight.makespan >= loose.makespan - 1e-9
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p[0])
+def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset):
+    cluster, model, batch, extra = preset
+    over = [f"cluster={cluster}", f"model={model}", f"train.global_batch={batch}", "schedule=auto", *extra]
+    before, _ = solve(over + ["schedule.final_options=[]"])
+    plan, problem = solve(over)
+    est, base = problem.cost.estimate(plan), problem.cost.estimate(before)
+    assert est.fits and est.iteration_s <= base.iteration_s + 1e-9
+    if plan.estimate is not None:
+        assert plan.estimate.iteration_s == pytest.approx(est.iteration_s, abs=1e-9)
+    # on both presets the pipelines' stage times are uneven: synth is chosen and strictly faster
+    assert est.iteration_s < base.iteration_s - 1e-3
+    assert plan.solver["schedules"] == [p.schedule.to_dict() for p in plan.pipelines]
+    finals = {o.name for o in final_options({"name": "auto"})}
+    for p, tried in zip(plan.pipelines, plan.solver["schedule_s"]):
+        assert p.schedule.name in finals and tried[p.schedule.name] == min(tried.values())
+        assert set(tried) >= finals - {"dualpipe_v"}  # every final option priced (DualPipeV needs M >= 2P)
+        if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps
+            assert list(p.schedule["memory"]) == list(memory_caps(problem.cost, plan, p))
+        assert rebuilt_time(plan, p, problem.cost) == pytest.approx(tried[p.schedule.name], abs=1e-6)
+    assert any(p.schedule.name == "synth" for p in plan.pipelines)
+    again = evaluate(Plan.from_dict(json.loads(json.dumps(plan.to_dict()))), problem.cost.__class__(),
+                     registry=Registry.default())[1]
+    assert again.iteration_s == pytest.approx(est.iteration_s, abs=1e-9)
+
+
+def test_memory_caps_are_the_largest_that_fit():
+    plan, problem = solve(["schedule=auto", "schedule.final_options=[]"])
+    cost, c, m, t = problem.cost, plan.cluster, plan.model, plan.train
+    for pipe in plan.pipelines:
+        n, last = pipe.n_micro_batches(t.micro_batch), len(pipe.stages) - 1
+        for j, (s, cap) in enumerate(zip(pipe.stages, memory_caps(cost, plan, pipe))):
+            def gb(x):
+                return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                            in_flight=x, dp=len(plan.pipelines))
+            limit = min(c.device(d).memory_gb for d in s.devices)
+            assert gb(cap) <= limit and (cap >= n or gb(cap + 0.5) > limit)
+
+
+def test_synth_plan_evaluates_to_the_printed_time(tmp_path, capsys):
+    out, ev = tmp_path / "p.json", tmp_path / "e.json"
+    assert run_cli(["plan", "schedule=synth", "solver.iterations=6", "solver.use_all_devices=true", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'run'}"]) == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    sections = [p["schedule"] for p in data["pipelines"]]
+    assert all(s["name"] == "synth" and "stage_times" in s and "hop_times" in s for s in sections)
+    assert run_cli(["evaluate", f"plan_file={out}", f"out={ev}", f"hydra.run.dir={tmp_path / 'run2'}"]) == 0
+    assert abs(json.loads(ev.read_text())["estimate"]["iteration_s"] - data["estimate"]["iteration_s"]) <= 1e-9
+    plan = Plan.from_dict(data)
+    problem = build_problem(config_from_overrides(["schedule=synth"]), Registry.default())
+    for p, secs in zip(plan.pipelines, data["estimate"]["pipeline_s"]):
+        assert rebuilt_time(plan, p, problem.cost) == pytest.approx(secs, abs=1e-9)

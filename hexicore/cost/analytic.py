@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
@@ -49,6 +49,10 @@ class AnalyticCostModel:
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
     name: str = "analytic"
+    #: a group of devices is priced only through its machine's GPU type and links (two machines
+    #: of one type with the same intra link and no per-pair override are interchangeable): the
+    #: planner may cache stage times, hops and memory caps per such class of machines
+    class_priced: ClassVar[bool] = True
 
     # ------------------------------------------------------------- pieces
     def state_bytes(self, train: TrainConfig) -> StateBytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hexicore.core.estimate import Estimate
@@ -89,9 +89,9 @@ def at_dp(ctx: Context, d_dp: int) -> Context:
         return ctx
     ctx.dp_tables.setdefault(ctx.table.dp, ctx.tables)
     if d_dp not in ctx.dp_tables:
-        ctx.dp_tables[d_dp] = {o: replace(t, dp=d_dp, _caps={}, _rows={}) for o, t in ctx.tables.items()}
+        ctx.dp_tables[d_dp] = {o: t.variant(dp=d_dp) for o, t in ctx.tables.items()}
     ctx.tables = ctx.dp_tables[d_dp]
-    ctx.table = ctx.tables[ctx.options[0]] if ctx.options else replace(ctx.table, dp=d_dp, _caps={}, _rows={})
+    ctx.table = ctx.tables[ctx.options[0]] if ctx.options else ctx.table.variant(dp=d_dp)
     return ctx
 
 

@@ -114,7 +114,7 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
         opts = options(problem.schedule)
         exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
     table = StageTable(problem.cluster, m, problem.train, cost, opts[0])
-    tables = {o: table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
+    tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
                    problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,

@@ -167,6 +167,14 @@ class Cluster:
                            latency_us=self.latency_us(a.id, b.id))
         return g
 
+    def device_graph(self):
+        """The same graph held as per-machine-pair matrices
+        (:class:`hexicore.core.device_graph.DeviceGraph`): what the planner partitions, in
+        memory proportional to machines^2 rather than devices^2 edge objects."""
+        from hexicore.core.device_graph import DeviceGraph
+
+        return DeviceGraph.from_cluster(self)
+
     @property
     def total_tflops(self) -> float:
         return sum(d.tflops for d in self.devices)

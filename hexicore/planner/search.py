@@ -117,7 +117,7 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
     tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
-                   problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
+                   problem.cluster.device_graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
                    book=book, exact_cost=exact, options=opts, tables=tables)
 
 

@@ -1,0 +1,122 @@
+"""The device graph of HexiScale §4.2 held as per-machine-pair matrices.
+
+The graph is complete (vertex weight ``tflops``, edge weight ``bandwidth`` in GB/s, also
+``latency_us``), and every edge weight is a property of the two devices' machines: inside a
+machine its intra link, between two machines their per-pair override or the default
+inter-machine link. :class:`DeviceGraph` therefore stores one ``machines x machines`` matrix per
+attribute and hands out device-level weight matrices only for the nodes asked for
+(:meth:`DeviceGraph.matrix`). A networkx complete graph holds one attribute dict per edge:
+8.4 M of them at 4096 devices, several GB; this holds 2 x 512^2 floats for 512 machines.
+
+It offers the part of networkx's ``Graph`` API the partitioner, refiner and orderer plugins
+use (``nodes`` with attribute dicts, ``edges``, ``number_of_nodes``/``number_of_edges``,
+``has_edge``, ``graph``) and :meth:`DeviceGraph.view` for sub-graphs; :func:`hexicore.planner.
+partition.weight_matrix` asks it for matrices directly. ``to_networkx`` builds the full graph
+for code that needs networkx itself (small clusters only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+ATTRS = ("bandwidth", "latency_us")
+
+
+class DeviceGraph:
+    """Nodes (device ids, in order) with attribute dicts, and per machine-pair edge weights."""
+
+    def __init__(self, nodes: Mapping[str, dict[str, Any]], machine_of: np.ndarray,
+                 pair: Mapping[str, np.ndarray], index: Mapping[str, int] | None = None) -> None:
+        self.nodes = dict(nodes)  # device id -> {"tflops", "memory_gb", "machine"}, in graph order
+        self._machine_of = machine_of  # per node of the root graph: its machine's row in ``pair``
+        self._pair = pair  # attribute -> machines x machines matrix
+        self._index = index if index is not None else {v: i for i, v in enumerate(self.nodes)}
+        self.graph: dict[str, Any] = {}
+
+    @classmethod
+    def from_cluster(cls, cluster: Any) -> "DeviceGraph":
+        """Built from a :class:`hexicore.core.cluster.Cluster`'s machines and links."""
+        names = [m.name for m in cluster.machines]
+        row = {n: i for i, n in enumerate(names)}
+        k = len(names)
+        bw = np.full((k, k), float(cluster.inter_bandwidth_gbs))
+        lat = np.full((k, k), float(cluster.inter_latency_us))
+        for link in cluster.links:
+            a, b = (row[x] for x in link.between)
+            bw[a, b] = bw[b, a] = link.bandwidth_gbs
+            lat[a, b] = lat[b, a] = link.latency_us
+        for i, m in enumerate(cluster.machines):
+            bw[i, i], lat[i, i] = m.bandwidth_gbs, m.latency_us
+        devs = cluster.devices
+        nodes = {d.id: {"tflops": d.tflops, "memory_gb": d.memory_gb, "machine": d.machine} for d in devs}
+        machine_of = np.fromiter((row[d.machine] for d in devs), dtype=np.int64, count=len(devs))
+        return cls(nodes, machine_of, {"bandwidth": bw, "latency_us": lat})
+
+    # ------------------------------------------------------------------ weights
+    def matrix(self, attr: str, nodes: Sequence[Hashable] | None = None) -> np.ndarray:
+        """The symmetric ``attr`` matrix over ``nodes`` (all by default), 0 on the diagonal."""
+        nodes = list(self.nodes) if nodes is None else list(nodes)
+        idx = self._machine_of[np.fromiter((self._index[v] for v in nodes), dtype=np.int64, count=len(nodes))]
+        out = self._pair[attr][np.ix_(idx, idx)]
+        np.fill_diagonal(out, 0.0)
+        return out
+
+    def weight(self, a: Hashable, b: Hashable, attr: str = "bandwidth") -> float:
+        return float(self._pair[attr][self._machine_of[self._index[a]], self._machine_of[self._index[b]]])
+
+    def view(self, nodes: Sequence[Hashable]) -> "DeviceGraph":
+        """The sub-graph on ``nodes`` sharing this graph's weights. Node order follows
+        networkx's ``subgraph_view`` with an order-keeping filter
+        (:func:`hexicore.planner.partition.ordered_subgraph`): ``nodes``' own order when they
+        are fewer than half the graph's nodes, else the graph's order."""
+        keep = dict.fromkeys(nodes)
+        if 2 * len(keep) < len(self.nodes):
+            order = [v for v in keep if v in self.nodes]
+        else:
+            order = [v for v in self.nodes if v in keep]
+        out = DeviceGraph({v: self.nodes[v] for v in order}, self._machine_of, self._pair, self._index)
+        out.graph = self.graph
+        return out
+
+    # ------------------------------------------------------- networkx's API, in part
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, node: Hashable) -> bool:
+        return node in self.nodes
+
+    def number_of_nodes(self) -> int:
+        return len(self.nodes)
+
+    def number_of_edges(self) -> int:
+        n = len(self.nodes)
+        return n * (n - 1) // 2
+
+    def has_edge(self, a: Hashable, b: Hashable) -> bool:
+        return a != b and a in self.nodes and b in self.nodes
+
+    def edges(self, data: bool = False) -> Iterator[tuple]:
+        """Every edge once (node order); with ``data`` each with its attribute dict."""
+        order = list(self.nodes)
+        for i, a in enumerate(order):
+            for b in order[i + 1:]:
+                if data:
+                    yield a, b, {k: self.weight(a, b, k) for k in ATTRS}
+                else:
+                    yield a, b
+
+    def to_networkx(self):
+        """The same graph as a networkx ``Graph`` (a complete graph: small clusters only)."""
+        import networkx as nx
+
+        g = nx.Graph()
+        for v, attrs in self.nodes.items():
+            g.add_node(v, **attrs)
+        for a, b, d in self.edges(data=True):
+            g.add_edge(a, b, **d)
+        return g

@@ -136,6 +136,23 @@ class Cluster:
             self._pair_cache[key] = hit
         return hit
 
+    @cached_property
+    def link_matrices(self) -> tuple[dict[str, int], "Any", "Any"]:
+        """(device id -> its machine's row, bandwidth GB/s and latency us per machine pair):
+        inside a machine its intra link, between two its per-pair override or the default."""
+        import numpy as np
+
+        row = {m.name: i for i, m in enumerate(self.machines)}
+        k = len(row)
+        bw, lat = np.full((k, k), float(self.inter_bandwidth_gbs)), np.full((k, k), float(self.inter_latency_us))
+        for link in self.links:
+            a, b = (row[x] for x in link.between)
+            bw[a, b] = bw[b, a] = link.bandwidth_gbs
+            lat[a, b] = lat[b, a] = link.latency_us
+        for i, m in enumerate(self.machines):
+            bw[i, i], lat[i, i] = m.bandwidth_gbs, m.latency_us
+        return {d.id: row[d.machine] for d in self.devices}, bw, lat
+
     def bandwidth_gbs(self, a: str, b: str) -> float:
         """One-direction bandwidth between two devices in GB/s (infinite for a device itself)."""
         return self._pair(a, b)[0]

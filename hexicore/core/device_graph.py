@@ -38,20 +38,10 @@ class DeviceGraph:
     @classmethod
     def from_cluster(cls, cluster: Any) -> "DeviceGraph":
         """Built from a :class:`hexicore.core.cluster.Cluster`'s machines and links."""
-        names = [m.name for m in cluster.machines]
-        row = {n: i for i, n in enumerate(names)}
-        k = len(names)
-        bw = np.full((k, k), float(cluster.inter_bandwidth_gbs))
-        lat = np.full((k, k), float(cluster.inter_latency_us))
-        for link in cluster.links:
-            a, b = (row[x] for x in link.between)
-            bw[a, b] = bw[b, a] = link.bandwidth_gbs
-            lat[a, b] = lat[b, a] = link.latency_us
-        for i, m in enumerate(cluster.machines):
-            bw[i, i], lat[i, i] = m.bandwidth_gbs, m.latency_us
+        row_of, bw, lat = cluster.link_matrices
         devs = cluster.devices
         nodes = {d.id: {"tflops": d.tflops, "memory_gb": d.memory_gb, "machine": d.machine} for d in devs}
-        machine_of = np.fromiter((row[d.machine] for d in devs), dtype=np.int64, count=len(devs))
+        machine_of = np.fromiter((row_of[d.id] for d in devs), dtype=np.int64, count=len(devs))
         return cls(nodes, machine_of, {"bandwidth": bw, "latency_us": lat})
 
     # ------------------------------------------------------------------ weights

@@ -20,6 +20,7 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
+from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import SHARDED_PARTS, StateBytes, sharded, state_bytes
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -49,9 +50,7 @@ class AnalyticCostModel:
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
     name: str = "analytic"
-    #: a group of devices is priced only through its machine's GPU type and links (two machines
-    #: of one type with the same intra link and no per-pair override are interchangeable): the
-    #: planner may cache stage times, hops and memory caps per such class of machines
+    #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
     class_priced: ClassVar[bool] = True
 
     # ------------------------------------------------------------- pieces
@@ -217,6 +216,8 @@ class AnalyticCostModel:
         if n <= 1:
             return 0.0
         chunks = math.lcm(*(s.tp for s in holders))
+        if weight is None and chunks * n * (n - 1) >= MIN_TERMS:  # the same sums, as arrays
+            return ring_layer_s(cluster, holders, n_params, dtype_bytes)
         chunk = n_params * dtype_bytes / chunks
         worst = 0.0
         for i, s in enumerate(holders):
@@ -338,10 +339,13 @@ class AnalyticCostModel:
             n_mb = p.n_micro_batches(t.micro_batch)
             last = len(p.stages) - 1
             for j, s in enumerate(p.stages):
+                even = None  # even shares: one computation for the whole stage
                 for d in s.devices:
-                    out[d] = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                                     in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
-                                                     kept=None if kept is None else kept[d])
+                    if even is None or kept is not None:
+                        even = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                                       in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
+                                                       kept=None if kept is None else kept[d])
+                    out[d] = dict(even)
         return out
 
     def memory_gb(self, plan: Plan) -> dict[str, float]:
@@ -374,30 +378,3 @@ class AnalyticCostModel:
         mfu = flops / (it * plan.cluster.total_tflops * 1e12) if it > 0 else 0.0
         return Estimate(it, mfu, tokens / it if it > 0 else 0.0, tuple(pipe_s), dp,
                         {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
-
-
-def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: PipelineTimer | None = None,
-                           source: str = "cost") -> AnalyticCostModel:
-    """Build the analytic model from the ``cost:`` config section (see conf/cost/analytic.yaml)."""
-    from hexicore.core import schema
-
-    d = dict(schema.as_mapping(cfg or {}, source, "cost"))
-    eff = schema.as_mapping(d.get("efficiency") or {}, source, "cost.efficiency")
-    efficiency = {str(k): schema.number(v, source, f"cost.efficiency.{k}") for k, v in eff.items()}
-    for k, v in efficiency.items():
-        if v > 1:
-            from hexicore.core.errors import HexicoreError
-            raise HexicoreError(f"efficiency must be in (0, 1], got {v:g}", source=source, field=f"cost.efficiency.{k}")
-    sbp = d.get("state_bytes_per_param")
-    default = schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source, "cost.default_efficiency")
-    if default > 1:
-        from hexicore.core.errors import HexicoreError
-        raise HexicoreError(f"efficiency must be in (0, 1], got {default:g}", source=source,
-                            field="cost.default_efficiency")
-    return AnalyticCostModel(
-        efficiency=efficiency,
-        default_efficiency=default,
-        state_bytes_per_param=None if sbp is None else schema.number(sbp, source, "cost.state_bytes_per_param"),
-        reserve_gb=schema.number(d.get("reserve_gb", 1.0), source, "cost.reserve_gb", allow_zero=True),
-        pipeline_timer=pipeline_timer,
-    )

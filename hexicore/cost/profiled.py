@@ -30,7 +30,8 @@ from hexicore.core.cluster import Cluster, Link
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
-from hexicore.cost.analytic import AnalyticCostModel, cost_model_from_config
+from hexicore.cost.analytic import AnalyticCostModel
+from hexicore.cost.config import cost_model_from_config
 
 log = logging.getLogger("hexicore")
 

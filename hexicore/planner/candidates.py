@@ -71,6 +71,8 @@ class Context:
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
     dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
+    parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
+    workers: int = 1  # processes the search may use (hexicore.planner.prefetch)
 
     @property
     def auto(self) -> bool:
@@ -247,17 +249,28 @@ def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | 
     return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
 
 
+def split(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> tuple[list, list[int]]:
+    """Phase 1 (§4.2): the parts (sorted) and each part's number of groups ``k_i`` (cached)."""
+    key = (d_dp, objective, tuple(k_shift), seed)
+    hit = ctx.parts_cache.get(key)
+    if hit is None:
+        parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance,
+                                          seed=seed)
+        if ctx.refiner is not None and d_dp > 1:
+            parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
+        parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
+        cl = ctx.problem.cluster
+        ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
+              for i, p in enumerate(parts)]
+        hit = ctx.parts_cache[key] = (parts, ks)
+    return hit
+
+
 def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
     origin = f"search D_dp={d_dp} {objective}"
     at_dp(ctx, d_dp)
-    parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
-    if ctx.refiner is not None and d_dp > 1:
-        parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
-    parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
-    cl = ctx.problem.cluster
-    ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
-          for i, p in enumerate(parts)]
+    parts, ks = split(ctx, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
     if key in ctx.seen:
         return ctx.seen[key]

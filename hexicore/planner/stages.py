@@ -231,12 +231,11 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     if hit is None:
         p = len(stages)
         hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
-        rows, caps = [], []
-        for j, g in enumerate(stages):
-            first, last = j == 0, j == p - 1
-            caps.append(table.cap(g, first, last, table.in_flight(p, j, n_mb_max)))
-            rows.append(table.times(g, first, last))
-        rows = np.vstack(rows) + np.array(hops + [0.0])[:, None]
+        ends = [(j == 0, j == p - 1) for j in range(p)]
+        caps = [table.cap(g, f, la, table.in_flight(p, j, n_mb_max))
+                for j, (g, (f, la)) in enumerate(zip(stages, ends))]
+        rows = np.array([table.times(g, f, la) for g, (f, la) in zip(stages, ends)])
+        rows[:-1] += np.array(hops)[:, None]
         hit = table._rows[key] = (rows, caps, hops)
     return hit
 

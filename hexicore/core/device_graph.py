@@ -44,6 +44,23 @@ class DeviceGraph:
         machine_of = np.fromiter((row_of[d.id] for d in devs), dtype=np.int64, count=len(devs))
         return cls(nodes, machine_of, {"bandwidth": bw, "latency_us": lat})
 
+    @classmethod
+    def machines_of(cls, cluster: Any) -> "DeviceGraph":
+        """The machine graph: one node per machine with usable devices (``tflops``: their sum,
+        ``devices``: their ids), edge weight = the total over the device pairs of the two
+        machines (``n_a * n_b * bandwidth``, so a cut weighs what the device graph's does)."""
+        row_of, bw, lat = cluster.link_matrices
+        members: dict[str, list] = {}
+        for d in cluster.devices:
+            members.setdefault(d.machine, []).append(d)
+        names = list(members)
+        rows = np.array([row_of[members[m][0].id] for m in names], dtype=np.int64)
+        size = np.array([len(members[m]) for m in names], dtype=float)
+        pair = {"bandwidth": bw[np.ix_(rows, rows)] * np.outer(size, size), "latency_us": lat[np.ix_(rows, rows)]}
+        nodes = {m: {"tflops": sum(d.tflops for d in members[m]), "devices": [d.id for d in members[m]],
+                     "machine": m} for m in names}
+        return cls(nodes, np.arange(len(names), dtype=np.int64), pair)
+
     # ------------------------------------------------------------------ weights
     def matrix(self, attr: str, nodes: Sequence[Hashable] | None = None) -> np.ndarray:
         """The symmetric ``attr`` matrix over ``nodes`` (all by default), 0 on the diagonal."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 from hexicore.core.estimate import Estimate
@@ -28,6 +29,7 @@ from hexicore.planner.partition import ordered_subgraph
 from hexicore.planner.pricing import ScheduleBook
 from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
+from hexicore.planner.shared_layouts import shared_phase2
 from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline,
                                      machine_contiguous, split_by_machine, tp_menus)
 
@@ -72,7 +74,15 @@ class Context:
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
     dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
     parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
+    class_ids: dict = field(default_factory=dict)  # machine class -> small id (shared_layouts)
     workers: int = 1  # processes the search may use (hexicore.planner.prefetch)
+
+    @cached_property
+    def machine_graph(self) -> Any:
+        """Machines as nodes (:meth:`hexicore.core.device_graph.DeviceGraph.machines_of`)."""
+        from hexicore.core.device_graph import DeviceGraph
+
+        return DeviceGraph.machines_of(self.problem.cluster)
 
     @property
     def auto(self) -> bool:
@@ -204,13 +214,22 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
 
 
 def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
-    """One pipeline's layout from its devices (cached per part, k and batch bound)."""
-    tf = ctx.problem.cluster.total_tflops
-    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
+    """One pipeline's layout from its devices (cached per part, k and batch bound; on large
+    clusters per signature of the part, :mod:`hexicore.planner.shared_layouts`)."""
+    if len(ctx.graph) > ctx.cfg.machine_graph_above:  # large clusters: per part signature (shared_layouts)
+        return shared_phase2(ctx, part, k, n_mb_max, seed, lambda *a: _phase2(ctx, *a))
     key = (frozenset(part), k, n_mb_max)
     if key not in ctx.phase2_cache:
-        ctx.phase2_cache[key] = best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
+        ctx.phase2_cache[key] = _phase2(ctx, part, k, n_mb_max, seed)
     return ctx.phase2_cache[key]
+
+
+def _phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
+    if len({ctx.problem.cluster.device(d).machine for d in part}) > ctx.problem.model.layers:
+        return None  # a stage per machine at least: more stages than layers, no layout exists
+    tf = ctx.problem.cluster.total_tflops
+    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
+    return best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
 
 
 # ---------------------------------------------------------------------- candidates
@@ -254,10 +273,15 @@ def split(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed:
     key = (d_dp, objective, tuple(k_shift), seed)
     hit = ctx.parts_cache.get(key)
     if hit is None:
-        parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance,
-                                          seed=seed)
+        graph = ctx.graph
+        coarse = len(graph) > ctx.cfg.machine_graph_above and d_dp <= len(ctx.machine_graph)
+        if coarse:  # large clusters: whole machines are partitioned (machine graph), then expanded
+            graph = ctx.machine_graph
+        parts = ctx.partitioner.partition(graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
         if ctx.refiner is not None and d_dp > 1:
-            parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
+            parts = ctx.refiner.refine(graph, parts, objective=objective, balance=ctx.cfg.max_balance)
+        if coarse:
+            parts = [[d for m in p for d in graph.nodes[m]["devices"]] for p in parts]
         parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
         cl = ctx.problem.cluster
         ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))

@@ -182,7 +182,8 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best."""
     n = ctx.cfg.iterations
     sweep = initial_sweep(dps, n)
-    if ctx.workers > 1 and deadline == INF:  # the sweep's fixed cuts: their phase 2 ahead, in parallel
+    if ctx.workers > 1 and deadline == INF and len(ctx.graph) <= ctx.cfg.machine_graph_above:
+        # the sweep's fixed cuts: their phase 2 ahead, in parallel
         fixed = list(itertools.takewhile(lambda s: s[1] is not None, sweep[:n]))
         draws = random.Random()
         draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate

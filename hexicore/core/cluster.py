@@ -153,6 +153,12 @@ class Cluster:
             bw[i, i], lat[i, i] = m.bandwidth_gbs, m.latency_us
         return {d.id: row[d.machine] for d in self.devices}, bw, lat
 
+    @cached_property
+    def memo(self) -> dict:
+        """Cost-model values that depend only on this cluster's links (keys chosen by the cost
+        model, e.g. per machine rows of :attr:`link_matrices`); lives and dies with the cluster."""
+        return {}
+
     def bandwidth_gbs(self, a: str, b: str) -> float:
         """One-direction bandwidth between two devices in GB/s (infinite for a device itself)."""
         return self._pair(a, b)[0]

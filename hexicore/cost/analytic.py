@@ -89,8 +89,12 @@ class AnalyticCostModel:
         if tp <= 1 or n_layers == 0:
             return 0.0
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
-        worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
-                    for d in devices)
+        key = ("tp", msg, *map(cluster.link_matrices[0].get, devices))  # the terms follow the machines
+        worst = cluster.memo.get(key)
+        if worst is None:
+            worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
+                        for d in devices)
+            cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
     def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
@@ -111,9 +115,17 @@ class AnalyticCostModel:
         TP group (priced as its slowest direct send); the gradient goes back the same way, so the
         hop is twice one direction. Leaders are the pair with the fastest link."""
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
+        rows = cluster.link_matrices[0]
+        one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
+        single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1]
+        key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
+        if key is not None and key in cluster.memo:  # one machine each side: every pair has the same link
+            return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
         send = cluster.alpha(a, b) + msg / cluster.beta(a, b)
         bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
+        if key is not None:
+            cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],

@@ -29,6 +29,7 @@ from hexicore.planner.partition import ordered_subgraph
 from hexicore.planner.pricing import ScheduleBook
 from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
+from hexicore.planner.phase1 import split
 from hexicore.planner.shared_layouts import shared_phase2
 from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline,
                                      machine_contiguous, split_by_machine, tp_menus)
@@ -266,28 +267,6 @@ def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | 
         ctx.ema_dp = est.dp_s if ctx.ema_dp is None else a * est.dp_s + (1 - a) * ctx.ema_dp
         ctx.ema_pp = pp if ctx.ema_pp is None else a * pp + (1 - a) * ctx.ema_pp
     return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
-
-
-def split(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> tuple[list, list[int]]:
-    """Phase 1 (§4.2): the parts (sorted) and each part's number of groups ``k_i`` (cached)."""
-    key = (d_dp, objective, tuple(k_shift), seed)
-    hit = ctx.parts_cache.get(key)
-    if hit is None:
-        graph = ctx.graph
-        coarse = len(graph) > ctx.cfg.machine_graph_above and d_dp <= len(ctx.machine_graph)
-        if coarse:  # large clusters: whole machines are partitioned (machine graph), then expanded
-            graph = ctx.machine_graph
-        parts = ctx.partitioner.partition(graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
-        if ctx.refiner is not None and d_dp > 1:
-            parts = ctx.refiner.refine(graph, parts, objective=objective, balance=ctx.cfg.max_balance)
-        if coarse:
-            parts = [[d for m in p for d in graph.nodes[m]["devices"]] for p in parts]
-        parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
-        cl = ctx.problem.cluster
-        ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
-              for i, p in enumerate(parts)]
-        hit = ctx.parts_cache[key] = (parts, ks)
-    return hit
 
 
 def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:

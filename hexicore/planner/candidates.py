@@ -35,6 +35,7 @@ from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_
                                      machine_contiguous, split_by_machine, tp_menus)
 
 INF = math.inf
+LAYOUTS_KEPT = 8192  # most layouts phase 2's memo keeps (then it starts afresh)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,8 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
         stages = tuple(g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c]))
         key = (stages, n_mb_max)
         if key not in ctx.layout_cache:
+            if len(ctx.layout_cache) >= LAYOUTS_KEPT:  # a memo only, bounded (long pipelines weigh)
+                ctx.layout_cache.clear()
             ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
         lay = ctx.layout_cache[key]
         return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)

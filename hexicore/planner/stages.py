@@ -24,6 +24,8 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import default_in_flight
 
 Group = tuple[str, ...]
+#: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
+ROWS_KEPT = 2048
 
 
 @lru_cache(maxsize=4096)
@@ -229,6 +231,8 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     key = rows_key(table, stages, n_mb_max) if key is None else key
     hit = table._rows.get(key)
     if hit is None:
+        if len(table._rows) >= ROWS_KEPT:  # a memo only: bounded, the rows of long pipelines weigh p x L floats
+            table._rows.clear()
         p = len(stages)
         hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
         ends = [(j == 0, j == p - 1) for j in range(p)]

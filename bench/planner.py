@@ -142,7 +142,8 @@ def scale_setting(n: int) -> tuple[str, int]:
     return ("llama2_13b", 128) if n <= 64 else ("llama2_70b", 512)
 
 
-def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: int = 1024) -> list[str]:
+def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: int = 1024,
+                done=lambda lines: None) -> list[str]:
     """Search time on synthetic fleets, per size two rows: hexiscale as configured by default
     (allocation: it also chooses the machines) and with ``use_all_devices=true`` (the search
     alone); megatron's plan for scale; with ``old``, the same solves on that older checkout
@@ -165,6 +166,7 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
             print(lines[-1], flush=True)
         lines.append(f"| {n} | {model}, {batch} | megatron (best symmetric) | {f(mega.iteration_s if mega else None)} "
                      f"| | | | | | | |")
+        done(lines)  # each size is written as soon as it is measured
     return lines
 
 
@@ -210,14 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="64,320,1024,4096", help="synthetic fleet sizes to time (comma list, '' for none)")
     ap.add_argument("--before", default="", help="an older checkout of the repository to time beside (scale table)")
     ap.add_argument("--before-max", type=int, default=1024, help="largest fleet the older checkout is timed on")
+    ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     registry = Registry.default()
     sizes = [int(x) for x in args.scale.split(",") if x.strip()]
     if sizes:
-        scale = scale_table(registry, sizes, args.before, args.before_max)
-        note = SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before or "none")
-        write_section("## Planner search time at scale", note + "\n".join(scale) + "\n", Path(args.out))
+        note = SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
+                                 before_max=args.before_max)
+        scale_table(registry, sizes, args.before, args.before_max,
+                    lambda lines: write_section("## Planner search time at scale", note + "\n".join(lines) + "\n",
+                                                Path(args.out)))
     if args.scale_only:
         print(f"written to {args.out}")
         return 0
@@ -244,7 +249,7 @@ a short search above 128 GPUs, the screens of a step in parallel); "every device
 `solver.use_all_devices=true`, the search alone. Above 1024 GPUs phase 1 partitions whole
 machines and phase 2 is shared by parts of one machine-class signature
 (`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
-in the same run. Older checkout: {before}.
+in the same run, up to {before_max} GPUs. Older checkout: {before}.
 
 """
 

@@ -142,8 +142,21 @@ def scale_setting(n: int) -> tuple[str, int]:
     return ("llama2_13b", 128) if n <= 64 else ("llama2_70b", 512)
 
 
+MODES = {"allocation": ("hexiscale (chooses machines)", []),
+         "every": ("hexiscale, every device", ["solver.use_all_devices=true"])}
+
+
+def kept_rows(path: Path, sizes: list[int]) -> list[str]:
+    """The scale table's rows of ``path`` for fleet sizes not in ``sizes`` (``--keep``)."""
+    import re
+
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    sec = text.split("## Planner search time at scale", 1)[-1].split("\n## ", 1)[0] if text else ""
+    return [ln for ln in sec.splitlines() if re.match(r"^\| \d+ \|", ln) and int(ln.split("|")[1]) not in sizes]
+
+
 def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: int = 1024,
-                done=lambda lines: None) -> list[str]:
+                done=lambda lines: None, modes=("allocation", "every"), keep: list[str] = ()) -> list[str]:
     """Search time on synthetic fleets, per size two rows: hexiscale as configured by default
     (allocation: it also chooses the machines) and with ``use_all_devices=true`` (the search
     alone); megatron's plan for scale; with ``old``, the same solves on that older checkout
@@ -156,7 +169,7 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
         model, batch = scale_setting(n)
         base = ["cluster=synthetic", f"cluster.synthetic.gpus={n}", f"model={model}", f"train.global_batch={batch}"]
         mega, _, _, _ = run(base + ["solver=megatron"], registry)
-        for label, extra in (("hexiscale (chooses machines)", []), ("hexiscale, every device", ["solver.use_all_devices=true"])):
+        for label, extra in (MODES[m] for m in modes):
             new = scale_job(base + ["solver=hexiscale"] + extra)
             was = scale_job(base + ["solver=hexiscale"] + extra, old) if old and n <= old_max else None
             before = (f"{f(was['it'])} | {was['wall']:.1f} / {was['cpu']:.1f} | {was['rss_mb']:.0f}" if was
@@ -166,7 +179,8 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
             print(lines[-1], flush=True)
         lines.append(f"| {n} | {model}, {batch} | megatron (best symmetric) | {f(mega.iteration_s if mega else None)} "
                      f"| | | | | | | |")
-        done(lines)  # each size is written as soon as it is measured
+        rows = sorted(list(keep) + lines[2:], key=lambda ln: int(ln.split("|")[1]))  # stable: a size's rows stay in order
+        done(lines[:2] + rows)  # each size is written as soon as it is measured
     return lines
 
 
@@ -213,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", default="", help="an older checkout of the repository to time beside (scale table)")
     ap.add_argument("--before-max", type=int, default=1024, help="largest fleet the older checkout is timed on")
     ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
+    ap.add_argument("--modes", default="allocation,every", help="hexiscale modes to time: allocation, every")
+    ap.add_argument("--keep", action="store_true", help="keep the table's rows of the sizes not timed now")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     registry = Registry.default()
@@ -220,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     if sizes:
         note = SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
                                  before_max=args.before_max)
+        keep = kept_rows(Path(args.out), sizes) if args.keep else []
         scale_table(registry, sizes, args.before, args.before_max,
                     lambda lines: write_section("## Planner search time at scale", note + "\n".join(lines) + "\n",
-                                                Path(args.out)))
+                                                Path(args.out)), tuple(args.modes.split(",")), keep)
     if args.scale_only:
         print(f"written to {args.out}")
         return 0

@@ -94,50 +94,93 @@ def quality_table(registry: Registry, settings, solvers) -> list[str]:
 
 SCALE_JOB = """
 import json, resource, sys, time
+OLD = sys.argv[1]
+if OLD:  # an older checkout of the repository (its own hexicore, plugins and conf; editable install bypassed)
+    sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()
+                     and "Editable" not in type(f).__name__]
+    sys.path.insert(0, OLD)
+    import importlib.util
+    import hexicore
+    for name, where in (("hexicore.conf", "conf"), ("hexicore_plugins", "plugins")):
+        spec = importlib.util.spec_from_file_location(name, f"{OLD}/{where}/__init__.py",
+                                                      submodule_search_locations=[f"{OLD}/{where}"])
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    hexicore.conf = sys.modules["hexicore.conf"]
 from hexicore.app import compose as app
 from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
-cfg = app.config_from_overrides(sys.argv[1:])
+cfg = app.config_from_overrides(sys.argv[2:])
 w, c = time.perf_counter(), time.process_time()
 try:
     plan, _ = app.solve(cfg, Registry.default())
     it, used, alloc = plan.estimate.iteration_s, len(plan.devices), (plan.solver or {}).get("allocation") or {}
 except HexicoreError:
     it, used, alloc = None, 0, {}
-print(json.dumps({"it": it, "wall": time.perf_counter() - w, "cpu": time.process_time() - c, "used": used,
-                  "solved": alloc.get("solved"), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"it": it, "wall": time.perf_counter() - w, "cpu": time.process_time() - c + kids.ru_utime
+                  + kids.ru_stime, "used": used, "solved": alloc.get("solved"),
+                  "rss_mb": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, kids.ru_maxrss) / 1024}))
 """
 
 
-def scale_job(overrides: list[str]) -> dict:
-    """One solve in a fresh process (its own peak memory): iteration s, wall/CPU s, peak RSS."""
+def scale_job(overrides: list[str], old: str = "") -> dict:
+    """One solve in a fresh process (its own peak memory): iteration s, wall s, CPU s of the
+    process and the workers it forked, peak RSS of either. ``old``: run an older checkout."""
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-c", SCALE_JOB, *overrides], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", SCALE_JOB, old, *overrides], capture_output=True, text=True,
+                          cwd=old or None)
     if proc.returncode != 0:
         return {"it": None, "wall": 0.0, "cpu": 0.0, "used": 0, "solved": None, "rss_mb": 0.0,
                 "error": proc.stderr.strip().splitlines()[-1:] or ["?"]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def scale_table(registry: Registry, sizes: list[int]) -> list[str]:
-    """Search time on synthetic fleets: hexiscale with allocation (the default), with
-    ``use_all_devices=true`` (every device, the search alone), and megatron's plan."""
-    lines = ["| GPUs (synthetic mix) | model | global batch | hexiscale (s) | GPUs used | wall / CPU (s) | peak RSS (MB) "
-             "| hexiscale, every device (s) | wall / CPU (s) | peak RSS (MB) | megatron (s) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def scale_setting(n: int) -> tuple[str, int]:
+    return ("llama2_13b", 128) if n <= 64 else ("llama2_70b", 512)
+
+
+MODES = {"allocation": ("hexiscale (chooses machines)", []),
+         "every": ("hexiscale, every device", ["solver.use_all_devices=true"])}
+
+
+def kept_rows(path: Path, sizes: list[int]) -> list[str]:
+    """The scale table's rows of ``path`` for fleet sizes not in ``sizes`` (``--keep``)."""
+    import re
+
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    sec = text.split("## Planner search time at scale", 1)[-1].split("\n## ", 1)[0] if text else ""
+    return [ln for ln in sec.splitlines() if re.match(r"^\| \d+ \|", ln) and int(ln.split("|")[1]) not in sizes]
+
+
+def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: int = 1024,
+                done=lambda lines: None, modes=("allocation", "every"), keep: list[str] = ()) -> list[str]:
+    """Search time on synthetic fleets, per size two rows: hexiscale as configured by default
+    (allocation: it also chooses the machines) and with ``use_all_devices=true`` (the search
+    alone); megatron's plan for scale; with ``old``, the same solves on that older checkout
+    (sizes up to ``old_max``)."""
+    lines = ["| GPUs | model, batch | solver | iteration (s) | GPUs used | wall (s) | CPU (s) | peak RSS (MB) "
+             "| before: iteration (s) | before: wall / CPU (s) | before: peak RSS (MB) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    f = (lambda x: f"{x:.2f}" if x else "none fits")
     for n in sizes:
-        model, batch = ("llama2_13b", 128) if n <= 64 else ("llama2_70b", 512)
+        model, batch = scale_setting(n)
         base = ["cluster=synthetic", f"cluster.synthetic.gpus={n}", f"model={model}", f"train.global_batch={batch}"]
-        hexi = scale_job(base + ["solver=hexiscale"])
-        every = scale_job(base + ["solver=hexiscale", "solver.use_all_devices=true"])
         mega, _, _, _ = run(base + ["solver=megatron"], registry)
-        f = (lambda x: f"{x:.2f}" if x else "OOM")
-        lines.append(f"| {n} | {model} | {batch} | {f(hexi['it'])} | {hexi['used']} | {hexi['wall']:.1f} / "
-                     f"{hexi['cpu']:.1f} | {hexi['rss_mb']:.0f} | {f(every['it'])} | {every['wall']:.1f} / "
-                     f"{every['cpu']:.1f} | {every['rss_mb']:.0f} | {f(mega.iteration_s if mega else None)} |")
-        print(lines[-1], flush=True)
+        for label, extra in (MODES[m] for m in modes):
+            new = scale_job(base + ["solver=hexiscale"] + extra)
+            was = scale_job(base + ["solver=hexiscale"] + extra, old) if old and n <= old_max else None
+            before = (f"{f(was['it'])} | {was['wall']:.1f} / {was['cpu']:.1f} | {was['rss_mb']:.0f}" if was
+                      else "not run | | ")
+            lines.append(f"| {n} | {model}, {batch} | {label} | {f(new['it'])} | {new['used']} | {new['wall']:.1f} | "
+                         f"{new['cpu']:.1f} | {new['rss_mb']:.0f} | {before} |")
+            print(lines[-1], flush=True)
+        lines.append(f"| {n} | {model}, {batch} | megatron (best symmetric) | {f(mega.iteration_s if mega else None)} "
+                     f"| | | | | | | |")
+        rows = sorted(list(keep) + lines[2:], key=lambda ln: int(ln.split("|")[1]))  # stable: a size's rows stay in order
+        done(lines[:2] + rows)  # each size is written as soon as it is measured
     return lines
 
 
@@ -180,14 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="paper case only")
     ap.add_argument("--scale-only", action="store_true", help="only the synthetic-fleet table (keeps the rest)")
-    ap.add_argument("--scale", default="64,320", help="synthetic fleet sizes to time (comma list, '' for none)")
+    ap.add_argument("--scale", default="64,320,1024,4096", help="synthetic fleet sizes to time (comma list, '' for none)")
+    ap.add_argument("--before", default="", help="an older checkout of the repository to time beside (scale table)")
+    ap.add_argument("--before-max", type=int, default=1024, help="largest fleet the older checkout is timed on")
+    ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
+    ap.add_argument("--modes", default="allocation,every", help="hexiscale modes to time: allocation, every")
+    ap.add_argument("--keep", action="store_true", help="keep the table's rows of the sizes not timed now")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     registry = Registry.default()
     sizes = [int(x) for x in args.scale.split(",") if x.strip()]
     if sizes:
-        scale = scale_table(registry, sizes)
-        write_section("## Planner search time at scale", SCALE_NOTE + "\n".join(scale) + "\n", Path(args.out))
+        note = SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
+                                 before_max=args.before_max)
+        keep = kept_rows(Path(args.out), sizes) if args.keep else []
+        scale_table(registry, sizes, args.before, args.before_max,
+                    lambda lines: write_section("## Planner search time at scale", note + "\n".join(lines) + "\n",
+                                                Path(args.out)), tuple(args.modes.split(",")), keep)
     if args.scale_only:
         print(f"written to {args.out}")
         return 0
@@ -204,12 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SCALE_NOTE = """`bench/planner.py --scale-only --scale N,...`: synthetic fleets (`cluster=synthetic`, mix
-3090:4090:A100 = 1:2:1, 8 GPUs a machine, 0.7 GB/s between machines), each solve in a fresh
-process on this machine (2 CPU cores shared with other jobs: wall time is noisy, CPU time is the
-steadier number). "hexiscale" is the default solver, which also chooses the machines
-(allocation: greedy descent over sub-clusters, each neighbour screened by a short search above
-128 GPUs); "every device" is `solver.use_all_devices=true`, the search alone.
+SCALE_NOTE = """`bench/planner.py --scale-only --scale N,... [--before OLD_CHECKOUT]`, {date}: synthetic
+fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, 8 GPUs a machine, 0.7 GB/s between
+machines), each solve in a fresh process on this machine (2 CPU cores shared with other jobs:
+wall time depends on the load, CPU time — of the process and the workers it forks — is the
+steadier number; peak RSS is the larger of the process's and its workers'). "chooses machines"
+is the default solver (allocation: greedy descent over sub-clusters, each neighbour screened by
+a short search above 128 GPUs, the screens of a step in parallel); "every device" is
+`solver.use_all_devices=true`, the search alone. Above 1024 GPUs phase 1 partitions whole
+machines and phase 2 is shared by parts of one machine-class signature
+(`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
+in the same run, up to {before_max} GPUs. Older checkout: {before}.
 
 """
 

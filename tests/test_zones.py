@@ -84,3 +84,20 @@ def test_two_zone_preset_loads_and_plans():
     p = plan_api(cluster="two_zone", model="llama2_7b", overrides=["train.global_batch=64", "solver.iterations=6"])
     assert p.cluster.zones == ("east", "west")
     assert p.cluster.bandwidth_gbs("E0.0", "W0.0") == 1.25
+
+
+def test_link_matrices_agree_with_the_pairwise_links_across_zones():
+    """The search's per-machine-pair matrices price zones exactly as the pairwise lookup does."""
+    c = parse_cluster({"name": "z", "inter": {"bandwidth_gbs": 25.0, "latency_us": 10},
+                       "inter_zone": {"bandwidth_gbs": 1.0, "latency_us": 30000},
+                       "zone_links": [{"between": ["east", "north"], "bandwidth_gbs": 3.0}],
+                       "links": [{"between": ["E0", "N0"], "bandwidth_gbs": 7.0, "latency_us": 2}],
+                       "machines": [{"name": n, "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32, **({"zone": z} if z else {})}
+                                    for n, z in (("E0", "east"), ("E1", "east"), ("W0", "west"), ("N0", "north"),
+                                                 ("X0", None))]}, "z.yaml")
+    row, bw, lat = c.link_matrices
+    for a in c.devices:
+        for b in c.devices:
+            if a.id != b.id and a.machine != b.machine:
+                assert (bw[row[a.id], row[b.id]], lat[row[a.id], row[b.id]]) == \
+                    (c.bandwidth_gbs(a.id, b.id), c.latency_us(a.id, b.id)), (a.id, b.id)

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.zones import LINK_KEYS, parse_zones
+from hexicore.core.zones import LINK_KEYS, fill_zone_links, parse_links, parse_zones
 from hexicore.core.fleet import machines_from_devices, synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
@@ -166,6 +166,31 @@ class Cluster:
                 return self.inter_zone
         return (self.inter_bandwidth_gbs, self.inter_latency_us)
 
+    @cached_property
+    def link_matrices(self) -> tuple[dict[str, int], "Any", "Any"]:
+        """(device id -> its machine's row, bandwidth GB/s and latency us per machine pair):
+        inside a machine its intra link, between two its per-pair override, else between zones
+        their zone link (or ``inter_zone``), else the default (as :meth:`_pair`)."""
+        import numpy as np
+
+        row = {m.name: i for i, m in enumerate(self.machines)}
+        k = len(row)
+        bw, lat = np.full((k, k), float(self.inter_bandwidth_gbs)), np.full((k, k), float(self.inter_latency_us))
+        fill_zone_links(self, bw, lat)
+        for link in self.links:
+            a, b = (row[x] for x in link.between)
+            bw[a, b] = bw[b, a] = link.bandwidth_gbs
+            lat[a, b] = lat[b, a] = link.latency_us
+        for i, m in enumerate(self.machines):
+            bw[i, i], lat[i, i] = m.bandwidth_gbs, m.latency_us
+        return {d.id: row[d.machine] for d in self.devices}, bw, lat
+
+    @cached_property
+    def memo(self) -> dict:
+        """Cost-model values that depend only on this cluster's links (keys chosen by the cost
+        model, e.g. per machine rows of :attr:`link_matrices`); lives and dies with the cluster."""
+        return {}
+
     def bandwidth_gbs(self, a: str, b: str) -> float:
         """One-direction bandwidth between two devices in GB/s (infinite for a device itself)."""
         return self._pair(a, b)[0]
@@ -196,6 +221,14 @@ class Cluster:
                 g.add_edge(a.id, b.id, bandwidth=self.bandwidth_gbs(a.id, b.id),
                            latency_us=self.latency_us(a.id, b.id))
         return g
+
+    def device_graph(self):
+        """The same graph held as per-machine-pair matrices
+        (:class:`hexicore.core.device_graph.DeviceGraph`): what the planner partitions, in
+        memory proportional to machines^2 rather than devices^2 edge objects."""
+        from hexicore.core.device_graph import DeviceGraph
+
+        return DeviceGraph.from_cluster(self)
 
     @property
     def total_tflops(self) -> float:
@@ -286,33 +319,6 @@ def _slowdown(raw: Any, source: str | None, fp: str) -> float:
     return float(k)
 
 
-def _parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: str | None,
-                 prefix: str | None) -> list[Link]:
-    """The ``links`` section: per machine-pair overrides of ``inter``."""
-    links: list[Link] = []
-    pairs: set[frozenset] = set()
-    for i, raw in enumerate(schema.as_list(d.get("links") or [], source, schema.dotted(prefix, "links"))):
-        fp = schema.dotted(prefix, f"links[{i}]")
-        l = schema.as_mapping(raw, source, fp)
-        schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
-        between = schema.as_list(schema.get(l, "between", source, fp), source, schema.dotted(fp, "between"))
-        if len(between) != 2 or between[0] == between[1]:
-            raise HexicoreError("between must name two different machines", source=source, field=schema.dotted(fp, "between"))
-        for mname in between:
-            if str(mname) not in seen:
-                raise HexicoreError(f"link names unknown machine {mname!r}", source=source, field=schema.dotted(fp, "between"))
-        key = frozenset(map(str, between))
-        if key in pairs:
-            raise HexicoreError(f"duplicate link between {between[0]} and {between[1]}", source=source, field=fp)
-        pairs.add(key)
-        links.append(Link(
-            (str(between[0]), str(between[1])),
-            schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-            schema.number(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us"), allow_zero=True),
-        ))
-    return links
-
-
 def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
     """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
 
@@ -366,7 +372,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     schema.known_keys(inter, LINK_KEYS, source, ip)
     inter_bw = schema.number(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
     inter_lat = schema.number(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"), allow_zero=True)
-    links = _parse_links(d, seen, inter_lat, source, prefix)
+    links = tuple(Link(*x) for x in parse_links(d, seen, inter_lat, source, prefix))
     inter_zone, zone_pairs = parse_zones(d, {m.zone for m in machines if m.zone is not None}, (inter_bw, inter_lat),
                                          source, prefix)
     zone_links = tuple(Link(*z) for z in zone_pairs)

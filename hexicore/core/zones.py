@@ -1,4 +1,4 @@
-"""Zones (regions) of a cluster: machines grouped into zones with their own links between zones.
+"""Links between a cluster's machines: per-pair overrides and zones (regions) with their own links.
 
 A geo-distributed fleet is machines in several zones (regions, data centres): links inside a
 zone are the cluster's ``inter`` link (or a per-pair ``links`` override), links between zones are
@@ -49,3 +49,48 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
                           schema.number(l.get("latency_us", (inter_zone or inter)[1]), source,
                                         schema.dotted(fp, "latency_us"), allow_zero=True)))
     return inter_zone, tuple(links)
+
+
+def parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: str | None,
+                 prefix: str | None) -> list[tuple]:
+    """The ``links`` section: per machine-pair overrides of ``inter``, as ``(between, GB/s, us)``."""
+    links: list[tuple] = []
+    pairs: set[frozenset] = set()
+    for i, raw in enumerate(schema.as_list(d.get("links") or [], source, schema.dotted(prefix, "links"))):
+        fp = schema.dotted(prefix, f"links[{i}]")
+        l = schema.as_mapping(raw, source, fp)
+        schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
+        between = schema.as_list(schema.get(l, "between", source, fp), source, schema.dotted(fp, "between"))
+        if len(between) != 2 or between[0] == between[1]:
+            raise HexicoreError("between must name two different machines", source=source, field=schema.dotted(fp, "between"))
+        for mname in between:
+            if str(mname) not in seen:
+                raise HexicoreError(f"link names unknown machine {mname!r}", source=source, field=schema.dotted(fp, "between"))
+        key = frozenset(map(str, between))
+        if key in pairs:
+            raise HexicoreError(f"duplicate link between {between[0]} and {between[1]}", source=source, field=fp)
+        pairs.add(key)
+        links.append((
+            (str(between[0]), str(between[1])),
+            schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+            schema.number(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us"), allow_zero=True),
+        ))
+    return links
+
+
+def fill_zone_links(cluster: Any, bw: Any, lat: Any) -> None:
+    """Set the machine-pair matrices' entries between machines of different zones (in place) to
+    their zone link or ``inter_zone`` (rows in ``cluster.machines`` order), as the pairwise
+    lookup prices them; per-pair overrides and the diagonal are the caller's."""
+    import numpy as np
+
+    zones = cluster.zones
+    if not zones:
+        return
+    zid = np.array([zones.index(m.zone) if m.zone is not None else -1 for m in cluster.machines])
+    first = {int(i): cluster.machines[int(np.argmax(zid == i))].name for i in set(zid.tolist())}
+    for i, a in first.items():
+        for j, b in first.items():
+            if i != j:
+                mask = (zid[:, None] == i) & (zid[None, :] == j)
+                bw[mask], lat[mask] = cluster._between_machines(a, b)

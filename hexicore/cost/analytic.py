@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
@@ -21,6 +21,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 from hexicore.cost import sharding
+from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
 from hexicore.cost.split import forward_backward
 
@@ -51,6 +52,8 @@ class AnalyticCostModel:
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
     name: str = "analytic"
+    #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
+    class_priced: ClassVar[bool] = True
 
     # ------------------------------------------------------------- pieces
     def state_bytes(self, train: TrainConfig) -> StateBytes:
@@ -90,8 +93,12 @@ class AnalyticCostModel:
         if tp <= 1 or n_layers == 0:
             return 0.0
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
-        worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
-                    for d in devices)
+        key = ("tp", msg, *map(cluster.link_matrices[0].get, devices))  # the terms follow the machines
+        worst = cluster.memo.get(key)
+        if worst is None:
+            worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
+                        for d in devices)
+            cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
     def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
@@ -112,9 +119,17 @@ class AnalyticCostModel:
         TP group (priced as its slowest direct send); the gradient goes back the same way, so the
         hop is twice one direction. Leaders are the pair with the fastest link."""
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
+        rows = cluster.link_matrices[0]
+        one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
+        single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1]
+        key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
+        if key is not None and key in cluster.memo:  # one machine each side: every pair has the same link
+            return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
         send = cluster.alpha(a, b) + msg / cluster.beta(a, b)
         bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
+        if key is not None:
+            cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
@@ -221,6 +236,8 @@ class AnalyticCostModel:
         if n <= 1:
             return 0.0
         chunks = math.lcm(*(s.tp for s in holders))
+        if weight is None and chunks * n * (n - 1) >= MIN_TERMS:  # the same sums, as arrays
+            return ring_layer_s(cluster, holders, n_params, dtype_bytes)
         chunk = n_params * dtype_bytes / chunks
         worst = 0.0
         for i, s in enumerate(holders):
@@ -291,10 +308,13 @@ class AnalyticCostModel:
             n_mb = p.n_micro_batches(t.micro_batch)
             last = len(p.stages) - 1
             for j, s in enumerate(p.stages):
+                even = None  # even shares: one computation for the whole stage
                 for d in s.devices:
-                    out[d] = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                                     in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
-                                                     kept=None if kept is None else kept[d])
+                    if even is None or kept is not None:
+                        even = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                                                       in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
+                                                       kept=None if kept is None else kept[d])
+                    out[d] = dict(even)
         return out
 
     def memory_gb(self, plan: Plan) -> dict[str, float]:
@@ -328,29 +348,7 @@ class AnalyticCostModel:
         mfu = flops / (it * plan.cluster.total_tflops * 1e12) if it > 0 else 0.0
         return Estimate(it, mfu, tokens / it if it > 0 else 0.0, tuple(pipe_s), dp,
                         {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
-
-
-def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: PipelineTimer | None = None,
-                           source: str = "cost") -> AnalyticCostModel:
-    """Build the analytic model from the ``cost:`` config section (see conf/cost/analytic.yaml)."""
-    from hexicore.core import schema
-    from hexicore.core.errors import HexicoreError
-
-    d = dict(schema.as_mapping(cfg or {}, source, "cost"))
-    eff = schema.as_mapping(d.get("efficiency") or {}, source, "cost.efficiency")
-    efficiency = {str(k): schema.number(v, source, f"cost.efficiency.{k}") for k, v in eff.items()}
-    for k, v in efficiency.items():
-        if v > 1:
-            raise HexicoreError(f"efficiency must be in (0, 1], got {v:g}", source=source, field=f"cost.efficiency.{k}")
-    sbp = d.get("state_bytes_per_param")
-    default = schema.number(d.get("default_efficiency", DEFAULT_EFFICIENCY), source, "cost.default_efficiency")
-    if default > 1:
-        raise HexicoreError(f"efficiency must be in (0, 1], got {default:g}", source=source,
-                            field="cost.default_efficiency")
-    return AnalyticCostModel(
-        efficiency=efficiency,
-        default_efficiency=default,
-        state_bytes_per_param=None if sbp is None else schema.number(sbp, source, "cost.state_bytes_per_param"),
-        reserve_gb=schema.number(d.get("reserve_gb", 1.0), source, "cost.reserve_gb", allow_zero=True),
-        pipeline_timer=pipeline_timer,
-    )
+from hexicore.cost import sharding
+from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
+from hexicore.cost.split import forward_backward

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster, Link
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
-from hexicore.cost.analytic import AnalyticCostModel, cost_model_from_config
+from hexicore.cost.analytic import AnalyticCostModel
+from hexicore.cost.config import cost_model_from_config
 from hexicore.cost.split import compute_forward_fraction
 
 log = logging.getLogger("hexicore")
@@ -74,6 +75,8 @@ class ProfiledCostModel(AnalyticCostModel):
 
     profile: Profile = field(default_factory=lambda: Profile({}))
     name: str = "profiled"
+    #: measured links differ per machine (pair): no two machines are interchangeable
+    class_priced: ClassVar[bool] = False
     _noted: set = field(default_factory=set, compare=False, repr=False)
     _clusters: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.objective import Objective, plan_price, rate
+from hexicore.planner.parallel import fork_map
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 __all__ = ["Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
@@ -101,6 +102,7 @@ class _Search:
     progress: Progress = no_progress
     screen: Screen | None = None
     screened: int = 0
+    quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -130,13 +132,27 @@ class _Search:
         machines = self.machines(counts)
         if not machines or machines in self.trials or self.best is None or self.best.plan is None:
             return bool(machines)
-        sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
-        try:
-            quick = self.screen(sub, self.best.plan)
-        except HexicoreError:
-            quick = None
+        score = self.quick.pop(counts) if counts in self.quick else self.screen_score(counts, self.best.plan)
         self.screened += 1
-        return quick is not None and self.objective.score(quick) < self.best.score
+        return score is not None and score < self.best.score
+
+    def screen_score(self, counts: tuple[int, ...], best: Plan | None) -> tuple[float, float] | None:
+        """The objective's score of the screen's quick plan on a sub-cluster (None: none fits)."""
+        sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, self.machines(counts)))
+        try:
+            quick = self.screen(sub, best)
+        except HexicoreError:
+            return None
+        return None if quick is None else self.objective.score(quick)
+
+    def prescreen(self, vectors: list[tuple[int, ...]], workers: int) -> None:
+        """Screen the neighbours ``vectors`` ahead, ``workers`` at a time in forked processes
+        (:mod:`hexicore.planner.parallel`); :meth:`promising` then uses these scores. Only
+        for screens that do not look at the best plan (they get None): the scores are then the
+        ones :meth:`promising` would compute itself, so the descent is the same."""
+        todo = [v for v in vectors if self.machines(v) and self.machines(v) not in self.trials]
+        if workers > 1 and len(todo) > 1:
+            self.quick.update(zip(todo, fork_map(lambda v: self.screen_score(v, None), todo, workers)))
 
     def trial(self, counts: tuple[int, ...], first: bool = False) -> Trial | None:
         machines = self.machines(counts)
@@ -178,12 +194,14 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
 
 
 def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
-             deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128) -> Plan:
+             deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128,
+             workers: int = 1) -> Plan:
     """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
     past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
     always is). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
     cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
-    full only when that plan already beats the best;
+    full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
+    that many processes (the screen must then ignore its plan argument);
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
     the machines used) and ``idle`` (:func:`idle_groups`)."""
     objective = problem.objective
@@ -213,6 +231,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         s.screen = screen
         while True:
             here = s.best
+            if screened:
+                s.prescreen(list(_neighbours(cur, classes, types)), workers)
             steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:

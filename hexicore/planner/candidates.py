@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 from hexicore.core.estimate import Estimate
@@ -28,10 +29,13 @@ from hexicore.planner.partition import ordered_subgraph
 from hexicore.planner.pricing import ScheduleBook
 from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
+from hexicore.planner.phase1 import split
+from hexicore.planner.shared_layouts import shared_phase2
 from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline,
                                      machine_contiguous, split_by_machine, tp_menus)
 
 INF = math.inf
+LAYOUTS_KEPT = 8192  # most layouts phase 2's memo keeps (then it starts afresh)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,16 @@ class Context:
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
     dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
+    parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
+    class_ids: dict = field(default_factory=dict)  # machine class -> small id (shared_layouts)
+    workers: int = 1  # processes the search may use (hexicore.planner.prefetch)
+
+    @cached_property
+    def machine_graph(self) -> Any:
+        """Machines as nodes (:meth:`hexicore.core.device_graph.DeviceGraph.machines_of`)."""
+        from hexicore.core.device_graph import DeviceGraph
+
+        return DeviceGraph.machines_of(self.problem.cluster)
 
     @property
     def auto(self) -> bool:
@@ -89,9 +103,9 @@ def at_dp(ctx: Context, d_dp: int) -> Context:
         return ctx
     ctx.dp_tables.setdefault(ctx.table.dp, ctx.tables)
     if d_dp not in ctx.dp_tables:
-        ctx.dp_tables[d_dp] = {o: replace(t, dp=d_dp, _caps={}, _rows={}) for o, t in ctx.tables.items()}
+        ctx.dp_tables[d_dp] = {o: t.variant(dp=d_dp) for o, t in ctx.tables.items()}
     ctx.tables = ctx.dp_tables[d_dp]
-    ctx.table = ctx.tables[ctx.options[0]] if ctx.options else replace(ctx.table, dp=d_dp, _caps={}, _rows={})
+    ctx.table = ctx.tables[ctx.options[0]] if ctx.options else ctx.table.variant(dp=d_dp)
     return ctx
 
 
@@ -171,6 +185,8 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
         stages = tuple(g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c]))
         key = (stages, n_mb_max)
         if key not in ctx.layout_cache:
+            if len(ctx.layout_cache) >= LAYOUTS_KEPT:  # a memo only, bounded (long pipelines weigh)
+                ctx.layout_cache.clear()
             ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
         lay = ctx.layout_cache[key]
         return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)
@@ -202,13 +218,22 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
 
 
 def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
-    """One pipeline's layout from its devices (cached per part, k and batch bound)."""
-    tf = ctx.problem.cluster.total_tflops
-    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
+    """One pipeline's layout from its devices (cached per part, k and batch bound; on large
+    clusters per signature of the part, :mod:`hexicore.planner.shared_layouts`)."""
+    if len(ctx.graph) > ctx.cfg.machine_graph_above:  # large clusters: per part signature (shared_layouts)
+        return shared_phase2(ctx, part, k, n_mb_max, seed, lambda *a: _phase2(ctx, *a))
     key = (frozenset(part), k, n_mb_max)
     if key not in ctx.phase2_cache:
-        ctx.phase2_cache[key] = best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
+        ctx.phase2_cache[key] = _phase2(ctx, part, k, n_mb_max, seed)
     return ctx.phase2_cache[key]
+
+
+def _phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) -> Layout | None:
+    if len({ctx.problem.cluster.device(d).machine for d in part}) > ctx.problem.model.layers:
+        return None  # a stage per machine at least: more stages than layers, no layout exists
+    tf = ctx.problem.cluster.total_tflops
+    n_nom = max(1, round(ctx.micro_batches * sum(ctx.problem.cluster.device(d).tflops for d in part) / tf))
+    return best_strategy(ctx, unit_orders(ctx, part, k, seed), n_nom, n_mb_max)[1]
 
 
 # ---------------------------------------------------------------------- candidates
@@ -251,13 +276,7 @@ def two_phase(ctx: Context, d_dp: int, objective: str, k_shift: Sequence[int], s
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
     origin = f"search D_dp={d_dp} {objective}"
     at_dp(ctx, d_dp)
-    parts = ctx.partitioner.partition(ctx.graph, d_dp, objective=objective, balance=ctx.cfg.max_balance, seed=seed)
-    if ctx.refiner is not None and d_dp > 1:
-        parts = ctx.refiner.refine(ctx.graph, parts, objective=objective, balance=ctx.cfg.max_balance)
-    parts = sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
-    cl = ctx.problem.cluster
-    ks = [min(len(p), max(1, len({cl.device(d).machine for d in p}) + k_shift[i % len(k_shift)]))
-          for i, p in enumerate(parts)]
+    parts, ks = split(ctx, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
     if key in ctx.seen:
         return ctx.seen[key]

@@ -15,6 +15,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.allocation import allocate
 from hexicore.planner.final_schedules import reschedule
+from hexicore.planner.parallel import available_cores
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.search import run_search
 from hexicore.planner.search_config import SearchConfig
@@ -43,17 +44,19 @@ class HexiScaleSolver:
             plan = run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
             return reschedule(problem, plan, progress)
         deadline = None if time_limit is None else time.monotonic() + time_limit
+        memo: dict = {}  # stage tables shared by the searches on sub-clusters (search.shared_table)
 
         def one(sub: Problem, report: Progress) -> Plan:  # the same search on a sub-cluster, in the time left
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
-            return run_search(sub, self.config, time_limit=left, seed=seed, progress=report)
+            return run_search(sub, self.config, time_limit=left, seed=seed, progress=report, memo=memo)
 
         quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
 
-        def screen(sub: Problem, plan: Plan) -> Plan | None:  # a short search (a tenth of the iterations)
-            found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress)
+        def screen(sub: Problem, plan: Plan | None) -> Plan | None:  # a short search (a tenth of the iterations; plan unused)
+            found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress, memo=memo)
             return found.with_estimate(sub.cost.estimate(found))
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
-                        deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above)
+                        deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,
+                        workers=self.config.workers or available_cores())
         return reschedule(problem, plan, progress)

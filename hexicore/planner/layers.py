@@ -7,9 +7,9 @@ counts ``l_j`` with ``sum_j l_j = L`` and ``1 <= l_j <= cap_j`` that minimise th
 it then minimises ``sum_j t_j(l_j)`` (the fill/drain term), exactly when the ``t_j`` are convex
 (the analytic model's are affine).
 
-Exact, not rounded proportions: the optimum is one of the values ``t_j(l)``; a binary search over
-those values finds the smallest ``T`` at which the stages can hold ``L`` layers, where stage j
-holds at most ``max {l <= cap_j : t_j(l) <= T}``.
+Exact, not rounded proportions: the optimum is one of the values ``t_j(l)``: the smallest ``T``
+at which the stages can hold ``L`` layers, where stage j holds at most
+``max {l <= cap_j : t_j(l) <= T}`` — an order statistic of the values (:func:`allocate_layers`).
 """
 
 from __future__ import annotations
@@ -40,16 +40,11 @@ def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_lay
         return None
     ls = np.arange(t.shape[1])
     capped = np.where(ls[None, :] <= caps[:, None], t, np.inf)
-    values = np.unique(capped[:, 1:][np.isfinite(capped[:, 1:])])
-    lo, hi = 0, len(values) - 1
-    while lo < hi:  # smallest value at which L layers fit, one layer at least per stage
-        mid = (lo + hi) // 2
-        held = max_layers_within(capped, values[mid])
-        if (held >= 1).all() and held.sum() >= n_layers:
-            hi = mid
-        else:
-            lo = mid + 1
-    alloc = max_layers_within(capped, values[lo])
+    # the smallest value T at which L layers fit with one layer at least per stage: every
+    # t_j(1) <= T, and at bounds T >= max_j t_j(1) stage j holds #{l >= 1 : t_j(l) <= T} layers
+    # (rows nondecreasing), so T = max(max_j t_j(1), the L-th smallest t_j(l), l >= 1)
+    bound = max(capped[:, 1].max(), np.partition(capped[:, 1:].ravel(), n_layers - 1)[n_layers - 1])
+    alloc = max_layers_within(capped, bound)
     excess = int(alloc.sum()) - n_layers
     if excess > 0:  # give back the layers that cost most (min-sum tie-break; greedy = exact for convex rows)
         ls_ = np.arange(1, t.shape[1])

@@ -68,6 +68,8 @@ def ordered_subgraph(graph, nodes: Sequence[Hashable]):
     (``networkx.subgraph_view``; the view shares ``graph.graph``, so :func:`weight_matrix`'s
     cache is shared too). Partitioners list a graph's nodes in its order, so a plan is the same
     under every hash seed."""
+    if hasattr(graph, "view"):  # a DeviceGraph: the same node order rule
+        return graph.view(nodes)
     import networkx as nx
 
     return nx.subgraph_view(graph, filter_node=_Shown(nodes))
@@ -78,9 +80,13 @@ def weight_matrix(graph, nodes: Sequence[Hashable], attr: str = "bandwidth") -> 
 
     The first call on a graph stores the matrix over all its nodes in the graph's attribute
     dict (``graph.graph``, which networkx shares with subgraph views); later calls on the graph
-    or its views slice it. The device graph is treated as immutable once partitioned."""
+    or its views slice it. The device graph is treated as immutable once partitioned. A
+    :class:`hexicore.core.device_graph.DeviceGraph` builds the slice from its per-machine
+    matrices (the same values, no full matrix kept)."""
     import networkx as nx
 
+    if hasattr(graph, "matrix"):
+        return graph.matrix(attr, nodes)
     nodes = list(nodes)
     cache = graph.graph.setdefault("_hexicore_weights", {}) if hasattr(graph, "graph") else {}
     hit = cache.get(attr)

@@ -18,6 +18,7 @@ importable from here as well.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import asdict, replace
@@ -30,6 +31,8 @@ from hexicore.cost.precision import SHARDED_PARTS, state_bytes
 from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assemble, best_strategy, merge_adjacent,
                                          phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
                                          unit_orders, variants)
+from hexicore.planner.parallel import available_cores
+from hexicore.planner.prefetch import prefetch
 from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, resolve_plan, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
@@ -96,8 +99,24 @@ def no_fit_error(problem: Problem) -> HexicoreError:
                          f"{max(d.memory_gb for d in c.devices):g} GB per GPU", field="model")
 
 
-def make_context(problem: Problem, cfg: SearchConfig) -> Context:
-    """Build the plugins by name from the registry (docs/plugins.md) and the caches."""
+def shared_table(memo: dict | None, table: StageTable) -> StageTable:
+    """``table`` with the caches of an earlier search's table in ``memo`` when both price the same
+    machines under the same model, train, cost model and schedule (a sub-cluster of whole
+    machines differs only in its excluded devices) and the cost model is ``class_priced``: every
+    cache key is then a machine class, a device group or a stage count, the same in both."""
+    if memo is None or not getattr(table.cost, "class_priced", False):
+        return table
+    key = (table.model, table.train, table.schedule, table.dp, table.cluster.machines, table.cluster.links)
+    old = memo.get(key)
+    if old is None or old.cost is not table.cost:
+        memo[key] = table
+        return table
+    return replace(old, cluster=table.cluster)
+
+
+def make_context(problem: Problem, cfg: SearchConfig, memo: dict | None = None) -> Context:
+    """Build the plugins by name from the registry (docs/plugins.md) and the caches (``memo``:
+    stage tables shared across the searches of one allocation, :func:`shared_table`)."""
     reg = problem.registry
     if reg is None:
         raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
@@ -113,12 +132,13 @@ def make_context(problem: Problem, cfg: SearchConfig) -> Context:
     if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
         opts = options(problem.schedule)
         exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
-    table = StageTable(problem.cluster, m, problem.train, cost, opts[0])
-    tables = {o: table if i == 0 else replace(table, schedule=o, _caps={}, _flight={}, _rows={})
+    table = shared_table(memo, StageTable(problem.cluster, m, problem.train, cost, opts[0]))
+    tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
-                   problem.cluster.graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
-                   book=book, exact_cost=exact, options=opts, tables=tables)
+                   problem.cluster.device_graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
+                   book=book, exact_cost=exact, options=opts, tables=tables,
+                   workers=cfg.workers or available_cores())
 
 
 def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
@@ -162,6 +182,12 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best."""
     n = ctx.cfg.iterations
     sweep = initial_sweep(dps, n)
+    if ctx.workers > 1 and deadline == INF and len(ctx.graph) <= ctx.cfg.machine_graph_above:
+        # the sweep's fixed cuts: their phase 2 ahead, in parallel
+        fixed = list(itertools.takewhile(lambda s: s[1] is not None, sweep[:n]))
+        draws = random.Random()
+        draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate
+        prefetch(ctx, [(d, o, draws.randrange(2**31)) for d, o in fixed], ctx.workers)
     for it in range(n):
         if time.monotonic() > deadline:
             break
@@ -230,7 +256,7 @@ def finalize(ctx: Context, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
 
 
 def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
-               progress: Progress = no_progress) -> Plan:
+               progress: Progress = no_progress, memo: dict | None = None) -> Plan:
     """The iterative two-phase search of §4.4; returns the best plan found (never worse than
     the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
     stops the loop early; everything else is seeded. A ``warm_start`` plan is repaired and
@@ -244,7 +270,7 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     option searched alone under the same cost model."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
-    ctx = make_context(problem, cfg)
+    ctx = make_context(problem, cfg, memo)
     dps = dp_range(ctx)
     rng = random.Random(seed)
     replanned = problem.warm_start is not None and cfg.replan_iterations is not None

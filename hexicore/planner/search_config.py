@@ -28,7 +28,12 @@ class SearchConfig:
     every sub-cluster of whole machines when there are at most this many, else descend greedily
     (:mod:`hexicore.planner.allocation`); ``allocation_screen_above``: on clusters with more
     devices, a greedy neighbour is searched in full only when a short search on it (a tenth of
-    the iterations, no polishing) already beats the best plan so far."""
+    the iterations, no polishing) already beats the best plan so far. ``workers``: processes
+    the independent pieces of a search may use (the screens of one greedy step; 0 = one per
+    core this process may use, 1 = no other process; the plan is the same either way).
+    ``machine_graph_above``: on clusters with more devices, phase 1 partitions the machines
+    (whole machines per pipeline) instead of the devices, whose complete graph grows as
+    devices^2."""
 
     partitioner: str = "metis"
     refiner: str | None = "kl"
@@ -54,6 +59,8 @@ class SearchConfig:
     use_all_devices: bool = False
     allocation_exhaustive: int = 8
     allocation_screen_above: int = 128
+    workers: int = 0
+    machine_graph_above: int = 1024
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:
@@ -72,7 +79,7 @@ class SearchConfig:
         if not isinstance(self.use_all_devices, bool):
             raise bad("use_all_devices", "true or false")
         for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive",
-                    "allocation_screen_above"):
+                    "allocation_screen_above", "workers", "machine_graph_above"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(key, "an integer >= 0")

@@ -10,8 +10,8 @@ stage costs and the layout of an ordered list of stages (exact layer allocation)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,6 +24,8 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import default_in_flight
 
 Group = tuple[str, ...]
+#: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
+ROWS_KEPT = 2048
 
 
 @lru_cache(maxsize=4096)
@@ -82,15 +84,54 @@ class StageTable:
     _hops: dict = field(default_factory=dict)
     _flight: dict = field(default_factory=dict)
     _rows: dict = field(default_factory=dict)
+    _allocs: dict = field(default_factory=dict)
+    _sigs: dict = field(default_factory=dict)
+    _sig_ids: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.schedule = ScheduleRef.from_mapping(self.schedule)
+
+    def variant(self, **changes: Any) -> "StageTable":
+        """The table under another ``schedule`` or ``dp``: the stage times, hops and group
+        signatures are shared, the memory caps and everything built on them start afresh."""
+        return replace(self, **changes, _caps={}, _flight={}, _rows={}, _allocs={})
+
+    @cached_property
+    def _classes(self) -> dict[str, Any] | None:
+        """Per machine its class of interchangeable machines (same GPU type, intra-machine link and
+        zone, no per-pair link override: a machine named by one is a class of its own), when
+        the cost model declares ``class_priced`` (prices a group of devices only through its
+        machine's GPU type and links); else None (every group is its own key)."""
+        if not getattr(self.cost, "class_priced", False):
+            return None
+        linked = {m for link in self.cluster.links for m in link.between}
+        return {m.name: ("own", m.name) if m.name in linked else (m.gpu, m.bandwidth_gbs, m.latency_us, m.zone)
+                for m in self.cluster.machines}
+
+    def signature(self, devices: Group) -> tuple[int, str | None]:
+        """(key, machine) of a group: the key is a small integer equal for groups the cost model
+        prices identically — under a ``class_priced`` cost model a group inside one machine is
+        known by its machine's class and its size (the same TP group on any machine of the class
+        has the same stage time and memory), else by the group itself; ``machine``: the group's
+        machine (None when it spans several), which with the keys decides a hop's link."""
+        hit = self._sigs.get(devices)
+        if hit is None:
+            classes, dev = self._classes, self.cluster.device
+            machines = {dev(d).machine for d in devices}
+            one = next(iter(machines)) if len(machines) == 1 else None
+            key = ("group", devices) if classes is None or one is None else ("class", classes[one], len(devices))
+            hit = self._sigs[devices] = (self._sig_ids.setdefault(key, len(self._sig_ids)), one)
+        return hit
+
+    def _hop_key(self, src: Group, dst: Group) -> tuple[int, int, bool]:
+        (a, ma), (b, mb) = self.signature(src), self.signature(dst)
+        return (a, b, ma is not None and ma == mb)
 
     def times(self, devices: Group, first: bool, last: bool) -> np.ndarray:
         """STAGE(d_ij) of App. A for 0..L layers (one micro-batch). When the cost model's stage
         time is affine in the layer count (checked at l = 0, 1, 2 and L; the analytic model's is)
         the row is filled from those values, else every l is asked."""
-        key = (devices, first, last)
+        key = (self.signature(devices)[0], first, last)
         row = self._times.get(key)
         if row is None:
             c, m, t = self.cluster, self.model, self.train
@@ -109,7 +150,7 @@ class StageTable:
         return row
 
     def hop(self, src: Group, dst: Group) -> float:
-        key = (src, dst)
+        key = self._hop_key(src, dst)
         if key not in self._hops:
             self._hops[key] = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
         return self._hops[key]
@@ -131,7 +172,7 @@ class StageTable:
     def cap(self, devices: Group, first: bool, last: bool, in_flight: int) -> int:
         """Most layers (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
         not even the embedding/head fits."""
-        key = (devices, first, last, in_flight)
+        key = (self.signature(devices)[0], first, last, in_flight)
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
             c, m, t = self.cluster, self.model, self.train
@@ -170,23 +211,37 @@ class Layout:
                         schedule)
 
 
-def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple[np.ndarray, list[int], list[float]]:
+def rows_key(table: StageTable, stages: Sequence[Group], n_mb_max: int) -> tuple:
+    """The key of :func:`stage_rows`' cache: the stages' signatures and the links between them
+    (:meth:`StageTable.signature`), so pipelines of interchangeable machines share one entry."""
+    sigs, sig = table._sigs, table.signature
+    out, prev = [], None
+    for g in stages:  # per stage: its key and whether it shares the machine of the stage before
+        k, m = sigs.get(g) or sig(g)
+        out.append(2 * k + (m is not None and m == prev))
+        prev = m
+    return tuple(out), n_mb_max
+
+
+def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
+               key: tuple | None = None) -> tuple[np.ndarray, list[int], list[float]]:
     """Per stage: its time row ``STAGE_j(l) + HOP_j`` (l = 0..L, one matrix row per stage), its
     memory cap with the schedule's in-flight micro-batches at ``n_mb_max`` (an upper bound, so
-    any smaller batch also fits), and the hops."""
-    p = len(stages)
-    hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
-    key = (tuple(stages), n_mb_max)
+    any smaller batch also fits), and the hops (cached per :func:`rows_key`)."""
+    key = rows_key(table, stages, n_mb_max) if key is None else key
     hit = table._rows.get(key)
     if hit is None:
-        rows, caps = [], []
-        for j, g in enumerate(stages):
-            first, last = j == 0, j == p - 1
-            caps.append(table.cap(g, first, last, table.in_flight(p, j, n_mb_max)))
-            rows.append(table.times(g, first, last))
-        rows = np.vstack(rows) + np.array(hops + [0.0])[:, None]
-        hit = table._rows[key] = (rows, caps)
-    return hit[0], hit[1], hops
+        if len(table._rows) >= ROWS_KEPT:  # a memo only: bounded, the rows of long pipelines weigh p x L floats
+            table._rows.clear()
+        p = len(stages)
+        hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
+        ends = [(j == 0, j == p - 1) for j in range(p)]
+        caps = [table.cap(g, f, la, table.in_flight(p, j, n_mb_max))
+                for j, (g, (f, la)) in enumerate(zip(stages, ends))]
+        rows = np.array([table.times(g, f, la) for g, (f, la) in zip(stages, ends)])
+        rows[:-1] += np.array(hops)[:, None]
+        hit = table._rows[key] = (rows, caps, hops)
+    return hit
 
 
 def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
@@ -196,9 +251,12 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     p, L = len(stages), table.model.layers
     if p == 0 or p > L:
         return None
-    rows, caps, hops = stage_rows(table, stages, n_mb_max)
+    key = rows_key(table, stages, n_mb_max)
+    rows, caps, hops = stage_rows(table, stages, n_mb_max, key)
     if layers is None:
-        alloc = allocate_layers(rows, caps, L)
+        if key not in table._allocs:
+            table._allocs[key] = allocate_layers(rows, caps, L)
+        alloc = table._allocs[key]
         if alloc is None:
             return None
     else:

@@ -1,0 +1,63 @@
+"""Phase 2 of the search loop's first candidates computed ahead, on several cores.
+
+The loop of :func:`hexicore.planner.search.search_loop` starts with a sweep over ``D_dp`` whose
+cuts are fixed (both cuts for every ``D_dp`` when the iterations allow it) and whose seeds are
+the loop's random draws in order: those candidates do not depend on one another except through
+the caches. :func:`prefetch` partitions them (phase 1, cached in ``ctx.parts_cache``), lays out
+every part not laid out yet (phase 2, :func:`hexicore.planner.candidates.phase2`) in forked
+processes (:func:`hexicore.planner.parallel.fork_map`), then replays the loop's phase-2 calls in
+order and stores exactly the layouts the loop would compute itself, with the seed it would use
+(``phase2_cache`` keeps the first layout computed per part). The loop then finds them cached:
+the plan is the one-process plan.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hexicore.planner.candidates import Context, at_dp, phase2, split
+from hexicore.planner.parallel import fork_map
+
+
+def _phase2_task(ctx: Context, task: tuple) -> object:
+    d_dp, part, k, n_mb_max, seed = task
+    at_dp(ctx, d_dp)
+    return phase2(ctx, list(part), k, n_mb_max, seed)
+
+
+def prefetch(ctx: Context, items: Sequence[tuple[int, str, int]], workers: int) -> int:
+    """``items``: the loop's first candidates in order as ``(D_dp, cut, seed)`` (shift 0).
+    Returns how many layouts were stored."""
+    if workers <= 1 or len(items) < 2:
+        return 0
+    tasks: list[tuple] = []
+    first: dict = {}  # phase-2 cache key -> index of its task
+    plan = []
+    for d_dp, objective, seed in items:
+        at_dp(ctx, d_dp)
+        parts, ks = split(ctx, d_dp, objective, (0,), seed)
+        n_mb_max = ctx.micro_batches - (len(parts) - 1)
+        entries = []
+        for i, (p, k) in enumerate(zip(parts, ks)):
+            ck, task = (frozenset(p), k, n_mb_max), (d_dp, tuple(p), k, n_mb_max, seed + i)
+            if ck not in ctx.phase2_cache and ck not in first:
+                first[ck] = len(tasks)
+                tasks.append(task)
+            entries.append((ck, task))
+        plan.append(((tuple(tuple(p) for p in parts), tuple(ks)), entries))
+    results = fork_map(lambda t: _phase2_task(ctx, t), tasks, workers)
+    seen, stored = set(ctx.seen), 0
+    for key, entries in plan:  # the loop's own order of phase-2 calls
+        if key in seen:
+            continue
+        seen.add(key)
+        for ck, task in entries:
+            if ck not in ctx.phase2_cache:
+                j = first.get(ck)
+                if j is None or tasks[j] != task:  # the loop would lay it out with another seed: stop here
+                    return stored
+                ctx.phase2_cache[ck] = results[j]
+                stored += 1
+            if ctx.phase2_cache[ck] is None:  # the loop's candidate stops at a part that fits no way
+                break
+    return stored

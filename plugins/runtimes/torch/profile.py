@@ -1,0 +1,350 @@
+"""``hexicore profile`` on torch.distributed: time the model's blocks and the cluster's links.
+
+One worker per device of the cluster (launched as ``train`` launches: :mod:`.launch`, local
+processes or the ranks torchrun started). Every rank walks the same list of measurements
+(:func:`tasks`); one measurement runs at a time (the others wait at a barrier), so devices
+sharing a host do not disturb each other. Each rank is its device: rank ``r`` is
+``cluster.devices[r]``, and compute on a machine with ``emulate: {slowdown: K}`` goes through
+:func:`.emulate.stretch` exactly as the executor stretches a compute action, so every second
+recorded is a wall second as training will see it.
+
+* **block** (per GPU type, or per device): :class:`.model.Block` — the runtime's own block —
+  at each micro-batch x TP degree: forward, backward, and recompute (the forward again with
+  autograd recording, what activation recomputation re-runs); the median of ``repeats`` runs
+  after one warm-up. TP > 1 runs on that many devices of the type on one machine (the TP
+  all-reduces are inside the times, as inside a compute action); a TP degree the cluster cannot
+  form is skipped. Activation bytes: CUDA allocator growth across the forward; on CPU the bytes
+  of the distinct tensors autograd saves (``saved_tensors_hooks``), parameters excluded.
+* **head**: embedding + final norm + output projection + loss of one micro-batch
+  (:class:`.model.LlamaChunk` without blocks), forward and backward.
+* **links**: per machine (devices 0 and 1) and per machine pair (device 0 of each), ping-pong
+  of each size in ``link_bytes``; one-way time = half the round trip; ``t = latency + bytes /
+  bandwidth`` fitted by least squares (:func:`fit_link`).
+* **all-reduce**: per group size and machine pair (devices alternating between the two
+  machines; the same machine twice: inside it), bus bandwidth ``2 (g - 1) / g * bytes / t``
+  (NCCL's convention).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hexicore.core.model import ModelSpec
+from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
+
+from .emulate import settle, stretch
+from .model import Block, LlamaChunk, rope_tables
+from .tensor_parallel import TPGroup
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One measurement: ``kind`` block | head | p2p | allreduce on global ``ranks``."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    subject: str = ""          # block/head: GPU type or device id
+    micro_batch: int = 0
+    between: tuple[str, str] = ("", "")
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """What every worker needs (picklable; :func:`.launch.worker_main` calls :meth:`execute`)."""
+
+    devices: tuple[tuple[str, str, str, float], ...]  # (id, machine, gpu type, slowdown) per rank
+    model: ModelSpec
+    micro_batches: tuple[int, ...]
+    tp: tuple[int, ...]
+    seq_len: int
+    dtype: str
+    all_devices: bool
+    repeats: int
+    link_bytes: tuple[int, ...]
+    allreduce_groups: tuple[int, ...]
+    allreduce_bytes: int
+    seed: int = 0
+    backend: str = "auto"
+    timeout_s: float = 120.0
+    out: None = None  # no checkpoints (what the launcher's stop line looks for)
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+    def execute(self, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
+        return run_worker(self, rank, world, device)
+
+
+def tasks(job: ProfileJob) -> list[Task]:
+    """Every measurement, in the order all ranks walk them (pure: the same on every rank)."""
+    out: list[Task] = []
+    by_machine: dict[str, list[int]] = {}
+    for r, (_, m, _, _) in enumerate(job.devices):
+        by_machine.setdefault(m, []).append(r)
+    subjects: dict[str, int] = {}
+    for r, (dev_id, _, gpu, _) in enumerate(job.devices):
+        subjects.setdefault(dev_id if job.all_devices else gpu, r)
+    for name, r in subjects.items():
+        mates = [q for q in by_machine[job.devices[r][1]] if job.devices[q][2] == job.devices[r][2]]
+        mates = mates[mates.index(r):] + mates[:mates.index(r)]
+        for tp in job.tp:
+            if tp > len(mates) or job.model.heads % tp or job.model.kv_heads % tp or job.model.ffn % tp:
+                continue
+            for mb in job.micro_batches:
+                out.append(Task("block", tuple(sorted(mates[:tp])), name, micro_batch=mb, group=tp))
+        out.append(Task("head", (r,), name, micro_batch=job.micro_batches[0]))
+    names = list(by_machine)
+    for i, a in enumerate(names):
+        for b in names[i:]:
+            pair = (by_machine[a][0], by_machine[a][1]) if a == b and len(by_machine[a]) > 1 else (
+                (by_machine[a][0], by_machine[b][0]) if a != b else None)
+            if pair:
+                out.append(Task("p2p", pair, between=(a, b)))
+            pool = by_machine[a] if a == b else [r for p in zip(by_machine[a], by_machine[b]) for r in p]
+            for g in job.allreduce_groups:
+                if 1 < g <= len(pool):
+                    out.append(Task("allreduce", tuple(sorted(pool[:g])), between=(a, b), group=g))
+    return out
+
+
+def run_worker(job: ProfileJob, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
+    """One rank's share of :func:`tasks`; rank 0 returns every result (``{"tasks", "results", "env"}``)."""
+    todo = tasks(job)
+    handles: dict[tuple[int, ...], Any] = {}
+    for t in todo:  # new_group is collective: every rank creates every group, in order
+        if len(t.ranks) > 1 and t.ranks not in handles and t.kind != "p2p":
+            handles[t.ranks] = dist.new_group(list(t.ranks)) if world > 1 else None
+    mine: list[Any] = []
+    for t in todo:
+        mine.append(_measure(job, t, rank, device, handles.get(t.ranks)) if rank in t.ranks else None)
+        if world > 1:
+            dist.barrier()
+    every: list[Any] = [mine]
+    if world > 1:
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+    if rank != 0:
+        return None
+    return {"tasks": todo, "results": [[every[r][i] for r in t.ranks] for i, t in enumerate(todo)],
+            "env": environment(job, device)}
+
+
+def _measure(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> Any:
+    if t.kind == "block":
+        return time_block(job, t, rank, device, group)
+    if t.kind == "head":
+        return time_head(job, t.micro_batch, job.devices[rank][3], device)
+    if t.kind == "p2p":
+        return time_p2p(job, t.ranks, rank, device)
+    return time_allreduce(job, t, rank, device, group)
+
+
+def _init(module: torch.nn.Module, seed: int) -> None:
+    """Small seeded weights (norms stay 1): parameters made with ``torch.empty`` hold garbage."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def _autocast(job: ProfileJob, device: torch.device):
+    import contextlib
+
+    dt = AUTOCAST[job.dtype]
+    return contextlib.nullcontext() if dt is None else torch.autocast(device.type, dtype=dt)
+
+
+def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
+    """``fn()`` stretched as the executor stretches a compute action; (result, wall seconds)."""
+    settle(device)
+    t0 = time.perf_counter()
+    out = fn()
+    stretch(slowdown, t0, device)
+    settle(device)
+    return out, time.perf_counter() - t0
+
+
+def time_block(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> dict[str, float]:
+    """Median forward/backward/recompute seconds of one block (module docstring) + activation bytes."""
+    spec, slow = job.model, job.devices[rank][3]
+    tp = TPGroup(t.ranks.index(rank), len(t.ranks), group)
+    block = Block(spec, tp).to(device)
+    _init(block, job.seed + tp.rank)
+    cos, sin = (x.to(device) for x in rope_tables(job.seq_len, spec.head_dim, spec.rope_theta, dict(spec.rope_scaling)))
+    gen = torch.Generator().manual_seed(job.seed)
+    x = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 0.1).to(device).requires_grad_()
+    grad = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 1e-3).to(device)
+    times: dict[str, list[float]] = {"forward_s": [], "backward_s": [], "recompute_s": []}
+    for i in range(job.repeats + 1):
+        with _autocast(job, device):
+            y, fwd = _timed(lambda: block(x, cos, sin), slow, device)
+        _, bwd = _timed(lambda: y.backward(grad), slow, device)
+        with _autocast(job, device):
+            again, rec = _timed(lambda: block(x, cos, sin), slow, device)
+        del y, again
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+        if i:  # the first run warms up (allocator, lazy initialisation)
+            for k, v in zip(times, (fwd, bwd, rec)):
+                times[k].append(v)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["activation_bytes"] = float(activation_bytes(block, x, cos, sin, job, device))
+    return out
+
+
+def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     job: ProfileJob, device: torch.device) -> int:
+    """Bytes one forward keeps for backward: CUDA allocator growth; CPU: distinct saved tensors."""
+    if device.type == "cuda":
+        settle(device)
+        before = torch.cuda.memory_allocated(device)
+        with _autocast(job, device):
+            y = block(x, cos, sin)
+        settle(device)
+        grown = torch.cuda.memory_allocated(device) - before
+        del y
+        return max(int(grown), 0)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(job, device):
+        y = block(x, cos, sin)
+    del y
+    return sum(seen.values())
+
+
+def time_head(job: ProfileJob, micro_batch: int, slowdown: float, device: torch.device) -> dict[str, float]:
+    """Median forward/backward seconds of embedding + norm + head + loss on one micro-batch."""
+    spec = job.model
+    chunk = LlamaChunk(spec, 0, 0, first=True, last=True).to(device)
+    _init(chunk, job.seed)
+    gen = torch.Generator().manual_seed(job.seed)
+    tokens = torch.randint(0, spec.vocab, (micro_batch, job.seq_len + 1), generator=gen).to(device)
+    fwd_s, bwd_s = [], []
+    for i in range(job.repeats + 1):
+        with _autocast(job, device):
+            loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), slowdown, device)
+        _, bwd = _timed(loss.backward, slowdown, device)
+        chunk.zero_grad(set_to_none=True)
+        if i:
+            fwd_s.append(fwd)
+            bwd_s.append(bwd)
+    return {"forward_s": statistics.median(fwd_s), "backward_s": statistics.median(bwd_s)}
+
+
+def time_p2p(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.device) -> list[tuple[int, float]] | None:
+    """(bytes, one-way seconds) per size, measured by ping-pong from ``pair[0]`` (else None)."""
+    a, b = pair
+    out = []
+    for size in job.link_bytes:
+        buf = torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device)
+        trips = []
+        for i in range(job.repeats + 1):
+            settle(device)
+            t0 = time.perf_counter()
+            if rank == a:
+                dist.send(buf, b)
+                dist.recv(buf, b)
+            else:
+                dist.recv(buf, a)
+                dist.send(buf, a)
+            settle(device)
+            if i:
+                trips.append((time.perf_counter() - t0) / 2)
+        out.append((buf.numel() * 4, statistics.median(trips)))
+    return out if rank == a else None
+
+
+def time_allreduce(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> float:
+    """Median seconds of an all-reduce of ``allreduce_bytes`` per rank in the group."""
+    buf = torch.zeros(max(job.allreduce_bytes // 4, 1), dtype=torch.float32, device=device)
+    took = []
+    for i in range(job.repeats + 1):
+        dist.barrier(group=group)
+        settle(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        settle(device)
+        if i:
+            took.append(time.perf_counter() - t0)
+    return statistics.median(took)
+
+
+def fit_link(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``t = latency + bytes / bandwidth`` over (bytes, seconds): (latency s, GB/s).
+    A fit with no positive slope (noise dominates) keeps the largest size's rate."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx > 0 else 0.0
+    if slope <= 0:
+        big = max(points)
+        return max(min(p[1] for p in points), 0.0), big[0] / max(big[1], 1e-12) / 1e9
+    return max(my - slope * mx, 0.0), 1.0 / slope / 1e9
+
+
+def environment(job: ProfileJob, device: torch.device) -> dict[str, Any]:
+    from .model import _flash_attn_func
+
+    half = job.dtype in ("bf16", "fp16")
+    flash = _flash_attn_func is not None and device.type == "cuda" and half
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return {"torch": str(torch.__version__), "backend": str(dist.get_backend()) if dist.is_initialized() else "none",
+            "dtype": job.dtype, "attention": "flash-attn" if flash else "sdpa", "device": str(name),
+            "threads": torch.get_num_threads(), "repeats": job.repeats,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
+    """Rank 0's results as a :class:`Profile` (a TP block's times: its slowest member's)."""
+    blocks: dict[str, list[BlockTiming]] = {}
+    heads: dict[str, HeadTiming] = {}
+    links, allreduce = [], []
+    s, m = job.seq_len, job.model
+    for t, res in zip(got["tasks"], got["results"]):
+        if t.kind == "block":
+            worst = {k: max(r[k] for r in res) for k in res[0]}
+            blocks.setdefault(t.subject, []).append(BlockTiming(
+                t.micro_batch, len(t.ranks), s, worst["forward_s"], worst["backward_s"], worst["recompute_s"],
+                m.hidden, m.ffn, m.heads, m.kv_heads, worst["activation_bytes"]))
+        elif t.kind == "head":
+            heads[t.subject] = HeadTiming(t.micro_batch, s, res[0]["forward_s"], res[0]["backward_s"], m.hidden, m.vocab)
+        elif t.kind == "p2p":
+            lat, bw = fit_link(res[0])
+            links.append(LinkTiming(t.between, lat, bw))
+        else:
+            took = max(res)
+            allreduce.append(AllReduceTiming(t.between, t.group,
+                                             2 * (t.group - 1) / t.group * job.allreduce_bytes / took / 1e9))
+    names = list(dict.fromkeys(list(blocks) + list(heads)))
+    devices = {n: DeviceProfile(tuple(blocks.get(n, ())), heads.get(n)) for n in names}
+    return Profile(devices, tuple(links), tuple(allreduce), got["env"])
+
+
+def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob:
+    c = request.cluster
+    devices = tuple((d.id, d.machine, d.gpu.name, float(c.slowdown(d.id))) for d in c.devices)
+    return ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
+                      int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
+                      int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
+                      int(request.allreduce_bytes), int(request.seed), backend, timeout_s)

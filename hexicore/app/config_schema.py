@@ -63,6 +63,7 @@ class ProfileSection:
     seq_len: Optional[int] = None
     all_devices: bool = False
     repeats: int = 5
+    statistic: str = "median"
     link_bytes: List[int] = field(default_factory=lambda: [4096, 262144, 4194304])
     allreduce_groups: List[int] = field(default_factory=lambda: [2, 4, 8])
     allreduce_bytes: int = 4194304
@@ -118,7 +119,7 @@ def store_schema() -> None:
 #: allowed values of the string keys the schema types as ``str``
 CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
            "train.zero": ("0", "1", "2", "3", "auto"),
-           "train.zero_split": ("even", "memory")}
+           "train.zero_split": ("even", "memory"), "profile.statistic": ("median", "min")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection, "profile": ProfileSection}
 

@@ -24,7 +24,8 @@ class ProfileRequest:
     type (devices are then named by id in the profile); ``repeats``: timed runs per measurement
     after one warm-up (the median is kept); ``link_bytes``: message sizes of the point-to-point
     fit ``t = latency + bytes / bandwidth``; ``allreduce_groups``: group sizes whose all-reduce
-    bandwidth is measured with ``allreduce_bytes`` per rank."""
+    bandwidth is measured with ``allreduce_bytes`` per rank; ``statistic``: ``median`` or ``min``
+    of the repeats (the minimum: undisturbed times on a host other work shares)."""
 
     cluster: Cluster
     model: ModelSpec
@@ -38,4 +39,5 @@ class ProfileRequest:
     allreduce_groups: tuple[int, ...] = (2, 4, 8)
     allreduce_bytes: int = 4194304
     seed: int = 0
+    statistic: str = "median"
     runtime: Mapping[str, Any] = field(default_factory=dict)

@@ -51,7 +51,8 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
         link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4),
         allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2),
         allreduce_bytes=schema.integer(p.get("allreduce_bytes"), SRC, "profile.allreduce_bytes", minimum=4),
-        seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None), runtime=runtime_settings(cfg).params)
+        seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
+        statistic=str(p.get("statistic", "median")), runtime=runtime_settings(cfg).params)
 
 
 def run(cfg: DictConfig) -> int:

@@ -75,6 +75,7 @@ class ProfileJob:
     allreduce_groups: tuple[int, ...]
     allreduce_bytes: int
     seed: int = 0
+    statistic: str = "median"
     backend: str = "auto"
     timeout_s: float = 120.0
     out: None = None  # no checkpoints (what the launcher's stop line looks for)
@@ -200,14 +201,15 @@ def time_block(job: ProfileJob, t: Task, rank: int, device: torch.device, group:
         if i:  # the first run warms up (allocator, lazy initialisation)
             for k, v in zip(times, (fwd, bwd, rec)):
                 times[k].append(v)
-    out = {k: statistics.median(v) for k, v in times.items()}
+    out = {k: pick(job, v) for k, v in times.items()}
     out["activation_bytes"] = float(activation_bytes(block, x, cos, sin, job, device))
     return out
 
 
 def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      job: ProfileJob, device: torch.device) -> int:
-    """Bytes one forward keeps for backward: CUDA allocator growth; CPU: distinct saved tensors."""
+    """Bytes one forward keeps for backward: CUDA allocator growth; CPU: distinct saved tensors
+    (not the weights or the rotary tables, which every micro-batch shares)."""
     if device.type == "cuda":
         settle(device)
         before = torch.cuda.memory_allocated(device)
@@ -217,7 +219,7 @@ def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
         grown = torch.cuda.memory_allocated(device) - before
         del y
         return max(int(grown), 0)
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in (*block.parameters(), cos, sin)}  # weights, rope tables
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -248,7 +250,7 @@ def time_head(job: ProfileJob, micro_batch: int, slowdown: float, device: torch.
         if i:
             fwd_s.append(fwd)
             bwd_s.append(bwd)
-    return {"forward_s": statistics.median(fwd_s), "backward_s": statistics.median(bwd_s)}
+    return {"forward_s": pick(job, fwd_s), "backward_s": pick(job, bwd_s)}
 
 
 def time_p2p(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.device) -> list[tuple[int, float]] | None:
@@ -270,7 +272,7 @@ def time_p2p(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.de
             settle(device)
             if i:
                 trips.append((time.perf_counter() - t0) / 2)
-        out.append((buf.numel() * 4, statistics.median(trips)))
+        out.append((buf.numel() * 4, pick(job, trips)))
     return out if rank == a else None
 
 
@@ -286,7 +288,13 @@ def time_allreduce(job: ProfileJob, t: Task, rank: int, device: torch.device, gr
         settle(device)
         if i:
             took.append(time.perf_counter() - t0)
-    return statistics.median(took)
+    return pick(job, took)
+
+
+def pick(job: ProfileJob, values: list[float]) -> float:
+    """The kept value of repeated timings: their median, or their minimum (``statistic: min``,
+    the undisturbed time on a host that other work shares)."""
+    return min(values) if job.statistic == "min" else statistics.median(values)
 
 
 def fit_link(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -311,7 +319,7 @@ def environment(job: ProfileJob, device: torch.device) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     return {"torch": str(torch.__version__), "backend": str(dist.get_backend()) if dist.is_initialized() else "none",
             "dtype": job.dtype, "attention": "flash-attn" if flash else "sdpa", "device": str(name),
-            "threads": torch.get_num_threads(), "repeats": job.repeats,
+            "threads": torch.get_num_threads(), "repeats": job.repeats, "statistic": job.statistic,
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
@@ -347,4 +355,4 @@ def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob
     return ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
                       int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                       int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
-                      int(request.allreduce_bytes), int(request.seed), backend, timeout_s)
+                      int(request.allreduce_bytes), int(request.seed), str(request.statistic), backend, timeout_s)

@@ -10,8 +10,9 @@ recorded is a wall second as training will see it.
 
 * **block** (per GPU type, or per device): :class:`.model.Block` — the runtime's own block —
   at each micro-batch x TP degree: forward, backward, and recompute (the forward again with
-  autograd recording, what activation recomputation re-runs); the median of ``repeats`` runs
-  after one warm-up. TP > 1 runs on that many devices of the type on one machine (the TP
+  autograd recording, what activation recomputation re-runs); the median (or minimum) of
+  ``repeats`` samples after one warm-up, the repeats interleaved across measurements
+  (:func:`run_worker`). TP > 1 runs on that many devices of the type on one machine (the TP
   all-reduces are inside the times, as inside a compute action); a TP degree the cluster cannot
   form is skipped. Activation bytes: CUDA allocator growth across the forward; on CPU the bytes
   of the distinct tensors autograd saves (``saved_tensors_hooks``), parameters excluded.
@@ -32,7 +33,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -121,35 +122,59 @@ def tasks(job: ProfileJob) -> list[Task]:
 
 
 def run_worker(job: ProfileJob, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
-    """One rank's share of :func:`tasks`; rank 0 returns every result (``{"tasks", "results", "env"}``)."""
+    """One rank's share of :func:`tasks`; rank 0 returns every result (``{"tasks", "results", "env"}``).
+
+    Repeats are interleaved: round ``k`` takes the ``k``-th sample of every measurement in turn
+    (round 0 warms up and is dropped), so a burst of other work on the host spoils one sample of
+    many measurements instead of every sample of one."""
     todo = tasks(job)
     handles: dict[tuple[int, ...], Any] = {}
     for t in todo:  # new_group is collective: every rank creates every group, in order
         if len(t.ranks) > 1 and t.ranks not in handles and t.kind != "p2p":
             handles[t.ranks] = dist.new_group(list(t.ranks)) if world > 1 else None
-    mine: list[Any] = []
-    for t in todo:
-        mine.append(_measure(job, t, rank, device, handles.get(t.ranks)) if rank in t.ranks else None)
-        if world > 1:
-            dist.barrier()
+    gens = {i: _sampler(job, t, rank, device, handles.get(t.ranks)) for i, t in enumerate(todo) if rank in t.ranks}
+    samples: dict[int, list[Any]] = {i: [] for i in gens}
+    for rnd in range(job.repeats + 1):
+        for i in range(len(todo)):
+            if i in gens:
+                got = next(gens[i])
+                if rnd:
+                    samples[i].append(got)
+            if world > 1:
+                dist.barrier()
+    mine = [summarize(job, t, samples[i]) if i in gens else None for i, t in enumerate(todo)]
     every: list[Any] = [mine]
     if world > 1:
         every = [None] * world
         dist.all_gather_object(every, mine)
     if rank != 0:
         return None
-    return {"tasks": todo, "results": [[every[r][i] for r in t.ranks] for i, t in enumerate(todo)],
-            "env": environment(job, device)}
+    return {"tasks": todo, "results": [[every[r][i] for r in t.ranks if every[r][i] is not None]
+                                       for i, t in enumerate(todo)], "env": environment(job, device)}
 
 
-def _measure(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> Any:
+def _sampler(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> Iterator[Any]:
     if t.kind == "block":
-        return time_block(job, t, rank, device, group)
+        return block_samples(job, t, rank, device, group)
     if t.kind == "head":
-        return time_head(job, t.micro_batch, job.devices[rank][3], device)
+        return head_samples(job, t.micro_batch, job.devices[rank][3], device)
     if t.kind == "p2p":
-        return time_p2p(job, t.ranks, rank, device)
-    return time_allreduce(job, t, rank, device, group)
+        return p2p_samples(job, t.ranks, rank, device)
+    return allreduce_samples(job, device, group)
+
+
+def summarize(job: ProfileJob, t: Task, samples: list[Any]) -> Any:
+    """One measurement's kept value from its samples (:func:`pick` of each quantity)."""
+    if t.kind == "block":
+        out = {k: pick(job, [s[i] for s in samples]) for i, k in enumerate(("forward_s", "backward_s", "recompute_s"))}
+        return {**out, "activation_bytes": float(samples[-1][3])}
+    if t.kind == "head":
+        return {"forward_s": pick(job, [s[0] for s in samples]), "backward_s": pick(job, [s[1] for s in samples])}
+    if t.kind == "p2p":
+        if samples[0] is None:  # the echoing rank
+            return None
+        return [(size, pick(job, [s[j][1] for s in samples])) for j, (size, _) in enumerate(samples[0])]
+    return pick(job, samples)
 
 
 def _init(module: torch.nn.Module, seed: int) -> None:
@@ -178,8 +203,8 @@ def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def time_block(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> dict[str, float]:
-    """Median forward/backward/recompute seconds of one block (module docstring) + activation bytes."""
+def block_samples(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> Iterator[tuple]:
+    """(forward, backward, recompute seconds, activation bytes) of one block, one sample per step."""
     spec, slow = job.model, job.devices[rank][3]
     tp = TPGroup(t.ranks.index(rank), len(t.ranks), group)
     block = Block(spec, tp).to(device)
@@ -188,8 +213,8 @@ def time_block(job: ProfileJob, t: Task, rank: int, device: torch.device, group:
     gen = torch.Generator().manual_seed(job.seed)
     x = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 0.1).to(device).requires_grad_()
     grad = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 1e-3).to(device)
-    times: dict[str, list[float]] = {"forward_s": [], "backward_s": [], "recompute_s": []}
-    for i in range(job.repeats + 1):
+    act = activation_bytes(block, x, cos, sin, job, device)
+    while True:
         with _autocast(job, device):
             y, fwd = _timed(lambda: block(x, cos, sin), slow, device)
         _, bwd = _timed(lambda: y.backward(grad), slow, device)
@@ -198,12 +223,7 @@ def time_block(job: ProfileJob, t: Task, rank: int, device: torch.device, group:
         del y, again
         x.grad = None
         block.zero_grad(set_to_none=True)
-        if i:  # the first run warms up (allocator, lazy initialisation)
-            for k, v in zip(times, (fwd, bwd, rec)):
-                times[k].append(v)
-    out = {k: pick(job, v) for k, v in times.items()}
-    out["activation_bytes"] = float(activation_bytes(block, x, cos, sin, job, device))
-    return out
+        yield fwd, bwd, rec, act
 
 
 def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -234,33 +254,29 @@ def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
     return sum(seen.values())
 
 
-def time_head(job: ProfileJob, micro_batch: int, slowdown: float, device: torch.device) -> dict[str, float]:
-    """Median forward/backward seconds of embedding + norm + head + loss on one micro-batch."""
+def head_samples(job: ProfileJob, micro_batch: int, slowdown: float, device: torch.device) -> Iterator[tuple]:
+    """(forward, backward seconds) of embedding + norm + head + loss on one micro-batch, per step."""
     spec = job.model
     chunk = LlamaChunk(spec, 0, 0, first=True, last=True).to(device)
     _init(chunk, job.seed)
     gen = torch.Generator().manual_seed(job.seed)
     tokens = torch.randint(0, spec.vocab, (micro_batch, job.seq_len + 1), generator=gen).to(device)
-    fwd_s, bwd_s = [], []
-    for i in range(job.repeats + 1):
+    while True:
         with _autocast(job, device):
             loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), slowdown, device)
         _, bwd = _timed(loss.backward, slowdown, device)
         chunk.zero_grad(set_to_none=True)
-        if i:
-            fwd_s.append(fwd)
-            bwd_s.append(bwd)
-    return {"forward_s": pick(job, fwd_s), "backward_s": pick(job, bwd_s)}
+        yield fwd, bwd
 
 
-def time_p2p(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.device) -> list[tuple[int, float]] | None:
-    """(bytes, one-way seconds) per size, measured by ping-pong from ``pair[0]`` (else None)."""
+def p2p_samples(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.device) -> Iterator[Any]:
+    """Per step, (bytes, one-way seconds) for each size by ping-pong from ``pair[0]``; the echoing
+    rank yields None."""
     a, b = pair
-    out = []
-    for size in job.link_bytes:
-        buf = torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device)
-        trips = []
-        for i in range(job.repeats + 1):
+    bufs = [torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device) for size in job.link_bytes]
+    while True:
+        out = []
+        for buf in bufs:
             settle(device)
             t0 = time.perf_counter()
             if rank == a:
@@ -270,25 +286,20 @@ def time_p2p(job: ProfileJob, pair: tuple[int, ...], rank: int, device: torch.de
                 dist.recv(buf, a)
                 dist.send(buf, a)
             settle(device)
-            if i:
-                trips.append((time.perf_counter() - t0) / 2)
-        out.append((buf.numel() * 4, pick(job, trips)))
-    return out if rank == a else None
+            out.append((buf.numel() * 4, (time.perf_counter() - t0) / 2))
+        yield out if rank == a else None
 
 
-def time_allreduce(job: ProfileJob, t: Task, rank: int, device: torch.device, group: Any) -> float:
-    """Median seconds of an all-reduce of ``allreduce_bytes`` per rank in the group."""
+def allreduce_samples(job: ProfileJob, device: torch.device, group: Any) -> Iterator[float]:
+    """Seconds of one all-reduce of ``allreduce_bytes`` per rank in the group, per step."""
     buf = torch.zeros(max(job.allreduce_bytes // 4, 1), dtype=torch.float32, device=device)
-    took = []
-    for i in range(job.repeats + 1):
+    while True:
         dist.barrier(group=group)
         settle(device)
         t0 = time.perf_counter()
         dist.all_reduce(buf, group=group)
         settle(device)
-        if i:
-            took.append(time.perf_counter() - t0)
-    return pick(job, took)
+        yield time.perf_counter() - t0
 
 
 def pick(job: ProfileJob, values: list[float]) -> float:

@@ -127,7 +127,8 @@ def run(args) -> dict:
     prof = OUT / "profile.yaml"
     t0 = time.perf_counter()
     sh([*hexi, "profile", *common, "profile.micro_batches=[1,2]", "profile.tp=[1,2]",
-        f"profile.repeats={args.repeats}", f"profile.statistic={args.statistic}", f"out={prof}",
+        f"profile.repeats={args.repeats}", f"profile.statistic={args.statistic}",
+        f"profile.concurrent={str(args.concurrent).lower()}", f"out={prof}",
         "overwrite=true"], OUT / "profile.log")
     profile_s = time.perf_counter() - t0
     from hexicore.core.cluster import Cluster
@@ -195,7 +196,8 @@ def section(res: dict) -> str:
              f"(`{res['uptime']}`; the host is shared, so every time includes other processes' load). Cluster: "
              f"2 devices + 4 devices slowed {a['slowdown']}x (`emulate`), same catalog TFLOP/s; model: 12 Llama "
              f"blocks, hidden {a['hidden']}, seq {a['seq']}, global batch {a['global_batch']}, micro-batch 1, fp32, "
-             f"gloo, one torch thread per rank. Profile ({a['statistic']} of {a['repeats']} repeats) took "
+             f"gloo, one torch thread per rank. Profile ({a['statistic']} of {a['repeats']} interleaved repeats, "
+             f"{'every device at once' if a['concurrent'] else 'one device at a time'}) took "
              f"{res['profile_s']:.0f} s. Measured = median step after the first of {a['steps']} steps "
              "(metrics.json `step_s`); error = predicted / measured - 1.", "",
              "| plan | analytic s | profiled s | measured s | analytic error | profiled error | host compute s |",
@@ -216,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--statistic", default="median", choices=("median", "min"))
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=True,
+                    help="profile every device at once (they share this host, as in training)")
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/results.md")
     args = ap.parse_args(argv)
     res = run(args)

@@ -43,12 +43,22 @@ def test_tasks_cover_types_tp_groups_links_and_allreduce():
     job = ProfileJob(devs, model, (1, 2), (1, 2), 32, "fp32", False, 1, (64, 4096), (2, 4), 4096)
     got = tasks(job)
     blocks = {(t.subject, t.group, t.micro_batch): t.ranks for t in got if t.kind == "block"}
-    assert blocks == {("x", 1, 1): (0,), ("x", 1, 2): (0,), ("x", 2, 1): (0, 1), ("x", 2, 2): (0, 1),
-                      ("y", 1, 1): (2,), ("y", 1, 2): (2,)}  # y has one device: no TP 2
+    assert blocks == {("A.0", 1, 1): (0,), ("A.0", 1, 2): (0,), ("A.0", 2, 1): (0, 1), ("A.0", 2, 2): (0, 1),
+                      ("B.0", 1, 1): (2,), ("B.0", 1, 2): (2,)}  # type y has one device: no TP 2
+    assert len({t.batch for t in got}) == len(got)  # one measurement at a time
     assert [(t.between, t.ranks) for t in got if t.kind == "p2p"] == [(("A", "A"), (0, 1)), (("A", "B"), (0, 2))]
     assert [(t.between, t.ranks) for t in got if t.kind == "allreduce"] == [(("A", "A"), (0, 1)), (("A", "B"), (0, 2))]
     every = tasks(ProfileJob(devs, model, (1,), (1,), 32, "fp32", True, 1, (64,), (2,), 64))
     assert {t.subject for t in every if t.kind == "head"} == {"A.0", "A.1", "B.0"}
+    # concurrent: every device at once, per (TP, micro-batch), TP groups disjoint
+    conc = tasks(ProfileJob(devs, model, (1,), (1, 2), 32, "fp32", False, 1, (64,), (2,), 64, concurrent=True))
+    by_batch: dict = {}
+    for t in conc:
+        if t.kind in ("block", "head"):
+            by_batch.setdefault(t.batch, []).append((t.kind, t.group, t.ranks))
+    assert sorted(by_batch.values()) == [[("block", 1, (0,)), ("block", 1, (1,)), ("block", 1, (2,))],
+                                         [("block", 2, (0, 1))],
+                                         [("head", 0, (0,)), ("head", 0, (1,)), ("head", 0, (2,))]]
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ class ProfileSection:
     all_devices: bool = False
     repeats: int = 5
     statistic: str = "median"
+    concurrent: bool = False
     link_bytes: List[int] = field(default_factory=lambda: [4096, 262144, 4194304])
     allreduce_groups: List[int] = field(default_factory=lambda: [2, 4, 8])
     allreduce_bytes: int = 4194304

@@ -25,7 +25,9 @@ class ProfileRequest:
     after one warm-up (the median is kept); ``link_bytes``: message sizes of the point-to-point
     fit ``t = latency + bytes / bandwidth``; ``allreduce_groups``: group sizes whose all-reduce
     bandwidth is measured with ``allreduce_bytes`` per rank; ``statistic``: ``median`` or ``min``
-    of the repeats (the minimum: undisturbed times on a host other work shares)."""
+    of the repeats (the minimum: undisturbed times on a host other work shares); ``concurrent``:
+    every device computes at the same time (per type, the median over its devices), so devices
+    that share a host are measured sharing it, as a training run shares it."""
 
     cluster: Cluster
     model: ModelSpec
@@ -40,4 +42,5 @@ class ProfileRequest:
     allreduce_bytes: int = 4194304
     seed: int = 0
     statistic: str = "median"
+    concurrent: bool = False
     runtime: Mapping[str, Any] = field(default_factory=dict)

@@ -52,7 +52,7 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
         allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2),
         allreduce_bytes=schema.integer(p.get("allreduce_bytes"), SRC, "profile.allreduce_bytes", minimum=4),
         seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
-        statistic=str(p.get("statistic", "median")), runtime=runtime_settings(cfg).params)
+        statistic=str(p.get("statistic", "median")), concurrent=bool(p.get("concurrent")), runtime=runtime_settings(cfg).params)
 
 
 def run(cfg: DictConfig) -> int:

@@ -58,6 +58,7 @@ class Task:
     micro_batch: int = 0
     between: tuple[str, str] = ("", "")
     group: int = 0
+    batch: int = 0             # tasks of one batch run at the same time (:func:`tasks`)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class ProfileJob:
     allreduce_bytes: int
     seed: int = 0
     statistic: str = "median"
+    concurrent: bool = False
     backend: str = "auto"
     timeout_s: float = 120.0
     out: None = None  # no checkpoints (what the launcher's stop line looks for)
@@ -90,35 +92,60 @@ class ProfileJob:
 
 
 def tasks(job: ProfileJob) -> list[Task]:
-    """Every measurement, in the order all ranks walk them (pure: the same on every rank)."""
+    """Every measurement, in the order all ranks walk them (pure: the same on every rank).
+    Block and head tasks name their leading device (``subject``); tasks with the same ``batch``
+    run at the same time (``concurrent``: every device of the cluster at once, TP groups
+    disjoint), each other batch alone."""
     out: list[Task] = []
     by_machine: dict[str, list[int]] = {}
     for r, (_, m, _, _) in enumerate(job.devices):
         by_machine.setdefault(m, []).append(r)
-    subjects: dict[str, int] = {}
-    for r, (dev_id, _, gpu, _) in enumerate(job.devices):
-        subjects.setdefault(dev_id if job.all_devices else gpu, r)
-    for name, r in subjects.items():
-        mates = [q for q in by_machine[job.devices[r][1]] if job.devices[q][2] == job.devices[r][2]]
-        mates = mates[mates.index(r):] + mates[:mates.index(r)]
-        for tp in job.tp:
-            if tp > len(mates) or job.model.heads % tp or job.model.kv_heads % tp or job.model.ffn % tp:
-                continue
-            for mb in job.micro_batches:
-                out.append(Task("block", tuple(sorted(mates[:tp])), name, micro_batch=mb, group=tp))
-        out.append(Task("head", (r,), name, micro_batch=job.micro_batches[0]))
+    first = {}
+    for r, (_, _, gpu, _) in enumerate(job.devices):
+        first.setdefault(gpu, r)
+    leaders = list(range(job.world)) if job.all_devices or job.concurrent else list(first.values())
+    fits = [tp for tp in job.tp if not (job.model.heads % tp or job.model.kv_heads % tp or job.model.ffn % tp)]
+    combo = 1
+    for tp in fits:
+        for mb in job.micro_batches:
+            combo += 1  # concurrent: one batch per (TP, micro-batch), numbered below zero
+            for ranks in _tp_groups(job, by_machine, leaders, tp):
+                batch = len(out) if not job.concurrent else -combo
+                out.append(Task("block", ranks, job.devices[ranks[0]][0], micro_batch=mb, group=tp, batch=batch))
+    for r in leaders:
+        out.append(Task("head", (r,), job.devices[r][0], micro_batch=job.micro_batches[0],
+                        batch=-1 if job.concurrent else len(out)))
     names = list(by_machine)
     for i, a in enumerate(names):
         for b in names[i:]:
             pair = (by_machine[a][0], by_machine[a][1]) if a == b and len(by_machine[a]) > 1 else (
                 (by_machine[a][0], by_machine[b][0]) if a != b else None)
             if pair:
-                out.append(Task("p2p", pair, between=(a, b)))
+                out.append(Task("p2p", pair, between=(a, b), batch=len(out)))
             pool = by_machine[a] if a == b else [r for p in zip(by_machine[a], by_machine[b]) for r in p]
             for g in job.allreduce_groups:
                 if 1 < g <= len(pool):
-                    out.append(Task("allreduce", tuple(sorted(pool[:g])), between=(a, b), group=g))
+                    out.append(Task("allreduce", tuple(sorted(pool[:g])), between=(a, b), group=g, batch=len(out)))
     return out
+
+
+def _tp_groups(job: ProfileJob, by_machine: dict[str, list[int]], leaders: list[int], tp: int) -> list[tuple[int, ...]]:
+    """TP groups of ``tp`` devices of one type on one machine: one per leader (its mates from it
+    on, wrapping), or — concurrent — every disjoint group of the cluster."""
+    def mates(r: int) -> list[int]:
+        same = [q for q in by_machine[job.devices[r][1]] if job.devices[q][2] == job.devices[r][2]]
+        return same[same.index(r):] + same[:same.index(r)]
+
+    if not job.concurrent:
+        return [(r, *sorted(mates(r)[1:tp])) for r in leaders if tp <= len(mates(r))]
+    groups, taken = [], set()
+    for r in leaders:
+        if r not in taken:
+            same = [q for q in mates(r) if q not in taken][:tp]
+            if len(same) == tp:
+                groups.append(tuple(same))
+            taken.update(same)
+    return groups
 
 
 def run_worker(job: ProfileJob, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
@@ -135,12 +162,12 @@ def run_worker(job: ProfileJob, rank: int, world: int, device: torch.device) -> 
     gens = {i: _sampler(job, t, rank, device, handles.get(t.ranks)) for i, t in enumerate(todo) if rank in t.ranks}
     samples: dict[int, list[Any]] = {i: [] for i in gens}
     for rnd in range(job.repeats + 1):
-        for i in range(len(todo)):
+        for i, t in enumerate(todo):
             if i in gens:
                 got = next(gens[i])
                 if rnd:
                     samples[i].append(got)
-            if world > 1:
+            if world > 1 and (i + 1 == len(todo) or todo[i + 1].batch != t.batch):
                 dist.barrier()
     mine = [summarize(job, t, samples[i]) if i in gens else None for i, t in enumerate(todo)]
     every: list[Any] = [mine]
@@ -331,32 +358,45 @@ def environment(job: ProfileJob, device: torch.device) -> dict[str, Any]:
     return {"torch": str(torch.__version__), "backend": str(dist.get_backend()) if dist.is_initialized() else "none",
             "dtype": job.dtype, "attention": "flash-attn" if flash else "sdpa", "device": str(name),
             "threads": torch.get_num_threads(), "repeats": job.repeats, "statistic": job.statistic,
+            "concurrent": job.concurrent,
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
-    """Rank 0's results as a :class:`Profile` (a TP block's times: its slowest member's)."""
-    blocks: dict[str, list[BlockTiming]] = {}
-    heads: dict[str, HeadTiming] = {}
+    """Rank 0's results as a :class:`Profile`: a TP block's times are its slowest member's; per
+    GPU type (unless ``all_devices``) the median over the devices measured (one, unless
+    ``concurrent``)."""
+    gpu = {d[0]: d[2] for d in job.devices}
+    name = (lambda dev: dev) if job.all_devices else (lambda dev: gpu[dev])
+    blocks: dict[tuple[str, int, int], list[dict[str, float]]] = {}
+    heads: dict[str, list[dict[str, float]]] = {}
     links, allreduce = [], []
-    s, m = job.seq_len, job.model
     for t, res in zip(got["tasks"], got["results"]):
         if t.kind == "block":
-            worst = {k: max(r[k] for r in res) for k in res[0]}
-            blocks.setdefault(t.subject, []).append(BlockTiming(
-                t.micro_batch, len(t.ranks), s, worst["forward_s"], worst["backward_s"], worst["recompute_s"],
-                m.hidden, m.ffn, m.heads, m.kv_heads, worst["activation_bytes"]))
+            blocks.setdefault((name(t.subject), t.micro_batch, t.group), []).append(
+                {k: max(r[k] for r in res) for k in res[0]})
         elif t.kind == "head":
-            heads[t.subject] = HeadTiming(t.micro_batch, s, res[0]["forward_s"], res[0]["backward_s"], m.hidden, m.vocab)
+            heads.setdefault(name(t.subject), []).append(res[0])
         elif t.kind == "p2p":
             lat, bw = fit_link(res[0])
             links.append(LinkTiming(t.between, lat, bw))
         else:
-            took = max(res)
             allreduce.append(AllReduceTiming(t.between, t.group,
-                                             2 * (t.group - 1) / t.group * job.allreduce_bytes / took / 1e9))
-    names = list(dict.fromkeys(list(blocks) + list(heads)))
-    devices = {n: DeviceProfile(tuple(blocks.get(n, ())), heads.get(n)) for n in names}
+                                             2 * (t.group - 1) / t.group * job.allreduce_bytes / max(res) / 1e9))
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    s, m = job.seq_len, job.model
+    per: dict[str, list[BlockTiming]] = {}
+    order = list(dict.fromkeys(k[0] for k in blocks))
+    for (n, mb, tp), rows in sorted(blocks.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], kv[0][1])):
+        per.setdefault(n, []).append(BlockTiming(mb, tp, s, med(rows, "forward_s"), med(rows, "backward_s"),
+                                                 med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
+                                                 med(rows, "activation_bytes")))
+    head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
+            for n, rows in heads.items()}
+    devices = {n: DeviceProfile(tuple(per.get(n, ())), head.get(n)) for n in dict.fromkeys([*per, *head])}
     return Profile(devices, tuple(links), tuple(allreduce), got["env"])
 
 
@@ -366,4 +406,5 @@ def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob
     return ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
                       int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                       int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
-                      int(request.allreduce_bytes), int(request.seed), str(request.statistic), backend, timeout_s)
+                      int(request.allreduce_bytes), int(request.seed), str(request.statistic),
+                      bool(getattr(request, "concurrent", False)), backend, timeout_s)

@@ -54,6 +54,9 @@ HAND = {
 }
 
 
+#: profile modes: one device at a time (the default), every device at once (profile.concurrent)
+MODES = ("sequential", "concurrent")
+
 #: planner-made plans: (solver, extra overrides, file label)
 SOLVED = [("megatron", [], "megatron"), ("hexiscale", [], "hexiscale"),
           ("hexiscale", ["solver.use_all_devices=true"], "hexiscale_all")]
@@ -124,13 +127,15 @@ def run(args) -> dict:
                                     f"ffn: {args.hidden * 11 // 4}\nvocab: 512\nseq_len: {args.seq}\n")
     common = [f"cluster_file={OUT / 'cluster.yaml'}", f"model_file={OUT / 'model.yaml'}", "train.dtype=fp32",
               "train.recompute=false", f"train.seq_len={args.seq}", f"hydra.run.dir={OUT / 'hydra'}"]
-    prof = OUT / "profile.yaml"
-    t0 = time.perf_counter()
-    sh([*hexi, "profile", *common, "profile.micro_batches=[1,2]", "profile.tp=[1,2]",
-        f"profile.repeats={args.repeats}", f"profile.statistic={args.statistic}",
-        f"profile.concurrent={str(args.concurrent).lower()}", f"out={prof}",
-        "overwrite=true"], OUT / "profile.log")
-    profile_s = time.perf_counter() - t0
+    profile_s = {}
+    for mode in MODES:
+        t0 = time.perf_counter()
+        sh([*hexi, "profile", *common, "profile.micro_batches=[1,2]", "profile.tp=[1,2]",
+            f"profile.repeats={args.repeats}", f"profile.statistic={args.statistic}",
+            f"profile.concurrent={str(mode == 'concurrent').lower()}", f"out={OUT / f'profile_{mode}.yaml'}",
+            "overwrite=true"], OUT / f"profile_{mode}.log")
+        profile_s[mode] = time.perf_counter() - t0
+    prof = OUT / "profile_sequential.yaml"  # the default mode plans
     from hexicore.core.cluster import Cluster
     from hexicore.core.model import ModelSpec
 
@@ -147,7 +152,8 @@ def run(args) -> dict:
     rows = []
     for name, path in plans.items():
         analytic = predict(path, {"name": "analytic"})
-        profiled = predict(path, {"name": "profiled", "profile_file": str(prof)})
+        profiled = {m: predict(path, {"name": "profiled", "profile_file": str(OUT / f"profile_{m}.yaml")})
+                    for m in MODES}
         bound = cpu_bound(path, prof, args.cores)
         run_dir = OUT / f"run_{path.stem}"
         sh([*hexi, "train", f"plan_file={path}", f"train.steps={args.steps}", "train.dtype=fp32",
@@ -155,9 +161,10 @@ def run(args) -> dict:
             f"hydra.run.dir={OUT / 'hydra'}"], OUT / f"train_{path.stem}.log")
         step_s = json.loads((run_dir / "metrics.json").read_text())["step_s"]
         measured = statistics.median(step_s[1:] or step_s)
-        rows.append({"plan": name, "file": path.name, "analytic_s": analytic, "profiled_s": profiled,
+        rows.append({"plan": name, "file": path.name, "analytic_s": analytic, "profiled_s": profiled["sequential"],
+                     "concurrent_s": profiled["concurrent"],
                      "measured_s": measured, "cpu_bound_s": bound, "step_s": step_s, "load": os.getloadavg()})
-        print(f"{name}: analytic {analytic:.4f} s, profiled {profiled:.4f} s, measured {measured:.4f} s "
+        print(f"{name}: analytic {analytic:.4f} s, profiled {profiled}, measured {measured:.4f} s "
               f"(host compute bound {bound:.4f} s, load {os.getloadavg()[0]:.1f})", flush=True)
     return {"rows": rows, "profile_s": profile_s, "args": vars(args), "uptime": uptime(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -170,22 +177,22 @@ def uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
-def verdicts(rows: list[dict]) -> list[str]:
-    err = [abs(r["profiled_s"] / r["measured_s"] - 1) for r in rows]
-    by_pred = [r["plan"] for r in sorted(rows, key=lambda r: r["profiled_s"])]
+def verdicts(rows: list[dict], key: str = "profiled_s", label: str = "profiled") -> list[str]:
+    err = [abs(r[key] / r["measured_s"] - 1) for r in rows]
+    by_pred = [r["plan"] for r in sorted(rows, key=lambda r: r[key])]
     by_meas = [r["plan"] for r in sorted(rows, key=lambda r: r["measured_s"])]
     pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
-    agree = sum((a["profiled_s"] < b["profiled_s"]) == (a["measured_s"] < b["measured_s"]) for a, b in pairs)
-    out = [f"- profiled prediction within 10% of the measured step: {sum(e <= 0.10 for e in err)} of {len(rows)} "
+    agree = sum((a[key] < b[key]) == (a["measured_s"] < b["measured_s"]) for a, b in pairs)
+    out = [f"- {label}: prediction within 10% of the measured step: {sum(e <= 0.10 for e in err)} of {len(rows)} "
            f"plans (median error {statistics.median(err):.0%}, largest {max(err):.0%}); analytic: median error "
            f"{statistics.median(abs(r['analytic_s'] / r['measured_s'] - 1) for r in rows):.0%}",
-           f"- order by predicted = order by measured: {'yes' if by_pred == by_meas else 'no'} "
+           f"- {label}: order by predicted = order by measured: {'yes' if by_pred == by_meas else 'no'} "
            f"({agree} of {len(pairs)} pairs ordered alike)"]
     get = {r["plan"].split(" (")[0]: r for r in rows if r["plan"].startswith("solver=")}
     if "solver=megatron" in get and "solver=hexiscale" in get:
         m, h = get["solver=megatron"], get["solver=hexiscale"]
-        ms, ps = m["measured_s"] / h["measured_s"], m["profiled_s"] / h["profiled_s"]
-        out.append(f"- hexiscale vs megatron (both planned with cost=profiled): measured speedup {ms:.2f}x, "
+        ms, ps = m["measured_s"] / h["measured_s"], m[key] / h[key]
+        out.append(f"- {label}: hexiscale vs megatron (both planned with cost=profiled): measured speedup {ms:.2f}x, "
                    f"predicted {ps:.2f}x (difference {abs(ms / ps - 1):.0%})")
     return out
 
@@ -197,15 +204,21 @@ def section(res: dict) -> str:
              f"2 devices + 4 devices slowed {a['slowdown']}x (`emulate`), same catalog TFLOP/s; model: 12 Llama "
              f"blocks, hidden {a['hidden']}, seq {a['seq']}, global batch {a['global_batch']}, micro-batch 1, fp32, "
              f"gloo, one torch thread per rank. Profile ({a['statistic']} of {a['repeats']} interleaved repeats, "
-             f"{'every device at once' if a['concurrent'] else 'one device at a time'}) took "
-             f"{res['profile_s']:.0f} s. Measured = median step after the first of {a['steps']} steps "
+             f"one device at a time, then every device at once: `profile.concurrent=true`) took "
+             f"{res['profile_s']['sequential']:.0f} s and {res['profile_s']['concurrent']:.0f} s; plans of the solvers are made "
+             "from the first. "
+             f"Measured = median step after the first of {a['steps']} steps "
              "(metrics.json `step_s`); error = predicted / measured - 1.", "",
-             "| plan | analytic s | profiled s | measured s | analytic error | profiled error | host compute s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| plan | analytic s | profiled s (one at a time) | profiled s (all at once) | measured s | analytic error "
+             "| profiled error (one / all) | host compute s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        lines.append(f"| {r['plan']} | {r['analytic_s']:.4f} | {r['profiled_s']:.4f} | {r['measured_s']:.4f} | "
-                     f"{r['analytic_s'] / r['measured_s'] - 1:+.0%} | {r['profiled_s'] / r['measured_s'] - 1:+.0%} | {r['cpu_bound_s']:.3f} |")
-    return "\n".join(lines + [""] + verdicts(res["rows"]))
+        lines.append(f"| {r['plan']} | {r['analytic_s']:.4f} | {r['profiled_s']:.4f} | {r['concurrent_s']:.4f} | "
+                     f"{r['measured_s']:.4f} | {r['analytic_s'] / r['measured_s'] - 1:+.0%} | "
+                     f"{r['profiled_s'] / r['measured_s'] - 1:+.0%} / {r['concurrent_s'] / r['measured_s'] - 1:+.0%} | "
+                     f"{r['cpu_bound_s']:.3f} |")
+    return "\n".join(lines + [""] + verdicts(res["rows"], "profiled_s", "profiled, one device at a time")
+                      + verdicts(res["rows"], "concurrent_s", "profiled, every device at once"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--statistic", default="median", choices=("median", "min"))
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=True,
-                    help="profile every device at once (they share this host, as in training)")
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/results.md")
     args = ap.parse_args(argv)
     res = run(args)

@@ -30,6 +30,7 @@ BENCHES = [
     ("hf_io.py", [], ["--quick"]),
     ("simulate_cli.py", ["--cases", "64,8,512", "16,4,64", "--repeat", "3"], ["--repeat", "1"]),
     ("zero.py", [], ["--iterations", "6"]),
+    ("closed_loop.py", [], ["--steps", "3", "--repeats", "3"]),
 ]
 
 

@@ -223,7 +223,7 @@ def section(res: dict) -> str:
             "(from the one-at-a-time profile) divided by the cores — where it approaches the step time, ranks "
             "wait for a core, which a profile taken one device at a time cannot see and one taken with every "
             "device at once overstates (in training, ranks idle in bubbles and while waiting for activations). "
-            "The two profiled columns therefore bracket what a contended host does; on devices that do not "
+            "The two profiled columns are the two ends, no sharing and full sharing; on devices that do not "
             "share compute (real GPUs) the two modes coincide.")
     return "\n".join(lines + [""] + verdicts(res["rows"], "profiled_s", "profiled, one device at a time")
                       + verdicts(res["rows"], "concurrent_s", "profiled, every device at once") + ["", note])

@@ -10,7 +10,8 @@ plan — one pipeline, two symmetric pipelines, two pipelines with TP-2 slow sta
 ``cost=profiled`` — is priced by the analytic model (catalog peaks) and the profiled model
 (``hexicore evaluate``'s estimate), and trained with ``hexicore train`` (measured: median
 ``step_s`` after the first step, metrics.json). ``python bench/closed_loop.py [--steps 5]``
-prints the table, writes ``bench/out/closed_loop/closed_loop.json`` and replaces the
+prints the table, writes ``bench/out/closed_loop.json`` (the working files: ``bench/out/closed_loop/``,
+not kept) and replaces the
 ``## Closed loop: profile, plan, train`` section of ``docs/results.md``.
 """
 
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/results.md")
     args = ap.parse_args(argv)
     res = run(args)
-    (OUT / "closed_loop.json").write_text(json.dumps(res, indent=1) + "\n")
+    (HERE / "out" / "closed_loop.json").write_text(json.dumps(res, indent=1) + "\n")
     text = section(res)
     print(text)
     if not args.no_docs:

@@ -221,11 +221,12 @@ def section(res: dict) -> str:
     note = ("How to read it: the analytic model prices catalog GPUs (50 TFLOP/s), not this CPU, so its absolute "
             "error is expected; it is the contrast. The six emulated devices are six processes on this host's "
             f"{a['cores']} cores, which other work shares: *host compute s* is the step's unstretched compute "
-            "(from the one-at-a-time profile) divided by the cores — where it approaches the step time, ranks "
-            "wait for a core, which a profile taken one device at a time cannot see and one taken with every "
-            "device at once overstates (in training, ranks idle in bubbles and while waiting for activations). "
-            "The two profiled columns are the two ends, no sharing and full sharing; on devices that do not "
-            "share compute (real GPUs) the two modes coincide.")
+            "(from the one-at-a-time profile) divided by the cores. A profile taken one device at a time cannot "
+            "see ranks waiting for a core; one taken with every device at once sees them all computing together, "
+            "which training does not do all the time (bubbles, waits for activations) — on devices that do not "
+            "share compute (real GPUs) the two modes coincide. Identical plans measured in the same run (the two "
+            "hexiscale rows, when the solver makes the same plan) show how much the host's load alone moves a "
+            "measured step.")
     return "\n".join(lines + [""] + verdicts(res["rows"], "profiled_s", "profiled, one device at a time")
                       + verdicts(res["rows"], "concurrent_s", "profiled, every device at once") + ["", note])
 

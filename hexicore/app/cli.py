@@ -21,6 +21,7 @@ COMMANDS = {
     "evaluate": "validate a plan JSON from any source and re-estimate it",
     "simulate": "generate a schedule's action lists and simulate them (makespan, bubbles, timeline)",
     "train": "run training from a plan (or one pipeline, or parallel=none) with torch.distributed",
+    "profile": "measure the cluster's devices and links (blocks, head, p2p, all-reduce); write a profile file",
     "prepare-data": "tokenize text / JSON-lines files with a Hugging Face tokenizer into a token file",
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
 }

@@ -58,6 +58,20 @@ class PrepareSection:
 
 
 @dataclass
+class ProfileSection:
+    micro_batches: List[int] = field(default_factory=lambda: [1, 2])
+    tp: List[int] = field(default_factory=lambda: [1, 2])
+    seq_len: Optional[int] = None
+    all_devices: bool = False
+    repeats: int = 5
+    statistic: str = "median"
+    concurrent: bool = False
+    link_bytes: List[int] = field(default_factory=lambda: [4096, 262144, 4194304])
+    allreduce_groups: List[int] = field(default_factory=lambda: [2, 4, 8])
+    allreduce_bytes: int = 4194304
+
+
+@dataclass
 class HexicoreConfig:
     """The primary config; groups are filled by the defaults list."""
 
@@ -88,6 +102,7 @@ class HexicoreConfig:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     timing: TimingSection = field(default_factory=TimingSection)
     simulate: SimulateSection = field(default_factory=SimulateSection)
+    profile: ProfileSection = field(default_factory=ProfileSection)
 
 
 def store_schema() -> None:
@@ -106,9 +121,10 @@ def store_schema() -> None:
 #: allowed values of the string keys the schema types as ``str``
 CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
            "train.zero": ("0", "1", "2", "3", "auto"),
-           "train.zero_split": ("even", "memory"), "train.zero_scope": ("all", "machine")}
+           "train.zero_split": ("even", "memory"), "train.zero_scope": ("all", "machine"),
+           "profile.statistic": ("median", "min")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
-             "prepare": PrepareSection}
+             "prepare": PrepareSection, "profile": ProfileSection}
 
 
 def check_config(cfg: Any) -> None:

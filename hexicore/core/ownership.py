@@ -75,8 +75,23 @@ def json_kind(path: Path) -> str | None:
     return None
 
 
+def yaml_kind(path: Path) -> str | None:
+    """A hexicore YAML file's kind (its top-level ``format``, e.g. ``hexicore.profile/1``)."""
+    import yaml
+
+    try:
+        with path.open("rb") as fh:
+            data: Any = yaml.safe_load(fh.read(_HEAD))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    return fmt.split("/")[0] if isinstance(fmt, str) and fmt.startswith("hexicore.") else None
+
+
 def kind_of(path: Path) -> str | None:
     """``hexicore.<kind>`` of an existing hexicore output, else None."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return yaml_kind(path)
     if path.suffix.lower() == ".png":
         sw = png_software(path)
         return "hexicore.png" if sw and sw.startswith(PNG_SOFTWARE) else None

@@ -6,7 +6,7 @@ column/row parallel), :mod:`.layout` (ranks, pipelines, chunk layer ranges; no t
 checkpoint or Hugging Face weights), :mod:`.tied` (tied embeddings across stages),
 :mod:`.executor` (the action-list interpreter), :mod:`.data`, :mod:`.hf_io` (safetensors slices
 in, Hugging Face directories out), :mod:`.checkpoint` (pickle-free checkpoints),
-:mod:`.trainer` (one rank's loop), :mod:`.launch` (elastic launch / torchrun), :mod:`.runtime`
+:mod:`.trainer` (one rank's loop), :mod:`.profile` + :mod:`.measure` (``hexicore profile``), :mod:`.launch` (elastic launch / torchrun), :mod:`.runtime`
 (:class:`~hexicore.core.run_spec.RunSpec` -> checked, launched run). This module imports no torch, so registering the plugin is cheap.
 """
 

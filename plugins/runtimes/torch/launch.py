@@ -149,7 +149,7 @@ def worker_main(specs: list) -> list[Any] | None:
     import torch
     import torch.distributed as dist
 
-    from .trainer import choose_backend, train
+    from .trainer import choose_backend
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -169,10 +169,11 @@ def worker_main(specs: list) -> list[Any] | None:
     try:
         results = []
         for spec in specs:
-            if spec.layout.world != world:
-                raise HexicoreError(f"the plan needs {spec.layout.world} processes, this job has {world}")
+            need = spec.world if hasattr(spec, "execute") else spec.layout.world
+            if need != world:
+                raise HexicoreError(f"the plan needs {need} processes, this job has {world}")
             spec = _agree(spec, rank, world)
-            results.append(train(spec, rank, world, device))
+            results.append(run_one(spec, rank, world, device))
         return results if rank == 0 else None
     except Exception as exc:  # noqa: BLE001 - one clear line per failing rank, then a non-zero exit
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -184,6 +185,16 @@ def worker_main(specs: list) -> list[Any] | None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run_one(spec, rank: int, world: int, device) -> Any:
+    """One job on this rank: a :class:`~.trainer.WorkerSpec` trains; any other job object
+    (e.g. :class:`~.profile.ProfileJob`) runs its own ``execute(rank, world, device)``."""
+    if hasattr(spec, "execute"):
+        return spec.execute(rank, world, device)
+    from .trainer import train
+
+    return train(spec, rank, world, device)
 
 
 def _agree(spec, rank: int, world: int):
@@ -211,10 +222,8 @@ def _launch(specs: list, nproc: int, start_method: str) -> list[Any]:
     if nproc == 1:
         import torch
 
-        from .trainer import train
-
         set_threads(1, announce=True)
-        return [train(spec, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")) for spec in specs]
+        return [run_one(spec, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")) for spec in specs]
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -135,6 +135,12 @@ class TorchRuntime:
                           init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
                           slowdown=slowdown if any(k != 1.0 for k in slowdown) else (), predicted=predicted)
 
+    def profile(self, request: Any) -> Any:
+        """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own
+        devices (:mod:`.profile`); the :class:`~hexicore.core.profile.Profile` on rank 0, None
+        on the other ranks under torchrun."""
+        return profile_cluster(request)
+
     def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
         process is one of them) and return the metrics (``metrics.json``) on the process that
@@ -145,6 +151,24 @@ class TorchRuntime:
         start_method = TorchSettings.parse(spec.runtime.params).start_method
         results = launch([job], job.layout.world, start_method=start_method)
         return results[0]["metrics"] if results and results[0] else None
+
+
+def profile_cluster(request: Any) -> Any:
+    """:meth:`TorchRuntime.profile`: one worker per device of ``request.cluster``."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install 'hexicore[torch]'",
+                            field="runtime")
+    from .launch import launch
+    from .profile import job_from_request, to_profile
+
+    settings = TorchSettings.parse(request.runtime)
+    if request.dtype not in ("fp32", "bf16", "fp16"):
+        raise HexicoreError(f"unknown dtype {request.dtype!r}; choose one of: fp32, bf16, fp16", field="train.dtype")
+    job = job_from_request(request, settings.backend, settings.timeout_s)
+    results = launch([job], job.world, start_method=settings.start_method)
+    return to_profile(job, results[0]) if results and results[0] else None
 
 
 def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""``hexicore profile cluster_file=... model=... out=profile.yaml``: measure the cluster's own
+devices and links through the runtime, print them, write a ``hexicore.profile/1`` file
+(:mod:`hexicore.core.profile`) for ``cost=profiled cost.profile_file=...``.
+
+The runtime plugin (``runtime=torch``) launches one process per device of the cluster (local
+processes here; under torchrun this process is one of them, as for ``train``) and measures
+what ``profile.*`` asks (docs/cli.md): a transformer block of the model at each micro-batch x TP
+degree per GPU type, embedding + head, point-to-point links per machine and machine pair,
+all-reduce per group size. Seconds are wall seconds, ``emulate: {slowdown: K}`` included.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hexicore.app import compose as app
+from hexicore.app.report import console, rows_table
+from hexicore.app.training import runtime_settings
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+from hexicore.core.ownership import check_writable
+from hexicore.core.profile import Profile
+from hexicore.core.profile_request import ProfileRequest
+from hexicore.registry import Registry
+
+SRC = "command line"
+
+
+def _ints(value: Any, field: str, minimum: int = 1) -> tuple[int, ...]:
+    items = schema.as_list(app._plain(value) if value is not None else [], SRC, field)
+    if not items:
+        raise HexicoreError("needs at least one value", source=SRC, field=field)
+    return tuple(schema.integer(v, SRC, f"{field}[{i}]", minimum=minimum) for i, v in enumerate(items))
+
+
+def request_from_config(cfg: DictConfig) -> ProfileRequest:
+    """The cluster, model and ``profile.*`` keys, checked (one line naming the key)."""
+    p = cfg.get("profile") or {}
+    model = app.load_model(cfg)
+    t = cfg.get("train") or {}
+    seq = p.get("seq_len") if p.get("seq_len") is not None else t.get("seq_len")
+    seq_len = schema.integer(seq, SRC, "profile.seq_len") if seq is not None else model.seq_len
+    return ProfileRequest(
+        cluster=app.load_cluster(cfg), model=model, micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches"),
+        tp=_ints(p.get("tp"), "profile.tp"), seq_len=seq_len, dtype=str(t.get("dtype", "bf16")),
+        all_devices=bool(p.get("all_devices")), repeats=schema.integer(p.get("repeats"), SRC, "profile.repeats"),
+        link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4),
+        allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2),
+        allreduce_bytes=schema.integer(p.get("allreduce_bytes"), SRC, "profile.allreduce_bytes", minimum=4),
+        seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
+        statistic=str(p.get("statistic", "median")), concurrent=bool(p.get("concurrent")), runtime=runtime_settings(cfg).params)
+
+
+def run(cfg: DictConfig) -> int:
+    out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "profile.yaml"
+    lead = os.environ.get("RANK", "0") == "0"
+    if lead:
+        check_writable(out, "hexicore.profile", overwrite=cfg.get("overwrite"))
+    request = request_from_config(cfg)
+    settings = runtime_settings(cfg)
+    runtime = Registry.default().create("runtime", settings.name)
+    if not hasattr(runtime, "profile"):
+        raise HexicoreError(f"runtime {settings.name!r} cannot profile devices", source=SRC, field="runtime")
+    profile = runtime.profile(request)
+    if profile is None:  # another torchrun rank: rank 0 reports and writes
+        return 0
+    print_profile(profile)
+    profile.save(out)
+    print(f"profile written to {out} (use: cost=profiled cost.profile_file={out})")
+    return 0
+
+
+def print_profile(p: Profile) -> None:
+    """Blocks per device type, then links and all-reduces, as rich tables."""
+    out = console()
+    rows = [(name, b.micro_batch, b.tp, b.seq_len, f"{b.forward_s * 1e3:.3f}", f"{b.backward_s * 1e3:.3f}",
+             f"{b.recompute_s * 1e3:.3f}", f"{b.activation_bytes / 2**20:.2f}")
+            for name, dev in p.devices.items() for b in dev.blocks]
+    rows += [(name, dev.head.micro_batch, "head", dev.head.seq_len, f"{dev.head.forward_s * 1e3:.3f}",
+              f"{dev.head.backward_s * 1e3:.3f}", "", "") for name, dev in p.devices.items() if dev.head]
+    out.print(rows_table("compute (one micro-batch)", ("device", "micro-batch", "TP", "seq", "forward ms",
+                                                        "backward ms", "recompute ms", "activations MiB"), rows))
+    links = [(" - ".join(ln.between), f"{ln.latency_s * 1e6:.1f}", f"{ln.bandwidth_gbs:.3f}") for ln in p.links]
+    links += [(" - ".join(a.between), f"all-reduce x{a.group}", f"{a.bandwidth_gbs:.3f}") for a in p.allreduce]
+    out.print(rows_table("links", ("between", "latency us", "GB/s"), links))
+    env = p.environment
+    out.print(f"torch {env.get('torch')}, {env.get('backend')}, {env.get('dtype')}, attention {env.get('attention')}, "
+              f"{env.get('device')}, {env.get('date')}")

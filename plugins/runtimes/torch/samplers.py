@@ -1,0 +1,145 @@
+"""One sample at a time of each ``hexicore profile`` measurement (:mod:`.profile` drives them).
+
+Each ``*_samples`` function is a generator: it builds what it times once, then yields one sample
+per ``next()``, so :func:`.profile.run_worker` can interleave the repeats of every measurement.
+Compute goes through :func:`.emulate.stretch` as the executor's compute actions do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .emulate import settle, stretch
+from .model import Block, LlamaChunk, rope_tables
+from .tensor_parallel import TPGroup
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _init(module: torch.nn.Module, seed: int) -> None:
+    """Small seeded weights (norms stay 1): parameters made with ``torch.empty`` hold garbage."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def _autocast(job: Any, device: torch.device):
+    import contextlib
+
+    dt = AUTOCAST[job.dtype]
+    return contextlib.nullcontext() if dt is None else torch.autocast(device.type, dtype=dt)
+
+
+def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
+    """``fn()`` stretched as the executor stretches a compute action; (result, wall seconds)."""
+    settle(device)
+    t0 = time.perf_counter()
+    out = fn()
+    stretch(slowdown, t0, device)
+    settle(device)
+    return out, time.perf_counter() - t0
+
+
+def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any) -> Iterator[tuple]:
+    """(forward, backward, recompute seconds, activation bytes) of one block, one sample per step."""
+    spec, slow = job.model, job.devices[rank][3]
+    tp = TPGroup(t.ranks.index(rank), len(t.ranks), group)
+    block = Block(spec, tp).to(device)
+    _init(block, job.seed + tp.rank)
+    cos, sin = (x.to(device) for x in rope_tables(job.seq_len, spec.head_dim, spec.rope_theta, dict(spec.rope_scaling)))
+    gen = torch.Generator().manual_seed(job.seed)
+    x = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 0.1).to(device).requires_grad_()
+    grad = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 1e-3).to(device)
+    act = activation_bytes(block, x, cos, sin, job, device)
+    while True:
+        with _autocast(job, device):
+            y, fwd = _timed(lambda: block(x, cos, sin), slow, device)
+        _, bwd = _timed(lambda: y.backward(grad), slow, device)
+        with _autocast(job, device):
+            again, rec = _timed(lambda: block(x, cos, sin), slow, device)
+        del y, again
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+        yield fwd, bwd, rec, act
+
+
+def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     job: Any, device: torch.device) -> int:
+    """Bytes one forward keeps for backward: CUDA allocator growth; CPU: distinct saved tensors
+    (not the weights or the rotary tables, which every micro-batch shares)."""
+    if device.type == "cuda":
+        settle(device)
+        before = torch.cuda.memory_allocated(device)
+        with _autocast(job, device):
+            y = block(x, cos, sin)
+        settle(device)
+        grown = torch.cuda.memory_allocated(device) - before
+        del y
+        return max(int(grown), 0)
+    params = {p.untyped_storage().data_ptr() for p in (*block.parameters(), cos, sin)}  # weights, rope tables
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(job, device):
+        y = block(x, cos, sin)
+    del y
+    return sum(seen.values())
+
+
+def head_samples(job: Any, micro_batch: int, slowdown: float, device: torch.device) -> Iterator[tuple]:
+    """(forward, backward seconds) of embedding + norm + head + loss on one micro-batch, per step."""
+    spec = job.model
+    chunk = LlamaChunk(spec, 0, 0, first=True, last=True).to(device)
+    _init(chunk, job.seed)
+    gen = torch.Generator().manual_seed(job.seed)
+    tokens = torch.randint(0, spec.vocab, (micro_batch, job.seq_len + 1), generator=gen).to(device)
+    while True:
+        with _autocast(job, device):
+            loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), slowdown, device)
+        _, bwd = _timed(loss.backward, slowdown, device)
+        chunk.zero_grad(set_to_none=True)
+        yield fwd, bwd
+
+
+def p2p_samples(job: Any, pair: tuple[int, ...], rank: int, device: torch.device) -> Iterator[Any]:
+    """Per step, (bytes, one-way seconds) for each size by ping-pong from ``pair[0]``; the echoing
+    rank yields None."""
+    a, b = pair
+    bufs = [torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device) for size in job.link_bytes]
+    while True:
+        out = []
+        for buf in bufs:
+            settle(device)
+            t0 = time.perf_counter()
+            if rank == a:
+                dist.send(buf, b)
+                dist.recv(buf, b)
+            else:
+                dist.recv(buf, a)
+                dist.send(buf, a)
+            settle(device)
+            out.append((buf.numel() * 4, (time.perf_counter() - t0) / 2))
+        yield out if rank == a else None
+
+
+def allreduce_samples(job: Any, device: torch.device, group: Any) -> Iterator[float]:
+    """Seconds of one all-reduce of ``allreduce_bytes`` per rank in the group, per step."""
+    buf = torch.zeros(max(job.allreduce_bytes // 4, 1), dtype=torch.float32, device=device)
+    while True:
+        dist.barrier(group=group)
+        settle(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        settle(device)
+        yield time.perf_counter() - t0

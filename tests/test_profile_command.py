@@ -1,0 +1,99 @@
+"""``hexicore profile``: the cluster's own devices measured through the torch runtime, emulated
+slowdowns included, written as a ``hexicore.profile/1`` file that ``cost=profiled`` plans from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from hexicore.core.cluster import Cluster
+from hexicore.core.model import ModelSpec
+from hexicore.core.plan import TrainConfig
+from hexicore.core.profile import Profile
+from hexicore.cost.profiled import ProfiledCostModel
+
+CLUSTER = """name: emu2
+gpus:
+  fastgpu: {tflops: 50, memory_gb: 16}
+  slowgpu: {tflops: 50, memory_gb: 16}
+inter: {bandwidth_gbs: 1.0, latency_us: 50}
+machines:
+  - {name: F, gpu: fastgpu, count: 1, bandwidth_gbs: 10.0}
+  - {name: S, gpu: slowgpu, count: 1, bandwidth_gbs: 10.0, emulate: {slowdown: 3}}
+"""
+MODEL = "name: small\nlayers: 4\nhidden: 192\nheads: 4\nkv_heads: 2\nffn: 512\nvocab: 256\nseq_len: 64\n"
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    from hexicore_plugins.runtimes.torch.profile import fit_link
+
+    pts = [(b, 2e-5 + b / 3e9) for b in (4096, 65536, 1 << 20)]
+    lat, bw = fit_link(pts)
+    assert lat == pytest.approx(2e-5, rel=1e-6) and bw == pytest.approx(3.0, rel=1e-6)
+
+
+def test_tasks_cover_types_tp_groups_links_and_allreduce():
+    """One block per (type, TP, micro-batch) the cluster can form; a link per machine and pair."""
+    from hexicore_plugins.runtimes.torch.profile import ProfileJob, tasks
+
+    devs = (("A.0", "A", "x", 1.0), ("A.1", "A", "x", 1.0), ("B.0", "B", "y", 2.0))
+    model = ModelSpec.from_dict(dict(name="m", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256, seq_len=32))
+    job = ProfileJob(devs, model, (1, 2), (1, 2), 32, "fp32", False, 1, (64, 4096), (2, 4), 4096)
+    got = tasks(job)
+    blocks = {(t.subject, t.group, t.micro_batch): t.ranks for t in got if t.kind == "block"}
+    assert blocks == {("A.0", 1, 1): (0,), ("A.0", 1, 2): (0,), ("A.0", 2, 1): (0, 1), ("A.0", 2, 2): (0, 1),
+                      ("B.0", 1, 1): (2,), ("B.0", 1, 2): (2,)}  # type y has one device: no TP 2
+    assert len({t.batch for t in got}) == len(got)  # one measurement at a time
+    assert [(t.between, t.ranks) for t in got if t.kind == "p2p"] == [(("A", "A"), (0, 1)), (("A", "B"), (0, 2))]
+    assert [(t.between, t.ranks) for t in got if t.kind == "allreduce"] == [(("A", "A"), (0, 1)), (("A", "B"), (0, 2))]
+    every = tasks(ProfileJob(devs, model, (1,), (1,), 32, "fp32", True, 1, (64,), (2,), 64))
+    assert {t.subject for t in every if t.kind == "head"} == {"A.0", "A.1", "B.0"}
+    # concurrent: every device at once, per (TP, micro-batch), TP groups disjoint
+    conc = tasks(ProfileJob(devs, model, (1,), (1, 2), 32, "fp32", False, 1, (64,), (2,), 64, concurrent=True))
+    by_batch: dict = {}
+    for t in conc:
+        if t.kind in ("block", "head"):
+            by_batch.setdefault(t.batch, []).append((t.kind, t.group, t.ranks))
+    assert sorted(by_batch.values()) == [[("block", 1, (0,)), ("block", 1, (1,)), ("block", 1, (2,))],
+                                         [("block", 2, (0, 1))],
+                                         [("head", 0, (0,)), ("head", 0, (1,)), ("head", 0, (2,))]]
+
+
+@pytest.mark.slow
+def test_profile_an_emulated_cluster_then_plan_from_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "m.yaml").write_text(MODEL)
+    out = tmp_path / "profile.yaml"
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", f"model_file={tmp_path / 'm.yaml'}",
+                    "train.dtype=fp32", "profile.micro_batches=[1,2]", "profile.repeats=7",
+                    "profile.statistic=min",
+                    "profile.link_bytes=[4096,65536,1048576]", f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert code == 0, capsys.readouterr().err
+    assert "forward ms" in capsys.readouterr().out
+    prof = Profile.load(out)
+    assert set(prof.devices) == {"fastgpu", "slowgpu"}
+    assert prof.environment["dtype"] == "fp32" and prof.environment["backend"] == "gloo"
+    total = {n: sum(b.forward_s + b.backward_s + b.recompute_s for b in d.blocks) for n, d in prof.devices.items()}
+    assert total["slowgpu"] > 2 * total["fastgpu"], total  # slowdown 3, generous margin
+    for dev in prof.devices.values():
+        assert [(b.micro_batch, b.tp) for b in dev.blocks] == [(1, 1), (2, 1)] and dev.head is not None
+        assert dev.blocks[1].activation_bytes == pytest.approx(2 * dev.blocks[0].activation_bytes, rel=0.01)
+    ln = prof.link("F", "S")
+    assert ln is not None and ln.bandwidth_gbs > 0 and [a.group for a in prof.allreduce] == [2]
+    # the profiled cost model prices the slowed device slower, though the catalog says they are equal
+    cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+    cost = ProfiledCostModel(profile=prof)
+    train = TrainConfig(global_batch=4, micro_batch=1, seq_len=64, recompute=False)
+    assert cost.compute_s(cluster, model, train, ["S.0"], 2) > 2 * cost.compute_s(cluster, model, train, ["F.0"], 2)
+    # and plans from the file; a second profile run may replace the file, a plan file may not be replaced
+    code = run_cli(["plan", f"cluster_file={tmp_path / 'c.yaml'}", f"model_file={tmp_path / 'm.yaml'}",
+                    "cost=profiled", f"cost.profile_file={out}", "train.global_batch=4", "train.dtype=fp32",
+                    f"out={tmp_path / 'plan.json'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "plan.json").read_text())["format"].startswith("hexicore.plan")
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", f"model_file={tmp_path / 'm.yaml'}",
+                    f"out={tmp_path / 'plan.json'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert code == 2 and "refusing" in capsys.readouterr().err

@@ -97,3 +97,28 @@ def test_stale_temps_are_cleaned(tmp_path):
     mine.write_text("in progress")
     assert schema.clean_stale_temps(tmp_path) == 1
     assert not dead.exists() and mine.exists()
+
+
+def test_unknown_fields_in_plan_and_action_files_are_refused_with_their_place():
+    """A misspelled or foreign key in a plan or action-list file is an error naming it, never ignored."""
+    from hexicore.core.plan import parse_plan
+    from hexicore.pipeline.actions import Action, ActionList, parse_actions
+    from hexicore.app.api import plan as plan_api
+
+    good = plan_api(cluster="paper_case", model="tiny", overrides=["train.global_batch=8", "solver.iterations=2"]).to_dict()
+    assert parse_plan(good, "p.json").pipelines
+    for where, field in ((lambda d: d, "foo"), (lambda d: d["train"], "train.foo"),
+                         (lambda d: d["pipelines"][0], "pipelines[0].foo"),
+                         (lambda d: d["pipelines"][0]["stages"][0], "pipelines[0].stages[0].foo")):
+        bad = json.loads(json.dumps(good))
+        where(bad)["foo"] = 1
+        with pytest.raises(HexicoreError, match="unknown field") as e:
+            parse_plan(bad, "p.json")
+        assert e.value.field == field
+    al = ActionList({"name": "hand"}, 1, 1, 1, (0,), ((Action("F", 0, 0), Action("B", 0, 0)),)).to_dict()
+    assert parse_actions(al, "a.json").ranks == 1
+    for bad, field in (({**al, "rankz": 1}, "rankz"),
+                       ({**al, "actions": [[{"op": "F", "stage": 0, "mbb": 0}]]}, "actions[0][0].mbb")):
+        with pytest.raises(HexicoreError, match="unknown field") as e:
+            parse_actions(bad, "a.json")
+        assert e.value.field == field

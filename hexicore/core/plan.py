@@ -245,15 +245,24 @@ class Plan:
         return parse_plan(schema.load_json(path, "plan"), str(path))
 
 
+#: a plan JSON's top-level fields (docs/formats.md); anything else is refused, never ignored
+PLAN_KEYS = frozenset({"format", "model", "cluster", "train", "pipelines", "estimate", "solver"})
+TRAIN_KEYS = frozenset({"global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split",
+                        "zero_scope"})
+
+
 def parse_plan(data: Any, source: str | None = None) -> Plan:
     """Parse and structurally check a plan mapping; errors name the file and the JSON field."""
     d = schema.as_mapping(data, source, None)
+    schema.known_keys(d, PLAN_KEYS, source, None)
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=source, field="format")
     model = parse_model(schema.get(d, "model", source, None), source, "model")
     cluster = parse_cluster(schema.get(d, "cluster", source, None), source, "cluster")
-    train = TrainConfig.from_dict(d.get("train") or {}, source)
+    raw_train = d.get("train") or {}
+    schema.known_keys(schema.as_mapping(raw_train, source, "train"), TRAIN_KEYS, source, "train")
+    train = TrainConfig.from_dict(raw_train, source)
     if d.get("estimate") is not None:  # typed here, so that a bad field names this file
         d = {**d, "estimate": Estimate.from_dict(d["estimate"], source)}
     raw = schema.as_list(schema.get(d, "pipelines", source, None), source, "pipelines")
@@ -261,10 +270,12 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
     for i, rp in enumerate(raw):
         pf = f"pipelines[{i}]"
         p = schema.as_mapping(rp, source, pf)
+        schema.known_keys(p, {"batch", "stages", "schedule"}, source, pf)
         stages = []
         for j, rs in enumerate(schema.as_list(schema.get(p, "stages", source, pf), source, f"{pf}.stages")):
             sf = f"{pf}.stages[{j}]"
             s = schema.as_mapping(rs, source, sf)
+            schema.known_keys(s, {"devices", "tp", "layers"}, source, sf)
             devs = schema.as_list(schema.get(s, "devices", source, sf), source, f"{sf}.devices")
             devs = tuple(schema.string(x, source, f"{sf}.devices") for x in devs)
             tp = schema.integer(s.get("tp", len(devs)), source, f"{sf}.tp")

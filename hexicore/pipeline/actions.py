@@ -287,9 +287,16 @@ class ActionList:
         return parse_actions(schema.load_json(path, "action list"), str(path))
 
 
+#: the fields of an action-list file and of one action (docs/formats.md); others are refused
+LIST_KEYS = frozenset({"format", "schedule", "ranks", "stages", "micro_batches", "stage_rank", "chains", "mb_chain",
+                       "actions"})
+ACTION_KEYS = frozenset({"op", "stage", "mb", "peer"})
+
+
 def parse_actions(data: Any, source: str | None = None) -> ActionList:
     """Parse an action-list mapping; shape errors name the file and the field."""
     d = schema.as_mapping(data, source, None)
+    schema.known_keys(d, LIST_KEYS, source, None)
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=source, field="format")
@@ -314,6 +321,8 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
         for k, a in enumerate(schema.as_list(acts, source, f"actions[{r}]")):
             f = f"actions[{r}][{k}]"
             a = schema.as_mapping(a, source, f)
+            if not ACTION_KEYS.issuperset(a):
+                schema.known_keys(a, ACTION_KEYS, source, f)
             op = schema.string(schema.get(a, "op", source, f), source, f"{f}.op")
             vals = {}
             for key in ("stage", "mb", "peer"):

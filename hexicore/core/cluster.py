@@ -309,10 +309,7 @@ def _slowdown(raw: Any, source: str | None, fp: str) -> float:
     if raw is None:
         return 1.0
     e = schema.as_mapping(raw, source, fp)
-    extra = sorted(set(map(str, e)) - {"slowdown"})
-    if extra:
-        raise HexicoreError(f"unknown key {extra[0]!r}; emulate takes only slowdown", source=source,
-                            field=schema.dotted(fp, extra[0]))
+    schema.known_keys(e, {"slowdown"}, source, fp)
     k = schema.number(schema.get(e, "slowdown", source, fp), source, schema.dotted(fp, "slowdown"))
     if not 1.0 <= k <= 1000.0:
         raise HexicoreError(f"must be between 1 and 1000, got {k}", source=source, field=schema.dotted(fp, "slowdown"))

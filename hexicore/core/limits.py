@@ -27,10 +27,14 @@ MAX_SEQ_LEN = 1 << 20
 MAX_WAVES = 256
 #: actions in one set of action lists (a file, or what one simulation builds)
 MAX_ACTIONS = 1 << 24
+#: timed repeats of one ``hexicore profile`` measurement
+MAX_REPEATS = 1000
+#: bytes of one message ``hexicore profile`` times (point to point, all-reduce)
+MAX_MESSAGE_BYTES = 1 << 30
 
 TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
          "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,
-         "actions": MAX_ACTIONS}
+         "actions": MAX_ACTIONS, "profile repeats": MAX_REPEATS, "profiled message bytes": MAX_MESSAGE_BYTES}
 
 
 def check(value: Any, limit: int, what: str, *, source: str | None = None, field: str | None = None) -> None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from hexicore.app import compose as app
 from hexicore.app.report import console, rows_table
 from hexicore.app.training import runtime_settings
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
 from hexicore.core.profile import Profile
@@ -30,11 +30,21 @@ from hexicore.registry import Registry
 SRC = "command line"
 
 
-def _ints(value: Any, field: str, minimum: int = 1) -> tuple[int, ...]:
+def _ints(value: Any, field: str, minimum: int = 1, *, limit: int, what: str) -> tuple[int, ...]:
+    """A non-empty list of integers in ``[minimum, limit]`` (limits.py: refused before any work)."""
     items = schema.as_list(app._plain(value) if value is not None else [], SRC, field)
     if not items:
         raise HexicoreError("needs at least one value", source=SRC, field=field)
-    return tuple(schema.integer(v, SRC, f"{field}[{i}]", minimum=minimum) for i, v in enumerate(items))
+    out = tuple(schema.integer(v, SRC, f"{field}[{i}]", minimum=minimum) for i, v in enumerate(items))
+    for i, v in enumerate(out):
+        limits.check(v, limit, what, source=SRC, field=f"{field}[{i}]")
+    return out
+
+
+def _int(value: Any, field: str, minimum: int, *, limit: int, what: str) -> int:
+    v = schema.integer(value, SRC, field, minimum=minimum)
+    limits.check(v, limit, what, source=SRC, field=field)
+    return v
 
 
 def request_from_config(cfg: DictConfig) -> ProfileRequest:
@@ -43,14 +53,20 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
     model = app.load_model(cfg)
     t = cfg.get("train") or {}
     seq = p.get("seq_len") if p.get("seq_len") is not None else t.get("seq_len")
-    seq_len = schema.integer(seq, SRC, "profile.seq_len") if seq is not None else model.seq_len
+    seq_len = _int(seq, "profile.seq_len", 1, limit=limits.MAX_SEQ_LEN, what="tokens") if seq is not None \
+        else model.seq_len
     return ProfileRequest(
-        cluster=app.load_cluster(cfg), model=model, micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches"),
-        tp=_ints(p.get("tp"), "profile.tp"), seq_len=seq_len, dtype=str(t.get("dtype", "bf16")),
-        all_devices=bool(p.get("all_devices")), repeats=schema.integer(p.get("repeats"), SRC, "profile.repeats"),
-        link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4),
-        allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2),
-        allreduce_bytes=schema.integer(p.get("allreduce_bytes"), SRC, "profile.allreduce_bytes", minimum=4),
+        cluster=app.load_cluster(cfg), model=model,
+        micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches", limit=limits.MAX_GLOBAL_BATCH,
+                            what="sequences"),
+        tp=_ints(p.get("tp"), "profile.tp", limit=limits.MAX_DEVICES, what="GPUs"),
+        seq_len=seq_len, dtype=str(t.get("dtype", "bf16")), all_devices=bool(p.get("all_devices")),
+        repeats=_int(p.get("repeats"), "profile.repeats", 1, limit=limits.MAX_REPEATS, what="repeats"),
+        link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4, limit=limits.MAX_MESSAGE_BYTES, what="bytes"),
+        allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2, limit=limits.MAX_DEVICES,
+                               what="GPUs"),
+        allreduce_bytes=_int(p.get("allreduce_bytes"), "profile.allreduce_bytes", 4, limit=limits.MAX_MESSAGE_BYTES,
+                             what="bytes"),
         seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
         statistic=str(p.get("statistic", "median")), concurrent=bool(p.get("concurrent")), runtime=runtime_settings(cfg).params)
 

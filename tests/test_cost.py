@@ -78,6 +78,24 @@ def test_dp_layer_chunks_for_different_tp():
     assert t == pytest.approx(2 * 2 * (100e-6 + (LAYER_PARAMS * 2 / 2) / (2 * 1e9)))
 
 
+def test_dp_under_tp_syncs_replicated_tensors_among_every_tp_rank():
+    # two one-stage pipelines, TP-2 on A and TP-2 on B: the TP-split part of a block in chunks of
+    # P/2 (each A device with one B device over the 1 GB/s link), while norms, embedding and
+    # head (every TP rank keeps them whole) are all-reduced among all four ranks, whole:
+    # 2 * max_d sum_{d' != d} (alpha + P_rep*2 / (4 * beta_dd'))
+    plan = Plan(MODEL, CLUSTER, TRAIN, (Pipeline(2, (Stage(("A.0", "A.1"), 2, (0, 4)),)),
+                                        Pipeline(2, (Stage(("B.0", "B.1"), 2, (0, 4)),))))
+    rep = 2 * H  # the llama block's two RMSNorm weights
+    split = 2 * (100e-6 + (LAYER_PARAMS - rep) * 2 / 2 / (2 * 1e9))
+
+    def ring(n_params):  # worst rank (A or B): its TP peer inside its machine + two across
+        return max(2 * ((lat + n_params * 2 / (4 * bw)) + 2 * (100e-6 + n_params * 2 / (4 * 1e9)))
+                   for bw, lat in ((10e9, 10e-6), (5e9, 20e-6)))
+
+    expect = 4 * (split + ring(rep)) + ring(V * H) + ring(V * H + H)
+    assert COST.dp_s(plan) == pytest.approx(expect)
+
+
 def test_single_pipeline_has_no_dp_cost():
     plan = Plan(MODEL, CLUSTER, TRAIN, (Pipeline(4, (Stage(("A.0", "A.1"), 2, (0, 4)),)),))
     assert COST.dp_s(plan) == 0.0

@@ -100,10 +100,31 @@ def layer_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], n_params: floa
     return intra, cost.dp_layer_s(c, [holders[g[0]] for g in groups], n_params / k, bt, links, None)
 
 
+def every_rank(holders: Sequence[Stage]) -> tuple[Stage, ...]:
+    """The holders of a tensor TP replicates, one single-device holder per TP rank: the torch
+    runtime all-reduces such a tensor among every rank of every holder stage (one copy per TP
+    rank, ``plugins/runtimes/torch/dp_sync.py``), so its ring has ``sum tp`` members, each
+    moving the whole tensor, not ``1/tp`` of it."""
+    return tuple(Stage((d,), 1, s.layers) for s in holders for d in s.devices)
+
+
+def _sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], split: float, replicated: float, links: dict,
+            w: dict[str, float] | None) -> tuple[float, float]:
+    """``layer_sync_s`` of a tensor group with a TP-split part ``split`` and a TP-replicated part
+    ``replicated`` (:func:`every_rank`); with every ``tp = 1`` one term, App. A's form."""
+    if all(s.tp == 1 for s in holders):
+        return layer_sync_s(cost, plan, holders, split + replicated, links, w)
+    a = layer_sync_s(cost, plan, holders, split, links, w) if split else (0.0, 0.0)
+    b = layer_sync_s(cost, plan, every_rank(holders), replicated, links, w) if replicated else (0.0, 0.0)
+    return a[0] + b[0], a[1] + b[1]
+
+
 def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, float]]:
     """Per stage ``(pipeline, stage)``: ``(intra, cross)`` summed over its layers, the
     embedding and the head synced like a layer among the first/last stages (App. A's
-    ``sum_{k in stage} COMM-DP-LAYER``); empty with one pipeline."""
+    ``sum_{k in stage} COMM-DP-LAYER``); empty with one pipeline. Under TP the parts a stage
+    replicates (norms, row-parallel biases, embedding, head) are synced among every TP rank
+    (:func:`every_rank`), the rest in HexiScale §3.2's chunks."""
     pipes = plan.pipelines
     if len(pipes) <= 1:
         return {}
@@ -121,12 +142,13 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
         hs = tuple(holder[i][k] for i in range(len(pipes)))
         key = tuple(id(s) for s in hs)
         if key not in cache:
-            cache[key] = layer_sync_s(cost, plan, hs, m.layer_params(), links, w)
+            cache[key] = _sync_s(cost, plan, hs, m.layer_params() - rep, rep, links, w)
         return cache[key]
 
+    rep = tp_replicated_layer_params(m)
     per_layer = [layer_cost(k) for k in range(m.layers)]
-    first = layer_sync_s(cost, plan, [p.stages[0] for p in pipes], m.embedding_params(), links, w)
-    last = layer_sync_s(cost, plan, [p.stages[-1] for p in pipes], m.head_params(), links, w)
+    first = _sync_s(cost, plan, [p.stages[0] for p in pipes], 0.0, m.embedding_params(), links, w)
+    last = _sync_s(cost, plan, [p.stages[-1] for p in pipes], 0.0, m.head_params(), links, w)
     out = {}
     for i, p in enumerate(pipes):
         for j, s in enumerate(p.stages):

@@ -7,20 +7,27 @@ imports, flash-attn. Reports tokens/s, per-layer time, achieved TFLOP/s and MFU 
 catalog peak, and the ``cost.efficiency`` value to put in conf/cost/analytic.yaml for that GPU
 type (achieved / peak, counting 3 x forward FLOPs, or 4 x with ``--recompute``).
 
+Then (``--loop``, the default) the closed loop of ``bench/gpu_loop.py`` on the same GPU:
+``hexicore profile`` -> ``plan cost=profiled`` -> ``train`` of a ``--layers``-block model,
+predicted vs measured step time and peak memory. ``--results`` writes both tables, with the
+date and the GPU's name, into the ``## GPU figures`` section of docs/results.md.
+
 Writes ``bench/out/gpu_calibrate.json`` and ``.md``. One prepared run, well under 8 minutes:
 
-    python bench/gpu_calibrate.py                       # on a CUDA machine
-    python bench/gpu_calibrate.py --device cpu --model tiny --layers 2 --steps 2   # smoke test
+    python bench/gpu_calibrate.py --results             # on a CUDA machine
+    python bench/gpu_calibrate.py --device cpu --model tiny --layers 2 --steps 2 --seq-len 64   # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 OUT = ROOT / "bench" / "out"
 
 
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--out", default=str(OUT / "gpu_calibrate"))
+    ap.add_argument("--no-loop", dest="loop", action="store_false", help="skip profile -> plan -> train")
+    ap.add_argument("--results", action="store_true", help="write the figures into docs/results.md")
     args = ap.parse_args(argv)
 
     import torch
@@ -127,7 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Set `cost.efficiency.{kind}={best['mfu']:.3f}` to calibrate the analytic cost model."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0
+    code = 0
+    if args.loop:
+        import gpu_loop
+
+        loop = ["--device", args.device, "--model", args.model, "--layers", str(args.layers),
+                *(["--seq-len", str(args.seq_len)] if args.seq_len else [])]
+        code = gpu_loop.main(loop)
+        lines += ["", (OUT / "gpu_loop.md").read_text().strip()]
+    if args.results:
+        from results import write_section
+
+        date = time.strftime("%Y-%m-%d", time.gmtime())
+        write_section("## GPU figures", f"Measured {date} by `python bench/gpu_calibrate.py --results`.\n\n"
+                      + "\n".join(lines))
+    return code
 
 
 if __name__ == "__main__":

@@ -128,3 +128,4 @@ def test_hybrid_segments_cut_at_every_machines_pieces_by_hand():
     assert segments((0, 1, 2, 3, 4), 10, None, machines)[1][2] == (1, 3)
     assert split((0, 1), 10, 1, None, None).piece == (5, 10)  # no machines: among all members
     assert communicators({(0, 1, 2, 3): 10}, None, machines) == [(0, 3), (1, 3), (2, 3), (0, 1, 2)]
+    assert communicators({(0, 3): 10, (1, 3): 10}, None, machines) == []  # one holder per machine: the groups

@@ -231,11 +231,9 @@ class ShardedAdamW:
             self.moments[members] = (torch.zeros(hi - lo, device=device), torch.zeros(hi - lo, device=device))
         self.t = 0
 
-    def handle(self, members: tuple[int, ...], ranks: tuple[int, ...]):
-        """The communicator of ``ranks`` (the chunk group's own when they are its members)."""
-        if ranks == members and members in self.sync.handles:
-            return self.sync.handles[members]
-        return self.sync.hybrid_handles[ranks]
+    def handle(self, ranks: tuple[int, ...]):
+        """The communicator of ``ranks``: a chunk group's own, or one of hybrid sharding's."""
+        return self.sync.handles[ranks] if ranks in self.sync.handles else self.sync.hybrid_handles[ranks]
 
     def synced(self) -> set[tuple[int, str]]:
         """``(stage, name)`` of every local tensor this step updates (the rest: plain AdamW)."""
@@ -254,11 +252,11 @@ class ShardedAdamW:
             sp = self.splits[members]
             lo, hi = sp.piece
             flat = self.sync.bucket(params, chunks)
-            peers = self.handle(members, sp.peers) if len(sp.peers) > 1 else None
+            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
             bounds = list(sp.bounds)
             g = flat[lo:hi] if peers is None else \
                 sum_piece(flat, bounds, sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
-            self._cross(members, sp, g, wait)
+            self._cross(sp, g, wait)
             weights = torch.cat([self.sync._view(params[(mine[0].stage, c.name)], c, mine[0]).reshape(-1)
                                  for c, mine, _ in chunks])
             w = weights[lo:hi].clone()
@@ -274,14 +272,14 @@ class ShardedAdamW:
         for key in self.synced():
             params[key].grad = None
 
-    def _cross(self, members: tuple[int, ...], sp, g: torch.Tensor, wait: Callable) -> None:
+    def _cross(self, sp, g: torch.Tensor, wait: Callable) -> None:
         """Hybrid: sum each segment of this rank's gradient piece ``g`` with the other machines'
         holders of it (in place)."""
         lo = sp.piece[0]
         pending = []
         for a, b, ranks in sp.cross:
             seg = g[a - lo: b - lo].contiguous()
-            work = torch.distributed.all_reduce(seg, group=self.handle(members, ranks), async_op=True)
+            work = torch.distributed.all_reduce(seg, group=self.handle(ranks), async_op=True)
             pending.append((a, b, ranks, seg, work))
         for a, b, ranks, seg, work in pending:
             wait([work], f"ZeRO gradient sum across machines with ranks {list(ranks)}")

@@ -92,12 +92,12 @@ def communicators(groups: dict[tuple[int, ...], int], weights: Sequence[float] |
                   machines: Sequence[str]) -> list[tuple[int, ...]]:
     """Member sets of the extra communicators hybrid sharding needs, in the order every rank
     creates them: each chunk group's (``members -> n``) machine subsets and cross segments with
-    more than one rank, deduplicated."""
+    more than one rank, deduplicated, except the chunk groups themselves (they have one)."""
     need: set[tuple[int, ...]] = set()
     for members, n in groups.items():
         need.update(g for g in by_machine(members, machines) if len(g) > 1)
         need.update(s[2] for s in segments(members, n, weights, machines) if len(s[2]) > 1)
-    return sorted(need, key=lambda m: (len(m), m))
+    return sorted(need - set(groups), key=lambda m: (len(m), m))
 
 
 __all__ = ["Split", "by_machine", "segments", "split", "communicators"]

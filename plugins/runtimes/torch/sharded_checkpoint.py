@@ -57,7 +57,7 @@ def shards(sharded: Any) -> list[Shard]:
         out = []
         for members, _, chunks in sharded.sync.items:
             sp = sharded.splits[members]
-            handle = sharded.handle(members, sp.peers) if len(sp.peers) > 1 else None
+            handle = sharded.handle(sp.peers) if len(sp.peers) > 1 else None
             avg, sq = sharded.moments[members]
             out.append(Shard(chunks, list(sp.bounds), sp.i, handle, {"exp_avg": avg, "exp_avg_sq": sq}))
         return out

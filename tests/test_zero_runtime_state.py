@@ -74,7 +74,7 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     """One 4-rank job on :data:`HYBRID` (machines M: 3 ranks, N: 1): ZeRO-1 and ZeRO-2 with
     ``zero_scope=machine`` train like one process (1e-5); each rank's AdamW state equals the cost
     model's for ``zero_scope=machine`` (within one element per group); a hybrid checkpoint resumes
-    under ``zero_scope=all``."""
+    under ``zero_scope=all`` and hybrid again like the uninterrupted run (1e-6)."""
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch import launch
@@ -94,12 +94,14 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True),
              WorkerSpec(**base, zero=1, machines=machines, checkpoint_every=2, out=str(tmp_path / "h1")),
              WorkerSpec(**base, zero=2, machines=machines),
-             WorkerSpec(**base, zero=1, resume=str(tmp_path / "h1" / "checkpoints" / "step_2"))]
+             WorkerSpec(**base, zero=1, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
+             WorkerSpec(**base, zero=1, machines=machines, resume=str(tmp_path / "h1" / "checkpoints" / "step_2"))]
     results = launch(specs, 4)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
-    assert _max_abs(results[3]["state"], results[1]["state"]) <= 1e-6
+    for resumed in results[3:]:  # into zero_scope=all and into hybrid again
+        assert _max_abs(resumed["state"], results[1]["state"]) <= 1e-6
     groups = sync_plan(layout).members()
     for zero, got in ((1, results[1]), (2, results[2])):
         parts = AnalyticCostModel().memory_parts(_hybrid_plan(zero))

@@ -78,7 +78,7 @@ def _params(stages: dict) -> dict[tuple[int, str], torch.nn.Parameter]:
 def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
     """Collective over every chunk group: ``(stage, name) -> {"exp_avg", "exp_avg_sq", "step"
     (, "param")}``, full local tensors (this rank's TP slice) on the CPU, for every tensor the
-    sharded state covers."""
+    sharded state covers (empty outside pipeline 0, which alone reports)."""
     params = _params(stages)
     step = torch.tensor(float(sharded.t))
     out: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -86,6 +86,8 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
         for key, piece in sh.tensors.items():
             flat = piece if sh.handle is None else \
                 gather_pieces(piece, sh.bounds, sh.handle, wait, f"checkpoint gather of ZeRO {key} pieces")
+            if sharded.sync.pipeline != 0:
+                continue  # only pipeline 0 reports tensors (:func:`.checkpoint.local_pieces`)
             k = 0
             for c, mine, _ in sh.chunks:
                 for h in mine:

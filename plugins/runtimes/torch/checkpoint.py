@@ -39,12 +39,15 @@ META, MODEL, OPTIM = "meta.json", "model.safetensors", "optim.safetensors"
 
 
 def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.Optimizer | None,
-                 pipeline: int) -> list[tuple[str, int | None, int, dict[str, torch.Tensor]]]:
-    """``(name, shard dim, tp rank, {"param", "exp_avg", "exp_avg_sq"})`` this rank reports."""
+                 pipeline: int, sharded: dict[tuple[int, str], dict[str, torch.Tensor]] | None = None
+                 ) -> list[tuple[str, int | None, int, dict[str, torch.Tensor]]]:
+    """``(name, shard dim, tp rank, {"param", "exp_avg", "exp_avg_sq"})`` this rank reports;
+    ``sharded[(stage, name)]`` (ZeRO: :func:`.sharded_checkpoint.full_local`) replaces what the
+    optimizer and, under ZeRO-3, the parameter hold."""
     if pipeline != 0:
         return []
     out = []
-    for st in stages.values():
+    for s, st in stages.items():
         if not st.primary:
             continue
         for name, p in st.module.named_parameters():
@@ -53,13 +56,16 @@ def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.O
             dim = shard_dim(name)
             if dim is None and tp.rank != 0:
                 continue
-            item = {"param": p.detach().cpu().clone()}
+            got = (sharded or {}).get((s, name), {})
+            item = {"param": got["param"] if "param" in got else p.detach().cpu().clone()}
             state = optimizer.state.get(p, {}) if optimizer is not None else {}
             for k in OPTIM_KEYS:
-                if k in state:
+                if k in got:
+                    item[k] = got[k]
+                elif k in state:
                     item[k] = state[k].detach().cpu().clone()
-            if "step" in state:
-                item["step"] = torch.as_tensor(state["step"]).detach().cpu().float().reshape(())
+            if "step" in got or "step" in state:
+                item["step"] = torch.as_tensor(got.get("step", state.get("step"))).detach().cpu().float().reshape(())
             out.append((name, dim, tp.rank, item))
     return out
 
@@ -94,9 +100,10 @@ def _order(name: str) -> tuple:
     return (2, 0 if parts[:2] == ["model", "norm"] else 1, name)
 
 
-def gather(stages: dict[int, Stage], tp: TPGroup, optimizer, pipeline: int, *, rank: int, world: int):
+def gather(stages: dict[int, Stage], tp: TPGroup, optimizer, pipeline: int, *, rank: int, world: int,
+           sharded: dict | None = None):
     """Collect the consolidated model and optimizer state on rank 0 (None elsewhere)."""
-    mine = local_pieces(stages, tp, optimizer, pipeline)
+    mine = local_pieces(stages, tp, optimizer, pipeline, sharded)
     if world == 1:
         return consolidate(mine)
     every = [None] * world if rank == 0 else None
@@ -201,12 +208,16 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 @torch.no_grad()
 def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, Stage], tp: TPGroup,
                       ck: dict[str, Any]) -> None:
-    """Give every local parameter its shard of the stored AdamW state (read slice by slice)."""
-    if ck.get("adam_step") is None:
+    """Give every parameter of ``optimizer`` its shard of the stored AdamW state (read slice by
+    slice); ZeRO-sharded tensors are not the optimizer's (:func:`.sharded_checkpoint.restore`)."""
+    if ck.get("adam_step") is None or optimizer is None:
         return
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
     src = optim_source(ck)
     for st in stages.values():
         for name, p in st.module.named_parameters():
+            if id(p) not in mine:
+                continue
             name = canonical(name, st.module.spec)
             dim, shape = shard_dim(name), tuple(p.shape)
             full = list(shape)

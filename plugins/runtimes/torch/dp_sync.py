@@ -145,6 +145,8 @@ class DPSync:
         self.rank, self.pipeline = rank, pipeline
         self.sharded = None  # ZeRO: a ShardedAdamW or a .zero.ShardedState, set by the trainer
         self.gather_handles: dict[tuple[int, ...], object] = {}  # ZeRO-2/3 per micro-batch: weight gathers
+        self.handles = handles  # chunk group members -> its communicator (this rank's groups)
+        self.hybrid_handles: dict[tuple[int, ...], object] = {}  # zero_scope=machine: :mod:`.hybrid`
         self.items = [(m, handles[m], [(c, [h for h in hold if h.rank == rank], contrib)
                                        for c, hold, contrib in plan.groups[m]])
                       for m in plan.members() if rank in m]
@@ -206,14 +208,32 @@ class ShardedAdamW:
     two moments of that piece only, then all-gathers the updated weights into every local copy.
     Gradients accumulate in full over a step's micro-batches and are freed after the step, so
     here stage 2 keeps the gradient memory of stage 1 during the backward passes; plans with one
-    stage per pipeline run stage 2 per micro-batch instead (:class:`.zero.ShardedState`)."""
+    stage per pipeline run stage 2 per micro-batch instead (:class:`.zero.ShardedState`).
+
+    Hybrid sharding (``machines``: the machine of every global rank, ``zero_scope=machine``):
+    the pieces are cut among the holders inside each machine and summed across machines
+    segment by segment (:mod:`.hybrid`); the communicators are ``sync.hybrid_handles``."""
 
     def __init__(self, sync: DPSync, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                 weights: tuple[float, ...] | None = None):
+                 weights: tuple[float, ...] | None = None, machines: tuple[str, ...] | None = None,
+                 device: torch.device | None = None):
+        from .hybrid import split
+
         self.sync, self.weights = sync, weights
         self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        self.splits = {}
         self.moments: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        for members, handle, chunks in sync.items:
+            n = sum(c.numel for c, _, _ in chunks)
+            sp = split(members, n, sync.rank, weights, machines)
+            self.splits[members] = sp
+            lo, hi = sp.piece
+            self.moments[members] = (torch.zeros(hi - lo, device=device), torch.zeros(hi - lo, device=device))
         self.t = 0
+
+    def handle(self, ranks: tuple[int, ...]):
+        """The communicator of ``ranks``: a chunk group's own, or one of hybrid sharding's."""
+        return self.sync.handles[ranks] if ranks in self.sync.handles else self.sync.hybrid_handles[ranks]
 
     def synced(self) -> set[tuple[int, str]]:
         """``(stage, name)`` of every local tensor this step updates (the rest: plain AdamW)."""
@@ -228,20 +248,21 @@ class ShardedAdamW:
         for p in params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        for members, handle, chunks in self.sync.items:
+        for members, _, chunks in self.sync.items:
+            sp = self.splits[members]
+            lo, hi = sp.piece
             flat = self.sync.bucket(params, chunks)
-            i = members.index(self.sync.rank)
-            bounds = shard_bounds(flat.numel(), None if self.weights is None else [self.weights[r] for r in members],
-                                  len(members))
-            lo, hi = bounds[i]
-            g = sum_piece(flat, bounds, i, handle, wait, f"ZeRO gradient sum with ranks {list(members)}")
+            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
+            bounds = list(sp.bounds)
+            g = flat[lo:hi] if peers is None else \
+                sum_piece(flat, bounds, sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
+            self._cross(sp, g, wait)
             weights = torch.cat([self.sync._view(params[(mine[0].stage, c.name)], c, mine[0]).reshape(-1)
                                  for c, mine, _ in chunks])
             w = weights[lo:hi].clone()
-            if members not in self.moments:
-                self.moments[members] = (torch.zeros_like(w), torch.zeros_like(w))
             adamw_(w, g, *self.moments[members], self.t, **self.adam)
-            new = gather_pieces(w, bounds, handle, wait, f"ZeRO weight all-gather with ranks {list(members)}")
+            new = w if peers is None else \
+                gather_pieces(w, bounds, peers, wait, f"ZeRO weight all-gather with ranks {list(sp.peers)}")
             k = 0
             for c, mine, _ in chunks:
                 for h in mine:
@@ -250,3 +271,16 @@ class ShardedAdamW:
                 k += c.numel
         for key in self.synced():
             params[key].grad = None
+
+    def _cross(self, sp, g: torch.Tensor, wait: Callable) -> None:
+        """Hybrid: sum each segment of this rank's gradient piece ``g`` with the other machines'
+        holders of it (in place)."""
+        lo = sp.piece[0]
+        pending = []
+        for a, b, ranks in sp.cross:
+            seg = g[a - lo: b - lo].contiguous()
+            work = torch.distributed.all_reduce(seg, group=self.handle(ranks), async_op=True)
+            pending.append((a, b, ranks, seg, work))
+        for a, b, ranks, seg, work in pending:
+            wait([work], f"ZeRO gradient sum across machines with ranks {list(ranks)}")
+            g[a - lo: b - lo].copy_(seg)

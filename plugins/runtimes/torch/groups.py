@@ -36,10 +36,13 @@ class Groups:
     tied: tied.TiedSync | None = None
 
 
-def build_groups(layout: Layout, rank: int, world: int, zero: int = 0) -> Groups:
+def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machines: tuple[str, ...] | None = None,
+                 weights: tuple[float, ...] | None = None) -> Groups:
     """Create (collectively) every TP and DP group of ``layout``; return this rank's. ZeRO-3
     (:mod:`.zero`) gets a second group per member set for the weight gathers, so gathers and
-    gradient sums pair up in order on their own communicators."""
+    gradient sums pair up in order on their own communicators. Hybrid sharding (``machines``:
+    the machine of every global rank; ``weights``: shard weights or None) adds the machine
+    subsets and cross-machine segments of every chunk group (:func:`.hybrid.communicators`)."""
     role = layout.role(rank)
     tp, leader = TPGroup(), rank
     for p in layout.pipelines:
@@ -64,9 +67,18 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0) -> Groups
             handle = dist.new_group(list(members)) if world > 1 else None
             if rank in members:
                 gathers[members] = handle
+    hybrid: dict[tuple[int, ...], Any] = {}
+    if machines is not None and zero:
+        from .hybrid import communicators
+
+        sizes = {m: sum(c.numel for c, _, _ in plan.groups[m]) for m in plan.members()}
+        for members in communicators(sizes, weights, machines):
+            handle = dist.new_group(list(members)) if world > 1 else None
+            if rank in members:
+                hybrid[members] = handle
     dp = DPSync(plan, rank, role.pipeline, handles) if role is not None else None
     if dp is not None:
-        dp.gather_handles = gathers
+        dp.gather_handles, dp.hybrid_handles = gathers, hybrid
     tied_sync = None
     if len(emb) > 1 and world > 1:
         handle = dist.new_group(list(emb))

@@ -127,7 +127,7 @@ class TorchRuntime:
             pl = spec.layout.plan
             slowdown = tuple(pl.cluster.slowdown(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
-        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
+        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
                           resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
@@ -222,13 +222,25 @@ def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
     return tuple(float(plan.cluster.device(d).memory_gb) for d in plan.devices)
 
 
+def machines(spec: RunSpec) -> tuple[str, ...] | None:
+    """Per global rank, the machine of its device under hybrid sharding (``zero_scope=machine``,
+    :mod:`.hybrid`); None otherwise."""
+    if not isinstance(spec.layout, PlanLayout):
+        return None
+    plan = spec.layout.plan
+    if plan.train.zero_stage == 0 or plan.train.zero_scope != "machine":
+        return None
+    return tuple(plan.cluster.device(d).machine for d in plan.devices)
+
+
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
     uneven shards (:class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per micro-batch where every rank
-    holds one stage chunk, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one
-    stage (``pipelines``: the plan's pipelines, or their count); not yet ZeRO-3 for deeper
-    pipelines, checkpoints of sharded state, or hybrid sharding (``zero_scope=machine``).
-    Refused before launch (a plan relying on sharding would not fit unsharded)."""
+    holds one stage chunk, :class:`~.zero.ShardedState`), also hybrid (``zero_scope=machine``,
+    :mod:`.hybrid`), ZeRO-3 where every pipeline is one stage (``pipelines``: the plan's
+    pipelines, or their count); checkpoints of any stage (:mod:`.sharded_checkpoint`). Not yet
+    ZeRO-3 for deeper pipelines, or hybrid ZeRO-3. Refused before launch (a plan relying on
+    sharding would not fit unsharded); ``settings`` is unused (kept for callers)."""
     from hexicore.core.errors import PlanError
 
     z = train.zero_stage
@@ -236,14 +248,12 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
     if not z or count <= 1:
         return
     why = None
-    if getattr(train, "zero_scope", "all") != "all":
-        why = f"hybrid sharding (zero_scope={train.zero_scope})"
+    if z == 3 and getattr(train, "zero_scope", "all") != "all":
+        why = f"hybrid sharding of ZeRO-3 (zero_scope={train.zero_scope})"
     elif z == 3 and (isinstance(pipelines, int) or any(len(p.stages) > 1 for p in pipelines)):
         why = "ZeRO-3 for pipelines of more than one stage"
-    elif getattr(settings, "checkpoint_every", 0) or getattr(settings, "resume", None):
-        why = "checkpoints of sharded optimizer state"
     if why:
-        hint = "train.zero_scope=all" if why.startswith("hybrid") else \
+        hint = "train.zero_scope=all or train.zero=1 or 2" if why.startswith("hybrid") else \
             "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp)"
         raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); plan with {hint}",
                         source=source, field="train.zero")

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from hexicore.core import schema
 
-from . import checkpoint, measure
+from . import checkpoint, measure, sharded_checkpoint
 from .data import make_source
 from .executor import Executor
 from .groups import build_groups
@@ -65,6 +65,7 @@ class WorkerSpec:
     slowdown: tuple[float, ...] = ()  # per global rank, the cluster file's emulate.slowdown (test aid)
     zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
     shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
+    machines: tuple[str, ...] | None = None  # per global rank, its machine: hybrid sharding (zero_scope=machine)
     predicted: dict[str, Any] | None = None  # metrics.json's "predicted" (hexicore.core.prediction), plan runs
 
 
@@ -124,7 +125,7 @@ def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
     layout = spec.layout
-    groups = build_groups(layout, rank, world, zero=spec.zero)
+    groups = build_groups(layout, rank, world, zero=spec.zero, machines=spec.machines, weights=spec.shard_weights)
     role = groups.role
     ck = checkpoint.load(spec.resume) if spec.resume else None
     weights = _weights(spec, ck)
@@ -156,7 +157,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
             recorder.record(executor)
             bar.update(losses[-1], tokens / step_s[-1])
             if spec.checkpoint_every and (step + 1) % spec.checkpoint_every == 0 and step + 1 < spec.steps:
-                _save_checkpoint(spec, stages, groups, optimizer, rank, world, step + 1, losses, step_s, out)
+                _save_checkpoint(spec, stages, groups, optimizer, executor, step + 1, losses, step_s, out)
     finally:
         bar.close()
     kept, state_bytes = _sharded_state(spec, groups, stages, optimizer, executor, world)
@@ -204,6 +205,8 @@ def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.
                                       weight_decay=spec.weight_decay) if params else None
         if ck:
             checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
+            if groups.dp is not None and groups.dp.sharded is not None:
+                sharded_checkpoint.restore(groups.dp.sharded, stages, groups.tp, ck)
         mb_rows = part.batch // part.actions.micro_batches
         executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
@@ -231,19 +234,22 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 def _sharded(spec: WorkerSpec, groups, stages):
     """The sharded optimizer of this rank: ZeRO-3 where every pipeline is one stage and ZeRO-2
-    where every rank holds one stage chunk, per micro-batch (:class:`.zero.ShardedState`); else
-    ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    where every rank holds one stage chunk, per micro-batch (:class:`.zero.ShardedState`); else,
+    and under hybrid sharding, ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
     from .zero import ShardedState, compute_counts, one_stage_per_pipeline, one_stage_per_rank
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    if (spec.zero == 3 and one_stage_per_pipeline(spec.layout)) or (spec.zero == 2 and one_stage_per_rank(spec.layout)):
+    hybrid = spec.machines is not None
+    if (spec.zero == 3 and one_stage_per_pipeline(spec.layout) and not hybrid) or \
+            (spec.zero == 2 and one_stage_per_rank(spec.layout) and not hybrid):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
         rounds = {r: compute_counts(spec.layout, r) for r in range(spec.layout.world)}
         return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, rounds=rounds, **adam)
     if spec.zero == 3:
-        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline")
-    return ShardedAdamW(groups.dp, weights=spec.shard_weights, **adam)
+        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline, without hybrid sharding")
+    device = next(p.device for st in stages.values() for p in st.module.parameters())
+    return ShardedAdamW(groups.dp, weights=spec.shard_weights, machines=spec.machines, device=device, **adam)
 
 
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
@@ -276,9 +282,14 @@ def _every(mine: Any, world: int) -> list:
     return every
 
 
-def _save_checkpoint(spec, stages, groups, optimizer, rank, world, step, losses, step_s, out) -> None:
+def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, step_s, out) -> None:
+    """``out/checkpoints/step_K`` (collective): ZeRO pieces are gathered into full local tensors
+    first (:func:`.sharded_checkpoint.full_local`), so the files do not depend on the stage."""
+    rank, world = groups.rank, groups.world
+    sharded = groups.dp.sharded if groups.dp is not None else None
+    full = sharded_checkpoint.full_local(sharded, stages, executor._wait) if sharded is not None else None
     got = checkpoint.gather(stages, groups.tp, optimizer, groups.role.pipeline if groups.role else -1,
-                            rank=rank, world=world)
+                            rank=rank, world=world, sharded=full)
     if rank == 0 and out is not None:
         model, optim = got
         meta = {"step": step, "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,

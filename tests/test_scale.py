@@ -15,7 +15,7 @@ from hexicore.core.plan import Stage
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost import dp_ring
 from hexicore.planner.layers import allocate_layers
-from hexicore.planner.parallel import fork_map
+from hexicore.planner.parallel import fork_map, fork_start
 from hexicore.planner.partition import ordered_subgraph, weight_matrix
 from hexicore.planner.stages import layout_pipeline
 from hexicore.registry import Registry
@@ -108,6 +108,28 @@ def test_fork_map_is_the_loop_and_raises_what_a_worker_raises():
 
     with pytest.raises(HexicoreError, match="four"):
         fork_map(bad, list(range(6)), 2)
+
+
+def test_fork_start_returns_the_loop_later_and_cancels():
+    import os
+
+    state = {"k": 3}
+    job = fork_start(lambda x: x * state["k"], list(range(7)), 2)
+    assert len(job.children) == 2 and job.result() == [x * 3 for x in range(7)]
+    assert fork_start(lambda x: x, [], 2).result() == []  # nothing to start: the plain loop
+
+    def bad(x):
+        if x == 2:
+            raise HexicoreError("two", field="x")
+        return x
+
+    with pytest.raises(HexicoreError, match="two"):
+        fork_start(bad, list(range(4)), 1).result()
+    slow = fork_start(lambda x: __import__("time").sleep(60), [1], 1)
+    pid = slow.children[0][1]
+    slow.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped: no process left behind
 
 
 def solve(overrides):

@@ -263,7 +263,7 @@ wall time depends on the load, CPU time — of the process and the workers it fo
 steadier number; peak RSS is the larger of the process's and its workers'). "chooses machines"
 is the default solver (allocation: greedy descent over sub-clusters, each neighbour screened by
 a short search above 128 GPUs, the screens of a step in parallel); "every device" is
-`solver.use_all_devices=true`, the search alone. Above 1024 GPUs phase 1 partitions whole
+`solver.use_all_devices=true`, the search alone. Above 512 GPUs phase 1 partitions whole
 machines and phase 2 is shared by parts of one machine-class signature
 (`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
 in the same run, up to {before_max} GPUs. Older checkout: {before}.

@@ -61,7 +61,7 @@ class SearchConfig:
     allocation_exhaustive: int = 8
     allocation_screen_above: int = 128
     workers: int = 0
-    machine_graph_above: int = 1024
+    machine_graph_above: int = 512
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:

@@ -26,6 +26,8 @@ from hexicore.cost.base import default_in_flight
 Group = tuple[str, ...]
 #: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
 ROWS_KEPT = 2048
+#: most units whose pieces :func:`unit_pieces` keeps (then it starts afresh)
+UNITS_KEPT = 16384
 
 
 @lru_cache(maxsize=4096)
@@ -93,6 +95,7 @@ class StageTable:
     _allocs: dict = field(default_factory=dict)
     _sigs: dict = field(default_factory=dict)
     _sig_ids: dict = field(default_factory=dict)
+    _units: dict = field(default_factory=dict)  # (unit, menus) -> unit_pieces' pieces (signature keys only)
 
     def __post_init__(self) -> None:
         self.schedule = ScheduleRef.from_mapping(self.schedule)
@@ -277,12 +280,17 @@ def unit_pieces(table: StageTable, order: Sequence[Group], menus: Sequence[Seque
     and the last stage's machine, so a pipeline's stages and key are joined from pieces."""
     out = []
     for u, ms in zip(order, menus):
-        per = []
-        for m in ms:
-            groups = tuple(apply_menu(u, m))
-            sigs = [table.signature(g) for g in groups]
-            rest = tuple(2 * k + (mk is not None and mk == prev) for (k, mk), (_, prev) in zip(sigs[1:], sigs))
-            per.append((groups, sigs[0][0], sigs[0][1], rest, sigs[-1][1]))
+        per = table._units.get((u, ms))
+        if per is None:  # a unit recurs in every order (and its reverse) of a part: cached
+            per = []
+            for m in ms:
+                groups = tuple(apply_menu(u, m))
+                sigs = [table.signature(g) for g in groups]
+                rest = tuple(2 * k + (mk is not None and mk == prev) for (k, mk), (_, prev) in zip(sigs[1:], sigs))
+                per.append((groups, sigs[0][0], sigs[0][1], rest, sigs[-1][1]))
+            if len(table._units) >= UNITS_KEPT:
+                table._units.clear()
+            table._units[(u, ms)] = per
         out.append(per)
     return out
 

@@ -79,6 +79,24 @@ def test_memoised_link_terms_equal_fresh_ones():
         cost.tp_comm_s(c, m, t, ("m2.3", "m2.0"), 1)  # excluded: still one clear error
 
 
+def test_memoised_layer_sync_equals_a_fresh_cluster():
+    """COMM-DP per layer is memoised on the cluster across plans: a plan priced after others
+    (memo warm) costs what it costs on a fresh copy of the cluster."""
+    from dataclasses import replace
+
+    base = ["cluster=synthetic", "cluster.synthetic.gpus=24", "cluster.synthetic.per_machine=4", "model=tiny",
+            "train.global_batch=16", "solver.iterations=6", "solver.dp_min=3", "solver.workers=1"]
+    plan = solve(base + ["solver.use_all_devices=true"])
+    cost = AnalyticCostModel()
+    other = solve(base + ["solver.use_all_devices=true", "solver.dp_min=2", "solver.dp_max=2"])
+    cost.estimate(other)  # warms the memo with another plan's holder sets
+    warm = cost.estimate(plan)
+    fresh = cost.estimate(replace(plan, cluster=parse_cluster(plan.cluster.to_dict(), "fresh")))
+    assert len(plan.pipelines) >= 3 and warm.dp_s > 0 and warm.dp_s == fresh.dp_s
+    assert warm.iteration_s == fresh.iteration_s
+    assert any(isinstance(k, tuple) and k[0] == "layer_sync" for k in plan.cluster.memo)
+
+
 def test_layer_allocation_is_the_brute_force_optimum():
     rng = np.random.default_rng(5)
     import itertools

@@ -320,17 +320,24 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     key = rows_key(table, stages, n_mb_max) if key is None else key
     rows, caps, hops = stage_rows(table, stages, n_mb_max, key)
     if layers is None:
-        if key not in table._allocs:
-            table._allocs[key] = allocate_layers(rows, caps, L)
-        alloc = table._allocs[key]
+        hit = table._allocs.get(key)
+        if hit is None:  # (allocation, stage times) per rows key
+            alloc = allocate_layers(rows, caps, L)
+            hit = table._allocs[key] = (alloc, None if alloc is None else _stage_s(rows, hops, alloc))
+        alloc, stage_s = hit
         if alloc is None:
             return None
     else:
         alloc = tuple(int(x) for x in layers)
         if sum(alloc) != L or any(not 1 <= a <= c for a, c in zip(alloc, caps)):
             return None
-    stage_s = tuple(float(rows[j][alloc[j]] - (hops[j] if j < p - 1 else 0.0)) for j in range(p))
+        stage_s = _stage_s(rows, hops, alloc)
     return Layout(tuple(stages), alloc, stage_s, tuple(hops))
+
+
+def _stage_s(rows: np.ndarray, hops: Sequence[float], alloc: Sequence[int]) -> tuple[float, ...]:
+    """Per stage ``STAGE_j(l_j)``: its row at its layers less its hop (the last has none)."""
+    return tuple((rows[np.arange(len(alloc)), alloc] - np.append(hops, 0.0)).tolist())
 
 
 def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
     ap.add_argument("--modes", default="allocation,every", help="hexiscale modes to time: allocation, every")
     ap.add_argument("--keep", action="store_true", help="keep the table's rows of the sizes not timed now")
+    ap.add_argument("--remark", default="", help="a paragraph written after the scale table (e.g. measurements "
+                    "of the older checkout made separately)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     registry = Registry.default()
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                                      nice=os.nice(0))
         keep = kept_rows(Path(args.out), sizes) if args.keep else []
         scale_table(registry, sizes, args.before, args.before_max,
-                    lambda lines: write_section("## Planner search time at scale", note() + "\n".join(lines) + "\n",
+                    lambda lines: write_section("## Planner search time at scale", note() + "\n".join(lines) + "\n"
+                                                + (f"\n{args.remark}\n" if args.remark else ""),
                                                 Path(args.out)), tuple(args.modes.split(",")), keep)
     if args.scale_only:
         print(f"written to {args.out}")

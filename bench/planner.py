@@ -13,6 +13,7 @@ docs/results.md under ``## Planner quality`` (only that section is replaced).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -119,7 +120,7 @@ except HexicoreError:
     it, used, alloc = None, 0, {}
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"it": it, "wall": time.perf_counter() - w, "cpu": time.process_time() - c + kids.ru_utime
-                  + kids.ru_stime, "used": used, "solved": alloc.get("solved"),
+                  + kids.ru_stime, "kids": kids.ru_utime + kids.ru_stime, "used": used, "solved": alloc.get("solved"),
                   "rss_mb": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, kids.ru_maxrss) / 1024}))
 """
 
@@ -161,9 +162,9 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
     (allocation: it also chooses the machines) and with ``use_all_devices=true`` (the search
     alone); megatron's plan for scale; with ``old``, the same solves on that older checkout
     (sizes up to ``old_max``)."""
-    lines = ["| GPUs | model, batch | solver | iteration (s) | GPUs used | wall (s) | CPU (s) | peak RSS (MB) "
-             "| before: iteration (s) | before: wall / CPU (s) | before: peak RSS (MB) |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| GPUs | model, batch | solver | iteration (s) | GPUs used | wall (s) | CPU (s) | of which workers (s) "
+             "| peak RSS (MB) | before: iteration (s) | before: wall / CPU (s) | before: peak RSS (MB) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     f = (lambda x: f"{x:.2f}" if x else "none fits")
     for n in sizes:
         model, batch = scale_setting(n)
@@ -175,10 +176,10 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
             before = (f"{f(was['it'])} | {was['wall']:.1f} / {was['cpu']:.1f} | {was['rss_mb']:.0f}" if was
                       else "not run | | ")
             lines.append(f"| {n} | {model}, {batch} | {label} | {f(new['it'])} | {new['used']} | {new['wall']:.1f} | "
-                         f"{new['cpu']:.1f} | {new['rss_mb']:.0f} | {before} |")
+                         f"{new['cpu']:.1f} | {new.get('kids', 0.0):.1f} | {new['rss_mb']:.0f} | {before} |")
             print(lines[-1], flush=True)
         lines.append(f"| {n} | {model}, {batch} | megatron (best symmetric) | {f(mega.iteration_s if mega else None)} "
-                     f"| | | | | | | |")
+                     f"| | | | | | | | |")
         rows = sorted(list(keep) + lines[2:], key=lambda ln: int(ln.split("|")[1]))  # stable: a size's rows stay in order
         done(lines[:2] + rows)  # each size is written as soon as it is measured
     return lines
@@ -229,16 +230,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
     ap.add_argument("--modes", default="allocation,every", help="hexiscale modes to time: allocation, every")
     ap.add_argument("--keep", action="store_true", help="keep the table's rows of the sizes not timed now")
+    ap.add_argument("--remark", default="", help="a paragraph written after the scale table (e.g. measurements "
+                    "of the older checkout made separately)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     registry = Registry.default()
     sizes = [int(x) for x in args.scale.split(",") if x.strip()]
     if sizes:
-        note = SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
-                                 before_max=args.before_max)
+        start = os.getloadavg()[0]
+
+        def note() -> str:  # the load average when the run started and when this size was written
+            return SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
+                                     before_max=args.before_max, load=f"{start:.1f} / {os.getloadavg()[0]:.1f}",
+                                     nice=os.nice(0))
         keep = kept_rows(Path(args.out), sizes) if args.keep else []
         scale_table(registry, sizes, args.before, args.before_max,
-                    lambda lines: write_section("## Planner search time at scale", note + "\n".join(lines) + "\n",
+                    lambda lines: write_section("## Planner search time at scale", note() + "\n".join(lines) + "\n"
+                                                + (f"\n{args.remark}\n" if args.remark else ""),
                                                 Path(args.out)), tuple(args.modes.split(",")), keep)
     if args.scale_only:
         print(f"written to {args.out}")
@@ -258,12 +266,15 @@ def main(argv: list[str] | None = None) -> int:
 
 SCALE_NOTE = """`bench/planner.py --scale-only --scale N,... [--before OLD_CHECKOUT]`, {date}: synthetic
 fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, 8 GPUs a machine, 0.7 GB/s between
-machines), each solve in a fresh process on this machine (2 CPU cores shared with other jobs:
-wall time depends on the load, CPU time — of the process and the workers it forks — is the
-steadier number; peak RSS is the larger of the process's and its workers'). "chooses machines"
-is the default solver (allocation: greedy descent over sub-clusters, each neighbour screened by
-a short search above 128 GPUs, the screens of a step in parallel); "every device" is
-`solver.use_all_devices=true`, the search alone. Above 1024 GPUs phase 1 partitions whole
+machines), each solve in a fresh process on this machine (2 CPU cores shared with other jobs;
+this run at niceness {nice}, load average at its start / end: {load}): wall time depends on the
+load, CPU time — of the process and the workers it forks — is the steadier number, and with two
+cores the wall time on an idle machine is about the larger of CPU / 2 and the CPU of the process
+itself (CPU less the workers' share); peak RSS is the larger of the process's and its workers'.
+"chooses machines" is the default solver (allocation: greedy descent over sub-clusters, each
+neighbour screened by a short search above 128 GPUs; the first step's screens run in a forked
+process beside the whole cluster's search, later steps' screens in parallel); "every device" is
+`solver.use_all_devices=true`, the search alone. Above 512 GPUs phase 1 partitions whole
 machines and phase 2 is shared by parts of one machine-class signature
 (`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
 in the same run, up to {before_max} GPUs. Older checkout: {before}.

@@ -15,7 +15,7 @@ from hexicore.core.plan import Stage
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost import dp_ring
 from hexicore.planner.layers import allocate_layers
-from hexicore.planner.parallel import fork_map
+from hexicore.planner.parallel import fork_map, fork_start
 from hexicore.planner.partition import ordered_subgraph, weight_matrix
 from hexicore.planner.stages import layout_pipeline
 from hexicore.registry import Registry
@@ -79,6 +79,24 @@ def test_memoised_link_terms_equal_fresh_ones():
         cost.tp_comm_s(c, m, t, ("m2.3", "m2.0"), 1)  # excluded: still one clear error
 
 
+def test_memoised_layer_sync_equals_a_fresh_cluster():
+    """COMM-DP per layer is memoised on the cluster across plans: a plan priced after others
+    (memo warm) costs what it costs on a fresh copy of the cluster."""
+    from dataclasses import replace
+
+    base = ["cluster=synthetic", "cluster.synthetic.gpus=24", "cluster.synthetic.per_machine=4", "model=tiny",
+            "train.global_batch=16", "solver.iterations=6", "solver.dp_min=3", "solver.workers=1"]
+    plan = solve(base + ["solver.use_all_devices=true"])
+    cost = AnalyticCostModel()
+    other = solve(base + ["solver.use_all_devices=true", "solver.dp_min=2", "solver.dp_max=2"])
+    cost.estimate(other)  # warms the memo with another plan's holder sets
+    warm = cost.estimate(plan)
+    fresh = cost.estimate(replace(plan, cluster=parse_cluster(plan.cluster.to_dict(), "fresh")))
+    assert len(plan.pipelines) >= 3 and warm.dp_s > 0 and warm.dp_s == fresh.dp_s
+    assert warm.iteration_s == fresh.iteration_s
+    assert any(isinstance(k, tuple) and k[0] == "layer_sync" for k in plan.cluster.memo)
+
+
 def test_layer_allocation_is_the_brute_force_optimum():
     rng = np.random.default_rng(5)
     import itertools
@@ -108,6 +126,28 @@ def test_fork_map_is_the_loop_and_raises_what_a_worker_raises():
 
     with pytest.raises(HexicoreError, match="four"):
         fork_map(bad, list(range(6)), 2)
+
+
+def test_fork_start_returns_the_loop_later_and_cancels():
+    import os
+
+    state = {"k": 3}
+    job = fork_start(lambda x: x * state["k"], list(range(7)), 2)
+    assert len(job.children) == 2 and job.result() == [x * 3 for x in range(7)]
+    assert fork_start(lambda x: x, [], 2).result() == []  # nothing to start: the plain loop
+
+    def bad(x):
+        if x == 2:
+            raise HexicoreError("two", field="x")
+        return x
+
+    with pytest.raises(HexicoreError, match="two"):
+        fork_start(bad, list(range(4)), 1).result()
+    slow = fork_start(lambda x: __import__("time").sleep(60), [1], 1)
+    pid = slow.children[0][1]
+    slow.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped: no process left behind
 
 
 def solve(overrides):

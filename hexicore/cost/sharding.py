@@ -137,12 +137,20 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     cache: dict[tuple, tuple[float, float]] = {}
     links: dict = {}
     w = shard_weights(plan)
+    t = plan.train
+    # across plans of one cluster (a search prices thousands that share most holder sets): a
+    # layer's sync depends only on its holders' devices and TP degrees (without uneven shards)
+    shared = plan.cluster.memo.setdefault(("layer_sync", id(cost), t.dtype_bytes, t.zero_stage, t.zero_scope), {}) \
+        if w is None else {}
 
     def layer_cost(k: int) -> tuple[float, float]:
         hs = tuple(holder[i][k] for i in range(len(pipes)))
         key = tuple(id(s) for s in hs)
         if key not in cache:
-            cache[key] = _sync_s(cost, plan, hs, m.layer_params() - rep, rep, links, w)
+            full = (m.layer_params(), rep, tuple((s.devices, s.tp) for s in hs))
+            if full not in shared:
+                shared[full] = (cost, _sync_s(cost, plan, hs, m.layer_params() - rep, rep, links, w))  # cost: its id stays its own
+            cache[key] = shared[full][1]
         return cache[key]
 
     rep = tp_replicated_layer_params(m)

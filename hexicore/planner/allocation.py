@@ -37,7 +37,7 @@ from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.objective import Objective, plan_price, rate
-from hexicore.planner.parallel import fork_map
+from hexicore.planner.parallel import Forked, fork_map, fork_start
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 __all__ = ["Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
@@ -150,9 +150,18 @@ class _Search:
         (:mod:`hexicore.planner.parallel`); :meth:`promising` then uses these scores. Only
         for screens that do not look at the best plan (they get None): the scores are then the
         ones :meth:`promising` would compute itself, so the descent is the same."""
-        todo = [v for v in vectors if self.machines(v) and self.machines(v) not in self.trials]
+        todo = [v for v in vectors if self.machines(v) and self.machines(v) not in self.trials and v not in self.quick]
         if workers > 1 and len(todo) > 1:
             self.quick.update(zip(todo, fork_map(lambda v: self.screen_score(v, None), todo, workers)))
+
+    def prescreen_start(self, vectors: list[tuple[int, ...]], workers: int) -> Forked | None:
+        """Start screening the neighbours ``vectors`` in ``workers`` forked children right away
+        (before anything is solved: the caller solves the whole cluster meanwhile); the
+        children's scores are those :meth:`prescreen` computes (the screen ignores the best plan)."""
+        todo = [v for v in vectors if self.machines(v)]
+        if workers < 1 or len(todo) < 1:
+            return None
+        return fork_start(lambda v: (v, self.screen_score(v, None)), todo, workers)
 
     def trial(self, counts: tuple[int, ...], first: bool = False) -> Trial | None:
         machines = self.machines(counts)
@@ -193,6 +202,18 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
             yield tuple(0 if i in members else n for i, n in enumerate(counts))
 
 
+def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple[int, ...]]:
+    """The classes of each GPU type and of each zone (when there are several): the greedy
+    descent's moves that leave a whole type or zone out."""
+    out = []
+    for key in (lambda m: m.gpu.name, lambda m: m.zone):
+        by: dict = {}
+        for i, cls in enumerate(classes):
+            by.setdefault(key(cluster.machine(cls[0])), []).append(i)
+        out += [tuple(v) for v in by.values()] if len(by) > 1 else []
+    return out
+
+
 def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
              deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128,
              workers: int = 1) -> Plan:
@@ -201,34 +222,37 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     always is). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
     cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
     full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
-    that many processes (the screen must then ignore its plan argument);
+    that many processes (the screen must then ignore its plan argument), and the first step's
+    screens start in ``workers - 1`` forked processes before the whole cluster is searched, beside
+    that search (the scores are the same, so is the descent);
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
     the machines used) and ``idle`` (:func:`idle_groups`)."""
     objective = problem.objective
     objective.check_prices(problem.cluster)
     classes = machine_classes(problem.cluster)
     full = tuple(len(c) for c in classes)
-    s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress)
-    s.trial(full, first=True)
+    s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress, screen=screen)
     total = math.prod(n + 1 for n in full) - 1
     mode = "exhaustive" if total <= exhaustive else "greedy"
+    types = _group_moves(problem.cluster, classes)
+    screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
+    # the first step's screens run beside the whole cluster's search (they do not depend on it)
+    early = s.prescreen_start(list(_neighbours(full, classes, types)), workers - 1) \
+        if screened and workers > 1 else None
+    try:
+        s.trial(full, first=True)
+        if early is not None:
+            s.quick.update(early.result())
+    finally:
+        if early is not None:
+            early.cancel()
     if mode == "exhaustive":
         vectors = sorted(itertools.product(*(range(n + 1) for n in full)), key=lambda v: -sum(v))
         for i, v in enumerate(vectors):
             progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
             s.trial(v)
     else:
-        by_type: dict[str, list[int]] = {}
-        for i, cls in enumerate(classes):
-            by_type.setdefault(problem.cluster.machine(cls[0]).gpu.name, []).append(i)
-        types = [tuple(v) for v in by_type.values()] if len(by_type) > 1 else []
-        by_zone: dict[str | None, list[int]] = {}
-        for i, cls in enumerate(classes):
-            by_zone.setdefault(problem.cluster.machine(cls[0]).zone, []).append(i)
-        types += [tuple(v) for v in by_zone.values()] if len(by_zone) > 1 else []  # a whole zone left out
         cur = full
-        screened = screen is not None and len(problem.cluster.devices) > screen_above
-        s.screen = screen
         while True:
             here = s.best
             if screened:

@@ -31,11 +31,10 @@ from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
 from hexicore.planner.phase1 import split
 from hexicore.planner.shared_layouts import shared_phase2
-from hexicore.planner.stages import (Group, Layout, StageTable, align_to, apply_menu, layout_pipeline,
-                                     machine_contiguous, split_by_machine, tp_menus)
+from hexicore.planner.stages import (Group, Layout, StageTable, align_to, joined, layout_pipeline,
+                                     machine_contiguous, split_by_machine, tp_menus, uniform_choice, unit_pieces)
 
 INF = math.inf
-LAYOUTS_KEPT = 8192  # most layouts phase 2's memo keeps (then it starts afresh)
 
 
 @dataclass(frozen=True)
@@ -181,35 +180,37 @@ def best_strategy(ctx: Context, orders: list[list[Group]], n_nominal: int, n_mb_
     at TP degree d where they can be); on the best order and start, coordinate descent over the
     units' menus, scored by the pipeline's time at its nominal number of micro-batches."""
 
-    def score(order, menus, choice) -> tuple[float, Layout | None]:
-        stages = tuple(g for u, m, c in zip(order, menus, choice) for g in apply_menu(u, m[c]))
-        key = (stages, n_mb_max)
-        if key not in ctx.layout_cache:
-            if len(ctx.layout_cache) >= LAYOUTS_KEPT:  # a memo only, bounded (long pipelines weigh)
-                ctx.layout_cache.clear()
-            ctx.layout_cache[key] = layout_pipeline(ctx.table, stages, n_mb_max)
-        lay = ctx.layout_cache[key]
-        return (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)
+    memo: dict = {}
+
+    def score(o: int, choice: list[int]) -> tuple[float, Layout | None]:
+        key = (o, tuple(choice))
+        if key not in memo:
+            stages, rk = joined(pieces[o], choice, n_mb_max)
+            lay = layout_pipeline(ctx.table, stages, n_mb_max, key=rk)
+            memo[key] = (INF, None) if lay is None else (pipeline_time_fn(ctx, lay, n_mb_max, True)(n_nominal), lay)
+        return memo[key]
 
     starts = []
     tried = set()
+    pieces: list = []  # per order tried: unit_pieces
     for order in (o for units in orders for o in (units, units[::-1])):
         if tuple(order) in tried:
             continue
         tried.add(tuple(order))
         menus = [tp_menus(len(u), tuple(d for d in ctx.degrees if d <= len(u))) for u in order]
+        pieces.append(unit_pieces(ctx.table, order, menus))
         for d in ctx.degrees:
-            choice = [min(range(len(ms)), key=lambda i: (sum(abs(t - d) for t in ms[i]), i)) for ms in menus]
-            starts.append((score(order, menus, choice), len(starts), order, menus, choice))
-    (cur, _, order, menus, choice) = min(starts, key=lambda s: (s[0][0], s[1]))
+            choice = [uniform_choice(ms, d) for ms in menus]
+            starts.append((score(len(pieces) - 1, choice), len(starts), len(pieces) - 1, menus, choice))
+    (cur, _, o, menus, choice) = min(starts, key=lambda s: (s[0][0], s[1]))
     for _ in range(ctx.cfg.strategy_passes):
         improved = False
-        for u in range(len(order)):
+        for u in range(len(menus)):
             for c in range(len(menus[u])):
                 if c == choice[u]:
                     continue
                 trial = choice[:u] + [c] + choice[u + 1:]
-                s = score(order, menus, trial)
+                s = score(o, trial)
                 if s[0] < cur[0] - 1e-12:
                     cur, choice, improved = s, trial, True
         if not improved:

@@ -7,6 +7,9 @@ through a pipe; the calling process computes its own share meanwhile. The result
 loop's (the pieces must not depend on each other: each child's caches die with it). Where
 ``fork`` is missing, or with one worker or item, it is the plain loop.
 
+:func:`fork_start` starts the same computation in forked children and returns at once: the
+caller works meanwhile and collects the results later (:meth:`Forked.result`).
+
 :func:`available_cores` is the number of cores this process may run on.
 """
 
@@ -16,6 +19,7 @@ import os
 import pickle
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 
@@ -93,3 +97,69 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> li
     if error is not None:
         raise error
     return out
+
+
+@dataclass
+class Forked:
+    """Children started by :func:`fork_start`: ``(share, pid, read end)`` per child; ``plain``:
+    no child was started, :meth:`result` computes the loop itself."""
+
+    fn: Callable[[Any], Any]
+    items: list
+    children: list
+    plain: bool = False
+
+    def result(self) -> list[Any]:
+        """``[fn(x) for x in items]``, waiting for the children; raises what one raised."""
+        if self.plain:
+            return [self.fn(x) for x in self.items]
+        out: list[Any] = [None] * len(self.items)
+        error = None
+        for share, pid, r in self.children:
+            with os.fdopen(r, "rb") as src:
+                data = src.read()
+            os.waitpid(pid, 0)
+            msg = pickle.loads(data) if data else ("error", RuntimeError("a worker process died"), "")
+            if msg[0] != "ok":
+                error = error or msg[1]
+                continue
+            for i, v in zip(share, msg[1]):
+                out[i] = v
+        self.children = []
+        if error is not None:
+            raise error
+        return out
+
+    def cancel(self) -> None:
+        """Stop the children (their results are not wanted any more)."""
+        for _, pid, r in self.children:
+            os.close(r)
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+        self.children = []
+
+
+def fork_start(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> Forked:
+    """Start ``[fn(x) for x in items]`` in up to ``workers`` forked children (every
+    ``workers``-th item each) and return at once; the caller keeps its core meanwhile. Inside a
+    worker, without ``fork``, or with no item: nothing starts, :meth:`Forked.result` is the loop."""
+    items = list(items)
+    workers = 0 if _IN_WORKER[0] or not hasattr(os, "fork") else min(workers, len(items))
+    if workers < 1:
+        return Forked(fn, items, [], plain=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    for w in range(workers):
+        r, wfd = os.pipe()
+        share = range(w, len(items), workers)
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(r)
+            _child(fn, items, share, wfd)
+        os.close(wfd)
+        children.append((share, pid, r))
+    return Forked(fn, items, children)

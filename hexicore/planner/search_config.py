@@ -29,7 +29,8 @@ class SearchConfig:
     (:mod:`hexicore.planner.allocation`); ``allocation_screen_above``: on clusters with more
     devices, a greedy neighbour is searched in full only when a short search on it (a tenth of
     the iterations, no polishing) already beats the best plan so far. ``workers``: processes
-    the independent pieces of a search may use (the screens of one greedy step; 0 = one per
+    the independent pieces of a search may use (the screens of one greedy step, the first step's
+    beside the whole cluster's search; 0 = one per
     core this process may use, 1 = no other process; the plan is the same either way).
     ``machine_graph_above``: on clusters with more devices, phase 1 partitions the machines
     (whole machines per pipeline) instead of the devices, whose complete graph grows as
@@ -60,7 +61,7 @@ class SearchConfig:
     allocation_exhaustive: int = 8
     allocation_screen_above: int = 128
     workers: int = 0
-    machine_graph_above: int = 1024
+    machine_graph_above: int = 512
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:

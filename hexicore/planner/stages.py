@@ -26,6 +26,8 @@ from hexicore.cost.base import default_in_flight
 Group = tuple[str, ...]
 #: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
 ROWS_KEPT = 2048
+#: most units whose pieces :func:`unit_pieces` keeps (then it starts afresh)
+UNITS_KEPT = 16384
 
 
 @lru_cache(maxsize=4096)
@@ -67,6 +69,12 @@ def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
     return out
 
 
+@lru_cache(maxsize=4096)
+def uniform_choice(menus: tuple[tuple[int, ...], ...], d: int) -> int:
+    """The menu closest to "every group at TP degree ``d``" (first of the closest)."""
+    return min(range(len(menus)), key=lambda i: (sum(abs(t - d) for t in menus[i]), i))
+
+
 @dataclass
 class StageTable:
     """Cached cost pieces for one (cluster, model, train, cost model): stage time rows
@@ -87,6 +95,7 @@ class StageTable:
     _allocs: dict = field(default_factory=dict)
     _sigs: dict = field(default_factory=dict)
     _sig_ids: dict = field(default_factory=dict)
+    _units: dict = field(default_factory=dict)  # (unit, menus) -> unit_pieces' pieces (signature keys only)
 
     def __post_init__(self) -> None:
         self.schedule = ScheduleRef.from_mapping(self.schedule)
@@ -169,6 +178,13 @@ class StageTable:
                 self._flight[key] = probe(dummy, j, n_mb)
         return self._flight[key]
 
+    def flights(self, n_stages: int, n_mb: int) -> list[int]:
+        """:meth:`in_flight` of every stage of an ``n_stages``-stage pipeline (cached)."""
+        key = (n_stages, n_mb)
+        if key not in self._flight:
+            self._flight[key] = [self.in_flight(n_stages, j, n_mb) for j in range(n_stages)]
+        return self._flight[key]
+
     def cap(self, devices: Group, first: bool, last: bool, in_flight: int) -> int:
         """Most layers (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
         not even the embedding/head fits."""
@@ -233,38 +249,95 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     if hit is None:
         if len(table._rows) >= ROWS_KEPT:  # a memo only: bounded, the rows of long pipelines weigh p x L floats
             table._rows.clear()
-        p = len(stages)
-        hops = [table.hop(a, b) for a, b in zip(stages, stages[1:])]
-        ends = [(j == 0, j == p - 1) for j in range(p)]
-        caps = [table.cap(g, f, la, table.in_flight(p, j, n_mb_max))
-                for j, (g, (f, la)) in enumerate(zip(stages, ends))]
-        rows = np.array([table.times(g, f, la) for g, (f, la) in zip(stages, ends)])
-        rows[:-1] += np.array(hops)[:, None]
-        hit = table._rows[key] = (rows, caps, hops)
+        hit = table._rows[key] = _new_rows(table, stages, n_mb_max, key[0])
     return hit
 
 
+def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: Sequence[int]) -> tuple:
+    """:func:`stage_rows` computed: the table's pieces looked up by the stages' signature codes
+    (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss."""
+    p = len(stages)
+    flights = table.flights(p, n_mb_max)
+    times, caps_, hops_ = table._times, table._caps, table._hops
+    rows, caps, hops = [], [], []
+    for j, g in enumerate(stages):
+        k, first, last = codes[j] >> 1, j == 0, j == p - 1
+        row = times.get((k, first, last))
+        rows.append(row if row is not None else table.times(g, first, last))
+        cap = caps_.get((k, first, last, flights[j]))
+        caps.append(cap if cap is not None else table.cap(g, first, last, flights[j]))
+        if not last:
+            hop = hops_.get((k, codes[j + 1] >> 1, codes[j + 1] & 1))
+            hops.append(hop if hop is not None else table.hop(g, stages[j + 1]))
+    out = np.array(rows)
+    out[:-1] += np.array(hops)[:, None]
+    return out, caps, hops
+
+
+def unit_pieces(table: StageTable, order: Sequence[Group], menus: Sequence[Sequence[Sequence[int]]]) -> list:
+    """Per unit of ``order`` and per menu of its ``menus``: its stages (:func:`apply_menu`), the
+    signature key and machine of the first stage, the :func:`rows_key` codes of the others
+    and the last stage's machine, so a pipeline's stages and key are joined from pieces."""
+    out = []
+    for u, ms in zip(order, menus):
+        per = table._units.get((u, ms))
+        if per is None:  # a unit recurs in every order (and its reverse) of a part: cached
+            per = []
+            for m in ms:
+                groups = tuple(apply_menu(u, m))
+                sigs = [table.signature(g) for g in groups]
+                rest = tuple(2 * k + (mk is not None and mk == prev) for (k, mk), (_, prev) in zip(sigs[1:], sigs))
+                per.append((groups, sigs[0][0], sigs[0][1], rest, sigs[-1][1]))
+            if len(table._units) >= UNITS_KEPT:
+                table._units.clear()
+            table._units[(u, ms)] = per
+        out.append(per)
+    return out
+
+
+def joined(pieces: list, choice: Sequence[int], n_mb_max: int) -> tuple[list[Group], tuple]:
+    """The stages of ``choice`` (a menu per unit of :func:`unit_pieces`) and their :func:`rows_key`."""
+    stages: list[Group] = []
+    codes: list[int] = []
+    prev = None
+    for per, c in zip(pieces, choice):
+        groups, k, m, rest, prev_next = per[c]
+        codes.append(2 * k + (m is not None and m == prev))
+        codes.extend(rest)
+        stages.extend(groups)
+        prev = prev_next
+    return stages, (tuple(codes), n_mb_max)
+
+
 def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
-                    layers: Sequence[int] | None = None) -> Layout | None:
+                    layers: Sequence[int] | None = None, key: tuple | None = None) -> Layout | None:
     """Lay out ordered ``stages``: the exact min-max layer allocation under the memory caps of
-    :func:`stage_rows` (or the given ``layers``, checked against the caps). ``None``: OOM."""
+    :func:`stage_rows` (or the given ``layers``, checked against the caps). ``None``: OOM.
+    ``key``: the stages' :func:`rows_key` when the caller has it."""
     p, L = len(stages), table.model.layers
     if p == 0 or p > L:
         return None
-    key = rows_key(table, stages, n_mb_max)
+    key = rows_key(table, stages, n_mb_max) if key is None else key
     rows, caps, hops = stage_rows(table, stages, n_mb_max, key)
     if layers is None:
-        if key not in table._allocs:
-            table._allocs[key] = allocate_layers(rows, caps, L)
-        alloc = table._allocs[key]
+        hit = table._allocs.get(key)
+        if hit is None:  # (allocation, stage times) per rows key
+            alloc = allocate_layers(rows, caps, L)
+            hit = table._allocs[key] = (alloc, None if alloc is None else _stage_s(rows, hops, alloc))
+        alloc, stage_s = hit
         if alloc is None:
             return None
     else:
         alloc = tuple(int(x) for x in layers)
         if sum(alloc) != L or any(not 1 <= a <= c for a, c in zip(alloc, caps)):
             return None
-    stage_s = tuple(float(rows[j][alloc[j]] - (hops[j] if j < p - 1 else 0.0)) for j in range(p))
+        stage_s = _stage_s(rows, hops, alloc)
     return Layout(tuple(stages), alloc, stage_s, tuple(hops))
+
+
+def _stage_s(rows: np.ndarray, hops: Sequence[float], alloc: Sequence[int]) -> tuple[float, ...]:
+    """Per stage ``STAGE_j(l_j)``: its row at its layers less its hop (the last has none)."""
+    return tuple((rows[np.arange(len(alloc)), alloc] - np.append(hops, 0.0)).tolist())
 
 
 def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:

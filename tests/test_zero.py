@@ -8,7 +8,7 @@ import pytest
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost import AnalyticCostModel
-from hexicore.cost.precision import StateBytes, sharded, state_bytes
+from hexicore.cost.precision import StateBytes, sharded, state_bytes, zero3_gathered_params
 
 from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
 
@@ -61,8 +61,9 @@ def test_stage_memory_parts_by_hand(zero, w, g, o):
     assert parts["optimizer"] == pytest.approx(o * params / GIB)
     base = COST.stage_memory_parts(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3, dp=2)
     assert parts["activations"] == pytest.approx(base["activations"])
-    # ZeRO-3 gathers two layers' fp32 weights and the embedding for compute (workspace)
-    extra = 4 * (2 * LAYER_PARAMS + V * H) / GIB if zero == 3 else 0.0
+    # ZeRO-3 gathers one unit's fp32 weights at a time, the stage's largest: here a block (> V * H)
+    assert LAYER_PARAMS > V * H
+    extra = 4 * LAYER_PARAMS / GIB if zero == 3 else 0.0
     assert parts["workspace"] == pytest.approx(base["workspace"] + extra)
     # one holder: nothing to shard
     alone = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2, first=True, in_flight=3, dp=1)
@@ -317,7 +318,9 @@ def _flat_plan(zero: int, split: str) -> Plan:
 def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predicted_state():
     """One 3-rank job: the reference; :data:`FLAT` under ZeRO-3 (even and memory-proportional
     shards) and ZeRO-2 (memory), each rank's kept weights, gradients and AdamW state equal to the
-    cost model's (within one element); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)."""
+    cost model's (within one element) and ZeRO-3's peak of gathered unit weights equal to its
+    workspace term (the largest unit, a block); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)
+    and activation recomputation."""
     import dataclasses
 
     pytest.importorskip("torch")
@@ -340,7 +343,8 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
                                 return_state=True, zero=plan.train.zero_stage,
                                 shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
     mixed = layout_of([(4, "1f1b", [(2, 8)]), (4, "zb_h1", [(1, 8)])])
-    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3))
+    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3,
+                            recompute=True))
     results = launch(specs, 3)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
@@ -356,6 +360,14 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
         if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
             assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
         assert (kept[0]["weights"] < full) == (zero == 3)
+        if zero == 3:  # one unit gathered at a time, the largest a block: the cost model's ZeRO-3 workspace
+            z2 = AnalyticCostModel().memory_parts(_flat_plan(2, split))
+            for r, dev in enumerate(plan.devices):
+                assert kept[r]["gathered"] == 4 * m.layer_params() < full / 8
+                assert kept[r]["gathered"] == pytest.approx((parts[dev]["workspace"] - z2[dev]["workspace"]) * GIB,
+                                                            abs=0.5)
+    gathered = [k["gathered"] for k in results[4]["metrics"]["state_bytes"]]  # tp2 | tp1, I/W split, recomputation
+    assert gathered == [4 * zero3_gathered_params(m, m.layers, tp, first=True, last=True) for tp in (2, 2, 1)]
 
 
 @pytest.mark.slow

@@ -81,3 +81,15 @@ def device_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> 
     rep = tp_replicated_layer_params(model)
     return n_layers * ((model.layer_params() - rep) / tp + rep) + \
         (model.embedding_params() if first else 0) + (model.head_params() if last else 0)
+
+
+def zero3_gathered_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:
+    """Parameters one device of a ``tp``-way stage holds gathered at its peak under ZeRO-3: the
+    torch runtime gathers one *unit* at a time — a block (its split part ``/ tp``, its replicated
+    part whole), the embedding, or the final norm with the head — just before the unit's forward
+    or backward and frees it after (``plugins/runtimes/torch/zero.py``), so the peak is the
+    stage's largest unit."""
+    units = [device_params(model, 1, tp, first=False, last=False)] if n_layers else []
+    units += [model.embedding_params()] if first else []
+    units += [model.head_params()] if last else []
+    return max(units, default=0.0)

@@ -230,17 +230,18 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 
 def _sharded(spec: WorkerSpec, groups, stages):
-    """The sharded optimizer of this rank: ZeRO-3 where every pipeline is one stage and ZeRO-2
-    where every rank holds one stage chunk, per micro-batch (:class:`.zero.ShardedState`); else
-    ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    """The sharded optimizer of this rank: ZeRO-2 where every rank holds one stage chunk and
+    ZeRO-3 where every pipeline is one stage, per micro-batch (:class:`.zero.ShardedState`);
+    else ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
-    from .zero import ShardedState, compute_counts, one_stage_per_pipeline, one_stage_per_rank
+    from .zero import ShardedState, one_stage_per_pipeline
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    if (spec.zero == 3 and one_stage_per_pipeline(spec.layout)) or (spec.zero == 2 and one_stage_per_rank(spec.layout)):
+    one_chunk = all(p.actions.stages == len(p.groups) and len(p.actions.chains) == 1 for p in spec.layout.pipelines)
+    if (spec.zero == 2 and one_chunk) or (spec.zero == 3 and one_stage_per_pipeline(spec.layout)):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
-        rounds = {r: compute_counts(spec.layout, r) for r in range(spec.layout.world)}
-        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, rounds=rounds, **adam)
+        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
+                            stages=stages, **adam)
     if spec.zero == 3:
         raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline")
     return ShardedAdamW(groups.dp, weights=spec.shard_weights, **adam)

@@ -224,8 +224,8 @@ def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
 
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (:class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per micro-batch where every rank
-    holds one stage chunk, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one
+    uneven shards (ZeRO-1 at the step, :class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per
+    micro-batch, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one
     stage (``pipelines``: the plan's pipelines, or their count); not yet ZeRO-3 for deeper
     pipelines, checkpoints of sharded state, or hybrid sharding (``zero_scope=machine``).
     Refused before launch (a plan relying on sharding would not fit unsharded)."""

@@ -230,15 +230,14 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 
 def _sharded(spec: WorkerSpec, groups, stages):
-    """The sharded optimizer of this rank: ZeRO-2 where every rank holds one stage chunk and
-    ZeRO-3 where every pipeline is one stage, per micro-batch (:class:`.zero.ShardedState`);
-    else ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 where every
+    pipeline is one stage, per micro-batch (:class:`.zero.ShardedState`); ZeRO-1 at the step
+    (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
     from .zero import ShardedState, one_stage_per_pipeline
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    one_chunk = all(p.actions.stages == len(p.groups) and len(p.actions.chains) == 1 for p in spec.layout.pipelines)
-    if (spec.zero == 2 and one_chunk) or (spec.zero == 3 and one_stage_per_pipeline(spec.layout)):
+    if spec.zero == 2 or (spec.zero == 3 and one_stage_per_pipeline(spec.layout)):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
         return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
                             stages=stages, **adam)

@@ -8,7 +8,7 @@ import pytest
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost import AnalyticCostModel
-from hexicore.cost.precision import StateBytes, sharded, state_bytes, zero3_gathered_params
+from hexicore.cost.precision import StateBytes, sharded, state_bytes, largest_unit_params
 
 from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
 
@@ -61,9 +61,10 @@ def test_stage_memory_parts_by_hand(zero, w, g, o):
     assert parts["optimizer"] == pytest.approx(o * params / GIB)
     base = COST.stage_memory_parts(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3, dp=2)
     assert parts["activations"] == pytest.approx(base["activations"])
-    # ZeRO-3 gathers one unit's fp32 weights at a time, the stage's largest: here a block (> V * H)
+    # ZeRO-3 gathers one unit's fp32 weights at a time, the stage's largest: here a block (> V * H);
+    # ZeRO-2/3 hold one unit's full fp32 gradient until it is summed
     assert LAYER_PARAMS > V * H
-    extra = 4 * LAYER_PARAMS / GIB if zero == 3 else 0.0
+    extra = 4 * LAYER_PARAMS * ((zero == 3) + (zero >= 2)) / GIB
     assert parts["workspace"] == pytest.approx(base["workspace"] + extra)
     # one holder: nothing to shard
     alone = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2, first=True, in_flight=3, dp=1)
@@ -318,8 +319,8 @@ def _flat_plan(zero: int, split: str) -> Plan:
 def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predicted_state():
     """One 3-rank job: the reference; :data:`FLAT` under ZeRO-3 (even and memory-proportional
     shards) and ZeRO-2 (memory), each rank's kept weights, gradients and AdamW state equal to the
-    cost model's (within one element) and ZeRO-3's peak of gathered unit weights equal to its
-    workspace term (the largest unit, a block); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)
+    cost model's (within one element), and the peaks of ZeRO-3's gathered unit weights and of
+    gradients not summed yet equal to its workspace terms (the largest unit, a block); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)
     and activation recomputation."""
     import dataclasses
 
@@ -360,14 +361,16 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
         if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
             assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
         assert (kept[0]["weights"] < full) == (zero == 3)
-        if zero == 3:  # one unit gathered at a time, the largest a block: the cost model's ZeRO-3 workspace
-            z2 = AnalyticCostModel().memory_parts(_flat_plan(2, split))
-            for r, dev in enumerate(plan.devices):
-                assert kept[r]["gathered"] == 4 * m.layer_params() < full / 8
-                assert kept[r]["gathered"] == pytest.approx((parts[dev]["workspace"] - z2[dev]["workspace"]) * GIB,
-                                                            abs=0.5)
-    gathered = [k["gathered"] for k in results[4]["metrics"]["state_bytes"]]  # tp2 | tp1, I/W split, recomputation
-    assert gathered == [4 * zero3_gathered_params(m, m.layers, tp, first=True, last=True) for tp in (2, 2, 1)]
+        z1 = AnalyticCostModel().memory_parts(_flat_plan(1, split))
+        for r, dev in enumerate(plan.devices):  # one unit at a time, the largest a block: the cost model's workspace
+            assert kept[r]["unsummed"] == 4 * m.layer_params() < full / 8  # gradient accumulated, not summed yet
+            gathered = kept[r]["gathered"] if zero == 3 else 0
+            assert gathered == (4 * m.layer_params() if zero == 3 else 0)
+            assert gathered + kept[r]["unsummed"] == pytest.approx(
+                (parts[dev]["workspace"] - z1[dev]["workspace"]) * GIB, abs=0.5)
+    largest = [4 * largest_unit_params(m, m.layers, tp, first=True, last=True) for tp in (2, 2, 1)]
+    for r, kept in enumerate(results[4]["metrics"]["state_bytes"]):  # tp2 | tp1, I/W split, recomputation
+        assert kept["gathered"] == kept["unsummed"] == largest[r], r
 
 
 @pytest.mark.slow

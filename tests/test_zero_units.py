@@ -39,16 +39,16 @@ def test_needs_follow_the_action_list():
     last = layout.model.layers
     fwd, bwd = [(u,) for u in range(-1, last + 1)], [(u,) for u in range(last, -1, -1)]
     assert gather_needs(layout, 0) == (fwd + bwd) * 2  # F B F B; the embedding's backward reads no weight
-    assert reduce_needs(layout, 0) == [tuple(range(-1, last + 1))] * 2
+    assert reduce_needs(layout, 0) == [(u,) for u in range(last, -2, -1)] * 2  # unit by unit, embedding last
     # zb_h1, first stage [0, 3), runs F0 F1 I0 W0 I1 W1: I computes no input gradient there, so
     # only F and W gather; W finishes the gradients
     f, w = [(-1,), (0,), (1,), (2,)], [(2,), (1,), (0,)]
     assert gather_needs(layout, 1) == f + f + w + w
-    assert reduce_needs(layout, 1) == [(-1, 0, 1, 2)] * 2
+    assert reduce_needs(layout, 1) == [(2,), (1,), (0,), (-1,)] * 2
     # last stage [3, 8) + head runs F0 I0 F1 I1 W0 W1: I and W both read every unit but the embedding
     f, b = [(u,) for u in range(3, last + 1)], [(u,) for u in range(last, 2, -1)]
     assert gather_needs(layout, 2) == f + b + f + b + b + b
-    assert reduce_needs(layout, 2) == [tuple(range(3, last + 1))] * 2
+    assert reduce_needs(layout, 2) == [(u,) for u in range(last, 2, -1)] * 2
 
 
 #: TP 1 everywhere, so every layer's gradient is shared by one holder per pipeline
@@ -64,8 +64,9 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
     """One 4-rank job: the reference, then interleaved 1F1B | 1F1B, Hanayo | GPipe and Chimera |
     zero-bubble H1 under ZeRO-2: losses and weights within 1e-5; between micro-batches each rank
     keeps the gradient piece of every layer it holds, ``1/n`` of it among the ``n`` holders
-    (every chunk's gradient is summed after its own backward, none kept whole); on the
-    interleaved plan each rank's gradient, weight and AdamW bytes equal the cost model's."""
+    (every unit's gradient is summed as soon as its backward is done: during a backward at most
+    one block's full gradient exists); on the interleaved plan each rank's gradient, weight,
+    AdamW and workspace bytes equal the cost model's."""
     import dataclasses
 
     from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
@@ -90,9 +91,14 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
             share = sum(4 * n / k for k, n in mine)  # 4 B of gradient per element, 1/k of each group's bucket
             assert abs(kept["gradients"] - share) <= 4 * (m.layers + 2), r  # one element per unit
             assert kept["gradients"] < kept["weights"] / 1.9  # never a whole gradient: two or more holders
+            assert kept["unsummed"] == 4 * m.layer_params()  # during a backward: one unit's (a block's) gradient
     plan = plan_of(MULTI_CHUNK["interleaved"])
     plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)
+    z1 = AnalyticCostModel().memory_parts(Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(),
+                                                                                          "zero": 1}), plan.pipelines))
     for r, kept in enumerate(results[1]["metrics"]["state_bytes"]):
         for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
             assert abs(kept[part] - parts[f"M.{r}"][part] * GIB) <= size, (r, part)
+        unsummed = (parts[f"M.{r}"]["workspace"] - z1[f"M.{r}"]["workspace"]) * GIB
+        assert kept["unsummed"] == pytest.approx(unsummed, abs=0.5), r

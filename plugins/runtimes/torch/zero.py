@@ -9,14 +9,18 @@ pieces, or — ``zero_split=memory``, Cephalo-style — pieces proportional to e
 memory, cut at ``round(n * cumulative share)`` so a piece is within one element per atom of the
 cost model's ``n * w_i / sum w`` (:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`).
 
-:class:`ShardedState`: after every backward action that finishes a gradient (``B``, or ``W`` of
-the zero-bubble split) the gradients of the stage chunk it ran are summed among the group's
-members and each keeps only its piece, added to a persistent gradient shard; the chunk's local
-gradients are freed, so between micro-batches a rank holds ``1/n`` of the gradients, whatever
-number of chunks it holds (interleaved 1F1B, Chimera's model copies: each copy adds its own
-micro-batches' gradient). The sums are posted asynchronously and collected when done (at the
-latest before the optimizer step): a rank never blocks on a gradient sum while its pipeline
-still needs it (buckets in flight are communication workspace, not counted as kept gradients).
+:class:`ShardedState`: during every backward action that finishes a gradient (``B``, or ``W`` of
+the zero-bubble split), as soon as a unit's gradients are all accumulated (a post-accumulate-grad
+hook per parameter), the unit's gradient is summed among the group's members and each keeps only
+its piece, added to a persistent gradient shard; the unit's local gradients are freed. So during
+a backward about one unit's full gradient exists at a time, and between micro-batches a rank
+holds ``1/n`` of the gradients, whatever number of chunks it holds (interleaved 1F1B, Hanayo's
+waves, Chimera's model copies: each copy adds its own micro-batches' gradient). Units are summed
+in the order the layout predicts (:func:`.zero_units.reduce_needs`; a unit that completes early
+waits for the ones before it; whatever is left is summed when the action ends). The sums are
+posted asynchronously and collected when done (at the latest before the optimizer step): a rank
+never blocks on a gradient sum while its pipeline still needs it (buckets in flight are
+communication workspace, not counted as kept gradients).
 
 Stage 3 also keeps only its piece of the fp32 weights and gathers them unit by unit, as FSDP
 wraps a transformer (:mod:`.zero_units`: the embedding, each block, the final norm with the
@@ -27,7 +31,7 @@ the unit before it (whose backward is then done) and gathers this one again (not
 its gradient reads no weight). So one unit is gathered at a time, in forward and backward,
 with activation recomputation (the recomputed forward finds its unit gathered) and with the
 ``I``/``W`` split (each pass regathers what it reads); at the end of a compute action every
-unit is free. Gradients are summed per action (whole stage chunk), not per unit.
+unit is free. There is no prefetch (a gather does not overlap compute).
 
 Collectives pair up across ranks whose schedules differ: round ``k`` of a group carries its
 members' ``k``-th needs together (:func:`.zero_units.rounds`), and before the optimizer step
@@ -38,68 +42,19 @@ serves which compute action does not change a result.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import torch
 
 from hexicore.pipeline.actions import Op
 
-from .zero_units import (EMBED_UNIT, Bucket, gather_needs, gather_round, make_bucket, post_reduce, reduce_needs,
-                         rounds, shard_bounds, signature_atoms, unit_of)
+from .zero_units import (EMBED_UNIT, Bucket, adamw_, gather_needs, gather_pieces, gather_round, make_bucket, post_reduce,
+                         post_sum, reduce_needs, rounds, shard_bounds, stage_units, sum_piece, unit_of)
 
 __all__ = ["ShardedState", "adamw_", "gather_pieces", "post_sum", "shard_bounds", "sum_piece"]
 
 GATHER_OPS = frozenset((Op.F, Op.B, Op.I, Op.W))
 REDUCE_OPS = frozenset((Op.B, Op.W))
-
-
-@torch.no_grad()
-def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor, t: int, *, lr: float,
-           betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """One step of ``torch.optim.AdamW`` on ``w`` in place (decoupled decay, bias-corrected
-    moments; Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Alg. 2)."""
-    b1, b2 = betas
-    w.mul_(1 - lr * weight_decay)
-    avg.lerp_(g, 1 - b1)
-    sq.mul_(b2).addcmul_(g, g, value=1 - b2)
-    denom = (sq.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
-    w.addcdiv_(avg, denom, value=-lr / (1 - b1 ** t))
-
-
-def gather_pieces(piece: torch.Tensor, bounds: list[tuple[int, int]], handle, wait: Callable, what: str) -> torch.Tensor:
-    """All-gather every member's piece (padded to the largest) into the whole flat bucket."""
-    size = max(hi - lo for lo, hi in bounds)
-    buf = torch.zeros(size, dtype=piece.dtype, device=piece.device)
-    buf[: piece.numel()] = piece
-    got = [torch.empty_like(buf) for _ in bounds]
-    wait([torch.distributed.all_gather(got, buf, group=handle, async_op=True)], what)
-    return torch.cat([got[j][: hi - lo] for j, (lo, hi) in enumerate(bounds)])
-
-
-def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
-    """Start the sum over the group of ``flat`` for member ``i``'s piece: a reduce-scatter of
-    the pieces padded to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there).
-    Returns the work and how to read the piece once it is done."""
-    lo, hi = bounds[i]
-    if torch.distributed.get_backend(handle) == "nccl":
-        size = max(b - a for a, b in bounds)
-        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
-        for j, (a, b) in enumerate(bounds):
-            padded[j * size: j * size + b - a] = flat[a:b]
-        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
-        return work, lambda: out[: hi - lo]
-    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
-    return work, lambda: flat[lo:hi]
-
-
-def sum_piece(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle, wait: Callable,
-              what: str) -> torch.Tensor:
-    """:func:`post_sum`, waited for."""
-    work, read = post_sum(flat, bounds, i, handle)
-    wait([work], what)
-    return read()
 
 
 def one_stage_per_pipeline(layout) -> bool:
@@ -135,10 +90,10 @@ class ShardedState:
         self.buckets: list[Bucket] = []
         self.pieces: list[tuple[torch.Tensor, ...]] = []  # per bucket: weights (ZeRO-3), grad, avg, sq
         self.units: dict[int, dict[int, torch.nn.Parameter]] = {}  # unit -> its local sharded parameters
-        self.by_stage: dict[int, dict[int, torch.nn.Parameter]] = {}  # stage -> its local sharded parameters
+        self.by_stage: dict[tuple[int, int], dict[int, torch.nn.Parameter]] = {}  # (stage, unit) -> its parameters
         for members, handle, chunks in sync.items:
             units = sorted({unit_of(c.name, self.layers) for c, _, _ in chunks})
-            atoms = [(u,) for u in units] if stage == 3 else signature_atoms(layout, members, units)
+            atoms = [(u,) for u in units]
             b = make_bucket(members, handle, sync.gather_handles.get(members), chunks, atoms, self.layers,
                             members.index(sync.rank), None if weights is None else [weights[r] for r in members])
             atom_of = {u: a for a, us in enumerate(atoms) for u in us}
@@ -153,8 +108,17 @@ class ShardedState:
                 for h in mine:
                     p = params[(h.stage, c.name)]
                     self.units.setdefault(unit_of(c.name, self.layers), {})[id(p)] = p
-                    self.by_stage.setdefault(h.stage, {})[id(p)] = p
+                    self.by_stage.setdefault((h.stage, unit_of(c.name, self.layers)), {})[id(p)] = p
         self.local = {k: p for ps in self.units.values() for k, p in ps.items()}
+        role = layout.role(sync.rank)
+        part = layout.pipelines[role.pipeline]
+        self.stage_units = {s: stage_units(part, s, self.layers) for s in part.actions.stages_of(role.pipe_rank)}
+        self.cur: int | None = None  # stage of the backward action running
+        self.act_end: int | None = None  # reduce needs done when it ends
+        self.arrived: dict[tuple[int, int], set[int]] = {}  # (stage, unit) -> parameters whose gradient is in
+        for key, ps in self.by_stage.items():
+            for p in ps.values():
+                p.register_post_accumulate_grad_hook(lambda p, key=key: self._arrived(key, p))
         self.gcur = self.rcur = 0  # needs done this step (gathers, reduces)
         self.live: set[int] = set()  # units gathered now
         self.mode: str | None = None  # ZeRO-3: "forward" / "backward" during a compute action
@@ -162,6 +126,7 @@ class ShardedState:
         self.pending: list = []  # gradient sums posted, not yet added: (bucket index, atoms, work, read)
         self.grad_peak = 0  # most gradient bytes held after a compute action (local grads + pieces)
         self.gather_peak = 0  # most bytes of gathered unit weights alive at once (ZeRO-3)
+        self.grad_live = self.grad_live_peak = 0  # full local gradient bytes not summed yet during a backward
         self.gathered = True
         if stage == 3:
             for u in list(self.units):
@@ -189,11 +154,13 @@ class ShardedState:
     def kept_bytes(self, stages: dict) -> dict[str, int]:
         """Measured bytes this rank keeps between compute actions, by part: weights (allocated
         parameter storage plus ZeRO-3 pieces), gradients (:attr:`grad_peak`), optimizer moments
-        of the sharded tensors; ZeRO-3 adds ``gathered``, the most bytes of gathered unit
-        weights alive at once during compute (:attr:`gather_peak`)."""
+        of the sharded tensors; ``unsummed``, the most bytes of full local gradients alive at once
+        during a backward (units accumulated, not summed yet); ZeRO-3 adds ``gathered``, the
+        most bytes of gathered unit weights alive at once during compute (:attr:`gather_peak`)."""
         params = {id(p): p for st in stages.values() for p in st.module.parameters()}.values()
         weights = sum(p.data.untyped_storage().nbytes() for p in params) + sum(_nbytes(w) for w, *_ in self.pieces)
-        out = {"weights": weights, "gradients": self.grad_peak, "optimizer": self.state_bytes()}
+        out = {"weights": weights, "gradients": self.grad_peak, "optimizer": self.state_bytes(),
+               "unsummed": self.grad_live_peak}
         if self.stage == 3:
             out["gathered"] = self.gather_peak
         return out
@@ -270,16 +237,20 @@ class ShardedState:
             k += c.numel
 
     def before(self, a, wait: Callable) -> None:
-        """Before a compute action ``a``: ZeRO-3's hooks gather in the mode of its pass."""
+        """Before a compute action ``a``: ZeRO-3's hooks gather in the mode of its pass; a
+        backward that finishes gradients sums them unit by unit as they arrive."""
         self.wait = wait
         if self.stage == 3 and a.op in GATHER_OPS:
             self.mode = "forward" if a.op is Op.F else "backward"
+        if a.op in REDUCE_OPS:
+            self.cur, self.act_end, self.arrived = a.stage, self.rcur + len(self.stage_units[a.stage]), {}
 
     def after(self, a, wait: Callable) -> None:
-        """After a compute action: a finished gradient is summed into the pieces; stage 3 frees
-        what is still gathered."""
+        """After a compute action: the gradients not summed yet are (a unit some of whose
+        parameters got no gradient); stage 3 frees what is still gathered."""
         if a.op in REDUCE_OPS:
-            self.reduce(wait, a.stage)
+            self._flush(force=True)
+            self.cur = self.act_end = None
         grads = {id(p): p.grad for p in self.params.values() if p.grad is not None}
         held = sum(_nbytes(t) for t in grads.values()) + sum(_nbytes(g) for _, g, _, _ in self.pieces)
         self.grad_peak = max(self.grad_peak, held)
@@ -300,23 +271,46 @@ class ShardedState:
                          torch.zeros(c.numel, dtype=self.pieces[0][1].dtype, device=self.pieces[0][1].device))
         return torch.cat(parts)
 
+    def _arrived(self, key: tuple[int, int], p) -> None:
+        """A parameter's gradient of this backward is accumulated; a unit with all of them in
+        is summed, in the order the layout predicts (:func:`.zero_units.reduce_needs`)."""
+        if key[0] != self.cur:
+            return
+        got = self.arrived.setdefault(key, set())
+        if id(p) not in got:
+            got.add(id(p))
+            self.grad_live += _nbytes(p)
+            self.grad_live_peak = max(self.grad_live_peak, self.grad_live)
+        self._flush(force=False)
+
+    def _flush(self, *, force: bool) -> None:
+        """Sum the predicted next units of this action whose gradients are complete (``force``:
+        every one left)."""
+        while self.act_end is not None and self.rcur < self.act_end:
+            u = self.rneeds[self.rcur][0]
+            key = (self.cur, u)
+            if not force and len(self.arrived.get(key, ())) < len(self.by_stage.get(key, {})):
+                break
+            self.reduce(self.wait, self.cur, u)
+
     @torch.no_grad()
-    def reduce(self, wait: Callable, stage: int | None) -> None:
-        """This rank's next reduce round in every group: sum the gradients of ``stage`` (None:
-        an empty round, zeros) into the pieces, then free that stage's local gradients."""
+    def reduce(self, wait: Callable, stage: int | None, unit: int | None) -> None:
+        """This rank's next reduce round in every group: sum ``unit``'s gradient of ``stage``
+        (None: an empty round, zeros) into the pieces, then free its local gradients."""
         k = self.rcur
-        units = set(self.rneeds[k]) if stage is not None and k < len(self.rneeds) else set()
         for bi, b in enumerate(self.buckets):
             atoms = b.reduces[k] if k < len(b.reduces) else ()
             if not atoms:
                 continue
-            flats = {a: self._grads(b, a, stage) for a in atoms if units & set(b.atoms[a])}
+            flats = {a: self._grads(b, a, stage) for a in atoms if unit in b.atoms[a]} if stage is not None else {}
             self._harvest(wait, everything=False)
             ref = self.pieces[bi][1]
             work, read = post_reduce(b, atoms, flats, ref.dtype, ref.device)
             self.pending.append((bi, atoms, work, read))
         self.rcur += 1
-        for p in self.by_stage.get(stage, {}).values():
+        for p in self.by_stage.get((stage, unit), {}).values():
+            if id(p) in self.arrived.get((stage, unit), ()):
+                self.grad_live -= _nbytes(p)
             p.grad = None
 
     def _harvest(self, wait: Callable, *, everything: bool) -> None:
@@ -346,7 +340,7 @@ class ShardedState:
         for k in range(self.gcur, max((len(b.gathers) for b in self.buckets), default=0)):
             self._gather_round(k, None)
         while self.rcur < max((len(b.reduces) for b in self.buckets), default=0):
-            self.reduce(wait, None)
+            self.reduce(wait, None, None)
 
     @torch.no_grad()
     def step(self, params: dict, wait: Callable) -> None:

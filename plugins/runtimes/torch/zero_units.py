@@ -1,17 +1,16 @@
-"""Units of the sharded training state and the rounds that pair their collectives across ranks.
+"""Units of the sharded training state, the rounds that pair their collectives across ranks, and
+the shard arithmetic (pieces, AdamW on a piece, gathers and sums of pieces).
 
 A *unit* is what ZeRO-3 gathers at once, as PyTorch's FSDP wraps a transformer model: the
 embedding (key ``-1``), each block (its layer index), and the final norm with the head (key
-``layers``). An *atom* is a set of units sharded as one piece: under ZeRO-3 every unit is an
-atom (a unit is gathered alone); under ZeRO-2 the units a rank's stage chunks cut the same way
-(:func:`signature_atoms`), so a rank holding one chunk per group has one atom per group — the
-whole bucket, as ZeRO-2 per micro-batch always sharded it. Member ``j`` of a chunk group owns
-``shard_bounds(n_atom, ...)[j]`` of every atom of the group's bucket; its *piece* is those
-slices, atom after atom.
+``layers``). Every unit is an *atom*
+of a chunk group's flat bucket, sharded on its own (a unit is gathered and its gradient summed
+alone): member ``j`` owns a slice of every atom (:func:`apportion`), its *piece* is those slices,
+atom after atom.
 
 Pairing (the module docstring of :mod:`.zero`): every rank knows, from the layout, every rank's
-*needs* in step order — the units each compute action gathers (:func:`gather_needs`) and those
-whose gradient each backward finishes (:func:`reduce_needs`). Round ``k`` of a group carries the
+*needs* in step order — the units each compute action gathers (:func:`gather_needs`) and the
+units whose gradient each backward finishes, one by one (:func:`reduce_needs`). Round ``k`` of a group carries the
 union of its members' ``k``-th needs (:func:`rounds`): ranks whose schedules differ (a forward
 next to a backward, 1F1B next to GPipe) take part in the same round, each contributing its pieces
 of every atom in it (zeros for a gradient it does not have) and keeping what it needs. Every rank
@@ -77,23 +76,10 @@ def gather_needs(layout, rank: int) -> list[tuple[int, ...]]:
 
 
 def reduce_needs(layout, rank: int) -> list[tuple[int, ...]]:
-    """The units whose gradient each backward of ``rank`` that finishes one (``B``, ``W``) sums."""
+    """The unit whose gradient each backward of ``rank`` that finishes one (``B``, ``W``) sums,
+    one entry per unit, in the order the backward finishes them (reversed, the embedding last)."""
     part, acts = _acts(layout, rank)
-    return [tuple(stage_units(part, a.stage, layout.model.layers)) for a in acts if a.op in (Op.B, Op.W)]
-
-
-def signature_atoms(layout, members: Sequence[int], units: Sequence[int]) -> list[tuple[int, ...]]:
-    """``units`` grouped by which stage chunks of every member hold them (ZeRO-2's atoms)."""
-    layers, sig = layout.model.layers, {}
-    for u in units:
-        key = []
-        for r in members:
-            part, _ = _acts(layout, r)
-            role = layout.role(r)
-            key.append(tuple(s for s in part.actions.stages_of(role.pipe_rank)
-                             if u in stage_units(part, s, layers)))
-        sig.setdefault(tuple(key), []).append(u)
-    return sorted(tuple(v) for v in sig.values())
+    return [(u,) for a in acts if a.op in (Op.B, Op.W) for u in reversed(stage_units(part, a.stage, layout.model.layers))]
 
 
 def rounds(needs: dict[int, list[tuple[int, ...]]], members: Sequence[int], atom_of: dict[int, int]) -> list[tuple[int, ...]]:
@@ -240,3 +226,51 @@ def post_reduce(b: Bucket, atoms: tuple[int, ...], flats: dict[int, torch.Tensor
     starts = [sum(w.numel() for w in whole[:k]) for k in range(len(whole))]
     return work, lambda: torch.cat([flat[s + b.bounds[a][b.i][0]: s + b.bounds[a][b.i][1]]
                                     for a, s in zip(atoms, starts)])
+
+
+@torch.no_grad()
+def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor, t: int, *, lr: float,
+           betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """One step of ``torch.optim.AdamW`` on ``w`` in place (decoupled decay, bias-corrected
+    moments; Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Alg. 2)."""
+    b1, b2 = betas
+    w.mul_(1 - lr * weight_decay)
+    avg.lerp_(g, 1 - b1)
+    sq.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = (sq.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
+    w.addcdiv_(avg, denom, value=-lr / (1 - b1 ** t))
+
+
+def gather_pieces(piece: torch.Tensor, bounds: list[tuple[int, int]], handle, wait: Callable, what: str) -> torch.Tensor:
+    """All-gather every member's piece (padded to the largest) into the whole flat bucket."""
+    size = max(hi - lo for lo, hi in bounds)
+    buf = torch.zeros(size, dtype=piece.dtype, device=piece.device)
+    buf[: piece.numel()] = piece
+    got = [torch.empty_like(buf) for _ in bounds]
+    wait([torch.distributed.all_gather(got, buf, group=handle, async_op=True)], what)
+    return torch.cat([got[j][: hi - lo] for j, (lo, hi) in enumerate(bounds)])
+
+
+def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
+    """Start the sum over the group of ``flat`` for member ``i``'s piece: a reduce-scatter of
+    the pieces padded to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there).
+    Returns the work and how to read the piece once it is done."""
+    lo, hi = bounds[i]
+    if torch.distributed.get_backend(handle) == "nccl":
+        size = max(b - a for a, b in bounds)
+        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
+        for j, (a, b) in enumerate(bounds):
+            padded[j * size: j * size + b - a] = flat[a:b]
+        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
+        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
+        return work, lambda: out[: hi - lo]
+    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
+    return work, lambda: flat[lo:hi]
+
+
+def sum_piece(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle, wait: Callable,
+              what: str) -> torch.Tensor:
+    """:func:`post_sum`, waited for."""
+    work, read = post_sum(flat, bounds, i, handle)
+    wait([work], what)
+    return read()

@@ -177,7 +177,9 @@ def test_uneven_shards_follow_device_memory_by_hand():
 def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys):
     from tests.conftest import run_cli
 
-    plan = _plan(3)  # ZeRO-3 over pipelines of two stages
+    plan = _plan(3)  # ZeRO-3 over pipelines of two stages cut differently
+    plan = replace(plan, pipelines=(plan.pipelines[0], Pipeline(2, (Stage(("B.0",), 1, (0, 1)),
+                                                                   Stage(("B.1",), 1, (1, 4))))))
     path = tmp_path / "z3.json"
     plan.save(str(path))
     assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
@@ -192,7 +194,7 @@ def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys
     assert "hybrid sharding" in capsys.readouterr().err
 
 
-def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_pipeline():
+def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_identical_pipelines():
     from hexicore_plugins.runtimes.torch.runtime import check_zero
 
     uneven = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=2,
@@ -201,6 +203,7 @@ def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_p
     flat = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3),
                 tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
     check_zero(flat.train, flat.pipelines, None, "p.json")
+    check_zero(_plan(3).train, _plan(3).pipelines, None, "p.json")  # two identical two-stage pipelines
 
 
 def test_shard_bounds_even_and_by_memory_by_hand():

@@ -102,3 +102,53 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
             assert abs(kept[part] - parts[f"M.{r}"][part] * GIB) <= size, (r, part)
         unsummed = (parts[f"M.{r}"]["workspace"] - z1[f"M.{r}"]["workspace"]) * GIB
         assert kept["unsummed"] == pytest.approx(unsummed, abs=0.5), r
+
+
+#: identical pipelines (ZeRO-3 over multi-stage pipelines runs on mirrors): 2 stages of 1F1B;
+#: of zero-bubble H1 (the last stage's I reads every unit); interleaved 1F1B (two chunks per
+#: rank) with recomputation
+MIRRORED = {
+    "1f1b": ([(4, "1f1b", [(1, 3), (1, 5)])] * 2, False),
+    "zb_h1": ([(4, "zb_h1", [(1, 5), (1, 3)])] * 2, False),
+    "interleaved": ([(4, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 4), (1, 4)])] * 2, True),
+}
+
+
+@pytest.mark.slow
+def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_keeps_the_predicted_state():
+    """One 4-rank job: the reference, then :data:`MIRRORED` under ZeRO-3: losses and weights
+    within 1e-5; each rank's kept weights, gradients and AdamW state equal the cost model's
+    (within one element), and the peaks of gathered unit weights and of gradients not summed
+    yet equal its ZeRO-3 workspace (the stage's largest unit)."""
+    import dataclasses
+
+    from hexicore.cost.precision import largest_unit_params
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
+
+    m = tiny()
+    ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
+                       micro_batch=1, seq_len=SEQ, world=4)
+    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
+    specs += [WorkerSpec(layout=dataclasses.replace(layout_of(c), world=4), steps=3, seed=5, progress=False,
+                         return_state=True, zero=3, recompute=rc) for c, rc in MIRRORED.values()]
+    results = launch(specs, 4)
+    for (c, _), got in zip(MIRRORED.values(), results[1:]):
+        assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
+        assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
+        plan = plan_of(c)
+        plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 3}), plan.pipelines)
+        parts = AnalyticCostModel().memory_parts(plan)
+        z1 = AnalyticCostModel().memory_parts(Plan(plan.model, plan.cluster,
+                                                   TrainConfig(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines))
+        for r, kept in enumerate(got["metrics"]["state_bytes"]):
+            dev, j = f"M.{r}", r % 2
+            for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
+                assert abs(kept[part] - parts[dev][part] * GIB) <= size, (r, part)
+            layers = c[0][2][j][1]
+            unit = 4 * largest_unit_params(m, layers, 1, first=j == 0, last=j == 1)
+            assert kept["gathered"] == kept["unsummed"] == unit == 4 * m.layer_params(), r
+            assert kept["gathered"] + kept["unsummed"] == pytest.approx(
+                (parts[dev]["workspace"] - z1[dev]["workspace"]) * GIB, abs=0.5)

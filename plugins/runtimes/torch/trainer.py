@@ -230,19 +230,19 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 
 def _sharded(spec: WorkerSpec, groups, stages):
-    """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 where every
-    pipeline is one stage, per micro-batch (:class:`.zero.ShardedState`); ZeRO-1 at the step
+    """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 on one-stage or
+    mirrored pipelines (:func:`.zero.zero3_runs`), per micro-batch (:class:`.zero.ShardedState`); ZeRO-1 at the step
     (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
-    from .zero import ShardedState, one_stage_per_pipeline
+    from .zero import ShardedState, zero3_runs
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    if spec.zero == 2 or (spec.zero == 3 and one_stage_per_pipeline(spec.layout)):
+    if spec.zero == 2 or (spec.zero == 3 and zero3_runs(spec.layout)):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
         return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
                             stages=stages, **adam)
     if spec.zero == 3:
-        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline")
+        raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero.zero3_runs)")
     return ShardedAdamW(groups.dp, weights=spec.shard_weights, **adam)
 
 

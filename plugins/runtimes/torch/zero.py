@@ -1,5 +1,6 @@
-"""Sharded training state in the torch runtime: the AdamW update of a shard, and ZeRO-2/3 per
-micro-batch (ZeRO-2 for every pipeline shape, ZeRO-3 where every pipeline is one stage).
+"""Sharded training state in the torch runtime: ZeRO-2/3 per micro-batch (ZeRO-2 for every
+pipeline shape, ZeRO-3 where every pipeline is one stage or the pipelines mirror each other,
+:func:`zero3_runs`).
 
 ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC'20) over the chunk groups of :mod:`.dp_sync` (every group is the set of ranks that
@@ -58,8 +59,26 @@ REDUCE_OPS = frozenset((Op.B, Op.W))
 
 
 def one_stage_per_pipeline(layout) -> bool:
-    """Whether every pipeline is one stage on one pipeline rank (what ZeRO-3 runs on)."""
+    """Whether every pipeline is one stage on one pipeline rank."""
     return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
+
+
+def mirrored(layout) -> bool:
+    """Whether the pipelines mirror each other: the same stage chunks, TP degrees, batch and
+    action lists, one model copy each (no Chimera copies)."""
+    p0 = layout.pipelines[0]
+    return all(len(p.actions.chains) == 1 and p.batch == p0.batch and p.chunk_layers == p0.chunk_layers
+               and [g.tp for g in p.groups] == [g.tp for g in p0.groups] and p.actions.actions == p0.actions.actions
+               for p in layout.pipelines)
+
+
+def zero3_runs(layout) -> bool:
+    """Whether ZeRO-3 runs on ``layout`` (module docstring): every pipeline one stage (any
+    schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
+    Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
+    on each other's activations, pairing the ``k``-th needs of ranks at different points of
+    different schedules could deadlock, so other multi-stage layouts are refused."""
+    return one_stage_per_pipeline(layout) or mirrored(layout)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -73,8 +92,8 @@ def _contributes(c, h) -> bool:
 
 
 class ShardedState:
-    """ZeRO-2 (``stage=2``, every layout) or ZeRO-3 (``stage=3``, :func:`one_stage_per_pipeline`
-    layouts) for one rank (module docstring). ``params[(stage, name)]`` are the rank's
+    """ZeRO-2 (``stage=2``, every layout) or ZeRO-3 (``stage=3``, :func:`zero3_runs` layouts)
+    for one rank (module docstring). ``params[(stage, name)]`` are the rank's
     parameters, full and initialised; ``weights`` the shard weight of every global rank (None:
     even); ``layout`` tells every rank's needs; ``stages`` (ZeRO-3) the modules to hook."""
 

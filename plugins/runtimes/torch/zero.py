@@ -5,10 +5,12 @@ pipeline shape, ZeRO-3 where every pipeline is one stage or the pipelines mirror
 ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC'20) over the chunk groups of :mod:`.dp_sync` (every group is the set of ranks that
 hold the same chunks of the same parameters, HexiScale §3.2). A group's flat bucket is cut into
-atoms (:mod:`.zero_units`); member ``i`` owns ``shard_bounds(...)[i]`` of every atom: even
-pieces, or — ``zero_split=memory``, Cephalo-style — pieces proportional to each member's device
-memory, cut at ``round(n * cumulative share)`` so a piece is within one element per atom of the
-cost model's ``n * w_i / sum w`` (:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`).
+units (:mod:`.zero_units`: the embedding, each block, the final norm with the head) and member
+``i`` owns a slice of every unit (:func:`.zero_units.apportion`): even, or — ``zero_split=memory``,
+Cephalo-style — proportional to each member's device memory, rounded so that a member's total is
+within one element of the cost model's ``n * w_i / sum w``
+(:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`). At the step each member updates
+its slices with AdamW; ZeRO-2 then all-gathers the updated weights unit by unit.
 
 :class:`ShardedState`: during every backward action that finishes a gradient (``B``, or ``W`` of
 the zero-bubble split), as soon as a unit's gradients are all accumulated (a post-accumulate-grad
@@ -50,35 +52,14 @@ import torch
 from hexicore.pipeline.actions import Op
 
 from .zero_units import (EMBED_UNIT, Bucket, adamw_, gather_needs, gather_pieces, gather_round, make_bucket, post_reduce,
-                         post_sum, reduce_needs, rounds, shard_bounds, stage_units, sum_piece, unit_of)
+                         mirrored, one_stage_per_pipeline, post_sum, reduce_needs, rounds, shard_bounds, stage_units,
+                         sum_piece, unit_of, zero3_runs)
 
-__all__ = ["ShardedState", "adamw_", "gather_pieces", "post_sum", "shard_bounds", "sum_piece"]
+__all__ = ["ShardedState", "adamw_", "gather_pieces", "mirrored", "one_stage_per_pipeline", "post_sum", "shard_bounds",
+           "sum_piece", "zero3_runs"]
 
 GATHER_OPS = frozenset((Op.F, Op.B, Op.I, Op.W))
 REDUCE_OPS = frozenset((Op.B, Op.W))
-
-
-def one_stage_per_pipeline(layout) -> bool:
-    """Whether every pipeline is one stage on one pipeline rank."""
-    return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
-
-
-def mirrored(layout) -> bool:
-    """Whether the pipelines mirror each other: the same stage chunks, TP degrees, batch and
-    action lists, one model copy each (no Chimera copies)."""
-    p0 = layout.pipelines[0]
-    return all(len(p.actions.chains) == 1 and p.batch == p0.batch and p.chunk_layers == p0.chunk_layers
-               and [g.tp for g in p.groups] == [g.tp for g in p0.groups] and p.actions.actions == p0.actions.actions
-               for p in layout.pipelines)
-
-
-def zero3_runs(layout) -> bool:
-    """Whether ZeRO-3 runs on ``layout`` (module docstring): every pipeline one stage (any
-    schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
-    Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
-    on each other's activations, pairing the ``k``-th needs of ranks at different points of
-    different schedules could deadlock, so other multi-stage layouts are refused."""
-    return one_stage_per_pipeline(layout) or mirrored(layout)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -118,10 +99,9 @@ class ShardedState:
             atom_of = {u: a for a, us in enumerate(atoms) for u in us}
             b.gathers = rounds(gneeds, members, atom_of) if stage == 3 else []
             b.reduces = rounds(rneeds, members, atom_of)
-            flat = self._flat_weights(b.chunks)
-            piece = b.piece_of(flat)
+            piece = self._my_weights(b)
             zeros = torch.zeros_like(piece)
-            self.pieces.append((piece.clone() if stage == 3 else piece[:0].clone(), zeros, zeros.clone(), zeros.clone()))
+            self.pieces.append((piece if stage == 3 else piece[:0].clone(), zeros, zeros.clone(), zeros.clone()))
             self.buckets.append(b)
             for c, mine, _ in chunks:
                 for h in mine:
@@ -158,9 +138,22 @@ class ShardedState:
         """``(stage, name)`` of the local tensors this object updates (the rest: plain AdamW)."""
         return {(h.stage, c.name) for b in self.buckets for c, mine, _ in b.chunks for h in mine}
 
-    def _flat_weights(self, chunks) -> torch.Tensor:
-        return torch.cat([self.sync._view(self.params[(mine[0].stage, c.name)].data, c, mine[0]).reshape(-1)
-                          for c, mine, _ in chunks])
+    def _my_weights(self, b: Bucket) -> torch.Tensor:
+        """This rank's piece of the bucket's weights, read from its local parameters (a copy of
+        the piece only, never of the whole bucket)."""
+        out = []
+        for a, (start, _) in enumerate(b.span):
+            lo, hi = (start + x for x in b.bounds[a][b.i])
+            k = start
+            for c, mine, _ in b.chunks_of(a):
+                if k < hi and k + c.numel > lo:
+                    v = self.sync._view(self.params[(mine[0].stage, c.name)].data, c, mine[0]).reshape(-1)
+                    out.append(v[max(lo - k, 0): min(hi - k, c.numel)])
+                k += c.numel
+        if out:
+            return torch.cat(out)
+        c, mine, _ = b.chunks[0]
+        return self.params[(mine[0].stage, c.name)].data.new_zeros(0)
 
     def unit_bytes(self, u: int) -> int:
         """Bytes of unit ``u``'s local parameters, gathered."""
@@ -371,13 +364,12 @@ class ShardedState:
         self.t += 1
         for b, (w, g, avg, sq) in zip(self.buckets, self.pieces):
             if self.stage == 2:
-                w = b.piece_of(self._flat_weights(b.chunks)).clone()
+                w = self._my_weights(b)
             adamw_(w, g, avg, sq, self.t, **self.adam)
             g.zero_()
-            if self.stage == 2:
-                every = tuple(range(len(b.atoms)))
-                for a, flat in gather_round(b, every, w, every, wait, b.handle).items():
-                    self._write(b.chunks_of(a), flat)
+            if self.stage == 2:  # unit by unit: never a second copy of the whole bucket
+                for a in range(len(b.atoms)):
+                    self._write(b.chunks_of(a), gather_round(b, (a,), w, (a,), wait, b.handle)[a])
         for p in self.local.values():
             p.grad = None
         self.gcur = self.rcur = 0
@@ -390,7 +382,6 @@ class ShardedState:
         for p in self.local.values():
             p.data.untyped_storage().resize_(_nbytes(p))
         for b, (w, *_) in zip(self.buckets, self.pieces):
-            every = tuple(range(len(b.atoms)))
-            for a, flat in gather_round(b, every, w, every, wait, b.gather_handle).items():
-                self._write(b.chunks_of(a), flat)
+            for a in range(len(b.atoms)):
+                self._write(b.chunks_of(a), gather_round(b, (a,), w, (a,), wait, b.gather_handle)[a])
         self.gathered = True

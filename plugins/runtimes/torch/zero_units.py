@@ -82,6 +82,29 @@ def reduce_needs(layout, rank: int) -> list[tuple[int, ...]]:
     return [(u,) for a in acts if a.op in (Op.B, Op.W) for u in reversed(stage_units(part, a.stage, layout.model.layers))]
 
 
+def one_stage_per_pipeline(layout) -> bool:
+    """Whether every pipeline is one stage on one pipeline rank."""
+    return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
+
+
+def mirrored(layout) -> bool:
+    """Whether the pipelines mirror each other: the same stage chunks, TP degrees, batch and
+    action lists, one model copy each (no Chimera copies)."""
+    p0 = layout.pipelines[0]
+    return all(len(p.actions.chains) == 1 and p.batch == p0.batch and p.chunk_layers == p0.chunk_layers
+               and [g.tp for g in p.groups] == [g.tp for g in p0.groups] and p.actions.actions == p0.actions.actions
+               for p in layout.pipelines)
+
+
+def zero3_runs(layout) -> bool:
+    """Whether ZeRO-3 runs on ``layout`` (:mod:`.zero`): every pipeline one stage (any
+    schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
+    Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
+    on each other's activations, pairing the ``k``-th needs of ranks at different points of
+    different schedules could deadlock, so other multi-stage layouts are refused."""
+    return one_stage_per_pipeline(layout) or mirrored(layout)
+
+
 def rounds(needs: dict[int, list[tuple[int, ...]]], members: Sequence[int], atom_of: dict[int, int]) -> list[tuple[int, ...]]:
     """Per round ``k``, the atoms of the group its members need (union; empty rounds are skipped
     by every member alike)."""
@@ -153,11 +176,6 @@ class Bucket:
     def offset(self, a: int) -> int:
         """Where atom ``a`` starts in this rank's piece."""
         return sum(self.size(b, self.i) for b in range(a))
-
-    def piece_of(self, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's piece of a whole flat bucket."""
-        return torch.cat([flat[s + self.bounds[a][self.i][0]: s + self.bounds[a][self.i][1]]
-                          for a, (s, _) in enumerate(self.span)])
 
     def chunks_of(self, a: int) -> list:
         lo, hi = self.span[a]

@@ -8,7 +8,7 @@ import pytest
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost import AnalyticCostModel
-from hexicore.cost.precision import StateBytes, sharded, state_bytes
+from hexicore.cost.precision import StateBytes, sharded, state_bytes, largest_unit_params
 
 from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
 
@@ -61,8 +61,10 @@ def test_stage_memory_parts_by_hand(zero, w, g, o):
     assert parts["optimizer"] == pytest.approx(o * params / GIB)
     base = COST.stage_memory_parts(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3, dp=2)
     assert parts["activations"] == pytest.approx(base["activations"])
-    # ZeRO-3 gathers two layers' fp32 weights and the embedding for compute (workspace)
-    extra = 4 * (2 * LAYER_PARAMS + V * H) / GIB if zero == 3 else 0.0
+    # ZeRO-3 gathers one unit's fp32 weights at a time, the stage's largest: here a block (> V * H);
+    # ZeRO-2/3 hold one unit's full fp32 gradient until it is summed
+    assert LAYER_PARAMS > V * H
+    extra = 4 * LAYER_PARAMS * ((zero == 3) + (zero >= 2)) / GIB
     assert parts["workspace"] == pytest.approx(base["workspace"] + extra)
     # one holder: nothing to shard
     alone = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2, first=True, in_flight=3, dp=1)
@@ -175,7 +177,9 @@ def test_uneven_shards_follow_device_memory_by_hand():
 def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys):
     from tests.conftest import run_cli
 
-    plan = _plan(3)  # ZeRO-3 over pipelines of two stages
+    plan = _plan(3)  # ZeRO-3 over pipelines of two stages cut differently
+    plan = replace(plan, pipelines=(plan.pipelines[0], Pipeline(2, (Stage(("B.0",), 1, (0, 1)),
+                                                                   Stage(("B.1",), 1, (1, 4))))))
     path = tmp_path / "z3.json"
     plan.save(str(path))
     assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
@@ -190,7 +194,7 @@ def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys
     assert "hybrid sharding" in capsys.readouterr().err
 
 
-def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_pipeline():
+def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_identical_pipelines():
     from hexicore_plugins.runtimes.torch.runtime import check_zero
 
     uneven = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=2,
@@ -199,6 +203,7 @@ def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_with_one_stage_per_p
     flat = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3),
                 tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
     check_zero(flat.train, flat.pipelines, None, "p.json")
+    check_zero(_plan(3).train, _plan(3).pipelines, None, "p.json")  # two identical two-stage pipelines
 
 
 def test_shard_bounds_even_and_by_memory_by_hand():
@@ -317,7 +322,9 @@ def _flat_plan(zero: int, split: str) -> Plan:
 def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predicted_state():
     """One 3-rank job: the reference; :data:`FLAT` under ZeRO-3 (even and memory-proportional
     shards) and ZeRO-2 (memory), each rank's kept weights, gradients and AdamW state equal to the
-    cost model's (within one element); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)."""
+    cost model's (within one element), and the peaks of ZeRO-3's gathered unit weights and of
+    gradients not summed yet equal to its workspace terms (the largest unit, a block); ZeRO-3 with mixed TP (tp2 | tp1 with the I/W split)
+    and activation recomputation."""
     import dataclasses
 
     pytest.importorskip("torch")
@@ -340,7 +347,8 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
                                 return_state=True, zero=plan.train.zero_stage,
                                 shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
     mixed = layout_of([(4, "1f1b", [(2, 8)]), (4, "zb_h1", [(1, 8)])])
-    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3))
+    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3,
+                            recompute=True))
     results = launch(specs, 3)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
@@ -356,6 +364,16 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
         if split == "memory":  # rank 0 is the 80 GB device: it keeps 80/104 of the gradients
             assert kept[0]["gradients"] > full / 2 > kept[1]["gradients"]
         assert (kept[0]["weights"] < full) == (zero == 3)
+        z1 = AnalyticCostModel().memory_parts(_flat_plan(1, split))
+        for r, dev in enumerate(plan.devices):  # one unit at a time, the largest a block: the cost model's workspace
+            assert kept[r]["unsummed"] == 4 * m.layer_params() < full / 8  # gradient accumulated, not summed yet
+            gathered = kept[r]["gathered"] if zero == 3 else 0
+            assert gathered == (4 * m.layer_params() if zero == 3 else 0)
+            assert gathered + kept[r]["unsummed"] == pytest.approx(
+                (parts[dev]["workspace"] - z1[dev]["workspace"]) * GIB, abs=0.5)
+    largest = [4 * largest_unit_params(m, m.layers, tp, first=True, last=True) for tp in (2, 2, 1)]
+    for r, kept in enumerate(results[4]["metrics"]["state_bytes"]):  # tp2 | tp1, I/W split, recomputation
+        assert kept["gathered"] == kept["unsummed"] == largest[r], r
 
 
 @pytest.mark.slow

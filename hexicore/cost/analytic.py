@@ -22,7 +22,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes, largest_unit_params
 from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -150,9 +150,10 @@ class AnalyticCostModel:
           with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
-          replicated) and their gradient, under ZeRO-3 with ``dp > 1`` the gathered weights of
-          two layers (the one computed and the prefetched one) plus the embedding/head the
-          stage holds, and ``reserve_gb``.
+          replicated) and their gradient, under ZeRO-2/3 with ``dp > 1`` the full gradient of
+          the stage's largest unit (summed and freed unit by unit) and under ZeRO-3 also its
+          gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
+          gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.
         """
         tp = len(devices)
         layer_p = model.layer_params()
@@ -173,8 +174,9 @@ class AnalyticCostModel:
             if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
-        if train.zero_stage == 3 and dp > 1:
-            work += full.weights * device_params(model, min(2, n_layers), tp, first=first, last=last)
+        if train.zero_stage >= 2 and dp > 1:
+            unit = largest_unit_params(model, n_layers, tp, first=first, last=last)
+            work += (full.weights if train.zero_stage == 3 else 0.0) * unit + full.gradients * unit
         out["workspace"] = work / GIB + self.reserve_gb
         return out
 
@@ -350,5 +352,5 @@ class AnalyticCostModel:
                         {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes
+from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes, largest_unit_params
 from hexicore.cost.split import forward_backward

@@ -81,3 +81,17 @@ def device_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> 
     rep = tp_replicated_layer_params(model)
     return n_layers * ((model.layer_params() - rep) / tp + rep) + \
         (model.embedding_params() if first else 0) + (model.head_params() if last else 0)
+
+
+def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:
+    """Parameters of a ``tp``-way stage's largest *unit* on one device: a block (its split part
+    ``/ tp``, its replicated part whole), the embedding, or the final norm with the head. The
+    torch runtime (``plugins/runtimes/torch/zero.py``) handles sharded state unit by unit: ZeRO-3
+    gathers one unit's weights at a time, just before its forward or backward, and frees them
+    after; ZeRO-2/3 sum each unit's gradient as soon as its backward has accumulated it and free
+    it. So at its peak a device holds the largest unit's weights gathered (ZeRO-3) and its full
+    gradient not summed yet (ZeRO-2/3)."""
+    units = [device_params(model, 1, tp, first=False, last=False)] if n_layers else []
+    units += [model.embedding_params()] if first else []
+    units += [model.head_params()] if last else []
+    return max(units, default=0.0)

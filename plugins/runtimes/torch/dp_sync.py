@@ -206,9 +206,9 @@ class ShardedAdamW:
     to ``weights``, the shard weight of every global rank), updates its piece of the weights
     with AdamW (:func:`.zero.adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
     two moments of that piece only, then all-gathers the updated weights into every local copy.
-    Gradients accumulate in full over a step's micro-batches and are freed after the step, so
-    here stage 2 keeps the gradient memory of stage 1 during the backward passes; plans with one
-    stage per pipeline run stage 2 per micro-batch instead (:class:`.zero.ShardedState`).
+    Gradients accumulate in full over a step's micro-batches and are freed after the step (the
+    torch runtime runs ZeRO-1 here, and hybrid ZeRO-2; ZeRO-2 shards the gradients per
+    micro-batch otherwise, :class:`.zero.ShardedState`).
 
     Hybrid sharding (``machines``: the machine of every global rank, ``zero_scope=machine``):
     the pieces are cut among the holders inside each machine and summed across machines

@@ -48,8 +48,8 @@ class ExecutionError(RuntimeError):
 class Executor:
     """One rank's stages of one pipeline plus the state of the step being executed."""
 
-    #: ZeRO-2/3 per micro-batch (:class:`.zero.ShardedState`): gathers weights before a compute
-    #: action, sums a finished gradient and frees weights after it; None without
+    #: ZeRO-2/3 per micro-batch (:class:`.zero.ShardedState`): told before a compute action which
+    #: pass runs (its hooks gather and free ZeRO-3's units), sums a finished gradient after it; None without
     shards: Any = None
 
     def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
@@ -83,7 +83,9 @@ class Executor:
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        # ZeRO-3 frees each unit after its forward: autocast's cache would keep every weight's cast
+        cache = self.shards is None or self.shards.stage != 3
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     def _wait(self, works: list, what: str) -> None:
         limit = f"{self.timeout.total_seconds():g} s"
@@ -320,18 +322,18 @@ class Executor:
     def _on_forward(self, i: int, a: Action) -> None:
         shards = self.shards
         if shards is not None:
-            shards.before(a.op, self._wait)
+            shards.before(a, self._wait)
         self._forward(self.stages[a.stage], a.mb)
         if shards is not None:
-            shards.after(a.op, self._wait)
+            shards.after(a, self._wait)
 
     def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
         shards = self.shards
         if shards is not None:
-            shards.before(a.op, self._wait)
+            shards.before(a, self._wait)
         self._backward(self.stages[a.stage], a.mb, a.op)
         if shards is not None:
-            shards.after(a.op, self._wait)
+            shards.after(a, self._wait)
 
     def _on_recv_f(self, i: int, a: Action) -> None:
         self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()

@@ -20,7 +20,7 @@ from . import tied
 from .dp_sync import DPSync, full_shapes, sync_plan
 from .layout import Layout, Role
 from .tensor_parallel import TPGroup
-from .zero import one_stage_per_pipeline
+from .zero import zero3_runs
 
 
 @dataclass
@@ -62,7 +62,7 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machin
         if rank in members:
             handles[members] = handle
     gathers: dict[tuple[int, ...], Any] = {}
-    if zero == 3 and one_stage_per_pipeline(layout):
+    if zero == 3 and zero3_runs(layout):
         for members in plan.members():
             handle = dist.new_group(list(members)) if world > 1 else None
             if rank in members:

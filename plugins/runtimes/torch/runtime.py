@@ -233,14 +233,22 @@ def machines(spec: RunSpec) -> tuple[str, ...] | None:
     return tuple(plan.cluster.device(d).machine for d in plan.devices)
 
 
+def _mirrored_plan(pipelines: Any) -> bool:
+    """Whether a plan's pipelines mirror each other: the same batch, schedule, and per stage the
+    same TP degree and layers (what ZeRO-3 over multi-stage pipelines needs, :func:`.zero.zero3_runs`)."""
+    shape = [(p.batch, p.schedule, tuple((s.tp, tuple(s.layers)) for s in p.stages)) for p in pipelines]
+    return all(x == shape[0] for x in shape)
+
+
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (:class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per micro-batch where every rank
-    holds one stage chunk, :class:`~.zero.ShardedState`), also hybrid (``zero_scope=machine``,
-    :mod:`.hybrid`), ZeRO-3 where every pipeline is one stage (``pipelines``: the plan's
-    pipelines, or their count); checkpoints of any stage (:mod:`.sharded_checkpoint`). Not yet
-    ZeRO-3 for deeper pipelines, or hybrid ZeRO-3. Refused before launch (a plan relying on
-    sharding would not fit unsharded); ``settings`` is unused (kept for callers)."""
+    uneven shards (ZeRO-1 at the step, :class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per
+    micro-batch, :class:`~.zero.ShardedState`), hybrid ZeRO-1/2 (``zero_scope=machine``,
+    :mod:`.hybrid`), ZeRO-3 where every pipeline is one stage or the pipelines mirror each other
+    (``pipelines``: the plan's pipelines, or their count); checkpoints of any stage
+    (:mod:`.sharded_checkpoint`). Not yet ZeRO-3 for other multi-stage plans, or hybrid ZeRO-3.
+    Refused before launch (a plan relying on sharding would not fit unsharded); ``settings`` is
+    unused (kept for callers)."""
     from hexicore.core.errors import PlanError
 
     z = train.zero_stage
@@ -250,26 +258,27 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
     why = None
     if z == 3 and getattr(train, "zero_scope", "all") != "all":
         why = f"hybrid sharding of ZeRO-3 (zero_scope={train.zero_scope})"
-    elif z == 3 and (isinstance(pipelines, int) or any(len(p.stages) > 1 for p in pipelines)):
-        why = "ZeRO-3 for pipelines of more than one stage"
+    elif z == 3 and (isinstance(pipelines, int) or
+                     not (all(len(p.stages) == 1 for p in pipelines) or _mirrored_plan(pipelines))):
+        why = "ZeRO-3 for pipelines of more than one stage that differ from each other"
     if why:
         hint = "train.zero_scope=all or train.zero=1 or 2" if why.startswith("hybrid") else \
-            "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp)"
+            "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp) or identical pipelines"
         raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); plan with {hint}",
                         source=source, field="train.zero")
 
 
 def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
-    """ZeRO-3 also needs every schedule to keep one stage chunk per pipeline (no interleaving,
-    no model copies), as :class:`~.zero.ShardedState` gathers one stage per compute action."""
+    """ZeRO-3 also needs the schedules to keep the pipelines mirrored (or one stage chunk per
+    pipeline) and one model copy each (:func:`.zero.zero3_runs`)."""
     from hexicore.core.errors import PlanError
 
-    from .zero import one_stage_per_pipeline
+    from .zero import zero3_runs
 
-    if train.zero_stage == 3 and len(layout.pipelines) > 1 and not one_stage_per_pipeline(layout):
-        raise PlanError("the torch runtime runs ZeRO-3 only with one stage chunk per pipeline; this plan's "
-                        "schedules give a rank several chunks (use schedule=1f1b or gpipe)", source=source,
-                        field="train.zero")
+    if train.zero_stage == 3 and len(layout.pipelines) > 1 and not zero3_runs(layout):
+        raise PlanError("the torch runtime runs ZeRO-3 only on one-stage pipelines or on identical pipelines with "
+                        "one model copy each; this plan's action lists differ between pipelines or keep model "
+                        "copies (use schedule=1f1b or gpipe)", source=source, field="train.zero")
 
 
 def check_memory(layout: Layout) -> None:

@@ -21,8 +21,10 @@ checkpoint's model before the sharded state takes its pieces of them. So a check
 under any stage and plan resumes under any other.
 
 The sharded objects are read through their pieces per group only: :class:`.dp_sync.ShardedAdamW`
-(``splits``, ``moments``) and :class:`.zero.ShardedState` (``groups``: ``members``, ``bounds``,
-``i``, ``handle``, ``chunks``, ``avg``, ``sq``, ``weights``) — both with the step count ``t``.
+(``splits``, ``moments``: one contiguous range of the bucket per member) and
+:class:`.zero.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
+``bounds``, ``i``; ``pieces``: weights, gradient, moments — a member's piece is its slice of
+every unit, :func:`.zero_units.apportion`) — both with the step count ``t``.
 """
 
 from __future__ import annotations
@@ -34,20 +36,28 @@ import torch
 
 from .checkpoint import OPTIM_KEYS, optim_source
 from .tensor_parallel import TPGroup, shard_dim
-from .zero import gather_pieces
 
 
 @dataclass(frozen=True)
 class Shard:
     """One chunk group as this rank keeps it: ``tensors`` (``exp_avg``, ``exp_avg_sq``, and
-    ``param`` under ZeRO-3) are its pieces ``bounds[i]`` of the flat bucket of ``chunks``;
-    ``handle`` is the communicator of the ranks whose pieces tile the bucket (None: alone)."""
+    ``param`` under ZeRO-3) are its piece of the flat bucket of ``chunks``; member ``j``'s piece
+    is the ranges ``slices[j]`` of the bucket, in order; this rank is member ``i``; ``handle``
+    is the communicator of the members, whose pieces tile the bucket (None: alone)."""
 
     chunks: list
-    bounds: list[tuple[int, int]]
+    slices: list[list[tuple[int, int]]]
     i: int
     handle: Any
     tensors: dict[str, torch.Tensor]
+
+    @property
+    def size(self) -> int:
+        return max(hi for ranges in self.slices for _, hi in ranges)
+
+    def mine(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of the whole ``flat`` bucket."""
+        return torch.cat([flat[lo:hi] for lo, hi in self.slices[self.i]])
 
 
 def shards(sharded: Any) -> list[Shard]:
@@ -59,15 +69,35 @@ def shards(sharded: Any) -> list[Shard]:
             sp = sharded.splits[members]
             handle = sharded.handle(sp.peers) if len(sp.peers) > 1 else None
             avg, sq = sharded.moments[members]
-            out.append(Shard(chunks, list(sp.bounds), sp.i, handle, {"exp_avg": avg, "exp_avg_sq": sq}))
+            out.append(Shard(chunks, [[b] for b in sp.bounds], sp.i, handle, {"exp_avg": avg, "exp_avg_sq": sq}))
         return out
     out = []
-    for g in sharded.groups:
-        tensors = {"exp_avg": g.avg, "exp_avg_sq": g.sq}
+    for b, (weights, _, avg, sq) in zip(sharded.buckets, sharded.pieces):
+        tensors = {"exp_avg": avg, "exp_avg_sq": sq}
         if getattr(sharded, "stage", 0) == 3:
-            tensors["param"] = g.weights
-        out.append(Shard(g.chunks, list(g.bounds), g.i, g.handle if len(g.bounds) > 1 else None, tensors))
+            tensors["param"] = weights
+        slices = [[(start + lo, start + hi) for (start, _), bounds in zip(b.span, b.bounds)
+                   for lo, hi in [bounds[j]]] for j in range(len(b.members))]
+        out.append(Shard(b.chunks, slices, b.i, b.handle if len(b.members) > 1 else None, tensors))
     return out
+
+
+def gather(sh: Shard, piece: torch.Tensor, wait: Callable, what: str) -> torch.Tensor:
+    """All-gather every member's piece of ``sh`` (padded to the largest) into the whole flat bucket."""
+    if sh.handle is None:
+        return piece
+    sizes = [sum(hi - lo for lo, hi in ranges) for ranges in sh.slices]
+    buf = torch.zeros(max(sizes), dtype=piece.dtype, device=piece.device)
+    buf[: piece.numel()] = piece
+    got = [torch.empty_like(buf) for _ in sh.slices]
+    wait([torch.distributed.all_gather(got, buf, group=sh.handle, async_op=True)], what)
+    flat = torch.empty(sh.size, dtype=piece.dtype, device=piece.device)
+    for j, ranges in enumerate(sh.slices):
+        k = 0
+        for lo, hi in ranges:
+            flat[lo:hi] = got[j][k: k + hi - lo]
+            k += hi - lo
+    return flat
 
 
 def _params(stages: dict) -> dict[tuple[int, str], torch.nn.Parameter]:
@@ -84,8 +114,7 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
     out: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for sh in shards(sharded):
         for key, piece in sh.tensors.items():
-            flat = piece if sh.handle is None else \
-                gather_pieces(piece, sh.bounds, sh.handle, wait, f"checkpoint gather of ZeRO {key} pieces")
+            flat = gather(sh, piece, wait, f"checkpoint gather of ZeRO {key} pieces")
             if sharded.sync.pipeline != 0:
                 continue  # only pipeline 0 reports tensors (:func:`.checkpoint.local_pieces`)
             k = 0
@@ -120,7 +149,6 @@ def restore(sharded: Any, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None
         return cache[(key, name)]
 
     for sh in shards(sharded):
-        lo, hi = sh.bounds[sh.i]
         for key in OPTIM_KEYS:
             parts = []
             for c, mine, _ in sh.chunks:
@@ -130,8 +158,8 @@ def restore(sharded: Any, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None
                     t = t.narrow(c.dim, c.lo - c.full // h.tp_size * h.tp_rank, c.hi - c.lo)
                 parts.append(t.reshape(-1))
             flat = torch.cat(parts)
-            sh.tensors[key].copy_(flat[lo:hi].to(sh.tensors[key].device, sh.tensors[key].dtype))
+            sh.tensors[key].copy_(sh.mine(flat).to(sh.tensors[key].device, sh.tensors[key].dtype))
     sharded.t = int(round(float(ck["adam_step"])))
 
 
-__all__ = ["Shard", "shards", "full_local", "restore"]
+__all__ = ["Shard", "shards", "gather", "full_local", "restore"]

@@ -233,21 +233,21 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 
 def _sharded(spec: WorkerSpec, groups, stages):
-    """The sharded optimizer of this rank: ZeRO-3 where every pipeline is one stage and ZeRO-2
-    where every rank holds one stage chunk, per micro-batch (:class:`.zero.ShardedState`); else,
-    and under hybrid sharding, ZeRO-1/2 at the step (:class:`.dp_sync.ShardedAdamW`)."""
+    """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 on one-stage or
+    mirrored pipelines (:func:`.zero.zero3_runs`), per micro-batch (:class:`.zero.ShardedState`);
+    ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
-    from .zero import ShardedState, compute_counts, one_stage_per_pipeline, one_stage_per_rank
+    from .zero import ShardedState, zero3_runs
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
     hybrid = spec.machines is not None
-    if (spec.zero == 3 and one_stage_per_pipeline(spec.layout) and not hybrid) or \
-            (spec.zero == 2 and one_stage_per_rank(spec.layout) and not hybrid):
+    if not hybrid and (spec.zero == 2 or (spec.zero == 3 and zero3_runs(spec.layout))):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
-        rounds = {r: compute_counts(spec.layout, r) for r in range(spec.layout.world)}
-        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, rounds=rounds, **adam)
+        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
+                            stages=stages, **adam)
     if spec.zero == 3:
-        raise ValueError("ZeRO-3 runs only on layouts with one stage per pipeline, without hybrid sharding")
+        raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero.zero3_runs), "
+                         "without hybrid sharding")
     device = next(p.device for st in stages.values() for p in st.module.parameters())
     return ShardedAdamW(groups.dp, weights=spec.shard_weights, machines=spec.machines, device=device, **adam)
 

@@ -1,232 +1,246 @@
-"""Sharded training state in the torch runtime: shard bounds, the AdamW update of a shard, and
-ZeRO-2/3 per micro-batch (ZeRO-2 where every rank holds one stage chunk, ZeRO-3 where every
-pipeline is one stage).
+"""Sharded training state in the torch runtime: ZeRO-2/3 per micro-batch (ZeRO-2 for every
+pipeline shape, ZeRO-3 where every pipeline is one stage or the pipelines mirror each other,
+:func:`zero3_runs`).
 
 ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC'20) over the chunk groups of :mod:`.dp_sync` (every group is the set of ranks that
-hold the same chunks of the same parameters, HexiScale §3.2). In a group's flat bucket (its
-chunks, concatenated in a fixed order) member ``i`` owns the elements ``shard_bounds(...)[i]``:
-even pieces, or — ``zero_split=memory``, Cephalo-style — pieces proportional to each member's
-device memory, cut at ``round(n * cumulative share)`` so a piece is within one element of the
-cost model's ``n * w_i / sum w`` (:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`).
+hold the same chunks of the same parameters, HexiScale §3.2). A group's flat bucket is cut into
+units (:mod:`.zero_units`: the embedding, each block, the final norm with the head) and member
+``i`` owns a slice of every unit (:func:`.zero_units.apportion`): even, or — ``zero_split=memory``,
+Cephalo-style — proportional to each member's device memory, rounded so that a member's total is
+within one element of the cost model's ``n * w_i / sum w``
+(:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`). At the step each member updates
+its slices with AdamW; ZeRO-2 then all-gathers the updated weights unit by unit.
 
-:class:`ShardedState`: after every backward action (``B``, or ``W`` of the zero-bubble split)
-the gradients of the group are summed among its members and each keeps only its piece, added
-to a persistent gradient shard; the full local gradients are freed, so between micro-batches a
-rank holds ``1/n`` of the gradients. The sums are posted asynchronously and collected when done
-(at the latest before the optimizer step): a rank never blocks on a gradient sum while its
-pipeline still needs it, whatever order the schedules put backwards and transfers in (buckets
-in flight are communication workspace, not counted as kept gradients). Stage 3
-also keeps only its piece of the fp32 weights: before each compute action (``F``, ``B``, ``I``,
-``W``) the weights are all-gathered into the stage's parameters and freed again after it
-(``untyped_storage().resize_(0)`` through ``.data``, which leaves autograd's saved references in
-place). Gathers are per stage (the whole stage's weights during one compute action), not per
-layer. Collectives must pair up across ranks whose pipelines have different micro-batch counts:
-before the optimizer step every rank adds empty rounds (gathers whose result it discards,
-reductions of zeros) up to the most any member of the group does per step, known to every rank
-from the layout. Weights are equal on every rank within a step, so which round pairs with which
-does not change a result.
+:class:`ShardedState`: during every backward action that finishes a gradient (``B``, or ``W`` of
+the zero-bubble split), as soon as a unit's gradients are all accumulated (a post-accumulate-grad
+hook per parameter), the unit's gradient is summed among the group's members and each keeps only
+its piece, added to a persistent gradient shard; the unit's local gradients are freed. So during
+a backward about one unit's full gradient exists at a time, and between micro-batches a rank
+holds ``1/n`` of the gradients, whatever number of chunks it holds (interleaved 1F1B, Hanayo's
+waves, Chimera's model copies: each copy adds its own micro-batches' gradient). Units are summed
+in the order the layout predicts (:func:`.zero_units.reduce_needs`; a unit that completes early
+waits for the ones before it; whatever is left is summed when the action ends). The sums are
+posted asynchronously and collected when done (at the latest before the optimizer step): a rank
+never blocks on a gradient sum while its pipeline still needs it (buckets in flight are
+communication workspace, not counted as kept gradients).
+
+Stage 3 also keeps only its piece of the fp32 weights and gathers them unit by unit, as FSDP
+wraps a transformer (:mod:`.zero_units`: the embedding, each block, the final norm with the
+head): a module forward pre-hook gathers a unit just before its forward and a forward hook frees
+it after (``untyped_storage().resize_(0)`` through ``.data``, which leaves autograd's saved
+references in place); a hook on the unit's output gradient fires when its backward starts, frees
+the unit before it (whose backward is then done) and gathers this one again (not the embedding:
+its gradient reads no weight). So one unit is gathered at a time, in forward and backward,
+with activation recomputation (the recomputed forward finds its unit gathered) and with the
+``I``/``W`` split (each pass regathers what it reads); at the end of a compute action every
+unit is free. There is no prefetch (a gather does not overlap compute).
+
+Collectives pair up across ranks whose schedules differ: round ``k`` of a group carries its
+members' ``k``-th needs together (:func:`.zero_units.rounds`), and before the optimizer step
+every rank runs the rounds left up to the most any member of the group has, contributing its
+pieces and discarding the result. Weights are equal on every rank within a step, so which round
+serves which compute action does not change a result.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from hexicore.pipeline.actions import Op
 
+from .zero_units import (EMBED_UNIT, Bucket, adamw_, gather_needs, gather_pieces, gather_round, make_bucket, post_reduce,
+                         mirrored, one_stage_per_pipeline, post_sum, reduce_needs, rounds, shard_bounds, stage_units,
+                         sum_piece, unit_of, zero3_runs)
+
+__all__ = ["ShardedState", "adamw_", "gather_pieces", "mirrored", "one_stage_per_pipeline", "post_sum", "shard_bounds",
+           "sum_piece", "zero3_runs"]
+
 GATHER_OPS = frozenset((Op.F, Op.B, Op.I, Op.W))
 REDUCE_OPS = frozenset((Op.B, Op.W))
-
-
-def shard_bounds(n: int, weights: Sequence[float] | None, members: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` of every member's piece of a bucket of ``n`` elements: even (``weights``
-    None; the first ``n % members`` get one more) or cut at ``round(n * sum(w[:i]) / sum(w))``."""
-    if weights is None:
-        base, extra = divmod(n, members)
-        los = [i * base + min(i, extra) for i in range(members)]
-        return [(lo, lo + base + (1 if i < extra else 0)) for i, lo in enumerate(los)]
-    total = float(sum(weights))
-    cuts = [round(n * sum(weights[:i]) / total) for i in range(members)] + [n]
-    return list(zip(cuts, cuts[1:]))
-
-
-@torch.no_grad()
-def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor, t: int, *, lr: float,
-           betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """One step of ``torch.optim.AdamW`` on ``w`` in place (decoupled decay, bias-corrected
-    moments; Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Alg. 2)."""
-    b1, b2 = betas
-    w.mul_(1 - lr * weight_decay)
-    avg.lerp_(g, 1 - b1)
-    sq.mul_(b2).addcmul_(g, g, value=1 - b2)
-    denom = (sq.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
-    w.addcdiv_(avg, denom, value=-lr / (1 - b1 ** t))
-
-
-def gather_pieces(piece: torch.Tensor, bounds: list[tuple[int, int]], handle, wait: Callable, what: str) -> torch.Tensor:
-    """All-gather every member's piece (padded to the largest) into the whole flat bucket."""
-    size = max(hi - lo for lo, hi in bounds)
-    buf = torch.zeros(size, dtype=piece.dtype, device=piece.device)
-    buf[: piece.numel()] = piece
-    got = [torch.empty_like(buf) for _ in bounds]
-    wait([torch.distributed.all_gather(got, buf, group=handle, async_op=True)], what)
-    return torch.cat([got[j][: hi - lo] for j, (lo, hi) in enumerate(bounds)])
-
-
-def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
-    """Start the sum over the group of ``flat`` for member ``i``'s piece: a reduce-scatter of
-    the pieces padded to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there).
-    Returns the work and how to read the piece once it is done."""
-    lo, hi = bounds[i]
-    if torch.distributed.get_backend(handle) == "nccl":
-        size = max(b - a for a, b in bounds)
-        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
-        for j, (a, b) in enumerate(bounds):
-            padded[j * size: j * size + b - a] = flat[a:b]
-        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
-        return work, lambda: out[: hi - lo]
-    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
-    return work, lambda: flat[lo:hi]
-
-
-def sum_piece(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle, wait: Callable,
-              what: str) -> torch.Tensor:
-    """:func:`post_sum`, waited for."""
-    work, read = post_sum(flat, bounds, i, handle)
-    wait([work], what)
-    return read()
-
-
-def compute_counts(layout, rank: int) -> tuple[int, int]:
-    """Gather and reduce rounds per step of ``rank``: its compute actions and its backward
-    actions that finish a gradient (``B``, ``W``)."""
-    role = layout.role(rank)
-    if role is None:
-        return 0, 0
-    acts = layout.pipelines[role.pipeline].actions.actions[role.pipe_rank]
-    return sum(a.op in GATHER_OPS for a in acts), sum(a.op in REDUCE_OPS for a in acts)
-
-
-def one_stage_per_pipeline(layout) -> bool:
-    """Whether every pipeline is one stage on one pipeline rank (what ZeRO-3 runs on)."""
-    return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
-
-
-def one_stage_per_rank(layout) -> bool:
-    """Whether every pipeline rank holds exactly one stage chunk (no interleaving, no model
-    copies): what per-micro-batch ZeRO-2 runs on, since each backward then finishes a gradient
-    of everything the rank holds."""
-    return all(p.actions.stages == len(p.groups) and len(p.actions.chains) == 1 for p in layout.pipelines)
-
-
-@dataclass
-class _Group:
-    """One chunk group as this rank shards it: its piece ``bounds[i]`` of the flat bucket."""
-
-    members: tuple[int, ...]
-    handle: Any  # gradient sums
-    chunks: list
-    bounds: list[tuple[int, int]]
-    i: int
-    weights: torch.Tensor  # ZeRO-3: the fp32 piece of the weights (empty under ZeRO-2)
-    grad: torch.Tensor  # summed gradient piece, accumulated over the step's micro-batches
-    avg: torch.Tensor
-    sq: torch.Tensor
-    pad: tuple[int, int]  # empty (gather, reduce) rounds this rank adds per step
-
-    @property
-    def what(self) -> str:
-        return f"ranks {list(self.members)}"
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class ShardedState:
-    """ZeRO-2 (``stage=2``, :func:`one_stage_per_rank` layouts) or ZeRO-3 (``stage=3``,
-    :func:`one_stage_per_pipeline` layouts) for one rank (module docstring). ``params[(stage, name)]`` are the rank's parameters, full and
-    initialised; ``weights`` the shard weight of every global rank (None: even); ``rounds[r]``
-    the (gather, reduce) rounds of rank ``r`` per step (:func:`compute_counts`)."""
+def _contributes(c, h) -> bool:
+    """Whether holder ``h`` puts its gradient of chunk ``c`` into a sum: a TP-split chunk has one
+    holder per stage; a replicated one is equal on every TP rank, TP rank 0 puts it in."""
+    return c.dim is not None or h.tp_rank == 0
 
-    def __init__(self, sync, params: dict, *, stage: int, weights: Sequence[float] | None,
-                 rounds: dict[int, tuple[int, int]], lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float):
-        self.sync, self.params, self.stage = sync, params, stage
+
+class ShardedState:
+    """ZeRO-2 (``stage=2``, every layout) or ZeRO-3 (``stage=3``, :func:`zero3_runs` layouts)
+    for one rank (module docstring). ``params[(stage, name)]`` are the rank's
+    parameters, full and initialised; ``weights`` the shard weight of every global rank (None:
+    even); ``layout`` tells every rank's needs; ``stages`` (ZeRO-3) the modules to hook."""
+
+    def __init__(self, sync, params: dict, *, stage: int, weights: Sequence[float] | None, layout,
+                 stages: dict | None = None, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+        self.sync, self.params, self.stage, self.layers = sync, params, stage, layout.model.layers
         self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         self.t = 0
-        self.groups: list[_Group] = []
-        self.local: dict[int, torch.nn.Parameter] = {}
+        everyone = range(layout.world)
+        gneeds = {r: gather_needs(layout, r) for r in everyone} if stage == 3 else {}
+        rneeds = {r: reduce_needs(layout, r) for r in everyone}
+        self.gneeds, self.rneeds = gneeds.get(sync.rank, []), rneeds[sync.rank]
+        self.buckets: list[Bucket] = []
+        self.pieces: list[tuple[torch.Tensor, ...]] = []  # per bucket: weights (ZeRO-3), grad, avg, sq
+        self.units: dict[int, dict[int, torch.nn.Parameter]] = {}  # unit -> its local sharded parameters
+        self.by_stage: dict[tuple[int, int], dict[int, torch.nn.Parameter]] = {}  # (stage, unit) -> its parameters
         for members, handle, chunks in sync.items:
-            i = members.index(sync.rank)
-            n = sum(c.numel for c, _, _ in chunks)
-            bounds = shard_bounds(n, None if weights is None else [weights[r] for r in members], len(members))
-            lo, hi = bounds[i]
-            flat = self._weights(chunks)
-            piece = flat[lo:hi].clone() if stage == 3 else flat[:0].clone()
-            pad = tuple(max(rounds[r][k] for r in members) - rounds[sync.rank][k] for k in (0, 1))
-            zeros = flat.new_zeros(hi - lo)
-            self.groups.append(_Group(members, handle, chunks, bounds, i, piece, zeros, zeros.clone(), zeros.clone(),
-                                      pad))
+            units = sorted({unit_of(c.name, self.layers) for c, _, _ in chunks})
+            atoms = [(u,) for u in units]
+            b = make_bucket(members, handle, sync.gather_handles.get(members), chunks, atoms, self.layers,
+                            members.index(sync.rank), None if weights is None else [weights[r] for r in members])
+            atom_of = {u: a for a, us in enumerate(atoms) for u in us}
+            b.gathers = rounds(gneeds, members, atom_of) if stage == 3 else []
+            b.reduces = rounds(rneeds, members, atom_of)
+            piece = self._my_weights(b)
+            zeros = torch.zeros_like(piece)
+            self.pieces.append((piece if stage == 3 else piece[:0].clone(), zeros, zeros.clone(), zeros.clone()))
+            self.buckets.append(b)
             for c, mine, _ in chunks:
                 for h in mine:
                     p = params[(h.stage, c.name)]
-                    self.local[id(p)] = p
-        self.gathered = True
-        self.pending: list = []  # gradient sums posted, not yet added: (group, work, read)
+                    self.units.setdefault(unit_of(c.name, self.layers), {})[id(p)] = p
+                    self.by_stage.setdefault((h.stage, unit_of(c.name, self.layers)), {})[id(p)] = p
+        self.local = {k: p for ps in self.units.values() for k, p in ps.items()}
+        role = layout.role(sync.rank)
+        part = layout.pipelines[role.pipeline]
+        self.stage_units = {s: stage_units(part, s, self.layers) for s in part.actions.stages_of(role.pipe_rank)}
+        self.cur: int | None = None  # stage of the backward action running
+        self.act_end: int | None = None  # reduce needs done when it ends
+        self.arrived: dict[tuple[int, int], set[int]] = {}  # (stage, unit) -> parameters whose gradient is in
+        for key, ps in self.by_stage.items():
+            for p in ps.values():
+                p.register_post_accumulate_grad_hook(lambda p, key=key: self._arrived(key, p))
+        self.gcur = self.rcur = 0  # needs done this step (gathers, reduces)
+        self.live: set[int] = set()  # units gathered now
+        self.mode: str | None = None  # ZeRO-3: "forward" / "backward" during a compute action
+        self.wait: Callable | None = None
+        self.pending: list = []  # gradient sums posted, not yet added: (bucket index, atoms, work, read)
         self.grad_peak = 0  # most gradient bytes held after a compute action (local grads + pieces)
+        self.gather_peak = 0  # most bytes of gathered unit weights alive at once (ZeRO-3)
+        self.grad_live = self.grad_live_peak = 0  # full local gradient bytes not summed yet during a backward
+        self.gathered = True
         if stage == 3:
-            self.free()
+            for u in list(self.units):
+                self._free(u)
+            self.gathered = False
+            for st in (stages or {}).values():
+                self._hook(st.module)
 
     def synced(self) -> set[tuple[int, str]]:
         """``(stage, name)`` of the local tensors this object updates (the rest: plain AdamW)."""
-        return {(h.stage, c.name) for g in self.groups for c, mine, _ in g.chunks for h in mine}
+        return {(h.stage, c.name) for b in self.buckets for c, mine, _ in b.chunks for h in mine}
 
-    def _weights(self, chunks) -> torch.Tensor:
-        return torch.cat([self.sync._view(self.params[(mine[0].stage, c.name)].data, c, mine[0]).reshape(-1)
-                          for c, mine, _ in chunks])
+    def _my_weights(self, b: Bucket) -> torch.Tensor:
+        """This rank's piece of the bucket's weights, read from its local parameters (a copy of
+        the piece only, never of the whole bucket)."""
+        out = []
+        for a, (start, _) in enumerate(b.span):
+            lo, hi = (start + x for x in b.bounds[a][b.i])
+            k = start
+            for c, mine, _ in b.chunks_of(a):
+                if k < hi and k + c.numel > lo:
+                    v = self.sync._view(self.params[(mine[0].stage, c.name)].data, c, mine[0]).reshape(-1)
+                    out.append(v[max(lo - k, 0): min(hi - k, c.numel)])
+                k += c.numel
+        if out:
+            return torch.cat(out)
+        c, mine, _ = b.chunks[0]
+        return self.params[(mine[0].stage, c.name)].data.new_zeros(0)
+
+    def unit_bytes(self, u: int) -> int:
+        """Bytes of unit ``u``'s local parameters, gathered."""
+        return sum(_nbytes(p) for p in self.units.get(u, {}).values())
 
     def state_bytes(self) -> int:
         """Bytes of AdamW moments this rank keeps."""
-        return sum(_nbytes(g.avg) + _nbytes(g.sq) for g in self.groups)
+        return sum(_nbytes(avg) + _nbytes(sq) for _, _, avg, sq in self.pieces)
 
     def kept_bytes(self, stages: dict) -> dict[str, int]:
         """Measured bytes this rank keeps between compute actions, by part: weights (allocated
         parameter storage plus ZeRO-3 pieces), gradients (:attr:`grad_peak`), optimizer moments
-        of the sharded tensors."""
+        of the sharded tensors; ``unsummed``, the most bytes of full local gradients alive at once
+        during a backward (units accumulated, not summed yet); ZeRO-3 adds ``gathered``, the
+        most bytes of gathered unit weights alive at once during compute (:attr:`gather_peak`)."""
         params = {id(p): p for st in stages.values() for p in st.module.parameters()}.values()
-        weights = sum(p.data.untyped_storage().nbytes() for p in params) + sum(_nbytes(g.weights) for g in self.groups)
-        return {"weights": weights, "gradients": self.grad_peak, "optimizer": self.state_bytes()}
+        weights = sum(p.data.untyped_storage().nbytes() for p in params) + sum(_nbytes(w) for w, *_ in self.pieces)
+        out = {"weights": weights, "gradients": self.grad_peak, "optimizer": self.state_bytes(),
+               "unsummed": self.grad_live_peak}
+        if self.stage == 3:
+            out["gathered"] = self.gather_peak
+        return out
 
-    # ------------------------------------------------------------ weights
-    def free(self) -> None:
-        """Stage 3: drop the gathered weights (the parameters keep shape, not storage)."""
-        for p in self.local.values():
+    # ------------------------------------------------------------ ZeRO-3 hooks
+    def _hook(self, module) -> None:
+        """Gather/free hooks on every unit of a stage chunk: (first module, last module)."""
+        m = module.model
+        spans = [(EMBED_UNIT, m.embed_tokens, m.embed_tokens)] if hasattr(m, "embed_tokens") else []
+        spans += [(int(k), blk, blk) for k, blk in m.layers.items()]
+        if hasattr(m, "norm"):
+            spans.append((self.layers, m.norm, module.lm_head))
+        for u, first, last in spans:
+            first.register_forward_pre_hook(lambda mod, args, u=u: self._pre(u))
+            last.register_forward_hook(lambda mod, args, out, u=u: self._post(u, out))
+
+    def _pre(self, u: int) -> None:
+        if self.mode == "forward":
+            self._need(u)
+        elif u not in self.live and self.units.get(u):
+            raise RuntimeError(f"ZeRO-3: unit {u} recomputed in a backward pass while not gathered")
+
+    def _post(self, u: int, out) -> None:
+        if self.mode != "forward":
+            return  # a recomputation inside a backward pass: the unit stays gathered
+        self._free(u)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad, u=u: self._backward_starts(u))
+
+    def _backward_starts(self, u: int) -> None:
+        """Unit ``u``'s output gradient is complete: the unit after it is done, ``u`` begins."""
+        for v in list(self.live):
+            self._free(v)
+        if u != EMBED_UNIT:
+            self._need(u)
+
+    # ------------------------------------------------------------- weights
+    def _free(self, u: int) -> None:
+        for p in self.units.get(u, {}).values():
             p.data.untyped_storage().resize_(0)
-        self.gathered = False
+        self.live.discard(u)
 
     @torch.no_grad()
-    def gather(self, wait: Callable, *, keep: bool = True, only: Sequence[bool] | None = None) -> None:
-        """All-gather every group's weight pieces into the local parameters (``keep=False``: an
-        empty round, the result discarded; ``only``: per group, whether it takes part)."""
-        if keep and not self.gathered:
-            for p in self.local.values():
-                p.data.untyped_storage().resize_(_nbytes(p))
-        for k, g in enumerate(self.groups):
-            if only is None or only[k]:
-                flat = gather_pieces(g.weights, g.bounds, self.sync.gather_handles[g.members], wait,
-                                     f"ZeRO weight all-gather with {g.what}")
-                if keep:
-                    self._write(g.chunks, flat)
-        self.gathered = self.gathered or keep
+    def _need(self, u: int) -> None:
+        """Gather unit ``u``: this rank's next gather round in every group (module docstring)."""
+        k = self.gcur
+        if k >= len(self.gneeds) or self.gneeds[k] != (u,):
+            want = self.gneeds[k] if k < len(self.gneeds) else "nothing"
+            raise RuntimeError(f"ZeRO-3: gather {k} of the step fetches unit {u}, the layout expects {want}")
+        for p in self.units.get(u, {}).values():
+            p.data.untyped_storage().resize_(_nbytes(p))
+        self._gather_round(k, u)
+        self.gcur += 1
+        self.live.add(u)
+        self.gather_peak = max(self.gather_peak, sum(self.unit_bytes(v) for v in self.live))
+
+    def _gather_round(self, k: int, u: int | None) -> None:
+        """Round ``k`` of every group this rank is in; keep unit ``u`` (None: serve only)."""
+        for b, (w, *_) in zip(self.buckets, self.pieces):
+            atoms = b.gathers[k] if k < len(b.gathers) else ()
+            if atoms:
+                keep = [a for a in atoms if u in b.atoms[a]]
+                got = gather_round(b, atoms, w, keep, self.wait, b.gather_handle)
+                for a, flat in got.items():
+                    self._write(b.chunks_of(a), flat)
 
     def _write(self, chunks, flat: torch.Tensor) -> None:
-        """Copy a whole flat bucket into every local holder's view (through ``.data``)."""
+        """Copy a flat run of chunks into every local holder's view (through ``.data``)."""
         k = 0
         for c, mine, _ in chunks:
             for h in mine:
@@ -234,76 +248,140 @@ class ShardedState:
                 v.copy_(flat[k: k + c.numel].view_as(v))
             k += c.numel
 
-    def before(self, op: Op, wait: Callable) -> None:
-        """Before a compute action: stage 3 gathers the weights."""
-        if self.stage == 3 and op in GATHER_OPS:
-            self.gather(wait)
+    def before(self, a, wait: Callable) -> None:
+        """Before a compute action ``a``: ZeRO-3's hooks gather in the mode of its pass; a
+        backward that finishes gradients sums them unit by unit as they arrive."""
+        self.wait = wait
+        if self.stage == 3 and a.op in GATHER_OPS:
+            self.mode = "forward" if a.op is Op.F else "backward"
+        if a.op in REDUCE_OPS:
+            self.cur, self.act_end, self.arrived = a.stage, self.rcur + len(self.stage_units[a.stage]), {}
 
-    def after(self, op: Op, wait: Callable) -> None:
-        """After a compute action: a finished gradient is summed into the pieces; stage 3 frees."""
-        if op in REDUCE_OPS:
-            self.reduce(wait)
+    def after(self, a, wait: Callable) -> None:
+        """After a compute action: the gradients not summed yet are (a unit some of whose
+        parameters got no gradient); stage 3 frees what is still gathered."""
+        if a.op in REDUCE_OPS:
+            self._flush(force=True)
+            self.cur = self.act_end = None
         grads = {id(p): p.grad for p in self.params.values() if p.grad is not None}
-        held = sum(_nbytes(t) for t in grads.values()) + sum(_nbytes(g.grad) for g in self.groups)
+        held = sum(_nbytes(t) for t in grads.values()) + sum(_nbytes(g) for _, g, _, _ in self.pieces)
         self.grad_peak = max(self.grad_peak, held)
-        if self.stage == 3 and op in GATHER_OPS:
-            self.free()
+        if self.stage == 3:
+            for u in list(self.live):
+                self._free(u)
+            self.mode = None
 
     # ---------------------------------------------------------- gradients
+    def _grads(self, b: Bucket, a: int, stage: int) -> torch.Tensor:
+        """This rank's flat gradient of atom ``a`` from its holders on ``stage`` (zeros where it
+        does not contribute)."""
+        parts = []
+        for c, mine, _ in b.chunks_of(a):
+            h = next((h for h in mine if h.stage == stage), None)
+            g = self.params[(h.stage, c.name)].grad if h is not None and _contributes(c, h) else None
+            parts.append(self.sync._view(g, c, h).reshape(-1) if g is not None else
+                         torch.zeros(c.numel, dtype=self.pieces[0][1].dtype, device=self.pieces[0][1].device))
+        return torch.cat(parts)
+
+    def _arrived(self, key: tuple[int, int], p) -> None:
+        """A parameter's gradient of this backward is accumulated; a unit with all of them in
+        is summed, in the order the layout predicts (:func:`.zero_units.reduce_needs`)."""
+        if key[0] != self.cur:
+            return
+        got = self.arrived.setdefault(key, set())
+        if id(p) not in got:
+            got.add(id(p))
+            self.grad_live += _nbytes(p)
+            self.grad_live_peak = max(self.grad_live_peak, self.grad_live)
+        self._flush(force=False)
+
+    def _flush(self, *, force: bool) -> None:
+        """Sum the predicted next units of this action whose gradients are complete (``force``:
+        every one left)."""
+        while self.act_end is not None and self.rcur < self.act_end:
+            u = self.rneeds[self.rcur][0]
+            key = (self.cur, u)
+            if not force and len(self.arrived.get(key, ())) < len(self.by_stage.get(key, {})):
+                break
+            self.reduce(self.wait, self.cur, u)
+
     @torch.no_grad()
-    def reduce(self, wait: Callable, *, empty: bool = False, only: Sequence[bool] | None = None) -> None:
-        """Sum the group's gradient buckets, add this rank's piece to its gradient shard, free
-        the local gradients (``empty``: contribute zeros; ``only``: per group, whether it takes part)."""
-        for k, g in enumerate(self.groups):
-            if only is not None and not only[k]:
+    def reduce(self, wait: Callable, stage: int | None, unit: int | None) -> None:
+        """This rank's next reduce round in every group: sum ``unit``'s gradient of ``stage``
+        (None: an empty round, zeros) into the pieces, then free its local gradients."""
+        k = self.rcur
+        for bi, b in enumerate(self.buckets):
+            atoms = b.reduces[k] if k < len(b.reduces) else ()
+            if not atoms:
                 continue
-            if empty:
-                flat = g.grad.new_zeros(g.bounds[-1][1])
-            else:
-                for c, mine, _ in g.chunks:
-                    for h in mine:
-                        p = self.params[(h.stage, c.name)]
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                flat = self.sync.bucket(self.params, g.chunks)
+            flats = {a: self._grads(b, a, stage) for a in atoms if unit in b.atoms[a]} if stage is not None else {}
             self._harvest(wait, everything=False)
-            work, read = post_sum(flat, g.bounds, g.i, g.handle)
-            self.pending.append((g, work, read))
-        for p in self.local.values():
+            ref = self.pieces[bi][1]
+            work, read = post_reduce(b, atoms, flats, ref.dtype, ref.device)
+            self.pending.append((bi, atoms, work, read))
+        self.rcur += 1
+        for p in self.by_stage.get((stage, unit), {}).values():
+            if id(p) in self.arrived.get((stage, unit), ()):
+                self.grad_live -= _nbytes(p)
             p.grad = None
 
     def _harvest(self, wait: Callable, *, everything: bool) -> None:
         """Add finished gradient sums to their pieces (``everything``: wait for all of them)."""
         left = []
-        for g, work, read in self.pending:
+        for bi, atoms, work, read in self.pending:
+            b = self.buckets[bi]
             if everything:
-                wait([work], f"ZeRO gradient reduce-scatter with {g.what}")
+                wait([work], f"ZeRO gradient reduce-scatter with {b.what}")
             elif not work.is_completed():
-                left.append((g, work, read))
+                left.append((bi, atoms, work, read))
                 continue
-            g.grad += read()
+            got, at, g = read(), 0, self.pieces[bi][1]
+            for a in atoms:
+                n = b.size(a, b.i)
+                g[b.offset(a): b.offset(a) + n] += got[at: at + n]
+                at += n
         self.pending = left
 
     # --------------------------------------------------------------- step
+    def _pad(self, wait: Callable) -> None:
+        """The rounds left up to the most any member of each group runs per step (module
+        docstring); then check that this rank ran exactly the needs the layout gives it."""
+        if self.gcur != len(self.gneeds) or self.rcur != len(self.rneeds):
+            raise RuntimeError(f"ZeRO: this step ran {self.gcur} gathers and {self.rcur} gradient sums, the layout "
+                               f"expects {len(self.gneeds)} and {len(self.rneeds)}")
+        for k in range(self.gcur, max((len(b.gathers) for b in self.buckets), default=0)):
+            self._gather_round(k, None)
+        while self.rcur < max((len(b.reduces) for b in self.buckets), default=0):
+            self.reduce(wait, None, None)
+
+    @torch.no_grad()
     def step(self, params: dict, wait: Callable) -> None:
         """Empty rounds up to the group's most, then AdamW on the pieces; stage 2 all-gathers
         the updated weights into the local copies."""
-        for k in range(max((g.pad[0] for g in self.groups), default=0) if self.stage == 3 else 0):
-            self.gather(wait, keep=False, only=[g.pad[0] > k for g in self.groups])
-        for k in range(max((g.pad[1] for g in self.groups), default=0)):
-            self.reduce(wait, empty=True, only=[g.pad[1] > k for g in self.groups])
+        self.wait = wait
+        self._pad(wait)
         self._harvest(wait, everything=True)
         self.t += 1
-        for g in self.groups:
-            lo, hi = g.bounds[g.i]
-            w = g.weights if self.stage == 3 else self._weights(g.chunks)[lo:hi].clone()
-            adamw_(w, g.grad, g.avg, g.sq, self.t, **self.adam)
-            g.grad.zero_()
+        for b, (w, g, avg, sq) in zip(self.buckets, self.pieces):
             if self.stage == 2:
-                self._write(g.chunks, gather_pieces(w, g.bounds, g.handle, wait,
-                                                    f"ZeRO weight all-gather with {g.what}"))
+                w = self._my_weights(b)
+            adamw_(w, g, avg, sq, self.t, **self.adam)
+            g.zero_()
+            if self.stage == 2:  # unit by unit: never a second copy of the whole bucket
+                for a in range(len(b.atoms)):
+                    self._write(b.chunks_of(a), gather_round(b, (a,), w, (a,), wait, b.handle)[a])
+        for p in self.local.values():
+            p.grad = None
+        self.gcur = self.rcur = 0
 
+    @torch.no_grad()
     def materialize(self, wait: Callable) -> None:
         """Stage 3 after training: gather the full weights back for good (checkpoint, state)."""
-        if self.stage == 3:
-            self.gather(wait)
+        if self.stage != 3:
+            return
+        for p in self.local.values():
+            p.data.untyped_storage().resize_(_nbytes(p))
+        for b, (w, *_) in zip(self.buckets, self.pieces):
+            for a in range(len(b.atoms)):
+                self._write(b.chunks_of(a), gather_round(b, (a,), w, (a,), wait, b.gather_handle)[a])
+        self.gathered = True

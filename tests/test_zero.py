@@ -450,6 +450,10 @@ def test_hybrid_sharding_by_hand():
     # ZeRO-1 hybrid: the step pays the ring inside the machines and the halves across
     z1 = replace(plan, train=replace(t, zero=1))
     assert COST.estimate(z1).dp_s == pytest.approx(inside_b + across)
+    # ZeRO-2 hybrid: the runtime sums gradients at the step, so they stay whole (as ZeRO-1's)
+    z2 = COST.memory_parts(replace(plan, train=replace(t, zero=2)))["A.0"]
+    assert z2["gradients"] == pytest.approx(4 * total / GIB) == COST.memory_parts(z1)["A.0"]["gradients"]
+    assert z2["optimizer"] == pytest.approx(8 * total / 2 / GIB)
 
 
 def test_fsdp_hybrid_option_shards_per_machine():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
@@ -22,7 +22,8 @@ from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes, largest_unit_params
+from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
+                                     state_bytes)
 from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -145,12 +146,13 @@ class AnalyticCostModel:
           (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element, replicated ones
           included, is split among all ``tp x dp`` ranks holding it,
           :func:`hexicore.cost.precision.sharded`), or kept for ``kept`` parameters
-          (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ);
+          (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
+          ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
         * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
           with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
-          replicated) and their gradient, under ZeRO-2/3 with ``dp > 1`` the full gradient of
+          replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
           the stage's largest unit (summed and freed unit by unit) and under ZeRO-3 also its
           gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
           gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.
@@ -161,7 +163,7 @@ class AnalyticCostModel:
             (model.head_params() if last else 0)
         mine = device_params(model, n_layers, tp, first=first, last=last)
         full = self.state_bytes(train)
-        split = SHARDED_PARTS[train.zero_stage] if dp > 1 else ()
+        split = sharded_parts(train.zero_stage, train.zero_scope) if dp > 1 else ()
         out = {k: v * (params / tp / dp if k in split else mine) / GIB for k, v in full.parts().items()}
         if kept is not None:
             for k in split:
@@ -174,7 +176,7 @@ class AnalyticCostModel:
             if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
-        if train.zero_stage >= 2 and dp > 1:
+        if "gradients" in split:
             unit = largest_unit_params(model, n_layers, tp, first=first, last=last)
             work += (full.weights if train.zero_stage == 3 else 0.0) * unit + full.gradients * unit
         out["workspace"] = work / GIB + self.reserve_gb
@@ -350,7 +352,3 @@ class AnalyticCostModel:
         mfu = flops / (it * plan.cluster.total_tflops * 1e12) if it > 0 else 0.0
         return Estimate(it, mfu, tokens / it if it > 0 else 0.0, tuple(pipe_s), dp,
                         {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
-from hexicore.cost import sharding
-from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
-from hexicore.cost.precision import SHARDED_PARTS, StateBytes, device_params, state_bytes, largest_unit_params
-from hexicore.cost.split import forward_backward

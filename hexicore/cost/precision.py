@@ -28,6 +28,13 @@ RECIPE = {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0}
 SHARDED_PARTS = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("optimizer", "gradients", "weights")}
 
 
+def sharded_parts(zero: int, scope: str = "all") -> tuple[str, ...]:
+    """The parts of the state ZeRO stage ``zero`` shards as the torch runtime runs it: under
+    hybrid sharding (``scope="machine"``) stage 2 sums the gradients at the step, so it keeps
+    them whole between micro-batches like stage 1 (``plugins/runtimes/torch/hybrid.py``)."""
+    return SHARDED_PARTS[1 if zero == 2 and scope == "machine" else zero]
+
+
 @dataclass(frozen=True)
 class StateBytes:
     """Bytes per parameter of each part of the training state."""

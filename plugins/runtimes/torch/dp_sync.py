@@ -33,7 +33,7 @@ import torch
 
 from .layout import Layout
 from .tensor_parallel import shard_dim
-from .zero import adamw_, gather_pieces, shard_bounds, sum_piece
+from .zero import adamw_, gather_pieces, sum_piece
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ serves which compute action does not change a result.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 

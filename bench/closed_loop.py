@@ -302,8 +302,9 @@ def section(res: dict) -> str:
              f"{a['rounds']} times, the runs interleaved (every plan once per round, alternate rounds in reverse "
              f"order); measured = median of the steps after the first of every run ({a['steps']} steps a run), "
              "per run = each run's median; error = predicted / measured - 1."
-             + (f" Predictions made again {res['repriced']} from the same profile and plans "
-                "(`--reprice`)." if res.get("repriced") else ""), "",
+             + (f" Predictions made again {res['repriced']} with the current cost models from the same profile, "
+                "plans and measured steps (`--reprice`; the solvers' plans are the ones the run made)."
+                if res.get("repriced") else ""), "",
              "| plan | analytic s | profiled s | measured s | per run s | analytic error | profiled error |"
              + (" all at once s (error) |" if conc else "") + " host compute s |",
              "|---|---:|---:|---:|---|---:|---:|" + ("---:|" if conc else "") + "---:|"]

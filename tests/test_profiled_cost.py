@@ -186,7 +186,7 @@ def test_a_stage_pays_one_actions_fixed_cost_not_one_per_block():
                  "backward_s": 0.008}}}}, "p")
     cost = ProfiledCostModel(profile=p)
     t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
-    assert cost.action_s(CLUSTER, ["A.0"]) == 0.006
+    assert cost.action_s(CLUSTER, ["A.0"]) == 0.006 and cost.action_s(CLUSTER, ["A.0", "A.1"]) == 0.0  # TP: per block
     assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 3) == pytest.approx(3 * 0.030 - 2 * 0.006)
     assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 1) == pytest.approx(0.030)
     head = cost.head_s(CLUSTER, MODEL, t, ["A.0"])

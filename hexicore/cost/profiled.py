@@ -177,9 +177,12 @@ class ProfiledCostModel(AnalyticCostModel):
 
     def action_s(self, cluster: Cluster, devices: Sequence[str]) -> float:
         """The fixed cost of a forward and a backward action (:class:`BlockTiming.action_s`): the
-        median over the profiled blocks of the lowest TP degree (an action's cost, not a block's:
-        a TP block's all-reduces scale with the blocks, and their noise would swamp it), the
-        largest over the group's GPU types (0 where not measured)."""
+        median over the profiled blocks of the lowest TP degree, the largest over the group's
+        GPU types; 0 where not measured, and for a TP group (> 1 device): every block of a TP
+        stage ends in all-reduces that wait for the group's slowest rank, so in training a TP
+        stage pays the measured block time per block (docs/results.md, "Closed loop")."""
+        if len(devices) > 1:
+            return 0.0
         worst = 0.0
         for gpu in {cluster.device(d).gpu.name for d in devices}:
             blocks = self._blocks(gpu)

@@ -324,8 +324,11 @@ def section(res: dict) -> str:
             "slowdown. The profiled model adds the measured optimizer step (`hexicore/cost/optimizer_step.py`), "
             "prices the DP sync from the measured all-reduce bus bandwidth (`hexicore/cost/measured_allreduce.py`) "
             "and counts an action's fixed cost once per stage instead of once per block (`action_s`, from a "
-            "chain of two blocks). *per run* shows how far the host's load alone moves one plan's measured step "
-            "between runs.")
+            "chain of two blocks). A TP stage is priced at its blocks' measured time per block (its all-reduces "
+            "wait for the group's slowest rank in every block): under load (runs on the same day at load 12-25) "
+            "TP stages did not amortise the fixed cost and pricing them as if they did under-predicted the TP "
+            "rows by 7-12%; on a quiet host they amortise part of it, and this rule over-predicts them. *per run* "
+            "shows how far the host's load alone moves one plan's measured step between runs.")
     out = lines + [""] + verdicts(res["rows"], "profiled_s", "profiled")
     if conc:
         out += verdicts(res["rows"], "concurrent_s", "profiled, every device at once")

@@ -1,6 +1,6 @@
 """The closed loop, small: profile an emulated two-speed cluster, train two clearly different
 plans, and hold the profiled predictions (``metrics.json`` ``predicted``, ``cost=profiled``)
-against the measured steps. The full acceptance (seven plans, ten per cent, the order of all of
+against the measured steps. The full acceptance (nine plans, ten per cent, the order of all of
 them, hexiscale vs megatron) is the benchmark ``bench/closed_loop.py`` (docs/results.md)."""
 
 from __future__ import annotations

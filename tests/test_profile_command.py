@@ -78,6 +78,8 @@ def test_profile_an_emulated_cluster_then_plan_from_it(tmp_path, capsys, monkeyp
     assert prof.environment["dtype"] == "fp32" and prof.environment["backend"] == "gloo"
     total = {n: sum(b.forward_s + b.backward_s + b.recompute_s for b in d.blocks) for n, d in prof.devices.items()}
     assert total["slowgpu"] > 2 * total["fastgpu"], total  # slowdown 3, generous margin
+    opt = {n: d.blocks[0].optimizer_s for n, d in prof.devices.items()}  # the optimizer step is stretched too
+    assert opt["fastgpu"] > 0 and opt["slowgpu"] > 2 * opt["fastgpu"], opt
     for dev in prof.devices.values():
         assert [(b.micro_batch, b.tp) for b in dev.blocks] == [(1, 1), (2, 1)] and dev.head is not None
         assert dev.blocks[1].activation_bytes == pytest.approx(2 * dev.blocks[0].activation_bytes, rel=0.01)

@@ -113,3 +113,102 @@ def test_plan_with_the_profiled_cost_model(tmp_path, capsys):
     code = run_cli(["evaluate", f"plan_file={tmp_path / 'plan.json'}", "cost=profiled", f"cost.profile_file={path}",
                     f"hydra.run.dir={tmp_path / 'r'}"])
     assert code == 0, capsys.readouterr().err
+
+
+def _opt_profile(tp1: float, tp2: float) -> Profile:
+    blk = {"seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020}
+    return parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
+        {"micro_batch": 1, "tp": 1, **blk, "optimizer_s": tp1}, {"micro_batch": 2, "tp": 1, **blk, "optimizer_s": tp1},
+        {"micro_batch": 1, "tp": 2, **blk, "optimizer_s": tp2}]}}}, "p.yaml")
+
+
+def test_optimizer_step_is_the_slowest_ranks_measured_update_added_to_dp():
+    """OPT = max_d P(d) x r: r = a block's measured optimizer_s / its parameters on one TP rank."""
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.cost.precision import tp_replicated_layer_params
+
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    plan = Plan(MODEL, CLUSTER, t, (Pipeline(8, (Stage(("A.0",), 1, (0, 1)), Stage(("A.1",), 1, (1, 4))),
+                                             {"name": "1f1b"}),), solver={"name": "hand"})
+    rate = 0.004 / MODEL.layer_params()
+    last = (3 * MODEL.layer_params() + MODEL.head_params()) * rate  # A.1: 3 blocks + head > A.0: 1 + embedding
+    cost = ProfiledCostModel(profile=_opt_profile(0.004, 0.003))
+    assert cost.optimizer_s(plan) == pytest.approx(last)
+    without = ProfiledCostModel(profile=_opt_profile(0.0, 0.0))  # no optimizer_s: the old estimate
+    assert without.optimizer_s(plan) == 0.0
+    assert cost.estimate(plan).dp_s == pytest.approx(without.estimate(plan).dp_s + last)
+    assert cost.estimate(plan).iteration_s == pytest.approx(without.estimate(plan).iteration_s + last)
+    # a TP-2 stage keeps half the split parameters, priced at the TP-2 rate
+    tp2 = Plan(MODEL, CLUSTER, t, (Pipeline(8, (Stage(("A.0", "A.1"), 2, (0, 4)),), {"name": "1f1b"}),),
+               solver={"name": "hand"})
+    rep = tp_replicated_layer_params(MODEL)
+    r2 = 0.003 / ((MODEL.layer_params() - rep) / 2 + rep)
+    want = (4 * ((MODEL.layer_params() - rep) / 2 + rep) + MODEL.embedding_params() + MODEL.head_params()) * r2
+    assert cost.optimizer_s(tp2) == pytest.approx(want)
+    # B's GPU type was not profiled: its ranks add nothing; the field round-trips through the file
+    on_b = Plan(MODEL, CLUSTER, t, (Pipeline(8, (Stage(("B.0",), 1, (0, 4)),), {"name": "1f1b"}),),
+                solver={"name": "hand"})
+    assert cost.optimizer_s(on_b) == 0.0
+    assert parse_profile(_opt_profile(0.004, 0.003).to_dict(), "again") == _opt_profile(0.004, 0.003)
+
+
+def test_dp_sync_priced_from_the_measured_allreduce_bus_bandwidth():
+    """COMM-DP-LAYER = 2 (g - 1) / g x P B / busbw(g), busbw linear in g between measured sizes;
+    holders on machines without a measured all-reduce keep App. A's ring on the measured links."""
+    from hexicore.core.plan import Stage
+    from hexicore.cost.measured_allreduce import bus_bandwidth
+
+    assert bus_bandwidth([(2, 1.0), (4, 0.5)], 3) == pytest.approx(0.75)
+    assert bus_bandwidth([(2, 1.0), (4, 0.5)], 8) == 0.5 and bus_bandwidth([(2, 1.0)], 3) == 1.0
+    cost = ProfiledCostModel(profile=profile(allreduce=[{"between": ["B", "A"], "group": 2, "bandwidth_gbs": 0.8},
+                                                        {"between": ["A", "B"], "group": 4, "bandwidth_gbs": 0.4}]))
+    two = [Stage(("A.0",), 1, (0, 4)), Stage(("B.0",), 1, (0, 4))]
+    assert cost.dp_layer_s(CLUSTER, two, 1e6, 4) == pytest.approx(2 * 0.5 * 4e6 / 0.8e9)
+    three = [Stage(("A.0",), 1, (0, 4)), Stage(("B.0",), 1, (0, 4)), Stage(("B.1",), 1, (0, 4))]
+    assert cost.dp_layer_s(CLUSTER, three, 1e6, 4) == pytest.approx(2 * (2 / 3) * 4e6 / 0.6e9)
+    tp = [Stage(("A.0", "A.1"), 2, (0, 4)), Stage(("B.0",), 1, (0, 4))]  # B.0 all-reduces both TP chunks
+    assert cost.dp_layer_s(CLUSTER, tp, 1e6, 4) == pytest.approx(2 * 0.5 * 4e6 / 0.8e9)
+    inside = [Stage(("A.0",), 1, (0, 4)), Stage(("A.1",), 1, (0, 4))]  # no A-A all-reduce measured: the ring
+    ring = AnalyticCostModel().dp_layer_s(cost.measured(CLUSTER), inside, 1e6, 4)
+    assert cost.dp_layer_s(CLUSTER, inside, 1e6, 4) == pytest.approx(ring) and ring > 0
+
+
+def test_a_stage_pays_one_actions_fixed_cost_not_one_per_block():
+    """n t - (n - 1) a: each measured block time t holds one action's fixed cost a; the head's own
+    a comes off too. a = 2 t(1) - t(2) from a chain of two blocks (the profile's action_s)."""
+    from hexicore_plugins.runtimes.torch.profile import action_s
+
+    assert action_s(0.030, 0.054) == pytest.approx(0.006) and action_s(0.030, 0.061) == 0.0
+    blk = {"seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020, "action_s": 0.006}
+    p = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {
+        "blocks": [{"micro_batch": 1, "tp": 1, **blk}],
+        "head": {"micro_batch": 1, "seq_len": 32, "hidden": 64, "vocab": 256, "forward_s": 0.004,
+                 "backward_s": 0.008}}}}, "p")
+    cost = ProfiledCostModel(profile=p)
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    assert cost.action_s(CLUSTER, ["A.0"]) == 0.006 and cost.action_s(CLUSTER, ["A.0", "A.1"]) == 0.0  # TP: per block
+    assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 3) == pytest.approx(3 * 0.030 - 2 * 0.006)
+    assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 1) == pytest.approx(0.030)
+    head = cost.head_s(CLUSTER, MODEL, t, ["A.0"])
+    assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 2, last=True) == pytest.approx(0.054 + head - 0.006)
+
+
+def test_chunked_schedules_pay_the_fixed_cost_once_per_chunk():
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.schedule_ref import ScheduleRef
+    from hexicore.cost.profiled import chunks_per_stage
+
+    assert [chunks_per_stage(ScheduleRef(n, p)) for n, p in
+            (("1f1b", {}), ("interleaved_1f1b", {"chunks": 3}), ("hanayo", {"waves": 2}))] == [1, 3, 4]
+    blk = {"seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020, "action_s": 0.006}
+    cost = ProfiledCostModel(profile=parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {
+        "blocks": [{"micro_batch": 1, "tp": 1, **blk}]}}}, "p"))
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    stages = (Stage(("A.0",), 1, (0, 2)), Stage(("A.1",), 1, (2, 4)))
+    one = Plan(MODEL, CLUSTER, t, (Pipeline(8, stages, ScheduleRef("1f1b", {})),), solver={"name": "hand"})
+    two = Plan(MODEL, CLUSTER, t, (Pipeline(8, stages, ScheduleRef("interleaved_1f1b", {"chunks": 2})),),
+               solver={"name": "hand"})
+    plain, _ = cost.pipeline_pieces(one, one.pipelines[0])
+    chunked, _ = cost.pipeline_pieces(two, two.pipelines[0])
+    assert plain[0] == pytest.approx(2 * 0.030 - 0.006)
+    assert chunked == pytest.approx([x + 0.006 for x in plain])

@@ -220,8 +220,8 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
 
 # ------------------------------------------- emulated heterogeneity (test aid)
 def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
-    """``emulate: {slowdown: K}``: each F/B/I/W is followed by a sleep of (K - 1) x its duration;
-    communication and the optimizer step are not stretched, and the numbers are unchanged."""
+    """``emulate: {slowdown: K}``: each F/B/I/W and the optimizer step lasts K x its work (a
+    sleep follows it); a wait inside it is not work, and the numbers are unchanged."""
     from hexicore_plugins.runtimes.torch import emulate
 
     A = Action
@@ -232,10 +232,18 @@ def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(
     slept: list[float] = []
     monkeypatch.setattr(emulate.time, "sleep", slept.append)
     slow = _run(layout, steps=2, slowdown=(3.0,))
-    assert len(slept) == 2 * 5 and all(s > 0 for s in slept)  # 5 compute actions per step, 2 steps
+    assert len(slept) == 2 * 6 and any(s > 0 for s in slept)  # 5 compute actions + the step, 2 steps
     assert slow["metrics"]["losses"] == plain["metrics"]["losses"]
-    took = emulate.stretch(1.0, 0.0, __import__("torch").device("cpu"))
-    assert took > 0 and len(slept) == 10  # factor 1: no sleep
+    cpu = __import__("torch").device("cpu")
+    took = emulate.stretch(1.0, 0.0, cpu)
+    assert took > 0 and len(slept) == 12  # factor 1: no sleep
+    import threading
+
+    wall, work = emulate.clock()
+    threading.Event().wait(0.05)  # waiting (for a core, a collective) is not work: not stretched
+    assert emulate.stretch(3.0, wall, cpu, work) >= 0.05 and len(slept) == 13 and slept[-1] == 0.0
+    wall = emulate.time.perf_counter()  # without CPU seconds (CUDA): K x the wall time, (K - 1) x it left
+    assert emulate.stretch(3.0, wall - 0.1, cpu) >= 0.1 and slept[-1] == pytest.approx(0.2, abs=0.01)
 
 
 def test_emulate_in_a_cluster_file_round_trips_and_bad_values_are_refused(tmp_path):

@@ -8,8 +8,9 @@ Both are plain JSON data:
 
 * ``step_s``: seconds per training step (the estimate's ``iteration_s``);
 * ``pipelines_s``: per pipeline, the seconds of its schedule (``pipeline_s``);
-* ``dp_sync_s``: the step-end data-parallel gradient sync (``dp_s``; the optimizer step is not
-  priced by the cost model, the runtime measures it together with the sync);
+* ``dp_sync_s``: the step-end data-parallel gradient sync (``dp_s``); the runtime measures the
+  optimizer step together with the sync, and the profiled cost model prices it inside ``dp_s``
+  where its profile measured it (:mod:`hexicore.cost.optimizer_step`; the analytic model does not);
 * ``peak_memory_gb``: per rank (the plan's devices in order), the predicted peak (``memory_gb``);
 * ``stages``: per pipeline, per stage, ``forward_s`` and ``backward_s`` of one micro-batch (the
   breakdown's ``forward_s``/``backward_s``, :mod:`hexicore.cost.split`); null when the cost

@@ -10,7 +10,7 @@ cost model (:mod:`hexicore.cost.profiled`). YAML::
         blocks:                   # one transformer block, one micro-batch
           - {micro_batch: 1, tp: 1, seq_len: 4096, hidden: 4096, ffn: 11008, heads: 32,
              kv_heads: 32, forward_s: 0.0101, backward_s: 0.0198, recompute_s: 0.0101,
-             activation_bytes: 33554432}
+             activation_bytes: 33554432, optimizer_s: 0.0004, action_s: 0.0}
         head: {micro_batch: 1, seq_len: 4096, hidden: 4096, vocab: 32000, forward_s: 0.004, backward_s: 0.008}
     links:                        # point to point, fitted as latency + bytes / bandwidth
       - {between: [A, A], latency_s: 5.0e-06, bandwidth_gbs: 180.0}
@@ -18,7 +18,9 @@ cost model (:mod:`hexicore.cost.profiled`). YAML::
     allreduce:                    # bus bandwidth per group size and link class
       - {between: [A, A], group: 2, bandwidth_gbs: 150.0}
 
-Seconds are wall seconds of one micro-batch; ``between`` names the profiled cluster's machines
+Seconds are wall seconds of one micro-batch (``optimizer_s``: of one optimizer step over the
+block's parameters, optional; ``action_s``: the fixed cost of a forward and a backward action
+included in ``forward_s + backward_s``, optional); ``between`` names the profiled cluster's machines
 (the same machine twice is the link inside it). Every field is checked on reading; an error
 names the file and the field.
 """
@@ -51,6 +53,13 @@ class BlockTiming:
     heads: int = 0
     kv_heads: int = 0
     activation_bytes: float = 0.0
+    #: the optimizer step (AdamW + zero_grad) over the block's parameters on one TP rank
+    #: (0: not measured; independent of ``micro_batch``)
+    optimizer_s: float = 0.0
+    #: the fixed cost of one forward and one backward action beyond their blocks, included in
+    #: ``forward_s + backward_s`` (0: none or not measured): a stage running ``n`` blocks in one
+    #: action pays it once, not ``n`` times
+    action_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,8 +166,9 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
         where = f"devices.{name}"
         dev = schema.as_mapping(dev, source, where)
         blocks = tuple(_record(BlockTiming, b, source, f"{where}.blocks[{i}]", ("micro_batch", "tp", "seq_len") + _SHAPE,
-                               ("forward_s", "backward_s", "recompute_s", "activation_bytes"),
-                               optional=_SHAPE + ("recompute_s", "activation_bytes"))
+                               ("forward_s", "backward_s", "recompute_s", "activation_bytes", "optimizer_s",
+                                "action_s"),
+                               optional=_SHAPE + ("recompute_s", "activation_bytes", "optimizer_s", "action_s"))
                        for i, b in enumerate(schema.as_list(dev.get("blocks") or [], source, f"{where}.blocks")))
         head = None if dev.get("head") is None else _record(
             HeadTiming, dev["head"], source, f"{where}.head", ("micro_batch", "seq_len", "hidden", "vocab"),

@@ -5,7 +5,8 @@ Everything the analytic model (:mod:`hexicore.cost.analytic`) derives from catal
 configured links comes from the profile where the profile has it:
 
 * **compute of a stage** = its blocks' forward + backward (+ recompute) seconds measured on the
-  GPU type at the stage's TP degree (+ the head on the last stage). Micro-batch sizes, sequence
+  GPU type at the stage's TP degree (+ the head on the last stage), less the fixed cost of an
+  action counted once per block where the profile measured it (:meth:`ProfiledCostModel.compute_s`). Micro-batch sizes, sequence
   lengths and block shapes that were not measured are interpolated in FLOPs: the time is taken
   as affine in the block's FLOPs through the two nearest measurements of that TP degree
   (proportional beyond the measured range, or with a single measurement). A TP degree that was
@@ -13,7 +14,13 @@ configured links comes from the profile where the profile has it:
   communication is priced from the measured links, App. A's formula).
 * **TP communication** of a stage measured at its TP degree is inside the measured block times.
 * **links** (hops, DP sync, unmeasured TP) use the measured latency and bandwidth of each machine
-  pair (the same machine twice: the link inside it) in place of the cluster file's figures.
+  pair (the same machine twice: the link inside it) in place of the cluster file's figures; the
+  DP sync of a layer whose holders' machines have a measured all-reduce is priced from its bus
+  bandwidth (:mod:`hexicore.cost.measured_allreduce`).
+* **optimizer step**: where the profile has the blocks' ``optimizer_s``, the slowest rank's
+  AdamW step over the parameters it keeps (:mod:`hexicore.cost.optimizer_step`) is added to
+  ``dp_s``, the step's part after the pipelines (as the runtime's measured ``dp_sync_s`` holds
+  the DP reduction and the optimizer step).
 * **memory** stays the analytic model's (a profile's activation bytes are informational).
 
 Anything the profile lacks (a GPU type, a machine pair) falls back to the analytic model with a
@@ -23,6 +30,7 @@ one-line warning naming what was extrapolated (logged once per item on the ``hex
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -32,6 +40,8 @@ from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
+from hexicore.cost.measured_allreduce import allreduce_layer_s
+from hexicore.cost.optimizer_step import optimizer_step_s
 from hexicore.cost.split import compute_forward_fraction
 
 log = logging.getLogger("hexicore")
@@ -67,6 +77,15 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
         if x0 <= x <= x1:
             return t0 + (t1 - t0) * (x - x0) / (x1 - x0) if x1 > x0 else t0
     return pts[-1][1]  # unreachable: x lies inside the range
+
+
+def chunks_per_stage(schedule: Mapping[str, Any]) -> int:
+    """Model chunks each stage's devices run per micro-batch and direction under ``schedule``:
+    its ``chunks`` parameter (interleaved schedules), else two per ``waves`` (a wave passes every
+    device twice, down and back), else one."""
+    if schedule.get("chunks"):
+        return int(schedule["chunks"])
+    return 2 * int(schedule["waves"]) if schedule.get("waves") else 1
 
 
 @dataclass(frozen=True)
@@ -156,12 +175,42 @@ class ProfiledCostModel(AnalyticCostModel):
         flops = 2.0 * (h.hidden or model.hidden) * (h.vocab or model.vocab) * h.micro_batch * h.seq_len
         return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops / len(devices)
 
+    def action_s(self, cluster: Cluster, devices: Sequence[str]) -> float:
+        """The fixed cost of a forward and a backward action (:class:`BlockTiming.action_s`): the
+        median over the profiled blocks of the lowest TP degree, the largest over the group's
+        GPU types; 0 where not measured, and for a TP group (> 1 device): every block of a TP
+        stage ends in all-reduces that wait for the group's slowest rank, so in training a TP
+        stage pays the measured block time per block (docs/results.md, "Closed loop")."""
+        if len(devices) > 1:
+            return 0.0
+        worst = 0.0
+        for gpu in {cluster.device(d).gpu.name for d in devices}:
+            blocks = self._blocks(gpu)
+            if blocks:
+                low = min(b.tp for b in blocks)
+                worst = max(worst, statistics.median(b.action_s for b in blocks if b.tp == low))
+        return worst
+
+    def pipeline_pieces(self, plan: Any, pipeline: Any) -> tuple[list[float], list[float]]:
+        """App. A's pieces, each stage paying one action's fixed cost per chunk it runs
+        (:func:`chunks_per_stage`; :meth:`compute_s` counts one)."""
+        stages, hops = super().pipeline_pieces(plan, pipeline)
+        extra = chunks_per_stage(pipeline.schedule) - 1
+        if extra > 0:
+            stages = [x + extra * self.action_s(plan.cluster, s.devices) for x, s in zip(stages, pipeline.stages)]
+        return stages, hops
+
     def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                   n_layers: int, *, last: bool = False) -> float:
+        """``n t - (n - 1) a`` (+ the head, less its own ``a``): ``t`` a block's measured seconds
+        (:meth:`block_s`), each including one action's fixed cost ``a`` (:meth:`action_s`) that a
+        stage running its ``n`` blocks (and head) in one forward and one backward action pays once."""
         blk = self.block_s(cluster, model, train, devices)
         if blk is None:
             return super().compute_s(cluster, model, train, devices, n_layers, last=last)
-        return n_layers * blk + (self.head_s(cluster, model, train, devices) if last else 0.0)
+        fixed = min(self.action_s(cluster, devices), blk)
+        head = max(self.head_s(cluster, model, train, devices) - fixed, 0.0) if last else 0.0
+        return n_layers * blk - max(n_layers - 1, 0) * fixed + head
 
     def forward_fraction(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
                          devices: Sequence[str]) -> float:
@@ -189,8 +238,24 @@ class ProfiledCostModel(AnalyticCostModel):
               dst: Sequence[str]) -> float:
         return super().hop_s(self.measured(cluster), model, train, src, dst)
 
-    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], *args: Any, **kw: Any) -> float:
-        return super().dp_layer_s(self.measured(cluster), holders, *args, **kw)
+    def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], n_params: float, dtype_bytes: int,
+                   links: dict | None = None, weight: Mapping[str, float] | None = None) -> float:
+        """COMM-DP-LAYER from the measured all-reduce bus bandwidth of the holders' machines
+        (:mod:`hexicore.cost.measured_allreduce`); App. A's ring on the measured links where the
+        profile has none (or under uneven ZeRO shards, ``weight``)."""
+        got = None if weight is not None else allreduce_layer_s(self.profile, cluster, holders, n_params, dtype_bytes)
+        if got is not None:
+            return got
+        return super().dp_layer_s(self.measured(cluster), holders, n_params, dtype_bytes, links, weight)
+
+    def dp_s(self, plan: Any) -> float:
+        """COMM-DP (App. A) on the measured links + OPT, the measured optimizer step
+        (:func:`hexicore.cost.optimizer_step.optimizer_step_s`)."""
+        return super().dp_s(plan) + self.optimizer_s(plan)
+
+    def optimizer_s(self, plan: Any) -> float:
+        """The slowest rank's measured optimizer step (0 where the profile has none)."""
+        return optimizer_step_s(plan, self._blocks, self.kept_params(plan))
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

@@ -94,12 +94,14 @@ def print_profile(p: Profile) -> None:
     """Blocks per device type, then links and all-reduces, as rich tables."""
     out = console()
     rows = [(name, b.micro_batch, b.tp, b.seq_len, f"{b.forward_s * 1e3:.3f}", f"{b.backward_s * 1e3:.3f}",
-             f"{b.recompute_s * 1e3:.3f}", f"{b.activation_bytes / 2**20:.2f}")
+             f"{b.recompute_s * 1e3:.3f}", f"{b.activation_bytes / 2**20:.2f}",
+             f"{b.optimizer_s * 1e3:.3f}" if b.optimizer_s else "", f"{b.action_s * 1e3:.3f}" if b.action_s else "")
             for name, dev in p.devices.items() for b in dev.blocks]
     rows += [(name, dev.head.micro_batch, "head", dev.head.seq_len, f"{dev.head.forward_s * 1e3:.3f}",
-              f"{dev.head.backward_s * 1e3:.3f}", "", "") for name, dev in p.devices.items() if dev.head]
+              f"{dev.head.backward_s * 1e3:.3f}", "", "", "", "") for name, dev in p.devices.items() if dev.head]
     out.print(rows_table("compute (one micro-batch)", ("device", "micro-batch", "TP", "seq", "forward ms",
-                                                        "backward ms", "recompute ms", "activations MiB"), rows))
+                                                        "backward ms", "recompute ms", "activations MiB",
+                                                        "optimizer step ms", "fixed per F+B action ms"), rows))
     links = [(" - ".join(ln.between), f"{ln.latency_s * 1e6:.1f}", f"{ln.bandwidth_gbs:.3f}") for ln in p.links]
     links += [(" - ".join(a.between), f"all-reduce x{a.group}", f"{a.bandwidth_gbs:.3f}") for a in p.allreduce]
     out.print(rows_table("links", ("between", "latency us", "GB/s"), links))

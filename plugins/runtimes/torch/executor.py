@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from hexicore.pipeline.actions import Action, Op
 
-from .emulate import settle, stretch
+from .emulate import clock, settle, stretch
 from .groups import Groups
 from .layout import PipelinePart
 from .stage import Stage
@@ -258,9 +258,11 @@ class Executor:
         if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders
             params = {(s, n): p for s in sorted(self.stages) for n, p in self.stages[s].module.named_parameters()}
             self.g.dp.run(params, self._wait)
-        if self.optimizer is not None:
+        if self.optimizer is not None:  # device compute: stretched like a compute action (.emulate)
+            wall, cpu = clock()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            stretch(self.slowdown, wall, self.device, cpu)
         self.stepped = True
         settle(self.device)
         self.sync_s += time.perf_counter() - t0
@@ -283,7 +285,7 @@ class Executor:
         t0 = time.perf_counter()
         for i, a in enumerate(self.acts):
             self.pos = i
-            start = time.perf_counter() - t0
+            start, cpu = time.perf_counter() - t0, time.thread_time()
             if a.is_compute and self.device.type == "cuda":
                 events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 events[-1][0].record()
@@ -293,7 +295,7 @@ class Executor:
                 raise ExecutionError(f"action {i} ({a}): {exc}") from None
             if a.is_compute:
                 if self.slowdown > 1.0:
-                    stretch(self.slowdown, t0 + start, self.device)
+                    stretch(self.slowdown, t0 + start, self.device, cpu)
                 if events:
                     events[-1][1].record()
                 self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))

@@ -188,7 +188,8 @@ def _sampler(job: ProfileJob, t: Task, rank: int, device: torch.device, group: A
 def summarize(job: ProfileJob, t: Task, samples: list[Any]) -> Any:
     """One measurement's kept value from its samples (:func:`pick` of each quantity)."""
     if t.kind == "block":
-        out = {k: pick(job, [s[i] for s in samples]) for i, k in enumerate(("forward_s", "backward_s", "recompute_s"))}
+        keys = ("forward_s", "backward_s", "recompute_s", None, "optimizer_s", "chain_s")
+        out = {k: pick(job, [s[i] for s in samples]) for i, k in enumerate(keys) if k}
         return {**out, "activation_bytes": float(samples[-1][3])}
     if t.kind == "head":
         return {"forward_s": pick(job, [s[0] for s in samples]), "backward_s": pick(job, [s[1] for s in samples])}
@@ -263,11 +264,20 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
     for (n, mb, tp), rows in sorted(blocks.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], kv[0][1])):
         per.setdefault(n, []).append(BlockTiming(mb, tp, s, med(rows, "forward_s"), med(rows, "backward_s"),
                                                  med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
-                                                 med(rows, "activation_bytes")))
+                                                 med(rows, "activation_bytes"), med(rows, "optimizer_s"),
+                                                 action_s(med(rows, "forward_s") + med(rows, "backward_s"),
+                                                          med(rows, "chain_s"))))
     head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
             for n, rows in heads.items()}
     devices = {n: DeviceProfile(tuple(per.get(n, ())), head.get(n)) for n in dict.fromkeys([*per, *head])}
     return Profile(devices, tuple(links), tuple(allreduce), got["env"])
+
+
+def action_s(one: float, chain: float) -> float:
+    """The fixed cost of a forward and a backward action beyond their blocks, from the forward +
+    backward of one block (``one``) and of a chain of two in one action (``chain``): with
+    ``t(n) = a + n b``, ``a = 2 t(1) - t(2)`` (0 where noise makes it negative)."""
+    return max(2.0 * one - chain, 0.0)
 
 
 def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob:

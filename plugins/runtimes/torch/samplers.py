@@ -39,15 +39,18 @@ def _autocast(job: Any, device: torch.device):
 def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
     """``fn()`` stretched as the executor stretches a compute action; (result, wall seconds)."""
     settle(device)
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.thread_time()
     out = fn()
-    stretch(slowdown, t0, device)
+    stretch(slowdown, t0, device, cpu)
     settle(device)
     return out, time.perf_counter() - t0
 
 
 def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any) -> Iterator[tuple]:
-    """(forward, backward, recompute seconds, activation bytes) of one block, one sample per step."""
+    """(forward, backward, recompute seconds, activation bytes, optimizer-step seconds, forward +
+    backward seconds of a chain of two blocks in one action) of one block, one sample per step.
+    The optimizer step is the trainer's AdamW + ``zero_grad`` over the block's parameters on this
+    rank; the chain gives one action's fixed cost (:func:`.profile.to_profile`)."""
     spec, slow = job.model, job.devices[rank][3]
     tp = TPGroup(t.ranks.index(rank), len(t.ranks), group)
     block = Block(spec, tp).to(device)
@@ -57,16 +60,27 @@ def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any)
     x = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 0.1).to(device).requires_grad_()
     grad = (torch.randn(t.micro_batch, job.seq_len, spec.hidden, generator=gen) * 1e-3).to(device)
     act = activation_bytes(block, x, cos, sin, job, device)
+    second = Block(spec, tp).to(device)  # a chain of two blocks: one action's fixed cost
+    _init(second, job.seed + tp.rank + 1)
+    optim = torch.optim.AdamW(block.parameters(), lr=1e-12, betas=(0.9, 0.95), weight_decay=0.1)  # the trainer's
+
+    def step() -> None:
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
     while True:
         with _autocast(job, device):
             y, fwd = _timed(lambda: block(x, cos, sin), slow, device)
         _, bwd = _timed(lambda: y.backward(grad), slow, device)
         with _autocast(job, device):
             again, rec = _timed(lambda: block(x, cos, sin), slow, device)
-        del y, again
+            two, fwd2 = _timed(lambda: second(block(x, cos, sin), cos, sin), slow, device)
+        _, bwd2 = _timed(lambda: two.backward(grad), slow, device)
+        del y, again, two
         x.grad = None
-        block.zero_grad(set_to_none=True)
-        yield fwd, bwd, rec, act
+        second.zero_grad(set_to_none=True)
+        _, opt = _timed(step, slow, device)
+        yield fwd, bwd, rec, act, opt, fwd2 + bwd2
 
 
 def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

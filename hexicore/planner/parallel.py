@@ -66,17 +66,7 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> li
     workers = 1 if _IN_WORKER[0] else min(workers, len(items))
     if workers <= 1 or not hasattr(os, "fork"):
         return [fn(x) for x in items]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    children = []
-    for w in range(1, workers):
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child
-            os.close(r)
-            _child(fn, items, range(w, len(items), workers), wfd)
-        os.close(wfd)
-        children.append((w, pid, r))
+    children = _spawn(fn, items, [range(w, len(items), workers) for w in range(1, workers)])
     out: list[Any] = [None] * len(items)
     error = None
     try:
@@ -84,7 +74,35 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> li
             out[i] = fn(items[i])
     except BaseException as exc:
         error = exc
-    for w, pid, r in children:
+    lost = _collect(children, out)  # always wait for the children
+    error = error or lost
+    if error is not None:
+        raise error
+    return out
+
+
+def _spawn(fn: Callable[[Any], Any], items: list, shares: Sequence[range]) -> list[tuple[range, int, int]]:
+    """Fork one child per share of ``items`` (it computes ``fn`` of its share and sends the
+    results down a pipe): ``(share, pid, read end)`` per child."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    for share in shares:
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(r)
+            _child(fn, items, share, wfd)
+        os.close(wfd)
+        children.append((share, pid, r))
+    return children
+
+
+def _collect(children: list[tuple[range, int, int]], out: list[Any]) -> BaseException | None:
+    """Wait for every child and put its results into ``out`` at its share; the first error a
+    child raised (or a child that died), if any."""
+    error = None
+    for share, pid, r in children:
         with os.fdopen(r, "rb") as src:
             data = src.read()
         os.waitpid(pid, 0)
@@ -92,11 +110,9 @@ def fork_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> li
         if msg[0] != "ok":
             error = error or msg[1]
             continue
-        for i, v in zip(range(w, len(items), workers), msg[1]):
+        for i, v in zip(share, msg[1]):
             out[i] = v
-    if error is not None:
-        raise error
-    return out
+    return error
 
 
 @dataclass
@@ -114,17 +130,7 @@ class Forked:
         if self.plain:
             return [self.fn(x) for x in self.items]
         out: list[Any] = [None] * len(self.items)
-        error = None
-        for share, pid, r in self.children:
-            with os.fdopen(r, "rb") as src:
-                data = src.read()
-            os.waitpid(pid, 0)
-            msg = pickle.loads(data) if data else ("error", RuntimeError("a worker process died"), "")
-            if msg[0] != "ok":
-                error = error or msg[1]
-                continue
-            for i, v in zip(share, msg[1]):
-                out[i] = v
+        error = _collect(self.children, out)
         self.children = []
         if error is not None:
             raise error
@@ -150,16 +156,4 @@ def fork_start(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> 
     workers = 0 if _IN_WORKER[0] or not hasattr(os, "fork") else min(workers, len(items))
     if workers < 1:
         return Forked(fn, items, [], plain=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    children = []
-    for w in range(workers):
-        r, wfd = os.pipe()
-        share = range(w, len(items), workers)
-        pid = os.fork()
-        if pid == 0:  # the child
-            os.close(r)
-            _child(fn, items, share, wfd)
-        os.close(wfd)
-        children.append((share, pid, r))
-    return Forked(fn, items, children)
+    return Forked(fn, items, _spawn(fn, items, [range(w, len(items), workers) for w in range(workers)]))

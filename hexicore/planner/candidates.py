@@ -77,6 +77,7 @@ class Context:
     parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
     class_ids: dict = field(default_factory=dict)  # machine class -> small id (shared_layouts)
     workers: int = 1  # processes the search may use (hexicore.planner.prefetch)
+    ahead: dict = field(default_factory=dict)  # ((part key, seed) -> layout) computed ahead (prefetch.walk_ahead)
 
     @cached_property
     def machine_graph(self) -> Any:
@@ -224,8 +225,9 @@ def phase2(ctx: Context, part: Sequence[str], k: int, n_mb_max: int, seed: int) 
     if len(ctx.graph) > ctx.cfg.machine_graph_above:  # large clusters: per part signature (shared_layouts)
         return shared_phase2(ctx, part, k, n_mb_max, seed, lambda *a: _phase2(ctx, *a))
     key = (frozenset(part), k, n_mb_max)
-    if key not in ctx.phase2_cache:
-        ctx.phase2_cache[key] = _phase2(ctx, part, k, n_mb_max, seed)
+    if key not in ctx.phase2_cache:  # laid out ahead with this very seed, or now
+        hit = ctx.ahead.pop((key, seed), ctx)
+        ctx.phase2_cache[key] = _phase2(ctx, part, k, n_mb_max, seed) if hit is ctx else hit
     return ctx.phase2_cache[key]
 
 

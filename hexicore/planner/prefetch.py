@@ -9,13 +9,21 @@ processes (:func:`hexicore.planner.parallel.fork_map`), then replays the loop's 
 order and stores exactly the layouts the loop would compute itself, with the seed it would use
 (``phase2_cache`` keeps the first layout computed per part). The loop then finds them cached:
 the plan is the one-process plan.
+
+:func:`walk_ahead` does the same for the walk that follows the sweep, by speculation: the
+loop's next candidates as they would be drawn if the best ``D_dp`` stays the same and the cut's
+moving averages do not flip (:func:`hexicore.planner.search.speculate`). Their phase 1 runs
+in parallel into ``ctx.parts_cache`` (keyed by every input, so it is what the loop computes),
+their phase 2 into ``ctx.ahead`` keyed by part *and seed*: the loop takes a layout from there
+only when it would lay out that part with that seed itself, so a wrong guess costs time, never
+a different plan.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from hexicore.planner.candidates import Context, at_dp, phase2, split
+from hexicore.planner.candidates import Context, _phase2, at_dp, phase2, split
 from hexicore.planner.parallel import fork_map
 
 
@@ -61,3 +69,31 @@ def prefetch(ctx: Context, items: Sequence[tuple[int, str, int]], workers: int) 
             if ctx.phase2_cache[ck] is None:  # the loop's candidate stops at a part that fits no way
                 break
     return stored
+
+
+def walk_ahead(ctx: Context, items: Sequence[tuple[int, str, tuple[int, ...], int]], workers: int) -> int:
+    """``items``: the loop's guessed next candidates ``(D_dp, cut, k shifts, seed)``; their
+    phase 1 and the phase 2 of every part not laid out yet, in parallel (module docstring).
+    Returns how many layouts were computed ahead."""
+    if workers <= 1 or not items:
+        return 0
+    todo = list(dict.fromkeys((d, o, tuple(s), seed) for d, o, s, seed in items
+                              if (d, o, tuple(s), seed) not in ctx.parts_cache))
+    for key, hit in zip(todo, fork_map(lambda key: split(ctx, *key), todo, workers)):
+        ctx.parts_cache.setdefault(key, hit)
+    tasks: dict = {}
+    for d_dp, objective, shifts, seed in items:
+        parts, ks = ctx.parts_cache[(d_dp, objective, tuple(shifts), seed)]
+        n_mb_max = ctx.micro_batches - (len(parts) - 1)
+        for i, (p, k) in enumerate(zip(parts, ks)):
+            ck = (frozenset(p), k, n_mb_max)
+            if ck not in ctx.phase2_cache and (ck, seed + i) not in ctx.ahead:
+                tasks.setdefault((ck, seed + i), (d_dp, tuple(p), k, n_mb_max, seed + i))
+
+    def lay_out(task: tuple) -> object:  # never through phase2: its cache keeps no seed
+        at_dp(ctx, task[0])
+        return _phase2(ctx, list(task[1]), *task[2:])
+
+    for key, lay in zip(tasks, fork_map(lay_out, list(tasks.values()), workers)):
+        ctx.ahead[key] = lay
+    return len(tasks)

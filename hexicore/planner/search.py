@@ -32,7 +32,7 @@ from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assem
                                          phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
                                          unit_orders, variants)
 from hexicore.planner.parallel import available_cores
-from hexicore.planner.prefetch import prefetch
+from hexicore.planner.prefetch import prefetch, walk_ahead
 from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, resolve_plan, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
@@ -177,12 +177,41 @@ def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None
     return [(d, None) for d in sorted({dps[round(i * (len(dps) - 1) / (m - 1))] for i in range(m)})]
 
 
+def walk_step(ctx: Context, best: Candidate, rng: random.Random, dps: list[int]) -> tuple[int, str, tuple[int, ...]]:
+    """One step of the walk around the best (§4.4): ``D_dp`` next to the best's, the cut
+    (:func:`choose_objective`) and a shift of every pipeline's number of groups ``k_i``."""
+    base = best.info.get("d_dp", rng.choice(dps))  # (the default is drawn at every step)
+    d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
+    objective = choose_objective(ctx, rng)
+    return d_dp, objective, tuple(rng.choice(ctx.cfg.k_shifts) for _ in range(d_dp))
+
+
+def speculate(ctx: Context, best: Candidate, rng: random.Random, start: int, dps: list[int]) -> dict[int, tuple]:
+    """The walk's candidates from iteration ``start`` on as the loop will draw them if ``best``
+    and the moving averages stay as they are (``rng`` untouched), computed ahead on the spare
+    cores (:func:`hexicore.planner.prefetch.walk_ahead`): ``iteration -> (D_dp, cut, shifts, seed)``."""
+    draws = random.Random()
+    draws.setstate(rng.getstate())
+    out = {}
+    for it in range(start, ctx.cfg.iterations):
+        step = walk_step(ctx, best, draws, dps)
+        out[it] = (*step, draws.randrange(2**31))
+    walk_ahead(ctx, list(out.values()), ctx.workers)
+    return out
+
+
 def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
                 progress: Progress) -> Candidate:
-    """The §4.4 loop: the initial D_dp sweep, then a walk around the best."""
+    """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
+    and no time limit the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
+    is guessed and laid out ahead (:func:`speculate`, at most three times); the plan is the
+    one-process plan either way."""
     n = ctx.cfg.iterations
     sweep = initial_sweep(dps, n)
-    if ctx.workers > 1 and deadline == INF and len(ctx.graph) <= ctx.cfg.machine_graph_above:
+    ahead = ctx.workers > 1 and deadline == INF and len(ctx.graph) <= ctx.cfg.machine_graph_above
+    guessed: dict[int, tuple] = {}
+    guesses = 0
+    if ahead:
         # the sweep's fixed cuts: their phase 2 ahead, in parallel
         fixed = list(itertools.takewhile(lambda s: s[1] is not None, sweep[:n]))
         draws = random.Random()
@@ -196,11 +225,13 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
             objective = objective or choose_objective(ctx, rng)
             shifts: Sequence[int] = (0,)
         else:
-            base = best.info.get("d_dp", rng.choice(dps))
-            d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
-            objective = choose_objective(ctx, rng)
-            shifts = tuple(rng.choice(ctx.cfg.k_shifts) for _ in range(d_dp))
-        cand = two_phase(ctx, d_dp, objective, shifts, rng.randrange(2**31))
+            if ahead and it not in guessed and guesses < 3 and n - it > 1:
+                guessed, guesses = speculate(ctx, best, rng, it, dps), guesses + 1
+            d_dp, objective, shifts = walk_step(ctx, best, rng, dps)
+        seed = rng.randrange(2**31)
+        if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
+            guessed = {}  # the walk left the guess: guess again from the next step
+        cand = two_phase(ctx, d_dp, objective, shifts, seed)
         if cand.score < best.score:
             best = cand
         shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"

@@ -67,7 +67,8 @@ class TopTauOrderer:
         bw = group_bandwidth(groups, graph)
         hop = np.where(bw > 0, 1.0 / np.where(bw > 0, bw, 1.0), np.inf)
         cheapest = hop[np.isfinite(hop)].min() if np.isfinite(hop).any() else 0.0
-        ranked = [sorted((b for b in range(k) if b != a), key=lambda b: (-bw[a, b], b))[:self.tau] for a in range(k)]
+        by_bw = [sorted((b for b in range(k) if b != a), key=lambda b: (-bw[a, b], b)) for a in range(k)]
+        ranked = [row[:self.tau] for row in by_bw]
         found: list[tuple[float, int, list[int]]] = []
         left = [self.budget]
         counter = [0]
@@ -85,8 +86,7 @@ class TopTauOrderer:
                 return
             nxt = [b for b in ranked[path[-1]] if b not in seen]
             if not nxt:  # the tau best are used up: fall back to the best remaining neighbour
-                rest = [b for b in range(k) if b not in seen]
-                nxt = [min(rest, key=lambda b: (-bw[path[-1], b], b))]
+                nxt = [next(b for b in by_bw[path[-1]] if b not in seen)]
             for b in nxt:
                 left[0] -= 1
                 path.append(b)

@@ -187,11 +187,10 @@ def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys
     assert run_cli(["evaluate", f"plan_file={path}"]) == 0  # evaluate warns, does not refuse
     out = capsys.readouterr()
     assert "does not execute" in out.err and "ZeRO-3 over 2 holders" in out.out
-    hybrid = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
-                  tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
+    hybrid = replace(plan, train=replace(plan.train, zero_scope="machine"))  # hybrid: the same refusal
     hybrid.save(str(path))
     assert run_cli(["train", f"plan_file={path}", "train.steps=1", f"out={tmp_path / 'run'}"]) == 2
-    assert "hybrid sharding" in capsys.readouterr().err
+    assert "does not execute ZeRO-3 for pipelines of more than one stage" in capsys.readouterr().err
 
 
 def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_identical_pipelines():
@@ -204,6 +203,9 @@ def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_iden
                 tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
     check_zero(flat.train, flat.pipelines, None, "p.json")
     check_zero(_plan(3).train, _plan(3).pipelines, None, "p.json")  # two identical two-stage pipelines
+    hybrid = Plan(MODEL, CLUSTER, TrainConfig(global_batch=6, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
+                  tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "A.1", "B.0")))
+    check_zero(hybrid.train, hybrid.pipelines, None, "p.json")  # hybrid ZeRO-3 (HSDP) on one-stage pipelines
 
 
 def test_shard_bounds_even_and_by_memory_by_hand():

@@ -18,12 +18,15 @@ FLAT = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 8)]), (2, "1f1b", [(1, 8)])]
 #: hybrid: M.0 whole | M.1 [0,3) + M.2 [3,8) | N.0 whole — layer chunks held by two holders in
 #: machine M and one in machine N (different holder counts per machine)
 HYBRID = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 3), (1, 5)]), (2, "1f1b", [(1, 8)])]
+#: hybrid ZeRO-3 (one stage per pipeline): M.0 | M.1 + M.2 (TP 2) | N.0 — a TP half is held by
+#: two ranks in M and one in N, a replicated tensor by three in M and one in N
+HYBRID3 = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(2, 8)]), (2, "1f1b", [(1, 8)])]
 
 
-def _hybrid_plan(zero: int, scope: str = "machine") -> Plan:
+def _hybrid_plan(zero: int, scope: str = "machine", pipelines=HYBRID) -> Plan:
     from tests.test_asymmetric import CLUSTER, plan_of
 
-    d = plan_of(HYBRID).to_dict()
+    d = plan_of(pipelines).to_dict()
     d.pop("estimate", None)
     d["cluster"] = {**CLUSTER, "machines": [{"name": "M", "gpu": "rtx4090", "count": 3, "bandwidth_gbs": 32},
                                             {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
@@ -74,7 +77,8 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     """One 4-rank job on :data:`HYBRID` (machines M: 3 ranks, N: 1): ZeRO-1 and ZeRO-2 with
     ``zero_scope=machine`` train like one process (1e-5); each rank's AdamW state equals the cost
     model's for ``zero_scope=machine`` (within one element per group); a hybrid checkpoint resumes
-    under ``zero_scope=all`` and hybrid again like the uninterrupted run (1e-6)."""
+    under ``zero_scope=all`` and hybrid again like the uninterrupted run (1e-6). The same for
+    hybrid ZeRO-3 on :data:`HYBRID3` (even shards, and uneven ones inside machine M)."""
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch import launch
@@ -91,23 +95,32 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     machines = tuple(plan.cluster.device(d).machine for d in plan.devices)
     assert machines == ("M", "M", "M", "N")
     base = {"layout": layout, "steps": 3, "seed": 5, "progress": False, "return_state": True}
+    plan3 = _hybrid_plan(3, pipelines=HYBRID3)
+    layout3 = plan_layout(plan3, [p.schedule for p in plan3.pipelines], registry=Registry.default(), seq_len=SEQ)
+    base3, step2 = {**base, "layout": layout3, "zero": 3}, str(tmp_path / "h3" / "checkpoints" / "step_2")
     specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True),
              WorkerSpec(**base, zero=1, machines=machines, checkpoint_every=2, out=str(tmp_path / "h1")),
              WorkerSpec(**base, zero=2, machines=machines),
              WorkerSpec(**base, zero=1, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
-             WorkerSpec(**base, zero=1, machines=machines, resume=str(tmp_path / "h1" / "checkpoints" / "step_2"))]
+             WorkerSpec(**base, zero=1, machines=machines, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
+             WorkerSpec(**base3, machines=machines, checkpoint_every=2, out=str(tmp_path / "h3")),
+             WorkerSpec(**base3, machines=machines, shard_weights=(1.0, 3.0, 2.0, 1.0)),
+             WorkerSpec(**base3, resume=step2), WorkerSpec(**base3, machines=machines, resume=step2)]
     results = launch(specs, 4)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
-    for resumed in results[3:]:  # into zero_scope=all and into hybrid again
-        assert _max_abs(resumed["state"], results[1]["state"]) <= 1e-6
-    groups = sync_plan(layout).members()
-    for zero, got in ((1, results[1]), (2, results[2])):
-        parts = AnalyticCostModel().memory_parts(_hybrid_plan(zero))
+    for resumed, whole in ((3, 1), (4, 1), (7, 5), (8, 5)):  # into zero_scope=all and into hybrid again
+        assert _max_abs(results[resumed]["state"], results[whole]["state"]) <= 1e-6, resumed
+    for zero, got, lay, p in ((1, results[1], layout, plan), (2, results[2], layout, plan),
+                              (3, results[5], layout3, plan3)):
+        parts = AnalyticCostModel().memory_parts(_hybrid_plan(zero, pipelines=HYBRID3 if zero == 3 else HYBRID))
+        groups = sync_plan(lay).members()
         for r, b in enumerate(got["metrics"]["optimizer_state_bytes"]):
             slack = 8 * sum(1 for g in groups if r in g)
-            assert abs(b - parts[plan.devices[r]]["optimizer"] * GIB) <= slack, (zero, r, b)
+            assert abs(b - parts[p.devices[r]]["optimizer"] * GIB) <= slack, (zero, r, b)
+    z3 = results[5]["metrics"]["optimizer_state_bytes"]  # N.0 keeps whole moments, M.0 a half or a third
+    assert z3[3] == 8 * layout3.model.total_params() and z3[0] < z3[3] / 2
     every = AnalyticCostModel().memory_parts(_hybrid_plan(1, "all"))
     mine = results[1]["metrics"]["optimizer_state_bytes"]
     assert mine[3] > every["N.0"]["optimizer"] * GIB  # N.0 alone in its machine keeps whole moments
@@ -119,7 +132,7 @@ def test_hybrid_segments_cut_at_every_machines_pieces_by_hand():
     N keeps all; the segments are M's pieces, each summed with rank 3; N's piece crosses three
     rings. With N split too (ranks 3, 4: 5 | 5) the cuts are 0, 4, 5, 7, 10."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.hybrid import communicators, segments, split
+    from hexicore_plugins.runtimes.torch.hybrid import atom_cross, atom_segments, communicators, peers_of, segments, split
 
     machines = ("M", "M", "M", "N", "N")
     assert segments((0, 1, 2, 3), 10, None, machines) == [(0, 4, (0, 3)), (4, 7, (1, 3)), (7, 10, (2, 3))]
@@ -131,3 +144,10 @@ def test_hybrid_segments_cut_at_every_machines_pieces_by_hand():
     assert split((0, 1), 10, 1, None, None).piece == (5, 10)  # no machines: among all members
     assert communicators({(0, 1, 2, 3): 10}, None, machines) == [(0, 3), (1, 3), (2, 3), (0, 1, 2)]
     assert communicators({(0, 3): 10, (1, 3): 10}, None, machines) == []  # one holder per machine: the groups
+    # ZeRO-3 cuts unit by unit (atoms of 4 and 6): M apportions 2 | 1 | 1 and 2 | 2 | 2 (rounding carried)
+    assert atom_segments((0, 1, 2, 3), [4, 6], None, machines) == [
+        (0, 2, (0, 3)), (2, 3, (1, 3)), (3, 4, (2, 3)), (4, 6, (0, 3)), (6, 8, (1, 3)), (8, 10, (2, 3))]
+    assert atom_cross((0, 1, 2, 3), [4, 6], 1, None, machines) == ((2, 3, (1, 3)), (6, 8, (1, 3)))
+    assert peers_of((0, 1, 2, 3), 3, machines) == (3,) and peers_of((0, 3), 3, None) == (0, 3)
+    assert communicators({(0, 1, 2, 3): 10}, None, machines, {(0, 1, 2, 3): [4, 6]}) == \
+        [(0, 3), (1, 3), (2, 3), (0, 1, 2)]

@@ -154,6 +154,10 @@ class DPSync:
     def __bool__(self) -> bool:
         return bool(self.items)
 
+    def handle(self, ranks: tuple[int, ...]):
+        """The communicator of ``ranks``: a chunk group's own, or one of hybrid sharding's (None: alone)."""
+        return self.handles[ranks] if ranks in self.handles else self.hybrid_handles.get(ranks)
+
     @staticmethod
     def _view(p: torch.Tensor, c: Chunk, h: Holder) -> torch.Tensor:
         """The chunk's slice of this holder's local tensor."""

@@ -20,7 +20,9 @@ from . import tied
 from .dp_sync import DPSync, full_shapes, sync_plan
 from .layout import Layout, Role
 from .tensor_parallel import TPGroup
+from .hybrid import communicators, machine_sets as hybrid_sets
 from .zero import zero3_runs
+from .zero_units import unit_sizes
 
 
 @dataclass
@@ -40,9 +42,11 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machin
                  weights: tuple[float, ...] | None = None) -> Groups:
     """Create (collectively) every TP and DP group of ``layout``; return this rank's. ZeRO-3
     (:mod:`.zero`) gets a second group per member set for the weight gathers, so gathers and
-    gradient sums pair up in order on their own communicators. Hybrid sharding (``machines``:
-    the machine of every global rank; ``weights``: shard weights or None) adds the machine
-    subsets and cross-machine segments of every chunk group (:func:`.hybrid.communicators`)."""
+    gradient sums pair up in order on their own communicators (hybrid: per machine subset of a
+    chunk group, :func:`.hybrid.machine_sets`). Hybrid sharding (``machines``: the machine of
+    every global rank; ``weights``: shard weights or None) adds the machine subsets and
+    cross-machine segments of every chunk group (:func:`.hybrid.communicators`; ZeRO-3 cuts
+    them unit by unit, :func:`.zero_units.unit_sizes`)."""
     role = layout.role(rank)
     tp, leader = TPGroup(), rank
     for p in layout.pipelines:
@@ -62,17 +66,17 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machin
         if rank in members:
             handles[members] = handle
     gathers: dict[tuple[int, ...], Any] = {}
-    if zero == 3 and zero3_runs(layout):
-        for members in plan.members():
+    zero3 = zero == 3 and zero3_runs(layout)
+    if zero3:
+        for members in plan.members() if machines is None else hybrid_sets(plan.members(), machines):
             handle = dist.new_group(list(members)) if world > 1 else None
             if rank in members:
                 gathers[members] = handle
     hybrid: dict[tuple[int, ...], Any] = {}
     if machines is not None and zero:
-        from .hybrid import communicators
-
         sizes = {m: sum(c.numel for c, _, _ in plan.groups[m]) for m in plan.members()}
-        for members in communicators(sizes, weights, machines):
+        atoms = {m: unit_sizes(plan.groups[m], layout.model.layers) for m in plan.members()} if zero3 else None
+        for members in communicators(sizes, weights, machines, atoms):
             handle = dist.new_group(list(members)) if world > 1 else None
             if rank in members:
                 hybrid[members] = handle

@@ -20,15 +20,24 @@ machine). A step, per chunk group: reduce-scatter inside the machine, all-reduce
 segment across machines, AdamW on the piece (identical on every machine: same sum, same
 moments), all-gather inside the machine.
 
-Pure Python: every rank derives the same splits and communicator member sets from the layout.
+ZeRO-3 (:class:`.zero.ShardedState`, the cost model's ``1.5 x intra`` per micro-batch plus
+``cross`` at the step): a bucket is cut unit by unit (:func:`.zero_units.apportion` among the
+machine's holders), so the segments are cut per unit too (:func:`atom_segments`); gathers and
+per-micro-batch gradient reduce-scatters run among the machine's holders only, and at the step,
+before AdamW, :func:`sum_across` all-reduces each segment of the gradient piece with the other
+machines (one holder each).
+
+Every rank derives the same splits and communicator member sets from the layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .zero import shard_bounds
+import torch
+
+from .zero_units import apportion, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -88,16 +97,84 @@ def split(members: Sequence[int], n: int, rank: int, weights: Sequence[float] | 
     return Split(peers, bounds, peers.index(rank), cross)
 
 
+def peers_of(members: Sequence[int], rank: int, machines: Sequence[str] | None) -> tuple[int, ...]:
+    """The ranks whose pieces tile a chunk group's bucket for ``rank``: all ``members``
+    (``machines`` None) or those in its machine."""
+    if machines is None:
+        return tuple(members)
+    return next(g for g in by_machine(members, machines) if rank in g)
+
+
+def atom_segments(members: Sequence[int], sizes: Sequence[int], weights: Sequence[float] | None,
+                  machines: Sequence[str]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """:func:`segments` of a bucket cut atom by atom (ZeRO-3: atoms of ``sizes`` elements, each
+    machine apportioning every atom among its holders, :func:`.zero_units.apportion`): every
+    non-empty ``(lo, hi, ranks)`` between the union of the machines' cuts inside each atom, in
+    bucket offsets, with the one holder per machine whose slice contains it."""
+    groups = by_machine(members, machines)
+    cuts_of = [apportion(sizes, None if weights is None else [weights[r] for r in g], len(g)) for g in groups]
+    out, start = [], 0
+    for a, n in enumerate(sizes):
+        cuts = sorted({x for bs in cuts_of for lo, hi in bs[a] for x in (lo, hi)} | {0, n})
+        for lo, hi in zip(cuts, cuts[1:]):
+            if hi > lo:
+                ranks = tuple(sorted(g[j] for g, bs in zip(groups, cuts_of) for j, (x, y) in enumerate(bs[a])
+                                     if x <= lo < y))
+                out.append((start + lo, start + hi, ranks))
+        start += n
+    return out
+
+
+def atom_cross(members: Sequence[int], sizes: Sequence[int], rank: int, weights: Sequence[float] | None,
+               machines: Sequence[str]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The :func:`atom_segments` of ``rank``'s slices summed with other machines."""
+    return tuple(s for s in atom_segments(members, sizes, weights, machines) if rank in s[2] and len(s[2]) > 1)
+
+
+def machine_sets(groups: Sequence[tuple[int, ...]], machines: Sequence[str]) -> list[tuple[int, ...]]:
+    """Every chunk group's machine subsets of more than one rank (deduplicated, in creation
+    order): the ranks that gather ZeRO-3 weights and sum gradients per micro-batch together."""
+    need = {g for members in groups for g in by_machine(members, machines) if len(g) > 1}
+    return sorted(need, key=lambda m: (len(m), m))
+
+
 def communicators(groups: dict[tuple[int, ...], int], weights: Sequence[float] | None,
-                  machines: Sequence[str]) -> list[tuple[int, ...]]:
+                  machines: Sequence[str], atoms: dict[tuple[int, ...], list[int]] | None = None
+                  ) -> list[tuple[int, ...]]:
     """Member sets of the extra communicators hybrid sharding needs, in the order every rank
     creates them: each chunk group's (``members -> n``) machine subsets and cross segments with
-    more than one rank, deduplicated, except the chunk groups themselves (they have one)."""
-    need: set[tuple[int, ...]] = set()
+    more than one rank (ZeRO-3, ``atoms``: ``members ->`` atom sizes, :func:`atom_segments`),
+    deduplicated, except the chunk groups themselves (they have one)."""
+    need: set[tuple[int, ...]] = set(machine_sets(list(groups), machines))
     for members, n in groups.items():
-        need.update(g for g in by_machine(members, machines) if len(g) > 1)
-        need.update(s[2] for s in segments(members, n, weights, machines) if len(s[2]) > 1)
+        segs = segments(members, n, weights, machines) if atoms is None else \
+            atom_segments(members, atoms[members], weights, machines)
+        need.update(s[2] for s in segs if len(s[2]) > 1)
     return sorted(need - set(groups), key=lambda m: (len(m), m))
 
 
-__all__ = ["Split", "by_machine", "segments", "split", "communicators"]
+def sum_across(b, g: torch.Tensor, handle: Callable, wait: Callable) -> None:
+    """ZeRO-3 at the step: sum, in place, every cross segment (``b.cross``) of this rank's
+    gradient piece ``g`` of bucket ``b`` (:class:`.zero_units.Bucket`, its slices atom after
+    atom) with the other machines' holders of it; the segments shared with the same ranks go
+    in one all-reduce on ``handle(ranks)``, posted in sorted order of ``ranks`` (the same on
+    every rank, so no two ranks wait on each other's later sum)."""
+    runs: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for lo, hi, ranks in b.cross:
+        a = next(a for a, (s, e) in enumerate(b.span) if s <= lo < e)
+        at = b.offset(a) + lo - b.span[a][0] - b.bounds[a][b.i][0]
+        runs.setdefault(ranks, []).append((at, at + hi - lo))
+    posted = []
+    for ranks in sorted(runs):
+        flat = torch.cat([g[x:y] for x, y in runs[ranks]])
+        posted.append((ranks, flat, torch.distributed.all_reduce(flat, group=handle(ranks), async_op=True)))
+    for ranks, flat, work in posted:
+        wait([work], f"ZeRO gradient sum across machines with ranks {list(ranks)}")
+        k = 0
+        for x, y in runs[ranks]:
+            g[x:y].copy_(flat[k: k + y - x])
+            k += y - x
+
+
+__all__ = ["Split", "by_machine", "segments", "split", "peers_of", "atom_segments", "atom_cross", "machine_sets",
+           "communicators", "sum_across"]

@@ -243,10 +243,10 @@ def _mirrored_plan(pipelines: Any) -> bool:
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
     uneven shards (ZeRO-1 at the step, :class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per
-    micro-batch, :class:`~.zero.ShardedState`), hybrid ZeRO-1/2 (``zero_scope=machine``,
-    :mod:`.hybrid`), ZeRO-3 where every pipeline is one stage or the pipelines mirror each other
-    (``pipelines``: the plan's pipelines, or their count); checkpoints of any stage
-    (:mod:`.sharded_checkpoint`). Not yet ZeRO-3 for other multi-stage plans, or hybrid ZeRO-3.
+    micro-batch, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one stage or the
+    pipelines mirror each other (``pipelines``: the plan's pipelines, or their count), each also
+    hybrid (``zero_scope=machine``, :mod:`.hybrid`); checkpoints of any stage
+    (:mod:`.sharded_checkpoint`). Not yet ZeRO-3 for other multi-stage plans.
     Refused before launch (a plan relying on sharding would not fit unsharded); ``settings`` is
     unused (kept for callers)."""
     from hexicore.core.errors import PlanError
@@ -255,17 +255,13 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
     count = pipelines if isinstance(pipelines, int) else len(pipelines)
     if not z or count <= 1:
         return
-    why = None
-    if z == 3 and getattr(train, "zero_scope", "all") != "all":
-        why = f"hybrid sharding of ZeRO-3 (zero_scope={train.zero_scope})"
-    elif z == 3 and (isinstance(pipelines, int) or
-                     not (all(len(p.stages) == 1 for p in pipelines) or _mirrored_plan(pipelines))):
-        why = "ZeRO-3 for pipelines of more than one stage that differ from each other"
-    if why:
-        hint = "train.zero_scope=all or train.zero=1 or 2" if why.startswith("hybrid") else \
-            "train.zero=0, 1 or 2, or ZeRO-3 with one stage per pipeline (solver=fsdp) or identical pipelines"
-        raise PlanError(f"the torch runtime does not execute {why} yet (plan has train.zero={z}); plan with {hint}",
-                        source=source, field="train.zero")
+    if z == 3 and (isinstance(pipelines, int) or
+                   not (all(len(p.stages) == 1 for p in pipelines) or _mirrored_plan(pipelines))):
+        raise PlanError(f"the torch runtime does not execute ZeRO-3 for pipelines of more than one stage that "
+                        f"differ from each other yet (plan has train.zero={z}, zero_scope="
+                        f"{getattr(train, 'zero_scope', 'all')}); plan with train.zero=0, 1 or 2, or ZeRO-3 with "
+                        f"one stage per pipeline (solver=fsdp) or identical pipelines", source=source,
+                        field="train.zero")
 
 
 def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:

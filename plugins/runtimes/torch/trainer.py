@@ -234,20 +234,19 @@ def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world:
 
 def _sharded(spec: WorkerSpec, groups, stages):
     """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 on one-stage or
-    mirrored pipelines (:func:`.zero.zero3_runs`), per micro-batch (:class:`.zero.ShardedState`);
+    mirrored pipelines (:func:`.zero.zero3_runs`; hybrid too: pieces inside each machine,
+    summed across machines at the step), per micro-batch (:class:`.zero.ShardedState`);
     ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.dp_sync.ShardedAdamW`)."""
     from .dp_sync import ShardedAdamW
     from .zero import ShardedState, zero3_runs
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    hybrid = spec.machines is not None
-    if not hybrid and (spec.zero == 2 or (spec.zero == 3 and zero3_runs(spec.layout))):
+    if spec.zero == 3 and not zero3_runs(spec.layout):
+        raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero.zero3_runs)")
+    if spec.zero == 3 or (spec.zero == 2 and spec.machines is None):
         params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
         return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
-                            stages=stages, **adam)
-    if spec.zero == 3:
-        raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero.zero3_runs), "
-                         "without hybrid sharding")
+                            stages=stages, machines=spec.machines if spec.zero == 3 else None, **adam)
     device = next(p.device for st in stages.values() for p in st.module.parameters())
     return ShardedAdamW(groups.dp, weights=spec.shard_weights, machines=spec.machines, device=device, **adam)
 

@@ -36,6 +36,11 @@ with activation recomputation (the recomputed forward finds its unit gathered) a
 ``I``/``W`` split (each pass regathers what it reads); at the end of a compute action every
 unit is free. There is no prefetch (a gather does not overlap compute).
 
+Hybrid sharding (``zero_scope=machine``, ZeRO-3; :mod:`.hybrid`): a bucket's members are the
+group's holders in this rank's machine, so gathers and per-micro-batch reduce-scatters stay
+inside the machine; at the step the gradient pieces are summed across machines segment by
+segment (:func:`.hybrid.sum_across`), then AdamW runs identically on every machine.
+
 Collectives pair up across ranks whose schedules differ: round ``k`` of a group carries its
 members' ``k``-th needs together (:func:`.zero_units.rounds`), and before the optimizer step
 every rank runs the rounds left up to the most any member of the group has, contributing its
@@ -51,6 +56,7 @@ import torch
 
 from hexicore.pipeline.actions import Op
 
+from .hybrid import atom_cross, peers_of, sum_across
 from .zero_units import (EMBED_UNIT, Bucket, adamw_, gather_needs, gather_pieces, gather_round, make_bucket, post_reduce,
                          mirrored, one_stage_per_pipeline, post_sum, reduce_needs, rounds, shard_bounds, stage_units,
                          sum_piece, unit_of, zero3_runs)
@@ -76,10 +82,12 @@ class ShardedState:
     """ZeRO-2 (``stage=2``, every layout) or ZeRO-3 (``stage=3``, :func:`zero3_runs` layouts)
     for one rank (module docstring). ``params[(stage, name)]`` are the rank's
     parameters, full and initialised; ``weights`` the shard weight of every global rank (None:
-    even); ``layout`` tells every rank's needs; ``stages`` (ZeRO-3) the modules to hook."""
+    even); ``layout`` tells every rank's needs; ``stages`` (ZeRO-3) the modules to hook;
+    ``machines`` (hybrid ZeRO-3) the machine of every global rank."""
 
     def __init__(self, sync, params: dict, *, stage: int, weights: Sequence[float] | None, layout,
-                 stages: dict | None = None, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+                 stages: dict | None = None, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 machines: Sequence[str] | None = None):
         self.sync, self.params, self.stage, self.layers = sync, params, stage, layout.model.layers
         self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         self.t = 0
@@ -91,14 +99,16 @@ class ShardedState:
         self.pieces: list[tuple[torch.Tensor, ...]] = []  # per bucket: weights (ZeRO-3), grad, avg, sq
         self.units: dict[int, dict[int, torch.nn.Parameter]] = {}  # unit -> its local sharded parameters
         self.by_stage: dict[tuple[int, int], dict[int, torch.nn.Parameter]] = {}  # (stage, unit) -> its parameters
-        for members, handle, chunks in sync.items:
-            units = sorted({unit_of(c.name, self.layers) for c, _, _ in chunks})
-            atoms = [(u,) for u in units]
-            b = make_bucket(members, handle, sync.gather_handles.get(members), chunks, atoms, self.layers,
-                            members.index(sync.rank), None if weights is None else [weights[r] for r in members])
+        for members, _, chunks in sync.items:
+            peers = peers_of(members, sync.rank, machines)  # hybrid: the holders in this rank's machine
+            atoms = [(u,) for u in sorted({unit_of(c.name, self.layers) for c, _, _ in chunks})]
+            b = make_bucket(peers, sync.handle(peers), sync.gather_handles.get(peers), chunks, atoms, self.layers,
+                            peers.index(sync.rank), None if weights is None else [weights[r] for r in peers])
+            if machines is not None:
+                b.cross = atom_cross(members, [e - s for s, e in b.span], sync.rank, weights, machines)
             atom_of = {u: a for a, us in enumerate(atoms) for u in us}
-            b.gathers = rounds(gneeds, members, atom_of) if stage == 3 else []
-            b.reduces = rounds(rneeds, members, atom_of)
+            b.gathers = rounds(gneeds, peers, atom_of) if stage == 3 else []
+            b.reduces = rounds(rneeds, peers, atom_of)
             piece = self._my_weights(b)
             zeros = torch.zeros_like(piece)
             self.pieces.append((piece if stage == 3 else piece[:0].clone(), zeros, zeros.clone(), zeros.clone()))
@@ -356,8 +366,8 @@ class ShardedState:
 
     @torch.no_grad()
     def step(self, params: dict, wait: Callable) -> None:
-        """Empty rounds up to the group's most, then AdamW on the pieces; stage 2 all-gathers
-        the updated weights into the local copies."""
+        """Empty rounds up to the group's most, (hybrid) the gradient pieces summed across
+        machines, then AdamW on the pieces; stage 2 all-gathers the updated weights."""
         self.wait = wait
         self._pad(wait)
         self._harvest(wait, everything=True)
@@ -365,6 +375,8 @@ class ShardedState:
         for b, (w, g, avg, sq) in zip(self.buckets, self.pieces):
             if self.stage == 2:
                 w = self._my_weights(b)
+            if b.cross:
+                sum_across(b, g, self.sync.handle, wait)
             adamw_(w, g, avg, sq, self.t, **self.adam)
             g.zero_()
             if self.stage == 2:  # unit by unit: never a second copy of the whole bucket

@@ -164,6 +164,7 @@ class Bucket:
     gathers: list[tuple[int, ...]] = field(default_factory=list)  # atoms per gather round
     reduces: list[tuple[int, ...]] = field(default_factory=list)  # atoms per reduce round
     pad: Any = None
+    cross: tuple = ()  # hybrid: (lo, hi, ranks) of this rank's slices summed across machines (:mod:`.hybrid`)
 
     @property
     def what(self) -> str:
@@ -189,7 +190,8 @@ class Bucket:
 
 def make_bucket(members, handle, gather_handle, chunks, atoms: list[tuple[int, ...]], layers: int, i: int,
                 weights: Sequence[float] | None) -> Bucket:
-    """A :class:`Bucket` with ``chunks`` reordered atom after atom."""
+    """A :class:`Bucket` with ``chunks`` reordered atom after atom (``members``: the ranks
+    whose pieces tile it; ``handle``/``gather_handle`` None where that is this rank alone)."""
     atom_of = {u: a for a, us in enumerate(atoms) for u in us}
     ordered = sorted(chunks, key=lambda item: atom_of[unit_of(item[0].name, layers)])
     span, k = [], 0
@@ -201,10 +203,29 @@ def make_bucket(members, handle, gather_handle, chunks, atoms: list[tuple[int, .
     return Bucket(tuple(members), handle, gather_handle, ordered, list(atoms), span, bounds, i)
 
 
+def unit_sizes(chunks, layers: int) -> list[int]:
+    """Elements of each unit of a chunk group's ``(chunk, ...)`` items, units in ascending order
+    (the atoms of a ZeRO-3 bucket)."""
+    units = sorted({unit_of(item[0].name, layers) for item in chunks})
+    return [sum(item[0].numel for item in chunks if unit_of(item[0].name, layers) == u) for u in units]
+
+
+class Done:
+    """A finished collective (a bucket whose pieces one rank holds alone: nothing to send)."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
 def gather_round(b: Bucket, atoms: tuple[int, ...], piece: torch.Tensor, keep: Sequence[int], wait: Callable,
                  handle) -> dict[int, torch.Tensor]:
     """All-gather every member's slices of ``atoms`` (its piece: ``piece``); return the whole
-    flat of each atom in ``keep``."""
+    flat of each atom in ``keep`` (one member: its own slices are the whole)."""
+    if len(b.members) == 1:
+        return {a: piece[b.offset(a): b.offset(a) + b.size(a, 0)] for a in keep}
     sizes = [sum(b.size(a, j) for a in atoms) for j in range(len(b.members))]
     mine = torch.cat([piece[b.offset(a): b.offset(a) + b.size(a, b.i)] for a in atoms])
     buf = torch.zeros(max(sizes), dtype=piece.dtype, device=piece.device)
@@ -225,10 +246,12 @@ def post_reduce(b: Bucket, atoms: tuple[int, ...], flats: dict[int, torch.Tensor
     """Start the sum over the group of the gradients of ``atoms`` (``flats[a]``: this rank's
     whole flat of atom ``a``, zeros where absent): a reduce-scatter of the members' slices padded
     to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there). Returns the work and
-    how to read this rank's slices (atom after atom) once it is done."""
+    how to read this rank's slices (atom after atom) once it is done (one member: no collective)."""
     whole = [flats[a] if a in flats else torch.zeros(b.span[a][1] - b.span[a][0], dtype=dtype, device=device)
              for a in atoms]
     m = len(b.members)
+    if m == 1:  # this rank's slices are the whole atoms
+        return Done(), lambda: torch.cat(whole)
     if torch.distributed.get_backend(b.handle) == "nccl":
         sizes = [sum(b.size(a, j) for a in atoms) for j in range(m)]
         size = max(sizes)

@@ -268,13 +268,16 @@ SCALE_NOTE = """`bench/planner.py --scale-only --scale N,... [--before OLD_CHECK
 fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, 8 GPUs a machine, 0.7 GB/s between
 machines), each solve in a fresh process on this machine (2 CPU cores shared with other jobs;
 this run at niceness {nice}, load average at its start / end: {load}): wall time depends on the
-load, CPU time — of the process and the workers it forks — is the steadier number, and with two
-cores the wall time on an idle machine is about the larger of CPU / 2 and the CPU of the process
-itself (CPU less the workers' share); peak RSS is the larger of the process's and its workers'.
+load; CPU time is of the process and the workers it forks, and counts work done ahead that the
+search may not use (screens cancelled when the search ends, guessed walk steps that did not
+come), so it is larger on an idle host, where the workers get a core, than on a loaded one; peak
+RSS is the larger of the process's and its workers'.
 "chooses machines" is the default solver (allocation: greedy descent over sub-clusters, each
 neighbour screened by a short search above 128 GPUs; the first step's screens run in a forked
 process beside the whole cluster's search, later steps' screens in parallel); "every device" is
-`solver.use_all_devices=true`, the search alone. Above 512 GPUs phase 1 partitions whole
+`solver.use_all_devices=true`, the search alone. Up to 512 GPUs the sweep's phase 2 runs ahead in
+a second process and so does the walk's, guessed (the best `D_dp` and cut assumed to stay;
+layouts kept per part and seed, so the plan is the one-process plan). Above 512 GPUs phase 1 partitions whole
 machines and phase 2 is shared by parts of one machine-class signature
 (`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
 in the same run, up to {before_max} GPUs. Older checkout: {before}.

@@ -152,11 +152,33 @@ class ScheduleBook:
         peaks = self.model_peaks if modelled else self.peaks
         return lambda pipe, j, n: peaks(pipe.schedule, len(pipe.stages), n)[j]
 
+    def placement(self):
+        """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds
+        under the pipeline's schedule (its ``placement``), None where that is the plain one."""
+
+        def placed(pipe: Pipeline, n: int) -> Any:
+            ranks = len(pipe.stages)
+            key = ("placement", ScheduleRef.from_mapping(pipe.schedule), ranks, int(n))
+            if key not in self._priced:
+                sched = self.priced(key[1], ranks)
+                pl = sched.placement(ranks, int(n)) if hasattr(sched, "placement") else None
+                self._priced[key] = None if pl is None or pl.is_plain else pl
+            return self._priced[key]
+
+        return placed
+
 
 def timed_cost(cost: Any, book: ScheduleBook, modelled: bool = False) -> Any:
     """``cost`` whose pipeline term and activation memory follow each pipeline's schedule
     (a frozen dataclass with ``pipeline_timer``/``activation`` fields, e.g. AnalyticCostModel)."""
-    return replace(cost, pipeline_timer=book.timer(modelled), activation=book.activation(modelled))
+    return with_placement(replace(cost, pipeline_timer=book.timer(modelled), activation=book.activation(modelled)),
+                          book)
+
+
+def with_placement(cost: Any, book: ScheduleBook) -> Any:
+    """``cost`` whose memory and stage times follow each pipeline's schedule's placement (a
+    cost model with a ``placement`` field, e.g. AnalyticCostModel; others unchanged)."""
+    return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 
 def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> tuple[Any, ScheduleBook | None]:
@@ -170,7 +192,7 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
         return cost, None
     book = ScheduleBook(registry)
     if book.native(schedule):
-        return replace(cost, activation=book.activation()), None
+        return with_placement(replace(cost, activation=book.activation()), book), None
     return timed_cost(cost, book), book
 
 
@@ -204,13 +226,13 @@ def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tupl
     smallest device. Bisection: the stage memory grows with the in-flight count."""
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
-    last, out = len(pipe.stages) - 1, []
-    for j, s in enumerate(pipe.stages):
+    out = []
+    for s, held in zip(pipe.stages, stage_held(cost, pipe, n)):
         limit = min(c.device(d).memory_gb for d in s.devices)
 
         def ok(k: int) -> bool:
-            return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                        in_flight=k * step, dp=len(plan.pipelines)) <= limit
+            return cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=k * step,
+                                        dp=len(plan.pipelines)) <= limit
 
         lo, hi = 1, max(1, int(round(n / step)))
         if ok(hi):
@@ -250,10 +272,18 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
-    last = len(pipe.stages) - 1
-    for j, s in enumerate(pipe.stages):
-        gb = cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                  in_flight=peaks[j], dp=len(plan.pipelines))
+    for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
+        gb = cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))
         if gb > min(c.device(d).memory_gb for d in s.devices):
             return False
     return True
+
+
+def stage_held(cost: Any, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
+    """Per stage the ``stage_memory_gb`` keywords of what it keeps: the cost model's ``held``
+    (its schedule's placement), else stage j's blocks with the embedding first, the head last."""
+    held = getattr(cost, "held", None)
+    if held is not None:
+        return held(pipe, n)
+    last = len(pipe.stages) - 1
+    return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(pipe.stages)]

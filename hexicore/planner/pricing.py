@@ -128,8 +128,11 @@ class ScheduleBook:
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
                 n: int) -> tuple[ScheduleRef, float]:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
-        schedule's own choice of its free parameters, ``resolve``)."""
+        schedule's own choice of its free parameters, ``resolve``); a pipeline with fewer ranks
+        than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
         ref = ScheduleRef.from_mapping(ref)
+        if not self.usable(ref, len(stage_s)):
+            return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
         chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)

@@ -26,7 +26,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.objective import rate
-from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, timed_cost
+from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, resolve_placed, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 #: ``schedule=auto``'s key for the schedules tried on the final plan only
@@ -116,7 +116,7 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             continue
         ref = capped(book, cost, plan, p, ref)
         try:
-            chosen, secs = book.resolve(ref, stage_s, hop_s, n)
+            chosen, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         except HexicoreError:
             continue  # the schedule refuses this pipeline (e.g. too few micro-batches for it)
         seen[chosen.name] = round(secs, 6)

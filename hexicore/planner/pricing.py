@@ -206,13 +206,11 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     ``{schedule name: seconds}`` of the options tried."""
     pipes, tried = [], []
     for p in plan.pipelines:
-        stage_s, hop_s = cost.pipeline_pieces(plan, p)
-        n = p.n_micro_batches(plan.train.micro_batch)
         best, seen = None, {}
         for ref in [p.schedule] + [r for r in refs if r != p.schedule]:
             if not book.usable(ref, len(p.stages)):
                 continue
-            ref, secs = book.resolve(ref, stage_s, hop_s, n)
+            ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)
             ok = fits(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             if best is None or (ok, -secs) > (best[0], -best[1] + 1e-12):
@@ -220,6 +218,27 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         pipes.append(Pipeline(p.batch, p.stages, best[2] if best else p.schedule))
         tried.append(seen)
     return replace(plan, pipelines=tuple(pipes)), tried
+
+
+def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> tuple[ScheduleRef, float]:
+    """:meth:`ScheduleBook.resolve` of ``pipe``'s schedule under the stage times of its own
+    placement (``cost.pipeline_pieces`` of ``pipe``: a schedule that puts the head on rank 0, or
+    two copies on a rank, is priced with that rank's real work). Where the resolved schedule
+    places its pieces otherwise than priced (a synthesised V layout moves the head to rank 0),
+    it is priced exactly under its own placement's times, and resolved once more for those
+    times; the faster of the two, exactly priced, is returned."""
+    n = pipe.n_micro_batches(plan.train.micro_batch)
+    pieces = cost.pipeline_pieces(plan, pipe)
+    chosen, secs = book.resolve(pipe.schedule, *pieces, n)
+    own = cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, chosen)) if chosen != pipe.schedule else pieces
+    if own == pieces:
+        return chosen, secs
+    best = (book.exact(chosen, *own, n), chosen)
+    again, _ = book.resolve(pipe.schedule, *own, n)
+    if again != chosen:
+        t = book.exact(again, *cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, again)), n)
+        best = min(best, (t, again), key=lambda x: x[0])
+    return best[1], best[0]
 
 
 def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:

@@ -8,8 +8,8 @@ pipelines), or a chain of chunks may end on rank 0 (V-shaped and wave layouts). 
 chain on that rank — as many as plan stage ``source`` holds (the runtime cuts each chain so that
 a rank's chunks of it share the rank's layer count; a further chain of the same length repeats
 the first chain's blocks position by position) — with the chain's embedding if the chain starts
-on the rank and its head if it ends there; ``traffic`` is the fraction of the micro-batches
-that run through the copy. Built from an action list's stage map and chains by
+on the rank and its head if it ends there; ``traffic`` is the share of the micro-batches
+that run through the copy (the chains share them evenly). Built from an action list's stage map and chains by
 :func:`hexicore.pipeline.placement.placement`; the cost model prices memory and compute
 through it (docs/cost-model.md, "Placement").
 """

@@ -8,12 +8,16 @@ chunks (``plugins/runtimes/torch/layout.py``, ``chunk_layers``; docs/formats.md)
   of the first chain's stage at position k, so a rank's copy on it has the layer count of the
   rank that holds those positions on the first chain (Chimera's mirrored stage);
 * a chain's first stage holds the embedding, its last the final norm + head;
-* a copy's ``traffic`` is the fraction of micro-batches the action list sends down its chain.
+* a copy's ``traffic`` is ``1 / chains``: the chains share the micro-batches evenly (Chimera
+  alternates them; with an odd count one chain runs one more), so a placement depends on the
+  stage map and chains only, not on the number of micro-batches.
 """
 
 from __future__ import annotations
 
-from hexicore.core.errors import ScheduleError
+from typing import Callable, Mapping
+
+from hexicore.core.errors import HexicoreError, ScheduleError
 from hexicore.core.placement import Copy, Placement
 from hexicore.pipeline.actions import ActionList
 
@@ -34,12 +38,24 @@ def _source(al: ActionList, ci: int, stages: list[int]) -> int:
 
 def placement(al: ActionList) -> Placement:
     """Per rank the copies it holds (module docstring), chains in order."""
-    n_mb = len(al.mb_chain)
     out: list[list[Copy]] = [[] for _ in range(al.ranks)]
+    traffic = 1.0 / len(al.chains)
     for ci, chain in enumerate(al.chains):
-        traffic = sum(1 for c in al.mb_chain if c == ci) / n_mb if n_mb else 1.0 / len(al.chains)
         for r in range(al.ranks):
             mine = [s for s in chain if al.stage_rank[s] == r]
             if mine:
                 out[r].append(Copy(_source(al, ci, mine), chain[0] in mine, chain[-1] in mine, traffic))
     return Placement(tuple(tuple(cs) for cs in out))
+
+
+def built_placement(cache: Mapping, template: Callable[[int, int], ActionList], ranks: int, n_mb: int) -> Placement:
+    """A schedule's placement on ``ranks`` ranks: of a template it has built for them already
+    (``cache`` key ``("template", P, n)``), else of ``template(P, min(n, P))`` — or ``min(n, 2P)``
+    where the schedule refuses fewer micro-batches than that (DualPipe-V)."""
+    al = next((v for k, v in cache.items() if k[:2] == ("template", ranks)), None)
+    if al is None:
+        try:
+            al = template(ranks, max(1, min(n_mb, ranks)))
+        except HexicoreError:
+            al = template(ranks, max(1, min(n_mb, 2 * ranks)))
+    return placement(al)

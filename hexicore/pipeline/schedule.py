@@ -42,7 +42,7 @@ from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import HexicoreError
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.placement import placement
+from hexicore.pipeline.placement import built_placement
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
 
 
@@ -320,9 +320,9 @@ class ActionSchedule(ABC):
         return self.peaks(ranks, min(n_mb, 2 * ranks - 1))
 
     def placement(self, ranks: int, n_mb: int) -> Placement:
-        """Blocks, embeddings and heads per rank (:mod:`hexicore.pipeline.placement`) of :meth:`template`
-        at ``min(n, 2P)`` micro-batches (a layout that depends on n: override this)."""
-        return placement(self.template(int(ranks), max(1, min(int(n_mb), 2 * int(ranks)))))
+        """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and
+        chains do not depend on it; a layout that does overrides this), :func:`built_placement`."""
+        return built_placement(self._cache, self.template, int(ranks), int(n_mb))
 
     # ------------------------------------------------------ the schedule's own
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:

@@ -279,12 +279,12 @@ def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
     """``plan`` with each pipeline's schedule as it records itself under the pipeline's own
     stage and hop times (:meth:`ScheduleBook.resolve`: free parameters chosen, a synthesised
     schedule's times recorded; a schedule built within a memory cap gets the pipeline's own,
-    :func:`capped`), so evaluate and the runtime rebuild the very lists priced."""
+    :func:`capped`; priced under its own placement, :func:`resolve_placed`), so evaluate and the
+    runtime rebuild the very lists priced."""
     pipes = []
     for p in plan.pipelines:
-        stage_s, hop_s = cost.pipeline_pieces(plan, p)
         ref = capped(book, cost, plan, p, ScheduleRef.from_mapping(p.schedule))
-        ref, _ = book.resolve(ref, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
+        ref, _ = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         pipes.append(Pipeline(p.batch, p.stages, ref))
     return replace(plan, pipelines=tuple(pipes))
 

@@ -138,3 +138,8 @@ def test_planner_caps_keep_every_copy_within_memory():
     lay = layout_pipeline(StageTable(small, m, train, cost, {"name": "1f1b"}), stages, 8)
     pipe = lay.pipeline(8, ScheduleRef.from_mapping({"name": "chimera"}))
     assert not cost.estimate(Plan(m, small, train, (pipe,))).fits  # the copies overflow the plain layout
+    from hexicore.core.errors import PlanError
+    from hexicore.planner.validate import validate_plan
+
+    with pytest.raises(PlanError, match=r"its schedule places \d+ blocks, 1 embedding\(s\) and 1 head\(s\)"):
+        validate_plan(Plan(m, small, train, (pipe,)), cost)

@@ -141,5 +141,6 @@ def test_planner_caps_keep_every_copy_within_memory():
     from hexicore.core.errors import PlanError
     from hexicore.planner.validate import validate_plan
 
-    with pytest.raises(PlanError, match=r"\(7 layers, tp=1; its schedule places 14 blocks, 0 embedding\(s\) and 0 head\(s\) on it\)"):
+    said = r"\(7 layers, tp=1; its schedule places 14 blocks, 0 embedding\(s\) and 0 head\(s\) on it\)"
+    with pytest.raises(PlanError, match=said):
         validate_plan(Plan(m, small, train, (pipe,)), cost)

@@ -40,14 +40,16 @@ def weights(cost, plan) -> list[float]:
 def test_placement_read_from_the_action_lists():
     reg = Registry.default()
     chim = placement(reg.create("schedule", "chimera").order(ScheduleSpec(3, 4)))
-    assert chim.ranks == ((Copy(0, True, False, 0.5), Copy(2, False, True, 0.5)),
-                          (Copy(1, False, False, 0.5), Copy(1, False, False, 0.5)),
-                          (Copy(2, False, True, 0.5), Copy(0, True, False, 0.5)))
+    assert chim.ranks == ((Copy(0, True, False, 0.5), Copy(2, False, True, 0.5, 1)),
+                          (Copy(1, False, False, 0.5), Copy(1, False, False, 0.5, 1)),
+                          (Copy(2, False, True, 0.5), Copy(0, True, False, 0.5, 1)))
+    assert (chim.primary("embedding"), chim.primary("head")) == (0, 2)  # chain 0's: the DP sync's
     assert chim.holders(0) == (0, 2) and chim.holders(1) == (1,) and chim.blocks(0, [2, 3, 3]) == 5
     assert chim.share_layers(0, [2, 3, 3]) == 3 and chim.embeddings(2) == chim.heads(0) == 1
     for name, params in (("hanayo", {"waves": 2}), ("zb_v", {}), ("dualpipe_v", {})):
         pl = reg.create("schedule", name, **params).placement(4, 8)
         assert pl.ranks[0] == (Copy(0, True, True),) and pl.heads(3) == 0, name  # the chain ends on rank 0
+        assert pl.primary("head") == 0, name
     for name, params in (("1f1b", {}), ("gpipe", {}), ("interleaved_1f1b", {"chunks": 2}), ("zb_h1", {})):
         assert reg.create("schedule", name, **params).placement(4, 8) == Placement.plain(4), name
 
@@ -144,3 +146,23 @@ def test_planner_caps_keep_every_copy_within_memory():
     said = r"\(7 layers, tp=1; its schedule places 14 blocks, 0 embedding\(s\) and 0 head\(s\) on it\)"
     with pytest.raises(PlanError, match=said):
         validate_plan(Plan(m, small, train, (pipe,)), cost)
+
+
+def test_data_parallel_sync_of_the_head_follows_the_placement():
+    """Two Hanayo pipelines: the runtime all-reduces the head among the first stages (the chain
+    ends on rank 0), and the cost model's COMM-DP puts the head's term there too."""
+    from hexicore.cost import sharding
+
+    pipes = [(4, {"name": "hanayo", "waves": 1}, [(1, 4), (1, 4)])] * 2
+    plan, cost = plan_of(pipes), priced()
+    got, plain = sharding.dp_stage_parts(cost, plan), sharding.dp_stage_parts(AnalyticCostModel(), plan)
+    head = sharding._sync_s(cost, plan, [p.stages[0] for p in plan.pipelines], 0.0, plan.model.head_params(), {},
+                            None)[0]
+    assert head > 0 and sharding.ends(cost, plan, plan.pipelines[0]) == (0, 0)
+    assert got[(0, 0)][0] == pytest.approx(plain[(0, 0)][0] + head)
+    assert got[(0, 1)][0] == pytest.approx(plain[(0, 1)][0] - head)
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
+
+    groups = sync_plan(layout_of(pipes)).groups
+    assert [m for m, items in groups.items() if any(c.name == "lm_head.weight" for c, _, _ in items)] == [(0, 2)]

@@ -24,12 +24,14 @@ from typing import Sequence
 class Copy:
     """One chain's part on a rank: the blocks of plan stage ``source`` (its layer count), the
     embedding (``embedding``), the final norm + head (``head``), run by ``traffic`` of the
-    micro-batches."""
+    micro-batches; ``chain``: which chain (0: the copy whose gradients the data-parallel sync
+    contributes, the others' summed into it)."""
 
     source: int
     embedding: bool = False
     head: bool = False
     traffic: float = 1.0
+    chain: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class Placement:
 
     def copies(self, j: int) -> int:
         return len(self.ranks[j])
+
+    def primary(self, what: str) -> int:
+        """The rank holding chain 0's ``"embedding"`` or ``"head"`` (plain: first / last rank)."""
+        return next(j for j, cs in enumerate(self.ranks) if any(c.chain == 0 and getattr(c, what) for c in cs))
 
     def holders(self, k: int) -> tuple[int, ...]:
         """Ranks that keep a copy of plan stage ``k``'s blocks."""

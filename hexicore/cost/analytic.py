@@ -317,7 +317,7 @@ class AnalyticCostModel:
 
     def kept_params(self, plan: Plan) -> dict[str, float] | None:
         """Per device the parameters whose sharded parts it keeps (:func:`hexicore.cost.sharding.kept_params`)."""
-        return sharding.kept_params(plan)
+        return sharding.kept_params(plan, self)
 
     def dp_s(self, plan: Plan) -> float:
         """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``.

@@ -44,7 +44,7 @@ def placement(al: ActionList) -> Placement:
         for r in range(al.ranks):
             mine = [s for s in chain if al.stage_rank[s] == r]
             if mine:
-                out[r].append(Copy(_source(al, ci, mine), chain[0] in mine, chain[-1] in mine, traffic))
+                out[r].append(Copy(_source(al, ci, mine), chain[0] in mine, chain[-1] in mine, traffic, ci))
     return Placement(tuple(tuple(cs) for cs in out))
 
 

@@ -48,14 +48,15 @@ def placement(al: ActionList) -> Placement:
     return Placement(tuple(tuple(cs) for cs in out))
 
 
-def built_placement(cache: Mapping, template: Callable[[int, int], ActionList], ranks: int, n_mb: int) -> Placement:
-    """A schedule's placement on ``ranks`` ranks: of a template it has built for them already
-    (``cache`` key ``("template", P, n)``), else of ``template(P, min(n, P))`` — or ``min(n, 2P)``
-    where the schedule refuses fewer micro-batches than that (DualPipe-V)."""
+def built_placement(cache: Mapping, template: Callable[[int, int], ActionList], ranks: int) -> Placement:
+    """A schedule's placement on ``ranks`` ranks (its stage map and chains do not depend on the
+    number of micro-batches): of a template it has built for them already (``cache`` key
+    ``("template", P, n)``), else of ``template(P, P)`` — or ``template(P, 2P)`` where the
+    schedule refuses fewer micro-batches than that (DualPipe-V)."""
     al = next((v for k, v in cache.items() if k[:2] == ("template", ranks)), None)
     if al is None:
         try:
-            al = template(ranks, max(1, min(n_mb, ranks)))
+            al = template(ranks, ranks)
         except HexicoreError:
-            al = template(ranks, max(1, min(n_mb, 2 * ranks)))
+            al = template(ranks, 2 * ranks)
     return placement(al)

@@ -322,7 +322,7 @@ class ActionSchedule(ABC):
     def placement(self, ranks: int, n_mb: int) -> Placement:
         """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and
         chains do not depend on it; a layout that does overrides this), :func:`built_placement`."""
-        return built_placement(self._cache, self.template, int(ranks), int(n_mb))
+        return built_placement(self._cache, self.template, int(ranks))
 
     # ------------------------------------------------------ the schedule's own
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:

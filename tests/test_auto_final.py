@@ -82,17 +82,21 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
     assert est.fits and est.iteration_s <= base.iteration_s + 1e-9
     if plan.estimate is not None:
         assert plan.estimate.iteration_s == pytest.approx(est.iteration_s, abs=1e-9)
-    # on both presets the pipelines' stage times are uneven: synth is chosen and strictly faster
+    # on both presets the pipelines' stage times are uneven: a final option is chosen and strictly
+    # faster (zero-bubble H2: synth's V layout moves the head onto rank 0 — the slowest rank on
+    # paper_case; on hetero1 its data-parallel sync then crosses to the other pipeline's last stage)
     assert est.iteration_s < base.iteration_s - 1e-3
     assert plan.solver["schedules"] == [p.schedule.to_dict() for p in plan.pipelines]
     finals = {o.name for o in final_options({"name": "auto"})}
-    for p, tried in zip(plan.pipelines, plan.solver["schedule_s"]):
-        assert p.schedule.name in finals and tried[p.schedule.name] == min(tried.values())
+    for p, q, tried in zip(plan.pipelines, before.pipelines, plan.solver["schedule_s"]):
+        # its fastest option, or its own schedule kept where the fastest would slow the whole plan
+        fastest = p.schedule.name in finals and tried[p.schedule.name] == min(tried.values())
+        assert fastest or p.schedule.name == q.schedule.name
         assert set(tried) >= finals - {"dualpipe_v"}  # every final option priced (DualPipeV needs M >= 2P)
         if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps
             assert list(p.schedule["memory"]) == list(memory_caps(problem.cost, plan, p))
         assert rebuilt_time(plan, p, problem.cost) == pytest.approx(tried[p.schedule.name], abs=1e-6)
-    assert any(p.schedule.name == "synth" for p in plan.pipelines)
+    assert any(p.schedule.name == "zb_h2" for p in plan.pipelines)
     again = evaluate(Plan.from_dict(json.loads(json.dumps(plan.to_dict()))), problem.cost.__class__(),
                      registry=Registry.default())[1]
     assert again.iteration_s == pytest.approx(est.iteration_s, abs=1e-9)

@@ -98,8 +98,11 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
     code = run_cli(["plan", "schedule=auto", "solver.iterations=6", f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
-    for p in data["pipelines"]:
-        assert p["schedule"]["name"] in {"1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v", "interleaved_zb", "synth"}
+    from hexicore.planner.final_schedules import final_options
+
+    allowed = {o.name for o in options({"name": "auto"}) + final_options({"name": "auto"})}
+    for p in data["pipelines"]:  # an option or a final option (zb_h2 wins on the default problem)
+        assert p["schedule"]["name"] in allowed
     problem = build_problem(config_from_overrides(["schedule=auto"]), Registry.default())
     from hexicore.core.plan import Plan
 
@@ -185,9 +188,10 @@ def test_the_search_gets_its_book_from_the_problem():
 
 def test_plan_with_a_schedule_that_needs_two_ranks(tmp_path):
     """Chimera (two directions) declares two ranks at least: the search prices one-rank
-    candidates as 1F1B instead of failing on them, and the plan's pipelines run Chimera."""
+    candidates as 1F1B instead of failing on them, and the plan's pipelines run Chimera. (Every
+    rank keeps two weight copies, so 13B's 208 GB of state twice exceeds paper_case's 360 GB: 7B.)"""
     out = tmp_path / "p.json"
-    assert run_cli(["plan", "schedule=chimera", "solver.iterations=6", f"out={out}",
+    assert run_cli(["plan", "schedule=chimera", "model=llama2_7b", "solver.iterations=6", f"out={out}",
                     f"hydra.run.dir={tmp_path / 'run'}"]) == 0
     pipes = json.loads(out.read_text())["pipelines"]
     assert all(p["schedule"]["name"] == "chimera" and len(p["stages"]) >= 2 for p in pipes)

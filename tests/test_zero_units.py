@@ -66,9 +66,12 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
     keeps the gradient piece of every layer it holds, ``1/n`` of it among the ``n`` holders
     (every unit's gradient is summed as soon as its backward is done: during a backward at most
     one block's full gradient exists); on the interleaved plan each rank's gradient, weight,
-    AdamW and workspace bytes equal the cost model's."""
+    AdamW and workspace bytes equal the cost model's, and on every plan each rank's weights equal
+    the cost model's under the schedule's placement."""
     import dataclasses
 
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+    from hexicore.registry import Registry
     from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
@@ -92,6 +95,13 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
             assert abs(kept["gradients"] - share) <= 4 * (m.layers + 2), r  # one element per unit
             assert kept["gradients"] < kept["weights"] / 1.9  # never a whole gradient: two or more holders
             assert kept["unsummed"] == 4 * m.layer_params()  # during a backward: one unit's (a block's) gradient
+    # every rank's parameters where its schedule places them (Hanayo's head on rank 0, Chimera's
+    # two copies with an embedding and a head on both end ranks): the cost model's weights
+    placed = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default()))
+    for c, got in zip(MULTI_CHUNK.values(), results[1:]):
+        parts = placed.memory_parts(plan_of(c))
+        for r, kept in enumerate(got["metrics"]["state_bytes"]):
+            assert kept["weights"] == pytest.approx(parts[f"M.{r}"]["weights"] * GIB, abs=0.5), (c[0][1], r)
     plan = plan_of(MULTI_CHUNK["interleaved"])
     plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)

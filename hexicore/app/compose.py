@@ -17,7 +17,7 @@ from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost
+from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost, with_placement
 from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
@@ -123,7 +123,8 @@ def memory_cost(cfg: DictConfig, registry: Registry) -> CostModel:
     cost = build_cost_model(cfg, registry)
     if hasattr(cost, "activation"):
         from dataclasses import replace as _replace
-        cost = _replace(cost, activation=ScheduleBook(registry).activation())
+        book = ScheduleBook(registry)
+        cost = with_placement(_replace(cost, activation=book.activation()), book)
     return cost
 
 

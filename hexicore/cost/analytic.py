@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
+from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
-from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, default_in_flight
+from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, PlacementFn, default_in_flight
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
@@ -43,7 +44,10 @@ class AnalyticCostModel:
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
     ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces App. A's
     PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the default in-flight
-    rule (:func:`hexicore.cost.base.default_in_flight`) with the schedule's peak activations.
+    rule (:func:`hexicore.cost.base.default_in_flight`) with the schedule's peak activations;
+    ``placement`` (injected likewise) says which blocks, embeddings and heads each rank holds
+    where the schedule places them otherwise than stage j's blocks, the embedding on the first
+    and the head on the last stage (:meth:`held`).
     """
 
     efficiency: Mapping[str, float] = field(default_factory=dict)
@@ -52,6 +56,7 @@ class AnalyticCostModel:
     reserve_gb: float = 1.0
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
+    placement: PlacementFn | None = None
     name: str = "analytic"
     #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
     class_priced: ClassVar[bool] = True
@@ -135,8 +140,13 @@ class AnalyticCostModel:
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
-                           dp: int = 1, kept: float | None = None) -> dict[str, float]:
+                           dp: int = 1, kept: float | None = None, share_layers: int | None = None) -> dict[str, float]:
         """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
+
+        ``n_layers`` are the blocks the stage keeps, ``first``/``last`` the number of
+        embeddings/heads it keeps (True = 1; a schedule's placement may give a rank two model
+        copies or the head of a chain that ends on it, :meth:`held`), ``share_layers`` the blocks
+        one in-flight micro-batch's activations span (default ``n_layers``).
 
         * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
           (:meth:`state_bytes`) x the parameters a device keeps: the blocks' TP-split part
@@ -159,8 +169,7 @@ class AnalyticCostModel:
         """
         tp = len(devices)
         layer_p = model.layer_params()
-        params = n_layers * layer_p + (model.embedding_params() if first else 0) + \
-            (model.head_params() if last else 0)
+        params = n_layers * layer_p + first * model.embedding_params() + last * model.head_params()
         mine = device_params(model, n_layers, tp, first=first, last=last)
         full = self.state_bytes(train)
         split = sharded_parts(train.zero_stage, train.zero_scope) if dp > 1 else ()
@@ -168,7 +177,8 @@ class AnalyticCostModel:
         if kept is not None:
             for k in split:
                 out[k] = full.parts()[k] * kept / GIB
-        out["activations"] = in_flight * n_layers * model.activation_bytes_per_layer(
+        share = n_layers if share_layers is None else share_layers
+        out["activations"] = in_flight * share * model.activation_bytes_per_layer(
             train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
             seq_len=train.seq_len) / GIB
         work = model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
@@ -184,10 +194,43 @@ class AnalyticCostModel:
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                         n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
-                        dp: int = 1) -> float:
+                        dp: int = 1, share_layers: int | None = None) -> float:
         """Peak memory of each device of a stage in GiB: the sum of :meth:`stage_memory_parts`."""
         return sum(self.stage_memory_parts(cluster, model, train, devices, n_layers, first=first, last=last,
-                                           in_flight=in_flight, dp=dp).values())
+                                           in_flight=in_flight, dp=dp, share_layers=share_layers).values())
+
+    # ----------------------------------------------------------- placement
+    def pipeline_placement(self, pipeline: Pipeline, n_mb: int) -> Placement | None:
+        """The pipeline's placement under its schedule (the injected ``placement``), or None for
+        the plain one: stage j's blocks, the embedding on the first stage, the head on the last."""
+        return None if self.placement is None else self.placement(pipeline, n_mb)
+
+    def held(self, pipeline: Pipeline, n_mb: int) -> list[dict[str, Any]]:
+        """Per stage the :meth:`stage_memory_parts` keywords of what its devices keep:
+        ``n_layers`` (every copy's blocks), ``first``/``last`` (embeddings/heads kept),
+        ``share_layers`` (the largest copy: one in-flight micro-batch's blocks). A copy of
+        another stage's blocks (:class:`hexicore.core.placement.Copy`) has that stage's layer
+        count, as the runtime cuts its chunks."""
+        last = len(pipeline.stages) - 1
+        pl = self.pipeline_placement(pipeline, n_mb)
+        if pl is None:
+            return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last}
+                    for j, s in enumerate(pipeline.stages)]
+        layers = [s.n_layers for s in pipeline.stages]
+        return [{"n_layers": pl.blocks(j, layers), "first": pl.embeddings(j), "last": pl.heads(j),
+                 "share_layers": pl.share_layers(j, layers)} for j in range(len(layers))]
+
+    def stage_terms(self, pipeline: Pipeline, n_mb: int) -> list[list[tuple[float, int, bool, bool]]]:
+        """Per stage the ``(traffic, n_layers, first, last)`` of each copy it runs: one micro-batch
+        through the stage costs ``sum traffic x STAGE(n_layers, first, last)`` (a copy's blocks,
+        embedding and head, weighted by the fraction of micro-batches it runs). Plain: one term,
+        ``(1, n_j, j == 0, j == P-1)``."""
+        last = len(pipeline.stages) - 1
+        pl = self.pipeline_placement(pipeline, n_mb)
+        if pl is None:
+            return [[(1.0, s.n_layers, j == 0, j == last)] for j, s in enumerate(pipeline.stages)]
+        layers = [s.n_layers for s in pipeline.stages]
+        return [[(c.traffic, layers[c.source], c.embedding, c.head) for c in cs] for cs in pl.ranks]
 
     # ------------------------------------------------------------ pipeline
     def pipeline_s(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
@@ -208,9 +251,9 @@ class AnalyticCostModel:
         """STAGE and HOP times of one pipeline, one micro-batch each (under ZeRO-3 the stage
         time includes its per-micro-batch weight gathers, :meth:`zero3_stage_s`)."""
         c, m, t = plan.cluster, plan.model, plan.train
-        last = len(pipeline.stages) - 1
-        stages = [self.stage_s(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last)
-                  for j, s in enumerate(pipeline.stages)]
+        terms = self.stage_terms(pipeline, pipeline.n_micro_batches(t.micro_batch))
+        stages = [sum(w * self.stage_s(c, m, t, s.devices, n, first=f, last=h) for w, n, f, h in ts)
+                  for s, ts in zip(pipeline.stages, terms)]
         if t.zero_stage == 3 and len(plan.pipelines) > 1:
             i = next(k for k, q in enumerate(plan.pipelines) if q is pipeline or q == pipeline)
             z3 = self.zero3_stage_s(plan)
@@ -274,7 +317,7 @@ class AnalyticCostModel:
 
     def kept_params(self, plan: Plan) -> dict[str, float] | None:
         """Per device the parameters whose sharded parts it keeps (:func:`hexicore.cost.sharding.kept_params`)."""
-        return sharding.kept_params(plan)
+        return sharding.kept_params(plan, self)
 
     def dp_s(self, plan: Plan) -> float:
         """COMM-DP of App. A: ``max_{i,j} sum_{k in stage (i,j)} COMM-DP-LAYER(D^k_dp)``.
@@ -310,12 +353,11 @@ class AnalyticCostModel:
         kept = self.kept_params(plan)
         for p in plan.pipelines:
             n_mb = p.n_micro_batches(t.micro_batch)
-            last = len(p.stages) - 1
-            for j, s in enumerate(p.stages):
+            for j, (s, held) in enumerate(zip(p.stages, self.held(p, n_mb))):
                 even = None  # even shares: one computation for the whole stage
                 for d in s.devices:
                     if even is None or kept is not None:
-                        even = self.stage_memory_parts(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
+                        even = self.stage_memory_parts(c, m, t, s.devices, **held,
                                                        in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
                                                        kept=None if kept is None else kept[d])
                     out[d] = dict(even)

@@ -7,11 +7,12 @@ a ``pipeline_timer`` and an ``activation`` function (see :mod:`hexicore.planner.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
+from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Plan, TrainConfig
 
 GIB = 2**30
@@ -24,6 +25,10 @@ PipelineTimer = Callable[[Pipeline, Sequence[float], Sequence[float], int], floa
 #: ``activation(pipeline, j, n_mb)``: peak in-flight micro-batches of stage j (units of one
 #: micro-batch through the stage's whole share, docs/formats.md) under the pipeline's schedule
 ActivationFn = Callable[[Pipeline, int, int], float]
+#: ``placement(pipeline, n_mb)``: which blocks, embeddings and heads each rank of the pipeline
+#: holds under its schedule (:class:`hexicore.core.placement.Placement`), or None for the plain
+#: placement (stage j's blocks, the embedding on the first stage, the head on the last)
+PlacementFn = Callable[[Pipeline, int], Optional[Placement]]
 
 
 def default_in_flight(ranks: int, stage_index: int, n_mb: int) -> int:

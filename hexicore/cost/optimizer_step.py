@@ -6,7 +6,7 @@ step ends (the torch runtime: ``Executor._step``), so the step pays
     OPT = max_d  P(d) x r(gpu(d), tp(d))
 
 where ``P(d)`` is the parameters device ``d`` keeps (:func:`hexicore.cost.precision.device_params`:
-its stage's blocks' TP share plus the embedding/head it holds; under ZeRO its shard,
+its blocks' TP share plus the embedding/head it holds, where its schedule places them; under ZeRO its shard,
 :func:`hexicore.cost.sharding.kept_params`, or ``P / dp`` for even shards) and ``r`` the measured
 seconds per parameter of its GPU type: a profiled block's ``optimizer_s`` over that block's
 parameters on one TP rank (:func:`block_rank_params`), the median over the profiled micro-batch
@@ -50,14 +50,19 @@ def seconds_per_param(blocks: Sequence[BlockTiming], model: Any, tp: int) -> flo
 
 
 def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]],
-                     kept: dict[str, float] | None) -> float:
+                     kept: dict[str, float] | None, held: Callable[[Any, int], list] | None = None) -> float:
     """``OPT`` of the module docstring for ``plan``; ``blocks_of(gpu type)`` gives the profiled
-    blocks, ``kept`` the ZeRO shards per device (None: whole, or even ``/ dp`` under ZeRO)."""
+    blocks, ``kept`` the ZeRO shards per device (None: whole, or even ``/ dp`` under ZeRO),
+    ``held(pipeline, n_mb)`` per stage the blocks, embeddings and heads it keeps under its
+    schedule's placement (the cost model's ``held``; None: stage j's blocks, the embedding
+    first, the head last)."""
     c, m, t = plan.cluster, plan.model, plan.train
     dp = len(plan.pipelines)
     worst = 0.0
     for p in plan.pipelines:
         last = len(p.stages) - 1
+        keeps = held(p, p.n_micro_batches(t.micro_batch)) if held is not None else \
+            [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(p.stages)]
         for j, s in enumerate(p.stages):
             for d in s.devices:
                 rate = seconds_per_param(blocks_of(c.device(d).gpu.name), m, s.tp)
@@ -66,7 +71,8 @@ def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]
                 if kept is not None:
                     n = kept[d]
                 else:
-                    n = device_params(m, s.n_layers, s.tp, first=j == 0, last=j == last)
+                    n = device_params(m, keeps[j]["n_layers"], s.tp, first=keeps[j]["first"],
+                                      last=keeps[j]["last"])
                     n = n / dp if t.zero_stage else n
                 worst = max(worst, n * rate)
     return worst

@@ -81,13 +81,14 @@ def tp_replicated_layer_params(model) -> int:
     return 2 * model.norm_params() + (model.hidden if o_bias else 0) + (model.hidden if down_bias else 0)
 
 
-def device_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:
+def device_params(model, n_layers: int, tp: int, *, first: bool | int, last: bool | int) -> float:
     """Parameters one device of a ``tp``-way stage keeps: ``n_layers`` blocks (the split part
     ``/ tp``, the replicated part whole, :func:`tp_replicated_layer_params`), plus the whole
-    embedding on the first stage and the whole head on the last."""
+    embedding on the first stage and the whole head on the last (``first``/``last``: how many
+    copies the stage keeps, True = 1; a schedule's placement may give a rank two)."""
     rep = tp_replicated_layer_params(model)
     return n_layers * ((model.layer_params() - rep) / tp + rep) + \
-        (model.embedding_params() if first else 0) + (model.head_params() if last else 0)
+        first * model.embedding_params() + last * model.head_params()
 
 
 def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:

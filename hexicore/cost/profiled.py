@@ -255,7 +255,7 @@ class ProfiledCostModel(AnalyticCostModel):
 
     def optimizer_s(self, plan: Any) -> float:
         """The slowest rank's measured optimizer step (0 where the profile has none)."""
-        return optimizer_step_s(plan, self._blocks, self.kept_params(plan))
+        return optimizer_step_s(plan, self._blocks, self.kept_params(plan), self.held)
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

@@ -48,11 +48,21 @@ def peer_groups(plan: Plan, devices: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
-def kept_params(plan: Plan) -> dict[str, float] | None:
+def ends(cost: Any, plan: Plan, pipe: Any) -> tuple[int, int]:
+    """The stages of ``pipe`` holding the embedding and the head whose gradients the data-parallel
+    sync carries: the first and the last, or where the pipeline's schedule places chain 0's
+    (the cost model's ``pipeline_placement``; Hanayo and V layouts end the chain on rank 0)."""
+    probe = getattr(cost, "pipeline_placement", None) if cost is not None else None
+    pl = probe(pipe, pipe.n_micro_batches(plan.train.micro_batch)) if probe is not None else None
+    return (0, len(pipe.stages) - 1) if pl is None else (pl.primary("embedding"), pl.primary("head"))
+
+
+def kept_params(plan: Plan, cost: Any = None) -> dict[str, float] | None:
     """Per device, the parameters whose sharded state parts it keeps: for every chunk (``P /
     lcm(tp)`` of a block's TP-split part; HexiScale §3.2) its share ``w_d / sum w`` among the
-    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards); what TP
-    replicates (norms, row-parallel biases, embedding, head:
+    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards; the embedding
+    and the head on the stages :func:`ends` names under ``cost``); what TP replicates (norms,
+    row-parallel biases, embedding, head:
     :func:`hexicore.cost.precision.tp_replicated_layer_params`) is one chunk held by every TP
     rank of every holder. ``None`` where ``params / tp / dp`` is exact: even shards among all
     holders, one TP degree everywhere."""
@@ -81,8 +91,9 @@ def kept_params(plan: Plan) -> dict[str, float] | None:
     for k in range(m.layers):
         add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
             m.layer_params() - rep, rep)
-    add([p.stages[0] for p in plan.pipelines], 0, m.embedding_params())
-    add([p.stages[-1] for p in plan.pipelines], 0, m.head_params())
+    at = [ends(cost, plan, p) for p in plan.pipelines]
+    add([p.stages[e] for p, (e, _) in zip(plan.pipelines, at)], 0, m.embedding_params())
+    add([p.stages[h] for p, (_, h) in zip(plan.pipelines, at)], 0, m.head_params())
     return out
 
 
@@ -122,7 +133,8 @@ def _sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], split: float, repli
 def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, float]]:
     """Per stage ``(pipeline, stage)``: ``(intra, cross)`` summed over its layers, the
     embedding and the head synced like a layer among the first/last stages (App. A's
-    ``sum_{k in stage} COMM-DP-LAYER``); empty with one pipeline. Under TP the parts a stage
+    ``sum_{k in stage} COMM-DP-LAYER``; where a schedule places them elsewhere, on the stages
+    :func:`ends` names); empty with one pipeline. Under TP the parts a stage
     replicates (norms, row-parallel biases, embedding, head) are synced among every TP rank
     (:func:`every_rank`), the rest in HexiScale §3.2's chunks."""
     pipes = plan.pipelines
@@ -155,13 +167,14 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
 
     rep = tp_replicated_layer_params(m)
     per_layer = [layer_cost(k) for k in range(m.layers)]
-    first = _sync_s(cost, plan, [p.stages[0] for p in pipes], 0.0, m.embedding_params(), links, w)
-    last = _sync_s(cost, plan, [p.stages[-1] for p in pipes], 0.0, m.head_params(), links, w)
+    at = [ends(cost, plan, p) for p in pipes]
+    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w)
+    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w)
     out = {}
     for i, p in enumerate(pipes):
         for j, s in enumerate(p.stages):
             parts = [per_layer[k] for k in range(*s.layers)]
-            parts += [first] if j == 0 else []
-            parts += [last] if j == len(p.stages) - 1 else []
+            parts += [first] if j == at[i][0] else []
+            parts += [last] if j == at[i][1] else []
             out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
     return out

@@ -39,9 +39,13 @@ def forward_backward(cost: Any, plan: Plan, pipeline: Pipeline,
     """Per stage of ``pipeline`` (one micro-batch each): ``(forward_s, backward_s)`` with
     ``forward + backward == stage_times[j]`` (the pipeline's STAGE times, ZeRO-3 included).
     ``cost`` is the analytic model or one built on it (``compute_s``, ``tp_comm_s``, and
-    optionally ``forward_fraction(cluster, model, train, devices)``)."""
+    optionally ``forward_fraction(cluster, model, train, devices)`` and ``stage_terms``, the
+    copies each stage runs under its schedule's placement, each weighted by its traffic)."""
     c, m, t = plan.cluster, plan.model, plan.train
     last = len(pipeline.stages) - 1
+    terms_of = getattr(cost, "stage_terms", None)  # the copies each stage runs (its schedule's placement)
+    terms = terms_of(pipeline, pipeline.n_micro_batches(t.micro_batch)) if terms_of is not None else \
+        [[(1.0, s.n_layers, j == 0, j == last)] for j, s in enumerate(pipeline.stages)]
     z3 = {}
     if t.zero_stage == 3 and len(plan.pipelines) > 1:
         i = next(k for k, q in enumerate(plan.pipelines) if q is pipeline or q == pipeline)
@@ -50,9 +54,9 @@ def forward_backward(cost: Any, plan: Plan, pipeline: Pipeline,
     forward, backward = [], []
     for j, (s, total) in enumerate(zip(pipeline.stages, stage_times)):
         frac = share(c, m, t, s.devices) if share is not None else compute_forward_fraction(t.recompute)
-        f = (cost.compute_s(c, m, t, s.devices, s.n_layers, last=j == last) * frac
-             + cost.tp_comm_s(c, m, t, s.devices, s.n_layers) * tp_forward_fraction(t.recompute)
-             + z3.get(j, 0.0) / 3.0)
+        f = sum(w * (cost.compute_s(c, m, t, s.devices, n, last=h) * frac
+                     + cost.tp_comm_s(c, m, t, s.devices, n) * tp_forward_fraction(t.recompute))
+                for w, n, _, h in terms[j]) + z3.get(j, 0.0) / 3.0
         f = min(f, total)
         forward.append(f)
         backward.append(total - f)

@@ -25,9 +25,9 @@ Pure and deterministic: ties break on (time, decision sequence).
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Any, Sequence
 
-from hexicore.pipeline.actions import Action
+from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.chains import ChainLinks
 from hexicore.pipeline.timing import Timing
 
@@ -162,3 +162,11 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
         seq += 1
         push(events, (end, seq, r))
     return out
+
+
+def greedy_lists(spec: Any, stage_rank: Sequence[int], **kw: Any) -> list[list[Action]]:
+    """:func:`hexicore.pipeline.greedy.greedy_order` of one chain through ``stage_rank`` (stages
+    in index order) under ``spec``'s times (a ``ScheduleSpec``); ``kw`` as there (``cap``, ``split_backward``, ...)."""
+    P, M, n = spec.ranks, spec.micro_batches, len(stage_rank)
+    probe = ActionList({}, P, n, M, tuple(stage_rank), ((),) * P)
+    return greedy_order(P, tuple(stage_rank), [tuple(range(n))], (0,) * M, spec.timing(probe), **kw)

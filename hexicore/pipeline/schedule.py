@@ -16,6 +16,7 @@ Schedules price themselves; the planner (:mod:`hexicore.planner.pricing`) only a
   with, shaped by the declared :class:`Pricing` (steady-state growth or blocks of P);
 * :meth:`ActionSchedule.peaks` / :meth:`ActionSchedule.model_peaks` — peak in-flight activations
   per rank (a closed rule, :meth:`ActionSchedule.peak_rule`, or simulated);
+  :meth:`ActionSchedule.placement` — which blocks, embedding and head each rank holds;
 * :meth:`ActionSchedule.resolve` — its own choice of free parameters for given times;
 * :attr:`ActionSchedule.pricing` — growth kind, fewest ranks and what fewer are priced as,
   whether the cost model's own PIPELINE-TIME formula is the schedule's.
@@ -38,9 +39,10 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.comm import insert_comm
-from hexicore.pipeline.greedy import greedy_order
 from hexicore.core.errors import HexicoreError
+from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.placement import built_placement
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
 
 
@@ -317,6 +319,11 @@ class ActionSchedule(ABC):
             return self.peaks(ranks, ranks)
         return self.peaks(ranks, min(n_mb, 2 * ranks - 1))
 
+    def placement(self, ranks: int, n_mb: int) -> Placement:
+        """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and
+        chains do not depend on it; a layout that does overrides this), :func:`built_placement`."""
+        return built_placement(self._cache, self.template, int(ranks))
+
     # ------------------------------------------------------ the schedule's own
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
         """The bubble ratio the schedule's paper predicts for ``spec`` (``hexicore simulate``
@@ -374,14 +381,6 @@ def split_bubble(spec: ScheduleSpec, lag: float) -> float | None:
     if spec.equal_split() is None:
         return None
     return lag / (3 * spec.micro_batches + lag)
-
-
-def greedy_lists(spec: ScheduleSpec, stage_rank: Sequence[int], **kw: Any) -> list[list[Action]]:
-    """:func:`hexicore.pipeline.greedy.greedy_order` of one chain through ``stage_rank`` (stages
-    in index order) under ``spec``'s times; ``kw`` as there (``cap``, ``split_backward``, ...)."""
-    P, M, n = spec.ranks, spec.micro_batches, len(stage_rank)
-    probe = ActionList({}, P, n, M, tuple(stage_rank), ((),) * P)
-    return greedy_order(P, tuple(stage_rank), [tuple(range(n))], (0,) * M, spec.timing(probe), **kw)
 
 
 def pipeline_timer(registry: Any) -> Any:

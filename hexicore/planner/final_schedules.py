@@ -12,7 +12,8 @@ micro-batches every stage's devices hold, :func:`hexicore.planner.pricing.memory
 option that refuses the pipeline (e.g. too few micro-batches) is skipped. It replaces the pipeline's schedule only
 when it is faster and its exact peak activations fit every stage
 (:func:`hexicore.planner.pricing.fits`); the new plan is kept only when its full estimate
-fits and is not slower. So ``auto`` with final options is never slower than without them, and
+fits and is not slower, else the new schedules are taken one pipeline at a time, each kept
+only so. So ``auto`` with final options is never slower than without them, and
 the plan records the chosen schedule of every pipeline (with what a runtime needs to rebuild it,
 the schedule's ``resolve``).
 """
@@ -26,7 +27,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.objective import rate
-from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, timed_cost
+from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, capped, fits, resolve_placed, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 #: ``schedule=auto``'s key for the schedules tried on the final plan only
@@ -95,7 +96,7 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -
     new = replace(plan, pipelines=tuple(pipes))
     est = cost.estimate(new) if new != plan else base
     if not est.fits or est.iteration_s > base.iteration_s + 1e-12:
-        new, est = plan, base
+        new, est = _one_by_one(cost, plan, base, pipes)
     info = dict(plan.solver or {})
     tried = info.get("schedule_s") or [{} for _ in plan.pipelines]
     info["schedule_s"] = [{**a, **b} for a, b in zip(tried, seen_all)]
@@ -104,6 +105,21 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -
     if "tokens_per_s" in info:
         info.update(rate(new))
     return new.with_solver(info)
+
+
+def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tuple[Plan, Any]:
+    """The pipelines' new schedules taken one at a time, in order, each kept when the whole
+    plan's estimate still fits and is no slower (together they may not be: a schedule that moves
+    the embedding or head to another stage moves its data-parallel sync too)."""
+    cur, est = plan, base
+    for i, q in enumerate(pipes):
+        if q == cur.pipelines[i]:
+            continue
+        trial = replace(cur, pipelines=cur.pipelines[:i] + (q,) + cur.pipelines[i + 1:])
+        e = cost.estimate(trial)
+        if e.fits and e.iteration_s <= est.iteration_s + 1e-12:
+            cur, est = trial, e
+    return cur, est
 
 
 def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
@@ -116,7 +132,7 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             continue
         ref = capped(book, cost, plan, p, ref)
         try:
-            chosen, secs = book.resolve(ref, stage_s, hop_s, n)
+            chosen, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         except HexicoreError:
             continue  # the schedule refuses this pipeline (e.g. too few micro-batches for it)
         seen[chosen.name] = round(secs, 6)

@@ -128,8 +128,11 @@ class ScheduleBook:
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
                 n: int) -> tuple[ScheduleRef, float]:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
-        schedule's own choice of its free parameters, ``resolve``)."""
+        schedule's own choice of its free parameters, ``resolve``); a pipeline with fewer ranks
+        than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
         ref = ScheduleRef.from_mapping(ref)
+        if not self.usable(ref, len(stage_s)):
+            return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
         chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
@@ -152,11 +155,33 @@ class ScheduleBook:
         peaks = self.model_peaks if modelled else self.peaks
         return lambda pipe, j, n: peaks(pipe.schedule, len(pipe.stages), n)[j]
 
+    def placement(self):
+        """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds
+        under the pipeline's schedule (its ``placement``), None where that is the plain one."""
+
+        def placed(pipe: Pipeline, n: int) -> Any:
+            ranks = len(pipe.stages)
+            key = ("placement", ScheduleRef.from_mapping(pipe.schedule), ranks, int(n))
+            if key not in self._priced:
+                sched = self.priced(key[1], ranks)
+                pl = sched.placement(ranks, int(n)) if hasattr(sched, "placement") else None
+                self._priced[key] = None if pl is None or pl.is_plain else pl
+            return self._priced[key]
+
+        return placed
+
 
 def timed_cost(cost: Any, book: ScheduleBook, modelled: bool = False) -> Any:
     """``cost`` whose pipeline term and activation memory follow each pipeline's schedule
     (a frozen dataclass with ``pipeline_timer``/``activation`` fields, e.g. AnalyticCostModel)."""
-    return replace(cost, pipeline_timer=book.timer(modelled), activation=book.activation(modelled))
+    return with_placement(replace(cost, pipeline_timer=book.timer(modelled), activation=book.activation(modelled)),
+                          book)
+
+
+def with_placement(cost: Any, book: ScheduleBook) -> Any:
+    """``cost`` whose memory and stage times follow each pipeline's schedule's placement (a
+    cost model with a ``placement`` field, e.g. AnalyticCostModel; others unchanged)."""
+    return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 
 def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> tuple[Any, ScheduleBook | None]:
@@ -170,7 +195,7 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
         return cost, None
     book = ScheduleBook(registry)
     if book.native(schedule):
-        return replace(cost, activation=book.activation()), None
+        return with_placement(replace(cost, activation=book.activation()), book), None
     return timed_cost(cost, book), book
 
 
@@ -181,13 +206,11 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     ``{schedule name: seconds}`` of the options tried."""
     pipes, tried = [], []
     for p in plan.pipelines:
-        stage_s, hop_s = cost.pipeline_pieces(plan, p)
-        n = p.n_micro_batches(plan.train.micro_batch)
         best, seen = None, {}
         for ref in [p.schedule] + [r for r in refs if r != p.schedule]:
             if not book.usable(ref, len(p.stages)):
                 continue
-            ref, secs = book.resolve(ref, stage_s, hop_s, n)
+            ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)
             ok = fits(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             if best is None or (ok, -secs) > (best[0], -best[1] + 1e-12):
@@ -197,6 +220,27 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     return replace(plan, pipelines=tuple(pipes)), tried
 
 
+def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> tuple[ScheduleRef, float]:
+    """:meth:`ScheduleBook.resolve` of ``pipe``'s schedule under the stage times of its own
+    placement (``cost.pipeline_pieces`` of ``pipe``: a schedule that puts the head on rank 0, or
+    two copies on a rank, is priced with that rank's real work). Where the resolved schedule
+    places its pieces otherwise than priced (a synthesised V layout moves the head to rank 0),
+    it is priced exactly under its own placement's times, and resolved once more for those
+    times; the faster of the two, exactly priced, is returned."""
+    n = pipe.n_micro_batches(plan.train.micro_batch)
+    pieces = cost.pipeline_pieces(plan, pipe)
+    chosen, secs = book.resolve(pipe.schedule, *pieces, n)
+    own = cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, chosen)) if chosen != pipe.schedule else pieces
+    if own == pieces:
+        return chosen, secs
+    best = (book.exact(chosen, *own, n), chosen)
+    again, _ = book.resolve(pipe.schedule, *own, n)
+    if again != chosen:
+        t = book.exact(again, *cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, again)), n)
+        best = min(best, (t, again), key=lambda x: x[0])
+    return best[1], best[0]
+
+
 def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
     """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
     the pipeline's micro-batch count, at least ``step``) with which the stage's memory
@@ -204,13 +248,13 @@ def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tupl
     smallest device. Bisection: the stage memory grows with the in-flight count."""
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
-    last, out = len(pipe.stages) - 1, []
-    for j, s in enumerate(pipe.stages):
+    out = []
+    for s, held in zip(pipe.stages, stage_held(cost, pipe, n)):
         limit = min(c.device(d).memory_gb for d in s.devices)
 
         def ok(k: int) -> bool:
-            return cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                        in_flight=k * step, dp=len(plan.pipelines)) <= limit
+            return cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=k * step,
+                                        dp=len(plan.pipelines)) <= limit
 
         lo, hi = 1, max(1, int(round(n / step)))
         if ok(hi):
@@ -235,12 +279,12 @@ def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
     """``plan`` with each pipeline's schedule as it records itself under the pipeline's own
     stage and hop times (:meth:`ScheduleBook.resolve`: free parameters chosen, a synthesised
     schedule's times recorded; a schedule built within a memory cap gets the pipeline's own,
-    :func:`capped`), so evaluate and the runtime rebuild the very lists priced."""
+    :func:`capped`; priced under its own placement, :func:`resolve_placed`), so evaluate and the
+    runtime rebuild the very lists priced."""
     pipes = []
     for p in plan.pipelines:
-        stage_s, hop_s = cost.pipeline_pieces(plan, p)
         ref = capped(book, cost, plan, p, ScheduleRef.from_mapping(p.schedule))
-        ref, _ = book.resolve(ref, stage_s, hop_s, p.n_micro_batches(plan.train.micro_batch))
+        ref, _ = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         pipes.append(Pipeline(p.batch, p.stages, ref))
     return replace(plan, pipelines=tuple(pipes))
 
@@ -250,10 +294,18 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
-    last = len(pipe.stages) - 1
-    for j, s in enumerate(pipe.stages):
-        gb = cost.stage_memory_gb(c, m, t, s.devices, s.n_layers, first=j == 0, last=j == last,
-                                  in_flight=peaks[j], dp=len(plan.pipelines))
+    for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
+        gb = cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))
         if gb > min(c.device(d).memory_gb for d in s.devices):
             return False
     return True
+
+
+def stage_held(cost: Any, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
+    """Per stage the ``stage_memory_gb`` keywords of what it keeps: the cost model's ``held``
+    (its schedule's placement), else stage j's blocks with the embedding first, the head last."""
+    held = getattr(cost, "held", None)
+    if held is not None:
+        return held(pipe, n)
+    last = len(pipe.stages) - 1
+    return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(pipe.stages)]

@@ -18,6 +18,7 @@ import numpy as np
 
 from hexicore.core.cluster import Cluster
 from hexicore.planner.layers import allocate_layers, layer_ranges
+from hexicore.planner.placed import placed_rows
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
@@ -185,17 +186,30 @@ class StageTable:
             self._flight[key] = [self.in_flight(n_stages, j, n_mb) for j in range(n_stages)]
         return self._flight[key]
 
-    def cap(self, devices: Group, first: bool, last: bool, in_flight: int) -> int:
-        """Most layers (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
-        not even the embedding/head fits."""
-        key = (self.signature(devices)[0], first, last, in_flight)
+    def placement(self, n_stages: int, n_mb: int) -> Any:
+        """The table's schedule's placement of an ``n_stages``-stage pipeline (the cost model's
+        ``pipeline_placement``; None: plain, or a cost model without one)."""
+        key = ("placement", n_stages, n_mb)
+        if key not in self._flight:
+            probe = getattr(self.cost, "pipeline_placement", None)
+            dummy = Pipeline(n_mb * self.train.micro_batch,
+                             tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), self.schedule)
+            self._flight[key] = None if probe is None else probe(dummy, n_mb)
+        return self._flight[key]
+
+    def cap(self, devices: Group, first: bool | int, last: bool | int, in_flight: int, copies: int = 1) -> int:
+        """Most layers l (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
+        not even the embedding/head fits. ``first``/``last``: embeddings/heads it keeps;
+        ``copies``: model copies of l blocks each it keeps (a schedule's placement)."""
+        key = (self.signature(devices)[0], first, last, in_flight) + ((copies,) if copies != 1 else ())
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
             c, m, t = self.cluster, self.model, self.train
 
             def fits(l: int) -> bool:
-                return self.cost.stage_memory_gb(c, m, t, devices, l, first=first, last=last,
-                                                 in_flight=in_flight, dp=self.dp) <= limit
+                more = {} if copies == 1 else {"share_layers": l}  # one in-flight micro-batch spans one copy
+                return self.cost.stage_memory_gb(c, m, t, devices, copies * l, first=first, last=last,
+                                                 in_flight=in_flight, dp=self.dp, **more) <= limit
 
             lo, hi = -1, m.layers  # largest l with fits(l); memory grows with l
             while lo < hi:
@@ -255,8 +269,12 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
 
 def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: Sequence[int]) -> tuple:
     """:func:`stage_rows` computed: the table's pieces looked up by the stages' signature codes
-    (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss."""
+    (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss;
+    under a schedule's placement by :func:`hexicore.planner.placed.placed_rows`."""
     p = len(stages)
+    pl = table.placement(p, n_mb_max)
+    if pl is not None:
+        return placed_rows(table, stages, table.flights(p, n_mb_max), pl)
     flights = table.flights(p, n_mb_max)
     times, caps_, hops_ = table._times, table._caps, table._hops
     rows, caps, hops = [], [], []

@@ -22,6 +22,20 @@ def validate_plan(plan: Plan, cost: CostModel, source: str | None = None) -> tup
                 need, cap = est.memory_gb[dev], plan.cluster.device(dev).memory_gb
                 if need > cap:
                     raise PlanError(f"device {dev} needs {need:.1f} GB but has {cap:g} GB "
-                                    f"({s.n_layers} layers, tp={s.tp})", source=source,
+                                    f"({s.n_layers} layers, tp={s.tp}{_placed(cost, plan, p, j)})", source=source,
                                     field=f"pipelines[{i}].stages[{j}]")
     return est, warnings
+
+
+def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:
+    """What stage j keeps where its schedule places more or other pieces than its own layers,
+    the embedding first and the head last (the cost model's ``held``), as a clause; else ''."""
+    held = getattr(cost, "held", None)
+    if held is None:
+        return ""
+    h = held(pipe, pipe.n_micro_batches(plan.train.micro_batch))[j]
+    if (h["n_layers"], int(h["first"]), int(h["last"])) == (pipe.stages[j].n_layers, int(j == 0),
+                                                            int(j == len(pipe.stages) - 1)):
+        return ""
+    return (f"; its schedule places {h['n_layers']} blocks, {int(h['first'])} embedding(s) and "
+            f"{int(h['last'])} head(s) on it")

@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from hexicore.core.placement import Placement
 from hexicore.pipeline.actions import ActionList
+from hexicore.pipeline.placement import placement
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need
@@ -101,6 +103,14 @@ class Synth(ActionSchedule):
             self._cache[key] = build(self.name, self.params(), spec, s.stage_rank, s.lists,
                                      meta={"layout": s.layout, "synth_makespan": s.makespan})
         return self._cache[key]
+
+    def placement(self, ranks: int, n_mb: int) -> Placement:
+        """The layout synthesised for the recorded times (the ``v`` layout puts the head on rank
+        0); without recorded times (the search, before :meth:`resolve`) the layout is not chosen
+        yet and the plain one (linear) is assumed."""
+        if self.stage_times is None:
+            return Placement.plain(int(ranks))
+        return placement(self.order(ScheduleSpec(int(ranks), int(n_mb))))
 
     def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         spec = ScheduleSpec.from_pieces(stage_times, hop_times, n_mb)

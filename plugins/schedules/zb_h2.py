@@ -26,7 +26,8 @@ from typing import Sequence
 from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, greedy_lists, loop_map, need,
+from hexicore.pipeline.greedy import greedy_lists
+from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, loop_map, need,
                                         split_bubble, split_closed_form)
 
 

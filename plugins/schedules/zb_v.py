@@ -25,7 +25,8 @@ from typing import Sequence
 from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, greedy_lists, need, split_bubble,
+from hexicore.pipeline.greedy import greedy_lists
+from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, need, split_bubble,
                                         split_closed_form, wave_map)
 
 

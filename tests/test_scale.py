@@ -156,9 +156,16 @@ def solve(overrides):
 
 
 @pytest.mark.slow
-def test_two_processes_plan_what_one_plans():
-    """The sweep's phase 2 ahead in a second process and the allocation's screens in parallel
-    (forced on a small fleet) give the one-process plan, to the device."""
+def test_two_processes_plan_what_one_plans(monkeypatch):
+    """The sweep's phase 2 ahead in a second process, the walk guessed and laid out ahead, and
+    the allocation's screens in parallel (all forced on a small fleet) give the one-process
+    plan, to the device."""
+    import hexicore.planner.search as search
+
+    monkeypatch.setattr(search, "WALK_AHEAD_FROM", 1)
+    guessed = []
+    real = search.walk_ahead
+    monkeypatch.setattr(search, "walk_ahead", lambda *a: guessed.append(real(*a)) or guessed[-1])
     base = ["cluster=synthetic", "cluster.synthetic.gpus=24", "cluster.synthetic.per_machine=4", "model=tiny",
             "train.global_batch=16", "solver.iterations=12", "solver.dp_max=4", "solver.allocation_exhaustive=1",
             "solver.allocation_screen_above=1"]
@@ -170,6 +177,7 @@ def test_two_processes_plan_what_one_plans():
     assert {k: v for k, v in a["solver"].items() if k not in drop} == \
         {k: v for k, v in b["solver"].items() if k not in drop}
     assert two.solver["allocation"]["screened"] > 0
+    assert sum(guessed) > 0  # layouts were computed ahead (and the plan did not change)
 
 
 def test_large_cluster_path_gives_valid_renamed_layouts():

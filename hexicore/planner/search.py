@@ -177,6 +177,11 @@ def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None
     return [(d, None) for d in sorted({dps[round(i * (len(dps) - 1) / (m - 1))] for i in range(m)})]
 
 
+#: devices from which the walk is guessed and laid out ahead (:func:`speculate`): below, a
+#: candidate costs less than forking for it
+WALK_AHEAD_FROM = 128
+
+
 def walk_step(ctx: Context, best: Candidate, rng: random.Random, dps: list[int]) -> tuple[int, str, tuple[int, ...]]:
     """One step of the walk around the best (§4.4): ``D_dp`` next to the best's, the cut
     (:func:`choose_objective`) and a shift of every pipeline's number of groups ``k_i``."""
@@ -204,7 +209,8 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
                 progress: Progress) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
     and no time limit the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
-    is guessed and laid out ahead (:func:`speculate`, at most three times); the plan is the
+    is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
+    most three times); the plan is the
     one-process plan either way."""
     n = ctx.cfg.iterations
     sweep = initial_sweep(dps, n)
@@ -225,7 +231,7 @@ def search_loop(ctx: Context, dps: list[int], rng: random.Random, deadline: floa
             objective = objective or choose_objective(ctx, rng)
             shifts: Sequence[int] = (0,)
         else:
-            if ahead and it not in guessed and guesses < 3 and n - it > 1:
+            if ahead and it not in guessed and guesses < 3 and n - it > 1 and len(ctx.graph) >= WALK_AHEAD_FROM:
                 guessed, guesses = speculate(ctx, best, rng, it, dps), guesses + 1
             d_dp, objective, shifts = walk_step(ctx, best, rng, dps)
         seed = rng.randrange(2**31)

@@ -15,7 +15,7 @@ chunks (``plugins/runtimes/torch/layout.py``, ``chunk_layers``; docs/formats.md)
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
 from hexicore.core.errors import HexicoreError, ScheduleError
 from hexicore.core.placement import Copy, Placement
@@ -48,15 +48,20 @@ def placement(al: ActionList) -> Placement:
     return Placement(tuple(tuple(cs) for cs in out))
 
 
-def built_placement(cache: Mapping, template: Callable[[int, int], ActionList], ranks: int) -> Placement:
+def built_placement(cache: dict, template: Callable[[int, int], ActionList], ranks: int) -> Placement:
     """A schedule's placement on ``ranks`` ranks (its stage map and chains do not depend on the
     number of micro-batches): of a template it has built for them already (``cache`` key
     ``("template", P, n)``), else of ``template(P, P)`` — or ``template(P, 2P)`` where the
-    schedule refuses fewer micro-batches than that (DualPipe-V)."""
+    schedule refuses fewer micro-batches than that (DualPipe-V); kept in ``cache`` under
+    ``("placement", P)``."""
+    hit = cache.get(("placement", ranks))
+    if hit is not None:
+        return hit
     al = next((v for k, v in cache.items() if k[:2] == ("template", ranks)), None)
     if al is None:
         try:
             al = template(ranks, ranks)
         except HexicoreError:
             al = template(ranks, 2 * ranks)
-    return placement(al)
+    hit = cache[("placement", ranks)] = placement(al)
+    return hit

@@ -72,14 +72,19 @@ def segments(members: Sequence[int], n: int, weights: Sequence[float] | None,
              machines: Sequence[str]) -> list[tuple[int, int, tuple[int, ...]]]:
     """Every non-empty segment ``(lo, hi, ranks)`` of the bucket between the union of the
     machines' cuts, with the one holder per machine whose piece contains it (module docstring)."""
-    groups = [(g, _bounds(g, n, weights)) for g in by_machine(members, machines)]
-    cuts = sorted({b for _, bs in groups for lo, hi in bs for b in (lo, hi)} | {0, n})
-    out = []
-    for lo, hi in zip(cuts, cuts[1:]):
-        if hi > lo:
-            ranks = tuple(sorted(g[j] for g, bs in groups for j, (a, b) in enumerate(bs) if a <= lo < b))
-            out.append((lo, hi, ranks))
-    return out
+    groups = by_machine(members, machines)
+    return _between_cuts(groups, [_bounds(g, n, weights) for g in groups], n)
+
+
+def _between_cuts(groups: Sequence[tuple[int, ...]], bounds: Sequence[Sequence[tuple[int, int]]], n: int,
+                  start: int = 0) -> list[tuple[int, int, tuple[int, ...]]]:
+    """The non-empty ``(lo, hi, ranks)`` of a span of ``n`` elements between the union of every
+    machine's cuts (``bounds[m]``, one range per holder of ``groups[m]``), offset by ``start``,
+    with the one holder per machine whose range contains it."""
+    cuts = sorted({x for bs in bounds for lo, hi in bs for x in (lo, hi)} | {0, n})
+    return [(start + lo, start + hi, tuple(sorted(g[j] for g, bs in zip(groups, bounds)
+                                                  for j, (x, y) in enumerate(bs) if x <= lo < y)))
+            for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
 
 def split(members: Sequence[int], n: int, rank: int, weights: Sequence[float] | None,
@@ -89,7 +94,7 @@ def split(members: Sequence[int], n: int, rank: int, weights: Sequence[float] | 
     members = tuple(members)
     if machines is None:
         return Split(members, tuple(_bounds(members, n, weights)), members.index(rank))
-    peers = next(g for g in by_machine(members, machines) if rank in g)
+    peers = peers_of(members, rank, machines)
     bounds = tuple(_bounds(peers, n, weights))
     lo, hi = bounds[peers.index(rank)]
     cross = tuple(s for s in segments(members, n, weights, machines) if rank in s[2] and len(s[2]) > 1
@@ -115,12 +120,7 @@ def atom_segments(members: Sequence[int], sizes: Sequence[int], weights: Sequenc
     cuts_of = [apportion(sizes, None if weights is None else [weights[r] for r in g], len(g)) for g in groups]
     out, start = [], 0
     for a, n in enumerate(sizes):
-        cuts = sorted({x for bs in cuts_of for lo, hi in bs[a] for x in (lo, hi)} | {0, n})
-        for lo, hi in zip(cuts, cuts[1:]):
-            if hi > lo:
-                ranks = tuple(sorted(g[j] for g, bs in zip(groups, cuts_of) for j, (x, y) in enumerate(bs[a])
-                                     if x <= lo < y))
-                out.append((start + lo, start + hi, ranks))
+        out += _between_cuts(groups, [bs[a] for bs in cuts_of], n, start)
         start += n
     return out
 

@@ -51,7 +51,7 @@ def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_lay
         marginal = np.where((ls_[None, :] <= alloc[:, None]) & (ls_[None, :] >= 2), t[:, 1:] - t[:, :-1], -np.inf)
         flat = np.argsort(-marginal, axis=None, kind="stable")[:excess]
         alloc = alloc - np.bincount(flat // marginal.shape[1], minlength=p)
-    return tuple(int(x) for x in alloc)
+    return tuple(alloc.tolist())
 
 
 def layer_ranges(counts: Sequence[int]) -> list[tuple[int, int]]:

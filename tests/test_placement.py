@@ -166,3 +166,32 @@ def test_data_parallel_sync_of_the_head_follows_the_placement():
 
     groups = sync_plan(layout_of(pipes)).groups
     assert [m for m, items in groups.items() if any(c.name == "lm_head.weight" for c, _, _ in items)] == [(0, 2)]
+
+
+def test_chimera_keeps_a_mirrored_stage_at_its_tp_degree():
+    """Chimera's rank j keeps a copy of stage P-1-j: a plan whose stages j and P-1-j differ in
+    TP degree cannot run. The placement names it, plan checks refuse it with the field, the
+    search never lays it out, and hexiscale's Chimera plans on hetero1 keep the degrees equal."""
+    from hexicore.app.compose import config_from_overrides, solve
+    from hexicore.core.errors import PlanError
+    from hexicore.planner.pricing import fits
+    from hexicore.planner.validate import validate_plan
+
+    chim = Registry.default().create("schedule", "chimera").placement(3, 4)
+    assert chim.split_tp([1, 1, 1]) is None and chim.split_tp([2, 1, 2]) is None
+    assert chim.split_tp([2, 1, 1]) == (0, 2)  # rank 0 keeps stage 2's blocks at TP 2
+    assert Placement.plain(3).split_tp([2, 1, 1]) is None
+    cost = priced()
+    plan = plan_of([(8, "chimera", [(2, 3), (1, 3), (1, 2)])])
+    with pytest.raises(PlanError, match=r"keeps a copy of stage 2's blocks \(tp=1\) on stage 0 \(tp=2\)") as err:
+        validate_plan(plan, cost)
+    assert err.value.field == "pipelines[0].stages[0].tp"
+    assert not fits(ScheduleBook(Registry.default()), cost, plan, plan.pipelines[0])
+    ok = plan_of([(8, "chimera", [(2, 3), (1, 3), (2, 2)])])
+    validate_plan(ok, cost)
+    cfg = config_from_overrides(["cluster=hetero1", "model=llama2_7b", "train.global_batch=128", "schedule=chimera",
+                                 "solver.iterations=3", "solver.use_all_devices=true"])
+    made, _ = solve(cfg, Registry.default())
+    for p in made.pipelines:
+        tps = [s.tp for s in p.stages]
+        assert tps == tps[::-1], tps

@@ -74,3 +74,14 @@ class Placement:
     def holders(self, k: int) -> tuple[int, ...]:
         """Ranks that keep a copy of plan stage ``k``'s blocks."""
         return tuple(j for j, cs in enumerate(self.ranks) if any(c.source == k for c in cs))
+
+    def split_tp(self, tps: Sequence[int]) -> tuple[int, int] | None:
+        """A rank keeping a copy of another stage's blocks at another TP degree (``tps``: per rank
+        its TP degree), as ``(rank, source stage)``; None when every copy has its source's degree.
+        A stage's blocks are one TP layout wherever they are kept (Chimera's mirrored stage
+        ``P-1-j`` must have stage j's TP degree), so such a pipeline cannot run."""
+        for j, cs in enumerate(self.ranks):
+            for c in cs:
+                if tps[c.source] != tps[j]:
+                    return j, c.source
+        return None

@@ -16,7 +16,8 @@ def placed_rows(table: Any, stages: Sequence[tuple[str, ...]], flights: Sequence
     many as its own; the final plan is priced exactly, :meth:`AnalyticCostModel.stage_terms`);
     its cap the most l such that every stage keeping a copy of its blocks fits with each of
     its copies at l (a bound the exact placement always meets: a stage's copies are each at
-    most l, so its memory is at most the one checked)."""
+    most l, so its memory is at most the one checked). Stages whose blocks would be kept at two
+    TP degrees (:meth:`Placement.split_tp`) get cap -1: no layout of them exists."""
     rows, own, hops = [], [], []
     for j, g in enumerate(stages):
         rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in pl.ranks[j]))
@@ -24,6 +25,8 @@ def placed_rows(table: Any, stages: Sequence[tuple[str, ...]], flights: Sequence
         if j + 1 < len(stages):
             hops.append(table.hop(g, stages[j + 1]))
     caps = [min(own[r] for r in pl.holders(j)) for j in range(len(stages))]
+    if pl.split_tp([len(g) for g in stages]) is not None:
+        caps = [-1] * len(stages)
     out = np.array(rows)
     out[:-1] += np.array(hops)[:, None]
     return out, caps, hops

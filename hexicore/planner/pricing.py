@@ -290,9 +290,14 @@ def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
 
 
 def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
-    """Every stage of ``pipe`` fits its devices with the schedule's exact peak activations."""
+    """Every stage of ``pipe`` fits its devices with the schedule's exact peak activations (and
+    the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
+    placed = getattr(cost, "pipeline_placement", None)
+    pl = None if placed is None else placed(pipe, n)
+    if pl is not None and pl.split_tp([s.tp for s in pipe.stages]) is not None:
+        return False
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
     for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
         gb = cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))

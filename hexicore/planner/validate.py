@@ -15,6 +15,8 @@ from hexicore.core.plan import Plan, check_structure
 def validate_plan(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Estimate, list[str]]:
     """Check ``plan`` completely; return the cost model's estimate and the warnings."""
     warnings = check_structure(plan, source)
+    for i, p in enumerate(plan.pipelines):
+        _check_placement(cost, plan, p, i, source)
     est = cost.estimate(plan)
     for i, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
@@ -39,3 +41,16 @@ def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:
         return ""
     return (f"; its schedule places {h['n_layers']} blocks, {int(h['first'])} embedding(s) and "
             f"{int(h['last'])} head(s) on it")
+
+
+def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:
+    """A schedule that keeps a copy of stage k's blocks on rank j (Chimera: stage P-1-k) needs
+    both at one TP degree (:meth:`hexicore.core.placement.Placement.split_tp`)."""
+    placed = getattr(cost, "pipeline_placement", None)
+    pl = None if placed is None else placed(pipe, pipe.n_micro_batches(plan.train.micro_batch))
+    hit = None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
+    if hit is not None:
+        j, k = hit
+        raise PlanError(f"schedule {pipe.schedule.name!r} keeps a copy of stage {k}'s blocks (tp={pipe.stages[k].tp}) "
+                        f"on stage {j} (tp={pipe.stages[j].tp}); both need one TP degree", source=source,
+                        field=f"pipelines[{i}].stages[{j}].tp")

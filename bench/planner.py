@@ -156,12 +156,35 @@ def kept_rows(path: Path, sizes: list[int]) -> list[str]:
     return [ln for ln in sec.splitlines() if re.match(r"^\| \d+ \|", ln) and int(ln.split("|")[1]) not in sizes]
 
 
+def repeated(overrides: list[str], old: str, times: int) -> dict | None:
+    """``times`` solves of :func:`scale_job` (``old``: on that checkout; "" with ``old`` unset:
+    None): the median wall and CPU, their range, the largest RSS; the plan is the same every time."""
+    import statistics
+
+    if times < 1:
+        return None
+    runs = [scale_job(overrides, old) for _ in range(times)]
+    out = dict(runs[0])
+    for k in ("wall", "cpu", "kids"):
+        out[k] = statistics.median(r.get(k, 0.0) for r in runs)
+    out["walls"] = [r["wall"] for r in runs]
+    out["rss_mb"] = max(r["rss_mb"] for r in runs)
+    return out
+
+
+def wall_cell(r: dict) -> str:
+    """The median wall, with the range over the repeats when there were several."""
+    walls = r.get("walls", [r["wall"]])
+    return f"{r['wall']:.1f}" if len(walls) < 2 else f"{r['wall']:.1f} ({min(walls):.1f}-{max(walls):.1f})"
+
+
 def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: int = 1024,
-                done=lambda lines: None, modes=("allocation", "every"), keep: list[str] = ()) -> list[str]:
+                done=lambda lines: None, modes=("allocation", "every"), keep: list[str] = (),
+                repeat: int = 1) -> list[str]:
     """Search time on synthetic fleets, per size two rows: hexiscale as configured by default
     (allocation: it also chooses the machines) and with ``use_all_devices=true`` (the search
     alone); megatron's plan for scale; with ``old``, the same solves on that older checkout
-    (sizes up to ``old_max``)."""
+    (sizes up to ``old_max``). ``repeat``: solves per cell (median wall and CPU, wall range)."""
     lines = ["| GPUs | model, batch | solver | iteration (s) | GPUs used | wall (s) | CPU (s) | of which workers (s) "
              "| peak RSS (MB) | before: iteration (s) | before: wall / CPU (s) | before: peak RSS (MB) |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -171,11 +194,11 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
         base = ["cluster=synthetic", f"cluster.synthetic.gpus={n}", f"model={model}", f"train.global_batch={batch}"]
         mega, _, _, _ = run(base + ["solver=megatron"], registry)
         for label, extra in (MODES[m] for m in modes):
-            new = scale_job(base + ["solver=hexiscale"] + extra)
-            was = scale_job(base + ["solver=hexiscale"] + extra, old) if old and n <= old_max else None
-            before = (f"{f(was['it'])} | {was['wall']:.1f} / {was['cpu']:.1f} | {was['rss_mb']:.0f}" if was
+            new = repeated(base + ["solver=hexiscale"] + extra, "", repeat)
+            was = repeated(base + ["solver=hexiscale"] + extra, old, repeat if old and n <= old_max else 0)
+            before = (f"{f(was['it'])} | {wall_cell(was)} / {was['cpu']:.1f} | {was['rss_mb']:.0f}" if was
                       else "not run | | ")
-            lines.append(f"| {n} | {model}, {batch} | {label} | {f(new['it'])} | {new['used']} | {new['wall']:.1f} | "
+            lines.append(f"| {n} | {model}, {batch} | {label} | {f(new['it'])} | {new['used']} | {wall_cell(new)} | "
                          f"{new['cpu']:.1f} | {new.get('kids', 0.0):.1f} | {new['rss_mb']:.0f} | {before} |")
             print(lines[-1], flush=True)
         lines.append(f"| {n} | {model}, {batch} | megatron (best symmetric) | {f(mega.iteration_s if mega else None)} "
@@ -230,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-label", default="", help="how the table names the older checkout (e.g. its commit)")
     ap.add_argument("--modes", default="allocation,every", help="hexiscale modes to time: allocation, every")
     ap.add_argument("--keep", action="store_true", help="keep the table's rows of the sizes not timed now")
+    ap.add_argument("--repeat", type=int, default=1, help="solves per cell: the table shows the median wall and "
+                    "CPU time and the range of the walls (the host's speed drifts)")
     ap.add_argument("--remark", default="", help="a paragraph written after the scale table (e.g. measurements "
                     "of the older checkout made separately)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
@@ -242,12 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         def note() -> str:  # the load average when the run started and when this size was written
             return SCALE_NOTE.format(date=time.strftime("%Y-%m-%d"), before=args.before_label or args.before or "none",
                                      before_max=args.before_max, load=f"{start:.1f} / {os.getloadavg()[0]:.1f}",
-                                     nice=os.nice(0))
+                                     nice=os.nice(0), repeat=args.repeat)
         keep = kept_rows(Path(args.out), sizes) if args.keep else []
         scale_table(registry, sizes, args.before, args.before_max,
                     lambda lines: write_section("## Planner search time at scale", note() + "\n".join(lines) + "\n"
                                                 + (f"\n{args.remark}\n" if args.remark else ""),
-                                                Path(args.out)), tuple(args.modes.split(",")), keep)
+                                                Path(args.out)), tuple(args.modes.split(",")), keep, args.repeat)
     if args.scale_only:
         print(f"written to {args.out}")
         return 0
@@ -264,10 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SCALE_NOTE = """`bench/planner.py --scale-only --scale N,... [--before OLD_CHECKOUT]`, {date}: synthetic
+SCALE_NOTE = """`bench/planner.py --scale-only --scale N,... [--repeat K] [--before OLD_CHECKOUT]`, {date}: synthetic
 fleets (`cluster=synthetic`, mix 3090:4090:A100 = 1:2:1, 8 GPUs a machine, 0.7 GB/s between
 machines), each solve in a fresh process on this machine (2 CPU cores shared with other jobs;
-this run at niceness {nice}, load average at its start / end: {load}): wall time depends on the
+this run at niceness {nice}, load average at its start / end: {load}), {repeat} solve(s) per cell:
+wall and CPU time are the median, the wall's range in brackets. Wall time depends on the
 load; CPU time is of the process and the workers it forks, and counts work done ahead that the
 search may not use (screens cancelled when the search ends, guessed walk steps that did not
 come), so it is larger on an idle host, where the workers get a core, than on a loaded one; peak

@@ -142,11 +142,14 @@ def make_context(problem: Problem, cfg: SearchConfig, memo: dict | None = None) 
 
 
 def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
-    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4)."""
+    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4). With schedule-priced
+    pipelines the seed solvers rank their layouts by the search's modelled times, as the search
+    ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
+    simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
     out = []
     p = ctx.problem
     if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
-        p = replace(p, schedule=ctx.options[0], cost=ctx.exact_cost)
+        p = replace(p, schedule=ctx.options[0], cost=ctx.cost)
     for name in ctx.cfg.seeds:
         try:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)

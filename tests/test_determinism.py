@@ -29,7 +29,9 @@ def plan_json(hash_seed: str, overrides: list[str]) -> dict:
 def test_plan_does_not_depend_on_the_hash_seed():
     """Phase 2 partitions sub-graphs of the device graph; a sub-graph whose node order followed
     a ``set`` made the device layout differ between hash seeds (same predicted time)."""
-    overrides = ["train.global_batch=128", "schedule=auto", "solver.iterations=12", "solver.polish_rounds=3"]
-    a, b = plan_json("1", overrides), plan_json("3", overrides)
-    assert a["pipelines"] == b["pipelines"]
-    assert a == b
+    for overrides in (["train.global_batch=128", "solver.iterations=12", "solver.polish_rounds=3"],  # + allocation
+                      ["train.global_batch=128", "schedule=auto", "schedule.final_options=[]", "solver.iterations=4",
+                       "solver.polish_rounds=2", "solver.use_all_devices=true"]):
+        a, b = plan_json("1", overrides), plan_json("3", overrides)
+        assert a["pipelines"] == b["pipelines"], overrides
+        assert a == b

@@ -157,8 +157,8 @@ def kept_rows(path: Path, sizes: list[int]) -> list[str]:
 
 
 def repeated(overrides: list[str], old: str, times: int) -> dict | None:
-    """``times`` solves of :func:`scale_job` (``old``: on that checkout; "" with ``old`` unset:
-    None): the median wall and CPU, their range, the largest RSS; the plan is the same every time."""
+    """``times`` solves of :func:`scale_job` (``old``: on that checkout, "": this one); None when
+    ``times`` is 0: the median wall and CPU, the walls, the largest RSS (the plan is the same every time)."""
     import statistics
 
     if times < 1:
@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                     "of the older checkout made separately)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
     registry = Registry.default()
     sizes = [int(x) for x in args.scale.split(",") if x.strip()]
     if sizes:

@@ -294,9 +294,7 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
     the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
-    placed = getattr(cost, "pipeline_placement", None)
-    pl = None if placed is None else placed(pipe, n)
-    if pl is not None and pl.split_tp([s.tp for s in pipe.stages]) is not None:
+    if tp_split(cost, pipe, n) is not None:
         return False
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
     for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
@@ -304,6 +302,15 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
         if gb > min(c.device(d).memory_gb for d in s.devices):
             return False
     return True
+
+
+def tp_split(cost: Any, pipe: Pipeline, n: int) -> tuple[int, int] | None:
+    """Where the cost model's placement of ``pipe`` at ``n`` micro-batches (its
+    ``pipeline_placement``) keeps a stage's blocks at two TP degrees:
+    :meth:`hexicore.core.placement.Placement.split_tp`'s ``(rank, source stage)``, else None."""
+    placed = getattr(cost, "pipeline_placement", None)
+    pl = None if placed is None else placed(pipe, n)
+    return None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
 
 
 def stage_held(cost: Any, pipe: Pipeline, n: int) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hexicore.cost import CostModel, Estimate
 from hexicore.core.errors import PlanError
 from hexicore.core.plan import Plan, check_structure
+from hexicore.planner.pricing import tp_split
 
 
 def validate_plan(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Estimate, list[str]]:
@@ -45,10 +46,8 @@ def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:
 
 def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:
     """A schedule that keeps a copy of stage k's blocks on rank j (Chimera: stage P-1-k) needs
-    both at one TP degree (:meth:`hexicore.core.placement.Placement.split_tp`)."""
-    placed = getattr(cost, "pipeline_placement", None)
-    pl = None if placed is None else placed(pipe, pipe.n_micro_batches(plan.train.micro_batch))
-    hit = None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
+    both at one TP degree (:func:`hexicore.planner.pricing.tp_split`)."""
+    hit = tp_split(cost, pipe, pipe.n_micro_batches(plan.train.micro_batch))
     if hit is not None:
         j, k = hit
         raise PlanError(f"schedule {pipe.schedule.name!r} keeps a copy of stage {k}'s blocks (tp={pipe.stages[k].tp}) "

@@ -89,10 +89,12 @@ class HexicoreSpecs:
         priced, so that the planner, ``hexicore simulate`` and the runtimes need no schedule name:
 
         * ``pricing = Pricing(growth=STEADY | BLOCKS, min_ranks=1, fewer_ranks=None,
-          cost_model_time=False)``: how the search models its PIPELINE-TIME above P micro-batches
-          (steady state, or blocks of P micro-batches like Hanayo), the fewest ranks it runs on
-          and the :class:`hexicore.core.schedule_ref.ScheduleRef` a pipeline with fewer is priced
-          as, whether the cost model's own closed PIPELINE-TIME is its time;
+          cost_model_time=False, micro_batches_per_rank=0)``: how the search models its
+          PIPELINE-TIME above P micro-batches (steady state, or blocks of P micro-batches like
+          Hanayo), the fewest ranks it runs on and the
+          :class:`hexicore.core.schedule_ref.ScheduleRef` a pipeline with fewer is priced as,
+          whether the cost model's own closed PIPELINE-TIME is its time, the fewest micro-batches
+          per rank it needs (DualPipeV: 2);
         * ``closed_form(stage_times, hop_times, n_mb)``: its exact makespan where a closed form
           holds, else None (then ``pipeline_time`` simulates its default-time order);
         * ``peak_rule(ranks, n_mb)``: its peak activations per rank by a closed rule (1F1B's

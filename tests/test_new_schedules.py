@@ -98,6 +98,27 @@ def test_dualpipe_v_refuses_too_few_micro_batches_and_beats_1f1b():
             assert ours < OneFOneB().simulate(ScheduleSpec(P, M))[1].bubble_ratio
 
 
+def test_dualpipe_v_plans_pipelines_with_enough_micro_batches():
+    """With 4 micro-batches, ``schedule=dualpipe_v`` plans pipelines of at most 2 ranks (M >= 2P)
+    instead of stopping; a plan whose pipeline has fewer is refused naming ``pipelines[i].batch``."""
+    from dataclasses import replace
+
+    from hexicore.app import api
+    from hexicore.core.errors import PlanError
+    from hexicore.core.schedule_ref import ScheduleRef
+
+    plan = api.plan("paper_case", "llama2_7b", schedule="dualpipe_v", overrides=["train.global_batch=4"])
+    mb = plan.train.micro_batch
+    assert all(p.schedule.name == "dualpipe_v" and p.n_micro_batches(mb) >= 2 * len(p.stages) for p in plan.pipelines)
+    deep = api.plan("paper_case", "llama2_7b", schedule="1f1b", overrides=["train.global_batch=4"])
+    i = next(i for i, p in enumerate(deep.pipelines) if p.n_micro_batches(mb) < 2 * len(p.stages))
+    pipes = list(deep.pipelines)
+    pipes[i] = replace(pipes[i], schedule=ScheduleRef("dualpipe_v"))
+    with pytest.raises(PlanError, match="needs at least") as err:
+        api.evaluate(replace(deep, pipelines=tuple(pipes)))
+    assert err.value.field == f"pipelines[{i}].batch"
+
+
 def test_split_backward_priced_per_stage():
     """T_I and T_W are the spec's per rank (not half of T_B): a slow W on one rank costs time,
     and ZB-H2's extra memory pays where T_W is short (its paper's setting) over ZB-H1."""

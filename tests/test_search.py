@@ -77,6 +77,22 @@ def test_batch_allocation_is_exact(pipes, m):
     assert max(fns[i](got[i]) for i in range(len(pipes))) == pytest.approx(best)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.1, 3.0), st.integers(1, 4)), min_size=1, max_size=3),
+       st.integers(1, 10))
+def test_batch_allocation_with_minimums_is_exact(pipes, m):
+    """Each pipeline gets at least its schedule's minimum (DualPipeV: 2 per rank), else None."""
+    fns, least = [affine_time(f, s) for f, s, _ in pipes], [lo for _, _, lo in pipes]
+    got = allocate_batch(fns, m, least)
+    if m < sum(least):
+        assert got is None
+        return
+    ok = [c for c in compositions(m, len(pipes)) if all(x >= lo for x, lo in zip(c, least))]
+    best = min(max(fns[i](c[i]) for i in range(len(pipes))) for c in ok)
+    assert sum(got) == m and all(x >= lo for x, lo in zip(got, least))
+    assert max(fns[i](got[i]) for i in range(len(pipes))) == pytest.approx(best)
+
+
 def test_tp_menus():
     menus = tp_menus(8, (1, 2, 4, 8))
     assert menus[0] == (8,) and (4, 4) in menus and (4, 2, 2) in menus and (1,) * 8 in menus

@@ -167,7 +167,8 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
         where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
         raise exc.located(source=str(where)) from None
     seconds = time.perf_counter() - t0
-    est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}")
+    est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}",
+                                  book=problem.pricing or ScheduleBook(registry))
     info = {"name": name, "seconds": round(seconds, 4), "params": {}, "status": "HEURISTIC", "bound": None}
     info.update(dict(plan.solver or {}))
     info["name"], info["seconds"] = name, round(seconds, 4)
@@ -179,14 +180,14 @@ def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
     """Validate a plan from any source and attach a fresh estimate (pipelines whose schedule
     is not timed by the cost model's own formula priced by their schedules from ``registry``, as
     the planner did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
+    book = ScheduleBook(registry)
     if getattr(cost, "pipeline_timer", False) is None:
-        book = ScheduleBook(registry)
         try:
             if not all(book.native(p.schedule) for p in plan.pipelines):
                 cost = timed_cost(cost, book)
         except HexicoreError as exc:
             raise exc.located(source=source) from None
-    est, warnings = validate_plan(plan, cost, source)
+    est, warnings = validate_plan(plan, cost, source, book=book)
     return plan.with_estimate(est), est, warnings
 
 

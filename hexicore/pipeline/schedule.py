@@ -118,6 +118,10 @@ class Pricing:
     * ``memory_cap`` — its ``memory`` parameter caps peak in-flight micro-batches per rank (a
       number or one per rank): ``schedule=auto``'s final re-pricing passes each pipeline's own
       (:mod:`hexicore.planner.final_schedules`).
+    * ``micro_batches_per_rank`` — the schedule needs at least this many micro-batches per rank
+      (DualPipeV: 2, ``M >= 2P``; 0: any ``M >= 1``): the search gives each pipeline at least
+      :meth:`min_micro_batches` of them or does not use the schedule there, and plan checks
+      refuse a pipeline with fewer.
 
     Exact times come from :meth:`ActionSchedule.pipeline_time` (the schedule's closed form where
     one is exact, else the simulator), peak activations from :meth:`ActionSchedule.peaks` (the
@@ -129,12 +133,19 @@ class Pricing:
     fewer_ranks: ScheduleRef | None = None
     cost_model_time: bool = False
     memory_cap: bool = False
+    micro_batches_per_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):
             raise ValueError(f"Pricing.growth must be {STEADY!r} or {BLOCKS!r}, got {self.growth!r}")
         if self.min_ranks < 1:
             raise ValueError(f"Pricing.min_ranks must be >= 1, got {self.min_ranks}")
+        if self.micro_batches_per_rank < 0:
+            raise ValueError(f"Pricing.micro_batches_per_rank must be >= 0, got {self.micro_batches_per_rank}")
+
+    def min_micro_batches(self, ranks: int) -> int:
+        """The fewest micro-batches a pipeline of ``ranks`` ranks runs under this schedule."""
+        return max(1, self.micro_batches_per_rank * ranks)
 
 
 @runtime_checkable
@@ -276,8 +287,11 @@ class ActionSchedule(ABC):
 
     def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """The search's PIPELINE-TIME model (:class:`Pricing`, ``growth``), from the exact times
-        at P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS); anchors cached."""
+        at P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS); anchors cached. A
+        schedule that needs more than P micro-batches (``Pricing.min_micro_batches``, DualPipeV's
+        2P) is anchored there and at twice that."""
         p, n = len(stage_times), int(n_mb)
+        p = max(p, self.pricing.min_micro_batches(p))  # the anchors: P and 2P, or the fewest it runs with
         block = self.pricing.growth == BLOCKS
         if n <= p and not block:
             return self.pipeline_time(stage_times, hop_times, n)
@@ -314,10 +328,11 @@ class ActionSchedule(ABC):
     def model_peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
         """The search's peaks: at ``min(n, 2P - 1)`` (STEADY: exact below, the saturated value
         above; 1F1B saturates at P, interleaved groups hold at most 2P - 1 micro-batches) or at
-        P (BLOCKS: the block it repeats). The final plan is checked with :meth:`peaks`."""
+        P (BLOCKS: the block it repeats), never below the micro-batches the schedule needs
+        (:meth:`Pricing.min_micro_batches`). The final plan is checked with :meth:`peaks`."""
         if self.pricing.growth == BLOCKS:
             return self.peaks(ranks, ranks)
-        return self.peaks(ranks, min(n_mb, 2 * ranks - 1))
+        return self.peaks(ranks, min(n_mb, max(2 * ranks - 1, self.pricing.min_micro_batches(ranks))))
 
     def placement(self, ranks: int, n_mb: int) -> Placement:
         """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and

@@ -147,6 +147,15 @@ def variants(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) 
     return ctx.layout_cache[key]
 
 
+def least_micro_batches(ctx: Context, layout: Layout, n_mb_max: int, choose: bool = False) -> int:
+    """The fewest micro-batches a layout's pipeline runs with under any of its options
+    (``Pricing.micro_batches_per_rank``; 1 without a schedule book)."""
+    if ctx.book is None:
+        return 1
+    ranks = len(layout.stages)
+    return min((ctx.book.min_micro_batches(o, ranks) for o, _ in variants(ctx, layout, n_mb_max, choose)), default=1)
+
+
 def unit_orders(ctx: Context, part: Sequence[str], k: int, seed: int) -> list[list[Group]]:
     """Phase 2 (i)+(iii): ``k`` well-connected groups; each group split per machine into units
     (TP stays inside a machine, §3.2); the units ordered by the orderer (its few best paths when
@@ -249,14 +258,14 @@ def assemble(ctx: Context, layouts: Sequence[Layout], origin: str, info: dict | 
     p = ctx.problem
     n_mb_max = ctx.micro_batches - (len(layouts) - 1)
     counts = allocate_batch([pipeline_time_fn(ctx, lay, n_mb_max, choose=choose) for lay in layouts],
-                            ctx.micro_batches)
+                            ctx.micro_batches, [least_micro_batches(ctx, lay, n_mb_max, choose) for lay in layouts])
     if counts is None:
         return Candidate(INF, None, None, origin)
     sections = [p.schedule] * len(layouts)
     if ctx.book is not None:  # per pipeline the option that is fastest at its micro-batches
         picks = []
         for lay, n in zip(layouts, counts):
-            opts = variants(ctx, lay, n_mb_max, choose)
+            opts = [ol for ol in variants(ctx, lay, n_mb_max, choose) if ctx.book.runs(ol[0], len(lay.stages), n)]
             if not opts:
                 return Candidate(INF, None, None, origin)
             picks.append(min(opts, key=lambda ol: ctx.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))

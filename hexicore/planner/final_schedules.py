@@ -128,7 +128,7 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     seen = {}
     for ref in refs:
-        if not book.usable(ref, len(p.stages)):
+        if not book.runs(ref, len(p.stages), n):
             continue
         ref = capped(book, cost, plan, p, ref)
         try:

@@ -6,7 +6,9 @@ come from its own schedule, which prices itself (:mod:`hexicore.pipeline.schedul
 * :class:`ScheduleBook` builds schedules once per :class:`ScheduleRef` from the registry and asks
   them: ``exact`` times, ``model`` times (what the search calls thousands of times), ``peaks``
   (peak in-flight micro-batches per rank, the memory the schedule needs); a pipeline with fewer
-  ranks than a schedule runs on is priced under the schedule the plugin names for that case;
+  ranks than a schedule runs on is priced under the schedule the plugin names for that case,
+  one with fewer micro-batches than it needs (``Pricing.micro_batches_per_rank``) is infinitely
+  slow and never fits, so no search keeps it;
 * :func:`timed_cost` injects those into a cost model (``pipeline_timer`` + ``activation``);
 * :func:`schedule_pricing` is the cost model and book a problem is solved with;
 * :func:`options` lists the schedules ``schedule=auto`` chooses from (its ``options``, by default
@@ -19,6 +21,7 @@ schedule-specific is declared by the schedule plugins.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Mapping, Sequence
@@ -109,20 +112,37 @@ class ScheduleBook:
             hit = self._priced[key] = self.schedule(self.effective(ref, ranks))
         return hit
 
+    def min_micro_batches(self, ref: Mapping[str, Any], ranks: int) -> int:
+        """The fewest micro-batches a pipeline of ``ranks`` runs under ``ref`` (the schedule's own
+        ``Pricing.min_micro_batches``: the runtime executes ``ref`` itself, whatever prices it)."""
+        return self.schedule(ref).pricing.min_micro_batches(ranks)
+
+    def runs(self, ref: Mapping[str, Any], ranks: int, n: int) -> bool:
+        """Whether a pipeline of ``ranks`` with ``n`` micro-batches runs under ``ref``."""
+        return self.usable(ref, ranks) and n >= self.min_micro_batches(ref, ranks)
+
     def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
+        if n < self.min_micro_batches(ref, len(stage_s)):
+            return math.inf
         return self.priced(ref, len(stage_s)).pipeline_time(stage_s, hop_s, int(n))
 
     def model(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """The search's PIPELINE-TIME (the schedule's ``model_time``)."""
+        if n < self.min_micro_batches(ref, len(stage_s)):
+            return math.inf
         return self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n))
 
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank (units of a rank's whole share)."""
+        if n < self.min_micro_batches(ref, ranks):
+            return (math.inf,) * ranks
         return self.priced(ref, ranks).peaks(ranks, n)
 
     def model_peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """The search's peaks (the schedule's ``model_peaks``); the final plan is checked with
         :meth:`peaks`."""
+        if n < self.min_micro_batches(ref, ranks):
+            return (math.inf,) * ranks
         return self.priced(ref, ranks).model_peaks(ranks, n)
 
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
@@ -131,7 +151,7 @@ class ScheduleBook:
         schedule's own choice of its free parameters, ``resolve``); a pipeline with fewer ranks
         than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
         ref = ScheduleRef.from_mapping(ref)
-        if not self.usable(ref, len(stage_s)):
+        if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
         chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
@@ -164,7 +184,8 @@ class ScheduleBook:
             key = ("placement", ScheduleRef.from_mapping(pipe.schedule), ranks, int(n))
             if key not in self._priced:
                 sched = self.priced(key[1], ranks)
-                pl = sched.placement(ranks, int(n)) if hasattr(sched, "placement") else None
+                runs = n >= self.min_micro_batches(key[1], ranks)  # else priced as never fitting
+                pl = sched.placement(ranks, int(n)) if runs and hasattr(sched, "placement") else None
                 self._priced[key] = None if pl is None or pl.is_plain else pl
             return self._priced[key]
 
@@ -207,8 +228,9 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     pipes, tried = [], []
     for p in plan.pipelines:
         best, seen = None, {}
+        n = p.n_micro_batches(plan.train.micro_batch)
         for ref in [p.schedule] + [r for r in refs if r != p.schedule]:
-            if not book.usable(ref, len(p.stages)):
+            if not book.runs(ref, len(p.stages), n):
                 continue
             ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)

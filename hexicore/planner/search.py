@@ -96,7 +96,23 @@ def no_fit_error(problem: Problem) -> HexicoreError:
     return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
                          f"{state_gb(problem):.1f} GB plus activations (micro-batch {t.micro_batch}, sequence "
                          f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
-                         f"{max(d.memory_gb for d in c.devices):g} GB per GPU", field="model")
+                         f"{max(d.memory_gb for d in c.devices):g} GB per GPU{_depth_limit(problem)}", field="model")
+
+
+def _depth_limit(problem: Problem) -> str:
+    """Where the schedule needs several micro-batches per rank (``Pricing.micro_batches_per_rank``),
+    the pipeline depth that leaves, as a clause; else ''."""
+    if is_auto(problem.schedule) or problem.registry is None:
+        return ""
+    try:
+        per_rank = ScheduleBook(problem.registry).schedule(problem.schedule).pricing.micro_batches_per_rank
+    except HexicoreError:
+        return ""
+    if per_rank <= 1:
+        return ""
+    m = problem.train.global_batch // problem.train.micro_batch
+    return (f"; schedule {problem.schedule['name']!r} needs {per_rank} micro-batches per pipeline rank, so "
+            f"{m} micro-batches allow pipelines of at most {m // per_rank} stages")
 
 
 def shared_table(memo: dict | None, table: StageTable) -> StageTable:

@@ -7,16 +7,22 @@ field; warnings (e.g. a TP group spanning machines) are returned for the caller 
 
 from __future__ import annotations
 
+from typing import Any
+
 from hexicore.cost import CostModel, Estimate
-from hexicore.core.errors import PlanError
+from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
 from hexicore.planner.pricing import tp_split
 
 
-def validate_plan(plan: Plan, cost: CostModel, source: str | None = None) -> tuple[Estimate, list[str]]:
-    """Check ``plan`` completely; return the cost model's estimate and the warnings."""
+def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: Any = None) -> tuple[Estimate, list[str]]:
+    """Check ``plan`` completely; return the cost model's estimate and the warnings. ``book``
+    (a :class:`hexicore.planner.pricing.ScheduleBook`) checks each pipeline's micro-batches
+    against what its schedule needs."""
     warnings = check_structure(plan, source)
     for i, p in enumerate(plan.pipelines):
+        if book is not None:
+            _check_micro_batches(book, plan, p, i, source)
         _check_placement(cost, plan, p, i, source)
     est = cost.estimate(plan)
     for i, p in enumerate(plan.pipelines):
@@ -42,6 +48,20 @@ def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:
         return ""
     return (f"; its schedule places {h['n_layers']} blocks, {int(h['first'])} embedding(s) and "
             f"{int(h['last'])} head(s) on it")
+
+
+def _check_micro_batches(book: Any, plan: Plan, pipe, i: int, source: str | None) -> None:
+    """A schedule that needs more micro-batches than the pipeline runs (``Pricing.micro_batches_per_rank``:
+    DualPipeV needs two per rank)."""
+    n, ranks = pipe.n_micro_batches(plan.train.micro_batch), len(pipe.stages)
+    try:
+        least = book.min_micro_batches(pipe.schedule, ranks)
+    except HexicoreError:
+        return  # an unknown schedule or bad parameters: reported where the plan is priced
+    if n < least:
+        raise PlanError(f"schedule {pipe.schedule.name!r} needs at least {least} micro-batches on {ranks} stages, "
+                        f"got {n} (batch {pipe.batch} / micro-batch {plan.train.micro_batch})", source=source,
+                        field=f"pipelines[{i}].batch")
 
 
 def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:

@@ -30,8 +30,8 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from typing import Sequence
 
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, need, split_bubble, split_closed_form,
-                                        wave_map)
+from hexicore.pipeline.schedule import (ActionSchedule, Pricing, ScheduleSpec, build, need, split_bubble,
+                                        split_closed_form, wave_map)
 
 
 class _Rank:
@@ -90,6 +90,7 @@ def dualpipe_v(rank: int, ranks: int, micro_batches: int) -> list[Action]:
 @dataclass(frozen=True)
 class DualPipeV(ActionSchedule):
     name = "dualpipe_v"
+    pricing = Pricing(micro_batches_per_rank=2)
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         P, M = spec.ranks, spec.micro_batches

@@ -100,16 +100,19 @@ def test_dualpipe_v_refuses_too_few_micro_batches_and_beats_1f1b():
 
 def test_dualpipe_v_plans_pipelines_with_enough_micro_batches():
     """With 4 micro-batches, ``schedule=dualpipe_v`` plans pipelines of at most 2 ranks (M >= 2P)
-    instead of stopping; a plan whose pipeline has fewer is refused naming ``pipelines[i].batch``."""
+    instead of stopping (the search and CP-SAT); a plan whose pipeline has fewer is refused
+    naming ``pipelines[i].batch``."""
     from dataclasses import replace
 
     from hexicore.app import api
     from hexicore.core.errors import PlanError
     from hexicore.core.schedule_ref import ScheduleRef
 
-    plan = api.plan("paper_case", "llama2_7b", schedule="dualpipe_v", overrides=["train.global_batch=4"])
-    mb = plan.train.micro_batch
-    assert all(p.schedule.name == "dualpipe_v" and p.n_micro_batches(mb) >= 2 * len(p.stages) for p in plan.pipelines)
+    for solver in ("hexiscale", "cpsat"):
+        plan = api.plan("paper_case", "llama2_7b", solver, schedule="dualpipe_v", overrides=["train.global_batch=4"])
+        mb = plan.train.micro_batch
+        assert all(p.schedule.name == "dualpipe_v" and p.n_micro_batches(mb) >= 2 * len(p.stages)
+                   for p in plan.pipelines)
     deep = api.plan("paper_case", "llama2_7b", schedule="1f1b", overrides=["train.global_batch=4"])
     i = next(i for i, p in enumerate(deep.pipelines) if p.n_micro_batches(mb) < 2 * len(p.stages))
     pipes = list(deep.pipelines)

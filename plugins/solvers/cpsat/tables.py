@@ -134,13 +134,15 @@ def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
               for n in range(L + 1)] for la in (0, 1)] for fi in (0, 1)]
 
 
-def _cap_table(problem: Problem, opt: Option | None, max_flight: int) -> list:
-    """Largest l such that every l' in 1..l fits (memory grows with l in the analytic model)."""
+def _cap_table(problem: Problem, opt: Option | None, max_flight: int, extra: int = 0) -> list:
+    """Largest l such that every l' in 1..l fits (memory grows with l in the analytic model);
+    ``extra`` entries past ``max_flight`` hold 0 (in-flight counts of pipelines the schedule
+    does not run)."""
     c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
     if opt is None:
-        return [[[0] * (max_flight + 1) for _ in (0, 1)] for _ in (0, 1)]
+        return [[[0] * (max_flight + 1 + extra) for _ in (0, 1)] for _ in (0, 1)]
     mem = c.device(opt.devices[0]).memory_gb
-    out = [[[0] * (max_flight + 1) for _ in (0, 1)] for _ in (0, 1)]
+    out = [[[0] * (max_flight + 1 + extra) for _ in (0, 1)] for _ in (0, 1)]
     for fi in (0, 1):
         for la in (0, 1):
             for f in range(1, max_flight + 1):
@@ -195,12 +197,19 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
     n_mb = t.global_batch // t.micro_batch
     sched = dict(problem.schedule)
     in_flight = [[[0] * (n_mb + 1) for _ in range(max_stages + 1)] for _ in range(max_stages + 1)]
+    blocked = []  # (P, j, n) the schedule does not run (too few micro-batches: DualPipeV's M >= 2P)
     for p in range(1, max_stages + 1):
         dummy = Pipeline(t.micro_batch, tuple(Stage((), 0, (0, 0)) for _ in range(p)), sched)
         for j in range(p):
             for n in range(1, n_mb + 1):
-                in_flight[p][j][n] = int(problem.cost.in_flight(dummy, j, n))
+                f = problem.cost.in_flight(dummy, j, n)
+                if math.isfinite(f):
+                    in_flight[p][j][n] = int(f)
+                else:
+                    blocked.append((p, j, n))
     max_flight = max(max(max(r) for r in row) for row in in_flight) or 1
+    for p, j, n in blocked:  # one entry past the largest real one, whose cap is 0 layers: no stage fits
+        in_flight[p][j][n] = max_flight + 1
     hop = [[0] * len(opts) for _ in opts]
     for a in range(1, len(opts)):
         for b in range(1, len(opts)):
@@ -216,7 +225,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         options=tuple(options), unit=unit, layers=L, max_pipelines=max_pipelines, max_stages=max_stages,
         stage=tuple(_stage_table(problem, o, to_us) for o in opts),
         hop=tuple(tuple(r) for r in hop),
-        cap=tuple(_cap_table(problem, o, max_flight) for o in opts),
+        cap=tuple(_cap_table(problem, o, max_flight, extra=1 if blocked else 0) for o in opts),
         in_flight=tuple(tuple(tuple(r) for r in rows) for rows in in_flight),
         dp_pair=pair(m.layer_params()), dp_pair_emb=pair(m.embedding_params()), dp_pair_head=pair(m.head_params()),
         dp_latency=pair(0.0)[min(2, max_pipelines)],

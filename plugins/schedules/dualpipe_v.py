@@ -30,8 +30,8 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from typing import Sequence
 
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import (ActionSchedule, Pricing, ScheduleSpec, build, need, split_bubble,
-                                        split_closed_form, wave_map)
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, wave_map
+from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
 
 
 class _Rank:

@@ -26,8 +26,8 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
-from hexicore.pipeline.schedule import (ActionSchedule, ScheduleSpec, build, loop_map, need,
-                                        positive_int, split_bubble, split_closed_form)
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
+from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
 
 
 @dataclass(frozen=True)

@@ -67,15 +67,24 @@ def test_hand_computed_weights_of_chimera_and_hanayo():
     assert weights(AnalyticCostModel(), plan_of(PLANS["chimera P=3"])) == [2 * block + emb, 3 * block, 3 * block + head]
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("name", list(PLANS))
-def test_weights_equal_the_runtimes_parameters_on_every_rank(name):
+def test_weights_equal_the_runtimes_parameters_on_every_rank(name, tied):
     """The torch runtime's chunks of each rank (built as a worker builds them, no process
-    launched): their distinct parameters equal the cost model's weights on that rank's devices."""
+    launched): their distinct parameters equal the cost model's weights on that rank's devices —
+    with tied embeddings too, where a rank holding a head without its chain's embedding keeps a
+    copy of it (the last stage under 1F1B, Chimera's ranks 0 and P-1)."""
     torch = pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from hexicore_plugins.runtimes.torch.layout import plan_layout
     from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
     from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+    from tests.test_asymmetric import SEQ
 
-    plan, layout = plan_of(PLANS[name]), layout_of(PLANS[name])
+    plan = plan_of(PLANS[name])
+    plan = replace(plan, model=replace(plan.model, tied_embeddings=tied))
+    layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
     part, parts = layout.pipelines[0], priced().memory_parts(plan)
     for q, (group, stage) in enumerate(zip(part.groups, plan.pipelines[0].stages)):
         for k, dev in enumerate(stage.devices):
@@ -143,7 +152,9 @@ def test_planner_caps_keep_every_copy_within_memory():
     from hexicore.core.errors import PlanError
     from hexicore.planner.validate import validate_plan
 
-    said = r"\(7 layers, tp=1; its schedule places 14 blocks, 0 embedding\(s\) and 0 head\(s\) on it\)"
+    # GPT-3 ties its embeddings: rank 0 keeps chain 0's embedding and the up chain's head, whose
+    # embedding is on rank 3, so a copy of it too
+    said = r"\(5 layers, tp=1; its schedule places 10 blocks, 1 embedding\(s\) and 1 head\(s\) on it\)"
     with pytest.raises(PlanError, match=said):
         validate_plan(Plan(m, small, train, (pipe,)), cost)
 

@@ -64,6 +64,12 @@ class Placement:
     def heads(self, j: int) -> int:
         return sum(c.head for c in self.ranks[j])
 
+    def lone_heads(self, j: int) -> int:
+        """Heads on rank j whose chain's embedding is elsewhere (with tied embeddings each keeps
+        its own copy of the embedding; a head next to its chain's embedding shares it)."""
+        cs = self.ranks[j]
+        return sum(c.head and not any(d.embedding and d.chain == c.chain for d in cs) for c in cs)
+
     def copies(self, j: int) -> int:
         return len(self.ranks[j])
 

@@ -24,7 +24,7 @@ from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTi
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
-                                     state_bytes)
+                                     state_bytes, tied_copies)
 from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -140,13 +140,15 @@ class AnalyticCostModel:
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
-                           dp: int = 1, kept: float | None = None, share_layers: int | None = None) -> dict[str, float]:
+                           dp: int = 1, kept: float | None = None, share_layers: int | None = None,
+                           tied_heads: float | None = None) -> dict[str, float]:
         """Peak memory of each device of a stage in GiB, by part (App. A MEM-CUMSUM, extended).
 
         ``n_layers`` are the blocks the stage keeps, ``first``/``last`` the number of
         embeddings/heads it keeps (True = 1; a schedule's placement may give a rank two model
         copies or the head of a chain that ends on it, :meth:`held`), ``share_layers`` the blocks
-        one in-flight micro-batch's activations span (default ``n_layers``).
+        one in-flight micro-batch's activations span (default ``n_layers``), ``tied_heads`` the
+        heads keeping their own copy of a tied embedding (:func:`~hexicore.cost.precision.tied_copies`).
 
         * ``weights``/``gradients``/``optimizer``: bytes per parameter of each
           (:meth:`state_bytes`) x the parameters a device keeps: the blocks' TP-split part
@@ -169,8 +171,9 @@ class AnalyticCostModel:
         """
         tp = len(devices)
         layer_p = model.layer_params()
-        params = n_layers * layer_p + first * model.embedding_params() + last * model.head_params()
-        mine = device_params(model, n_layers, tp, first=first, last=last)
+        params = n_layers * layer_p + first * model.embedding_params() + last * model.head_params() + \
+            tied_copies(model, first, last, tied_heads) * model.vocab * model.hidden
+        mine = device_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads)
         full = self.state_bytes(train)
         split = sharded_parts(train.zero_stage, train.zero_scope) if dp > 1 else ()
         out = {k: v * (params / tp / dp if k in split else mine) / GIB for k, v in full.parts().items()}
@@ -187,17 +190,16 @@ class AnalyticCostModel:
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
         if "gradients" in split:
-            unit = largest_unit_params(model, n_layers, tp, first=first, last=last)
+            unit = largest_unit_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads)
             work += (full.weights if train.zero_stage == 3 else 0.0) * unit + full.gradients * unit
         out["workspace"] = work / GIB + self.reserve_gb
         return out
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
-                        n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
-                        dp: int = 1, share_layers: int | None = None) -> float:
-        """Peak memory of each device of a stage in GiB: the sum of :meth:`stage_memory_parts`."""
-        return sum(self.stage_memory_parts(cluster, model, train, devices, n_layers, first=first, last=last,
-                                           in_flight=in_flight, dp=dp, share_layers=share_layers).values())
+                        n_layers: int, **held: Any) -> float:
+        """Peak memory of each device of a stage in GiB: the sum of :meth:`stage_memory_parts`
+        (``held``: its keywords, ``first``, ``last``, ``in_flight``, ``dp``, ...)."""
+        return sum(self.stage_memory_parts(cluster, model, train, devices, n_layers, **held).values())
 
     # ----------------------------------------------------------- placement
     def pipeline_placement(self, pipeline: Pipeline, n_mb: int) -> Placement | None:
@@ -208,17 +210,18 @@ class AnalyticCostModel:
     def held(self, pipeline: Pipeline, n_mb: int) -> list[dict[str, Any]]:
         """Per stage the :meth:`stage_memory_parts` keywords of what its devices keep:
         ``n_layers`` (every copy's blocks), ``first``/``last`` (embeddings/heads kept),
-        ``share_layers`` (the largest copy: one in-flight micro-batch's blocks). A copy of
-        another stage's blocks (:class:`hexicore.core.placement.Copy`) has that stage's layer
-        count, as the runtime cuts its chunks."""
+        ``share_layers`` (the largest copy: one in-flight micro-batch's blocks), ``tied_heads``
+        (heads without their chain's embedding on the rank). A copy of another stage's blocks has
+        that stage's layer count, as the runtime cuts its chunks."""
         last = len(pipeline.stages) - 1
         pl = self.pipeline_placement(pipeline, n_mb)
         if pl is None:
-            return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last}
+            return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last}  # tied_heads: by the rule
                     for j, s in enumerate(pipeline.stages)]
         layers = [s.n_layers for s in pipeline.stages]
         return [{"n_layers": pl.blocks(j, layers), "first": pl.embeddings(j), "last": pl.heads(j),
-                 "share_layers": pl.share_layers(j, layers)} for j in range(len(layers))]
+                 "share_layers": pl.share_layers(j, layers), "tied_heads": pl.lone_heads(j)}
+                for j in range(len(layers))]
 
     def stage_terms(self, pipeline: Pipeline, n_mb: int) -> list[list[tuple[float, int, bool, bool]]]:
         """Per stage the ``(traffic, n_layers, first, last)`` of each copy it runs: one micro-batch

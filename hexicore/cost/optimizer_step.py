@@ -72,7 +72,7 @@ def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]
                     n = kept[d]
                 else:
                     n = device_params(m, keeps[j]["n_layers"], s.tp, first=keeps[j]["first"],
-                                      last=keeps[j]["last"])
+                                      last=keeps[j]["last"], tied_heads=keeps[j].get("tied_heads"))
                     n = n / dp if t.zero_stage else n
                 worst = max(worst, n * rate)
     return worst

@@ -81,17 +81,33 @@ def tp_replicated_layer_params(model) -> int:
     return 2 * model.norm_params() + (model.hidden if o_bias else 0) + (model.hidden if down_bias else 0)
 
 
-def device_params(model, n_layers: int, tp: int, *, first: bool | int, last: bool | int) -> float:
+def tied_copies(model, first: bool | int, last: bool | int, tied_heads: float | None = None) -> float:
+    """Heads a stage keeps as their own copy of the tied embedding (``tied_embeddings``; 0 when
+    untied): a head shares one Parameter with its chain's embedding on the same rank, any other
+    head is a copy whose gradients the embedding group sums (Megatron-LM's last stage keeps one
+    too). ``tied_heads`` where the placement knows the chains (:meth:`AnalyticCostModel.held`),
+    else ``max(0, heads - embeddings)`` (right when a rank's embedding and head are of one chain:
+    the plain placement, V shapes and waves)."""
+    if not model.tied_embeddings:
+        return 0.0
+    return float(tied_heads) if tied_heads is not None else max(0.0, float(last) - float(first))
+
+
+def device_params(model, n_layers: int, tp: int, *, first: bool | int, last: bool | int,
+                  tied_heads: float | None = None) -> float:
     """Parameters one device of a ``tp``-way stage keeps: ``n_layers`` blocks (the split part
     ``/ tp``, the replicated part whole, :func:`tp_replicated_layer_params`), plus the whole
     embedding on the first stage and the whole head on the last (``first``/``last``: how many
-    copies the stage keeps, True = 1; a schedule's placement may give a rank two)."""
+    copies the stage keeps, True = 1; a schedule's placement may give a rank two), and with tied
+    embeddings each head's own copy of the embedding (:func:`tied_copies`)."""
     rep = tp_replicated_layer_params(model)
     return n_layers * ((model.layer_params() - rep) / tp + rep) + \
-        first * model.embedding_params() + last * model.head_params()
+        first * model.embedding_params() + last * model.head_params() + \
+        tied_copies(model, first, last, tied_heads) * model.vocab * model.hidden
 
 
-def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: bool) -> float:
+def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: bool,
+                        tied_heads: float | None = None) -> float:
     """Parameters of a ``tp``-way stage's largest *unit* on one device: a block (its split part
     ``/ tp``, its replicated part whole), the embedding, or the final norm with the head. The
     torch runtime (``plugins/runtimes/torch/zero.py``) handles sharded state unit by unit: ZeRO-3
@@ -101,5 +117,6 @@ def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: boo
     gradient not summed yet (ZeRO-2/3)."""
     units = [device_params(model, 1, tp, first=False, last=False)] if n_layers else []
     units += [model.embedding_params()] if first else []
-    units += [model.head_params()] if last else []
+    copy = model.vocab * model.hidden if tied_copies(model, first, last, tied_heads) > 0 else 0
+    units += [model.head_params() + copy] if last else []
     return max(units, default=0.0)

@@ -206,3 +206,22 @@ def test_chimera_keeps_a_mirrored_stage_at_its_tp_degree():
     for p in made.pipelines:
         tps = [s.tp for s in p.stages]
         assert tps == tps[::-1], tps
+
+
+def test_chimera_copies_sum_their_gradients():
+    """Chimera keeps stage P-1-r's blocks on rank r too: the runtime's REDUCE sums each stage's
+    gradients between its two holders even with one pipeline, and a rank pays it for both copies
+    (layers 2 | 3 | 3: ranks 0 and 2 hold 5 blocks held twice, rank 1 both copies of its own)."""
+    from hexicore.cost import sharding
+
+    cost, plan = priced(), plan_of(PLANS["chimera P=3"])
+    c, m, t = plan.cluster, plan.model, plan.train
+    s0, _, s2 = plan.pipelines[0].stages
+    one = cost.dp_layer_s(c, [s0, s2], m.layer_params(), t.dtype_bytes)
+    assert one > 0
+    parts = sharding.dp_stage_parts(cost, plan)
+    assert parts[(0, 0)][0] == pytest.approx(5 * one) and parts[(0, 2)][0] == pytest.approx(5 * one)
+    assert parts[(0, 1)] == (0.0, 0.0)
+    assert cost.estimate(plan).dp_s == pytest.approx(5 * one)
+    assert AnalyticCostModel().estimate(plan).dp_s == 0.0  # the plain assumption: one pipeline, nothing to sync
+

@@ -138,7 +138,10 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     replicates (norms, row-parallel biases, embedding, head) are synced among every TP rank
     (:func:`every_rank`), the rest in HexiScale §3.2's chunks."""
     pipes = plan.pipelines
-    if len(pipes) <= 1:
+    probe = getattr(cost, "pipeline_placement", None)
+    pls = [probe(p, p.n_micro_batches(plan.train.micro_batch)) if probe is not None else None for p in pipes]
+    copies = [pl is not None and any(len(pl.holders(j)) > 1 for j in range(len(pl.ranks))) for pl in pls]
+    if len(pipes) <= 1 and not any(copies):
         return {}
     m = plan.model
     holder = [[None] * m.layers for _ in pipes]
@@ -146,6 +149,8 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
         for s in p.stages:
             for k in range(*s.layers):
                 holder[i][k] = s
+    if any(copies):  # a schedule keeping copies of stages (Chimera): copies_sync prices them
+        return copies_sync(cost, plan, pls, holder)
     cache: dict[tuple, tuple[float, float]] = {}
     links: dict = {}
     w = shard_weights(plan)
@@ -174,6 +179,48 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     for i, p in enumerate(pipes):
         for j, s in enumerate(p.stages):
             parts = [per_layer[k] for k in range(*s.layers)]
+            parts += [first] if j == at[i][0] else []
+            parts += [last] if j == at[i][1] else []
+            out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
+    return out
+
+
+def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Stage]]) -> dict:
+    """:func:`dp_stage_parts` where schedules keep copies of stages on other ranks (Chimera's up
+    chain: rank r keeps stage P-1-r's blocks too; ``pls``: each pipeline's placement or None).
+    The runtime first sums each stage's gradients between its copies (``REDUCE``: the holders of
+    one pipeline exchange them, priced as their all-reduce), then all-reduces every chunk among
+    all its holders of all pipelines (the copies join with zeros, so a layer's ring has every
+    copy). A rank pays both for every copy it keeps; the embedding and the head as usual."""
+    pipes, m, links, w = plan.pipelines, plan.model, {}, shard_weights(plan)
+    rep = tp_replicated_layer_params(m)
+
+    def ranks_of(i: int, j: int) -> tuple[int, ...]:
+        return pls[i].holders(j) if pls[i] is not None else (j,)
+
+    def stage_of(i: int, k: int) -> int:
+        return pipes[i].stages.index(holder[i][k])
+
+    def sync(hs: Sequence[Stage], split: float, replicated: float) -> tuple[float, float]:
+        return _sync_s(cost, plan, hs, split, replicated, links, w) if len(hs) > 1 else (0.0, 0.0)
+
+    per_layer = []
+    for k in range(m.layers):
+        own = [[pipes[i].stages[r] for r in ranks_of(i, stage_of(i, k))] for i in range(len(pipes))]
+        reduce = [sync(hs, m.layer_params() - rep, rep) for hs in own]
+        dp = sync([s for hs in own for s in hs], m.layer_params() - rep, rep) if len(pipes) > 1 else (0.0, 0.0)
+        per_layer.append([(r[0] + dp[0], r[1] + dp[1]) for r in reduce])
+    at = [ends(cost, plan, p) for p in pipes]
+    one = len(pipes) > 1
+    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w) \
+        if one else (0.0, 0.0)
+    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w) \
+        if one else (0.0, 0.0)
+    out = {}
+    for i, p in enumerate(pipes):
+        for j in range(len(p.stages)):
+            sources = [c.source for c in pls[i].ranks[j]] if pls[i] is not None else [j]
+            parts = [per_layer[k][i] for src in sources for k in range(*p.stages[src].layers)]
             parts += [first] if j == at[i][0] else []
             parts += [last] if j == at[i][1] else []
             out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))

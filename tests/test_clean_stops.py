@@ -60,7 +60,9 @@ def test_a_stopped_rank_ends_the_run_within_the_timeout(tmp_path):
         if not _group_gone(proc, 0):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err
-    assert elapsed <= timeout + 5, elapsed
+    # timeout_s + SHUTDOWN_S plus the time this process needs to exit on a loaded 2-core host
+    # (8.2 s seen once under the full suite); torch's own launcher would wait 30 s for the rank
+    assert elapsed <= timeout + 10, elapsed
     assert "timed out" in err and "Traceback" not in err, err
     assert _group_gone(proc)
 

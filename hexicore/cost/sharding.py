@@ -201,8 +201,13 @@ def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Sta
     def stage_of(i: int, k: int) -> int:
         return pipes[i].stages.index(holder[i][k])
 
+    memo: dict[tuple, tuple[float, float]] = {}  # layers of one stage share their holders
+
     def sync(hs: Sequence[Stage], split: float, replicated: float) -> tuple[float, float]:
-        return _sync_s(cost, plan, hs, split, replicated, links, w) if len(hs) > 1 else (0.0, 0.0)
+        key = tuple(id(s) for s in hs)
+        if key not in memo:
+            memo[key] = _sync_s(cost, plan, hs, split, replicated, links, w) if len(hs) > 1 else (0.0, 0.0)
+        return memo[key]
 
     per_layer = []
     for k in range(m.layers):

@@ -114,8 +114,15 @@ class ScheduleBook:
 
     def min_micro_batches(self, ref: Mapping[str, Any], ranks: int) -> int:
         """The fewest micro-batches a pipeline of ``ranks`` runs under ``ref`` (the schedule's own
-        ``Pricing.min_micro_batches``: the runtime executes ``ref`` itself, whatever prices it)."""
-        return self.schedule(ref).pricing.min_micro_batches(ranks)
+        ``Pricing.min_micro_batches``: the runtime executes ``ref`` itself, whatever prices it; cached:
+        the search asks on every modelled time)."""
+        if not isinstance(ref, ScheduleRef):
+            ref = ScheduleRef.from_mapping(ref)
+        key = ("min", ref, ranks)
+        hit = self._priced.get(key)
+        if hit is None:
+            hit = self._priced[key] = self.schedule(ref).pricing.min_micro_batches(ranks)
+        return hit
 
     def runs(self, ref: Mapping[str, Any], ranks: int, n: int) -> bool:
         """Whether a pipeline of ``ranks`` with ``n`` micro-batches runs under ``ref``."""

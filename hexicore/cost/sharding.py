@@ -172,13 +172,26 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
 
     rep = tp_replicated_layer_params(m)
     per_layer = [layer_cost(k) for k in range(m.layers)]
+    return stage_sums(cost, plan, [None] * len(pipes), lambda i, k: per_layer[k], links, w)
+
+
+def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dict,
+               w: dict[str, float] | None) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per stage ``(pipeline, rank)``: ``layer(i, k)`` summed over the blocks of every copy the
+    rank keeps (``pls``: each pipeline's placement, None: its own stage's), plus the embedding's
+    and the head's sync on the stages :func:`ends` names (with several pipelines)."""
+    pipes, m = plan.pipelines, plan.model
     at = [ends(cost, plan, p) for p in pipes]
-    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w)
-    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w)
+    none = (0.0, 0.0)
+    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w) \
+        if len(pipes) > 1 else none
+    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w) \
+        if len(pipes) > 1 else none
     out = {}
     for i, p in enumerate(pipes):
-        for j, s in enumerate(p.stages):
-            parts = [per_layer[k] for k in range(*s.layers)]
+        for j in range(len(p.stages)):
+            sources = [c.source for c in pls[i].ranks[j]] if pls[i] is not None else [j]
+            parts = [layer(i, k) for src in sources for k in range(*p.stages[src].layers)]
             parts += [first] if j == at[i][0] else []
             parts += [last] if j == at[i][1] else []
             out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
@@ -215,18 +228,4 @@ def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Sta
         reduce = [sync(hs, m.layer_params() - rep, rep) for hs in own]
         dp = sync([s for hs in own for s in hs], m.layer_params() - rep, rep) if len(pipes) > 1 else (0.0, 0.0)
         per_layer.append([(r[0] + dp[0], r[1] + dp[1]) for r in reduce])
-    at = [ends(cost, plan, p) for p in pipes]
-    one = len(pipes) > 1
-    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w) \
-        if one else (0.0, 0.0)
-    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w) \
-        if one else (0.0, 0.0)
-    out = {}
-    for i, p in enumerate(pipes):
-        for j in range(len(p.stages)):
-            sources = [c.source for c in pls[i].ranks[j]] if pls[i] is not None else [j]
-            parts = [per_layer[k][i] for src in sources for k in range(*p.stages[src].layers)]
-            parts += [first] if j == at[i][0] else []
-            parts += [last] if j == at[i][1] else []
-            out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
-    return out
+    return stage_sums(cost, plan, pls, lambda i, k: per_layer[k][i], links, w)

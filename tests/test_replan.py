@@ -105,3 +105,14 @@ def test_bad_replan_input_exits_2_with_one_line(tmp_path, capsys, extra, words):
     assert code == 2
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], out.err
+
+
+def test_devices_an_allocation_leaves_idle_are_moved_not_lost(paper_problem):
+    """A replan whose machine allocation leaves devices idle (its plan's cluster excludes them)
+    reports as lost only what the cluster asked for lost them: the idle ones moved."""
+    before = solve(paper_problem)
+    idle = list(before.devices[:2])
+    new = replace(before, cluster=before.cluster.exclude(idle))
+    diff = plan_diff(before, new, paper_problem.cluster)
+    assert diff["lost"] == [] and diff["excluded"] == []
+    assert plan_diff(before, new)["lost"] == sorted(idle)

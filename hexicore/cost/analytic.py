@@ -24,7 +24,7 @@ from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTi
 from hexicore.cost import sharding
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
-                                     state_bytes, tied_copies)
+                                     state_bytes, tied_copies, tied_whole)
 from hexicore.cost.split import forward_backward
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
@@ -157,7 +157,8 @@ class AnalyticCostModel:
           App. A's ``48 H^2 B_type / |d_ij|`` per layer splits everything); under ``train.zero``
           (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element, replicated ones
           included, is split among all ``tp x dp`` ranks holding it,
-          :func:`hexicore.cost.precision.sharded`), or kept for ``kept`` parameters
+          :func:`hexicore.cost.precision.sharded`; a tied embedding's copies stay whole,
+          :func:`~hexicore.cost.precision.tied_whole`), or kept for ``kept`` parameters
           (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
           ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
         * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
@@ -176,7 +177,9 @@ class AnalyticCostModel:
         mine = device_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads)
         full = self.state_bytes(train)
         split = sharded_parts(train.zero_stage, train.zero_scope) if dp > 1 else ()
-        out = {k: v * (params / tp / dp if k in split else mine) / GIB for k, v in full.parts().items()}
+        whole = tied_whole(model, first, last, tied_heads)  # the tied embedding's copies: never sharded
+        out = {k: v * ((params - whole) / tp / dp + whole if k in split else mine) / GIB
+               for k, v in full.parts().items()}
         if kept is not None:
             for k in split:
                 out[k] = full.parts()[k] * kept / GIB
@@ -308,10 +311,8 @@ class AnalyticCostModel:
         return worst
 
     def dp_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
-        """Per stage ``(pipeline, stage)``: ``sum_{k in stage} COMM-DP-LAYER(D^k_dp)`` (App. A),
-        the embedding and the head synced like a layer among the first/last stages; empty with
-        one pipeline. Hybrid sharding adds the cross-machine sum of the shards
-        (:func:`hexicore.cost.sharding.dp_stage_parts`)."""
+        """Per stage ``(pipeline, stage)``: ``sum_{k in stage} COMM-DP-LAYER(D^k_dp)`` (App. A) and
+        the embedding's, the head's and a tied embedding group's sync (:func:`~hexicore.cost.sharding.dp_stage_parts`)."""
         return {k: a + b for k, (a, b) in sharding.dp_stage_parts(self, plan).items()}
 
     def shard_weights(self, plan: Plan) -> dict[str, float] | None:

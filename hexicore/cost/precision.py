@@ -93,6 +93,16 @@ def tied_copies(model, first: bool | int, last: bool | int, tied_heads: float | 
     return float(tied_heads) if tied_heads is not None else max(0.0, float(last) - float(first))
 
 
+def tied_whole(model, first: bool | int, last: bool | int, tied_heads: float | None = None) -> float:
+    """Parameters of the tied embedding a stage keeps whole under ZeRO: its embeddings' and its
+    heads' own copies (:func:`tied_copies`) of ``vocab x hidden``; 0 when untied. The embedding
+    group sums these copies' gradients itself (``plugins/runtimes/torch/tied.py``), outside the
+    sharded data-parallel state, so no ZeRO stage splits them."""
+    if not model.tied_embeddings:
+        return 0.0
+    return (float(first) + tied_copies(model, first, last, tied_heads)) * model.vocab * model.hidden
+
+
 def device_params(model, n_layers: int, tp: int, *, first: bool | int, last: bool | int,
                   tied_heads: float | None = None) -> float:
     """Parameters one device of a ``tp``-way stage keeps: ``n_layers`` blocks (the split part
@@ -114,9 +124,10 @@ def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: boo
     gathers one unit's weights at a time, just before its forward or backward, and frees them
     after; ZeRO-2/3 sum each unit's gradient as soon as its backward has accumulated it and free
     it. So at its peak a device holds the largest unit's weights gathered (ZeRO-3) and its full
-    gradient not summed yet (ZeRO-2/3)."""
+    gradient not summed yet (ZeRO-2/3). A tied embedding and the heads' copies of it are kept
+    whole (:func:`tied_whole`), so they are no unit (``tied_heads`` does not change the result)."""
     units = [device_params(model, 1, tp, first=False, last=False)] if n_layers else []
-    units += [model.embedding_params()] if first else []
-    copy = model.vocab * model.hidden if tied_copies(model, first, last, tied_heads) > 0 else 0
-    units += [model.head_params() + copy] if last else []
+    tied = model.vocab * model.hidden if model.tied_embeddings else 0  # kept whole: :func:`tied_whole`
+    units += [model.embedding_params() - tied] if first else []
+    units += [model.head_params()] if last else []
     return max(units, default=0.0)

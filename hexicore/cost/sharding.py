@@ -18,6 +18,11 @@ machine of ``P / k`` parameters, ``k`` the fewest holders any machine has (its p
 largest); each piece position has its own such ring and they run side by side, so one is priced.
 ZeRO-1/2 pay ``intra + cross`` at the step; ZeRO-3 pays ``1.5 x intra`` per micro-batch (gathers
 before forward and backward, reduce-scatter after) and ``cross`` at the step.
+
+A tied embedding (``tied_embeddings``) is no sharded state: every stage holding a copy — each
+pipeline's embedding and head stages — keeps it whole, and the copies' gradients are summed in
+one all-reduce among all of them (Megatron-LM's embedding group, :func:`tied_sync_s`), paid at
+the step whatever the ZeRO stage (in the ``cross`` slot), also with one pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import math
 from typing import Any, Sequence
 
 from hexicore.core.plan import Plan, Stage
-from hexicore.cost.precision import tp_replicated_layer_params
+from hexicore.cost.precision import tied_whole, tp_replicated_layer_params
 
 
 def shard_weights(plan: Plan) -> dict[str, float] | None:
@@ -92,9 +97,24 @@ def kept_params(plan: Plan, cost: Any = None) -> dict[str, float] | None:
         add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
             m.layer_params() - rep, rep)
     at = [ends(cost, plan, p) for p in plan.pipelines]
-    add([p.stages[e] for p, (e, _) in zip(plan.pipelines, at)], 0, m.embedding_params())
+    tied = m.vocab * m.hidden if m.tied_embeddings else 0  # kept whole by every copy: tied_whole
+    add([p.stages[e] for p, (e, _) in zip(plan.pipelines, at)], 0, m.embedding_params() - tied)
     add([p.stages[h] for p, (_, h) in zip(plan.pipelines, at)], 0, m.head_params())
+    for p in plan.pipelines if tied else ():
+        for s, held in zip(p.stages, stage_holdings(cost, plan, p)):
+            for d in s.devices:
+                out[d] += tied_whole(m, held["first"], held["last"], held.get("tied_heads"))
     return out
+
+
+def stage_holdings(cost: Any, plan: Plan, pipe: Any) -> list[dict[str, Any]]:
+    """Per stage of ``pipe`` what it keeps (``cost.held``: blocks, embeddings, heads, tied
+    copies under its schedule's placement), or the plain placement's embedding and head."""
+    held = getattr(cost, "held", None) if cost is not None else None
+    if held is not None:
+        return held(pipe, pipe.n_micro_batches(plan.train.micro_batch))
+    return [{"n_layers": s.n_layers, "first": j == 0, "last": j == len(pipe.stages) - 1}
+            for j, s in enumerate(pipe.stages)]
 
 
 def layer_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], n_params: float, links: dict,
@@ -141,8 +161,8 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     probe = getattr(cost, "pipeline_placement", None)
     pls = [probe(p, p.n_micro_batches(plan.train.micro_batch)) if probe is not None else None for p in pipes]
     copies = [pl is not None and any(len(pl.holders(j)) > 1 for j in range(len(pl.ranks))) for pl in pls]
-    if len(pipes) <= 1 and not any(copies):
-        return {}
+    if len(pipes) <= 1 and not any(copies):  # nothing to sync but a tied embedding's copies
+        return stage_sums(cost, plan, pls, lambda i, k: (0.0, 0.0), {}, None) if tied_holders(cost, plan) else {}
     m = plan.model
     holder = [[None] * m.layers for _ in pipes]
     for i, p in enumerate(pipes):
@@ -183,10 +203,13 @@ def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dic
     pipes, m = plan.pipelines, plan.model
     at = [ends(cost, plan, p) for p in pipes]
     none = (0.0, 0.0)
-    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, m.embedding_params(), links, w) \
-        if len(pipes) > 1 else none
+    own = m.embedding_params() - (m.vocab * m.hidden if m.tied_embeddings else 0)  # a tied one: its group
+    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, own, links, w) \
+        if len(pipes) > 1 and own else none
     last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w) \
         if len(pipes) > 1 else none
+    group = tied_holders(cost, plan)
+    tied = (0.0, tied_sync_s(cost, plan, [pipes[i].stages[j] for i, j in group], links)) if group else none
     out = {}
     for i, p in enumerate(pipes):
         for j in range(len(p.stages)):
@@ -194,8 +217,29 @@ def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dic
             parts = [layer(i, k) for src in sources for k in range(*p.stages[src].layers)]
             parts += [first] if j == at[i][0] else []
             parts += [last] if j == at[i][1] else []
+            parts += [tied] if (i, j) in group else []
             out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
     return out
+
+
+def tied_holders(cost: Any, plan: Plan) -> tuple[tuple[int, int], ...]:
+    """The stages ``(pipeline, stage)`` holding a copy of a tied embedding — each pipeline's
+    embedding and head stages (:func:`ends`; Chimera's other chain uses the same two ranks) —
+    when there are two or more of them (one stage holds both as one Parameter); else ``()``."""
+    if not plan.model.tied_embeddings:
+        return ()
+    group = tuple(sorted({(i, j) for i, p in enumerate(plan.pipelines) for j in ends(cost, plan, p)}))
+    return group if len(group) > 1 else ()
+
+
+def tied_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], links: dict) -> float:
+    """The embedding group's all-reduce of a tied embedding's gradient at the step
+    (Megatron-LM's ``embedding_group``; ``plugins/runtimes/torch/tied.py``): ``vocab x hidden``
+    summed among every rank of every holder stage (:func:`every_rank`), App. A's ring, whatever
+    the ZeRO stage or scope (the copies are never sharded)."""
+    c, m = plan.cluster, plan.model
+    ranks = holders if all(s.tp == 1 for s in holders) else every_rank(holders)
+    return cost.dp_layer_s(c, ranks, m.vocab * m.hidden, plan.train.dtype_bytes, links, None)
 
 
 def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Stage]]) -> dict:

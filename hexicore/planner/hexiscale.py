@@ -17,6 +17,7 @@ from hexicore.planner.allocation import allocate
 from hexicore.planner.final_schedules import reschedule
 from hexicore.planner.parallel import available_cores
 from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.replan import plan_diff
 from hexicore.planner.search import run_search
 from hexicore.planner.search_config import SearchConfig
 
@@ -59,4 +60,6 @@ class HexiScaleSolver:
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,
                         workers=self.config.workers or available_cores())
+        if problem.warm_start is not None and "replan" in plan.solver:  # against the cluster asked for
+            plan = plan.with_solver({**plan.solver, "replan": plan_diff(problem.warm_start, plan, problem.cluster)})
         return reschedule(problem, plan, progress)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.stages import Group, Layout, apply_menu, layout_pipeline, tp_menus
@@ -112,13 +113,16 @@ def placement(plan: Plan) -> dict[str, tuple]:
     return {d: (s.layers, s.tp, s.devices.index(d)) for p in plan.pipelines for s in p.stages for d in s.devices}
 
 
-def plan_diff(old: Plan, new: Plan) -> dict[str, Any]:
-    """How ``new`` differs from ``old``: devices lost, devices moved (their layer range, TP
-    degree or TP rank changed, or they are newly used or now idle: their weights change), and
-    layers moved = sum over the new plan's devices of the layers (as TP shards) that device did
-    not hold before — the weights a runtime has to load."""
+def plan_diff(old: Plan, new: Plan, cluster: Cluster | None = None) -> dict[str, Any]:
+    """How ``new`` differs from ``old``: devices lost (gone from ``cluster``, the cluster the
+    replan was asked for, default ``new``'s; devices a machine allocation left idle are moved,
+    not lost), devices moved (their layer range, TP degree or TP rank changed, or they are newly
+    used or now idle: their weights change), and layers moved = sum over the new plan's devices
+    of the layers (as TP shards) that device did not hold before — the weights a runtime has to
+    load."""
+    cluster = new.cluster if cluster is None else cluster
     a, b = placement(old), placement(new)
-    lost = sorted(d for d in a if not new.cluster.has_device(d))
+    lost = sorted(d for d in a if not cluster.has_device(d))
     moved = sorted(d for d in set(a) | set(b) if d not in lost and a.get(d) != b.get(d))
 
     def shards(p: tuple | None) -> set:
@@ -126,7 +130,7 @@ def plan_diff(old: Plan, new: Plan) -> dict[str, Any]:
 
     layers = sum(len(shards(b[d]) - shards(a.get(d))) for d in b)
     same = sum(1 for p in new.pipelines if any(tuple(p.stages) == tuple(q.stages) for q in old.pipelines))
-    return {"excluded": list(new.cluster.excluded), "lost": lost, "pipelines_kept": same,
+    return {"excluded": list(cluster.excluded), "lost": lost, "pipelines_kept": same,
             "pipelines_before": len(old.pipelines), "pipelines_after": len(new.pipelines),
             "devices_moved": len(moved), "moved": moved[:32], "layers_moved": layers,
             "previous_iteration_s": old.estimate.iteration_s if old.estimate else None}

@@ -253,11 +253,11 @@ class Executor:
         t0 = time.perf_counter()
         for s in sorted(self.stages):
             self._reduce(s)
-        if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient
-            self.g.tied.run(self.stages, self._wait)
         if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders
             params = {(s, n): p for s in sorted(self.stages) for n, p in self.stages[s].module.named_parameters()}
             self.g.dp.run(params, self._wait)
+        if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient (after
+            self.g.tied.run(self.stages, self._wait)  # the DP sync, whose ZeRO-3 rounds may still need this rank)
         if self.optimizer is not None:  # device compute: stretched like a compute action (.emulate)
             wall, cpu = clock()
             self.optimizer.step()

@@ -26,15 +26,16 @@ from .layout import Layout
 
 
 def members(layout: Layout) -> tuple[int, ...]:
-    """Global ranks holding a copy of the tied embedding/head (empty unless tied)."""
+    """Global ranks holding a copy of the tied embedding/head (empty unless tied, and when one
+    stage's ranks hold the only copy: its TP ranks keep equal replicated gradients already)."""
     if not layout.model.tied_embeddings:
         return ()
-    out = set()
+    holders = set()
     for part in layout.pipelines:
         for s in range(part.actions.stages):
             if part.first_of_chain(s) or part.last_of_chain(s):
-                out.update(part.groups[part.actions.stage_rank[s]].ranks)
-    return tuple(sorted(out))
+                holders.add(part.groups[part.actions.stage_rank[s]].ranks)
+    return tuple(sorted({r for g in holders for r in g})) if len(holders) > 1 else ()
 
 
 def tied_params(stages: dict) -> list[tuple[int, torch.nn.Parameter]]:

@@ -4,6 +4,7 @@ from dataclasses import replace
 import importlib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hexicore.app.compose import build_problem, config_from_overrides
 from hexicore.core.errors import HexicoreError
@@ -89,3 +90,28 @@ def test_hexiscale_beats_every_baseline_on_the_paper_case(paper_problem):
     hexi = paper_problem.evaluate(solve(paper_problem, "hexiscale")).iteration_s
     for name in ("megatron", "metis_like", "galvatron_like"):
         assert hexi <= paper_problem.evaluate(solve(paper_problem, name)).iteration_s
+
+
+@given(st.lists(st.floats(1.0, 2000.0), min_size=1, max_size=12), st.integers(0, 40))
+@settings(max_examples=200, deadline=None)
+def test_speed_shares_give_every_replica_a_micro_batch(speeds, extra):
+    """fsdp's batches: they sum to the micro-batches and none is empty, whatever the speeds (a
+    fast device once took the last micro-batch of a slow one, an empty pipeline that made
+    ``solver=fsdp`` report that nothing fits)."""
+    total = len(speeds) + extra
+    out = baselines.speed_shares(total, speeds)
+    assert sum(out) == total and min(out) >= 1
+    assert baselines.speed_shares(12, [989.4, 125, 68.2, 68.2, 68.2]) == [8, 1, 1, 1, 1]
+
+
+def test_fsdp_plans_a_tiny_model_on_a_fast_and_slow_fleet(tmp_path):
+    yaml = ("name: fs2\ninter: {bandwidth_gbs: 1.0, latency_us: 50}\nmachines:\n"
+            "  - {name: A, gpu: h100-80g, count: 1, bandwidth_gbs: 400, latency_us: 1}\n"
+            "  - {name: C, gpu: v100-32g, count: 1, bandwidth_gbs: 100, latency_us: 5}\n"
+            "  - {name: B, gpu: rtx3080ti, count: 3, bandwidth_gbs: 8, latency_us: 20}\n")
+    (tmp_path / "c.yaml").write_text(yaml)
+    problem = build_problem(config_from_overrides([f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny",
+                                                   "solver=fsdp", "train.global_batch=12"]), Registry.default())
+    plan = solve(problem, "fsdp")
+    assert [p.batch for p in plan.pipelines] == [8, 1, 1, 1, 1]
+    assert validate_plan(plan, problem.cost)[0].fits

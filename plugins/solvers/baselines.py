@@ -176,8 +176,8 @@ def speed_shares(total: int, speeds: list[float]) -> list[int]:
     remainder); ``len(speeds) <= total``."""
     raw = [total * v / sum(speeds) for v in speeds]
     out = [max(1, int(r)) for r in raw]
-    while sum(out) > total:
-        out[max(range(len(out)), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+    while sum(out) > total:  # take back from those above their minimum, most over their share first
+        out[max((j for j in range(len(out)) if out[j] > 1), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
     for j in sorted(range(len(out)), key=lambda j: raw[j] - out[j], reverse=True)[:total - sum(out)]:
         out[j] += 1
     return out

@@ -225,3 +225,25 @@ def test_chimera_copies_sum_their_gradients():
     assert cost.estimate(plan).dp_s == pytest.approx(5 * one)
     assert AnalyticCostModel().estimate(plan).dp_s == 0.0  # the plain assumption: one pipeline, nothing to sync
 
+
+
+@pytest.mark.parametrize("memory_gb", [12.5, 13.0, 14.0])
+def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
+    """GPT-3 1.3B ties its embeddings: Chimera's ranks 0 and P-1 each keep an embedding and the
+    other chain's head with its own copy of it. The search's caps count that copy (they once
+    used the rule heads - embeddings = 0 and laid out stages that did not fit at 12.5-14 GB)."""
+    from hexicore.core.cluster import parse_cluster
+    from hexicore.core.plan import TrainConfig
+    from hexicore.planner.stages import StageTable, layout_pipeline
+    from tests.conftest import model_preset
+
+    m, train = model_preset("gpt3_1.3b"), TrainConfig(global_batch=8, micro_batch=1, seq_len=2048)
+    c = parse_cluster({"name": "c", "gpus": {"g": {"tflops": 100, "memory_gb": memory_gb}},
+                       "inter": {"bandwidth_gbs": 1, "latency_us": 50},
+                       "machines": [{"name": "A", "gpu": "g", "count": 4, "bandwidth_gbs": 32, "latency_us": 10}]},
+                      "test")
+    sched, cost = {"name": "chimera"}, priced()
+    lay = layout_pipeline(StageTable(c, m, train, cost, sched), [(f"A.{i}",) for i in range(4)], 8)
+    if lay is not None:
+        assert cost.estimate(Plan(m, c, train, (lay.pipeline(8, ScheduleRef.from_mapping(sched)),))).fits
+    assert memory_gb < 13.0 or lay is not None

@@ -21,7 +21,7 @@ def placed_rows(table: Any, stages: Sequence[tuple[str, ...]], flights: Sequence
     rows, own, hops = [], [], []
     for j, g in enumerate(stages):
         rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in pl.ranks[j]))
-        own.append(table.cap(g, pl.embeddings(j), pl.heads(j), flights[j], pl.copies(j)))
+        own.append(table.cap(g, pl.embeddings(j), pl.heads(j), flights[j], pl.copies(j), pl.lone_heads(j)))
         if j + 1 < len(stages):
             hops.append(table.hop(g, stages[j + 1]))
     caps = [min(own[r] for r in pl.holders(j)) for j in range(len(stages))]

@@ -5,13 +5,13 @@ stage costs and the layout of an ordered list of stages (exact layer allocation)
   into TP groups (TP degree and number of stages), e.g. 8 GPUs -> [8], [4, 4], [4, 2, 2], ...;
 * :class:`StageTable` — the cost model's STAGE/HOP/memory pieces cached per (devices, position)
   so the search asks the cost model once per distinct stage (App. A);
-* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`.
-"""
+* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from itertools import accumulate
 from typing import Any, Sequence
 
 import numpy as np
@@ -63,11 +63,7 @@ def split_by_machine(cluster: Cluster, devices: Sequence[str]) -> list[Group]:
 
 def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
     """Cut a machine's devices into consecutive TP groups of the menu's sizes."""
-    out, lo = [], 0
-    for t in menu:
-        out.append(unit[lo:lo + t])
-        lo += t
-    return out
+    return [unit[end - t:end] for t, end in zip(menu, accumulate(menu))]
 
 
 @lru_cache(maxsize=4096)
@@ -197,17 +193,22 @@ class StageTable:
             self._flight[key] = None if probe is None else probe(dummy, n_mb)
         return self._flight[key]
 
-    def cap(self, devices: Group, first: bool | int, last: bool | int, in_flight: int, copies: int = 1) -> int:
+    def cap(self, devices: Group, first: bool | int, last: bool | int, in_flight: int, copies: int = 1,
+            tied: int | None = None) -> int:
         """Most layers l (0..L) the stage holds in memory with ``in_flight`` micro-batches; -1 if
-        not even the embedding/head fits. ``first``/``last``: embeddings/heads it keeps;
-        ``copies``: model copies of l blocks each it keeps (a schedule's placement)."""
-        key = (self.signature(devices)[0], first, last, in_flight) + ((copies,) if copies != 1 else ())
+        not even the embedding/head fits. ``first``/``last``: embeddings/heads it keeps; ``copies``:
+        model copies of l blocks each, ``tied``: heads with their own copy of a tied embedding (a
+        placement's; None or the rule ``heads - embeddings``: the cost model's own rule)."""
+        rule = not self.model.tied_embeddings or tied == max(0, int(last) - int(first))
+        key = (self.signature(devices)[0], first, last, in_flight) + ((copies,) if copies != 1 else ()) + \
+            ((tied,) if tied is not None and not rule else ())
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
             c, m, t = self.cluster, self.model, self.train
 
             def fits(l: int) -> bool:
                 more = {} if copies == 1 else {"share_layers": l}  # one in-flight micro-batch spans one copy
+                more.update({} if tied is None or rule else {"tied_heads": tied})
                 return self.cost.stage_memory_gb(c, m, t, devices, copies * l, first=first, last=last,
                                                  in_flight=in_flight, dp=self.dp, **more) <= limit
 

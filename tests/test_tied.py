@@ -15,6 +15,8 @@ GIB = 2**30
 TWO_BY_TWO = [(5, "1f1b", [(1, 3), (1, 5)]), (3, "gpipe", [(1, 3), (1, 5)])]
 #: one stage per pipeline (what ZeRO-3 runs on); ranks 0-2, different micro-batch counts
 FLAT = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 8)]), (2, "1f1b", [(1, 8)])]
+#: Chimera's two copies per pipeline next to a plain 1F1B pipeline: a chunk has three holders
+MIX = [(4, "chimera", [(1, 3), (1, 5)]), (4, "1f1b", [(1, 3), (1, 5)])]
 
 
 def tied_plan(pipelines, zero: int = 0, tied: bool = True) -> Plan:
@@ -76,10 +78,12 @@ def test_zero_keeps_the_tied_copies_whole(zero):
 
 @pytest.mark.slow
 def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_bytes():
-    """One 4-rank job, tied embeddings: the one-process reference, :data:`TWO_BY_TWO` under ZeRO-1
-    and :data:`FLAT` under ZeRO-3 (whose embedding group once waited on ranks still gathering
-    their ZeRO-3 weights: a deadlock) train like one process (1e-5); each rank's AdamW state
-    equals the cost model's, the tied copies whole."""
+    """One 4-rank job, tied embeddings: the one-process reference, :data:`TWO_BY_TWO` under ZeRO-1,
+    :data:`FLAT` under ZeRO-3 (whose embedding group once waited on ranks still gathering
+    their ZeRO-3 weights: a deadlock) and :data:`MIX` under ZeRO-2 train like one process
+    (1e-5); each rank's AdamW state equals the cost model's (with the schedules' placements),
+    the tied copies whole, every Chimera copy a holder of its shard (priced as one holder per
+    pipeline, Chimera's ranks kept twice their bytes)."""
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
@@ -87,7 +91,9 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
     from hexicore.registry import Registry
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel
 
-    cases = [(TWO_BY_TWO, 1), (FLAT, 3)]
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+
+    cases = [(TWO_BY_TWO, 1), (FLAT, 3), (MIX, 2)]
     plans = [tied_plan(p, zero=z) for p, z in cases]
     m = plans[0].model
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
@@ -101,6 +107,22 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
     for plan, got in zip(plans, results[1:]):
-        parts = AnalyticCostModel().memory_parts(plan)
+        parts = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default())).memory_parts(plan)
         for r, d in enumerate(plan.devices):
             assert abs(got["metrics"]["optimizer_state_bytes"][r] - parts[d]["optimizer"] * GIB) <= 64, (plan.train.zero, d)
+
+
+def test_chimera_copies_each_keep_a_shard_by_hand():
+    """Two Chimera pipelines of 3 stages (layers 2 | 3 | 3) under ZeRO-1: every copy is a holder,
+    so a chunk has 4; rank 1 keeps both copies of stage 1 (two shares of its 3 blocks), ranks 0
+    and 2 the blocks of stages 0 and 2, an embedding and a head (untied)."""
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+    from hexicore.registry import Registry
+
+    chim = [(4, "chimera", [(1, 2), (1, 3), (1, 3)])] * 2
+    plan = tied_plan(chim, zero=1, tied=False)
+    m = plan.model
+    parts = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default())).memory_parts(plan)
+    ends = (5 * m.layer_params() + m.embedding_params() + m.head_params()) / 4
+    assert [parts[d]["optimizer"] * GIB / 8 for d in plan.devices] == pytest.approx(
+        [ends, 6 * m.layer_params() / 4, ends] * 2)

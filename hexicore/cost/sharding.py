@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from hexicore.core.placement import Placement
 from hexicore.core.plan import Plan, Stage
 from hexicore.cost.precision import tied_whole, tp_replicated_layer_params
 
@@ -57,24 +58,27 @@ def ends(cost: Any, plan: Plan, pipe: Any) -> tuple[int, int]:
     """The stages of ``pipe`` holding the embedding and the head whose gradients the data-parallel
     sync carries: the first and the last, or where the pipeline's schedule places chain 0's
     (the cost model's ``pipeline_placement``; Hanayo and V layouts end the chain on rank 0)."""
-    probe = getattr(cost, "pipeline_placement", None) if cost is not None else None
-    pl = probe(pipe, pipe.n_micro_batches(plan.train.micro_batch)) if probe is not None else None
+    pl = placement_of(cost, plan, pipe)
     return (0, len(pipe.stages) - 1) if pl is None else (pl.primary("embedding"), pl.primary("head"))
 
 
 def kept_params(plan: Plan, cost: Any = None) -> dict[str, float] | None:
     """Per device, the parameters whose sharded state parts it keeps: for every chunk (``P /
     lcm(tp)`` of a block's TP-split part; HexiScale §3.2) its share ``w_d / sum w`` among the
-    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards; the embedding
-    and the head on the stages :func:`ends` names under ``cost``); what TP replicates (norms,
+    holders it shares shards with (:func:`peer_groups`; ``w = 1`` for even shards); a holder is
+    each copy a rank keeps under its schedule's placement (:func:`copy_holders`: Chimera's two
+    copies per pipeline shard a chunk among ``2 x dp``, a rank with two copies of it keeping two
+    shares), the embedding and the head wherever a chain has them; what TP replicates (norms,
     row-parallel biases, embedding, head:
     :func:`hexicore.cost.precision.tp_replicated_layer_params`) is one chunk held by every TP
     rank of every holder. ``None`` where ``params / tp / dp`` is exact: even shards among all
-    holders, one TP degree everywhere."""
+    holders, one TP degree everywhere, one copy of each block per pipeline."""
     w = shard_weights(plan)
     tps = {s.tp for p in plan.pipelines for s in p.stages}
+    pls = [placement_of(cost, plan, p) for p in plan.pipelines]
+    copies = any(pl is not None and any(len(cs) > 1 for cs in pl.ranks) for pl in pls)
     if plan.train.zero_stage == 0 or len(plan.pipelines) <= 1 or \
-            (w is None and plan.train.zero_scope != "machine" and len(tps) == 1):
+            (w is None and plan.train.zero_scope != "machine" and len(tps) == 1 and not copies):
         return None
     weight = w or {}
     out = {d: 0.0 for p in plan.pipelines for s in p.stages for d in s.devices}
@@ -94,17 +98,32 @@ def kept_params(plan: Plan, cost: Any = None) -> dict[str, float] | None:
     m = plan.model
     rep = tp_replicated_layer_params(m)
     for k in range(m.layers):
-        add([next(s for s in p.stages if s.layers[0] <= k < s.layers[1]) for p in plan.pipelines],
+        add([h for p, pl in zip(plan.pipelines, pls)
+             for h in copy_holders(p, pl, lambda c: p.stages[c.source].layers[0] <= k < p.stages[c.source].layers[1])],
             m.layer_params() - rep, rep)
-    at = [ends(cost, plan, p) for p in plan.pipelines]
     tied = m.vocab * m.hidden if m.tied_embeddings else 0  # kept whole by every copy: tied_whole
-    add([p.stages[e] for p, (e, _) in zip(plan.pipelines, at)], 0, m.embedding_params() - tied)
-    add([p.stages[h] for p, (_, h) in zip(plan.pipelines, at)], 0, m.head_params())
+    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.embedding)], 0,
+        m.embedding_params() - tied)
+    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.head)], 0, m.head_params())
     for p in plan.pipelines if tied else ():
         for s, held in zip(p.stages, stage_holdings(cost, plan, p)):
             for d in s.devices:
                 out[d] += tied_whole(m, held["first"], held["last"], held.get("tied_heads"))
     return out
+
+
+def placement_of(cost: Any, plan: Plan, pipe: Any) -> Any:
+    """``pipe``'s placement under its schedule (``cost.pipeline_placement``), None for the plain one."""
+    probe = getattr(cost, "pipeline_placement", None) if cost is not None else None
+    return probe(pipe, pipe.n_micro_batches(plan.train.micro_batch)) if probe is not None else None
+
+
+def copy_holders(pipe: Any, pl: Any, keeps: Any) -> list[Stage]:
+    """The stage (a rank's TP group) of every copy of ``pipe`` for which ``keeps(copy)`` holds,
+    once per copy (a rank keeping two copies is listed twice); plain placement: stage j keeps
+    its own blocks, the first stage the embedding, the last the head."""
+    pl = Placement.plain(len(pipe.stages)) if pl is None else pl
+    return [pipe.stages[j] for j, cs in enumerate(pl.ranks) for c in cs if keeps(c)]
 
 
 def stage_holdings(cost: Any, plan: Plan, pipe: Any) -> list[dict[str, Any]]:

@@ -211,19 +211,30 @@ def test_chimera_keeps_a_mirrored_stage_at_its_tp_degree():
 def test_chimera_copies_sum_their_gradients():
     """Chimera keeps stage P-1-r's blocks on rank r too: the runtime's REDUCE sums each stage's
     gradients between its two holders even with one pipeline, and a rank pays it for both copies
-    (layers 2 | 3 | 3: ranks 0 and 2 hold 5 blocks held twice, rank 1 both copies of its own)."""
+    (layers 2 | 3 | 3: ranks 0 and 2 hold 5 blocks held twice, rank 1 both copies of its own);
+    the REDUCE of the end stages carries their embedding and head too (each chain has them)."""
     from hexicore.cost import sharding
 
     cost, plan = priced(), plan_of(PLANS["chimera P=3"])
     c, m, t = plan.cluster, plan.model, plan.train
     s0, _, s2 = plan.pipelines[0].stages
     one = cost.dp_layer_s(c, [s0, s2], m.layer_params(), t.dtype_bytes)
+    ends = sum(cost.dp_layer_s(c, [s0, s2], n, t.dtype_bytes) for n in (m.embedding_params(), m.head_params()))
     assert one > 0
     parts = sharding.dp_stage_parts(cost, plan)
-    assert parts[(0, 0)][0] == pytest.approx(5 * one) and parts[(0, 2)][0] == pytest.approx(5 * one)
+    assert parts[(0, 0)][0] == pytest.approx(5 * one + ends) and parts[(0, 2)][0] == pytest.approx(5 * one + ends)
     assert parts[(0, 1)] == (0.0, 0.0)
-    assert cost.estimate(plan).dp_s == pytest.approx(5 * one)
+    assert cost.estimate(plan).dp_s == pytest.approx(5 * one + ends)
     assert AnalyticCostModel().estimate(plan).dp_s == 0.0  # the plain assumption: one pipeline, nothing to sync
+    two = plan_of(PLANS["chimera P=3"] * 2, global_batch=16)  # the embedding's ring: both copies of both pipelines
+    a0, _, a2 = two.pipelines[0].stages
+    b0, _, b2 = two.pipelines[1].stages
+    emb = cost.dp_layer_s(c, [a0, a2], m.embedding_params(), t.dtype_bytes) + \
+        cost.dp_layer_s(c, [a0, a2, b0, b2], m.embedding_params(), t.dtype_bytes)
+    head = cost.dp_layer_s(c, [a0, a2], m.head_params(), t.dtype_bytes) + \
+        cost.dp_layer_s(c, [a0, a2, b0, b2], m.head_params(), t.dtype_bytes)
+    block = one + cost.dp_layer_s(c, [a0, a2, b0, b2], m.layer_params(), t.dtype_bytes)
+    assert sharding.dp_stage_parts(cost, two)[(1, 2)][0] == pytest.approx(5 * block + emb + head)
 
 
 

@@ -215,10 +215,11 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
 
 
 def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dict,
-               w: dict[str, float] | None) -> dict[tuple[int, int], tuple[float, float]]:
+               w: dict[str, float] | None, ends_parts: Any = None) -> dict[tuple[int, int], tuple[float, float]]:
     """Per stage ``(pipeline, rank)``: ``layer(i, k)`` summed over the blocks of every copy the
     rank keeps (``pls``: each pipeline's placement, None: its own stage's), plus the embedding's
-    and the head's sync on the stages :func:`ends` names (with several pipelines)."""
+    and the head's sync on the stages :func:`ends` names (with several pipelines; or
+    ``ends_parts(i, j)``, a list of parts, where given) and a tied embedding group's."""
     pipes, m = plan.pipelines, plan.model
     at = [ends(cost, plan, p) for p in pipes]
     none = (0.0, 0.0)
@@ -234,8 +235,10 @@ def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dic
         for j in range(len(p.stages)):
             sources = [c.source for c in pls[i].ranks[j]] if pls[i] is not None else [j]
             parts = [layer(i, k) for src in sources for k in range(*p.stages[src].layers)]
-            parts += [first] if j == at[i][0] else []
-            parts += [last] if j == at[i][1] else []
+            if ends_parts is not None:
+                parts += ends_parts(i, j)
+            else:
+                parts += ([first] if j == at[i][0] else []) + ([last] if j == at[i][1] else [])
             parts += [tied] if (i, j) in group else []
             out[(i, j)] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
     return out
@@ -267,7 +270,9 @@ def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Sta
     The runtime first sums each stage's gradients between its copies (``REDUCE``: the holders of
     one pipeline exchange them, priced as their all-reduce), then all-reduces every chunk among
     all its holders of all pipelines (the copies join with zeros, so a layer's ring has every
-    copy). A rank pays both for every copy it keeps; the embedding and the head as usual."""
+    copy). A rank pays both for every copy it keeps; so for the embeddings and the heads, which
+    every chain has (a stage's ``REDUCE`` carries its whole module: a tied copy too; the
+    all-reduce all but a tied embedding, which its group sums)."""
     pipes, m, links, w = plan.pipelines, plan.model, {}, shard_weights(plan)
     rep = tp_replicated_layer_params(m)
 
@@ -291,4 +296,30 @@ def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Sta
         reduce = [sync(hs, m.layer_params() - rep, rep) for hs in own]
         dp = sync([s for hs in own for s in hs], m.layer_params() - rep, rep) if len(pipes) > 1 else (0.0, 0.0)
         per_layer.append([(r[0] + dp[0], r[1] + dp[1]) for r in reduce])
-    return stage_sums(cost, plan, pls, lambda i, k: per_layer[k][i], links, w)
+    tied = m.vocab * m.hidden if m.tied_embeddings else 0
+    emb = end_sync(cost, plan, pls, "embedding", m.embedding_params(), m.embedding_params() - tied, links, w)
+    head = end_sync(cost, plan, pls, "head", m.head_params() + tied, m.head_params(), links, w)
+    return stage_sums(cost, plan, pls, lambda i, k: per_layer[k][i], links, w,
+                      lambda i, j: [emb[i]] * _count(pls[i], j, "embedding") + [head[i]] * _count(pls[i], j, "head"))
+
+
+def _count(pl: Any, j: int, what: str) -> int:
+    return sum(bool(getattr(c, what)) for c in pl.ranks[j]) if pl is not None else 0
+
+
+def end_sync(cost: Any, plan: Plan, pls: Sequence[Any], what: str, reduced: float, summed: float, links: dict,
+             w: dict[str, float] | None) -> list[tuple[float, float]]:
+    """Per pipeline the sync of one copy of its ``what`` (``"embedding"`` or ``"head"``, a
+    TP-replicated tensor) where copies keep it on several ranks: ``REDUCE`` of ``reduced``
+    parameters among its holders in the pipeline, then the all-reduce of ``summed`` among its
+    holders of all pipelines (with several)."""
+    pipes, none = plan.pipelines, (0.0, 0.0)
+    hs = [[p.stages[j] for j in range(len(p.stages)) if _count(pl, j, what)] if pl is not None
+          else [p.stages[0 if what == "embedding" else -1]] for p, pl in zip(pipes, pls)]
+    every = [s for h in hs for s in h]
+    dp = _sync_s(cost, plan, every, 0.0, summed, links, w) if len(pipes) > 1 and summed else none
+    out = []
+    for h in hs:
+        r = _sync_s(cost, plan, h, 0.0, reduced, links, w) if len(h) > 1 else none
+        out.append((r[0] + dp[0], r[1] + dp[1]))
+    return out

@@ -16,6 +16,7 @@ One bad plugin never takes the others down:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -178,6 +179,7 @@ class Registry:
     def create(self, kind: str, name: str, **params: Any) -> Any:
         """Build an implementation: ``factory(**params)``; bad params are a one-line error."""
         spec = self.spec(kind, name)
+        unknown_options(kind, name, spec.factory, params)
         try:
             return spec.factory(**params)
         except TypeError as exc:
@@ -217,3 +219,22 @@ class Registry:
                     if isinstance(node, dict):
                         node = {"name": name, **node}
                     cs.store(group=group, name=name, node=node, provider=e.plugin)
+
+
+def unknown_options(kind: str, name: str, factory: Any, params: dict[str, Any]) -> None:
+    """Refuse a parameter ``factory`` does not take (unless it takes ``**kwargs``): a one-line
+    :class:`HexicoreError` naming ``<group>.<option>`` and listing the options it takes."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C factory: the call itself reports
+        return
+    ps = list(sig.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in ps):
+        return
+    taken = [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")]
+    extra = [str(k) for k in params if k not in taken]
+    if extra:
+        group = KINDS[kind][1] or kind
+        has = f"its options: {', '.join(taken)}" if taken else "it takes none"
+        raise HexicoreError(f"{kind.replace('_', ' ')} {name!r} has no option {extra[0]!r}; {has}",
+                            field=f"{group}.{extra[0]}")

@@ -79,6 +79,28 @@ def test_bubble_equals_closed_form(sched):
         assert sched.closed_form([3.0] * P, [0.0] * (P - 1), M) == pytest.approx(res.makespan, rel=1e-9)
 
 
+@pytest.mark.parametrize("name,params", [("gpipe", {}), ("1f1b", {}), ("interleaved_1f1b", {"chunks": 2}),
+                                         ("looped_bfs", {"chunks": 2}), ("zb_h2", {}), ("zb_v", {}),
+                                         ("interleaved_zb", {"chunks": 2}), ("dualpipe_v", {})])
+def test_closed_forms_hold_where_given(name, params):
+    """Fewer micro-batches than ranks (and, chunked, between P and 2P): a schedule gives a closed
+    bubble and makespan only where they equal the simulated ones (ZB-H2 at P = 4, M = 3 idles
+    longer than ``(3M + P - 1) T``), else None."""
+    for P in range(2, 7):
+        for M in range(1, 2 * P + 2):
+            sched = Registry.default().create("schedule", name, **params)
+            spec = ScheduleSpec(P, M)
+            try:
+                res = sched.simulate(spec)[1]
+            except HexicoreError:  # DualPipeV needs M >= 2P
+                continue
+            cb = sched.closed_bubble(spec, sched.order(spec).schedule)
+            cf = sched.closed_form([3.0] * P, [0.0] * (P - 1), M)
+            assert cb is None or cb == pytest.approx(res.bubble_ratio, abs=1e-9), (P, M, cb, res.bubble_ratio)
+            assert cf is None or cf == pytest.approx(res.makespan, rel=1e-9), (P, M, cf, res.makespan)
+    assert ZeroBubbleH2().closed_bubble(ScheduleSpec(4, 3), None) is None
+
+
 def test_memory_as_documented():
     for P, M in GRID:
         assert max(ZeroBubbleV().peaks(P, M)) <= min(P, M) + 1e-9

@@ -51,12 +51,23 @@ def test_default_output_dir_is_hydras(tmp_path):
     assert list(tmp_path.glob("outputs/*/*/summary.json"))
 
 
+def test_no_closed_form_below_p_micro_batches(tmp_path):
+    """ZB-H2's ``(P-1)/(3M+P-1)`` needs M >= P: at P = 4, M = 3 only the simulated bubble is shown."""
+    p = cli("schedule=zb_h2", "pipeline.ranks=4", "pipeline.micro_batches=3", f"out={tmp_path}")
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["bubble_ratio"] == pytest.approx(4 / 13) and s["closed_form_bubble"] is None
+    assert "closed form" not in p.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (["schedule=hanayo", "pipeline.ranks=1"], "needs pipeline.ranks >= 2"),
     (["schedule=nope"], "unknown schedule 'nope'"),
     (["schedule=hanayo", "schedule.waves=0"], "waves must be a positive integer or 'auto'"),
     (["schedule=hanayo", "schedule.waves=two"], "waves must be a positive integer or 'auto'"),
     (["pipeline.micro_batches=0"], "pipeline.micro_batches"),
+    (["schedule=hanayo", "schedule.memory=abc"], "schedule.memory: schedule 'hanayo': memory must be a positive"),
+    (["schedule=chimera", "schedule.memory=abc"], "schedule.memory: schedule 'chimera': memory must be a positive"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     p = cli(*args, f"out={tmp_path}")

@@ -22,7 +22,7 @@ from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
 from hexicore.registry import Registry
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.validate import check_schedules, validate_plan
 
 
 def _plain(node: Any) -> Any:
@@ -181,13 +181,16 @@ def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
     is not timed by the cost model's own formula priced by their schedules from ``registry``, as
     the planner did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
     book = ScheduleBook(registry)
-    if getattr(cost, "pipeline_timer", False) is None:
-        try:
-            if not all(book.native(p.schedule) for p in plan.pipelines):
-                cost = timed_cost(cost, book)
-        except HexicoreError as exc:
-            raise exc.located(source=source) from None
-    est, warnings = validate_plan(plan, cost, source, book=book)
+    check_schedules(plan, book, source)
+    try:
+        if getattr(cost, "pipeline_timer", False) is None and not all(book.native(p.schedule)
+                                                                        for p in plan.pipelines):
+            cost = timed_cost(cost, book)
+        est, warnings = validate_plan(plan, cost, source, book=book)
+    except HexicoreError as exc:
+        if exc.source or source is None:
+            raise
+        raise exc.located(source=source) from None
     return plan.with_estimate(est), est, warnings
 
 

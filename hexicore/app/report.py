@@ -66,7 +66,7 @@ def summary_lines(plan: Plan) -> list[str]:
     lines += idle_lines(s.get("idle") or [])
     if s:
         extra = f"  params {s.get('params')}" if s.get("params") else ""
-        line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds', 0):.2f} s{extra}"
+        line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds') or 0:.2f} s{extra}"
         if s.get("bound") is not None and est is not None:
             gap = (est.iteration_s - s["bound"]) / est.iteration_s if est.iteration_s else 0.0
             line += f"  bound {_fmt_s(s['bound'])}  gap {100 * gap:.2f}%"
@@ -111,7 +111,7 @@ def idle_lines(idle: Iterable[Mapping[str, Any]]) -> list[str]:
         tail = f"{_fmt_s(g['iteration_s'])}"
         if g.get("tokens_per_s"):
             tail += f", {g['tokens_per_s']:.0f} tokens/s"
-        if g.get("usd_per_mtok") is not None:
+        if g.get("usd_per_mtok") is not None and g.get("usd_per_hour") is not None:
             tail += f", ${g['usd_per_hour']:.2f}/hour, ${g['usd_per_mtok']:.4f}/M tokens"
         out.append(f"{head}: the best plan using it takes {tail}")
     return out

@@ -19,6 +19,7 @@ from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import DTYPE_BYTES, ModelSpec, parse_model
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.core.solver_info import parse_solver
 
 FORMAT = "hexicore.plan/1"
 
@@ -289,7 +290,7 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
         pipelines.append(Pipeline(schema.integer(schema.get(p, "batch", source, pf), source, f"{pf}.batch"),
                                   tuple(stages), sched))
     plan = Plan(model, cluster, train, tuple(pipelines),
-                estimate=d.get("estimate"), solver=d.get("solver"))
+                estimate=d.get("estimate"), solver=parse_solver(d.get("solver"), source))
     check_structure(plan, source)
     return plan
 

@@ -1,7 +1,8 @@
 """Closed forms of the schedule plugins' makespans and bubble ratios under equal stages and free
 transfers (each plugin's docstring states which it uses): fill-drain shapes (GPipe, 1F1B)
 ``(M + P - 1)(T_F + T_B)``, split-backward shapes (ZB-H2, ZB-V, interleaved ZB, DualPipeV)
-``(3M + lag) T`` with the lag of the last rank's first forward.
+``(3M + lag) T`` with the lag of the last rank's first forward. The split forms hold only
+from enough micro-batches on (:func:`split_holds`); below that the schedules are simulated.
 """
 
 from __future__ import annotations
@@ -42,3 +43,14 @@ def split_bubble(spec: Any, lag: float) -> float | None:
     if spec.equal_split() is None:
         return None
     return lag / (3 * spec.micro_batches + lag)
+
+
+def split_holds(ranks: int, n_mb: int, chunked: bool = False) -> bool:
+    """Whether the split-backward greedy orders meet :func:`split_closed_form`: with one chunk
+    per rank (ZB-H2) from M >= P on; with chunks (ZB-V, interleaved ZB) at M = P and from
+    M >= 2P on. With fewer micro-batches the ranks idle after the last rank's first forward
+    (ZB-H2 at P = 4, M = 3: 13 T, not 12 T), and between P and 2P the chunked warm-up leaves
+    gaps (ZB-V at P = 5, M = 6); checked against the simulator."""
+    if n_mb < ranks:
+        return False
+    return not chunked or n_mb == ranks or n_mb >= 2 * ranks

@@ -210,6 +210,20 @@ def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
     return int(value)
 
 
+def positive_memory(value: Any, name: str, per_rank: bool = False) -> Any:
+    """A ``memory`` parameter (cap on in-flight micro-batches per rank) checked: None, a
+    positive number (kept as given) or, with ``per_rank``, a list of them (a tuple of floats);
+    else a one-line error naming ``schedule.memory``."""
+    if value is None:
+        return None
+    listed = per_rank and isinstance(value, (list, tuple))
+    caps = value if listed else [value]
+    ok = bool(caps) and all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps)
+    what = "a positive number or a list of them" if per_rank else "a positive number"
+    need(ok, name, f"memory must be {what}, got {value!r}", "schedule.memory")
+    return tuple(float(c) for c in value) if listed else value
+
+
 def build(name: str, params: Mapping[str, Any], spec: ScheduleSpec, stage_rank: Sequence[int],
           per_rank: Any, chains: Sequence[Sequence[int]] = (),
           mb_chain: Sequence[int] = (), meta: Mapping[str, Any] | None = None) -> ActionList:

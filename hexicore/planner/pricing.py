@@ -34,6 +34,9 @@ from hexicore.core.schedule_ref import ScheduleRef
 
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
 AUTO = "auto"
+#: why a schedule book has no ``auto``: it is the hexiscale search's choice, not a schedule
+AUTO_ONLY = ("schedule=auto is chosen by solver=hexiscale only (its search gives each pipeline a schedule); "
+             "with other solvers name one schedule, e.g. schedule=1f1b")
 
 
 def is_auto(schedule: Mapping[str, Any]) -> bool:
@@ -79,6 +82,8 @@ class ScheduleBook:
         ref = ScheduleRef.from_mapping(ref)
         hit = self._built.get(ref)
         if hit is None:
+            if ref.name == AUTO:
+                raise HexicoreError(AUTO_ONLY, field="schedule")
             hit = self._built[ref] = self.registry.create("schedule", ref.name, **ref.kwargs())
         return hit
 

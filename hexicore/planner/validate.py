@@ -12,7 +12,7 @@ from typing import Any
 from hexicore.cost import CostModel, Estimate
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
-from hexicore.planner.pricing import tp_split
+from hexicore.planner.pricing import AUTO, tp_split
 
 
 def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: Any = None) -> tuple[Estimate, list[str]]:
@@ -34,6 +34,25 @@ def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: 
                                     f"({s.n_layers} layers, tp={s.tp}{_placed(cost, plan, p, j)})", source=source,
                                     field=f"pipelines[{i}].stages[{j}]")
     return est, warnings
+
+
+def check_schedules(plan: Plan, book: Any, source: str | None = None) -> None:
+    """Every pipeline's schedule builds from ``book`` (a :class:`hexicore.planner.pricing.ScheduleBook`)
+    with its parameters and places its ranks (a schedule that records per-rank times checks
+    their count there); else a one-line error naming ``source`` and ``pipelines[i].schedule...``.
+    ``auto`` is the planner's keyword, not a schedule a plan runs."""
+    placed = book.placement()
+    for i, p in enumerate(plan.pipelines):
+        where = f"pipelines[{i}]"
+        if p.schedule.name == AUTO:
+            raise PlanError("'auto' is the planner's choice among schedules, not a schedule a plan runs; name the "
+                            "schedule this pipeline runs (a plan from hexicore plan schedule=auto records it)",
+                            source=source, field=f"{where}.schedule.name")
+        try:
+            book.priced(p.schedule, len(p.stages))
+            placed(p, p.n_micro_batches(plan.train.micro_batch))
+        except HexicoreError as exc:
+            raise exc.located(source, where) from None
 
 
 def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:

@@ -22,7 +22,7 @@ from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.greedy import greedy_order
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, positive_memory
 from hexicore.pipeline.simulate import makespan
 
 
@@ -47,6 +47,9 @@ class Chimera(ActionSchedule):
     memory: float | None = None
     name = "chimera"
     pricing = Pricing(min_ranks=2, fewer_ranks=ScheduleRef("1f1b"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", positive_memory(self.memory, self.name))
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         P, M = spec.ranks, spec.micro_batches

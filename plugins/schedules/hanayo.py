@@ -43,7 +43,7 @@ from hexicore.pipeline.improve import justify
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import (BLOCKS, ActionSchedule, Pricing, ScheduleSpec, build, need, positive_int,
-                                        wave_map)
+                                        positive_memory, wave_map)
 from hexicore.pipeline.simulate import compile_lists, makespan, simulate
 
 
@@ -97,8 +97,7 @@ class Hanayo(ActionSchedule):
         if self.waves != "auto":
             object.__setattr__(self, "waves", positive_int(self.waves, self.name, "waves", "or 'auto'"))
         object.__setattr__(self, "max_waves", positive_int(self.max_waves, self.name, "max_waves"))
-        if self.memory is not None:
-            need(float(self.memory) > 0, self.name, f"memory must be positive, got {self.memory!r}", "schedule.memory")
+        object.__setattr__(self, "memory", positive_memory(self.memory, self.name))
 
     def params(self) -> dict[str, Any]:
         return {"waves": self.waves}

@@ -13,7 +13,8 @@ last I's with the deferred W's.
 Memory: peak in-flight micro-batches (units of the rank's whole share) simulated; at most
 ``2P - 1`` on the tested grid (P in {2, 4, 8}, M in {P, 2P, 4P}), ``min(memory, ...)`` with a cap.
 Bubble with T_F = T_I = T_W = T per rank (T/v per chunk), equal stages and free transfers:
-makespan ``(3M + (P - 1)/v) T``, bubble ``((P - 1)/v) / (3M + (P - 1)/v)`` (the last rank's first
+makespan ``(3M + (P - 1)/v) T``, bubble ``((P - 1)/v) / (3M + (P - 1)/v)`` at M = P and M >= 2P,
+elsewhere simulated (:func:`hexicore.pipeline.closed_forms.split_holds`) (the last rank's first
 forward arrives ``(P - 1) T/v`` late and every rank is busy afterwards).
 """
 
@@ -26,8 +27,8 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
+from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int, positive_memory
+from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class InterleavedZeroBubble(ActionSchedule):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunks", positive_int(self.chunks, self.name, "chunks"))
+        object.__setattr__(self, "memory", positive_memory(self.memory, self.name))
 
     def params(self) -> dict:
         return {"chunks": self.chunks}
@@ -51,13 +53,15 @@ class InterleavedZeroBubble(ActionSchedule):
         return build(self.name, self.params(), spec, s2r, lists)
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
-        if self.memory is not None:
+        if self.memory is not None or not split_holds(len(stage_times), n_mb, chunked=True):
             return None
         return split_closed_form(stage_times, hop_times, n_mb, (len(stage_times) - 1) / self.chunks)
 
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
         v = int(chosen.get("chunks", self.chunks))
-        return split_bubble(spec, (spec.ranks - 1) / v) if self.memory is None else None
+        if self.memory is not None or not split_holds(spec.ranks, spec.micro_batches, chunked=True):
+            return None
+        return split_bubble(spec, (spec.ranks - 1) / v)
 
 
 @hookimpl

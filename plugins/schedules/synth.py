@@ -26,6 +26,7 @@ per P and M for equal times, under the given times (:meth:`Synth.model_time`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -34,12 +35,23 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.placement import placement
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, positive_memory
 from hexicore.pipeline.simulate import compile_lists, makespan
 from hexicore.pipeline.synth import candidate, caps_of, synthesize
 
 #: ``effort`` -> :func:`hexicore.pipeline.synth.synthesize` settings
 EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
+
+
+def times(value: Any, name: str, key: str, zero_ok: bool = False) -> tuple[float, ...]:
+    """Recorded ``stage_times`` / ``hop_times``: a list of finite numbers of seconds, > 0 (>= 0
+    with ``zero_ok``), as a tuple; else a one-line error naming ``schedule.<key>``."""
+    ok = isinstance(value, (list, tuple)) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x >= 0 if zero_ok else x > 0)
+        for x in value)
+    sign = "non-negative" if zero_ok else "positive"
+    need(ok, name, f"{key} must be a list of {sign} numbers (seconds), got {value!r}", f"schedule.{key}")
+    return tuple(float(x) for x in value)
 
 
 @dataclass(frozen=True)
@@ -52,13 +64,16 @@ class Synth(ActionSchedule):
     pricing = Pricing(memory_cap=True)
 
     def __post_init__(self) -> None:
-        if self.memory is not None:
-            caps = self.memory if isinstance(self.memory, (list, tuple)) else [self.memory]
-            ok = all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps) and caps
-            need(bool(ok), self.name, f"memory must be a positive number or a list of them, got {self.memory!r}",
-                 "schedule.memory")
-            if isinstance(self.memory, list):
-                object.__setattr__(self, "memory", tuple(float(c) for c in self.memory))
+        object.__setattr__(self, "memory", positive_memory(self.memory, self.name, per_rank=True))
+        if self.stage_times is not None:
+            object.__setattr__(self, "stage_times", times(self.stage_times, self.name, "stage_times"))
+            need(len(self.stage_times) > 0, self.name, "stage_times needs one entry per rank", "schedule.stage_times")
+        if self.hop_times is not None:
+            object.__setattr__(self, "hop_times", times(self.hop_times, self.name, "hop_times", zero_ok=True))
+            P = len(self.stage_times or ())
+            need(self.stage_times is not None and len(self.hop_times) == P - 1, self.name,
+                 f"hop_times needs one entry per hop between the {P} ranks of stage_times, got "
+                 f"{len(self.hop_times)}", "schedule.hop_times")
         need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {self.effort!r}",
              "schedule.effort")
 

@@ -9,8 +9,8 @@ Phases on rank r: 1. warm-up: extra forwards (up to ``2(P - r) - 1`` in flight) 
 before the first input gradient arrives; 2. steady F / I with W filling gaps; 3. cool-down: the
 last I's with the deferred W's.
 Memory: peak in-flight micro-batches ``min(2(P - r) - 1, M)`` on rank r (at most ``2P - 1``).
-Bubble with T_F = T_I = T_W = T, equal stages and free transfers: the makespan is
-``(3M + P - 1) T``, bubble ``(P - 1) / (3M + P - 1)``. This is a lower bound under this simulator's
+Bubble with T_F = T_I = T_W = T, equal stages and free transfers, M >= P: the makespan is
+``(3M + P - 1) T``, bubble ``(P - 1) / (3M + P - 1)`` (fewer micro-batches: simulated). This is a lower bound under this simulator's
 rules (every rank starts the iteration together and ends it with ``STEP``; rank P-1 cannot
 start before ``(P - 1) T`` and then has ``3M T`` of work). The paper's zero bubble for ZB-H2
 needs its optimizer post-validation, which lets ranks overlap iterations (no ``STEP`` barrier);
@@ -28,7 +28,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
+from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ class ZeroBubbleH2(ActionSchedule):
         return build(self.name, {}, spec, s2r, lists)
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
+        if not split_holds(len(stage_times), n_mb):
+            return None
         return split_closed_form(stage_times, hop_times, n_mb, len(stage_times) - 1)
 
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
-        return split_bubble(spec, spec.ranks - 1)
+        return split_bubble(spec, spec.ranks - 1) if split_holds(spec.ranks, spec.micro_batches) else None
 
 
 @hookimpl

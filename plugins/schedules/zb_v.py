@@ -12,7 +12,8 @@ come back; 2. steady F / I on both chunks with W filling gaps; 3. cool-down: the
 I's and the deferred W's.
 Memory: peak in-flight micro-batches ``min(P, M)`` (units of the rank's whole share).
 Bubble with T_F = T_I = T_W = T (per rank; T/2 per chunk), equal stages and free transfers:
-makespan ``(3M + (P - 1)/2) T``, bubble ``(P - 1) / (6M + P - 1)`` — the last rank's first
+makespan ``(3M + (P - 1)/2) T``, bubble ``(P - 1) / (6M + P - 1)`` at M = P and M >= 2P
+(elsewhere simulated: :func:`hexicore.pipeline.closed_forms.split_holds`) — the last rank's first
 forward arrives ``(P - 1) T/2`` late and every rank is busy afterwards (a lower bound under an
 iteration barrier; the paper's near-zero bubble counts steady state).
 """
@@ -27,7 +28,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need, wave_map
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
+from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,13 @@ class ZeroBubbleV(ActionSchedule):
         return build(self.name, {}, spec, s2r, lists)
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
+        if not split_holds(len(stage_times), n_mb, chunked=True):
+            return None
         return split_closed_form(stage_times, hop_times, n_mb, (len(stage_times) - 1) / 2)
 
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
+        if not split_holds(spec.ranks, spec.micro_batches, chunked=True):
+            return None
         return split_bubble(spec, (spec.ranks - 1) / 2)
 
 

@@ -1,0 +1,94 @@
+"""A plan JSON's ``solver`` and ``schedule`` sections (docs/formats.md), and schedule options
+on the command line: bad values are one line naming the file and the field, exit status 2,
+no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+PLAN = Path(__file__).parent / "data" / "plan_v1.json"  # one pipeline of 5 stages, 24 micro-batches
+
+
+def _evaluate(tmp_path, capsys, change):
+    """``hexicore evaluate`` of plan_v1.json with ``change(data)`` applied: (status, stderr, out)."""
+    data = json.loads(PLAN.read_text())
+    change(data)
+    path, out = tmp_path / "bad.json", tmp_path / "e.json"
+    path.write_text(json.dumps(data))
+    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    return code, capsys.readouterr().err.strip(), out
+
+
+def _one_line(code, err, out, field):
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"bad.json: {field}:" in lines[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("solver,field", [
+    (5, "solver"), ("abc", "solver"), ([1], "solver"), ({"idle": 5}, "solver.idle"),
+    ({"idle": [5]}, "solver.idle[0]"), ({"idle": [{"devices": "A.0"}]}, "solver.idle[0].devices"),
+    ({"idle": [{"kind": [1]}]}, "solver.idle[0].kind"), ({"idle": [{"iteration_s": "x"}]}, "solver.idle[0].iteration_s"),
+    ({"seconds": "x"}, "solver.seconds"), ({"bound": "x"}, "solver.bound"), ({"bound": -1}, "solver.bound"),
+    ({"params": 3}, "solver.params"), ({"schedule_s": [1]}, "solver.schedule_s[0]"),
+])
+def test_bad_solver_section(solver, field, tmp_path, capsys):
+    _one_line(*_evaluate(tmp_path, capsys, lambda d: d.update(solver=solver)), field)
+
+
+def test_solver_section_may_be_null_or_sparse(tmp_path, capsys):
+    for solver in (None, {"seconds": None, "note": "from another tool"}):
+        code, err, out = _evaluate(tmp_path, capsys, lambda d: d.update(solver=solver))
+        assert code == 0 and out.exists(), err
+
+
+def _schedule(section):
+    return lambda d: d["pipelines"][0].update(schedule=section)
+
+
+@pytest.mark.parametrize("section,field,words", [
+    ({"name": "hanayo", "waves": 2, "memory": "abc"}, "pipelines[0].schedule.memory", "positive number"),
+    ({"name": "chimera", "memory": [2]}, "pipelines[0].schedule.memory", "positive number"),
+    ({"name": "1f1b", "bogus": 1}, "pipelines[0].schedule.bogus", "has no option 'bogus'"),
+    ({"waves": 2}, "pipelines[0].schedule.waves", "schedule '1f1b' has no option 'waves'"),
+    ({"name": "interleaved_1f1b", "memory": 2}, "pipelines[0].schedule.memory", "its options: chunks"),
+    ({"name": "auto"}, "pipelines[0].schedule.name", "planner's choice"),
+    ({"name": "nope"}, "pipelines[0].schedule", "unknown schedule 'nope'"),
+    ({"name": "synth", "stage_times": ["a"] * 5}, "pipelines[0].schedule.stage_times", "positive numbers"),
+    ({"name": "synth", "stage_times": [-1] * 5}, "pipelines[0].schedule.stage_times", "positive numbers"),
+    ({"name": "synth", "stage_times": [1.0] * 4}, "pipelines[0].schedule.stage_times", "4 entries for 5 ranks"),
+    ({"name": "synth", "stage_times": [1.0] * 5, "hop_times": "x"}, "pipelines[0].schedule.hop_times",
+     "non-negative numbers"),
+    ({"name": "synth", "stage_times": [1.0] * 5, "hop_times": [-0.1] * 4}, "pipelines[0].schedule.hop_times",
+     "non-negative numbers"),
+    ({"name": "synth", "stage_times": [1.0] * 5, "hop_times": [0.1] * 3}, "pipelines[0].schedule.hop_times",
+     "one entry per hop"),
+])
+def test_bad_schedule_section(section, field, words, tmp_path, capsys):
+    code, err, out = _evaluate(tmp_path, capsys, _schedule(section))
+    _one_line(code, err, out, field)
+    assert words in err, err
+
+
+@pytest.mark.parametrize("argv,field,words", [
+    (["simulate", "schedule=hanayo", "schedule.memory=abc"], "schedule.memory", "positive number"),
+    (["simulate", "schedule=chimera", "schedule.memory=abc"], "schedule.memory", "positive number"),
+    (["simulate", "schedule=interleaved_zb", "+schedule.memory=abc"], "schedule.memory", "positive number"),
+    (["plan", "model=tiny", "train.global_batch=8", "schedule=hanayo", "schedule.memory=abc"], "schedule.memory",
+     "positive number"),
+    (["plan", "model=tiny", "schedule=auto", "solver=megatron"], "schedule", "solver=hexiscale only"),
+    (["plan", "model=tiny", "schedule=auto", "solver=cpsat"], "schedule", "solver=hexiscale only"),
+])
+def test_bad_schedule_options_on_the_command_line(argv, field, words, tmp_path, capsys):
+    out = tmp_path / "out.json" if argv[0] == "plan" else tmp_path / "sim"
+    code = run_cli([*argv, f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{field}:" in err and words in err, err
+    assert not out.exists()

@@ -30,6 +30,7 @@ CASES = [
     (["train", "parallel=none", "runtime.fault={rank: 5, step: 0, kind: die}"], "runtime.fault.rank"),
     (["train", "parallel=none", "train.steps=2", "runtime.fault={rank: 0, step: 99, kind: die}"], "runtime.fault.step"),
     (["train", "parallel=none", "runtime.fault={step: 1, kind: die}"], "runtime.fault.rank"),
+    (["train", "pipeline.ranks=2", "train.global_batch=4", "runtime.fault={rank: 2, kind: die}"], "runtime.fault.rank"),
     (["plan", "solver.seeds=[nope]"], "solver.seeds"),
 ]
 

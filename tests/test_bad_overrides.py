@@ -20,6 +20,18 @@ CASES = [
     (["train", "parallel=none", "train.seq_len=0"], "train.seq_len"),
     (["plan", "seed=abc"], "seed"),
     (["train", "parallel=none", "train.steps=abc"], "train.steps"),
+    (["train", "parallel=none", "+model.head_dim=7"], "model.head_dim"),
+    (["train", "parallel=none", "runtime.start_method=foo"], "runtime.start_method"),
+    (["train", "parallel=none", "runtime.progress=maybe"], "runtime.progress"),
+    (["train", "parallel=none", "runtime.fault=abc"], "runtime.fault"),
+    (["train", "parallel=none", "runtime.fault=5"], "runtime.fault"),
+    (["train", "parallel=none", "runtime.fault={x: 1}"], "runtime.fault.x"),
+    (["train", "parallel=none", "runtime.fault={rank: 0, step: 1, kind: foo}"], "runtime.fault.kind"),
+    (["train", "parallel=none", "runtime.fault={rank: 5, step: 0, kind: die}"], "runtime.fault.rank"),
+    (["train", "parallel=none", "train.steps=2", "runtime.fault={rank: 0, step: 99, kind: die}"], "runtime.fault.step"),
+    (["train", "parallel=none", "runtime.fault={step: 1, kind: die}"], "runtime.fault.rank"),
+    (["train", "pipeline.ranks=2", "train.global_batch=4", "runtime.fault={rank: 2, kind: die}"], "runtime.fault.rank"),
+    (["plan", "solver.seeds=[nope]"], "solver.seeds"),
 ]
 
 

@@ -93,3 +93,50 @@ def test_unknown_or_misspelled_cluster_fields_are_refused_with_their_place():
         with pytest.raises(HexicoreError, match="unknown field") as e:
             parse_cluster({**good, **extra}, "k.yaml")
         assert e.value.field == field, extra
+
+
+TWO = ("inter: {bandwidth_gbs: 1.0, latency_us: 50}\n"
+       "machines:\n  - {name: A, gpu: g, count: 2, bandwidth_gbs: 32}\n  - {name: B, gpu: g, count: 2, bandwidth_gbs: 32}\n")
+BAD_FILES = [
+    ("synthetic: {gpus: 16, mix: {rtx4090: 1}}\nmachines:\n  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n",
+     "machines"),
+    ("synthetic: {gpus: 16, mix: {rtx4090: 1}}\nlinks: []\n", "links"),
+    (TWO + "gpus: {g: {tflops: 100, memory_gb: 8}}\nexcluded: [A.0, A.1, B.0, B.1]\n", "excluded"),
+    (TWO + "gpus: {g: {tflops: 1.0e+300, memory_gb: 80}}\n", "gpus.g.tflops"),
+    (TWO + "gpus: {g: {tflops: 1.0e-300, memory_gb: 80}}\n", "gpus.g.tflops"),
+    (TWO + "gpus: {g: {tflops: 100, memory_gb: 1e300}}\n", "gpus.g.memory_gb"),
+    (TWO.replace("bandwidth_gbs: 1.0,", "bandwidth_gbs: 1.0e+300,") + "gpus: {g: {tflops: 100, memory_gb: 8}}\n",
+     "inter.bandwidth_gbs"),
+    (TWO.replace("count: 2, bandwidth_gbs: 32}", "count: 2, bandwidth_gbs: 1.0e-300}", 1)
+     + "gpus: {g: {tflops: 100, memory_gb: 8}}\n", "machines[0].bandwidth_gbs"),
+    (TWO.replace("latency_us: 50", "latency_us: 1.0e+300") + "gpus: {g: {tflops: 100, memory_gb: 8}}\n",
+     "inter.latency_us"),
+]
+
+
+@pytest.mark.parametrize("text, field", BAD_FILES, ids=[f for _, f in BAD_FILES])
+def test_bad_cluster_file_is_one_line_exit_2(text, field, tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    path, out = tmp_path / "c.yaml", tmp_path / "p.json"
+    path.write_text(text)
+    code = run_cli(["plan", f"cluster_file={path}", "model=tiny", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: {field}:" in err and not out.exists(), err
+
+
+def test_physical_figures_at_their_bounds_and_in_scientific_text(tmp_path):
+    from hexicore.core.cluster import Cluster
+
+    path = tmp_path / "c.yaml"  # YAML 1.1 reads 1e6 and 1.0e5 as text: read as the numbers they spell
+    path.write_text(TWO.replace("32}", "1e6, latency_us: 1.0e7}") + "gpus: {g: {tflops: 1e6, memory_gb: 1.0e5}}\n")
+    c = Cluster.load(path)
+    assert c.device("A.0").tflops == 1e6 and c.device("B.1").memory_gb == 1e5
+    assert c.bandwidth_gbs("A.0", "A.1") == 1e6 and c.latency_us("B.0", "B.1") == 1e7
+    assert Cluster.from_dict(c.to_dict()).to_dict() == c.to_dict()
+
+
+def test_synthetic_fleet_keeps_its_excluded_devices():
+    c = parse_cluster({"synthetic": {"gpus": 16, "mix": {"rtx3090": 1}}, "excluded": ["m0.0"]}, "s")
+    assert len(c.devices) == 15 and c.excluded == ("m0.0",)

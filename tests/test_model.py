@@ -57,6 +57,7 @@ def test_activation_bytes():
 @pytest.mark.parametrize("bad, field", [
     ({"layers": 0}, "layers"), ({"heads": 3}, "heads"), ({"kv_heads": 3}, "kv_heads"),
     ({"hidden": "big"}, "hidden"), ({"arch": "rnn"}, "arch"), ({"colour": 1}, "colour"),
+    ({"head_dim": 7}, "head_dim"), ({"hidden": 60}, "head_dim"),  # rotary positions need an even head_dim
 ])
 def test_bad_model_fields_are_named(bad, field):
     d = dict(name="m", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=100, seq_len=16)
@@ -64,3 +65,15 @@ def test_bad_model_fields_are_named(bad, field):
     with pytest.raises(HexicoreError) as e:
         parse_model(d, "m.yaml")
     assert e.value.source == "m.yaml" and e.value.field == field
+
+
+def test_odd_head_dim_is_refused_for_rotary_positions_only():
+    from hexicore.core.hf_config import spec_from_hf
+
+    gpt = parse_model(dict(name="g", arch="gpt", layers=2, hidden=28, heads=4, ffn=64, vocab=100, seq_len=16), "g.yaml")
+    assert gpt.head_dim == 7  # learned positions: any head size
+    hf = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=60, intermediate_size=176,
+              num_hidden_layers=2, num_attention_heads=4, vocab_size=256, max_position_embeddings=64)
+    with pytest.raises(HexicoreError) as e:
+        spec_from_hf(hf, "config.json")
+    assert (e.value.source, e.value.field) == ("config.json", "head_dim") and "even" in str(e.value)

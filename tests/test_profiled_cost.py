@@ -26,7 +26,11 @@ SHAPE = {"hidden": 64, "ffn": 176, "heads": 4, "kv_heads": 4}
 
 
 def profile(**extra) -> Profile:
-    return parse_profile({
+    return parse_profile(raw_profile(**extra), "p.yaml")
+
+
+def raw_profile(**extra) -> dict:
+    return {
         "format": "hexicore.profile/1",
         "devices": {"rtx4090": {"blocks": [
             {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020,
@@ -36,7 +40,7 @@ def profile(**extra) -> Profile:
             {"micro_batch": 1, "tp": 2, "seq_len": 32, **SHAPE, "forward_s": 0.008, "backward_s": 0.016}]}},
         "links": [{"between": ["A", "B"], "latency_s": 1e-4, "bandwidth_gbs": 0.5},
                   {"between": ["A", "A"], "latency_s": 2e-5, "bandwidth_gbs": 20.0}],
-        **extra}, "p.yaml")
+        **extra}
 
 
 def test_interpolation_is_affine_inside_and_proportional_outside():
@@ -113,6 +117,43 @@ def test_plan_with_the_profiled_cost_model(tmp_path, capsys):
     code = run_cli(["evaluate", f"plan_file={tmp_path / 'plan.json'}", "cost=profiled", f"cost.profile_file={path}",
                     f"hydra.run.dir={tmp_path / 'r'}"])
     assert code == 0, capsys.readouterr().err
+
+
+def _bad(change) -> dict:
+    doc = raw_profile()
+    change(doc)
+    return doc
+
+
+BLOCKS = ("devices", "rtx4090", "blocks")
+BAD_PROFILES = [
+    (lambda d: d.update(colour=1), "colour"),
+    (lambda d: d["links"][0].update(between=["A", "Z"]), "links[0].between"),
+    (lambda d: d.update(allreduce=[{"between": ["Z", "Z"], "group": 2, "bandwidth_gbs": 1.0}]), "allreduce[0].between"),
+    (lambda d: d["devices"]["rtx4090"]["blocks"].append({**d["devices"]["rtx4090"]["blocks"][0], "forward_s": 0.5}),
+     "devices.rtx4090.blocks[3]"),
+    (lambda d: d["devices"]["rtx4090"].update(blocks=[]), "devices.rtx4090.blocks"),
+    (lambda d: d["devices"]["rtx4090"].update(blocks=None), "devices.rtx4090.blocks"),
+    (lambda d: d.update(devices={}), "devices"),
+    (lambda d: d["devices"]["rtx4090"]["blocks"][0].update(forward_s=0), "devices.rtx4090.blocks[0].forward_s"),
+    (lambda d: d["links"].append(dict(d["links"][0], between=["B", "A"])), "links[2]"),
+    (lambda d: d["links"][0].update(bandwidth_gbs=1e300), "links[0].bandwidth_gbs"),
+    (lambda d: d["links"][0].update(latncy_s=1), "links[0].latncy_s"),
+]
+
+
+@pytest.mark.parametrize("change, field", BAD_PROFILES, ids=[f for _, f in BAD_PROFILES])
+def test_bad_profile_file_is_one_line_exit_2(change, field, tmp_path, capsys):
+    import yaml
+
+    path, out, cluster = tmp_path / "profile.yaml", tmp_path / "plan.json", tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(_bad(change)))
+    cluster.write_text(yaml.safe_dump(CLUSTER.to_dict()))
+    code = run_cli(["plan", f"cluster_file={cluster}", "model=tiny", "cost=profiled", f"cost.profile_file={path}",
+                    "train.global_batch=8", f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: {field}:" in err and not out.exists(), err
 
 
 def _opt_profile(tp1: float, tp2: float) -> Profile:

@@ -120,7 +120,7 @@ def test_bad_settings_are_one_line_errors():
     assert err.value.field == "runtime.lr_max"
     with pytest.raises(HexicoreError, match="runtime.timeout_s"):
         TorchSettings.parse({"timeout_s": 0})
-    assert TorchSettings.parse({"lr": 1e-3, "fault": {"rank": 1}}).fault == {"rank": 1}
+    assert TorchSettings.parse({"lr": 1e-3, "fault": {"rank": 1, "kind": "die"}}).fault == {"rank": 1, "step": 0, "kind": "die"}
 
 
 def test_group_params_of_the_schedule_need_the_registry():

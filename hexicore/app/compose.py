@@ -128,6 +128,14 @@ def memory_cost(cfg: DictConfig, registry: Registry) -> CostModel:
     return cost
 
 
+def check_cost_cluster(cost: CostModel, cluster: Cluster) -> None:
+    """A cost model that carries its own data about a cluster (``profiled``: measured links per
+    machine) checks it against the cluster priced, once, before any search (``check_cluster``)."""
+    check = getattr(cost, "check_cluster", None)
+    if check is not None:
+        check(cluster)
+
+
 def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None = None) -> Problem:
     cluster = load_cluster(cfg)
     model = load_model(cfg)
@@ -136,7 +144,9 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
         warm_start = Plan.load(str(cfg.warm_start))
     schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule", registry) or None,
                                         source=_choice(cfg, "schedule"))
-    cost, book = schedule_pricing(build_cost_model(cfg, registry), schedule, registry)
+    cost = build_cost_model(cfg, registry)
+    check_cost_cluster(cost, cluster)
+    cost, book = schedule_pricing(cost, schedule, registry)
     objective = Objective(str(cfg.get("objective") or "throughput"), _opt_float(cfg.get("budget_per_hour")),
                           _opt_float(cfg.get("min_tokens_per_s")))
     return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book, objective=objective)
@@ -180,6 +190,7 @@ def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
     """Validate a plan from any source and attach a fresh estimate (pipelines whose schedule
     is not timed by the cost model's own formula priced by their schedules from ``registry``, as
     the planner did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
+    check_cost_cluster(cost, plan.cluster)
     book = ScheduleBook(registry)
     check_schedules(plan, book, source)
     try:

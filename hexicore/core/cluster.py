@@ -234,16 +234,16 @@ class Cluster:
     def total_tflops(self) -> float:
         return sum(d.tflops for d in self.devices)
 
-    def exclude(self, device_ids: Iterable[str], *, source: str | None = None) -> "Cluster":
-        """A copy without ``device_ids``; unknown ids or excluding everything is an error."""
+    def exclude(self, device_ids: Iterable[str], *, source: str | None = None, field: str = "exclude") -> "Cluster":
+        """A copy without ``device_ids``; unknown ids or excluding everything is an error naming
+        ``field`` (the command line's ``exclude``, a cluster file's ``excluded``)."""
         ids = list(device_ids)
         for i in ids:
             if i not in self._by_id:
-                raise HexicoreError(f"unknown device {i!r}; devices are {_brief(self._by_id)}",
-                                    source=source, field="exclude")
+                raise HexicoreError(f"unknown device {i!r}; devices are {_brief(self._by_id)}", source=source, field=field)
         left = len(self.devices) - len(set(ids))
         if left <= 0:
-            raise HexicoreError("excluding every device leaves nothing to plan on", source=source, field="exclude")
+            raise HexicoreError("excluding every device leaves nothing to plan on", source=source, field=field)
         return replace(self, excluded=tuple(sorted(set(self.excluded) | set(ids))))
 
     # ----------------------------------------------------------- (de)serialise
@@ -322,11 +322,11 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     A mapping with a ``synthetic:`` section is expanded by :func:`synthetic_fleet` first.
     """
     d = schema.as_mapping(data, source, prefix)
+    schema.known_keys(d, CLUSTER_KEYS, source, prefix)
     if d.get("synthetic") is not None:
         d = synthetic_fleet_dict(d, source, prefix)
     if d.get("machines") is None and d.get("devices") is not None:
         d = machines_from_devices(d, source, prefix)
-    schema.known_keys(d, CLUSTER_KEYS, source, prefix)
     catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))
     name = schema.string(d.get("name", "cluster"), source, schema.dotted(prefix, "name"))
     raw_machines = schema.as_list(schema.get(d, "machines", source, prefix), source, schema.dotted(prefix, "machines"))
@@ -351,8 +351,8 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
         machines.append(Machine(
             mname, catalog[gname],
             schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
-            schema.number(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-            schema.number(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us"), allow_zero=True),
+            limits.bandwidth(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+            limits.latency(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us")),
             _slowdown(m.get("emulate"), source, schema.dotted(fp, "emulate")),
             None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
         ))
@@ -367,8 +367,8 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     inter = schema.as_mapping(inter, source, schema.dotted(prefix, "inter"))
     ip = schema.dotted(prefix, "inter")
     schema.known_keys(inter, LINK_KEYS, source, ip)
-    inter_bw = schema.number(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
-    inter_lat = schema.number(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"), allow_zero=True)
+    inter_bw = limits.bandwidth(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
+    inter_lat = limits.latency(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"))
     links = tuple(Link(*x) for x in parse_links(d, seen, inter_lat, source, prefix))
     inter_zone, zone_pairs = parse_zones(d, {m.zone for m in machines if m.zone is not None}, (inter_bw, inter_lat),
                                          source, prefix)
@@ -377,7 +377,8 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
                       inter_zone=inter_zone, zone_links=zone_links)
     excluded = d.get("excluded") or []
     if excluded:
-        cluster = cluster.exclude(schema.as_list(excluded, source, schema.dotted(prefix, "excluded")), source=source)
+        ep = schema.dotted(prefix, "excluded")
+        cluster = cluster.exclude(schema.as_list(excluded, source, ep), source=source, field=ep)
     return cluster
 
 

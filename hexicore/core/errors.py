@@ -18,7 +18,9 @@ class HexicoreError(Exception):
         self.field = field
 
     def __str__(self) -> str:
-        where = ": ".join(p for p in (self.source, self.field) if p)
+        # a name with a line break or other control character (a key of a hostile file) is quoted,
+        # so the error stays one line
+        where = ": ".join(p if p.isprintable() else repr(p) for p in (self.source, self.field) if p)
         return f"{where}: {self.message}" if where else self.message
 
     def located(self, source: str | None = None, field_prefix: str | None = None) -> "HexicoreError":

@@ -67,8 +67,13 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
 def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str | None) -> dict[str, Any]:
     """Expand ``synthetic: {gpus, mix, seed, per_machine, inter_gbs, inter_latency_us}`` into a
     cluster mapping: ``gpus`` GPUs drawn from the ``mix`` weights with a seeded RNG, packed into
-    machines of ``per_machine`` GPUs of one type, intra bandwidth from the catalog."""
+    machines of ``per_machine`` GPUs of one type, intra bandwidth from the catalog. Beside it a
+    cluster file may give only ``name``, ``gpus`` and ``excluded`` (ids ``m<i>.<index>``)."""
     sp = schema.dotted(prefix, "synthetic")
+    for k in d:  # the fleet draws its own machines and links: the other ways to give them are alternatives
+        if k not in ("name", "synthetic", "gpus", "excluded"):
+            raise HexicoreError(f"synthetic: and {k}: are alternatives (a synthetic fleet draws its own machines "
+                                "and links); give one of them", source=source, field=schema.dotted(prefix, str(k)))
     s = schema.as_mapping(d["synthetic"], source, sp)
     schema.known_keys(s, {"gpus", "mix", "seed", "per_machine", "inter_gbs", "inter_latency_us"}, source, sp)
     n = schema.integer(schema.get(s, "gpus", source, sp), source, schema.dotted(sp, "gpus"))
@@ -83,11 +88,11 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
             raise HexicoreError(f"unknown GPU type {g!r}", source=source, field=schema.dotted(sp, f"mix.{g}"))
         weights[g] = schema.number(w, source, schema.dotted(sp, f"mix.{g}"))
     fleet = synthetic_fleet(n, weights, seed=seed, per_machine=per,
-                           inter_gbs=schema.number(s.get("inter_gbs", 0.7), source, schema.dotted(sp, "inter_gbs")),
-                           inter_latency_us=schema.number(s.get("inter_latency_us", 50.0), source,
-                                                          schema.dotted(sp, "inter_latency_us"), allow_zero=True),
+                           inter_gbs=limits.bandwidth(s.get("inter_gbs", 0.7), source, schema.dotted(sp, "inter_gbs")),
+                           inter_latency_us=limits.latency(s.get("inter_latency_us", 50.0), source,
+                                                           schema.dotted(sp, "inter_latency_us")),
                            name=str(d.get("name", f"synthetic{n}")), catalog=catalog)
-    return {**fleet, **({"gpus": d["gpus"]} if d.get("gpus") is not None else {})}
+    return {**fleet, **{k: d[k] for k in ("gpus", "excluded") if d.get(k) is not None}}
 
 
 def synthetic_fleet(n: int, mix: Mapping[str, float], *, seed: int = 0, per_machine: int = 8,

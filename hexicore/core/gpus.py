@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 
@@ -106,10 +106,10 @@ def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[s
             raise HexicoreError("missing required field", source=source, field=schema.dotted(fp, "memory_gb"))
         catalog[str(name)] = GpuType(
             str(name),
-            schema.number(tflops, source, schema.dotted(fp, "tflops")),
-            schema.number(memory, source, schema.dotted(fp, "memory_gb")),
+            limits.quantity(tflops, limits.TFLOPS, "TFLOPS", source, schema.dotted(fp, "tflops")),
+            limits.quantity(memory, limits.MEMORY_GB, "GB", source, schema.dotted(fp, "memory_gb")),
             str(spec.get("source", "cluster file")),
-            schema.number(spec.get("intra_gbs", base.intra_gbs if base else 32.0), source, schema.dotted(fp, "intra_gbs")),
+            limits.bandwidth(spec.get("intra_gbs", base.intra_gbs if base else 32.0), source, schema.dotted(fp, "intra_gbs")),
             *_price(spec, base, source, fp),
         )
     return catalog

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
 #: GPUs in one cluster (also the ranks of one pipeline)
@@ -32,6 +33,14 @@ MAX_REPEATS = 1000
 #: bytes of one message ``hexicore profile`` times (point to point, all-reduce)
 MAX_MESSAGE_BYTES = 1 << 30
 
+#: the range, (smallest, largest), of each physical figure a cluster file gives: generous for any
+#: real hardware, so that a slipped exponent (``1.0e+300``, ``1.0e-300``) is refused instead of
+#: pricing every step at 0 s or at 1e296 s
+TFLOPS = (1e-6, 1e6)  # peak TFLOP/s of one GPU
+MEMORY_GB = (1e-6, 1e5)  # GB of one GPU
+BANDWIDTH_GBS = (1e-6, 1e6)  # GB/s of one link, one direction
+LATENCY_US = (0.0, 1e7)  # microseconds of one link (10 s)
+
 TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
          "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,
          "actions": MAX_ACTIONS, "profile repeats": MAX_REPEATS, "profiled message bytes": MAX_MESSAGE_BYTES}
@@ -42,3 +51,24 @@ def check(value: Any, limit: int, what: str, *, source: str | None = None, field
     if isinstance(value, int) and not isinstance(value, bool) and value > limit:
         raise HexicoreError(f"{value:,} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
                             source=source, field=field)
+
+
+def quantity(value: Any, bounds: tuple[float, float], unit: str, source: str | None, field: str) -> float:
+    """A finite number within ``bounds`` (inclusive; one of the ranges above), else one line
+    naming the field, the value and the range."""
+    low, high = bounds
+    v = schema.number(value, source, field, allow_zero=low == 0)
+    if not low <= v <= high:
+        raise HexicoreError(f"{v:g} {unit} is outside hexicore's range of {low:g} to {high:g} {unit} "
+                            "(docs/formats.md, Limits)", source=source, field=field)
+    return v
+
+
+def bandwidth(value: Any, source: str | None, field: str) -> float:
+    """A link's ``bandwidth_gbs`` (:data:`BANDWIDTH_GBS`)."""
+    return quantity(value, BANDWIDTH_GBS, "GB/s", source, field)
+
+
+def latency(value: Any, source: str | None, field: str) -> float:
+    """A link's ``latency_us`` (:data:`LATENCY_US`)."""
+    return quantity(value, LATENCY_US, "us", source, field)

@@ -63,7 +63,8 @@ class ModelSpec:
         limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="seq_len")
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
-        if self.head_dim is None:
+        derived = self.head_dim is None
+        if derived:
             if self.hidden % self.heads:
                 raise HexicoreError(f"hidden {self.hidden} is not divisible by heads {self.heads}", field="heads")
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
@@ -73,6 +74,10 @@ class ModelSpec:
             raise HexicoreError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}", field="kv_heads")
         if self.arch not in ("llama", "gpt"):
             raise HexicoreError(f"unknown arch {self.arch!r}; choose one of: gpt, llama", field="arch")
+        if self.arch == "llama" and self.head_dim % 2:  # rotary positions rotate pairs of dimensions
+            how = f" (hidden {self.hidden} / heads {self.heads})" if derived else ""
+            raise HexicoreError(f"must be even for rotary positions (arch llama), got {self.head_dim}{how}",
+                                field="head_dim")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise HexicoreError(f"unknown norm {self.norm!r}; choose one of: layernorm, rmsnorm", field="norm")
 

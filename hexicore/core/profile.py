@@ -22,7 +22,12 @@ Seconds are wall seconds of one micro-batch (``optimizer_s``: of one optimizer s
 block's parameters, optional; ``action_s``: the fixed cost of a forward and a backward action
 included in ``forward_s + backward_s``, optional); ``between`` names the profiled cluster's machines
 (the same machine twice is the link inside it). Every field is checked on reading; an error
-names the file and the field.
+names the file and the field. A profile holds at least one device, every device at least one
+block, no two blocks of a device at the same point (micro-batch, TP, sequence, shape), no machine
+pair twice among ``links`` (nor pair and group among ``allreduce``); forward and backward seconds
+are > 0. The file does not list the profiled cluster's machines: that ``between`` names machines
+of the cluster priced is checked where the profile meets it
+(:meth:`hexicore.cost.profiled.ProfiledCostModel.check_cluster`).
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 FORMAT = "hexicore.profile/1"
 _SHAPE = ("hidden", "ffn", "heads", "kv_heads")
+_KEYS = ("format", "environment", "devices", "links", "allreduce")
+#: measured times that are never 0 (the others: 0 = not measured)
+_POSITIVE = ("forward_s", "backward_s")
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class Profile:
     links: tuple[LinkTiming, ...] = ()
     allreduce: tuple[AllReduceTiming, ...] = ()
     environment: Mapping[str, Any] = field(default_factory=dict)
+    source: str = field(default="profile", compare=False)  # the file it was read from (for errors)
 
     def link(self, a: str, b: str) -> LinkTiming | None:
         """The measured link between machines ``a`` and ``b`` (either order)."""
@@ -144,15 +153,26 @@ def _record(cls: type, d: Any, source: str, where: str, ints: tuple[str, ...], f
             kw[k] = schema.integer(schema.get(m, k, source, where), source, f"{where}.{k}")
     for k in floats:
         if k in m or k not in optional:
-            kw[k] = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}", allow_zero=True)
+            kw[k] = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}", allow_zero=k not in _POSITIVE)
     return cls(**kw)
 
 
-def _between(d: Mapping[str, Any], source: str, where: str) -> tuple[str, str]:
+def _between(d: Mapping[str, Any], source: str, where: str, keys: tuple[str, ...]) -> tuple[str, str]:
+    schema.known_keys(d, ("between",) + keys, source, where)
     pair = schema.as_list(schema.get(d, "between", source, where), source, f"{where}.between")
     if len(pair) != 2:
         raise HexicoreError("expected two machine names", source=source, field=f"{where}.between")
     return (schema.string(pair[0], source, f"{where}.between"), schema.string(pair[1], source, f"{where}.between"))
+
+
+def _unique(items: list[Any], key: Any, source: str, where: str, what: str) -> None:
+    """Refuse two entries of ``items`` with the same ``key`` (two measurements of one point)."""
+    seen: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        k = key(item)
+        if k in seen:
+            raise HexicoreError(f"{what} is already measured at {where}[{seen[k]}]", source=source, field=f"{where}[{i}]")
+        seen[k] = i
 
 
 def parse_profile(data: Any, source: str = "profile") -> Profile:
@@ -161,15 +181,25 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     if d.get("format") != FORMAT:
         raise HexicoreError(f"unsupported format {d.get('format')!r}; expected {FORMAT!r}", source=source,
                             field="format")
+    schema.known_keys(d, _KEYS, source, None)
     devices = {}
-    for name, dev in schema.as_mapping(schema.get(d, "devices", source, None), source, "devices").items():
+    raw_devices = schema.as_mapping(schema.get(d, "devices", source, None), source, "devices")
+    if not raw_devices:
+        raise HexicoreError("a profile needs at least one device", source=source, field="devices")
+    for name, dev in raw_devices.items():
         where = f"devices.{name}"
         dev = schema.as_mapping(dev, source, where)
+        schema.known_keys(dev, ("blocks", "head"), source, where)
+        raw = schema.as_list(schema.get(dev, "blocks", source, where), source, f"{where}.blocks")
+        if not raw:
+            raise HexicoreError("a device needs at least one measured block", source=source, field=f"{where}.blocks")
         blocks = tuple(_record(BlockTiming, b, source, f"{where}.blocks[{i}]", ("micro_batch", "tp", "seq_len") + _SHAPE,
                                ("forward_s", "backward_s", "recompute_s", "activation_bytes", "optimizer_s",
                                 "action_s"),
                                optional=_SHAPE + ("recompute_s", "activation_bytes", "optimizer_s", "action_s"))
-                       for i, b in enumerate(schema.as_list(dev.get("blocks") or [], source, f"{where}.blocks")))
+                       for i, b in enumerate(raw))
+        _unique(list(blocks), lambda b: (b.micro_batch, b.tp, b.seq_len) + tuple(getattr(b, k) for k in _SHAPE),
+                source, f"{where}.blocks", "this micro-batch, TP degree, sequence length and shape")
         head = None if dev.get("head") is None else _record(
             HeadTiming, dev["head"], source, f"{where}.head", ("micro_batch", "seq_len", "hidden", "vocab"),
             ("forward_s", "backward_s"), optional=("hidden", "vocab"))
@@ -177,18 +207,21 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     links = []
     for i, ln in enumerate(schema.as_list(d.get("links") or [], source, "links")):
         m = schema.as_mapping(ln, source, f"links[{i}]")
-        links.append(LinkTiming(_between(m, source, f"links[{i}]"),
-                                schema.number(schema.get(m, "latency_s", source, f"links[{i}]"), source,
-                                              f"links[{i}].latency_s", allow_zero=True),
-                                schema.number(schema.get(m, "bandwidth_gbs", source, f"links[{i}]"), source,
-                                              f"links[{i}].bandwidth_gbs")))
+        links.append(LinkTiming(_between(m, source, f"links[{i}]", ("latency_s", "bandwidth_gbs")),
+                                limits.quantity(schema.get(m, "latency_s", source, f"links[{i}]"),
+                                                (limits.LATENCY_US[0] / 1e6, limits.LATENCY_US[1] / 1e6), "s", source,
+                                                f"links[{i}].latency_s"),
+                                limits.bandwidth(schema.get(m, "bandwidth_gbs", source, f"links[{i}]"), source,
+                                                 f"links[{i}].bandwidth_gbs")))
+    _unique(links, lambda ln: frozenset(ln.between), source, "links", "this machine pair")
     allreduce = []
     for i, a in enumerate(schema.as_list(d.get("allreduce") or [], source, "allreduce")):
         m = schema.as_mapping(a, source, f"allreduce[{i}]")
-        allreduce.append(AllReduceTiming(_between(m, source, f"allreduce[{i}]"),
+        allreduce.append(AllReduceTiming(_between(m, source, f"allreduce[{i}]", ("group", "bandwidth_gbs")),
                                          schema.integer(schema.get(m, "group", source, f"allreduce[{i}]"), source,
                                                         f"allreduce[{i}].group"),
-                                         schema.number(schema.get(m, "bandwidth_gbs", source, f"allreduce[{i}]"),
-                                                       source, f"allreduce[{i}].bandwidth_gbs")))
+                                         limits.bandwidth(schema.get(m, "bandwidth_gbs", source, f"allreduce[{i}]"),
+                                                          source, f"allreduce[{i}].bandwidth_gbs")))
+    _unique(allreduce, lambda a: (frozenset(a.between), a.group), source, "allreduce", "this machine pair and group")
     env = dict(schema.as_mapping(d.get("environment") or {}, source, "environment"))
-    return Profile(devices, tuple(links), tuple(allreduce), env)
+    return Profile(devices, tuple(links), tuple(allreduce), env, source)

@@ -10,6 +10,7 @@ import json
 import os
 import uuid
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -70,8 +71,16 @@ def get(d: Mapping[str, Any], key: str, source: str | None, prefix: str | None, 
     return d[key]
 
 
+#: a float in scientific notation, which YAML 1.1 (PyYAML) reads as text unless it has both a dot
+#: and a signed exponent (``1e300`` and ``1.0e300`` are strings, ``1.0e+300`` a float)
+_SCIENTIFIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def number(value: Any, source: str | None, field: str, *, positive: bool = True, allow_zero: bool = False) -> float:
-    """A finite float; ``positive`` refuses negatives (and zero unless ``allow_zero``)."""
+    """A finite float; ``positive`` refuses negatives (and zero unless ``allow_zero``). A string
+    in scientific notation (``'1e3'``, what YAML makes of ``1e3``) is read as its number."""
+    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HexicoreError(f"expected a number, got {value!r}", source=source, field=field)
     value = float(value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hexicore.core import schema
+from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 #: the fields of a link (``inter``, ``inter_zone``; ``links``/``zone_links`` add ``between``)
@@ -31,8 +31,8 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
         zp = schema.dotted(prefix, "inter_zone")
         z = schema.as_mapping(d["inter_zone"], source, zp)
         schema.known_keys(z, LINK_KEYS, source, zp)
-        inter_zone = (schema.number(schema.get(z, "bandwidth_gbs", source, zp), source, schema.dotted(zp, "bandwidth_gbs")),
-                      schema.number(z.get("latency_us", inter[1]), source, schema.dotted(zp, "latency_us"), allow_zero=True))
+        inter_zone = (limits.bandwidth(schema.get(z, "bandwidth_gbs", source, zp), source, schema.dotted(zp, "bandwidth_gbs")),
+                      limits.latency(z.get("latency_us", inter[1]), source, schema.dotted(zp, "latency_us")))
     links: list[tuple] = []
     for i, raw in enumerate(schema.as_list(d.get("zone_links") or [], source, schema.dotted(prefix, "zone_links"))):
         fp = schema.dotted(prefix, f"zone_links[{i}]")
@@ -45,9 +45,9 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
         if any(set(x[0]) == set(between) for x in links):
             raise HexicoreError(f"duplicate zone link between {between[0]} and {between[1]}", source=source, field=fp)
         links.append(((between[0], between[1]),
-                          schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-                          schema.number(l.get("latency_us", (inter_zone or inter)[1]), source,
-                                        schema.dotted(fp, "latency_us"), allow_zero=True)))
+                          limits.bandwidth(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+                          limits.latency(l.get("latency_us", (inter_zone or inter)[1]), source,
+                                         schema.dotted(fp, "latency_us"))))
     return inter_zone, tuple(links)
 
 
@@ -72,8 +72,8 @@ def parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: 
         pairs.add(key)
         links.append((
             (str(between[0]), str(between[1])),
-            schema.number(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-            schema.number(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us"), allow_zero=True),
+            limits.bandwidth(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+            limits.latency(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us")),
         ))
     return links
 

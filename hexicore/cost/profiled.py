@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster, Link
+from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
@@ -103,6 +104,18 @@ class ProfiledCostModel(AnalyticCostModel):
         if what not in self._noted:
             self._noted.add(what)
             log.warning("profiled cost model: %s", what)
+
+    def check_cluster(self, cluster: Cluster) -> None:
+        """Refuse a profile whose ``links`` or ``allreduce`` name a machine ``cluster`` lacks (the
+        file does not list the profiled machines: they are checked where it meets the cluster)."""
+        names = [m.name for m in cluster.machines]
+        for section, rows in (("links", self.profile.links), ("allreduce", self.profile.allreduce)):
+            for i, row in enumerate(rows):
+                for name in row.between:
+                    if name not in names:
+                        raise HexicoreError(f"machine {name!r} is not in cluster {cluster.name!r} (machines: "
+                                            f"{', '.join(names)}); was the profile measured on another cluster?",
+                                            source=self.profile.source, field=f"{section}[{i}].between")
 
     # ------------------------------------------------------------------ links
     def measured(self, cluster: Cluster) -> Cluster:
@@ -266,7 +279,6 @@ def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost")
     """``cost=profiled``: the analytic settings (fallback efficiency, state bytes, reserve) plus
     ``profile_file``; a missing or malformed profile is a one-line error naming the file."""
     from hexicore.core import schema
-    from hexicore.core.errors import HexicoreError
 
     d = dict(schema.as_mapping(cfg or {}, source, "cost"))
     path = d.pop("profile_file", None)

@@ -41,6 +41,11 @@ class HexiScaleSolver:
                                 field="solver.time_limit")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise HexicoreError(f"seed must be an integer, got {seed!r}", field="solver.seed")
+        for name in self.config.seeds:  # a seed solver that is not there is refused, not skipped
+            try:
+                problem.registry.spec("solver", name)
+            except HexicoreError as exc:
+                raise HexicoreError(exc.message, field="solver.seeds") from None
         if self.config.use_all_devices:
             plan = run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
             return reschedule(problem, plan, progress)

@@ -40,9 +40,11 @@ def integer_weights(w: np.ndarray, *, limit: int = INT_LIMIT, resolution: int = 
     return np.where(edges, np.maximum(1, np.rint(w / w[edges].max() * top)), 0).astype(np.int64)
 
 
-def vertex_weights(tflops: np.ndarray) -> np.ndarray:
-    """TFLOPS as integers with 0.1-TFLOPS resolution (>= 1)."""
-    return np.maximum(1, np.rint(tflops * 10)).astype(np.int64)
+def vertex_weights(tflops: np.ndarray, *, limit: int = INT_LIMIT) -> np.ndarray:
+    """TFLOPS as integers with 0.1-TFLOPS resolution (>= 1); coarser when their sum would pass
+    ``limit`` (METIS sums them in its 32-bit ``idx_t``)."""
+    scale = min(10.0, limit / max(float(tflops.sum()), 1.0))
+    return np.maximum(1, np.rint(tflops * scale)).astype(np.int64)
 
 
 def ufactor(balance: float, parts: int, recursive: bool) -> int:

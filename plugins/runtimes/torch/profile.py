@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
 
@@ -269,7 +270,12 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
                                                           med(rows, "chain_s"))))
     head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
             for n, rows in heads.items()}
-    devices = {n: DeviceProfile(tuple(per.get(n, ())), head.get(n)) for n in dict.fromkeys([*per, *head])}
+    # a type none of whose TP groups could be timed is left out: the cost model prices it
+    # analytically (a measured head alone is not used)
+    devices = {n: DeviceProfile(tuple(blocks_n), head.get(n)) for n, blocks_n in per.items()}
+    if not devices:
+        raise HexicoreError("no TP degree of profile.tp could be timed (a degree must divide the model's heads, "
+                            "kv heads and FFN and fit on one machine)", source="command line", field="profile.tp")
     return Profile(devices, tuple(links), tuple(allreduce), got["env"])
 
 

@@ -10,6 +10,7 @@ before any worker starts (one line, exit 2). Then the workers are launched (:mod
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
@@ -58,9 +59,49 @@ class TorchSettings:
             raise HexicoreError(f"unknown data {p['data']!r}; choose one of: {', '.join(DATA)}", field="runtime.data")
         nums = {k: schema.number(p[k], None, f"runtime.{k}", allow_zero=k == "weight_decay")
                 for k in ("timeout_s", "lr", "eps", "weight_decay", "shard_mb")}
-        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=bool(p["progress"]),
+        if not isinstance(p["progress"], bool):
+            raise HexicoreError(f"expected true or false, got {p['progress']!r}", field="runtime.progress")
+        methods = multiprocessing.get_all_start_methods()
+        if p["start_method"] not in methods:
+            raise HexicoreError(f"unknown start method {p['start_method']!r}; this platform offers: {', '.join(methods)}",
+                                field="runtime.start_method")
+        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=p["progress"],
                    data_file=None if p["data_file"] is None else str(p["data_file"]),
-                   start_method=str(p["start_method"]), fault=dict(p["fault"]) if p["fault"] else None, **nums)
+                   start_method=str(p["start_method"]), fault=parse_fault(p["fault"]), **nums)
+
+
+FAULT_KINDS = ("die", "hang", "stop")
+
+
+def parse_fault(raw: Any) -> dict[str, Any] | None:
+    """The testing aid ``runtime.fault``: ``{rank: R, step: K, kind: die|hang|stop}`` (``step``
+    counts from 0, absent = 0; null or ``{}``: no fault). Its rank and step are checked against
+    the run in :func:`check_fault`."""
+    if raw is None:
+        return None
+    f = schema.as_mapping(raw, None, "runtime.fault")
+    if not f:
+        return None
+    schema.known_keys(f, ("rank", "step", "kind"), None, "runtime.fault")
+    rank = schema.integer(schema.get(f, "rank", None, "runtime.fault"), None, "runtime.fault.rank", minimum=0)
+    step = schema.integer(f.get("step", 0), None, "runtime.fault.step", minimum=0)
+    kind = schema.get(f, "kind", None, "runtime.fault")
+    if kind not in FAULT_KINDS:
+        raise HexicoreError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}",
+                            field="runtime.fault.kind")
+    return {"rank": rank, "step": step, "kind": kind}
+
+
+def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int) -> None:
+    """A fault must hit a rank of the run (``0 .. world-1``) at one of its steps (``0 .. steps-1``)."""
+    if fault is None:
+        return
+    if fault["rank"] >= world:
+        raise HexicoreError(f"no rank {fault['rank']} in this run: its ranks are 0 to {world - 1}",
+                            field="runtime.fault.rank")
+    if fault["step"] >= steps:
+        raise HexicoreError(f"step {fault['step']} is never reached: train.steps={steps} runs steps 0 to {steps - 1}",
+                            field="runtime.fault.step")
 
 
 class TorchRuntime:
@@ -103,6 +144,7 @@ class TorchRuntime:
         settings = TorchSettings.parse(spec.runtime.params)
         layout = self.layout(spec, registry=registry)
         t = spec.train
+        check_fault(settings.fault, layout.world, t.steps)
         resume = t.resume
         if resume:
             from . import checkpoint

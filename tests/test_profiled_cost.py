@@ -128,8 +128,8 @@ def _bad(change) -> dict:
 BLOCKS = ("devices", "rtx4090", "blocks")
 BAD_PROFILES = [
     (lambda d: d.update(colour=1), "colour"),
-    (lambda d: d["links"][0].update(between=["A", "Z"]), "links[0].between"),
-    (lambda d: d.update(allreduce=[{"between": ["Z", "Z"], "group": 2, "bandwidth_gbs": 1.0}]), "allreduce[0].between"),
+    (lambda d: (d["links"][0].update(between=["Y", "Z"]), d["links"][1].update(between=["Y", "Y"])),
+     "links[0].between"),  # measured on another cluster: none of its machines is planned
     (lambda d: d["devices"]["rtx4090"]["blocks"].append({**d["devices"]["rtx4090"]["blocks"][0], "forward_s": 0.5}),
      "devices.rtx4090.blocks[3]"),
     (lambda d: d["devices"]["rtx4090"].update(blocks=[]), "devices.rtx4090.blocks"),
@@ -253,3 +253,17 @@ def test_chunked_schedules_pay_the_fixed_cost_once_per_chunk():
     chunked, _ = cost.pipeline_pieces(two, two.pipelines[0])
     assert plain[0] == pytest.approx(2 * 0.030 - 0.006)
     assert chunked == pytest.approx([x + 0.006 for x in plain])
+
+
+def test_a_profile_of_a_larger_fleet_prices_part_of_it(tmp_path, capsys):
+    """Links of machines the planned cluster lacks are unused, with one warning naming them."""
+    import yaml
+
+    path, out, cluster = tmp_path / "profile.yaml", tmp_path / "plan.json", tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(_bad(lambda d: d["links"].append(dict(d["links"][0], between=["A", "Z"])))))
+    cluster.write_text(yaml.safe_dump(CLUSTER.to_dict()))
+    code = run_cli(["plan", f"cluster_file={cluster}", "model=tiny", "cost=profiled", f"cost.profile_file={path}",
+                    "train.global_batch=8", f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 0 and out.exists(), err
+    assert "unused: Z" in err

@@ -106,16 +106,23 @@ class ProfiledCostModel(AnalyticCostModel):
             log.warning("profiled cost model: %s", what)
 
     def check_cluster(self, cluster: Cluster) -> None:
-        """Refuse a profile whose ``links`` or ``allreduce`` name a machine ``cluster`` lacks (the
-        file does not list the profiled machines: they are checked where it meets the cluster)."""
-        names = [m.name for m in cluster.machines]
-        for section, rows in (("links", self.profile.links), ("allreduce", self.profile.allreduce)):
-            for i, row in enumerate(rows):
-                for name in row.between:
-                    if name not in names:
-                        raise HexicoreError(f"machine {name!r} is not in cluster {cluster.name!r} (machines: "
-                                            f"{', '.join(names)}); was the profile measured on another cluster?",
-                                            source=self.profile.source, field=f"{section}[{i}].between")
+        """Note (one warning) the machines the profile's ``links`` or ``allreduce`` name that
+        ``cluster`` lacks: a profile of a larger fleet prices any part of it, and those rows are
+        unused; where no named machine is in the cluster at all the profile was measured on
+        another cluster, which is refused (the file does not list the profiled machines, so
+        this is checked where it meets the cluster)."""
+        names = {m.name for m in cluster.machines}
+        rows = [(section, i, row) for section, rs in (("links", self.profile.links), ("allreduce", self.profile.allreduce))
+                for i, row in enumerate(rs)]
+        named = {n for _, _, row in rows for n in row.between}
+        if named and not named & names:
+            section, i, _ = rows[0]
+            raise HexicoreError(f"no machine it measured ({', '.join(sorted(named))}) is in cluster {cluster.name!r} "
+                                f"(machines: {', '.join(sorted(names))}); was the profile measured on another cluster?",
+                                source=self.profile.source, field=f"{section}[{i}].between")
+        if named - names:
+            self._note(f"{self.profile.source or 'profile'}: links of machines not in cluster {cluster.name!r} "
+                       f"unused: {', '.join(sorted(named - names))}")
 
     # ------------------------------------------------------------------ links
     def measured(self, cluster: Cluster) -> Cluster:

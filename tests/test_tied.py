@@ -126,3 +126,32 @@ def test_chimera_copies_each_keep_a_shard_by_hand():
     ends = (5 * m.layer_params() + m.embedding_params() + m.head_params()) / 4
     assert [parts[d]["optimizer"] * GIB / 8 for d in plan.devices] == pytest.approx(
         [ends, 6 * m.layer_params() / 4, ends] * 2)
+
+
+@pytest.mark.slow
+def test_every_schedules_copies_keep_the_predicted_zero_bytes():
+    """One 6-rank job: two pipelines of each schedule plan of :mod:`tests.test_placement` (Chimera,
+    Hanayo, V shapes, interleaved, TP), tied, under ZeRO-2: each rank's AdamW state equals the
+    cost model's under the schedule's placement (copies as holders, tied copies whole)."""
+    pytest.importorskip("torch")
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+    from hexicore.registry import Registry
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from tests.test_asymmetric import SEQ, plan_of
+    from tests.test_placement import PLANS
+
+    plans = []
+    for pipes in PLANS.values():
+        p = plan_of(pipes * 2, global_batch=16)
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=True))
+        plans.append(Plan(p.model, p.cluster, TrainConfig(**{**p.train.to_dict(), "zero": 2}), p.pipelines))
+    layouts = [dataclasses.replace(plan_layout(p, [q.schedule for q in p.pipelines], registry=Registry.default(),
+                                               seq_len=SEQ), world=6) for p in plans]
+    results = launch([WorkerSpec(layout=x, steps=1, seed=5, progress=False, zero=2) for x in layouts], 6)
+    cost = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default()))
+    for name, plan, got in zip(PLANS, plans, results):
+        parts = cost.memory_parts(plan)
+        for r, d in enumerate(plan.devices):
+            assert abs(got["metrics"]["optimizer_state_bytes"][r] - parts[d]["optimizer"] * GIB) <= 64, (name, d)

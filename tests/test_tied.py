@@ -155,3 +155,27 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
         parts = cost.memory_parts(plan)
         for r, d in enumerate(plan.devices):
             assert abs(got["metrics"]["optimizer_state_bytes"][r] - parts[d]["optimizer"] * GIB) <= 64, (name, d)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_priced_embedding_group_is_the_runtimes(count):
+    """For every schedule plan of :mod:`tests.test_placement` (one or two pipelines): the stages
+    whose tied-embedding all-reduce the cost model prices hold exactly the ranks of the runtime's
+    embedding group (none where one stage holds the only copy)."""
+    pytest.importorskip("torch")
+    from hexicore.cost import sharding
+    from hexicore.planner.pricing import ScheduleBook, timed_cost
+    from hexicore.registry import Registry
+    from hexicore_plugins.runtimes.torch import tied
+    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from tests.test_asymmetric import SEQ, plan_of
+    from tests.test_placement import PLANS
+
+    cost = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default()))
+    for name, pipes in {**PLANS, "one stage": [(8, "1f1b", [(2, 8)])]}.items():
+        p = plan_of(pipes * count, global_batch=8 * count)
+        plan = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=True))
+        layout = plan_layout(plan, [q.schedule for q in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
+        priced = {int(d.split(".")[1]) for i, j in sharding.tied_holders(cost, plan)
+                  for d in plan.pipelines[i].stages[j].devices}
+        assert priced == set(tied.members(layout)), name

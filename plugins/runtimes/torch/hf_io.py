@@ -28,22 +28,49 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def weight_files(folder: str | Path, field: str = "init_from") -> dict[str, Path]:
-    """Tensor name -> file of a checkpoint directory (single file or sharded with its index)."""
+    """Tensor name -> file of a checkpoint directory (single file or sharded with its index): the
+    one resolution both the pre-launch checks and the workers' reads use. An index must map
+    tensor names to file names inside the directory."""
     d = Path(folder)
+    if d.is_file():  # one safetensors file (a checkpoint's optim.safetensors)
+        return {n: d for n in header_shapes(d, field)}
     if (d / INDEX).is_file():
-        try:
-            wm = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError):
-            raise HexicoreError("unreadable index: no weight_map", source=str(d / INDEX), field=field) from None
-        return {str(n): d / str(f) for n, f in wm.items()}
+        return _index_files(d, field)
     if (d / SINGLE).is_file():
         return {n: d / SINGLE for n in header_shapes(d / SINGLE, field)}
     what = "no such directory" if not d.is_dir() else f"neither {SINGLE} nor {INDEX} in this directory"
     raise HexicoreError(what, source=str(d), field=field)
 
 
+def _index_files(d: Path, field: str) -> dict[str, Path]:
+    src = str(d / INDEX)
+    try:
+        wm = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise HexicoreError("unreadable index: no weight_map", source=src, field=field) from None
+    if not isinstance(wm, dict) or not wm:
+        raise HexicoreError("weight_map must be a non-empty mapping of tensor name -> shard file name", source=src,
+                            field=f"{field}.weight_map")
+    root, out = d.resolve(), {}
+    for n, f in wm.items():
+        if not isinstance(f, str) or not f:
+            raise HexicoreError(f"the file of tensor {n!r} must be a file name, got {f!r}", source=src,
+                                field=f"{field}.weight_map")
+        p = d / f
+        if Path(f).is_absolute() or not p.resolve().is_relative_to(root):
+            raise HexicoreError(f"the file of tensor {n!r} ({f!r}) is outside the checkpoint directory", source=src,
+                                field=f"{field}.weight_map")
+        out[n] = p
+    return out
+
+
+FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
 def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
-    """The JSON header of a safetensors file (reads the first ``8 + n`` bytes only)."""
+    """The JSON header of a safetensors file (reads the first ``8 + n`` bytes only), checked:
+    every entry has a dtype, a shape and data offsets, and the data the header declares is the
+    rest of the file (a truncated or padded file is refused here, not in a worker)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -51,9 +78,20 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
             if n > 1 << 30:
                 raise ValueError("header too large")
             head = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as exc:
+        size = p.stat().st_size
+        if not isinstance(head, dict):
+            raise ValueError("the header is not a mapping")
+        head.pop("__metadata__", None)
+        end = 0
+        for name, v in head.items():
+            if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+                raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
+            end = max(end, int(v["data_offsets"][1]))
+    except (OSError, ValueError, TypeError, IndexError, struct.error) as exc:
         raise HexicoreError(f"not a readable safetensors file ({exc})", source=str(p), field=field) from None
-    head.pop("__metadata__", None)
+    if size != 8 + n + end:
+        raise HexicoreError(f"the header declares {end} bytes of tensor data, the file holds {size - 8 - n} "
+                            f"(truncated or corrupt)", source=str(p), field=field)
     return head
 
 
@@ -61,33 +99,51 @@ def header_shapes(path: str | Path, field: str = "init_from") -> dict[str, tuple
     return {n: tuple(int(x) for x in v["shape"]) for n, v in read_header(path, field).items()}
 
 
-def checkpoint_shapes(folder: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape in a checkpoint directory, from the headers only."""
+def checkpoint_headers(folder: str | Path, field: str = "init_from") -> dict[str, dict[str, Any]]:
+    """Every tensor's header entry (dtype, shape) in a checkpoint directory, resolved as the
+    workers resolve them (:func:`weight_files`): an index entry whose file lacks the tensor is
+    refused, a tensor of a shard the index does not name is not the checkpoint's."""
     files = weight_files(folder, field)
-    out: dict[str, tuple[int, ...]] = {}
-    for f in sorted(set(files.values())):
-        if not f.is_file():
-            raise HexicoreError("the index names a file that does not exist", source=str(f), field=field)
-        out.update(header_shapes(f, field))
+    heads: dict[Path, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, f in files.items():
+        if f not in heads:
+            if not f.is_file():
+                raise HexicoreError("the index names a file that does not exist", source=str(f), field=field)
+            heads[f] = read_header(f, field)
+        if name not in heads[f]:
+            raise HexicoreError(f"the index maps tensor {name!r} to {f.name}, which does not hold it",
+                                source=str(Path(folder) / INDEX), field=f"{field}.weight_map")
+        out[name] = heads[f][name]
     return out
 
 
+def checkpoint_shapes(folder: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a checkpoint directory, from the headers only."""
+    return {n: tuple(int(x) for x in v["shape"]) for n, v in checkpoint_headers(folder, field).items()}
+
+
 def check_shapes(expected: dict[str, tuple[int, ...]], folder: str | Path, *, tied: bool,
-                 field: str = "init_from") -> None:
-    """Refuse a checkpoint whose tensors are missing, extra or of other shapes (one line naming
-    the first such tensor). ``expected``: standard name -> full shape of the model's parameters."""
-    have = checkpoint_shapes(folder, field)
+                 field: str = "init_from", prefix: str = "") -> None:
+    """Refuse a checkpoint whose tensors are missing, extra, of other shapes or not floating
+    point (one line naming the first such tensor). ``expected``: standard name -> full shape of
+    the model's parameters; ``prefix`` (``exp_avg.``): the stored names carry it."""
+    heads = {n[len(prefix):]: v for n, v in checkpoint_headers(folder, field).items() if n.startswith(prefix)}
+    have = {n: tuple(int(x) for x in v["shape"]) for n, v in heads.items()}
     src = str(folder)
     for name, shape in expected.items():
         if name not in have:
-            raise HexicoreError(f"tensor {name!r} is missing from the checkpoint", source=src, field=field)
+            raise HexicoreError(f"tensor {prefix + name!r} is missing from the checkpoint", source=src, field=field)
         if tuple(have[name]) != tuple(shape):
-            raise HexicoreError(f"tensor {name!r} has shape {list(have[name])} in the checkpoint, the model needs "
-                                f"{list(shape)}", source=src, field=field)
+            raise HexicoreError(f"tensor {prefix + name!r} has shape {list(have[name])} in the checkpoint, the model "
+                                f"needs {list(shape)}", source=src, field=field)
+        if heads[name]["dtype"] not in FLOATS:
+            raise HexicoreError(f"tensor {prefix + name!r} has dtype {heads[name]['dtype']}, weights must be floating "
+                                f"point ({', '.join(FLOATS)})", source=src, field=field)
     extra = sorted(n for n in have if n not in expected and not (tied and n == HEAD) and not n.endswith("rotary_emb.inv_freq"))
     if extra:
-        raise HexicoreError(f"tensor {extra[0]!r} in the checkpoint is not a parameter of the model", source=src,
-                            field=field)
+        raise HexicoreError(f"tensor {prefix + extra[0]!r} in the checkpoint is not a parameter of the model",
+                            source=src, field=field)
 
 
 class SafeTensors:
@@ -96,16 +152,16 @@ class SafeTensors:
     ``prefix`` is prepended to names (optimizer moments live as ``exp_avg.NAME`` in a
     checkpoint). ``reads`` lists ``(name, bytes)`` of every read, in order."""
 
-    def __init__(self, files: dict[str, Path], prefix: str = ""):
-        self.files, self.prefix = files, prefix
+    def __init__(self, files: dict[str, Path], prefix: str = "", field: str = "init_from"):
+        self.files, self.prefix, self.field = files, prefix, field
         self.reads: list[tuple[str, int]] = []
 
     @classmethod
     def directory(cls, folder: str | Path, prefix: str = "", field: str = "init_from") -> "SafeTensors":
-        return cls(weight_files(folder, field), prefix)
+        return cls(weight_files(folder, field), prefix, field)
 
     def with_prefix(self, prefix: str) -> "SafeTensors":
-        other = SafeTensors(self.files, prefix)
+        other = SafeTensors(self.files, prefix, self.field)
         other.reads = self.reads
         return other
 
@@ -132,7 +188,13 @@ class SafeTensors:
                 n = full[dim] // size
                 index = tuple(slice(None) for _ in range(dim)) + (slice(rank * n, (rank + 1) * n),)
                 t = sl[index]
-            t = t.float() if t.is_floating_point() else t.clone()
+            if not t.is_floating_point():
+                raise HexicoreError(f"tensor {key!r} has dtype {t.dtype}, weights must be floating point",
+                                    source=str(self.files[key]), field=self.field)
+            t = t.float()
+            if not bool(t.isfinite().all()):
+                raise HexicoreError(f"tensor {key!r} holds NaN or infinite values", source=str(self.files[key]),
+                                    field=self.field)
         self.reads.append((key, t.numel() * t.element_size()))
         return t
 

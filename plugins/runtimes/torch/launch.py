@@ -181,6 +181,9 @@ def worker_main(specs: list) -> list[Any] | None:
         if os.environ.get(ERROR_DIR):
             with open(os.path.join(os.environ[ERROR_DIR], f"rank{rank}.txt"), "w", encoding="utf-8") as f:
                 f.write(line)
+            if isinstance(exc, HexicoreError) and not isinstance(exc, RunError):  # bad input: exit 2
+                with open(os.path.join(os.environ[ERROR_DIR], f"input{rank}.txt"), "w", encoding="utf-8") as f:
+                    f.write(line)
         sys.exit(1)
     finally:
         if dist.is_initialized():
@@ -251,6 +254,9 @@ def _launch(specs: list, nproc: int, start_method: str) -> list[Any]:
         codes = [getattr(f, "exitcode", 1) for f in (getattr(exc, "failures", {}) or {}).values()]
         if codes and all(c in STOPPED for c in codes):  # the workers were told to stop (Ctrl-C)
             raise _Stop(abs(codes[0]) - 128 if codes[0] > 0 else -codes[0]) from None
+        bad = sorted(Path(errors).glob("input*.txt"))
+        if bad:  # a worker found the input bad (a tensor's values): one line, exit 2 as before launch
+            raise HexicoreError(bad[0].read_text(encoding="utf-8")) from None
         raise LaunchError(_failure_line(exc, errors, killed)) from None
     finally:
         done.set()

@@ -147,7 +147,9 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
                            "lm_head.weight"]
     assert model["model.layers.0.self_attn.q_proj.weight"].equal(q) and optim["step"] is None
     for k in (2, 10):
-        checkpoint.save(tmp_path / "checkpoints" / f"step_{k}", model, optim, {"step": k})
+        checkpoint.save(tmp_path / "checkpoints" / f"step_{k}", model, optim,  # a complete meta.json: load checks it
+                        {"step": k, "losses": [1.0] * k, "step_s": [0.1] * k, "seed": 0, "model": {}, "data": {},
+                         "plan": "p"})
     assert checkpoint.resolve(tmp_path).name == "step_10"
     assert checkpoint.load(tmp_path)["step"] == 10
     (tmp_path / "other").mkdir()

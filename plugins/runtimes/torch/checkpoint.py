@@ -164,10 +164,51 @@ def load(path: str | Path) -> dict[str, Any]:
         raise HexicoreError(f"cannot read checkpoint: {exc}", source=str(d / META), field="resume") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise HexicoreError(f"not a {FORMAT} checkpoint", source=str(d), field="resume")
+    check_meta(ck, str(d / META))
     for f in (MODEL, OPTIM):
         if not (d / f).is_file():
             raise HexicoreError(f"checkpoint has no {f}", source=str(d), field="resume")
     return {**ck, "dir": str(d)}
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+
+def check_meta(ck: dict[str, Any], src: str) -> None:
+    """Every field of ``meta.json`` that resuming reads, checked (one line naming the field):
+    ``step`` a positive int, ``losses`` and ``step_s`` one number per step done, ``seed`` an
+    int, ``adam_step`` null or a non-negative whole number, ``model`` and ``data`` mappings,
+    ``plan`` a string, ``global_batch``/``seq_len`` (absent in older checkpoints) positive ints."""
+    def bad(field: str, what: str) -> HexicoreError:
+        return HexicoreError(f"{what}, got {ck.get(field)!r}"[:300], source=src, field=field)
+
+    step = ck.get("step")
+    if not _int(step) or step < 1:
+        raise bad("step", "expected the number of steps done, a positive integer")
+    for f in ("losses", "step_s"):
+        if not _numbers(ck.get(f)) or len(ck[f]) != step:
+            raise bad(f, f"expected a list of {step} numbers, one per step done (step is {step})")
+    if any(x < 0 for x in ck["step_s"]):
+        raise bad("step_s", "step times must be non-negative")
+    if not _int(ck.get("seed")):
+        raise bad("seed", "expected an integer seed")
+    a = ck.get("adam_step")
+    if a is not None and (not isinstance(a, (int, float)) or isinstance(a, bool) or not float(a).is_integer()
+                          or a < 0):
+        raise bad("adam_step", "expected null or a non-negative whole number of optimizer steps")
+    for f in ("model", "data"):
+        if not isinstance(ck.get(f), dict):
+            raise bad(f, "expected a mapping")
+    if not isinstance(ck.get("plan"), str):
+        raise bad("plan", "expected the plan's fingerprint, a string")
+    for f in ("global_batch", "seq_len"):
+        if f in ck and (not _int(ck[f]) or ck[f] < 1):
+            raise bad(f, "expected a positive integer")
 
 
 def model_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
@@ -180,9 +221,10 @@ def optim_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
 
 
 def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: dict[str, Any],
-                 plan: str) -> str | None:
-    """Refuse resuming with another seed, model or data (one line naming the difference); a
-    different plan or schedule is allowed: returns the line that says so (None when the same)."""
+                 plan: str, steps: int | None = None, batch: dict[str, int] | None = None) -> str | None:
+    """Refuse resuming with another seed, model, data, global batch or sequence length (one line
+    naming the difference), or at a step with nothing left to train (``steps``: ``train.steps``);
+    a different plan or schedule is allowed: returns the line that says so (None when the same)."""
     src = ck.get("dir")
     if ck.get("seed") != seed:
         raise HexicoreError(f"the checkpoint was trained with seed {ck.get('seed')}, this run has seed {seed}",
@@ -190,15 +232,33 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
     have, want = _plain(ck.get("model") or {}), _plain(model)
     keys = sorted(k for k in set(have) | set(want) if k != "name" and have.get(k) != want.get(k))
     if keys:  # the name is cosmetic (a config directory's name); the architecture is not
-        raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)}: {have.get(keys[0])!r} there, "
-                            f"{want.get(keys[0])!r} here", source=src, field="model")
+        diff = "; ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in keys)
+        raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)} ({diff})", source=src,
+                            field="model")
     if ck.get("data") != data:
         raise HexicoreError(f"the checkpoint was trained on data {ck.get('data')}, this run uses {data}", source=src,
                             field="runtime.data")
+    for k, v in (batch or {}).items():  # the data of a step depends on them: another value is another run
+        if k in ck and ck[k] != v:
+            raise HexicoreError(f"the checkpoint was trained with {k} {ck[k]}, this run has {v}", source=src,
+                                field=f"train.{k}")
+    if steps is not None and ck["step"] >= steps:
+        raise HexicoreError(f"the checkpoint has done {ck['step']} steps and train.steps={steps}: nothing to train "
+                            f"(raise train.steps)", source=src, field="train.steps")
     if ck.get("plan") != plan:
         return (f"hexicore: resuming step {ck.get('step')} under another plan/schedule than the checkpoint's "
                 f"({ck.get('schedule')}, plan {ck.get('plan')} -> {plan})")
     return None
+
+
+def check_tensors(ck: dict[str, Any], expected: dict[str, tuple[int, ...]], *, tied: bool) -> None:
+    """The checkpoint's weights and (with ``adam_step``) AdamW moments are exactly the model's
+    tensors: names, shapes, floating dtypes, from the headers only (before launch)."""
+    d = Path(ck["dir"])
+    hf_io.check_shapes(expected, d / MODEL, tied=tied, field="resume")
+    if ck.get("adam_step") is not None:
+        for k in OPTIM_KEYS:
+            hf_io.check_shapes(expected, d / OPTIM, tied=tied, field="resume", prefix=f"{k}.")
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

@@ -161,7 +161,7 @@ class TorchRuntime:
         if t.init_from and not resume:
             init_from = check_init_from(t.init_from, layout)
         if resume:
-            _check_resume(resume, layout, t.seed, data_id)
+            _check_resume(resume, layout, t.seed, data_id, t.steps)
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         slowdown, predicted = (), None
@@ -241,16 +241,22 @@ def check_init_from(folder: str, layout: Layout) -> str:
     return str(Path(folder).resolve())
 
 
-def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any]) -> None:
+def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int) -> None:
+    """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
+    sequence length; steps left to train) and its tensors are the model's (headers only)."""
     import sys
 
     from . import checkpoint
+    from .dp_sync import full_shapes
 
     ck = checkpoint.load(resume)
     note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
-                                   plan=checkpoint.plan_fingerprint(layout))
+                                   plan=checkpoint.plan_fingerprint(layout), steps=steps,
+                                   batch={"global_batch": layout.global_batch, "seq_len": layout.seq_len})
+    checkpoint.check_tensors(ck, full_shapes(layout.model), tied=layout.model.tied_embeddings)
     if note:
         print(note, file=sys.stderr)
+
 
 def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
     """Per global rank, its share weight under uneven ZeRO shards (``zero_split=memory``: the

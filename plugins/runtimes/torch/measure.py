@@ -112,7 +112,7 @@ def measured(summaries: Sequence[dict[str, Any]], step_s: Sequence[float], stage
              memory: str) -> dict[str, Any]:
     """The ``measured`` object from every rank's summary, rank 0's step times of this process,
     and the number of stages of each pipeline (``memory``: ``cuda`` or ``rss``, how it was read)."""
-    steady = list(step_s[1:]) or list(step_s)
+    steady = list(step_s[1:])  # one step only: nothing steady to measure (null)
     on = [[[s for s in summaries if s["pipeline"] == i and s["stage"] == j] for j in range(n)]
           for i, n in enumerate(stage_counts)]
     return {"step_s": _median(steady),

@@ -156,7 +156,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
             step_s.append(time.perf_counter() - t0)
             recorder.record(executor)
             bar.update(losses[-1], tokens / step_s[-1])
-            if spec.checkpoint_every and (step + 1) % spec.checkpoint_every == 0 and step + 1 < spec.steps:
+            if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
                 _save_checkpoint(spec, stages, groups, optimizer, executor, step + 1, losses, step_s, out)
     finally:
         bar.close()
@@ -171,7 +171,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                                shard_bytes=spec.shard_bytes)
     if rank != 0:
         return None
-    steady = step_s[1:] or step_s  # the first step pays one-off costs (allocator, lazy imports)
+    mine = step_s[start:]  # this process's steps: its first pays one-off costs (allocator, lazy imports)
+    steady = mine[1:] or mine
     metrics = {"format": METRICS_FORMAT, "losses": losses,
                "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world,
                "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
@@ -294,5 +295,5 @@ def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, st
         meta = {"step": step, "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
                 "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
                 "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
-                "plan_file": spec.plan}
+                "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len}
         checkpoint.save(out / "checkpoints" / f"step_{step}", model, optim, meta)

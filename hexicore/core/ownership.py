@@ -136,6 +136,26 @@ def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: 
     return d
 
 
+def check_token_output(path: str | Path, *, overwrite: bool | None = None, field: str = "out") -> Path:
+    """``prepare-data``'s ``X.bin`` and its sidecar ``X.bin.json``: the sidecar passes
+    :func:`check_writable` as a ``hexicore.tokens`` file, and an existing ``X.bin`` is ours only
+    when that sidecar is (a raw id file carries no mark of its own)."""
+    p = Path(path)
+    side = p.with_name(p.name + ".json")
+    check_writable(side, "hexicore.tokens", overwrite=overwrite, field=field)
+    if p.is_dir():
+        raise HexicoreError("is a directory; give the token file's path", source=str(p), field=field)
+    if (not p.exists() and not p.is_symlink()) or overwrite is True:
+        return p
+    if overwrite is False:
+        raise HexicoreError("exists and overwrite=false", source=str(p), field=field)
+    if kind_of(side) != "hexicore.tokens":
+        raise HexicoreError(f"exists and is not a hexicore token file (no hexicore.tokens sidecar {side.name}); "
+                            "refusing to replace it (choose another path, or overwrite=true)", source=str(p),
+                            field=field)
+    return p
+
+
 def _step_entries(folder: Path) -> list[Path]:
     """A run directory's checkpoints: ``step_N.pt`` files or ``step_N/`` folders, here and under
     ``checkpoints/``, ordered by N."""

@@ -66,7 +66,7 @@ def test_final_directory_files_are_ours_only_when_marked(tmp_path):
 
     from hexicore.core.hf_config import write_hf_config
     from hexicore.core.ownership import check_final_dir
-    from plugins.runtimes.torch import hf_io
+    from hexicore_plugins.runtimes.torch import hf_io
 
     final = tmp_path / "final"
     write_hf_config(model_preset("tiny"), final)

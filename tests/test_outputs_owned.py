@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hexicore.core.ownership import kind_of
 from tests.conftest import run_cli
 
@@ -91,8 +93,6 @@ def test_train_refuses_a_directory_of_another_runs_checkpoints(tmp_path, capsys)
 def test_run_dir_rule_for_checkpoint_folders(tmp_path):
     """The folder form of checkpoints (safetensors + meta.json written last): a killed save's
     folder without meta.json is ours too; a step_* folder holding other files is never cleared."""
-    import pytest
-
     from hexicore.core.errors import HexicoreError
     from hexicore.core.ownership import check_run_dir, clear_checkpoints
 
@@ -114,3 +114,29 @@ def test_run_dir_rule_for_checkpoint_folders(tmp_path):
     with pytest.raises(HexicoreError, match="not a hexicore checkpoint"):
         check_run_dir(tmp_path, overwrite=True)
     assert (ck / "step_7" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("name, extra", [("final", []), ("checkpoints", ["train.checkpoint_every=1"]),
+                                         ("reads", ["init_from={hf}"])])
+def test_train_refuses_a_file_where_it_writes_a_folder_before_launch(tmp_path, capsys, name, extra):
+    out, hf = tmp_path / "run", tmp_path / "hf"
+    out.mkdir()
+    hf.mkdir()
+    (out / name).write_text("mine")
+    code = run_cli([*TRAIN, "train.steps=1", f"out={out}", *(e.format(hf=hf) for e in extra)])
+    err = one_line_exit_2(code, capsys, f"{name}", "is a file")
+    assert "Traceback" not in err and (out / name).read_text() == "mine" and not (out / "metrics.json").exists()
+
+
+def test_train_refuses_foreign_files_in_final_before_launch(tmp_path, capsys):
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text('{"foreign": 1}')
+    (final / "model.safetensors").write_text("x")
+    (final / "README.md").write_text("kept")  # not a name train writes: never looked at
+    one_line_exit_2(run_cli([*TRAIN, "train.steps=1", f"out={final.parent}"]), capsys, "config.json",
+                    "not a hexicore output", "overwrite=true")
+    (final / "config.json").unlink()
+    one_line_exit_2(run_cli([*TRAIN, "train.steps=1", f"out={final.parent}"]), capsys, "model.safetensors")
+    assert (final / "model.safetensors").read_text() == "x" and not (final / "config.json").exists()
+    assert not (final.parent / "metrics.json").exists()

@@ -9,7 +9,7 @@ import pytest
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable, kind_of
-from tests.conftest import run_cli
+from tests.conftest import model_preset, run_cli
 
 
 def test_plan_refuses_a_foreign_file_and_its_sibling(tmp_path, capsys):
@@ -56,3 +56,32 @@ def test_two_concurrent_plans_without_out_both_kept(tmp_path):
     assert all(p.wait(120) == 0 for p in procs), [p.stderr.read() for p in procs]
     plans = sorted(tmp_path.glob("outputs/*/*/plan.json"))
     assert len(plans) == 2 and plans[0].parent != plans[1].parent
+
+
+def test_final_directory_files_are_ours_only_when_marked(tmp_path):
+    """What train writes in out/final/ (config.json, safetensors, the shard index) carries its
+    mark, so a later run replaces it; the same names without the mark are refused."""
+    pytest.importorskip("torch")
+    import torch
+
+    from hexicore.core.hf_config import write_hf_config
+    from hexicore.core.ownership import check_final_dir
+    from hexicore_plugins.runtimes.torch import hf_io
+
+    final = tmp_path / "final"
+    write_hf_config(model_preset("tiny"), final)
+    hf_io.save_tensors(final / "model.safetensors", {"w": torch.zeros(2)})
+    hf_io.save_tensors(final / "model-00001-of-00002.safetensors", {"w": torch.zeros(2)})
+    hf_io.write_index(final, {"w": "model-00001-of-00002.safetensors"}, 8)
+    assert {kind_of(f) for f in final.iterdir()} == {"hexicore.hf_config", "hexicore.safetensors",
+                                                     "hexicore.hf_index"}
+    check_final_dir(final)
+    with pytest.raises(HexicoreError, match="overwrite=false"):
+        check_final_dir(final, overwrite=False)
+    for name in ("model-00002-of-00002.safetensors", "model.safetensors.index.json"):
+        (final / name).write_text('{"weight_map": {}}')
+        with pytest.raises(HexicoreError, match="not a hexicore output") as exc:
+            check_final_dir(final)
+        assert exc.value.source == str(final / name)
+        check_final_dir(final, overwrite=True)
+        (final / name).unlink()

@@ -102,3 +102,58 @@ def test_prepare_data_bad_input_is_one_line(corpus, capsys, args, field):
     err = capsys.readouterr().err
     assert code == 2 and field in err and len(err.strip().splitlines()) == 1
     assert not (d / "x.bin").exists()
+
+
+def test_sidecar_max_id_is_trusted_only_while_its_stamp_matches(tmp_path):
+    from hexicore.core.token_file import file_stamp, write_sidecar
+
+    path = tmp_path / "t.bin"
+    np.array([1, 2, 3, 4] * 20, dtype=np.uint16).tofile(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 5, "tokens": 80, "max_id": 4, "stamp": file_stamp(path)})
+    assert TokenFile.open(path).max_id == 4
+    TokenFile.open(path).check(model_vocab=256, seq_len=8)
+    np.array([1, 2, 300, 4] * 20, dtype=np.uint16).tofile(path)  # rewritten; the sidecar understates vocab
+    tf = TokenFile.open(path)
+    assert tf.max_id is None
+    with pytest.raises(HexicoreError, match="token id 300 is outside"):
+        tf.check(model_vocab=256, seq_len=8)
+
+
+@pytest.mark.parametrize("eos", ["300", "-1", "70001"])
+def test_prepare_data_eos_outside_the_vocabulary_is_one_line(corpus, capsys, eos):
+    d, _, _ = corpus
+    code = run_cli(["prepare-data", f"input={d / 'a.txt'}", f"tokenizer={d / 'tokenizer.json'}", f"prepare.eos={eos}",
+                    f"out={d / 'x.bin'}", f"hydra.run.dir={d / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "prepare.eos" in err and "vocabulary" in err and len(err.strip().splitlines()) == 1
+    assert not (d / "x.bin").exists()
+
+
+@pytest.mark.parametrize("case", ["input", "foreign_bin", "foreign_sidecar", "parent_is_file"])
+def test_prepare_data_owns_its_outputs(corpus, capsys, case):
+    d, _, _ = corpus
+    (d / "f.bin").write_text("foreign")
+    (d / "g.bin.json").write_text('{"foreign": 1}')
+    out = {"input": d / "a.txt", "foreign_bin": d / "f.bin", "foreign_sidecar": d / "g.bin",
+           "parent_is_file": d / "a.txt" / "x.bin"}[case]
+    before = {p: p.read_bytes() for p in (d / "a.txt", d / "f.bin", d / "g.bin.json")}
+    code = run_cli(["prepare-data", f"input={d / 'a.txt'}", f"tokenizer={d / 'tokenizer.json'}", f"out={out}",
+                    f"hydra.run.dir={d / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "out" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (d / "a.txt.json").exists() and not (d / "g.bin").exists()
+
+
+def test_prepare_data_replaces_its_own_token_file(corpus, capsys):
+    d, _, _ = corpus
+    (d / "f.bin").write_text("foreign")
+    args = [f"input={d / 'a.txt'}", f"tokenizer={d / 'tokenizer.json'}", f"hydra.run.dir={d / 'run'}"]
+    assert run_cli(["prepare-data", *args, f"out={d / 'x.bin'}"]) == 0
+    assert run_cli(["prepare-data", *args, f"out={d / 'x.bin'}"]) == 0  # its own: replaced
+    assert run_cli(["prepare-data", *args, f"out={d / 'f.bin'}", "overwrite=true"]) == 0
+    assert run_cli(["prepare-data", *args, f"out={d / 'x.bin'}", "overwrite=false"]) == 2
+    assert run_cli(["prepare-data", *args, f"out={d / 'a.txt'}", "overwrite=true"]) == 2  # never the input
+    capsys.readouterr()
+    tf = TokenFile.open(d / "f.bin")
+    assert tf.max_id == int(tf.array().max())

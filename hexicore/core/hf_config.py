@@ -184,5 +184,7 @@ def _rope_json(scaling) -> dict[str, Any]:
 
 
 def write_hf_config(spec: ModelSpec, folder: str | Path) -> Path:
-    """Write ``folder/config.json`` atomically."""
-    return schema.write_text_atomic(Path(folder) / "config.json", json.dumps(hf_config_dict(spec), indent=2) + "\n")
+    """Write ``folder/config.json`` atomically, marked ``"format": "hexicore.hf_config/1"`` (the
+    mark :mod:`hexicore.core.ownership` recognises; transformers ignores the extra key)."""
+    doc = {**hf_config_dict(spec), "format": "hexicore.hf_config/1"}
+    return schema.write_text_atomic(Path(folder) / "config.json", json.dumps(doc, indent=2) + "\n")

@@ -2,8 +2,10 @@
 
 Every file hexicore writes carries a mark of its kind: JSON files a ``format`` field
 (``hexicore.plan/1``, ``hexicore.actions/1``, ``hexicore.summary/1``, ``hexicore.metrics/1``,
-...), Chrome traces ``otherData.generator == "hexicore"``, PNG pictures a ``Software`` text chunk
-starting with ``hexicore``. Before any work, a command checks each path it will write:
+the final Hugging Face directory's ``hexicore.hf_config/1`` and ``hexicore.hf_index/1``, ...),
+Chrome traces ``otherData.generator == "hexicore"``, PNG pictures a ``Software`` text chunk
+starting with ``hexicore``, safetensors files ``generator: hexicore`` in their header's
+``__metadata__``. Before any work, a command checks each path it will write:
 
 * a path that does not exist, or a file of the same kind: fine;
 * anything else (a text file, another tool's JSON, a directory where a file goes, a different
@@ -17,6 +19,7 @@ siblings (the plan's picture, the simulator's trace and timeline).
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable
@@ -88,10 +91,25 @@ def yaml_kind(path: Path) -> str | None:
     return fmt.split("/")[0] if isinstance(fmt, str) and fmt.startswith("hexicore.") else None
 
 
+def safetensors_generator(path: Path) -> str | None:
+    """``__metadata__.generator`` of a safetensors file (reads its JSON header only)."""
+    try:
+        with path.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            head: Any = json.loads(fh.read(n)) if 2 <= n <= _HEAD else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    meta = head.get("__metadata__") if isinstance(head, dict) else None
+    gen = meta.get("generator") if isinstance(meta, dict) else None
+    return gen if isinstance(gen, str) else None
+
+
 def kind_of(path: Path) -> str | None:
     """``hexicore.<kind>`` of an existing hexicore output, else None."""
     if path.suffix.lower() in (".yaml", ".yml"):
         return yaml_kind(path)
+    if path.suffix == ".safetensors":
+        return "hexicore.safetensors" if safetensors_generator(path) == PNG_SOFTWARE else None
     if path.suffix.lower() == ".png":
         sw = png_software(path)
         return "hexicore.png" if sw and sw.startswith(PNG_SOFTWARE) else None
@@ -136,6 +154,58 @@ def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: 
     return d
 
 
+def check_token_output(path: str | Path, *, overwrite: bool | None = None, field: str = "out") -> Path:
+    """``prepare-data``'s ``X.bin`` and its sidecar ``X.bin.json``: the sidecar passes
+    :func:`check_writable` as a ``hexicore.tokens`` file, and an existing ``X.bin`` is ours only
+    when that sidecar is (a raw id file carries no mark of its own)."""
+    p = Path(path)
+    side = p.with_name(p.name + ".json")
+    check_writable(side, "hexicore.tokens", overwrite=overwrite, field=field)
+    if p.is_dir():
+        raise HexicoreError("is a directory; give the token file's path", source=str(p), field=field)
+    if (not p.exists() and not p.is_symlink()) or overwrite is True:
+        return p
+    if overwrite is False:
+        raise HexicoreError("exists and overwrite=false", source=str(p), field=field)
+    if kind_of(side) != "hexicore.tokens":
+        raise HexicoreError(f"exists and is not a hexicore token file (no hexicore.tokens sidecar {side.name}); "
+                            "refusing to replace it (choose another path, or overwrite=true)", source=str(p),
+                            field=field)
+    return p
+
+
+#: what ``train`` writes in ``out/final/`` (a Hugging Face directory), by name: its kind
+FINAL_FILES = {"config.json": "hexicore.hf_config", "model.safetensors": "hexicore.safetensors",
+               "model.safetensors.index.json": "hexicore.hf_index"}
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_final_dir(path: str | Path, *, overwrite: bool | None = None, field: str = "out") -> None:
+    """``out/final/``: a folder (or absent) whose files of the names ``train`` writes there
+    (:data:`FINAL_FILES`, ``model-K-of-N.safetensors`` shards) pass :func:`check_writable`; other
+    files there are left alone."""
+    d = Path(path)
+    if not d.is_dir():
+        return
+    for f in sorted(d.iterdir()):
+        kind = FINAL_FILES.get(f.name) or ("hexicore.safetensors" if _SHARD.fullmatch(f.name) else None)
+        if kind is not None:
+            check_writable(f, kind, overwrite=overwrite, field=field)
+
+
+def check_run_folders(d: Path, folders: Iterable[str], *, overwrite: bool | None = None, field: str = "out") -> None:
+    """The folders ``train`` writes inside ``out`` (``final``, and ``checkpoints`` or ``reads``
+    when the run writes them) are not files; ``final/`` and ``reads/`` hold only our files."""
+    for name in folders:
+        p = d / name
+        if p.exists() and not p.is_dir():
+            raise HexicoreError(f"is a file; train writes the folder {name}/ here", source=str(p), field=field)
+    check_final_dir(d / "final", overwrite=overwrite, field=field)
+    if "reads" in folders and (d / "reads").is_dir():
+        check_all(((f, "hexicore.reads") for f in sorted((d / "reads").glob("rank_*.json"))), overwrite=overwrite,
+                  field=field)
+
+
 def _step_entries(folder: Path) -> list[Path]:
     """A run directory's checkpoints: ``step_N.pt`` files or ``step_N/`` folders, here and under
     ``checkpoints/``, ordered by N."""
@@ -169,13 +239,15 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_run_dir(path: str | Path, *, resume: str | None = None, overwrite: bool | None = None,
-                  field: str = "out") -> list[Path]:
+                  field: str = "out", folders: Iterable[str] = ("final",)) -> list[Path]:
     """``train``'s output directory. Refused (one line) when it is a file, when its
-    ``metrics.json`` is not a hexicore metrics file, or when it already holds another run's
+    ``metrics.json`` is not a hexicore metrics file, when one of ``folders`` is a file or
+    ``final/`` holds a foreign file (:func:`check_run_folders`), or when it already holds another run's
     checkpoints — unless ``resume`` continues that run (``resume`` lies in this directory) or
     ``overwrite=true``, which clears hexicore's own checkpoints (returned; nothing else goes).
     ``overwrite=false`` refuses any existing metrics or checkpoint."""
     d = check_dir(path, [("metrics.json", "hexicore.metrics")], overwrite=overwrite, field=field)
+    check_run_folders(d, tuple(folders), overwrite=overwrite, field=field)
     steps = _step_entries(d)
     if not steps:
         return []

@@ -5,7 +5,13 @@ The nanoGPT / Megatron convention: ``X.bin`` holds the token ids of every docume
 65,536) or ``uint32``; ``X.bin.json`` says how to read it::
 
     {"format": "hexicore.tokens/1", "dtype": "uint16", "vocab": 32000, "tokens": 1048576,
-     "documents": 812, "eos": 2, "tokenizer": "tok/tokenizer.json"}
+     "documents": 812, "eos": 2, "tokenizer": "tok/tokenizer.json",
+     "max_id": 31998, "stamp": {"bytes": 2097152, "mtime_ns": 1700000000000000000}}
+
+``max_id`` (the largest id in the file) is trusted only while ``stamp`` (the data file's size and
+modification time when it was written) still matches; otherwise, and for sidecars without them,
+the ids are scanned (memory-mapped, in chunks) before training. The sidecar's ``vocab`` is never
+trusted on its own: a sidecar that understates it lets no id through.
 
 The file is memory-mapped, never read whole. Training samples seeded windows of ``seq_len + 1``
 tokens (:func:`window_starts`), a pure function of ``(seed, step)``: any plan, a resumed run
@@ -50,6 +56,7 @@ class TokenFile:
     tokens: int
     documents: int = 0
     eos: int | None = None
+    max_id: int | None = None  # the sidecar's record, when its stamp still matches the file
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenFile":
@@ -82,7 +89,7 @@ class TokenFile:
                                 field="tokens")
         eos = meta.get("eos")
         return cls(str(p), dtype, vocab, tokens, int(meta.get("documents") or 0),
-                   None if eos is None else schema.integer(eos, src, "eos", minimum=0))
+                   None if eos is None else schema.integer(eos, src, "eos", minimum=0), _recorded_max(meta, p, src))
 
     def array(self) -> np.ndarray:
         """The ids, memory-mapped read-only."""
@@ -93,15 +100,34 @@ class TokenFile:
         if self.tokens < seq_len + 2:
             raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than a sequence of {seq_len + 1}",
                                 source=self.path, field="runtime.data_file")
-        if self.vocab > model_vocab:
-            top = self.max_id()
-            if top >= model_vocab:
-                raise HexicoreError(f"token id {top} is outside the model's vocabulary of {model_vocab}",
-                                    source=self.path, field="runtime.data_file")
+        top = self.max_id if self.max_id is not None else self.scan_max()
+        if top >= model_vocab:
+            raise HexicoreError(f"token id {top} is outside the model's vocabulary of {model_vocab}",
+                                source=self.path, field="runtime.data_file")
 
-    def max_id(self) -> int:
+    def scan_max(self) -> int:
+        """The largest id in the file (read in chunks of :data:`CHECK_CHUNK` ids)."""
         data = self.array()
         return int(max((int(data[i: i + CHECK_CHUNK].max()) for i in range(0, self.tokens, CHECK_CHUNK)), default=0))
+
+
+def file_stamp(path: str | Path) -> dict[str, int]:
+    """The data file's size and modification time, recorded next to ``max_id``."""
+    st = Path(path).stat()
+    return {"bytes": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+
+
+def _recorded_max(meta: dict[str, Any], path: Path, src: str) -> int | None:
+    """The sidecar's ``max_id`` when its ``stamp`` matches the data file as it is now, else None
+    (the ids are then scanned)."""
+    if meta.get("max_id") is None or not isinstance(meta.get("stamp"), dict):
+        return None
+    top = schema.integer(meta["max_id"], src, "max_id", minimum=0)
+    try:
+        same = meta["stamp"] == file_stamp(path)
+    except OSError:
+        return None
+    return top if same else None
 
 
 def window_starts(seed: int, step: int, rows: int, n_tokens: int, width: int) -> np.ndarray:

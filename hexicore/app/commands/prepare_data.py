@@ -6,7 +6,9 @@ them. The Hugging Face ``tokenizers`` tokenizer encodes batches of ``prepare.bat
 documents on every core (offline: the tokenizer is a local file), an end-of-document id is
 appended after each document, and the ids stream into ``X.bin`` with the sidecar ``X.bin.json``
 (:mod:`hexicore.core.token_file`). Both are written under temporary names and renamed into place
-only when complete. Prints documents, tokens and throughput.
+only when complete. Like every output, they replace only a previous token file (its sidecar a
+``hexicore.tokens`` file) unless ``overwrite=true``, and never an input. Prints documents, tokens
+and throughput.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from hexicore.app.report import console, rows_table
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.token_file import DTYPES, dtype_for, write_sidecar
+from hexicore.core.ownership import check_token_output
+from hexicore.core.token_file import DTYPES, dtype_for, file_stamp, sidecar_path, write_sidecar
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 
@@ -82,9 +85,14 @@ def load_tokenizer(path: Any) -> Any:
 
 
 def eos_id(tok: Any, eos: Any) -> int:
-    """The end-of-document id: ``prepare.eos`` (a token or an id) or the tokenizer's own."""
+    """The end-of-document id: ``prepare.eos`` (a token or an id below the tokenizer's vocabulary,
+    so the output dtype holds it) or the tokenizer's own."""
     if eos is not None:
         if isinstance(eos, int) and not isinstance(eos, bool):
+            vocab = tok.get_vocab_size(with_added_tokens=True)
+            if not 0 <= eos < vocab:
+                raise HexicoreError(f"id {eos} is outside the tokenizer's vocabulary of {vocab} (0..{vocab - 1})",
+                                    source="command line", field="prepare.eos")
             return eos
         found = tok.token_to_id(str(eos))
         if found is None:
@@ -117,12 +125,14 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     dtype = DTYPES[dtype_for(vocab)]
     tmp = schema.temp_path(out)
     n_docs = n_tokens = 0
+    top = -1
     try:
         with tmp.open("wb") as fh:
             for texts, nbytes in _batches(documents(files, text_key), batch_docs):
                 encs = tok.encode_batch(texts, add_special_tokens=False)
                 ids = np.fromiter((i for e in encs for i in (*e.ids, eos)), dtype=np.int64)
                 fh.write(ids.astype(dtype).tobytes())
+                top = max(top, int(ids.max(initial=-1)))
                 n_docs += len(texts)
                 n_tokens += len(ids)
                 if progress is not None:
@@ -130,7 +140,26 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
         schema.publish(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}
+    stats = {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}
+    if top >= 0:  # trusted by training while the file's stamp matches (hexicore.core.token_file)
+        stats.update(max_id=top, stamp=file_stamp(out))
+    return stats
+
+
+def check_out(out: Path, files: list[Path], overwrite: Any) -> None:
+    """Before any work: ``out`` and its sidecar are not an input, not another tool's files
+    (:func:`hexicore.core.ownership.check_token_output`), and their folder can be made."""
+    side = sidecar_path(out)
+    for f in files:
+        for p in (out, side):
+            if p.exists() and os.path.samefile(p, f):
+                raise HexicoreError(f"is the input {f}; the token file goes elsewhere", source=str(p), field="out")
+    check_token_output(out, overwrite=overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
+        raise HexicoreError(f"cannot create the folder {out.parent}: {why}", source=str(out), field="out") from None
 
 
 def run(cfg: DictConfig) -> int:
@@ -142,9 +171,7 @@ def run(cfg: DictConfig) -> int:
     if not cfg.get("out"):
         raise HexicoreError("prepare-data needs out=PATH.bin", source="command line", field="out")
     out = Path(str(cfg.out))
-    if out.is_dir():
-        raise HexicoreError("names a directory; give the token file's path", source="command line", field="out")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_out(out, files, cfg.get("overwrite"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     total = sum(f.stat().st_size for f in files)
     from rich.progress import Progress

@@ -37,7 +37,9 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     """The command with an explicit registry (tests pass one holding their own plugins)."""
     out = str(cfg.out) if cfg.get("out") else str(output_dir(cfg))
     spec = build_run_spec(cfg, registry, out)
-    prepare_out(out, cfg.get("resume"), cfg.get("overwrite"))
+    folders = ("final", *(("checkpoints",) if spec.train.checkpoint_every else ()),
+               *(("reads",) if spec.train.init_from else ()))
+    prepare_out(out, cfg.get("resume"), cfg.get("overwrite"), folders)
     runtime = create_runtime(spec, registry)
     try:
         metrics = runtime.run(spec, registry=registry)
@@ -56,14 +58,15 @@ def train(cfg: DictConfig, registry: Registry) -> int:
 LEFTOVERS = ("step_*.pt.tmp", "final.pt.tmp", "meta.json.tmp", "*.safetensors.tmp", "metrics.json.tmp")
 
 
-def prepare_out(out: str, resume: Any, overwrite: bool | None) -> None:
-    """Before any process starts: refuse an ``out`` that is not ours or holds another run's
+def prepare_out(out: str, resume: Any, overwrite: bool | None, folders: tuple[str, ...] = ("final",)) -> None:
+    """Before any process starts: refuse an ``out`` that is not ours, holds a file where the run
+    writes one of ``folders`` or a foreign file in ``final/``, or holds another run's
     checkpoints (:func:`hexicore.core.ownership.check_run_dir`), clear them under
     ``overwrite=true``, and remove what killed writers left (temporary files). Under torchrun
     rank 0 alone does this (it alone writes)."""
     if os.environ.get("RANK", "0") != "0":
         return
-    steps = check_run_dir(out, resume=str(resume) if resume else None, overwrite=overwrite)
+    steps = check_run_dir(out, resume=str(resume) if resume else None, overwrite=overwrite, folders=folders)
     clear_checkpoints(steps)
     for folder in (Path(out), Path(out) / "final", Path(out) / "checkpoints", *Path(out).glob("checkpoints/step_*/")):
         if folder.is_dir():

@@ -209,16 +209,19 @@ def shard_name(k: int, n: int) -> str:
 def write_index(folder: str | Path, weight_map: dict[str, str], total_bytes: int) -> Path:
     """``model.safetensors.index.json`` (Hugging Face's sharded layout)."""
     p = Path(folder) / INDEX
-    doc = {"metadata": {"total_size": int(total_bytes)}, "weight_map": dict(sorted(weight_map.items()))}
+    doc = {"format": "hexicore.hf_index/1", "metadata": {"total_size": int(total_bytes)},
+           "weight_map": dict(sorted(weight_map.items()))}
     return schema.write_text_atomic(p, json.dumps(doc, indent=2) + "\n")
 
 
 def save_tensors(path: str | Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
-    """Write a safetensors file atomically (contiguous CPU copies; never a pickle)."""
+    """Write a safetensors file atomically (contiguous CPU copies; never a pickle), marked
+    ``generator: hexicore`` in its metadata (:mod:`hexicore.core.ownership`)."""
     from safetensors.torch import save_file
 
     data = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    return schema.write_with(path, lambda tmp: save_file(data, str(tmp), metadata={"format": "pt", **(metadata or {})}))
+    return schema.write_with(path, lambda tmp: save_file(data, str(tmp), metadata={"format": "pt", "generator": "hexicore",
+                                                                             **(metadata or {})}))
 
 
 def nbytes(tensors: Iterable[Any]) -> int:

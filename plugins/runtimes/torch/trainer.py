@@ -259,7 +259,8 @@ def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
         return
     d = Path(spec.out) / "reads"
     d.mkdir(parents=True, exist_ok=True)
-    doc = {"rank": rank, "tensors": [n for n, _ in reads], "bytes": sum(b for _, b in reads)}
+    doc = {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
+           "bytes": sum(b for _, b in reads)}
     schema.write_text_atomic(d / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
     weights.close()
 

@@ -131,3 +131,15 @@ def test_import_hexicore_stays_light():
             " or m.startswith('hexicore.')]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_train_sweep_records_ok_and_failed_jobs(tmp_path, capsys):
+    code = run_cli(["train", "-m", "parallel=none", "model=tiny", "train.steps=1", "train.dtype=fp32",
+                    "runtime.progress=false", "train.micro_batch=2", "train.global_batch=2,3",
+                    f"hydra.sweep.dir={tmp_path}"])
+    assert code == 1 and "1 of 2 jobs failed" in capsys.readouterr().err
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["outcome"] for r in rows] == ["ok", "failed"]
+    assert rows[0]["steps"] == "1" and float(rows[0]["final_loss"]) > 0 and float(rows[0]["tokens_per_s"]) > 0
+    assert float(rows[0]["step_s"]) > 0 and rows[0]["out"] == str(tmp_path / "0")
+    assert "multiple of micro-batch" in rows[1]["error"] and (tmp_path / "summary.md").is_file()

@@ -178,6 +178,7 @@ def _task(command: str) -> Callable:
         log.info("hexicore %s %s", command, " ".join(_job_overrides()))
         try:
             if multirun:
+                _result_file().unlink(missing_ok=True)  # a row left by an earlier sweep in this directory
                 _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
@@ -194,6 +195,8 @@ def _task(command: str) -> Callable:
             if multirun:
                 return _failed_job(command, f"exit status {code}")
             sys.exit(code)
+        if multirun:
+            _ok_job(command)
         return code
 
     return task
@@ -206,6 +209,24 @@ def _job_overrides() -> list[str]:
         return list(HydraConfig.get().overrides.task)
     except ValueError:
         return []
+
+
+def _result_file() -> Any:
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from hexicore.app.sweep import RESULT
+
+    return Path(HydraConfig.get().runtime.output_dir) / RESULT
+
+
+def _ok_job(command: str) -> None:
+    """A successful job whose command recorded no row of its own still gets one in the summary."""
+    from hexicore.app.sweep import record
+
+    if not _result_file().is_file():
+        record({"command": command})
 
 
 def _failed_job(command: str, message: str) -> int:

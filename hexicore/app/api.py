@@ -37,7 +37,7 @@ def compose(overrides: Sequence[str] = ()):
     from hexicore.app.compose import config_from_overrides
     from hexicore.app.cli import preflight
 
-    preflight(list(overrides))
+    preflight(list(overrides), library=True)
     return config_from_overrides(list(overrides))
 
 

@@ -93,22 +93,32 @@ def hydra_overrides(args: Sequence[str]) -> list[str]:
     return out
 
 
-def preflight(overrides: Sequence[str]) -> None:
-    """Check group choices and compose once (first value of each sweep); raise HexicoreError."""
+def _multirun(args: Sequence[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
+
+
+def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
+    """Check group choices and compose once (first value of each sweep); every other value of a
+    sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
+    raise HexicoreError. Several values without ``-m`` (or in the library) are refused."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     plain = hydra_overrides(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as exc:
         raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
-    trial = []
+    multirun = not library and _multirun(overrides)
+    trial, sweeps = [], []
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra"):
             continue
+        if o.is_sweep_override() and not multirun:
+            hint = "give one value" if library else "add -m to run one job per value"
+            raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}", source="command line",
+                                field=key)
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         if key in GROUPS and o.package is None and not o.is_delete():
             options = _group_options(key)
@@ -119,15 +129,29 @@ def preflight(overrides: Sequence[str]) -> None:
                                         source="command line", field=key)
         left = o.input_line.split("=", 1)[0]
         trial.append(f"{left}={values[0]}" if values else o.input_line)
-    try:
-        from hexicore.app.compose import config_from_overrides
-
-        cfg = config_from_overrides(trial)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise _config_error(exc) from None
+        if key not in GROUPS:
+            sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]
+    cfg = _compose(trial)
+    for i, line in dict.fromkeys(sweeps):  # each other value of a sweep, the rest at their first
+        try:
+            _compose(trial[:i] + [line] + trial[i + 1:])
+        except HexicoreError as exc:
+            raise HexicoreError(f"sweep value {line}: {exc.message}", source="command line", field=exc.field) from None
     from hexicore.app.config_schema import check_config
 
     check_config(cfg)
+
+
+def _compose(overrides: list[str]) -> Any:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hexicore.app.compose import config_from_overrides
+
+    try:
+        return config_from_overrides(overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise _config_error(exc) from None
 
 
 def _config_error(exc: BaseException) -> HexicoreError:

@@ -117,8 +117,8 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
             continue
         if o.is_sweep_override() and not multirun:
             hint = "give one value" if library else "add -m to run one job per value"
-            raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}", source="command line",
-                                field=key)
+            raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}",
+                                source=None if library else "command line", field=key)
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         if key in GROUPS and o.package is None and not o.is_delete():
             options = _group_options(key)

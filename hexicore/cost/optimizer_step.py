@@ -56,7 +56,7 @@ def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]
     ``held(pipeline, n_mb)`` per stage the blocks, embeddings and heads it keeps under its
     schedule's placement (the cost model's ``held``; None: stage j's blocks, the embedding
     first, the head last)."""
-    c, m, t = plan.cluster, plan.model, plan.train
+    m, t = plan.model, plan.train
     dp = len(plan.pipelines)
     worst = 0.0
     for p in plan.pipelines:

@@ -131,3 +131,61 @@ def test_import_hexicore_stays_light():
             " or m.startswith('hexicore.')]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_train_sweep_records_ok_and_failed_jobs(tmp_path, capsys):
+    code = run_cli(["train", "-m", "parallel=none", "model=tiny", "train.steps=1", "train.dtype=fp32",
+                    "runtime.progress=false", "train.micro_batch=2", "train.global_batch=2,3",
+                    f"hydra.sweep.dir={tmp_path}"])
+    assert code == 1 and "1 of 2 jobs failed" in capsys.readouterr().err
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["outcome"] for r in rows] == ["ok", "failed"]
+    assert rows[0]["steps"] == "1" and float(rows[0]["final_loss"]) > 0 and float(rows[0]["tokens_per_s"]) > 0
+    assert float(rows[0]["step_s"]) > 0 and rows[0]["out"] == str(tmp_path / "0")
+    assert "multiple of micro-batch" in rows[1]["error"] and (tmp_path / "summary.md").is_file()
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    return hexicore.plan(cluster="paper_case", model="tiny")
+
+
+BAD_CALLS = {
+    "int override": (lambda p, d: hexicore.plan(model="tiny", overrides=[5]), "overrides[0]"),
+    "compose int": (lambda p, d: hexicore.compose([1]), "overrides[0]"),
+    "override mapping": (lambda p, d: hexicore.plan(model="tiny", overrides={"a": 1}), "overrides"),
+    "group sweep": (lambda p, d: hexicore.plan(cluster="hetero1,hetero2"), "several values"),
+    "group not a name": (lambda p, d: hexicore.plan(cluster=5), "cluster"),
+    "simulate out is a file": (lambda p, d: hexicore.simulate(out=d / "x.txt"), "is a file"),
+    "simulate out int": (lambda p, d: hexicore.simulate(out=5), "out"),
+    "simulate ranks str": (lambda p, d: hexicore.simulate(ranks="4"), "ranks"),
+    "load_plan None": (lambda p, d: hexicore.load_plan(None), "path"),
+    "load_plan int": (lambda p, d: hexicore.load_plan(3), "path"),
+    "evaluate dict": (lambda p, d: hexicore.evaluate({}), "Plan.from_dict"),
+    "evaluate None": (lambda p, d: hexicore.evaluate(None), "plan_or_path"),
+    "evaluate int": (lambda p, d: hexicore.evaluate(5), "plan_or_path"),
+    "save int": (lambda p, d: p.save(5), "path"),
+    "save directory": (lambda p, d: p.save(d), "is a directory"),
+    "save foreign file": (lambda p, d: p.save(d / "x.txt"), "not a hexicore output"),
+    "save unwritable": (lambda p, d: p.save(d / "x.txt" / "p.json"), "cannot write the plan"),
+    "from_json int": (lambda p, d: hexicore.Plan.from_json(5), "text"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CALLS))
+def test_api_bad_arguments_are_one_line_hexicore_errors(name, tiny_plan, tmp_path):
+    call, text = BAD_CALLS[name]
+    (tmp_path / "x.txt").write_text("not ours")
+    with pytest.raises(HexicoreError) as info:
+        call(tiny_plan, tmp_path)
+    assert text in str(info.value) and len(str(info.value).splitlines()) == 1
+    assert (tmp_path / "x.txt").read_text() == "not ours"
+
+
+def test_api_overrides_a_string_or_none(tiny_plan, tmp_path):
+    assert hexicore.plan(cluster="paper_case", model="tiny", overrides="train.global_batch=8").train.global_batch == 8
+    assert hexicore.plan(cluster="paper_case", model="tiny", overrides=None).pipelines == tiny_plan.pipelines
+    path = tiny_plan.save(tmp_path / "p.json")
+    assert tiny_plan.save(path) == path  # another plan file is replaced
+    (tmp_path / "x.txt").write_text("not ours")
+    assert tiny_plan.save(tmp_path / "x.txt", overwrite=True).read_text() == tiny_plan.to_json() + "\n"

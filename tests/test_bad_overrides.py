@@ -66,3 +66,22 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
         assert launch.set_threads(2, announce=True) == 3 and "OMP_NUM_THREADS" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+
+
+SWEEPS = [
+    (["plan", "-m", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
+    (["train", "-m", "parallel=none", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
+    (["plan", "cluster=hetero1,hetero2"], "add -m"),
+    (["plan", "train.global_batch=4,8"], "add -m"),
+]
+
+
+@pytest.mark.parametrize("argv,text", SWEEPS, ids=[" ".join(c[0]) for c in SWEEPS])
+def test_a_bad_sweep_is_one_line_exit_2_before_any_job(argv, text, tmp_path, capsys):
+    """A sweep value of the wrong type (Hydra checks every job's overrides before running any)
+    and several values without -m are one line naming the override, exit 2, nothing written."""
+    code = run_cli([argv[0], "model=tiny", *argv[1:], f"hydra.sweep.dir={tmp_path / 's'}",
+                    f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and text in err and "Traceback" not in err, err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "r").exists()

@@ -114,3 +114,25 @@ def test_absurd_profile_sizes_are_refused_before_any_process(tmp_path, capsys, o
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"{field}:" in err[0] and "limit" in err[0]
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("groups, field", [("[3]", "profile.allreduce_groups[0]"),
+                                           ("[2,4]", "profile.allreduce_groups[1]")])
+def test_allreduce_groups_larger_than_the_cluster_are_refused(tmp_path, capsys, groups, field):
+    (tmp_path / "c.yaml").write_text("name: c\nmachines:\n  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n")
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"profile.allreduce_groups={groups}",
+                    f"out={tmp_path / 'p.yaml'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{field}:" in err[0] and "at most 2 devices" in err[0], err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_default_allreduce_groups_are_trimmed_to_the_cluster(tmp_path):
+    import hexicore
+    from hexicore.app.commands.profile import request_from_config
+
+    (tmp_path / "c.yaml").write_text("name: c\ninter: {bandwidth_gbs: 1.0, latency_us: 50}\nmachines:\n"
+                                     "  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n"
+                                     "  - {name: B, gpu: rtx4090, count: 3, bandwidth_gbs: 32}\n")
+    req = request_from_config(hexicore.compose(["model=tiny", f"cluster_file={tmp_path / 'c.yaml'}"]))
+    assert req.allreduce_groups == (2, 4)  # 8 exceeds 4 (two machines' devices alternating)

@@ -267,3 +267,45 @@ def test_a_profile_of_a_larger_fleet_prices_part_of_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0 and out.exists(), err
     assert "unused: Z" in err
+
+
+def test_an_all_devices_profile_prices_each_device_by_its_own_entry(tmp_path, capsys):
+    """A ``profile.all_devices=true`` profile (keyed by device id) of two machines of one GPU type,
+    one emulated 3x slower: each device is priced from its own entry, a group by its slowest."""
+    import json
+
+    import yaml
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "emu", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
+                                                     "machines": [{"name": "A", "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32},
+                                                                  {"name": "B", "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32,
+                                                                   "emulate": {"slowdown": 3}}]}))
+
+    def entry(k: float) -> dict:
+        return {"blocks": [{"micro_batch": 1, "tp": 1, "seq_len": 32, "hidden": 64, "ffn": 176, "heads": 4,
+                            "kv_heads": 2, "forward_s": 0.01 * k, "backward_s": 0.02 * k}]}
+
+    raw = {"format": "hexicore.profile/1", "devices": {"A.0": entry(1), "B.0": entry(3)},
+           "links": [{"between": ["A", "B"], "latency_s": 5e-5, "bandwidth_gbs": 1.0}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    code = run_cli(["plan", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", "cost=profiled",
+                    f"cost.profile_file={tmp_path / 'p.yaml'}", "solver=megatron", "train.global_batch=4",
+                    "train.micro_batch=1", f"out={tmp_path / 'plan.json'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 0 and "its compute is the analytic" not in err, err
+    from hexicore.core.cluster import Cluster
+    from hexicore.core.plan import Plan
+
+    plan, cost = Plan.load(tmp_path / "plan.json"), ProfiledCostModel(profile=Profile.load(tmp_path / "p.yaml"))
+    cluster, model, train = Cluster.load(tmp_path / "c.yaml"), plan.model, plan.train
+    a, b = (cost.compute_s(cluster, model, train, [d], 4) for d in ("A.0", "B.0"))
+    assert b == pytest.approx(3 * a) and a == pytest.approx(4 * 0.03 * model.layer_flops_per_token(32)
+                                                            / block_flops(Profile.load(tmp_path / "p.yaml")
+                                                                          .devices["A.0"].blocks[0], model) * 32, rel=1e-6)
+    # a TP group of both (TP 2 scaled from TP 1 by FLOPs per device) waits for the slower device
+    assert cost.block_s(cluster, model, train, ["A.0", "B.0"]) == pytest.approx(cost.block_s(cluster, model, train,
+                                                                                              ["B.0"]) / 2)
+    pieces = json.loads((tmp_path / "plan.json").read_text())["estimate"]["breakdown"]["pipelines"]
+    stage_s = {s.devices[0]: x for p, b in zip(plan.pipelines, pieces) for s, x in zip(p.stages, b["stage_s"])
+               if len(s.devices) == 1}
+    assert stage_s["B.0"] == pytest.approx(3 * stage_s["A.0"], rel=0.05), stage_s  # the emulated slowdown, priced

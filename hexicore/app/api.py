@@ -14,22 +14,65 @@ and ``hexicore plan cluster=hetero1`` give the same plan::
     sim = hexicore.simulate("hanayo", ranks=4, micro_batches=8, overrides=["schedule.waves=2"])
     sim.bubble_ratio, sim.peak_activations, sim.to_dict()   # to_dict(): summary.json
 
-Every function raises :class:`hexicore.core.errors.HexicoreError` (one line naming the file
-or config field) on bad input.
+Every function checks its arguments and raises :class:`hexicore.core.errors.HexicoreError` (one
+line naming the file, config field or argument) on bad input: ``overrides`` is a list of
+``key=value`` strings (a single string is one override; ``None`` is none), a group name takes one
+value (a sweep such as ``"hetero1,hetero2"`` needs the command line's ``-m``), and an output path
+that cannot be written is one line too. :meth:`Plan.save` follows the CLI's ownership rules: it
+replaces an absent path or another plan file, and refuses a directory or any other file unless
+``overwrite=True``; ``simulate(out=DIR)`` likewise replaces only its own four files in ``DIR``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from hexicore.app.results import SimulationResult
+from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
 
 
+def _override_list(overrides: Any) -> list[str]:
+    """``overrides`` as a list of strings: one string is one override, None none."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if isinstance(overrides, Mapping) or not isinstance(overrides, (list, tuple)):
+        raise HexicoreError(f"expected a list of 'key=value' strings, got {type(overrides).__name__}",
+                            field="overrides")
+    for i, o in enumerate(overrides):
+        if not isinstance(o, str):
+            raise HexicoreError(f"expected a 'key=value' string such as 'train.global_batch=32', got "
+                                f"{type(o).__name__} {o!r}", field=f"overrides[{i}]")
+    return list(overrides)
+
+
+def _name(value: Any, arg: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise HexicoreError(f"expected a name (a string), got {type(value).__name__} {value!r}", field=arg)
+    return value
+
+
+def _path(value: Any, arg: str) -> Path | None:
+    if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+        raise HexicoreError(f"expected a file path, got {type(value).__name__} {value!r}", field=arg)
+    return None if value is None else Path(value)
+
+
+def _number(value: Any, arg: str, *, whole: bool = False) -> Any:
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise HexicoreError(f"expected {'an integer' if whole else 'a number'}, got {type(value).__name__} {value!r}",
+                            field=arg)
+    return value
+
+
 def _overrides(groups: dict[str, str | None], extra: Sequence[str]) -> list[str]:
-    return [f"{k}={v}" for k, v in groups.items() if v is not None] + list(extra)
+    return [f"{k}={_name(v, k)}" for k, v in groups.items() if v is not None] + list(extra)
 
 
 def compose(overrides: Sequence[str] = ()):
@@ -37,8 +80,9 @@ def compose(overrides: Sequence[str] = ()):
     from hexicore.app.compose import config_from_overrides
     from hexicore.app.cli import preflight
 
-    preflight(list(overrides))
-    return config_from_overrides(list(overrides))
+    overrides = _override_list(overrides)
+    preflight(overrides, library=True)
+    return config_from_overrides(overrides)
 
 
 def plan(cluster: str | None = None, model: str | None = None, solver: str | None = None, *,
@@ -52,11 +96,10 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     from hexicore.app.compose import solve
     from hexicore.registry import Registry
 
-    extra = list(overrides)
-    if cluster_file is not None:
-        extra.append(f"cluster_file={cluster_file}")
-    if model_file is not None:
-        extra.append(f"model_file={model_file}")
+    extra = _override_list(overrides)
+    for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
+        if _path(value, key) is not None:
+            extra.append(f"{key}={value}")
     cfg = compose(_overrides({"cluster": cluster, "model": model, "solver": solver, "schedule": schedule}, extra))
     result, _ = solve(cfg, Registry.default())
     return result
@@ -71,20 +114,34 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     ``peak_activations`` per rank, ``closed_form_bubble``, the ``action_list``; ``to_dict()`` is
     ``summary.json``); ``out`` also writes the command's four files. ``overrides`` take schedule
     parameters, e.g. ``["schedule.waves=4"]``."""
-    from hexicore.app.commands.simulate import build, write
+    from hexicore.app.commands.simulate import FILES, build, write
+    from hexicore.core.ownership import check_dir
 
-    cfg = compose([f"schedule={schedule}", f"pipeline.ranks={ranks}", f"pipeline.micro_batches={micro_batches}",
-                   f"timing.forward={forward}", f"timing.backward={backward}", f"timing.comm={comm}",
-                   *overrides])
+    for arg, value in (("ranks", ranks), ("micro_batches", micro_batches)):
+        _number(value, arg, whole=True)
+    for arg, value in (("forward", forward), ("backward", backward), ("comm", comm)):
+        _number(value, arg)
+    out = _path(out, "out")
+    cfg = compose([f"schedule={_name(schedule, 'schedule')}", f"pipeline.ranks={ranks}",
+                   f"pipeline.micro_batches={micro_batches}", f"timing.forward={forward}",
+                   f"timing.backward={backward}", f"timing.comm={comm}", *_override_list(overrides)])
+    if out is not None:
+        check_dir(out, FILES)
     al, res, summary = build(cfg, record=True if out is not None else None)
     if out is not None:
-        write(Path(out), al, res, summary)
+        try:
+            write(out, al, res, summary)
+        except OSError as exc:
+            raise HexicoreError(f"cannot write the simulation's files: {exc.strerror or exc}", source=str(out),
+                                field="out") from None
     return SimulationResult.from_summary(summary, al, res)
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and structurally check a plan JSON (``hexicore.plan/1``); same as :meth:`Plan.load`."""
-    return Plan.load(path)
+    if path is None:
+        raise HexicoreError("expected a plan JSON path, got None", field="path")
+    return Plan.load(_path(path, "path"))
 
 
 def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) -> Plan:
@@ -93,7 +150,11 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
     from hexicore.app.compose import build_cost_model, evaluate as _evaluate
     from hexicore.registry import Registry
 
+    if not isinstance(plan_or_path, (Plan, str, os.PathLike)):
+        raise HexicoreError(f"expected a Plan or a plan JSON path, got {type(plan_or_path).__name__}"
+                            + (" (a mapping: use hexicore.Plan.from_dict)" if isinstance(plan_or_path, Mapping) else ""),
+                            field="plan_or_path")
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
-    cfg = compose(list(overrides))
+    cfg = compose(overrides)
     registry = Registry.default()
     return _evaluate(p, build_cost_model(cfg, registry), registry=registry)[0]

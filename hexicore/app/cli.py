@@ -93,22 +93,32 @@ def hydra_overrides(args: Sequence[str]) -> list[str]:
     return out
 
 
-def preflight(overrides: Sequence[str]) -> None:
-    """Check group choices and compose once (first value of each sweep); raise HexicoreError."""
+def _multirun(args: Sequence[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
+
+
+def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
+    """Check group choices and compose once (first value of each sweep); every other value of a
+    sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
+    raise HexicoreError. Several values without ``-m`` (or in the library) are refused."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     plain = hydra_overrides(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as exc:
         raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
-    trial = []
+    multirun = not library and _multirun(overrides)
+    trial, sweeps = [], []
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra"):
             continue
+        if o.is_sweep_override() and not multirun:
+            hint = "give one value" if library else "add -m to run one job per value"
+            raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}",
+                                source=None if library else "command line", field=key)
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         if key in GROUPS and o.package is None and not o.is_delete():
             options = _group_options(key)
@@ -119,15 +129,29 @@ def preflight(overrides: Sequence[str]) -> None:
                                         source="command line", field=key)
         left = o.input_line.split("=", 1)[0]
         trial.append(f"{left}={values[0]}" if values else o.input_line)
-    try:
-        from hexicore.app.compose import config_from_overrides
-
-        cfg = config_from_overrides(trial)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise _config_error(exc) from None
+        if key not in GROUPS:
+            sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]
+    cfg = _compose(trial)
+    for i, line in dict.fromkeys(sweeps):  # each other value of a sweep, the rest at their first
+        try:
+            _compose(trial[:i] + [line] + trial[i + 1:])
+        except HexicoreError as exc:
+            raise HexicoreError(f"sweep value {line}: {exc.message}", source="command line", field=exc.field) from None
     from hexicore.app.config_schema import check_config
 
     check_config(cfg)
+
+
+def _compose(overrides: list[str]) -> Any:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hexicore.app.compose import config_from_overrides
+
+    try:
+        return config_from_overrides(overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise _config_error(exc) from None
 
 
 def _config_error(exc: BaseException) -> HexicoreError:
@@ -178,6 +202,7 @@ def _task(command: str) -> Callable:
         log.info("hexicore %s %s", command, " ".join(_job_overrides()))
         try:
             if multirun:
+                _result_file().unlink(missing_ok=True)  # a row left by an earlier sweep in this directory
                 _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
@@ -194,6 +219,8 @@ def _task(command: str) -> Callable:
             if multirun:
                 return _failed_job(command, f"exit status {code}")
             sys.exit(code)
+        if multirun:
+            _ok_job(command)
         return code
 
     return task
@@ -206,6 +233,24 @@ def _job_overrides() -> list[str]:
         return list(HydraConfig.get().overrides.task)
     except ValueError:
         return []
+
+
+def _result_file() -> Any:
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from hexicore.app.sweep import RESULT
+
+    return Path(HydraConfig.get().runtime.output_dir) / RESULT
+
+
+def _ok_job(command: str) -> None:
+    """A successful job whose command recorded no row of its own still gets one in the summary."""
+    from hexicore.app.sweep import record
+
+    if not _result_file().is_file():
+        record({"command": command})
 
 
 def _failed_job(command: str, message: str) -> int:

@@ -79,9 +79,7 @@ class SummaryCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        rows = collect(sweep_dir)
-        if not rows:
-            return
+        rows = collect(sweep_dir) or [{"job": None, "overrides": None, "outcome": "no job recorded a result"}]
         csv_path, md_path = write_summary(sweep_dir, rows)
         from hexicore.app.report import console, rows_table
 

@@ -9,6 +9,7 @@ check (structure + memory) in :func:`hexicore.planner.validate.validate_plan`.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -222,9 +223,20 @@ class Plan:
         """The plan JSON text (``hexicore.plan/1``; :meth:`save` adds the final newline)."""
         return json.dumps(self.to_dict(), indent=indent)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the JSON atomically (a temporary file renamed into place)."""
-        return schema.write_text_atomic(path, self.to_json() + "\n")
+    def save(self, path: str | Path, *, overwrite: bool | None = None) -> Path:
+        """Write the JSON atomically (a temporary file renamed into place). The rules of
+        ``hexicore plan out=`` (:func:`hexicore.core.ownership.check_writable`): an absent path or
+        another plan file is replaced; a directory or any other file is refused with a
+        :class:`HexicoreError` unless ``overwrite=True`` (``overwrite=False`` refuses every existing file)."""
+        from hexicore.core.ownership import check_writable
+
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise HexicoreError(f"expected a file path, got {type(path).__name__} {path!r}", field="path")
+        check_writable(path, "hexicore.plan", overwrite=overwrite, field="path")
+        try:
+            return schema.write_text_atomic(path, self.to_json() + "\n")
+        except OSError as exc:
+            raise HexicoreError(f"cannot write the plan: {exc.strerror or exc}", source=str(path)) from None
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None) -> "Plan":
@@ -233,6 +245,8 @@ class Plan:
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> "Plan":
         """Parse plan JSON text; malformed JSON or a bad field is a one-line :class:`HexicoreError`."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise HexicoreError(f"expected the plan JSON text, got {type(text).__name__}", source=source, field="text")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -243,6 +257,8 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         """Read and structurally check a plan JSON file."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise HexicoreError(f"expected a file path, got {type(path).__name__} {path!r}", field="path")
         return parse_plan(schema.load_json(path, "plan"), str(path))
 
 

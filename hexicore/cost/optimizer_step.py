@@ -51,12 +51,12 @@ def seconds_per_param(blocks: Sequence[BlockTiming], model: Any, tp: int) -> flo
 
 def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]],
                      kept: dict[str, float] | None, held: Callable[[Any, int], list] | None = None) -> float:
-    """``OPT`` of the module docstring for ``plan``; ``blocks_of(gpu type)`` gives the profiled
-    blocks, ``kept`` the ZeRO shards per device (None: whole, or even ``/ dp`` under ZeRO),
+    """``OPT`` of the module docstring for ``plan``; ``blocks_of(device id)`` gives the profiled
+    blocks of the device (its own entry or its GPU type's), ``kept`` the ZeRO shards per device (None: whole, or even ``/ dp`` under ZeRO),
     ``held(pipeline, n_mb)`` per stage the blocks, embeddings and heads it keeps under its
     schedule's placement (the cost model's ``held``; None: stage j's blocks, the embedding
     first, the head last)."""
-    c, m, t = plan.cluster, plan.model, plan.train
+    m, t = plan.model, plan.train
     dp = len(plan.pipelines)
     worst = 0.0
     for p in plan.pipelines:
@@ -65,7 +65,7 @@ def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]
             [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(p.stages)]
         for j, s in enumerate(p.stages):
             for d in s.devices:
-                rate = seconds_per_param(blocks_of(c.device(d).gpu.name), m, s.tp)
+                rate = seconds_per_param(blocks_of(d), m, s.tp)
                 if rate is None:
                     continue
                 if kept is not None:

@@ -4,8 +4,9 @@ cost.profile_file=profile.yaml``; the file is :mod:`hexicore.core.profile`).
 Everything the analytic model (:mod:`hexicore.cost.analytic`) derives from catalog peaks and
 configured links comes from the profile where the profile has it:
 
-* **compute of a stage** = its blocks' forward + backward (+ recompute) seconds measured on the
-  GPU type at the stage's TP degree (+ the head on the last stage), less the fixed cost of an
+* **compute of a stage** = its blocks' forward + backward (+ recompute) seconds measured on each
+  device's own entry (a ``profile.all_devices=true`` profile, keyed by device id) or else its GPU
+  type's, the slowest of the stage's devices (TP waits for it), at the stage's TP degree (+ the head on the last stage), less the fixed cost of an
   action counted once per block where the profile measured it (:meth:`ProfiledCostModel.compute_s`). Micro-batch sizes, sequence
   lengths and block shapes that were not measured are interpolated in FLOPs: the time is taken
   as affine in the block's FLOPs through the two nearest measurements of that TP degree
@@ -156,37 +157,59 @@ class ProfiledCostModel(AnalyticCostModel):
 
     # ---------------------------------------------------------------- compute
     def _blocks(self, gpu: str) -> tuple[BlockTiming, ...]:
+        """The blocks of a profile entry: a device id (``A.0``) or a GPU type (``rtx4090``)."""
         dev = self.profile.devices.get(gpu)
         return dev.blocks if dev is not None else ()
 
-    def _slowest_gpu(self, cluster: Cluster, devices: Sequence[str]) -> str:
+    def _key(self, cluster: Cluster, device: str) -> str:
+        """The profile entry of ``device``: its own (an ``all_devices`` profile), else its GPU type's."""
+        return device if device in self.profile.devices else cluster.device(device).gpu.name
+
+    def _keys(self, cluster: Cluster, devices: Sequence[str]) -> list[str]:
+        return sorted({self._key(cluster, d) for d in devices})
+
+    def _slowest_gpu(self, cluster: Cluster, devices: Sequence[str], model: ModelSpec | None = None,
+                     train: TrainConfig | None = None) -> str:
+        """The entry that governs a group: where a device has its own entry (an ``all_devices``
+        profile), the entry with the slowest measured block (TP waits for it); else the
+        catalog's slowest GPU type."""
+        if model is not None and train is not None and any(d in self.profile.devices for d in devices):
+            timed = [(t, k) for k in self._keys(cluster, devices)
+                     if (t := self._entry_block_s(k, model, train, len(devices))) is not None]
+            if timed:
+                return max(timed)[1]
         return min((cluster.device(d) for d in devices), key=lambda dev: (dev.tflops, dev.id)).gpu.name
 
+    def _entry_block_s(self, key: str, model: ModelSpec, train: TrainConfig, tp: int) -> float | None:
+        """One block's interpolated seconds from profile entry ``key`` at TP ``tp`` (None: no blocks)."""
+        blocks = self._blocks(key)
+        if not blocks:
+            return None
+        same = [b for b in blocks if b.tp == tp]
+        scale = 1.0
+        if not same:
+            near = min({b.tp for b in blocks}, key=lambda t: (abs(t - tp), t))
+            self._note(f"{key}: TP degree {tp} was not profiled; scaled from TP {near} by FLOPs per device")
+            same, scale = [b for b in blocks if b.tp == near], near / tp
+        pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
+        return interpolate(pts, target_flops(model, train)) * scale
+
     def block_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float | None:
-        """Measured seconds of one block on ``devices`` (a TP group), interpolated; None when the
-        profile has no block of the group's GPU types."""
-        tp = len(devices)
-        per_type = []
-        for gpu in sorted({cluster.device(d).gpu.name for d in devices}):
-            blocks = self._blocks(gpu)
-            if not blocks:
-                self._note(f"GPU type {gpu} was not profiled; its compute is the analytic model's")
+        """Measured seconds of one block on ``devices`` (a TP group), interpolated: the slowest of
+        the group's profile entries (each device's own, else its GPU type's); None when one of
+        them was not profiled."""
+        per_entry = []
+        for key in self._keys(cluster, devices):
+            t = self._entry_block_s(key, model, train, len(devices))
+            if t is None:
+                what = f"device {key}" if key in devices else f"GPU type {key}"
+                self._note(f"{what} was not profiled; its compute is the analytic model's")
                 return None
-            same = [b for b in blocks if b.tp == tp]
-            if not same:
-                near = min({b.tp for b in blocks}, key=lambda t: (abs(t - tp), t))
-                self._note(f"{gpu}: TP degree {tp} was not profiled; scaled from TP {near} by FLOPs per device")
-                same = [b for b in blocks if b.tp == near]
-                scale = near / tp
-            else:
-                scale = 1.0
-            pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
-            per_type.append(interpolate(pts, target_flops(model, train)) * scale)
-        return max(per_type)
+            per_entry.append(t)
+        return max(per_entry)
 
     def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float:
-        gpu = self._slowest_gpu(cluster, devices)
-        dev = self.profile.devices.get(gpu)
+        dev = self.profile.devices.get(self._slowest_gpu(cluster, devices, model, train))
         tokens = train.micro_batch * train.seq_len
         if dev is None or dev.head is None:
             k = 4.0 if train.recompute else 3.0
@@ -204,7 +227,7 @@ class ProfiledCostModel(AnalyticCostModel):
         if len(devices) > 1:
             return 0.0
         worst = 0.0
-        for gpu in {cluster.device(d).gpu.name for d in devices}:
+        for gpu in self._keys(cluster, devices):
             blocks = self._blocks(gpu)
             if blocks:
                 low = min(b.tp for b in blocks)
@@ -237,7 +260,7 @@ class ProfiledCostModel(AnalyticCostModel):
         """The forward's share of a stage's compute (:mod:`hexicore.cost.split`): measured, the
         blocks' forward seconds over forward + backward (+ recompute) of the slowest GPU type at
         the nearest profiled TP degree; App. A's 1/3 (1/4) where that type was not profiled."""
-        blocks = self._blocks(self._slowest_gpu(cluster, devices))
+        blocks = self._blocks(self._slowest_gpu(cluster, devices, model, train))
         if not blocks:
             return compute_forward_fraction(train.recompute)
         near = min({b.tp for b in blocks}, key=lambda t: (abs(t - len(devices)), t))
@@ -249,8 +272,7 @@ class ProfiledCostModel(AnalyticCostModel):
                   n_layers: int) -> float:
         """Zero where the blocks were measured at this TP degree (inside their times), else App. A
         on the measured links."""
-        gpus = {cluster.device(d).gpu.name for d in devices}
-        if all(any(b.tp == len(devices) for b in self._blocks(g)) for g in gpus):
+        if all(any(b.tp == len(devices) for b in self._blocks(g)) for g in self._keys(cluster, devices)):
             return 0.0
         return super().tp_comm_s(self.measured(cluster), model, train, devices, n_layers)
 
@@ -275,7 +297,8 @@ class ProfiledCostModel(AnalyticCostModel):
 
     def optimizer_s(self, plan: Any) -> float:
         """The slowest rank's measured optimizer step (0 where the profile has none)."""
-        return optimizer_step_s(plan, self._blocks, self.kept_params(plan), self.held)
+        return optimizer_step_s(plan, lambda d: self._blocks(self._key(plan.cluster, d)), self.kept_params(plan),
+                                self.held)
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if cfg.get("out"):
-        plan.save(str(cfg.out))
+        plan.save(str(cfg.out), overwrite=cfg.get("overwrite"))
         print(f"plan written to {cfg.out}")
     return 0
 

@@ -33,7 +33,7 @@ def run(cfg: DictConfig) -> int:
             bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
 
         plan, warnings = app.solve(cfg, registry, progress)
-    plan.save(out)
+    plan.save(out, overwrite=cfg.get("overwrite"))
     picture = save_plan_picture(plan, out.with_suffix(".png"))
     print_plan(plan, console())
     table = memory_table(plan, app.memory_cost(cfg, registry))

@@ -12,6 +12,8 @@ all-reduce per group size. Seconds are wall seconds, ``emulate: {slowdown: K}`` 
 from __future__ import annotations
 
 import os
+from collections import Counter
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,13 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
 from hexicore.core.profile import Profile
+from hexicore.core.cluster import Cluster
 from hexicore.core.profile_request import ProfileRequest
 from hexicore.registry import Registry
 
 SRC = "command line"
+#: ``profile.allreduce_groups`` as shipped (conf/config.yaml): trimmed to the cluster, never refused
+DEFAULT_GROUPS = next(f.default for f in fields(ProfileRequest) if f.name == "allreduce_groups")
 
 
 def _ints(value: Any, field: str, minimum: int = 1, *, limit: int, what: str) -> tuple[int, ...]:
@@ -47,6 +52,24 @@ def _int(value: Any, field: str, minimum: int, *, limit: int, what: str) -> int:
     return v
 
 
+def allreduce_groups(value: Any, cluster: Cluster) -> tuple[int, ...]:
+    """``profile.allreduce_groups``: group sizes no larger than the largest all-reduce the cluster
+    forms (the devices of one machine, or of two alternating); a larger one is refused. The
+    default list is trimmed to the cluster instead (a small cluster measures the sizes it has)."""
+    field = "profile.allreduce_groups"
+    groups = _ints(value, field, 2, limit=limits.MAX_DEVICES, what="GPUs")
+    counts = list(Counter(d.machine for d in cluster.devices).values())
+    most = max([*counts, *(2 * min(a, b) for i, a in enumerate(counts) for b in counts[i + 1:])], default=0)
+    if groups == DEFAULT_GROUPS:
+        return tuple(g for g in groups if g <= most)
+    for i, g in enumerate(groups):
+        if g > most:
+            raise HexicoreError(f"a group of {g} GPUs is larger than any all-reduce cluster {cluster.name!r} forms "
+                                f"(at most {most} devices: one machine's, or two machines' alternating)",
+                                source=SRC, field=f"{field}[{i}]")
+    return groups
+
+
 def request_from_config(cfg: DictConfig) -> ProfileRequest:
     """The cluster, model and ``profile.*`` keys, checked (one line naming the key)."""
     p = cfg.get("profile") or {}
@@ -55,16 +78,16 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
     seq = p.get("seq_len") if p.get("seq_len") is not None else t.get("seq_len")
     seq_len = _int(seq, "profile.seq_len", 1, limit=limits.MAX_SEQ_LEN, what="tokens") if seq is not None \
         else model.seq_len
+    cluster = app.load_cluster(cfg)
     return ProfileRequest(
-        cluster=app.load_cluster(cfg), model=model,
+        cluster=cluster, model=model,
         micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches", limit=limits.MAX_GLOBAL_BATCH,
                             what="sequences"),
         tp=_ints(p.get("tp"), "profile.tp", limit=limits.MAX_DEVICES, what="GPUs"),
         seq_len=seq_len, dtype=str(t.get("dtype", "bf16")), all_devices=bool(p.get("all_devices")),
         repeats=_int(p.get("repeats"), "profile.repeats", 1, limit=limits.MAX_REPEATS, what="repeats"),
         link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4, limit=limits.MAX_MESSAGE_BYTES, what="bytes"),
-        allreduce_groups=_ints(p.get("allreduce_groups"), "profile.allreduce_groups", 2, limit=limits.MAX_DEVICES,
-                               what="GPUs"),
+        allreduce_groups=allreduce_groups(p.get("allreduce_groups"), cluster),
         allreduce_bytes=_int(p.get("allreduce_bytes"), "profile.allreduce_bytes", 4, limit=limits.MAX_MESSAGE_BYTES,
                              what="bytes"),
         seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),

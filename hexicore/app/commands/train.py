@@ -14,6 +14,7 @@ this process is one of the workers (see ``docs/runtime.md`` for the multi-node c
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +23,7 @@ from omegaconf import DictConfig
 
 from hexicore.app.compose import output_dir
 from hexicore.app.report import console, prediction_table
+from hexicore.app.sweep import record
 from hexicore.app.training import build_run_spec, create_runtime
 from hexicore.core import schema
 from hexicore.core.ownership import check_run_dir, clear_checkpoints
@@ -47,6 +49,7 @@ def train(cfg: DictConfig, registry: Registry) -> int:
         print(f"hexicore: error: {exc}", file=sys.stderr)
         return 1
     if metrics:
+        record(result_row(metrics, spec, out))
         print(summary_line(metrics, out))
         table = prediction_table(metrics.get("predicted"), metrics.get("measured"))
         if table is not None:
@@ -74,6 +77,17 @@ def prepare_out(out: str, resume: Any, overwrite: bool | None, folders: tuple[st
             for pattern in LEFTOVERS:  # a killed save under a fixed temporary name
                 for f in folder.glob(pattern):
                     f.unlink(missing_ok=True)
+
+
+def result_row(m: Mapping[str, Any], spec: Any, out: str) -> dict[str, Any]:
+    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``."""
+    losses, step_s = list(m.get("losses") or []), list(m.get("step_s") or [])
+    t = spec.train
+    return {"command": "train", "model": spec.model.name, "schedule": m.get("schedule"), "ranks": m.get("ranks"),
+            "steps": len(losses), "global_batch": t.global_batch, "micro_batch": t.micro_batch,
+            "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
+            "step_s": statistics.median(step_s) if step_s else None, "tokens_per_s": m.get("tokens_per_s"),
+            "out": out}
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

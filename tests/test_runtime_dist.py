@@ -148,7 +148,8 @@ def test_cli_under_torchrun_then_parallel_none_resumes_its_checkpoint(tmp_path, 
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "trained 4 steps (hanayo, 2 ranks)" in run.stdout
-    code, io = cli([*TRAIN, "parallel=none", f"out={b}", f"resume={a}"], capsys)
+    assert sorted(x.name for x in (a / "checkpoints").iterdir()) == ["step_2", "step_4"]  # the last step too
+    code, io = cli([*TRAIN, "parallel=none", f"out={b}", f"resume={a / 'checkpoints' / 'step_2'}"], capsys)
     assert code == 0, io.err
     code, io = cli([*TRAIN, "parallel=none", f"out={c}"], capsys)
     assert code == 0, io.err

@@ -177,8 +177,7 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     replicates (norms, row-parallel biases, embedding, head) are synced among every TP rank
     (:func:`every_rank`), the rest in HexiScale §3.2's chunks."""
     pipes = plan.pipelines
-    probe = getattr(cost, "pipeline_placement", None)
-    pls = [probe(p, p.n_micro_batches(plan.train.micro_batch)) if probe is not None else None for p in pipes]
+    pls = [placement_of(cost, plan, p) for p in pipes]
     copies = [pl is not None and any(len(pl.holders(j)) > 1 for j in range(len(pl.ranks))) for pl in pls]
     if len(pipes) <= 1 and not any(copies):  # nothing to sync but a tied embedding's copies
         return stage_sums(cost, plan, pls, lambda i, k: (0.0, 0.0), {}, None) if tied_holders(cost, plan) else {}

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hexicore.app.results import SimulationResult
+from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
@@ -58,9 +59,7 @@ def _name(value: Any, arg: str) -> str | None:
 
 
 def _path(value: Any, arg: str) -> Path | None:
-    if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
-        raise HexicoreError(f"expected a file path, got {type(value).__name__} {value!r}", field=arg)
-    return None if value is None else Path(value)
+    return None if value is None else schema.path_arg(value, arg)
 
 
 def _number(value: Any, arg: str, *, whole: bool = False) -> Any:

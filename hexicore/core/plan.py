@@ -9,7 +9,6 @@ check (structure + memory) in :func:`hexicore.planner.validate.validate_plan`.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -230,9 +229,7 @@ class Plan:
         :class:`HexicoreError` unless ``overwrite=True`` (``overwrite=False`` refuses every existing file)."""
         from hexicore.core.ownership import check_writable
 
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise HexicoreError(f"expected a file path, got {type(path).__name__} {path!r}", field="path")
-        check_writable(path, "hexicore.plan", overwrite=overwrite, field="path")
+        check_writable(schema.path_arg(path, "path"), "hexicore.plan", overwrite=overwrite, field="path")
         try:
             return schema.write_text_atomic(path, self.to_json() + "\n")
         except OSError as exc:
@@ -257,9 +254,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         """Read and structurally check a plan JSON file."""
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise HexicoreError(f"expected a file path, got {type(path).__name__} {path!r}", field="path")
-        return parse_plan(schema.load_json(path, "plan"), str(path))
+        return parse_plan(schema.load_json(schema.path_arg(path, "path"), "plan"), str(path))
 
 
 #: a plan JSON's top-level fields (docs/formats.md); anything else is refused, never ignored

@@ -112,6 +112,14 @@ def string(value: Any, source: str | None, field: str) -> str:
     return value
 
 
+def path_arg(value: Any, field: str) -> Path:
+    """A library argument that names a file: a non-empty ``str`` or path-like, else one line
+    naming the argument ``field``."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise HexicoreError(f"expected a file path, got {type(value).__name__} {value!r}", field=field)
+    return Path(value)
+
+
 def read_text(path: str | Path, what: str) -> str:
     """A file's non-empty text; a missing, unreadable or empty file is a one-line error."""
     path = Path(path)

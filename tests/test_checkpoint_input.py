@@ -102,6 +102,15 @@ def test_resume_refuses_nothing_to_train_another_batch_or_seq_len(ref, tmp_path,
     one_line_exit_2(code, capsys, "train.seq_len")
 
 
+def test_a_fault_before_the_resumed_step_is_refused(ref, tmp_path, capsys, no_launch):
+    ck = ref / "checkpoints" / "step_1"  # the resumed run trains step 1 only (train.steps=2)
+    capsys.readouterr()
+    code = run_cli([*TRAIN, "train.steps=2", "runtime.fault={rank: 0, step: 0, kind: die}", f"resume={ck}",
+                    f"out={tmp_path / 'o'}"])
+    one_line_exit_2(code, capsys, "runtime.fault.step", "steps 1 to 1 (resumed at step 1)")
+    assert not (tmp_path / "o").exists()
+
+
 def test_model_difference_shows_every_field():
     from hexicore.core.errors import HexicoreError
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume

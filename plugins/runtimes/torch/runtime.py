@@ -92,15 +92,17 @@ def parse_fault(raw: Any) -> dict[str, Any] | None:
     return {"rank": rank, "step": step, "kind": kind}
 
 
-def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int) -> None:
-    """A fault must hit a rank of the run (``0 .. world-1``) at one of its steps (``0 .. steps-1``)."""
+def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int, start: int = 0) -> None:
+    """A fault must hit a rank of the run (``0 .. world-1``) at one of the steps it trains
+    (``start .. steps-1``; ``start``: the step a resumed run begins at)."""
     if fault is None:
         return
     if fault["rank"] >= world:
         raise HexicoreError(f"no rank {fault['rank']} in this run: its ranks are 0 to {world - 1}",
                             field="runtime.fault.rank")
-    if fault["step"] >= steps:
-        raise HexicoreError(f"step {fault['step']} is never reached: train.steps={steps} runs steps 0 to {steps - 1}",
+    if not start <= fault["step"] < steps:
+        raise HexicoreError(f"step {fault['step']} is never reached: this run trains steps {start} to {steps - 1}"
+                            + (f" (resumed at step {start})" if start else f" (train.steps={steps})"),
                             field="runtime.fault.step")
 
 
@@ -144,7 +146,6 @@ class TorchRuntime:
         settings = TorchSettings.parse(spec.runtime.params)
         layout = self.layout(spec, registry=registry)
         t = spec.train
-        check_fault(settings.fault, layout.world, t.steps)
         resume = t.resume
         if resume:
             from . import checkpoint
@@ -160,8 +161,8 @@ class TorchRuntime:
         init_from = None
         if t.init_from and not resume:
             init_from = check_init_from(t.init_from, layout)
-        if resume:
-            _check_resume(resume, layout, t.seed, data_id, t.steps)
+        check_fault(settings.fault, layout.world, t.steps,
+                    _check_resume(resume, layout, t.seed, data_id, t.steps) if resume else 0)
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         slowdown, predicted = (), None
@@ -241,9 +242,10 @@ def check_init_from(folder: str, layout: Layout) -> str:
     return str(Path(folder).resolve())
 
 
-def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int) -> None:
+def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int) -> int:
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
-    sequence length; steps left to train) and its tensors are the model's (headers only)."""
+    sequence length; steps left to train) and its tensors are the model's (headers only); the
+    step the resumed run starts at."""
     import sys
 
     from . import checkpoint
@@ -256,6 +258,7 @@ def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any
     checkpoint.check_tensors(ck, full_shapes(layout.model), tied=layout.model.tied_embeddings)
     if note:
         print(note, file=sys.stderr)
+    return int(ck["step"])
 
 
 def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:

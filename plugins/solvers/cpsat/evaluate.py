@@ -13,6 +13,7 @@ from typing import Sequence
 
 from .formulation import stage_slopes, throughput_bound
 from .tables import Tables
+from .tied import tied_value
 
 Rows = Sequence[tuple[int, Sequence[tuple[int, int]]]]  # (micro-batches, [(option, blocks), ...])
 
@@ -44,9 +45,9 @@ def model_value(tab: Tables, machines: dict[str, int], n_mb: int, rows: Rows) ->
             u.append(stage + hop)
         pipes.append(sum(u) + (n - 1) * max(u))
     T = max(max(pipes), throughput_bound(tab, machines, n_mb))
-    v = len(rows)
+    v, tied = len(rows), tied_value(tab, rows)
     if v <= 1:
-        return T
+        return T + tied
     L = tab.layers
     holder = []
     for _, row in rows:
@@ -61,7 +62,8 @@ def model_value(tab: Tables, machines: dict[str, int], n_mb: int, rows: Rows) ->
     for _, row in rows:
         lo = 0
         for j, (o, blocks) in enumerate(row):
-            t = sum(D[lo:lo + blocks]) + (E if j == 0 else 0) + (H if j == len(row) - 1 else 0)
+            ends = j == 0 or j == len(row) - 1
+            t = sum(D[lo:lo + blocks]) + (E if j == 0 else 0) + (H if j == len(row) - 1 else 0) + (tied if ends else 0)
             dp = max(dp, t)
             lo += blocks
     return T + dp

@@ -23,7 +23,7 @@ Objective (integer time units, :mod:`.tables`), App. A ``max_i PIPELINE-TIME(i) 
   ``D[k] >= 2 sum_{o'} N[k,o'] g_v[o,o'] - g_v[o,o]`` for every option o present at block k when
   v pipelines exist (``N[k,o]`` = pipelines whose replica of block k runs on option o), i.e.
   COMM-DP-LAYER written per peer; ``DP >= sum_{k in stage} D[k]`` (+ embedding / head terms on
-  first / last stages); minimise ``T + DP``.
+  first / last stages, and a tied embedding's group ring on both, :mod:`.tied`); minimise ``T + DP``.
 
 Simplifications (each makes the model a *lower* approximation, so bounds stay valid):
   * times are floored to whole time units, and STAGE is the table's largest affine minorant in
@@ -49,6 +49,7 @@ from typing import Sequence
 from ortools.sat.python import cp_model
 
 from .tables import Tables
+from .tied import tied_bound, tied_term
 
 
 @dataclass
@@ -319,8 +320,11 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
     """COMM-DP of App. A, per peer (see the module docstring)."""
     P, K, L = len(slots), len(tab.options), tab.layers
     opts = range(1, K + 1)
+    tied = tied_term(m, tab, f, used, last)  # a tied embedding's group: first and last stages
+    if tied is not None:
+        f.parts["TIED"] = tied
     if P <= 1:
-        return 0
+        return 0 if tied is None else tied
     count = {}
     for v in range(1, P + 1):
         count[v] = m.new_bool_var(f"npipe{v}")
@@ -360,7 +364,7 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
     H = _peer_sum(m, tab, tab.dp_pair_head, head_counts, _presence(m, head_counts, P, "ph"), multi,
                   ub(tab.dp_pair_head), "Hd")
     f.parts.update({"E": E, "H": H, **{f"D{k}": D[k] for k in D}})
-    d_ub = L * ub(tab.dp_pair) + ub(tab.dp_pair_emb) + ub(tab.dp_pair_head)
+    d_ub = L * ub(tab.dp_pair) + ub(tab.dp_pair_emb) + ub(tab.dp_pair_head) + tied_bound(tab)
     if tab.ceiling is not None:
         d_ub = min(d_ub, tab.ceiling)
     DP = m.new_int_var(0, d_ub, "DP")
@@ -371,7 +375,7 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
                 v = m.new_int_var(0, ub(tab.dp_pair), f"v{i}_{j}_{k}")
                 m.add(v >= D[k]).only_enforce_if(z[i, j, k])  # lower bounds suffice: DP is minimised
                 share.append(v)
-            base = sum(share) + (E if j == 0 else 0)
+            base = sum(share) + ((E + (tied if tied is not None else 0)) if j == 0 else 0)
             m.add(DP >= base)
-            m.add(DP >= base + H).only_enforce_if(last[i, j])
+            m.add(DP >= base + H + (tied if tied is not None and j > 0 else 0)).only_enforce_if(last[i, j])
     return DP

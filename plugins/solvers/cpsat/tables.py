@@ -24,6 +24,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
 from hexicore.planner.problem import Problem
 
+from .tied import tied_pairs
+
 
 #: Largest integer magnitude the model may meet (objective upper bound). CP-SAT 9.15's presolve
 #: returned wrong "OPTIMAL" answers on this model with magnitudes around 1e10 (tiny models in
@@ -45,7 +47,8 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
     params = max(m.layer_params(), m.embedding_params(), m.head_params())
     dp = max(problem.cost.dp_layer_s(c, [Stage(a.devices[:1], 1, (0, 1)), Stage(b.devices[-1:], 1, (0, 1))],
                                      params, t.dtype_bytes) for a in options for b in options)
-    top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 2) * dp * max(o.tp for o in options)
+    # + a tied embedding's group ring (:mod:`.tied`): about 2 (n alpha + V H B / beta) over n members
+    top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 4) * dp * max(o.tp for o in options)
     return 10.0 ** math.ceil(math.log10(max(top, 1e-300) / MAX_MAGNITUDE))
 
 
@@ -101,7 +104,8 @@ class Tables:
     ``cap[o][first][last][f]``    most blocks a stage of o can hold with f micro-batches in flight;
     ``in_flight[P][j][n]``        micro-batches stage j of a P-stage pipeline holds (n per pipeline);
     ``dp_pair[v][o][o2]``         one peer's share of COMM-DP-LAYER (v pipelines), blocks;
-    ``dp_pair_emb``/``dp_pair_head`` the same for the embedding and the head;
+    ``dp_pair_emb``/``dp_pair_head`` the same for the embedding and the head (a tied
+                                  embedding's ``vocab x hidden``: not here, ``tied_pair``);
     ``ceiling``                   with a known plan: an integer above its estimate; no optimal
                                   plan has a stage, pipeline or DP time above it (None: unknown);
     ``dp_latency[o][o2]``         the latency part ``2 alpha`` of one peer term (each further
@@ -124,6 +128,7 @@ class Tables:
     dp_pair_head: tuple
     dp_latency: tuple
     ceiling: int | None = None
+    tied_pair: tuple | None = None  # ``[n][o][o2]``: a tied embedding group's peer term (:mod:`.tied`)
 
 
 def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
@@ -221,13 +226,15 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
                                  for b in range(len(opts))) for a in range(len(opts)))
                      for v in range(max_pipelines + 1))
 
+    own = m.embedding_params() - (m.vocab * m.hidden if m.tied_embeddings else 0)  # a tied one: its group's
     return Tables(
         options=tuple(options), unit=unit, layers=L, max_pipelines=max_pipelines, max_stages=max_stages,
         stage=tuple(_stage_table(problem, o, to_us) for o in opts),
         hop=tuple(tuple(r) for r in hop),
         cap=tuple(_cap_table(problem, o, max_flight, extra=1 if blocked else 0) for o in opts),
         in_flight=tuple(tuple(tuple(r) for r in rows) for rows in in_flight),
-        dp_pair=pair(m.layer_params()), dp_pair_emb=pair(m.embedding_params()), dp_pair_head=pair(m.head_params()),
+        dp_pair=pair(m.layer_params()), dp_pair_head=pair(m.head_params()),
+        dp_pair_emb=pair(own) if own else pair(0.0)[:1] * (max_pipelines + 1),  # none left: no ring at all
         dp_latency=pair(0.0)[min(2, max_pipelines)],
-        ceiling=ceiling,
+        ceiling=ceiling, tied_pair=tied_pairs(problem, options, pools, max_pipelines, to_us),
     )

@@ -157,3 +157,30 @@ def test_prepare_data_replaces_its_own_token_file(corpus, capsys):
     capsys.readouterr()
     tf = TokenFile.open(d / "f.bin")
     assert tf.max_id == int(tf.array().max())
+
+
+def test_only_the_launcher_scans_a_token_file_without_a_valid_max_id(tmp_path, monkeypatch):
+    """``prepare`` (the launching process) scans the ids once and tells its workers so: a worker
+    opening the file does not scan it again, and a spec made without that check still does."""
+    pytest.importorskip("torch")
+    from hexicore.core.token_file import write_sidecar
+    from hexicore_plugins.runtimes.torch.data import make_source
+
+    path = tmp_path / "t.bin"
+    np.array([1, 2, 3, 4] * 20, dtype=np.uint16).tofile(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 5, "tokens": 80})  # no max_id: ids must be scanned
+    scans = []
+    monkeypatch.setattr(TokenFile, "scan_max", lambda self: scans.append(1) or 4)
+    common = dict(vocab=256, seq_len=8, global_batch=2, seed=0, path=str(path))
+    make_source("tokens", **common)
+    assert len(scans) == 1
+    src = make_source("tokens", **common, check_ids=False)
+    assert len(scans) == 1 and src.batch(0).shape == (2, 9)
+    import hexicore_plugins.runtimes.torch.launch as launch_mod
+
+    jobs = []
+    monkeypatch.setattr(launch_mod, "launch", lambda specs, *a, **k: jobs.extend(specs) or [None])
+    run_cli(["train", "model=tiny", "parallel=none", "train.steps=1", "train.global_batch=2", "train.seq_len=8",
+             "runtime.data=tokens", f"runtime.data_file={path}", "runtime.progress=false",
+             f"out={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'h'}"])
+    assert len(scans) == 2 and len(jobs) == 1 and jobs[0].data_checked  # the launcher scanned; its workers will not

@@ -95,11 +95,14 @@ class TokenFile:
         """The ids, memory-mapped read-only."""
         return np.memmap(self.path, dtype=DTYPES[self.dtype], mode="r", shape=(self.tokens,))
 
-    def check(self, model_vocab: int, seq_len: int) -> None:
-        """Refuse ids the model cannot embed and files shorter than one window (one line each)."""
+    def check(self, model_vocab: int, seq_len: int, ids: bool = True) -> None:
+        """Refuse files shorter than one window and (``ids``) ids the model cannot embed (one
+        line each); the ids are scanned when the sidecar has no valid ``max_id``."""
         if self.tokens < seq_len + 2:
             raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than a sequence of {seq_len + 1}",
                                 source=self.path, field="runtime.data_file")
+        if not ids:
+            return
         top = self.max_id if self.max_id is not None else self.scan_max()
         if top >= model_vocab:
             raise HexicoreError(f"token id {top} is outside the model's vocabulary of {model_vocab}",

@@ -73,14 +73,15 @@ class TokenData:
     ids; the step's window starts are a pure function of ``(seed, step)``
     (:func:`~hexicore.core.token_file.window_starts`), and only rows ``[lo, hi)`` are read."""
 
-    def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int):
+    def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int,
+                 check_ids: bool = True):
         from hexicore.core.token_file import TokenFile
 
         if not path:
             raise HexicoreError("runtime.data=tokens needs runtime.data_file=X.bin (hexicore prepare-data writes it)",
                                 field="runtime.data_file")
         self.file = TokenFile.open(path)
-        self.file.check(vocab, seq_len)
+        self.file.check(vocab, seq_len, ids=check_ids)
         self.data = self.file.array()
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
 
@@ -92,11 +93,13 @@ class TokenData:
         return torch.from_numpy(windows(self.data, starts, width))
 
 
-def make_source(kind: str, *, vocab: int, seq_len: int, global_batch: int, seed: int, path: str | None = None):
+def make_source(kind: str, *, vocab: int, seq_len: int, global_batch: int, seed: int, path: str | None = None,
+                check_ids: bool = True):
     """``kind``: ``synthetic``, ``text`` (byte level; ``path`` or the shipped demo file) or
-    ``tokens`` (a ``hexicore.tokens/1`` file at ``path``; ids checked against ``vocab``)."""
+    ``tokens`` (a ``hexicore.tokens/1`` file at ``path``; ids checked against ``vocab`` unless
+    ``check_ids`` is false: a worker whose launcher checked them)."""
     if kind == "tokens":
-        return TokenData(path, vocab, seq_len, global_batch, seed)
+        return TokenData(path, vocab, seq_len, global_batch, seed, check_ids)
     if kind == "synthetic":
         return SyntheticTokens(vocab, seq_len, global_batch, seed)
     if kind == "text":

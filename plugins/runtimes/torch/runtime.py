@@ -170,12 +170,14 @@ class TorchRuntime:
             pl = spec.layout.plan
             slowdown = tuple(pl.cluster.slowdown(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
-        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout, steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out,
-                          resume=resume, checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
+        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout,
+                          steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out, resume=resume,
+                          checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
                           init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
+                          data_checked=True,
                           slowdown=slowdown if any(k != 1.0 for k in slowdown) else (), predicted=predicted)
 
     def profile(self, request: Any) -> Any:

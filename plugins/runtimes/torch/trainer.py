@@ -55,6 +55,7 @@ class WorkerSpec:
     init_from: str | None = None  # a Hugging Face checkpoint directory (each rank reads its slices)
     shard_bytes: int = 5 * 2**30  # final/ is sharded per stage above this many bytes
     data_id: dict[str, Any] | None = None  # what resuming must match (data kind, file, size)
+    data_checked: bool = False  # the launcher checked the token file's ids: workers do not scan it again
     checkpoint_every: int = 0
     timeout_s: float = 120.0
     backend: str = "auto"
@@ -132,7 +133,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     stages, executor, optimizer, rows, blank = _build_rank(spec, groups, weights, ck, rank, device)
     _record_reads(spec, weights, rank)
     source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
-                         global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file)
+                         global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
+                         check_ids=not spec.data_checked)
     start = int(ck["step"]) if ck else 0
     losses = [float(x) for x in ck["losses"]][:start] if ck else []
     step_s = [float(x) for x in ck.get("step_s", [])][:start] if ck else []

@@ -350,3 +350,26 @@ def test_model_value_prices_the_tied_embedding_group_like_the_cost_model():
         est = p.cost.estimate(plan)
         value = model_value(tab, {"A": 4, "B": 2}, 4, plan_rows(p, plan, options)) * tab.unit
         assert est.iteration_s * (1 - 1e-3) <= value <= est.iteration_s, [s.devices for q in pipes for s in q.stages]
+
+
+def test_devices_a_cost_model_prices_differently_give_a_valid_bound_not_optimal():
+    """A per-device profile with one machine's devices at different speeds: the model prices
+    each option at the machine's fastest devices (a valid bound; those devices handed out first)
+    and does not call its plan OPTIMAL, since it cannot tell the machine's devices apart."""
+    from hexicore.core.profile import parse_profile
+    from hexicore.cost.profiled import ProfiledCostModel
+
+    def entry(k):
+        return {"blocks": [{"micro_batch": 1, "tp": 1, "seq_len": 32, "hidden": 64, "ffn": 176, "heads": 4,
+                            "kv_heads": 2, "forward_s": 0.01 * k, "backward_s": 0.02 * k}]}
+
+    c = cluster([("M", "rtx4090", 3, 32)])
+    prof = parse_profile({"format": "hexicore.profile/1", "devices": {"M.0": entry(5), "M.1": entry(1), "M.2": entry(1)},
+                          "links": [{"between": ["M", "M"], "latency_s": 1e-5, "bandwidth_gbs": 20.0}]}, "p.yaml")
+    p = problem(c, replace(model_preset("tiny"), layers=4), 4, cost=ProfiledCostModel(profile=prof))
+    best = brute_force(p)
+    plan = solve(p)
+    assert plan.solver["status"] == "FEASIBLE"
+    assert plan.solver["bound"] <= best <= p.cost.estimate(plan).iteration_s
+    if len(plan.devices) < 3:  # a device left idle is the slow one
+        assert "M.0" not in plan.devices

@@ -13,7 +13,9 @@ table entry and every simplification under-estimates the cost model, so ``bound`
 lower bound of the estimate of every plan in the modelled space (stages inside one machine,
 power-of-two TP). With a cost model whose ``pipeline_timer`` replaces the 1F1B formula the
 model prices another schedule than the estimate does: the status is then ``FEASIBLE`` and
-``bound`` is null.
+``bound`` is null. Where the cost model prices the devices of one machine differently (a
+per-device profile), the model sees each machine's devices as its fastest ones: ``bound`` stays
+valid, the status is ``FEASIBLE`` (the plan is the model's optimum, not a proven optimal plan).
 
 When the time limit stops CP-SAT before it reports any plan, the start plan it was given (the
 warm start or the greedy plan of :mod:`.hint`) is returned as ``FEASIBLE`` with the bound proven
@@ -26,6 +28,7 @@ re-optimised, exactly; the bound is then over plans with those groups.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +39,9 @@ from hexicore.core.plan import Plan
 from hexicore.planner.allocation import allocate
 from hexicore.planner.problem import Problem, Progress, no_progress
 
-from .tables import Option, build_tables, stage_options
+from .tables import Option, build_tables, stage_options, uneven_machines
+
+log = logging.getLogger("hexicore")
 
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -169,8 +174,13 @@ class CpSatSolver:
                 for i in range(len(form.slots))) if n > 0]
         objective = model_value(tables, machines, n_mb, rows)
         exact = getattr(problem.cost, "pipeline_timer", None) is None
+        uneven = uneven_machines(problem)
+        if uneven and name == "OPTIMAL":
+            log.warning("cpsat: the cost model prices the devices of %s differently; the model sees each machine's "
+                        "devices as its fastest, so its optimum is a bound, not an optimal plan (status FEASIBLE)",
+                        ", ".join(uneven))
         info: dict[str, Any] = {
-            "status": name if exact else "FEASIBLE",
+            "status": name if exact and not uneven else "FEASIBLE",
             "objective": objective * tables.unit,
             "bound": solver.best_objective_bound * tables.unit if exact else None,
             "params": {"time_limit": limit, "workers": int(self.workers), "seed": int(seed),

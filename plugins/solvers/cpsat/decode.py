@@ -1,7 +1,8 @@
 """From a CP-SAT solution to a :class:`hexicore.core.plan.Plan`: device ids are assigned here.
 
-The model decides per stage only ``(machine, tp)``; the devices of a machine are handed out in
-cluster order (any assignment prices the same: identical devices, one link per machine pair).
+The model decides per stage only ``(machine, tp)``; the devices of a machine are handed out
+fastest first (:func:`.tables.machine_pools`; identical devices in cluster order, where any
+assignment prices the same: one link per machine pair).
 In fix_groups mode the warm-start plan's own device groups are kept instead.
 """
 

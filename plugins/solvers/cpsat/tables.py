@@ -41,8 +41,9 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
     c, m, t = problem.cluster, problem.model, problem.train
     n_mb, L = t.global_batch // t.micro_batch, m.layers
     stage = max(problem.cost.stage_s(c, m, t, o.devices, L, first=True, last=True) for o in options)
+    sizes = {name: len(devs) for name, devs in machine_pools(problem).items()}
     hop = max(problem.cost.hop_s(c, m, t, a.devices, b.devices) for a in options for b in options
-              if a.machine != b.machine or a.tp + b.tp <= len(machine_pools(problem)[a.machine])) \
+              if a.machine != b.machine or a.tp + b.tp <= sizes[a.machine]) \
         if len(options) > 1 else 0.0
     params = max(m.layer_params(), m.embedding_params(), m.head_params())
     dp = max(problem.cost.dp_layer_s(c, [Stage(a.devices[:1], 1, (0, 1)), Stage(b.devices[-1:], 1, (0, 1))],
@@ -74,11 +75,31 @@ def tp_degrees(problem: Problem, available: int) -> list[int]:
 
 
 def machine_pools(problem: Problem) -> dict[str, list[str]]:
-    """Usable device ids per machine, in cluster order."""
+    """Usable device ids per machine, fastest first (:func:`device_speeds`; equal ones in
+    cluster order). An option's representatives are its machine's fastest devices, so where a
+    cost model prices a machine's devices differently (a per-device profile) every table entry
+    is still at most the cost of any group of that size there: the bound stays valid."""
+    speed = device_speeds(problem)
     pools: dict[str, list[str]] = {}
     for d in problem.cluster.devices:
         pools.setdefault(d.machine, []).append(d.id)
-    return pools
+    return {name: sorted(devs, key=speed.__getitem__) for name, devs in pools.items()}
+
+
+def device_speeds(problem: Problem) -> dict[str, float]:
+    """The cost model's time of one block on each device alone (its own profile entry, where it
+    has one; the analytic model prices every device of a GPU type alike)."""
+    c, m, t = problem.cluster, problem.model, problem.train
+    return {d.id: problem.cost.stage_s(c, m, t, (d.id,), 1) for d in c.devices}
+
+
+def uneven_machines(problem: Problem) -> list[str]:
+    """Machines whose devices the cost model prices differently: the model sees each of them as
+    devices like its fastest, so its optimum is a bound, not a proven optimal plan."""
+    speed, out = device_speeds(problem), {}
+    for d in problem.cluster.devices:
+        out.setdefault(d.machine, set()).add(speed[d.id])
+    return [name for name, v in out.items() if len(v) > 1]
 
 
 def stage_options(problem: Problem) -> list[Option]:
@@ -159,7 +180,8 @@ def _cap_table(problem: Problem, opt: Option | None, max_flight: int, extra: int
     return out
 
 
-def _dp_pair(problem: Problem, a: Option, b: Option, v: int, n_params: float, to_us) -> int:
+def _dp_pair(problem: Problem, pools: dict[str, list[str]], a: Option, b: Option, v: int, n_params: float,
+             to_us) -> int:
     """One peer's term of COMM-DP-LAYER (HexiScale App. A) seen by a device of ``a`` whose
     layer replica in another pipeline sits on ``b``, with ``v`` pipelines in all:
     ``2 * (alpha + P*B_type / (tp_a * v * beta))``. Computed with the cost model's own
@@ -167,7 +189,6 @@ def _dp_pair(problem: Problem, a: Option, b: Option, v: int, n_params: float, to
     by passing ``P' = 2P / (tp_a * v)``."""
     if v <= 1:
         return 0
-    pools = machine_pools(problem)
     da = pools[a.machine][0]
     db = _second_group(pools, Option(a.machine, 1, (da,)), Option(b.machine, 1, ()))[0]
     holders = [Stage((da,), 1, (0, 1)), Stage((db,), 1, (0, 1))]
@@ -222,7 +243,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
             hop[a][b] = to_us(problem.cost.hop_s(c, m, t, opts[a].devices, dst))
 
     def pair(params: float) -> tuple:
-        return tuple(tuple(tuple(0 if (a == 0 or b == 0) else _dp_pair(problem, opts[a], opts[b], v, params, to_us)
+        return tuple(tuple(tuple(0 if (a == 0 or b == 0) else _dp_pair(problem, pools, opts[a], opts[b], v, params, to_us)
                                  for b in range(len(opts))) for a in range(len(opts)))
                      for v in range(max_pipelines + 1))
 

@@ -30,6 +30,8 @@ def test_proportional_layers():
     out = baselines.proportional(40, [4.0, 1.0, 1.0], [20, 40, 40])  # capped stage: overflow re-partitioned
     assert out is not None and out[0] == 20 and sum(out) == 40
     assert baselines.proportional(40, [1.0, 1.0], [10, 10]) is None
+    # slow stages below one layer's share keep one each; the fast ones give the surplus back
+    assert baselines.proportional(8, [312.0] * 3 + [71.0] * 4, [8] * 7) == [1, 1, 2, 1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("name", ["metis_like", "galvatron_like"])

@@ -63,3 +63,21 @@ def test_megatron_respects_head_divisibility():
                        Registry.default())
     for (dp, tp, pp), plan, _ in megatron.MegatronSolver().candidates(pb):
         assert 2 % tp == 0 and pp <= 8  # tiny: 2 KV heads, 8 layers
+
+
+@pytest.mark.parametrize("name", ["megatron", "galvatron_like", "metis_like"])
+@pytest.mark.parametrize("slow, used", [(8, 10), (4, 7)])
+def test_a_device_count_with_no_legal_layout_leaves_the_slowest_idle(name, slow, used, tmp_path):
+    """3 A100 + 8 RTX 3090 (11 GPUs), 8 blocks, batch 16: no (dp, tp, pp) of 11 is legal (pp 11 >
+    8 blocks, dp 11 does not split 16, tp 11 divides no heads), so the symmetric baselines run on
+    10 and leave the slowest GPU idle, as a Megatron-LM user would; 7 GPUs (pp 7) are all used."""
+    f = tmp_path / "c.yaml"
+    f.write_text("name: odd\ninter: {bandwidth_gbs: 50, latency_us: 5}\nmachines:\n"
+                 "  - {name: a, gpu: a100-80g, count: 3, bandwidth_gbs: 600, latency_us: 10}\n"
+                 f"  - {{name: r, gpu: rtx3090, count: {slow}, bandwidth_gbs: 8, latency_us: 10}}\n")
+    reg = Registry.default()
+    p = build_problem(config_from_overrides([f"cluster_file={f}", "model=tiny", f"solver={name}",
+                                             "train.global_batch=16"]), reg)
+    plan = reg.create("solver", name).solve(p)
+    assert p.cost.estimate(plan).fits and len(plan.devices) == used
+    assert {d.id for d in p.cluster.devices} - set(plan.devices) == ({"r.7"} if used == 10 else set())

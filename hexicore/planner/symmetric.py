@@ -45,6 +45,22 @@ def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
             and t.global_batch % (dp * t.micro_batch) == 0)
 
 
+def layout_devices(problem: Problem, devices: list[str] | None = None) -> list[str]:
+    """The devices a symmetric layout uses (default: the cluster's, in order): all of them when
+    some (dp, tp, pp) of their count is :func:`legal`, else the most that have one, leaving the
+    slowest idle (catalog TFLOP/s; the last in order among equals), in their order. A
+    Megatron-LM user whose GPU count factors into no legal layout (a prime count above the
+    layers, a batch DP cannot split) runs on fewer GPUs; one device (1, 1, 1) is always legal."""
+    devices = list(devices if devices is not None else (d.id for d in problem.cluster.devices))
+    n = len(devices)
+    keep = next((k for k in range(n, 0, -1) if any(legal(problem, *f) for f in factorisations(k))), n)
+    if keep == n:
+        return devices
+    tflops = {d: problem.cluster.device(d).tflops for d in devices}
+    idle = set(sorted(range(n), key=lambda i: (tflops[devices[i]], -i))[: n - keep])
+    return [d for i, d in enumerate(devices) if i not in idle]
+
+
 def symmetric_plan(problem: Problem, dp: int, tp: int, pp: int, devices: list[str] | None = None) -> Plan:
     """The Megatron layout of (dp, tp, pp) over ``devices`` (default: the cluster's order).
 

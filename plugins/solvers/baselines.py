@@ -10,7 +10,9 @@
   whole model, per-rank batch proportional to speed, state sharded over all ranks (even or
   proportional to memory).
 
-Each returns the fastest of its own candidates that fits, by the problem's cost model.
+Each returns the fastest of its own candidates that fits, by the problem's cost model. The
+symmetric ones use every device where some (dp, tp, pp) of that count is legal, else the most
+devices that have one (:func:`~hexicore.planner.symmetric.layout_devices`, the slowest idle).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hexicore.planner.layers import layer_ranges
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
-from hexicore.planner.symmetric import factorisations, legal, symmetric_plan
+from hexicore.planner.symmetric import factorisations, layout_devices, legal, symmetric_plan
 from hexicore.planner.zero import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
@@ -57,8 +59,8 @@ def proportional(total: int, weights: list[float], caps: list[int]) -> list[int]
     out = [max(1, int(r)) for r in raw]
     for j in sorted(range(n), key=lambda j: raw[j] - int(raw[j]), reverse=True)[:max(0, total - sum(out))]:
         out[j] += 1
-    while sum(out) > total:
-        out[max(range(n), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+    while sum(out) > total:  # the minimum of one layer each lifted some: take them back, never below one
+        out[max((j for j in range(n) if out[j] > 1), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
     for _ in range(METIS_REPARTITIONS):
         if all(o <= c for o, c in zip(out, caps)):
             break
@@ -102,7 +104,7 @@ class MetisLikeSolver:
         types = sorted({d.gpu.name for d in cl.devices})
         cands = []
         for perm in itertools.permutations(types):
-            devices = [d.id for t in perm for d in cl.devices if d.gpu.name == t]
+            devices = layout_devices(problem, [d.id for t in perm for d in cl.devices if d.gpu.name == t])
             for dp, tp, pp in factorisations(len(devices)):
                 if not legal(problem, dp, tp, pp):
                     continue
@@ -161,9 +163,10 @@ class GalvatronLikeSolver:
               progress: Progress = no_progress) -> Plan:
         problem = at_stage(problem, self.zero)
         table, cands = _table(problem), []
-        for dp, tp, pp in factorisations(len(problem.cluster.devices)):
+        devices = layout_devices(problem)
+        for dp, tp, pp in factorisations(len(devices)):
             if legal(problem, dp, tp, pp):
-                plan = symmetric_plan(problem, dp, tp, pp)
+                plan = symmetric_plan(problem, dp, tp, pp, devices)
                 counts = memory_balanced(table, plan)
                 if counts is not None:
                     cands.append(({"dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))

@@ -3,7 +3,8 @@
 What a Megatron-LM user would run: every (DP, TP, PP) with DP*TP*PP = devices, TP dividing the
 attention and KV heads, PP <= layers, the global batch split equally over DP in whole
 micro-batches; ranks laid out in Megatron's order (TP innermost, then DP, then PP) over the
-cluster's device order; equal layers per stage (the first ``L mod PP`` stages take one more);
+cluster's device order (where no layout of every device is legal, over the most devices that
+have one, the slowest left idle: :func:`~hexicore.planner.symmetric.layout_devices`); equal layers per stage (the first ``L mod PP`` stages take one more);
 the best of them by the cost model, among those that fit in memory. The layouts themselves
 are built by :mod:`hexicore.planner.symmetric` (shared with ``plugins/solvers/baselines.py``).
 """
@@ -17,7 +18,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.symmetric import even_layers, factorisations, legal, symmetric_plan
+from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
 from hexicore.planner.zero import at_stage
 
 __all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]
@@ -33,11 +34,11 @@ class MegatronSolver:
     zero: int | None = None
 
     def candidates(self, problem: Problem) -> list[tuple[tuple[int, int, int], Plan, Any]]:
-        n = len(problem.cluster.devices)
+        devices = layout_devices(problem)
         out = []
-        for dp, tp, pp in factorisations(n):
+        for dp, tp, pp in factorisations(len(devices)):
             if legal(problem, dp, tp, pp):
-                plan = symmetric_plan(problem, dp, tp, pp)
+                plan = symmetric_plan(problem, dp, tp, pp, devices)
                 out.append(((dp, tp, pp), plan, problem.evaluate(plan)))
         return out
 

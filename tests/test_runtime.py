@@ -50,6 +50,10 @@ def test_runtime_refuses_impossible_layouts(tiny):
         single_pipeline_layout(tiny, {"name": "1f1b"}, 2, registry=reg, global_batch=4, micro_batch=1, seq_len=32, tp=3)
     with pytest.raises(HexicoreError, match="exceeds the model"):
         reference_layout(tiny, global_batch=4, micro_batch=1, seq_len=64)
+    # waves=auto picks among the W the ranks' blocks allow (8 blocks on 2 ranks: 2W <= 4)
+    lay = single_pipeline_layout(tiny, {"name": "hanayo", "waves": "auto"}, 2, registry=reg, global_batch=8,
+                                 micro_batch=1, seq_len=32)
+    assert lay.pipelines[0].actions.schedule["waves"] <= 2
 
 
 def test_fifo_check_for_untagged_p2p():

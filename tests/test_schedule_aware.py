@@ -159,6 +159,8 @@ def test_builtins_declare_their_pricing_and_the_rules_match_the_simulator():
     chosen, secs = book.resolve(wave, st, hop, 4)
     assert chosen.name == "hanayo" and set(chosen.params) == {"waves"} and isinstance(chosen["waves"], int)
     assert secs == pytest.approx(book.exact(chosen, st, hop, 4))
+    few, _ = book.resolve(wave, [1.0] * 4, [0.0] * 3, 8, rank_layers=(2, 2, 3, 2))  # 2W chunks <= 2 blocks
+    assert book.resolve(wave, [1.0] * 4, [0.0] * 3, 8)[0]["waves"] > 1 and few["waves"] == 1
 
 
 def test_schedule_pricing_keeps_the_cost_models_formula_only_where_the_schedule_says_so():

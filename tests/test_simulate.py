@@ -127,6 +127,17 @@ def test_waves_auto_follows_the_links():
     assert max(simulate(tight).peak_activations) <= 2
 
 
+
+def test_waves_auto_gives_no_rank_more_chunks_than_blocks():
+    """W waves put 2W chunks on every rank: where the spec knows the blocks each rank holds, auto
+    stays within the fewest (the runtime and the planner pass them); the order is unchanged else."""
+    free = Hanayo(waves="auto", max_waves=4).order(ScheduleSpec(4, 8))
+    assert free.schedule["waves"] == 4  # free links: the most waves win
+    held = Hanayo(waves="auto", max_waves=4).order(ScheduleSpec(4, 8, rank_layers=(5, 4, 6, 6)))
+    assert held.schedule["waves"] == 2 and set(held.schedule["auto"]) == {"1", "2"}
+    assert Hanayo(waves="auto", max_waves=4).order(ScheduleSpec(4, 8, rank_layers=(1, 2, 2, 2))).schedule["waves"] == 1
+
+
 def test_unknown_stage_in_list_is_rejected():
     al = ActionList({}, 2, 2, 1, (0, 1), ((Action("F", 5, 0),), ()))
     with pytest.raises(Exception, match="rank 0, position 0, action 5F0: stage must be in"):

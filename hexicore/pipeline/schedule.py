@@ -61,6 +61,9 @@ class ScheduleSpec:
     hops: tuple[float, ...] = ()
     input_grad: tuple[float, ...] = ()
     weight_grad: tuple[float, ...] = ()
+    #: blocks each rank holds, where known (empty: not known). A schedule choosing its own chunk
+    #: count (Hanayo's ``waves=auto``) gives no rank more chunks than the fewest of these.
+    rank_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         p = self.ranks
@@ -72,10 +75,12 @@ class ScheduleSpec:
             object.__setattr__(self, "hops", (0.0,) * max(p - 1, 0))
 
     @classmethod
-    def from_pieces(cls, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> "ScheduleSpec":
+    def from_pieces(cls, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                    rank_layers: Sequence[int] = ()) -> "ScheduleSpec":
         """The planner's pieces (cost-model units, see the module docstring) as a spec."""
         return cls(len(stage_times), int(n_mb), tuple(t / 3.0 for t in stage_times),
-                   tuple(2.0 * t / 3.0 for t in stage_times), tuple(h / 2.0 for h in hop_times))
+                   tuple(2.0 * t / 3.0 for t in stage_times), tuple(h / 2.0 for h in hop_times),
+                   rank_layers=tuple(int(x) for x in rank_layers))
 
     def timing(self, al: ActionList) -> Timing:
         return Timing.from_ranks(al, self.forward, self.backward, self.hops,
@@ -175,7 +180,7 @@ class Schedule(Protocol):
     def note(self, chosen: ScheduleRef) -> str | None: ...
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
-                n_mb: int) -> tuple[ScheduleRef, float]: ...
+                n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]: ...
 
 
 # ------------------------------------------------------------------ stage -> rank maps
@@ -366,10 +371,11 @@ class ActionSchedule(ABC):
         return None
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
-                n_mb: int) -> tuple[ScheduleRef, float]:
+                n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
         """The reference a plan records for this schedule under these stage and hop times, with
         its exact time: the schedule's own choice of its free parameters (e.g. Hanayo's
-        ``waves=auto``). ``ref`` is the reference it was built from; by default it is kept."""
+        ``waves=auto``, within ``rank_layers``: the blocks each rank holds, where known). ``ref``
+        is the reference it was built from; by default it is kept."""
         return ref, self.pipeline_time(stage_times, hop_times, n_mb)
 
     def share(self, resolved: "ActionSchedule") -> None:

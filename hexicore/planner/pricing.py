@@ -158,15 +158,17 @@ class ScheduleBook:
         return self.priced(ref, ranks).model_peaks(ranks, n)
 
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
-                n: int) -> tuple[ScheduleRef, float]:
+                n: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
-        schedule's own choice of its free parameters, ``resolve``); a pipeline with fewer ranks
-        than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
+        schedule's own choice of its free parameters, ``resolve``, within ``rank_layers``, the
+        blocks of each rank, for a schedule whose ``resolve`` takes them); a pipeline with
+        fewer ranks than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
         ref = ScheduleRef.from_mapping(ref)
         if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
-        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n))
+        more = {"rank_layers": tuple(rank_layers)} if rank_layers and takes(sched.resolve, "rank_layers") else {}
+        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **more)
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
             share = getattr(sched, "share", None)
             if share is not None:
@@ -254,6 +256,15 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
     return replace(plan, pipelines=tuple(pipes)), tried
 
 
+def takes(fn: Any, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (a third-party schedule's ``resolve`` may
+    predate it)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> tuple[ScheduleRef, float]:
     """:meth:`ScheduleBook.resolve` of ``pipe``'s schedule under the stage times of its own
     placement (``cost.pipeline_pieces`` of ``pipe``: a schedule that puts the head on rank 0, or
@@ -263,12 +274,13 @@ def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> 
     times; the faster of the two, exactly priced, is returned."""
     n = pipe.n_micro_batches(plan.train.micro_batch)
     pieces = cost.pipeline_pieces(plan, pipe)
-    chosen, secs = book.resolve(pipe.schedule, *pieces, n)
+    blocks = tuple(s.n_layers for s in pipe.stages)
+    chosen, secs = book.resolve(pipe.schedule, *pieces, n, blocks)
     own = cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, chosen)) if chosen != pipe.schedule else pieces
     if own == pieces:
         return chosen, secs
     best = (book.exact(chosen, *own, n), chosen)
-    again, _ = book.resolve(pipe.schedule, *own, n)
+    again, _ = book.resolve(pipe.schedule, *own, n, blocks)
     if again != chosen:
         t = book.exact(again, *cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, again)), n)
         best = min(best, (t, again), key=lambda x: x[0])

@@ -19,7 +19,8 @@ rank 0 keeps injecting; 2. steady: backward waves return and interleave with for
 3. drain: the last backward waves climb back to rank 0.
 Closed form with ``T_B = 2 T_F``, ``T_C = 0``, M = P: ``(2P-2)/(3PW+P-1)``.
 
-``waves=auto`` picks W in 1..``max_waves`` by simulating each under the spec's times and keeping
+``waves=auto`` picks W in 1..``max_waves`` (and ``2W`` at most the blocks of a rank, where the
+spec knows them) by simulating each under the spec's times and keeping
 the fastest whose peak activations stay within ``memory`` (the paper: more waves over fast
 links, fewer over slow ones); the choice and every candidate's makespan are recorded in the
 action list's ``schedule`` section, and a plan records the chosen W (:meth:`Hanayo.resolve`).
@@ -155,11 +156,13 @@ class Hanayo(ActionSchedule):
         return self._cache[key]
 
     def choose_waves(self, spec: ScheduleSpec) -> tuple[int, dict[int, float]]:
-        """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory``; each W's
-        default-time order simulated under ``spec``'s stage and link times."""
+        """``waves=auto``: (best W, {W: makespan}) among W whose peak fits ``memory`` and whose
+        ``2W`` chunks a rank fit the fewest blocks a rank holds (``spec.rank_layers``, where
+        known); each W's default-time order simulated under ``spec``'s stage and link times."""
         seen: dict[int, float] = {}
         best = None
-        for w in range(1, self.max_waves + 1):
+        top = self.max_waves if not spec.rank_layers else max(1, min(self.max_waves, min(spec.rank_layers) // 2))
+        for w in range(1, top + 1):  # 2W chunks a rank: at most its blocks
             al, compiled, peak = self.wave_template(spec.ranks, spec.micro_batches, w)
             seen[w] = makespan(al, spec.timing(al), compiled)
             if peak <= self._cap(spec) + 1e-9 and (best is None or seen[w] < seen[best] - 1e-12):
@@ -167,12 +170,12 @@ class Hanayo(ActionSchedule):
         return (best or 1), seen
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
-                n_mb: int) -> tuple[ScheduleRef, float]:
+                n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
         """``waves=auto``: the W :meth:`choose_waves` picks for these times, recorded as
         ``{"name": "hanayo", "waves": W}``; a fixed W is kept."""
         if self.waves != "auto":
             return super().resolve(ref, stage_times, hop_times, n_mb)
-        w, seen = self.choose_waves(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb))
+        w, seen = self.choose_waves(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb, rank_layers))
         return ScheduleRef(ref.name, {"waves": w}), seen[w]
 
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:

@@ -254,11 +254,12 @@ def _micro_batches(batch: int, micro_batch: int, source: str | None = None) -> i
 
 
 def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int, registry: Any,
-                     source: str | None = None) -> ActionList:
+                     source: str | None = None, rank_layers: Sequence[int] = ()) -> ActionList:
     """The action lists (with communication) of the schedule section ``schedule``, built by
-    ``registry``'s schedule plugin of that name. They travel to the workers inside the
-    :class:`Layout`, so workers need no registry (a schedule registered only in the launching
-    process runs too)."""
+    ``registry``'s schedule plugin of that name for ranks holding ``rank_layers`` blocks (where
+    given: a schedule choosing its own chunk count stays within them). They travel to the
+    workers inside the :class:`Layout`, so workers need no registry (a schedule registered only
+    in the launching process runs too)."""
     from hexicore.pipeline.comm import insert_comm
     from hexicore.pipeline.schedule import ScheduleSpec
 
@@ -266,7 +267,8 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
     name = str(params.pop("name", "?"))
     sched = registry.create("schedule", name, **params)
 
-    actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches))
+    actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches,
+                                         rank_layers=tuple(int(x) for x in rank_layers)))
     if ranks > 1 and not any(a.is_comm for acts in actions.actions for a in acts):
         actions = insert_comm(actions)
     return actions
@@ -284,8 +286,9 @@ def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks:
                         "layers)", field="pipeline.ranks")
     check_model(model, tp)
     mbs = _micro_batches(global_batch, micro_batch)
-    actions = actions or schedule_actions(schedule, ranks, mbs, registry)
-    groups = [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n) for q, n in enumerate(split_even(model.layers, ranks))]
+    blocks = split_even(model.layers, ranks)
+    actions = actions or schedule_actions(schedule, ranks, mbs, registry, rank_layers=blocks)
+    groups = [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n) for q, n in enumerate(blocks)]
     return build_layout(model, [(global_batch, groups, actions)], global_batch=global_batch,
                         micro_batch=micro_batch, seq_len=seq_len)
 
@@ -308,6 +311,7 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
         groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
         for s in p.stages:
             check_model(model, s.tp, source, "stages.tp")
-        pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source)))
+        pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source,
+                                                        [g.layers for g in groups])))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source)

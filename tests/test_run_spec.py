@@ -96,6 +96,13 @@ def test_plan_spec_is_checked_by_the_cost_model_first(tmp_path):
     assert [s["name"] for s in spec.schedules] == ["gpipe", "1f1b"]  # the plan's own; the plan format's default
     assert spec.estimate is not None and spec.estimate.fits and spec.cluster.name == "two"
     assert (spec.train.global_batch, spec.train.seq_len) == (4, 32)  # the plan's, not train.global_batch's
+    # a plan trains in its own dtype and recompute setting unless the command line gives them
+    base = ["model=tiny", "runtime.progress=false", f"plan_file={path}"]
+    assert (spec_of(base, reg).train.dtype, spec_of(base, reg).train.recompute) == ("fp32", False)
+    given = spec_of([*base, "train.dtype=bf16", "train.recompute=true"], reg).train
+    assert (given.dtype, given.recompute) == ("bf16", True)
+    plain = spec_of(["model=tiny", "parallel=none"], reg).train
+    assert (plain.dtype, plain.recompute) == ("bf16", True)  # no plan: bf16 with recompute
     small = tmp_path / "small"
     small.mkdir()
     with pytest.raises(PlanError, match="needs .* GB but has"):  # refused before any runtime sees it

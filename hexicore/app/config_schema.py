@@ -23,8 +23,8 @@ class TrainSection:
     global_batch: int = 24
     micro_batch: int = 1
     seq_len: Optional[int] = None
-    dtype: str = "bf16"
-    recompute: bool = True
+    dtype: Optional[str] = None  # bf16, or a trained plan's
+    recompute: Optional[bool] = None  # true, or a trained plan's
     zero: str = "0"
     zero_split: str = "even"
     zero_scope: str = "all"

@@ -35,7 +35,9 @@ def runtime_settings(cfg: DictConfig) -> RuntimeSettings:
 
 def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, out: str | None = None) -> TrainSettings:
     """``train.*``, ``seed``, ``resume``, ``init_from`` and ``out``; a plan's batch sizes and sequence length
-    win over the config's (``train.seq_len`` given explicitly still overrides the plan's)."""
+    win over the config's (``train.seq_len`` given explicitly still overrides the plan's); its
+    ``dtype`` and ``recompute`` are the defaults (``null``) of ``train.dtype``/``train.recompute``
+    (else bf16 with recompute), so a plan trains as it was planned unless they are given."""
     t = cfg.get("train") or {}
 
     def whole(key: str, minimum: int | None = 1) -> int:
@@ -45,7 +47,9 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
     gb, mb = (plan.train.global_batch, plan.train.micro_batch) if plan else (whole("global_batch"), whole("micro_batch"))
     resume, init_from = cfg.get("resume"), cfg.get("init_from")
     return TrainSettings(steps=whole("steps"), global_batch=gb, micro_batch=mb, seq_len=seq_len,
-                         dtype=str(t.get("dtype", "fp32")), recompute=bool(t.get("recompute", False)),
+                         dtype=str(t.get("dtype") or (plan.train.dtype if plan else "bf16")),
+                         recompute=bool(t.get("recompute") if t.get("recompute") is not None
+                                        else (plan.train.recompute if plan else True)),
                          seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
                          checkpoint_every=whole("checkpoint_every", 0) if t.get("checkpoint_every") else 0,
                          resume=str(resume) if resume else None, out=out,

@@ -48,8 +48,8 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
     params = max(m.layer_params(), m.embedding_params(), m.head_params())
     dp = max(problem.cost.dp_layer_s(c, [Stage(a.devices[:1], 1, (0, 1)), Stage(b.devices[-1:], 1, (0, 1))],
                                      params, t.dtype_bytes) for a in options for b in options)
-    # + a tied embedding's group ring (:mod:`.tied`): about 2 (n alpha + V H B / beta) over n members
-    top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 4) * dp * max(o.tp for o in options)
+    extra = 2 if m.tied_embeddings else 0  # a tied embedding's group ring (:mod:`.tied`), n members
+    top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 2 + extra) * dp * max(o.tp for o in options)
     return 10.0 ** math.ceil(math.log10(max(top, 1e-300) / MAX_MAGNITUDE))
 
 

@@ -258,3 +258,19 @@ def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
     if lay is not None:
         assert cost.estimate(Plan(m, c, train, (lay.pipeline(8, ScheduleRef.from_mapping(sched)),))).fits
     assert memory_gb < 13.0 or lay is not None
+
+
+def test_chunk_counts_are_a_ranks_chunks_of_one_chain():
+    """The fewest layers a rank may hold under a schedule: its stages on one chain (a model
+    copy's chain repeats the first's blocks and adds none)."""
+    from hexicore.planner.pricing import ScheduleBook
+    from hexicore.registry import Registry
+
+    book = ScheduleBook(Registry.default())
+    assert book.least({"name": "1f1b"}, 4) == (1, 1, 1, 1)
+    assert book.least({"name": "hanayo", "waves": 2}, 3) == (4, 4, 4)
+    assert book.least({"name": "hanayo", "waves": "auto"}, 3) == (2, 2, 2)  # auto fits W to the blocks
+    assert book.least({"name": "zb_v"}, 4) == (2, 2, 2, 2)
+    assert book.least({"name": "interleaved_1f1b", "chunks": 3}, 2) == (3, 3)
+    assert book.least({"name": "chimera"}, 4) == (1, 1, 1, 1)
+    assert book.least({"name": "hanayo", "waves": 2}, 1) == (1,)  # one rank: runs as 1F1B

@@ -55,6 +55,27 @@ def test_layer_allocation_is_exact(p, extra, data):
                                                                       for c in ties))
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 12), st.data())
+def test_layer_allocation_with_a_least_per_stage_is_exact(p, L, data):
+    """With ``least`` (a schedule's chunks per rank) the allocation is the exact min-max among
+    allocations giving stage j at least ``least_j`` layers (brute force)."""
+    rows = []
+    for _ in range(p):
+        a, b = data.draw(st.floats(0.1, 5.0)), data.draw(st.floats(0.0, 3.0))
+        rows.append([b + a * l for l in range(L + 1)])
+    caps = [data.draw(st.integers(0, L)) for _ in range(p)]
+    least = [data.draw(st.integers(1, 4)) for _ in range(p)]
+    got = allocate_layers(rows, caps, L, least)
+    feasible = [c for c in compositions(L, p) if L >= p and all(k <= x <= cap for x, cap, k in zip(c, caps, least))]
+    if not feasible:
+        assert got is None
+        return
+    assert got is not None and sum(got) == L and all(k <= x <= c for x, c, k in zip(got, caps, least))
+    best = min(max(rows[j][c[j]] for j in range(p)) for c in feasible)
+    assert max(rows[j][got[j]] for j in range(p)) == pytest.approx(best)
+
+
 def test_layer_allocation_follows_speed():
     # stage 0 twice as fast as stage 1, 30 layers: 20 / 10
     rows = [[l * 1.0 for l in range(31)], [l * 2.0 for l in range(31)]]

@@ -48,6 +48,20 @@ def placement(al: ActionList) -> Placement:
     return Placement(tuple(tuple(cs) for cs in out))
 
 
+def built_template(cache: dict, template: Callable[[int, int], ActionList], ranks: int) -> ActionList:
+    """A template the schedule has built for ``ranks`` ranks already (``cache`` key
+    ``("template", P, n)``), else ``template(P, P)`` — or ``template(P, 2P)`` where the schedule
+    refuses fewer micro-batches than that (DualPipe-V): its stage map and chains do not depend
+    on the number of micro-batches."""
+    al = next((v for k, v in cache.items() if k[:2] == ("template", ranks)), None)
+    if al is None:
+        try:
+            al = template(ranks, ranks)
+        except HexicoreError:
+            al = template(ranks, 2 * ranks)
+    return al
+
+
 def built_placement(cache: dict, template: Callable[[int, int], ActionList], ranks: int) -> Placement:
     """A schedule's placement on ``ranks`` ranks (its stage map and chains do not depend on the
     number of micro-batches): of a template it has built for them already (``cache`` key
@@ -55,13 +69,19 @@ def built_placement(cache: dict, template: Callable[[int, int], ActionList], ran
     schedule refuses fewer micro-batches than that (DualPipe-V); kept in ``cache`` under
     ``("placement", P)``."""
     hit = cache.get(("placement", ranks))
-    if hit is not None:
-        return hit
-    al = next((v for k, v in cache.items() if k[:2] == ("template", ranks)), None)
-    if al is None:
-        try:
-            al = template(ranks, ranks)
-        except HexicoreError:
-            al = template(ranks, 2 * ranks)
-    hit = cache[("placement", ranks)] = placement(al)
+    if hit is None:
+        hit = cache[("placement", ranks)] = placement(built_template(cache, template, ranks))
     return hit
+
+
+def chunk_counts(al: ActionList) -> tuple[int, ...]:
+    """Per rank the most stages one chain puts on it (a model copy's chain, as long as the first,
+    repeats the first's blocks and is not counted): the runtime cuts a rank's blocks among them,
+    one at least each, so a plan stage needs at least this many layers (``chunk_layers``)."""
+    out = [1] * al.ranks
+    for ci, chain in enumerate(al.chains):
+        if ci and len(chain) == len(al.chains[0]):
+            continue
+        for r in range(al.ranks):
+            out[r] = max(out[r], sum(1 for s in chain if al.stage_rank[s] == r))
+    return tuple(out)

@@ -42,7 +42,7 @@ from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import HexicoreError
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.placement import built_placement
+from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
 
 
@@ -61,8 +61,8 @@ class ScheduleSpec:
     hops: tuple[float, ...] = ()
     input_grad: tuple[float, ...] = ()
     weight_grad: tuple[float, ...] = ()
-    #: blocks each rank holds, where known (empty: not known). A schedule choosing its own chunk
-    #: count (Hanayo's ``waves=auto``) gives no rank more chunks than the fewest of these.
+    #: blocks each rank holds (empty: not known); a schedule choosing its own chunk count
+    #: (Hanayo's ``waves=auto``) gives no rank more chunks than the fewest of these
     rank_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -358,6 +358,9 @@ class ActionSchedule(ABC):
         chains do not depend on it; a layout that does overrides this), :func:`built_placement`."""
         return built_placement(self._cache, self.template, int(ranks))
 
+    def least_layers(self, ranks: int) -> tuple[int, ...]:  # its chunks of a chain: a layer each
+        return chunk_counts(built_template(self._cache, self.template, int(ranks)))
+
     # ------------------------------------------------------ the schedule's own
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
         """The bubble ratio the schedule's paper predicts for ``spec`` (``hexicore simulate``
@@ -372,10 +375,9 @@ class ActionSchedule(ABC):
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
                 n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
-        """The reference a plan records for this schedule under these stage and hop times, with
-        its exact time: the schedule's own choice of its free parameters (e.g. Hanayo's
-        ``waves=auto``, within ``rank_layers``: the blocks each rank holds, where known). ``ref``
-        is the reference it was built from; by default it is kept."""
+        """The reference a plan records for ``ref`` under these times, with its exact time: the
+        schedule's own choice of its free parameters (Hanayo's ``waves=auto``, within the ranks'
+        blocks ``rank_layers`` where known); by default ``ref`` itself."""
         return ref, self.pipeline_time(stage_times, hop_times, n_mb)
 
     def share(self, resolved: "ActionSchedule") -> None:

@@ -31,8 +31,9 @@ from hexicore.planner.problem import Problem
 from hexicore.planner.search_config import SearchConfig
 from hexicore.planner.phase1 import split
 from hexicore.planner.shared_layouts import shared_phase2
-from hexicore.planner.stages import (Group, Layout, StageTable, align_to, joined, layout_pipeline,
-                                     machine_contiguous, split_by_machine, tp_menus, uniform_choice, unit_pieces)
+from hexicore.planner.alignment import align_to, machine_contiguous
+from hexicore.planner.stages import (Group, Layout, StageTable, joined, layout_pipeline,
+                                     split_by_machine, tp_menus, uniform_choice, unit_pieces)
 
 INF = math.inf
 

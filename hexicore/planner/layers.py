@@ -25,12 +25,17 @@ def max_layers_within(capped: np.ndarray, bound: float) -> np.ndarray:
     return (capped <= bound).sum(axis=1) - 1
 
 
-def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_layers: int) -> tuple[int, ...] | None:
+def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_layers: int,
+                    least: Sequence[int] | None = None) -> tuple[int, ...] | None:
     """Exact min-max layer allocation; ``times[j][l]`` for ``l = 0..n_layers``; ``None`` when no
-    allocation fits (``sum cap_j < L`` or a stage cannot hold even one layer).
+    allocation fits (``sum cap_j < L`` or a stage cannot hold even one layer). ``least``: the
+    fewest layers each stage may hold (a schedule running ``k`` chunks on a rank needs ``k``;
+    default one each): the same allocation over ``l_j - least_j + 1`` (:func:`_at_least`).
 
     Rows are made nondecreasing (``t_j(l) := max_{l' <= l} t_j(l')``) — a stage can always run
     fewer layers no slower — which changes nothing for a monotone cost model."""
+    if least is not None and any(k > 1 for k in least):
+        return _at_least(times, caps, n_layers, [max(1, int(k)) for k in least])
     t = np.maximum.accumulate(np.asarray(times, dtype=float), axis=1)
     p = len(t)
     if p == 0 or p > n_layers:
@@ -52,6 +57,21 @@ def allocate_layers(times: Sequence[Sequence[float]], caps: Sequence[int], n_lay
         flat = np.argsort(-marginal, axis=None, kind="stable")[:excess]
         alloc = alloc - np.bincount(flat // marginal.shape[1], minlength=p)
     return tuple(alloc.tolist())
+
+
+def _at_least(times: Sequence[Sequence[float]], caps: Sequence[int], n_layers: int,
+              least: Sequence[int]) -> tuple[int, ...] | None:
+    """:func:`allocate_layers` with stage j holding ``least_j`` layers at least: stage j's row
+    shifted by ``least_j - 1`` (its ``l = 1`` is ``least_j`` layers), ``L`` less the shifts."""
+    shift = [k - 1 for k in least]
+    rest = n_layers - sum(shift)
+    if rest < len(least) or any(c < k for c, k in zip(caps, least)):
+        return None
+    t = np.asarray(times, dtype=float)
+    rows = [np.append(t[j, s:s + rest + 1], [t[j, -1]] * max(0, rest + 1 - len(t[j, s:s + rest + 1])))
+            for j, s in enumerate(shift)]
+    alloc = allocate_layers(rows, [c - s for c, s in zip(caps, shift)], rest)
+    return None if alloc is None else tuple(a + s for a, s in zip(alloc, shift))
 
 
 def layer_ranges(counts: Sequence[int]) -> list[tuple[int, int]]:

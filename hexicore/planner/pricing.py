@@ -129,6 +129,20 @@ class ScheduleBook:
             hit = self._priced[key] = self.schedule(ref).pricing.min_micro_batches(ranks)
         return hit
 
+    def least(self, ref: Mapping[str, Any], ranks: int) -> tuple[int, ...]:
+        """Per rank the fewest layers a pipeline of ``ranks`` under ``ref`` may give it: the chunks
+        the runtime cuts its blocks into (the schedule's ``least_layers``; one each for a schedule
+        without it, or where ``ref`` does not run on ``ranks``); cached."""
+        ref = ScheduleRef.from_mapping(ref)
+        key = ("least", ref, ranks)
+        if key not in self._priced:
+            probe = getattr(self.schedule(ref), "least_layers", None) if self.usable(ref, ranks) else None
+            try:
+                self._priced[key] = tuple(int(k) for k in probe(ranks)) if probe is not None else (1,) * ranks
+            except HexicoreError:
+                self._priced[key] = (1,) * ranks
+        return self._priced[key]
+
     def runs(self, ref: Mapping[str, Any], ranks: int, n: int) -> bool:
         """Whether a pipeline of ``ranks`` with ``n`` micro-batches runs under ``ref``."""
         return self.usable(ref, ranks) and n >= self.min_micro_batches(ref, ranks)
@@ -340,7 +354,7 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
     the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
     c, m, t = plan.cluster, plan.model, plan.train
     n = pipe.n_micro_batches(t.micro_batch)
-    if tp_split(cost, pipe, n) is not None:
+    if tp_split(cost, pipe, n) is not None or not holds_chunks(book, pipe):
         return False
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
     for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
@@ -348,6 +362,13 @@ def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
         if gb > min(c.device(d).memory_gb for d in s.devices):
             return False
     return True
+
+
+def holds_chunks(book: ScheduleBook | None, pipe: Pipeline) -> bool:
+    """Every stage of ``pipe`` holds at least a layer per chunk its schedule runs on its rank
+    (:meth:`ScheduleBook.least`; the runtime refuses it otherwise). No book: one chunk each."""
+    least = book.least(pipe.schedule, len(pipe.stages)) if book is not None else (1,) * len(pipe.stages)
+    return all(s.n_layers >= k for s, k in zip(pipe.stages, least))
 
 
 def tp_split(cost: Any, pipe: Pipeline, n: int) -> tuple[int, int] | None:

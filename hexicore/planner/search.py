@@ -33,7 +33,8 @@ from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assem
                                          unit_orders, variants)
 from hexicore.planner.parallel import available_cores
 from hexicore.planner.prefetch import prefetch, walk_ahead
-from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, resolve_plan, timed_cost
+from hexicore.planner.pricing import (ScheduleBook, choose_exact, holds_chunks, is_auto, options, resolve_plan,
+                                      timed_cost)
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
 from hexicore.planner.search_config import SearchConfig
@@ -148,7 +149,8 @@ def make_context(problem: Problem, cfg: SearchConfig, memo: dict | None = None) 
     if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
         opts = options(problem.schedule)
         exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
-    table = shared_table(memo, StageTable(problem.cluster, m, problem.train, cost, opts[0]))
+    table = shared_table(memo, StageTable(problem.cluster, m, problem.train, cost, opts[0],
+                                          least_fn=book.least if book is not None else None))
     tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
     return Context(problem, cfg, table, reg.create("partitioner", cfg.partitioner), refiner, orderer,
@@ -174,7 +176,8 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
         if ctx.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
             plan = replace(plan, pipelines=tuple(replace(q, schedule=ctx.options[0]) for q in plan.pipelines))
         est = ctx.cost.estimate(plan)  # the seed itself, exactly as its solver made it
-        out.append(Candidate(est.iteration_s if est.fits else INF, plan.with_solver({}), est, f"seed:{name}",
+        runs = all(holds_chunks(ctx.book, q) for q in plan.pipelines)  # a layer per chunk of its schedule
+        out.append(Candidate(est.iteration_s if est.fits and runs else INF, plan.with_solver({}), est, f"seed:{name}",
                              info={"d_dp": len(plan.pipelines)}))
         out.append(relayout(ctx, plan, f"seed:{name} +batches", keep_layers=True))
         out.append(relayout(ctx, plan, f"seed:{name} +layers", keep_layers=False))

@@ -84,6 +84,9 @@ class StageTable:
     cost: Any
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     dp: int = 1  # pipelines of the plan being built: the ZeRO shard count of the memory caps
+    #: ``(schedule, ranks) -> per rank the fewest layers it may hold`` (its chunks, the pricing
+    #: book's ``least``); None: one each
+    least_fn: Any = None
     _times: dict = field(default_factory=dict)
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
@@ -181,6 +184,11 @@ class StageTable:
         if key not in self._flight:
             self._flight[key] = [self.in_flight(n_stages, j, n_mb) for j in range(n_stages)]
         return self._flight[key]
+
+    def least(self, n_stages: int) -> tuple[int, ...]:
+        """Per stage of an ``n_stages``-stage pipeline under the table's schedule the fewest layers
+        it may hold (the runtime cuts a rank's layers among its chunks, one at least each)."""
+        return (1,) * n_stages if self.least_fn is None else tuple(self.least_fn(self.schedule, n_stages))
 
     def placement(self, n_stages: int, n_mb: int) -> Any:
         """The table's schedule's placement of an ``n_stages``-stage pipeline (the cost model's
@@ -341,14 +349,14 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
     if layers is None:
         hit = table._allocs.get(key)
         if hit is None:  # (allocation, stage times) per rows key
-            alloc = allocate_layers(rows, caps, L)
+            alloc = allocate_layers(rows, caps, L, table.least(p))
             hit = table._allocs[key] = (alloc, None if alloc is None else _stage_s(rows, hops, alloc))
         alloc, stage_s = hit
         if alloc is None:
             return None
     else:
         alloc = tuple(int(x) for x in layers)
-        if sum(alloc) != L or any(not 1 <= a <= c for a, c in zip(alloc, caps)):
+        if sum(alloc) != L or any(not k <= a <= c for a, c, k in zip(alloc, caps, table.least(p))):
             return None
         stage_s = _stage_s(rows, hops, alloc)
     return Layout(tuple(stages), alloc, stage_s, tuple(hops))
@@ -357,44 +365,3 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
 def _stage_s(rows: np.ndarray, hops: Sequence[float], alloc: Sequence[int]) -> tuple[float, ...]:
     """Per stage ``STAGE_j(l_j)``: its row at its layers less its hop (the last has none)."""
     return tuple((rows[np.arange(len(alloc)), alloc] - np.append(hops, 0.0)).tolist())
-
-
-def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:
-    """Stages grouped by machine (a stage's machine = its leader's), machines in the order of
-    ``machines`` first, then of first appearance; stages keep their relative order."""
-    out: dict[str, list[Group]] = {m: [] for m in machines}
-    for g in stages:
-        out.setdefault(table.cluster.device(g[0]).machine, []).append(g)
-    return [(m, gs) for m, gs in out.items() if gs]
-
-
-def align_to(table: StageTable, template: Layout, stages: Sequence[Group], n_mb_max: int) -> Layout | None:
-    """Lay ``stages`` out like ``template`` (whose stages must be contiguous per machine): the
-    same machine order and the same layer range on every machine, split exactly (min-max) among
-    this pipeline's stages on that machine. Layers held on one machine by every pipeline
-    synchronise their gradients over that machine's fast links (App. A COMM-DP-LAYER); ``None``
-    if the machines differ or a range does not fit."""
-    t_blocks = by_machine(table, template.stages)
-    order = [m for m, _ in t_blocks]
-    blocks = by_machine(table, stages, order)
-    if [m for m, _ in blocks] != order:
-        return None
-    ordered = [g for _, gs in blocks for g in gs]
-    rows, caps, _ = stage_rows(table, ordered, n_mb_max)
-    counts, j, k = [], 0, 0
-    for (m, gs), (_, tgs) in zip(blocks, t_blocks):
-        share = sum(template.layers[k:k + len(tgs)])
-        k += len(tgs)
-        part = allocate_layers(rows[j:j + len(gs)], caps[j:j + len(gs)], share)
-        if part is None:
-            return None
-        counts.extend(part)
-        j += len(gs)
-    return layout_pipeline(table, ordered, n_mb_max, counts)
-
-
-def machine_contiguous(table: StageTable, layout: Layout, n_mb_max: int) -> Layout | None:
-    """``layout`` with its stages regrouped so that each machine's stages are consecutive
-    (machines in order of first appearance), layers re-allocated; itself if already so."""
-    ordered = [g for _, gs in by_machine(table, layout.stages) for g in gs]
-    return layout if tuple(ordered) == layout.stages else layout_pipeline(table, ordered, n_mb_max)

@@ -178,6 +178,11 @@ class Hanayo(ActionSchedule):
         w, seen = self.choose_waves(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb, rank_layers))
         return ScheduleRef(ref.name, {"waves": w}), seen[w]
 
+    def least_layers(self, ranks: int) -> tuple[int, ...]:
+        """``2W`` chunks on every rank, a layer at least each; ``waves=auto`` fits W to the ranks'
+        blocks (``ScheduleSpec.rank_layers``), so it needs W = 1's two."""
+        return (2 * (1 if self.waves == "auto" else int(self.waves)),) * int(ranks)
+
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
         """:func:`wave_bubble` for M = P with equal stages and transfers (W as built)."""
         uniform = all(len(set(x)) <= 1 for x in (spec.forward, spec.backward, spec.hops))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
+from hexicore.planner.pricing import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
@@ -75,10 +76,12 @@ def proportional(total: int, weights: list[float], caps: list[int]) -> list[int]
 
 
 def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) -> Plan:
-    scored = [(problem.evaluate(p), params, p) for params, p in cands]
+    scored = [(problem.evaluate(p), params, p) for params, p in cands
+              if all(holds_chunks(problem.pricing, q) for q in p.pipelines)]  # a layer per chunk of the schedule
     fitting = [c for c in scored if c[0].fits]
     if not fitting:
-        raise HexicoreError(f"{name}: no candidate fits in memory ({len(cands)} tried)", field="model")
+        short = f", {len(cands) - len(scored)} with fewer layers than chunks on a rank" if len(scored) < len(cands) else ""
+        raise HexicoreError(f"{name}: no candidate fits in memory ({len(cands)} tried{short})", field="model")
     est, params, plan = min(fitting, key=lambda c: c[0].iteration_s)
     return plan.with_solver({"name": name, "params": params, "status": "HEURISTIC", "bound": None,
                              "candidates": len(cands), "fitting": len(fitting)})
@@ -86,7 +89,9 @@ def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) ->
 
 def _table(problem: Problem, dp: int = 1) -> StageTable:
     """Cost pieces for plans of ``dp`` pipelines (the ZeRO shard count of the memory caps)."""
-    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule, dp=dp)
+    book = problem.pricing
+    return StageTable(problem.cluster, problem.model, problem.train, problem.cost, problem.schedule, dp=dp,
+                      least_fn=book.least if book is not None else None)
 
 
 @dataclass(frozen=True)

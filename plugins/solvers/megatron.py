@@ -17,6 +17,7 @@ from typing import Any
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
+from hexicore.planner.pricing import holds_chunks
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
 from hexicore.planner.zero import at_stage
@@ -39,7 +40,8 @@ class MegatronSolver:
         for dp, tp, pp in factorisations(len(devices)):
             if legal(problem, dp, tp, pp):
                 plan = symmetric_plan(problem, dp, tp, pp, devices)
-                out.append(((dp, tp, pp), plan, problem.evaluate(plan)))
+                if all(holds_chunks(problem.pricing, p) for p in plan.pipelines):  # a layer per chunk
+                    out.append(((dp, tp, pp), plan, problem.evaluate(plan)))
         return out
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,

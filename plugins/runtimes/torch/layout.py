@@ -254,18 +254,23 @@ def _micro_batches(batch: int, micro_batch: int, source: str | None = None) -> i
 
 
 def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int, registry: Any,
-                     source: str | None = None, rank_layers: Sequence[int] = ()) -> ActionList:
+                     source: str | None = None, rank_layers: Sequence[int] = (), fallback: bool = False) -> ActionList:
     """The action lists (with communication) of the schedule section ``schedule``, built by
     ``registry``'s schedule plugin of that name for ranks holding ``rank_layers`` blocks (where
-    given: a schedule choosing its own chunk count stays within them). They travel to the
-    workers inside the :class:`Layout`, so workers need no registry (a schedule registered only
-    in the launching process runs too)."""
+    given: a schedule choosing its own chunk count stays within them). ``fallback``: a pipeline
+    with fewer ranks than the schedule runs on runs its ``Pricing.fewer_ranks`` schedule, as the
+    planner priced it (a one-rank Hanayo pipeline: 1F1B). They travel to the workers inside the
+    :class:`Layout`, so workers need no registry (a schedule registered only in the launching
+    process runs too)."""
     from hexicore.pipeline.comm import insert_comm
     from hexicore.pipeline.schedule import ScheduleSpec
 
     params = dict(schedule)
     name = str(params.pop("name", "?"))
     sched = registry.create("schedule", name, **params)
+    pricing = getattr(sched, "pricing", None)
+    if fallback and pricing is not None and ranks < pricing.min_ranks and pricing.fewer_ranks is not None:
+        sched = registry.create("schedule", pricing.fewer_ranks.name, **pricing.fewer_ranks.kwargs())
 
     actions = sched.actions(ScheduleSpec(ranks=ranks, micro_batches=micro_batches,
                                          rank_layers=tuple(int(x) for x in rank_layers)))
@@ -312,6 +317,6 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
         for s in p.stages:
             check_model(model, s.tp, source, "stages.tp")
         pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source,
-                                                        [g.layers for g in groups])))
+                                                        [g.layers for g in groups], fallback=True)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source)

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Mapping
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.zones import LINK_KEYS, fill_zone_links, parse_links, parse_zones
-from hexicore.core.fleet import machines_from_devices, synthetic_fleet, synthetic_fleet_dict
+from hexicore.core.device_list import check_devices, machines_from_devices
+from hexicore.core.fleet import synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
 __all__ = ["GB", "GPU_CATALOG", "Cluster", "Device", "GpuType", "Link", "Machine", "machines_from_devices",
@@ -319,13 +320,16 @@ def _slowdown(raw: Any, source: str | None, fp: str) -> float:
 def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
     """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
 
-    A mapping with a ``synthetic:`` section is expanded by :func:`synthetic_fleet` first.
+    A mapping with a ``synthetic:`` section is expanded by :func:`synthetic_fleet` first; one with
+    only ``devices`` by :func:`machines_from_devices`. A ``devices`` list is always checked against
+    the cluster built (:func:`check_devices`): beside ``machines`` it must agree with them.
     """
     d = schema.as_mapping(data, source, prefix)
     schema.known_keys(d, CLUSTER_KEYS, source, prefix)
     if d.get("synthetic") is not None:
         d = synthetic_fleet_dict(d, source, prefix)
-    if d.get("machines") is None and d.get("devices") is not None:
+    raw_devices = d.get("devices")
+    if d.get("machines") is None and raw_devices is not None:
         d = machines_from_devices(d, source, prefix)
     catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))
     name = schema.string(d.get("name", "cluster"), source, schema.dotted(prefix, "name"))
@@ -379,6 +383,8 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     if excluded:
         ep = schema.dotted(prefix, "excluded")
         cluster = cluster.exclude(schema.as_list(excluded, source, ep), source=source, field=ep)
+    if raw_devices is not None:
+        check_devices(cluster, raw_devices, source, prefix)
     return cluster
 
 

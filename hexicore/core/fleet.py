@@ -1,6 +1,6 @@
-"""Other ways to write a cluster, expanded into the machines form :func:`hexicore.core.cluster.parse_cluster`
-reads: a plain ``devices`` list (plan JSON from another tool, docs/formats.md) and a seeded
-``synthetic:`` fleet for scale tests.
+"""A seeded ``synthetic:`` fleet for scale tests, expanded into the machines form
+:func:`hexicore.core.cluster.parse_cluster` reads (the other way, a plain ``devices`` list, is
+:mod:`hexicore.core.device_list`).
 """
 
 from __future__ import annotations
@@ -11,57 +11,6 @@ from typing import Any, Mapping
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
-
-
-def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str | None) -> dict[str, Any]:
-    """A cluster given only as a ``devices`` list (plan JSON from another tool, docs/formats.md):
-    machines are the devices' ``machine`` names, a GPU type per machine (its ``tflops`` and
-    ``memory_gb`` override the catalog's), ids ``<machine>.<index>`` with missing indices
-    excluded. Intra-machine links come from ``intra: {bandwidth_gbs, latency_us}`` when given,
-    else from the catalog's typical figure for the GPU type (``GpuType.intra_gbs``)."""
-    dp = schema.dotted(prefix, "devices")
-    raw = schema.as_list(d["devices"], source, dp)
-    intra = schema.as_mapping(d.get("intra") or {}, source, schema.dotted(prefix, "intra"))
-    machines: dict[str, dict[str, Any]] = {}
-    present: set[str] = set()
-    gpus = dict(schema.as_mapping(d.get("gpus") or {}, source, schema.dotted(prefix, "gpus")))
-    for i, r in enumerate(raw):
-        fp = f"{dp}[{i}]"
-        r = schema.as_mapping(r, source, fp)
-        schema.known_keys(r, {"id", "machine", "gpu", "tflops", "memory_gb"}, source, fp)
-        did = schema.string(schema.get(r, "id", source, fp), source, schema.dotted(fp, "id"))
-        mname, _, idx = did.rpartition(".")
-        if not mname or not idx.isdigit():
-            raise HexicoreError(f"device id {did!r} is not <machine>.<index>", source=source, field=schema.dotted(fp, "id"))
-        if r.get("machine") is not None and str(r["machine"]) != mname:
-            raise HexicoreError(f"device {did!r} names machine {r['machine']!r}", source=source,
-                                field=schema.dotted(fp, "machine"))
-        gpu = schema.string(schema.get(r, "gpu", source, fp), source, schema.dotted(fp, "gpu"))
-        m = machines.setdefault(mname, {"name": mname, "gpu": gpu, "count": 0})
-        if m["gpu"] != gpu:
-            raise HexicoreError(f"machine {mname!r} mixes GPU types {m['gpu']!r} and {gpu!r}", source=source,
-                                field=schema.dotted(fp, "gpu"))
-        limits.check(int(idx) + 1, limits.MAX_DEVICES, "GPUs in one machine", source=source,
-                     field=schema.dotted(fp, "id"))
-        m["count"] = max(m["count"], int(idx) + 1)
-        present.add(did)
-        if r.get("tflops") is not None or r.get("memory_gb") is not None:
-            spec = dict(gpus.get(gpu) or {})
-            spec.update({k: r[k] for k in ("tflops", "memory_gb") if r.get(k) is not None})
-            gpus[gpu] = spec
-    catalog = parse_gpu_types(gpus, source, schema.dotted(prefix, "gpus"))
-    for m in machines.values():
-        if m["gpu"] not in catalog:
-            raise HexicoreError(f"unknown GPU type {m['gpu']!r} without tflops/memory_gb", source=source, field=dp)
-        m["bandwidth_gbs"] = intra.get("bandwidth_gbs", catalog[m["gpu"]].intra_gbs)
-        m["latency_us"] = intra.get("latency_us", 0.0)
-    out = {k: v for k, v in d.items() if k not in ("devices", "intra")}
-    out["machines"] = list(machines.values())
-    out["gpus"] = gpus
-    missing = [f"{m['name']}.{i}" for m in machines.values() for i in range(m["count"])
-               if f"{m['name']}.{i}" not in present]
-    out["excluded"] = sorted(set(out.get("excluded") or []) | set(missing))
-    return out
 
 
 def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str | None) -> dict[str, Any]:

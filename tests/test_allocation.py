@@ -152,3 +152,29 @@ def test_screened_greedy_descent_keeps_the_result():
         screened = solve(p, allocation_exhaustive=1, allocation_screen_above=1)
         assert screened.solver["allocation"]["screened"] > 0 and len(screened.devices) == used
         assert screened.estimate.iteration_s == pytest.approx(plain.estimate.iteration_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("exhaustive", [8, 1])  # every sub-cluster; the greedy descent
+def test_a_sub_cluster_is_tried_when_nothing_fits_the_whole_cluster(exhaustive):
+    """The whole cluster may hold no plan where a smaller one does (a schedule that needs more
+    micro-batches than the pipelines over every device leave it): the allocation goes on to the
+    sub-clusters, and raises the whole cluster's error only when nothing fits anywhere."""
+    from hexicore.planner.allocation import allocate
+
+    c = cluster(FAST_MACHINES + [SLOW])
+    p = problem(c)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+
+    def solve_sub(sub, progress):
+        if len(sub.cluster.devices) > 8:
+            raise HexicoreError("nothing fits these 12 devices", field="model")
+        return inner.solve(sub, seed=0)
+
+    plan = allocate(p, solve_sub, exhaustive=exhaustive)
+    assert 0 < len(plan.devices) <= 8 and plan.estimate.fits
+
+    def nothing(sub, progress):
+        raise HexicoreError(f"nothing fits {len(sub.cluster.devices)} devices", field="model")
+
+    with pytest.raises(HexicoreError, match="nothing fits 12 devices"):
+        allocate(p, nothing, exhaustive=exhaustive)

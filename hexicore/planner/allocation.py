@@ -103,6 +103,7 @@ class _Search:
     screen: Screen | None = None
     screened: int = 0
     quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
+    whole_error: HexicoreError | None = None  # why nothing fits the whole cluster (raised if nothing fits anywhere)
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -177,9 +178,9 @@ class _Search:
         sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
         try:
             plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else no_progress)
-        except HexicoreError:
-            if first:
-                raise
+        except HexicoreError as exc:
+            if first:  # a smaller sub-cluster may still hold a plan (fewer stages, a schedule's limits)
+                self.whole_error = exc
             plan = None  # nothing fits (or the solver's settings do not suit) this sub-cluster
         if plan is not None:
             est = plan.estimate or sub.cost.estimate(plan)
@@ -219,7 +220,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
              workers: int = 1) -> Plan:
     """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
     past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
-    always is). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
+    always is; where nothing fits it, the sub-clusters are still tried, and its error is raised
+    only if nothing fits any of them). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
     cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
     full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
     that many processes (the screen must then ignore its plan argument), and the first step's
@@ -264,7 +266,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             cur = next(v for v, t in steps if t is s.best)
     best = s.best
     if best is None or best.plan is None or best.score[0] == INF:
-        raise objective.unmet(problem, s.trials)
+        raise s.whole_error if s.whole_error is not None else objective.unmet(problem, s.trials)
     info = dict(best.plan.solver or {})
     info["allocation"] = {"mode": mode, "solved": sum(1 for t in s.trials.values() if t is not None),
                           "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),

@@ -22,8 +22,9 @@ by hand. Every key is a Hydra override: `hexicore plan cluster=hetero1 train.glo
 are refused (one line, exit 2); every value of a sweep is composed before any job runs, so a value
 of the wrong type (`train.global_batch=4,abc`) is one line naming it, exit 2. A sweep writes
 `summary.csv` and `summary.md` with a row per job: its outcome, its one-line error or its results
-(`plan`: iteration time, MFU, memory, ...; `train`: first and final loss, steps, median `step_s`,
-`tokens_per_s`, `out`; `simulate`: makespan, bubbles).
+(`plan`: iteration time, MFU, memory, ...; `train`: first and final loss, steps, median `step_s`
+after the first step (metrics.json's `measured.step_s`), `tokens_per_s`, `out`; `simulate`:
+makespan, bubbles).
 
 ## Commands
 

@@ -80,14 +80,27 @@ def prepare_out(out: str, resume: Any, overwrite: bool | None, folders: tuple[st
 
 
 def result_row(m: Mapping[str, Any], spec: Any, out: str) -> dict[str, Any]:
-    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``."""
-    losses, step_s = list(m.get("losses") or []), list(m.get("step_s") or [])
+    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``.
+    ``step_s`` is ``measured.step_s`` (the median after the run's first step, null with one step),
+    the same statistic as ``tokens_per_s``; without a ``measured`` object, the same median of ``step_s``."""
+    losses = list(m.get("losses") or [])
     t = spec.train
     return {"command": "train", "model": spec.model.name, "schedule": m.get("schedule"), "ranks": m.get("ranks"),
             "steps": len(losses), "global_batch": t.global_batch, "micro_batch": t.micro_batch,
             "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
-            "step_s": statistics.median(step_s) if step_s else None, "tokens_per_s": m.get("tokens_per_s"),
+            "step_s": steady_step_s(m), "tokens_per_s": m.get("tokens_per_s"),
             "out": out}
+
+
+def steady_step_s(m: Mapping[str, Any]) -> float | None:
+    """The run's median step time after its first (warm-up) step: ``measured.step_s`` as the
+    runtime wrote it, else (a runtime without ``measured``) the median of ``step_s[1:]``; None
+    with one step."""
+    measured = m.get("measured")
+    if isinstance(measured, Mapping) and "step_s" in measured:
+        return measured["step_s"]
+    steady = list(m.get("step_s") or [])[1:]
+    return statistics.median(steady) if steady else None
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

@@ -95,6 +95,8 @@ def _plan_json(tmp_path, tp):
     (["parallel=none", "runtime.data=foo"], "command line: runtime.data: unknown data 'foo'"),
     (["parallel=none", "train.seq_len=999"], "command line: train.seq_len: sequence length 999"),
     (["model=bert_large", "pipeline.ranks=2"], "model=bert_large: model.arch: the torch runtime trains Llama"),
+    (["schedule=auto", "pipeline.ranks=2"], "command line: schedule: schedule=auto is for hexicore plan only (it "
+                                            "picks a schedule per pipeline); hexicore train pipeline.ranks=P takes one of: 1f1b,"),
 ])
 def test_cli_errors_name_the_command_line_and_the_key(tmp_path, capsys, monkeypatch, args, needle):
     """A run without a plan: every value is the command line's, so its errors name it and the key as written."""

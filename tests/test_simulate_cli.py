@@ -63,6 +63,8 @@ def test_no_closed_form_below_p_micro_batches(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["schedule=hanayo", "pipeline.ranks=1"], "needs pipeline.ranks >= 2"),
     (["schedule=nope"], "unknown schedule 'nope'"),
+    (["schedule=auto"], "command line: schedule: schedule=auto is for hexicore plan only (it picks a schedule per "
+                        "pipeline); hexicore simulate takes one of: 1f1b, chimera, "),
     (["schedule=hanayo", "schedule.waves=0"], "command line: schedule.waves: schedule 'hanayo': waves must be"),
     (["schedule=dualpipe_v", "pipeline.ranks=4", "pipeline.micro_batches=3"],
      "command line: pipeline.micro_batches: schedule 'dualpipe_v': needs micro_batches >= 2 x ranks = 8, got 3"),

@@ -18,7 +18,7 @@ from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost, with_placement
+from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
 from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
@@ -57,6 +57,15 @@ def on_command_line(exc: HexicoreError, cfg: DictConfig | None = None,
     out = copy.copy(exc)  # the same class (PlanError, ScheduleError, ...)
     out.source, out.field = source, field
     return out
+
+
+def one_schedule(name: str, command: str, registry: Registry) -> None:
+    """Refuse ``schedule=auto`` where ``command`` runs one schedule it names (simulate, train
+    without a plan): ``auto`` is the planner's choice of a schedule per pipeline."""
+    if name == AUTO:
+        raise HexicoreError(f"schedule=auto is for hexicore plan only (it picks a schedule per pipeline); hexicore "
+                            f"{command} takes one of: {', '.join(registry.names('schedule'))}", source="command line",
+                            field="schedule")
 
 
 def load_cluster(cfg: DictConfig) -> Cluster:

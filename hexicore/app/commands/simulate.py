@@ -128,6 +128,7 @@ def build(cfg: DictConfig, registry: Registry | None = None, *,
     limits.check(P, limits.MAX_DEVICES, "ranks", source=SRC, field="pipeline.ranks")
     limits.check(M, limits.MAX_MICRO_BATCHES, "micro-batches", source=SRC, field="pipeline.micro_batches")
     ref = schedule_ref(cfg, registry)
+    app.one_schedule(ref.name, "simulate", registry)
     depth = max([1] + [v for k, v in ref.items() if k in ("waves", "chunks") and isinstance(v, int)])
     limits.check(ACTIONS_PER_CELL * P * M * depth, limits.MAX_ACTIONS, "actions (about)", source=SRC,
                  field="pipeline.micro_batches")

@@ -2,7 +2,7 @@
 
 from hexicore.app.compose import config_from_overrides, load_cluster
 from hexicore.app.cli import GROUPS, _group_options
-from hexicore.app.docgen import render
+from hexicore.app.docgen import main, render
 from hexicore.app.picture import save_action_list_picture, save_cluster_picture
 
 
@@ -12,6 +12,21 @@ def test_cli_reference_lists_every_group_option_and_key():
         for option in _group_options(g):
             assert f"`{option}`" in text
     assert "`train.global_batch=24`" in text and "`hexicore simulate`" in text
+
+
+def test_docgen_help_prints_usage_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--help", "-h"):
+        with pytest.raises(SystemExit) as e:
+            main([flag])
+        assert e.value.code == 0 and "usage: python -m hexicore.app.docgen" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--bogus"])
+    assert e.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["ref.md"]) == 0 and (tmp_path / "ref.md").read_text(encoding="utf-8").startswith("# CLI reference")
 
 
 def test_concept_pictures(tmp_path):

@@ -7,6 +7,7 @@ reference can never drift from conf/.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -87,15 +88,19 @@ def pictures(folder: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hexicore.app.docgen [CLI_MD] [--pictures DIR]``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--pictures" in argv:
-        i = argv.index("--pictures")
-        folder = Path(argv[i + 1]) if i + 1 < len(argv) else Path("docs/img")
-        del argv[i:i + 2]
-        for p in pictures(folder):
+    """``python -m hexicore.app.docgen [CLI_MD] [--pictures [DIR]]``; ``--help`` prints the usage."""
+    parser = argparse.ArgumentParser(prog="python -m hexicore.app.docgen",
+                                     description="Generate the CLI reference (docs/cli.md) from conf/ and the "
+                                                 "plugins hexicore ships; optionally the concept pictures.")
+    parser.add_argument("path", nargs="?", default="docs/cli.md", metavar="CLI_MD",
+                        help="where to write the reference (default: docs/cli.md)")
+    parser.add_argument("--pictures", nargs="?", const="docs/img", default=None, metavar="DIR",
+                        help="also draw the concept pictures of docs/concepts.md into DIR (default: docs/img)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.pictures is not None:
+        for p in pictures(Path(args.pictures)):
             print(f"wrote {p}")
-    path = Path(argv[0]) if argv else Path("docs/cli.md")
+    path = Path(args.path)
     path.write_text(render(), encoding="utf-8")
     print(f"wrote {path}")
     return 0

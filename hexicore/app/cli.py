@@ -53,8 +53,9 @@ def fail(exc: BaseException | str) -> int:
     return 2
 
 
-def _group_options(group: str) -> list[str]:
-    """Options of a config group: YAML files shipped in hexicore.conf plus structured configs."""
+def _group_options(group: str, registry: Any = None) -> list[str]:
+    """Options of a config group: YAML files shipped in hexicore.conf plus structured configs
+    (those in Hydra's ConfigStore, or with ``registry`` only those of its plugins)."""
     from importlib import resources
 
     names = set()
@@ -64,6 +65,12 @@ def _group_options(group: str) -> list[str]:
                 names.add(f.name[:-5])
     except (ModuleNotFoundError, FileNotFoundError):
         pass
+    if registry is not None:
+        from hexicore.hookspecs import KINDS
+
+        kinds = [k for k, (_, g) in KINDS.items() if g == group]
+        names.update(n for k in kinds for n, e in registry.entries[k].items() if e.spec.config is not None)
+        return sorted(names)
     from hydra.core.config_store import ConfigStore
 
     repo = ConfigStore.instance().repo.get(group, {})

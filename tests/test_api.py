@@ -106,14 +106,20 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_absolute_out_in_a_sweep_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("command,out,words", [
+    (["plan", "model=tiny", "solver=megatron,hexiscale"], "same.json", "every job of the sweep would write to the same "),
+    (["simulate", "schedule=1f1b,gpipe"], "sim", "every job of the sweep would write to the same "),
+    (["plan", "model=tiny"], "a.json,{d}/b.json", "an absolute out= ("),
+])
+def test_absolute_out_in_a_sweep_is_refused_before_any_job(tmp_path, capsys, command, out, words):
     from tests.conftest import run_cli
 
-    code = run_cli(["plan", "-m", "model=tiny", "cluster=paper_case,hetero1", f"out={tmp_path / 'same.json'}",
+    code = run_cli([command[0], "-m", *command[1:], f"out={tmp_path}/{out.format(d=tmp_path)}",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"])
-    assert code == 1 and not (tmp_path / "same.json").exists()
-    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
-    assert all(r["outcome"] == "failed" and "absolute out=" in r["error"] for r in rows)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"hexicore: error: command line: out: {words}"), err
+    assert "give a relative path (resolved under each job's directory)" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no job ran: no sweep directory, nothing written
 def test_the_promised_one_liner_and_typed_exports():
     p = hexicore.plan(cluster="paper_case", model="llama2_13b")
     assert p.estimate.iteration_s > 0 and json.loads(p.to_json())["format"] == "hexicore.plan/1"

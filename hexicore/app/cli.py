@@ -127,6 +127,10 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
             raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}",
                                 source=None if library else "command line", field=key)
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        if multirun and key == "out":
+            from hexicore.app.sweep import check_out
+
+            check_out(o.input_line, values)
         if key in GROUPS and o.package is None and not o.is_delete():
             options = _group_options(key)
             for v in values:

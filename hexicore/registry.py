@@ -17,6 +17,7 @@ One bad plugin never takes the others down:
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -28,6 +29,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import KINDS, PROJECT, HexicoreSpecs, PluginSpec
 
 NOT_INSTALLED = "(not installed)"
+#: the distribution that ships hexicore's own plugins (hexicore/builtin.py and plugins/)
+HOME = "hexicore"
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,21 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def _distribution(ep: Any) -> str:
+def _distribution_name(ep: Any) -> str | None:
     dist = getattr(ep, "dist", None)
     if dist is None:
-        return NOT_INSTALLED
-    name = getattr(dist, "name", None) or dist.metadata["Name"]
-    return f"{name} {dist.version}"
+        return None
+    return getattr(dist, "name", None) or dist.metadata["Name"]
+
+
+def _distribution(ep: Any) -> str:
+    name = _distribution_name(ep)
+    return NOT_INSTALLED if name is None else f"{name} {ep.dist.version}"
+
+
+def _canonical(name: str | None) -> str:
+    """A distribution name as packaging compares them (case, ``-``/``_``/``.`` alike)."""
+    return re.sub(r"[-_.]+", "-", name or "").lower()
 
 
 class Registry:
@@ -91,10 +103,22 @@ class Registry:
         """Every plugin installed in the ``hexicore`` entry-point group (cached per process)."""
         return cls(entry_points=True)
 
-    def _load_entry_points(self) -> None:
-        """Import and register each entry point's module; remember the ones that fail (pluggy's
-        own ``load_setuptools_entrypoints`` stops at the first failure)."""
+    @classmethod
+    def shipped(cls) -> "Registry":
+        """Only the plugins hexicore itself ships (the entry points of its own distribution,
+        :data:`HOME`), whatever else is installed: what every install has. docs/cli.md is
+        generated from these (:mod:`hexicore.app.docgen`)."""
+        registry = cls()
+        registry._load_entry_points(only=HOME)
+        return registry
+
+    def _load_entry_points(self, only: str | None = None) -> None:
+        """Import and register each entry point's module (``only``: those of that distribution);
+        remember the ones that fail (pluggy's own ``load_setuptools_entrypoints`` stops at the
+        first failure)."""
         for ep in plugin_entry_points():
+            if only is not None and _canonical(_distribution_name(ep)) != _canonical(only):
+                continue
             if self.pm.get_plugin(ep.name) is not None or self.pm.is_blocked(ep.name):
                 continue
             dist = _distribution(ep)

@@ -106,14 +106,20 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_absolute_out_in_a_sweep_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("command,out,words", [
+    (["plan", "model=tiny", "solver=megatron,hexiscale"], "same.json", "every job of the sweep would write to the same "),
+    (["simulate", "schedule=1f1b,gpipe"], "sim", "every job of the sweep would write to the same "),
+    (["plan", "model=tiny"], "a.json,{d}/b.json", "an absolute out= ("),
+])
+def test_absolute_out_in_a_sweep_is_refused_before_any_job(tmp_path, capsys, command, out, words):
     from tests.conftest import run_cli
 
-    code = run_cli(["plan", "-m", "model=tiny", "cluster=paper_case,hetero1", f"out={tmp_path / 'same.json'}",
+    code = run_cli([command[0], "-m", *command[1:], f"out={tmp_path}/{out.format(d=tmp_path)}",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"])
-    assert code == 1 and not (tmp_path / "same.json").exists()
-    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
-    assert all(r["outcome"] == "failed" and "absolute out=" in r["error"] for r in rows)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"hexicore: error: command line: out: {words}"), err
+    assert "give a relative path (resolved under each job's directory)" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no job ran: no sweep directory, nothing written
 def test_the_promised_one_liner_and_typed_exports():
     p = hexicore.plan(cluster="paper_case", model="llama2_13b")
     assert p.estimate.iteration_s > 0 and json.loads(p.to_json())["format"] == "hexicore.plan/1"
@@ -134,15 +140,33 @@ def test_import_hexicore_stays_light():
 
 
 def test_train_sweep_records_ok_and_failed_jobs(tmp_path, capsys):
-    code = run_cli(["train", "-m", "parallel=none", "model=tiny", "train.steps=1", "train.dtype=fp32",
+    code = run_cli(["train", "-m", "parallel=none", "model=tiny", "train.steps=2", "train.dtype=fp32",
                     "runtime.progress=false", "train.micro_batch=2", "train.global_batch=2,3",
                     f"hydra.sweep.dir={tmp_path}"])
     assert code == 1 and "1 of 2 jobs failed" in capsys.readouterr().err
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert [r["outcome"] for r in rows] == ["ok", "failed"]
-    assert rows[0]["steps"] == "1" and float(rows[0]["final_loss"]) > 0 and float(rows[0]["tokens_per_s"]) > 0
+    assert rows[0]["steps"] == "2" and float(rows[0]["final_loss"]) > 0 and float(rows[0]["tokens_per_s"]) > 0
     assert float(rows[0]["step_s"]) > 0 and rows[0]["out"] == str(tmp_path / "0")
+    # the row's step_s is metrics.json's measured.step_s: the median after the first (warm-up) step
+    metrics = json.loads((tmp_path / "0" / "metrics.json").read_text())
+    assert float(rows[0]["step_s"]) == pytest.approx(metrics["measured"]["step_s"])
+    assert float(rows[0]["step_s"]) == pytest.approx(metrics["step_s"][1])
     assert "multiple of micro-batch" in rows[1]["error"] and (tmp_path / "summary.md").is_file()
+
+
+def test_train_row_step_s_skips_the_first_step():
+    """A sweep row's step_s is the statistic of measured.step_s (null for one step), not the median of all steps."""
+    from types import SimpleNamespace
+
+    from hexicore.app.commands.train import result_row
+
+    spec = SimpleNamespace(model=SimpleNamespace(name="tiny"), train=SimpleNamespace(global_batch=4, micro_batch=1))
+    m = {"losses": [3.0, 2.0, 1.0], "step_s": [9.0, 1.0, 2.0], "measured": {"step_s": 1.5}}
+    assert result_row(m, spec, "o")["step_s"] == 1.5
+    assert result_row({**m, "measured": {"step_s": None}}, spec, "o")["step_s"] is None  # one step
+    assert result_row({"losses": [3.0, 2.0, 1.0], "step_s": [9.0, 1.0, 2.0]}, spec, "o")["step_s"] == 1.5
+    assert result_row({"losses": [3.0], "step_s": [9.0]}, spec, "o")["step_s"] is None
 
 
 @pytest.fixture(scope="module")

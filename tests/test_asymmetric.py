@@ -133,6 +133,7 @@ def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_pat
 
     code, io = cli("train", f"plan_file={path}", "runtime.progress=false", f"out={tmp_path}")
     assert code == 2 and io.err.count("\n") == 1 and "more stages than layers" in io.err
+    assert io.err.startswith(f"hexicore: error: {path}: ")  # the plan's error names the plan file
     code, io = cli("evaluate", f"plan_file={path}")
     assert code == 0 and "runtime torch cannot run this plan" in io.err and "more stages than layers" in io.err
     good = tmp_path / "good.json"

@@ -123,6 +123,7 @@ def test_model_that_fits_nowhere(capsys, hydra_dir, tmp_path):
     (["plan", "train.global_batch=7", "train.micro_batch=2"], "train.global_batch"),
     (["plan", "exclude=[Z.1]"], "exclude: unknown device 'Z.1'"),
     (["evaluate"], "plan_file"),
+    (["plan", "model=tiny", "schedule=hanayo", "schedule.waves=0"], "command line: schedule.waves: schedule 'hanayo'"),
     (["frobnicate"], "unknown command 'frobnicate'"),
 ])
 def test_bad_command_lines(args, words, capsys, hydra_dir):

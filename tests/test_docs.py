@@ -1,17 +1,50 @@
 """The generated CLI reference and the concept pictures."""
 
+from pathlib import Path
+
 from hexicore.app.compose import config_from_overrides, load_cluster
 from hexicore.app.cli import GROUPS, _group_options
-from hexicore.app.docgen import render
+from hexicore.app.docgen import main, render
 from hexicore.app.picture import save_action_list_picture, save_cluster_picture
 
 
-def test_cli_reference_lists_every_group_option_and_key():
-    text = render()
+def test_cli_reference_is_docs_cli_md_and_lists_only_what_hexicore_ships():
+    """docs/cli.md is docgen's output on every install: the options of conf/ and of the plugins
+    hexicore ships, none of another package (examples/hexicore-annealing, installed by CI or not,
+    or one already in Hydra's ConfigStore)."""
+    from hydra.core.config_store import ConfigStore
+
+    from hexicore.registry import Registry
+
+    cs = ConfigStore.instance()
+    cs.store(group="solver", name="zz_third_party", node={"name": "zz_third_party", "speed": 1})
+    try:
+        text = render()
+    finally:
+        cs.repo.get("solver", {}).pop("zz_third_party.yaml", None)
+    assert text == (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8"), \
+        "docs/cli.md is stale: python -m hexicore.app.docgen docs/cli.md"
+    shipped = Registry.shipped()
     for g in GROUPS:
-        for option in _group_options(g):
+        for option in _group_options(g, shipped):
             assert f"`{option}`" in text
+    assert "zz_third_party" not in text and "`annealing`" not in text and "solver.name=annealing" not in text
     assert "`train.global_batch=24`" in text and "`hexicore simulate`" in text
+
+
+def test_docgen_help_prints_usage_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--help", "-h"):
+        with pytest.raises(SystemExit) as e:
+            main([flag])
+        assert e.value.code == 0 and "usage: python -m hexicore.app.docgen" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--bogus"])
+    assert e.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["ref.md"]) == 0 and (tmp_path / "ref.md").read_text(encoding="utf-8").startswith("# CLI reference")
 
 
 def test_concept_pictures(tmp_path):

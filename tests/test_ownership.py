@@ -37,12 +37,25 @@ def test_plan_replaces_its_own_outputs(tmp_path, capsys):
 def test_kinds_and_overwrite(tmp_path):
     actions = tmp_path / "a.json"
     actions.write_text(json.dumps({"format": "hexicore.actions/1"}))
-    with pytest.raises(HexicoreError, match="is a actions file"):
+    with pytest.raises(HexicoreError, match="is an actions file; refusing to replace it with a plan file "):
         check_writable(actions, "hexicore.plan")
     check_writable(actions, "hexicore.plan", overwrite=True)
     with pytest.raises(HexicoreError, match="is a directory"):
         check_writable(tmp_path, "hexicore.plan", overwrite=True)
     check_writable(tmp_path / "new.json", "hexicore.plan", overwrite=False)
+
+
+@pytest.mark.parametrize("found,kind,words", [
+    ("hexicore.plan", "hexicore.actions", "is a plan file; refusing to replace it with an actions file "),
+    ("hexicore.summary", "hexicore.hf_index", "is a summary file; refusing to replace it with an hf_index file "),
+    ("hexicore.metrics", "hexicore.trace", "is a metrics file; refusing to replace it with a trace file "),
+])
+def test_refusals_take_the_article_of_the_word(tmp_path, found, kind, words):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"format": f"{found}/1"}))
+    with pytest.raises(HexicoreError) as e:
+        check_writable(f, kind)
+    assert words in str(e.value) and " a a" not in str(e.value)
 
 
 def test_two_concurrent_plans_without_out_both_kept(tmp_path):

@@ -189,6 +189,19 @@ def test_using_a_doubly_registered_name_exits_2_naming_both(isolated, tmp_path, 
     assert err[0].startswith("hexicore: error:") and "'twin_a' (twin-a 1.0)" in err[0] and "'twin_b' (twin-b 2.0)" in err[0]
 
 
+def test_shipped_registry_holds_only_hexicore_own_plugins(isolated):
+    """Registry.shipped(): the plugins of hexicore's own distribution, none of another package."""
+    from hexicore.app.cli import _group_options
+
+    shipped = Registry.shipped()
+    assert "twin" in isolated.names("solver") and "twin" not in shipped.names("solver")
+    assert {"megatron", "hexiscale", "cpsat"} <= set(shipped.names("solver")) and "annealing" not in shipped.names("solver")
+    assert "hanayo" in shipped.names("schedule") and "torch" in shipped.names("runtime")
+    assert not shipped.broken and all(dist.startswith("hexicore ") for _, _, dist, _ in shipped.rows())
+    isolated.store_configs()
+    assert "twin" in _group_options("solver") and "twin" not in _group_options("solver", shipped)
+
+
 def test_plugins_after_a_broken_one_still_load(isolated):
     """Why the registry iterates entry points itself: every plugin after the broken one loads."""
     assert {"twin_a", "twin_b"} <= {name for name, _ in isolated.pm.list_name_plugin()}

@@ -85,12 +85,36 @@ def _plan_json(tmp_path, tp):
     return path
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["schedule=1f1b", "pipeline.ranks=2", "train.global_batch=5", "train.micro_batch=2"],
+     "command line: train.micro_batch: global batch 5 is not a multiple of micro-batch 2"),
+    (["schedule=1f1b", "pipeline.ranks=9"], "command line: pipeline.ranks: 9 pipeline stages"),
+    (["schedule=hanayo", "schedule.waves=0", "pipeline.ranks=2"], "command line: schedule.waves: schedule 'hanayo'"),
+    (["schedule=dualpipe_v", "pipeline.ranks=2", "train.global_batch=2"],
+     "command line: train.global_batch: schedule 'dualpipe_v': needs micro_batches >= 2 x ranks = 4, got 2"),
+    (["parallel=none", "runtime.data=foo"], "command line: runtime.data: unknown data 'foo'"),
+    (["parallel=none", "train.seq_len=999"], "command line: train.seq_len: sequence length 999"),
+    (["model=bert_large", "pipeline.ranks=2"], "model=bert_large: model.arch: the torch runtime trains Llama"),
+    (["schedule=auto", "pipeline.ranks=2"], "command line: schedule: schedule=auto is for hexicore plan only (it "
+                                            "picks a schedule per pipeline); hexicore train pipeline.ranks=P takes one of: 1f1b,"),
+])
+def test_cli_errors_name_the_command_line_and_the_key(tmp_path, capsys, monkeypatch, args, needle):
+    """A run without a plan: every value is the command line's, so its errors name it and the key as written."""
+    import hexicore_plugins.runtimes.torch.launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
+    code, io = cli([*TRAIN, *args, f"out={tmp_path}"], capsys)
+    assert code == 2 and io.err.count("\n") == 1 and f"hexicore: error: {needle}" in io.err, io.err
+    assert not (tmp_path / "metrics.json").exists()
+
+
 def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
     import hexicore_plugins.runtimes.torch.launch as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     code, io = cli([*TRAIN, "schedule=1f1b", "pipeline.ranks=9", f"out={tmp_path}"], capsys)
     assert code == 2 and io.err.count("\n") == 1 and "more stages than layers" in io.err
+    assert "hexicore: error: command line: pipeline.ranks: 9 pipeline stages" in io.err
     code, io = cli([*TRAIN, f"plan_file={_plan_json(tmp_path, 3)}", f"out={tmp_path}"], capsys)
     assert code == 2 and io.err.count("\n") == 1 and "tensor-parallel degree 3 does not divide" in io.err
     code, io = cli([*TRAIN, "parallel=none", f"resume={tmp_path / 'nope.pt'}"], capsys)

@@ -63,7 +63,11 @@ def test_no_closed_form_below_p_micro_batches(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["schedule=hanayo", "pipeline.ranks=1"], "needs pipeline.ranks >= 2"),
     (["schedule=nope"], "unknown schedule 'nope'"),
-    (["schedule=hanayo", "schedule.waves=0"], "waves must be a positive integer or 'auto'"),
+    (["schedule=auto"], "command line: schedule: schedule=auto is for hexicore plan only (it picks a schedule per "
+                        "pipeline); hexicore simulate takes one of: 1f1b, chimera, "),
+    (["schedule=hanayo", "schedule.waves=0"], "command line: schedule.waves: schedule 'hanayo': waves must be"),
+    (["schedule=dualpipe_v", "pipeline.ranks=4", "pipeline.micro_batches=3"],
+     "command line: pipeline.micro_batches: schedule 'dualpipe_v': needs micro_batches >= 2 x ranks = 8, got 3"),
     (["schedule=hanayo", "schedule.waves=two"], "waves must be a positive integer or 'auto'"),
     (["pipeline.micro_batches=0"], "pipeline.micro_batches"),
     (["schedule=hanayo", "schedule.memory=abc"], "schedule.memory: schedule 'hanayo': memory must be a positive"),

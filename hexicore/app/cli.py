@@ -53,8 +53,9 @@ def fail(exc: BaseException | str) -> int:
     return 2
 
 
-def _group_options(group: str) -> list[str]:
-    """Options of a config group: YAML files shipped in hexicore.conf plus structured configs."""
+def _group_options(group: str, registry: Any = None) -> list[str]:
+    """Options of a config group: YAML files shipped in hexicore.conf plus structured configs
+    (those in Hydra's ConfigStore, or with ``registry`` only those of its plugins)."""
     from importlib import resources
 
     names = set()
@@ -64,6 +65,12 @@ def _group_options(group: str) -> list[str]:
                 names.add(f.name[:-5])
     except (ModuleNotFoundError, FileNotFoundError):
         pass
+    if registry is not None:
+        from hexicore.hookspecs import KINDS
+
+        kinds = [k for k, (_, g) in KINDS.items() if g == group]
+        names.update(n for k in kinds for n, e in registry.entries[k].items() if e.spec.config is not None)
+        return sorted(names)
     from hydra.core.config_store import ConfigStore
 
     repo = ConfigStore.instance().repo.get(group, {})
@@ -120,6 +127,10 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
             raise HexicoreError(f"{o.input_line} has several values (a sweep); {hint}",
                                 source=None if library else "command line", field=key)
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        if multirun and key == "out":
+            from hexicore.app.sweep import check_out
+
+            check_out(o.input_line, values)
         if key in GROUPS and o.package is None and not o.is_delete():
             options = _group_options(key)
             for v in values:

@@ -3,9 +3,10 @@ library API (config -> cluster/model -> solver -> plan; docs/design.md, data flo
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,7 +18,7 @@ from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.pricing import ScheduleBook, schedule_pricing, timed_cost, with_placement
+from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
 from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
@@ -37,6 +38,34 @@ def _choice(cfg: DictConfig, group: str) -> str:
         return f"{group}={HydraConfig.get().runtime.choices.get(group)}"
     except Exception:  # noqa: BLE001 - outside a Hydra run (compose API): no choices recorded
         return f"config {group}"
+
+
+def on_command_line(exc: HexicoreError, cfg: DictConfig | None = None,
+                    fields: Mapping[str, str] | None = None) -> HexicoreError:
+    """``exc`` as an error about this command's own values: one raised without a source (a
+    schedule plugin, the runtime or a settings check, which cannot know where their values came
+    from) names ``command line`` and its field as the user wrote it (``fields`` renames a
+    library's word: a schedule's ``micro_batches`` is ``pipeline.micro_batches`` for simulate), or
+    for a ``model.*`` field the model's source (``model_file``, else ``model=<choice>``). An error
+    that names its source (a file) is returned as it is."""
+    if exc.source:
+        return exc
+    field = (fields or {}).get(exc.field or "", exc.field)
+    source = "command line"
+    if cfg is not None and field and field.split(".")[0] == "model":
+        source = str(cfg.get("model_file") or _choice(cfg, "model"))
+    out = copy.copy(exc)  # the same class (PlanError, ScheduleError, ...)
+    out.source, out.field = source, field
+    return out
+
+
+def one_schedule(name: str, command: str, registry: Registry) -> None:
+    """Refuse ``schedule=auto`` where ``command`` runs one schedule it names (simulate, train
+    without a plan): ``auto`` is the planner's choice of a schedule per pipeline."""
+    if name == AUTO:
+        raise HexicoreError(f"schedule=auto is for hexicore plan only (it picks a schedule per pipeline); hexicore "
+                            f"{command} takes one of: {', '.join(registry.names('schedule'))}", source="command line",
+                            field="schedule")
 
 
 def load_cluster(cfg: DictConfig) -> Cluster:
@@ -146,7 +175,10 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
                                         source=_choice(cfg, "schedule"))
     cost = build_cost_model(cfg, registry)
     check_cost_cluster(cost, cluster)
-    cost, book = schedule_pricing(cost, schedule, registry)
+    try:
+        cost, book = schedule_pricing(cost, schedule, registry)
+    except HexicoreError as exc:  # a schedule parameter the plugin refuses (schedule.waves=0)
+        raise on_command_line(exc, cfg) from None
     objective = Objective(str(cfg.get("objective") or "throughput"), _opt_float(cfg.get("budget_per_hour")),
                           _opt_float(cfg.get("min_tokens_per_s")))
     return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book, objective=objective)

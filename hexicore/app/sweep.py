@@ -13,14 +13,30 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from hexicore.core.errors import HexicoreError
 from hexicore.core.schema import write_text_atomic
 
 RESULT = "result.json"
+
+
+def check_out(line: str, values: Sequence[str]) -> None:
+    """Before any job of a sweep runs: refuse an absolute ``out=`` (the override ``line`` as
+    written, its ``values``), as each job would (docs/formats.md, "Sweep summary"): a relative
+    one is resolved under each job's directory."""
+    if not any(Path(v).is_absolute() for v in values):
+        return
+    written = line.split("=", 1)[-1]
+    if len(values) == 1 and "${" not in written:
+        message = f"every job of the sweep would write to the same {written}"
+    else:
+        message = f"an absolute out= ({written}) is refused in a sweep"
+    raise HexicoreError(f"{message}; give a relative path (resolved under each job's directory)",
+                        source="command line", field="out")
 
 
 def record(row: Mapping[str, Any]) -> Path | None:

@@ -73,6 +73,7 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
         plan = Plan.load(path)  # parse + hexicore.core.plan.check_structure
         plan, est, warnings = app.evaluate(plan, app.build_cost_model(cfg, registry), source=path, registry=registry)
         return plan_run_spec(cfg, plan, schedule, runtime, source=path, out=out, estimate=est, warnings=warnings)
+    app.one_schedule(str(schedule.get("name")), "train pipeline.ranks=P", registry)
     model = app.load_model(cfg)
     ranks = schema.integer((cfg.get("pipeline") or {}).get("ranks"), SRC, "pipeline.ranks", minimum=None)
     if ranks < 1:

@@ -131,10 +131,18 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
         raise HexicoreError("exists and overwrite=false", source=str(p), field=field)
     found = kind_of(p)
     if found != kind:
-        what = f"a {found.split('.', 1)[1]} file" if found else "not a hexicore output"
-        raise HexicoreError(f"exists and is {what}; refusing to replace it with a {kind.split('.', 1)[1]} "
+        what = a_file(found) if found else "not a hexicore output"
+        raise HexicoreError(f"exists and is {what}; refusing to replace it with {a_file(kind)} "
                             "(choose another path, or overwrite=true)", source=str(p), field=field)
     return p
+
+
+def a_file(kind: str) -> str:
+    """``hexicore.<name>`` as "a <name> file" with the article its sound takes ("an actions file",
+    "an hf_config file", "a plan file")."""
+    name = kind.split(".", 1)[-1]
+    article = "an" if name[:1].lower() in "aeiou" or name.lower().startswith("hf") else "a"
+    return f"{article} {name} file"
 
 
 def check_all(items: Iterable[tuple[str | Path, str]], *, overwrite: bool | None = None, field: str = "out") -> None:

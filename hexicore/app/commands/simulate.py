@@ -36,6 +36,8 @@ from hexicore.pipeline.timeline import chrome_trace, save_timeline
 from hexicore.pipeline.validate import validate_actions
 
 SRC = "command line"
+#: a schedule's words for its inputs -> the keys that set them here
+FIELDS = {"ranks": "pipeline.ranks", "micro_batches": "pipeline.micro_batches"}
 SUMMARY_FORMAT = "hexicore.summary/1"
 #: actions per (rank, micro-batch, wave) a schedule builds at most, comm included (F, B, W and
 #: their sends and receives): the up-front bound checked against hexicore.core.limits.MAX_ACTIONS
@@ -126,13 +128,17 @@ def build(cfg: DictConfig, registry: Registry | None = None, *,
     limits.check(P, limits.MAX_DEVICES, "ranks", source=SRC, field="pipeline.ranks")
     limits.check(M, limits.MAX_MICRO_BATCHES, "micro-batches", source=SRC, field="pipeline.micro_batches")
     ref = schedule_ref(cfg, registry)
+    app.one_schedule(ref.name, "simulate", registry)
     depth = max([1] + [v for k, v in ref.items() if k in ("waves", "chunks") and isinstance(v, int)])
     limits.check(ACTIONS_PER_CELL * P * M * depth, limits.MAX_ACTIONS, "actions (about)", source=SRC,
                  field="pipeline.micro_batches")
-    schedule = registry.create("schedule", ref.name, **ref.kwargs())
     spec = ScheduleSpec(P, M, (tf,) * P, (tb,) * P, (tc,) * (P - 1))
-    al = schedule.actions(spec)
-    validate_actions(al, comm=True)
+    try:  # a schedule names its own words (micro_batches); here they are the command line's
+        schedule = registry.create("schedule", ref.name, **ref.kwargs())
+        al = schedule.actions(spec)
+        validate_actions(al, comm=True)
+    except HexicoreError as exc:
+        raise app.on_command_line(exc, cfg, FIELDS) from None
     from hexicore.pipeline.simulate import simulate
 
     keep = record if record is not None else al.n_actions <= FULL_FILES_MAX

@@ -21,13 +21,13 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from hexicore.app.compose import output_dir
+from hexicore.app.compose import on_command_line, output_dir
 from hexicore.app.report import console, prediction_table
 from hexicore.app.sweep import record
 from hexicore.app.training import build_run_spec, create_runtime
 from hexicore.core import schema
 from hexicore.core.ownership import check_run_dir, clear_checkpoints
-from hexicore.core.errors import RunError
+from hexicore.core.errors import HexicoreError, RunError
 from hexicore.registry import Registry
 
 
@@ -38,16 +38,18 @@ def run(cfg: DictConfig) -> int:
 def train(cfg: DictConfig, registry: Registry) -> int:
     """The command with an explicit registry (tests pass one holding their own plugins)."""
     out = str(cfg.out) if cfg.get("out") else str(output_dir(cfg))
-    spec = build_run_spec(cfg, registry, out)
-    folders = ("final", *(("checkpoints",) if spec.train.checkpoint_every else ()),
-               *(("reads",) if spec.train.init_from else ()))
-    prepare_out(out, cfg.get("resume"), cfg.get("overwrite"), folders)
-    runtime = create_runtime(spec, registry)
     try:
+        spec = build_run_spec(cfg, registry, out)
+        folders = ("final", *(("checkpoints",) if spec.train.checkpoint_every else ()),
+                   *(("reads",) if spec.train.init_from else ()))
+        prepare_out(out, cfg.get("resume"), cfg.get("overwrite"), folders)
+        runtime = create_runtime(spec, registry)
         metrics = runtime.run(spec, registry=registry)
     except RunError as exc:
         print(f"hexicore: error: {exc}", file=sys.stderr)
         return 1
+    except HexicoreError as exc:
+        raise located(exc, cfg) from None
     if metrics:
         record(result_row(metrics, spec, out))
         print(summary_line(metrics, out))
@@ -55,6 +57,20 @@ def train(cfg: DictConfig, registry: Registry) -> int:
         if table is not None:
             console().print(table)
     return 0
+
+
+#: a schedule's and the runtime's words for a one-pipeline run's inputs -> the keys that set them
+FIELDS = {"ranks": "pipeline.ranks", "micro_batches": "train.global_batch"}
+
+
+def located(exc: HexicoreError, cfg: DictConfig) -> HexicoreError:
+    """An error raised without a source (the run's settings, a schedule plugin, the runtime) as
+    one about the command line, its field as the user wrote it. Without ``plan_file`` every
+    value is the command line's; with one, only ``runtime.*`` is (the plan's own errors name the
+    plan file where they are raised: :func:`hexicore.app.compose.evaluate`, the runtime's layout)."""
+    if cfg.get("plan_file") and not str(exc.field or "").startswith("runtime"):
+        return exc
+    return on_command_line(exc, cfg, FIELDS)
 
 
 #: fixed temporary names a killed checkpoint save may leave behind
@@ -80,14 +96,27 @@ def prepare_out(out: str, resume: Any, overwrite: bool | None, folders: tuple[st
 
 
 def result_row(m: Mapping[str, Any], spec: Any, out: str) -> dict[str, Any]:
-    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``."""
-    losses, step_s = list(m.get("losses") or []), list(m.get("step_s") or [])
+    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``.
+    ``step_s`` is ``measured.step_s`` (the median after the run's first step, null with one step),
+    the same statistic as ``tokens_per_s``; without a ``measured`` object, the same median of ``step_s``."""
+    losses = list(m.get("losses") or [])
     t = spec.train
     return {"command": "train", "model": spec.model.name, "schedule": m.get("schedule"), "ranks": m.get("ranks"),
             "steps": len(losses), "global_batch": t.global_batch, "micro_batch": t.micro_batch,
             "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
-            "step_s": statistics.median(step_s) if step_s else None, "tokens_per_s": m.get("tokens_per_s"),
+            "step_s": steady_step_s(m), "tokens_per_s": m.get("tokens_per_s"),
             "out": out}
+
+
+def steady_step_s(m: Mapping[str, Any]) -> float | None:
+    """The run's median step time after its first (warm-up) step: ``measured.step_s`` as the
+    runtime wrote it, else (a runtime without ``measured``) the median of ``step_s[1:]``; None
+    with one step."""
+    measured = m.get("measured")
+    if isinstance(measured, Mapping) and "step_s" in measured:
+        return measured["step_s"]
+    steady = list(m.get("step_s") or [])[1:]
+    return statistics.median(steady) if steady else None
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

@@ -245,6 +245,16 @@ class Registry:
                     cs.store(group=group, name=name, node=node, provider=e.plugin)
 
 
+def accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (or ``**kwargs``; True where its signature
+    cannot be read: the call itself reports)."""
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in ps)
+
+
 def unknown_options(kind: str, name: str, factory: Any, params: dict[str, Any]) -> None:
     """Refuse a parameter ``factory`` does not take (unless it takes ``**kwargs``): a one-line
     :class:`HexicoreError` naming ``<group>.<option>`` and listing the options it takes."""

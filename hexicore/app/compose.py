@@ -22,7 +22,7 @@ from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed
 from hexicore.planner.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.zero import solve_zero
-from hexicore.registry import Registry
+from hexicore.registry import Registry, accepts
 from hexicore.planner.validate import check_schedules, validate_plan
 
 
@@ -126,18 +126,12 @@ def group_params(cfg: DictConfig, group: str, registry: Registry | None = None) 
 
 
 def _schedule_params(params: dict[str, Any], registry: Registry) -> dict[str, Any]:
-    import inspect
-
-    accepted: set[str] | None = None
     try:
-        factory = registry.spec("schedule", str(params.get("name")))
-        sig = inspect.signature(factory.factory)
-        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            accepted = set(sig.parameters)
-    except (HexicoreError, TypeError, ValueError):
-        pass  # unknown schedule (e.g. ``auto``): leave the keys for its own handling
+        factory = registry.spec("schedule", str(params.get("name"))).factory
+    except HexicoreError:
+        factory = None  # unknown schedule (e.g. ``auto``): leave the keys for its own handling
     return {k: v for k, v in params.items()
-            if k not in SHARED_SCHEDULE_KEYS or (v is not None and (accepted is None or k in accepted))}
+            if k not in SHARED_SCHEDULE_KEYS or (v is not None and (factory is None or accepts(factory, k)))}
 
 
 def build_cost_model(cfg: DictConfig, registry: Registry) -> CostModel:

@@ -31,6 +31,7 @@ import yaml
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.registry import accepts
 
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
 AUTO = "auto"
@@ -181,7 +182,7 @@ class ScheduleBook:
         if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
-        more = {"rank_layers": tuple(rank_layers)} if rank_layers and takes(sched.resolve, "rank_layers") else {}
+        more = {"rank_layers": tuple(rank_layers)} if rank_layers and accepts(sched.resolve, "rank_layers") else {}
         chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **more)
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
             share = getattr(sched, "share", None)
@@ -268,15 +269,6 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         pipes.append(Pipeline(p.batch, p.stages, best[2] if best else p.schedule))
         tried.append(seen)
     return replace(plan, pipelines=tuple(pipes)), tried
-
-
-def takes(fn: Any, name: str) -> bool:
-    """Whether ``fn`` accepts the keyword ``name`` (a third-party schedule's ``resolve`` may
-    predate it)."""
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> tuple[ScheduleRef, float]:

@@ -160,6 +160,11 @@ def test_devices_only_duplicate_is_refused(plan_dict):
     _refused(data, "cluster.devices[8].id", "duplicate device 'A.0'")
 
 
+def test_intra_beside_machines_is_refused_not_ignored(plan_dict):
+    plan_dict["cluster"]["intra"] = {"bandwidth_gbs": 100}
+    _refused(plan_dict, "cluster.intra", "applies only to a cluster given as devices")
+
+
 def test_devices_only_new_gpu_type_needs_its_figures(plan_dict):
     data = _foreign(plan_dict)
     for d in _devices(data)[6:]:  # C.0, C.1
@@ -214,10 +219,9 @@ excluded: [m1.2, m4.0]
 
 
 def _facts(c):
-    """What the cost model and the runtime see of each device (a GPU type's ``price_source``, a
-    provenance note, is not written into a plan)."""
-    return [(d.id, d.machine, d.gpu.name, d.tflops, d.memory_gb, d.gpu.price_per_hour, d.gpu.intra_gbs,
-             c.slowdown(d.id)) for d in c.devices]
+    """What the cost model and the runtime see of each device, and its GPU type whole: the
+    provenance notes (``source``, ``price_source``) read back too."""
+    return [(d.id, d.machine, d.gpu, d.tflops, d.memory_gb, c.slowdown(d.id)) for d in c.devices]
 
 
 @pytest.mark.parametrize("text", [CUSTOM, ZONES, SYNTHETIC], ids=["custom", "zones", "synthetic"])

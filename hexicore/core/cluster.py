@@ -273,10 +273,7 @@ class Cluster:
                                   "latency_us": l.latency_us} for l in self.zone_links]
         if custom:
             gpus = {m.gpu.name: m.gpu for m in self.machines}
-            out["gpus"] = {n: {"tflops": gpus[n].tflops, "memory_gb": gpus[n].memory_gb} for n in sorted(custom)}
-            for n in sorted(custom):
-                if gpus[n].price_per_hour is not None:
-                    out["gpus"][n]["price_per_hour"] = gpus[n].price_per_hour
+            out["gpus"] = {n: _gpu_entry(gpus[n]) for n in sorted(custom)}
         if self.excluded:
             out["excluded"] = list(self.excluded)
         out["devices"] = [
@@ -292,6 +289,14 @@ class Cluster:
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":
         return parse_cluster(schema.load_yaml(path, "cluster"), str(path), None)
+
+
+def _gpu_entry(g: GpuType) -> dict[str, Any]:
+    """A ``gpus:`` entry that reads back as the same :class:`GpuType` (sources included)."""
+    out = {"tflops": g.tflops, "memory_gb": g.memory_gb, "source": g.source, "intra_gbs": g.intra_gbs}
+    if g.price_per_hour is not None:
+        out.update(price_per_hour=g.price_per_hour, price_source=g.price_source)
+    return out
 
 
 def _brief(ids: Iterable[str], n: int = 8) -> str:
@@ -329,6 +334,9 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     if d.get("synthetic") is not None:
         d = synthetic_fleet_dict(d, source, prefix)
     raw_devices = d.get("devices")
+    if d.get("machines") is not None and d.get("intra") is not None:
+        raise HexicoreError("applies only to a cluster given as devices; beside machines give each machine's "
+                            "bandwidth_gbs/latency_us", source=source, field=schema.dotted(prefix, "intra"))
     if d.get("machines") is None and raw_devices is not None:
         d = machines_from_devices(d, source, prefix)
     catalog = parse_gpu_types(d.get("gpus"), source, schema.dotted(prefix, "gpus"))

@@ -16,6 +16,11 @@ model prices another schedule than the estimate does: the status is then ``FEASI
 ``bound`` is null. Where the cost model prices the devices of one machine differently (a
 per-device profile), the model sees each machine's devices as its fastest ones: ``bound`` stays
 valid, the status is ``FEASIBLE`` (the plan is the model's optimum, not a proven optimal plan).
+Under any schedule the model keeps what the runtime needs: a block per chunk the schedule runs
+on each stage (Hanayo's 2W, the V schedules' two), and the head where the schedule keeps it
+(the first stage of a V-shaped or wave schedule, :mod:`.ends`), so its plans fit and run.
+Chimera's ranks keep two chains' blocks; the model prices one, and the plan's final memory check
+refuses a plan the second chain overfills.
 
 When the time limit stops CP-SAT before it reports any plan, the start plan it was given (the
 warm start or the greedy plan of :mod:`.hint`) is returned as ``FEASIBLE`` with the bound proven
@@ -155,8 +160,10 @@ class CpSatSolver:
         name = solver.status_name(status)
         where = f"{problem.model.name!r} on cluster {problem.cluster.name!r}"
         if status == cp_model.INFEASIBLE:
+            chunks = any(k > 1 for row in tables.least or () for k in row)
             raise HexicoreError(f"no plan fits: no layout of {where} satisfies every device's memory "
-                                "(stages inside one machine, power-of-two TP)", field="model")
+                                + ("with a block per chunk its schedule runs on each stage " if chunks else "")
+                                + "(stages inside one machine, power-of-two TP)", field="model")
         if status == cp_model.MODEL_INVALID:
             raise RuntimeError(f"cpsat: solver returned {name}")  # a bug in the formulation
         if status == cp_model.UNKNOWN:
@@ -198,6 +205,8 @@ class CpSatSolver:
         the greedy plan. Their estimates cap the model's tables, so they must be real plans."""
         from hexicore.core.plan import check_structure
 
+        from hexicore.planner.pricing import holds_chunks
+
         from .hint import greedy_plan, plan_rows
 
         out = []
@@ -209,7 +218,8 @@ class CpSatSolver:
                 continue
             try:
                 check_structure(plan)
-                if plan_rows(problem, plan, options) is not None and problem.cost.estimate(plan).fits:
+                if plan_rows(problem, plan, options) is not None and problem.cost.estimate(plan).fits \
+                        and all(holds_chunks(problem.pricing, p) for p in plan.pipelines):
                     out.append((source, plan))
             except HexicoreError:
                 continue  # a warm start for another cluster, model or batch: not a start here

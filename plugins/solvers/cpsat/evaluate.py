@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .formulation import stage_slopes, throughput_bound
+from .ends import head_stage
 from .tables import Tables
 from .tied import tied_value
 
@@ -37,10 +38,10 @@ def model_value(tab: Tables, machines: dict[str, int], n_mb: int, rows: Rows) ->
     """``T + DP`` of the formulation for the plan ``rows`` (integer time units)."""
     pipes = []
     for n, row in rows:
-        u = []
+        u, hj = [], head_stage(tab, len(row))
         for j, (o, blocks) in enumerate(row):
             per, fixed, fixed_last = stage_slopes(tab, o, 1 if j == 0 else 0)
-            stage = per * blocks + (fixed_last if j == len(row) - 1 else fixed)
+            stage = per * blocks + (fixed_last if j == hj else fixed)
             hop = tab.hop[o][row[j + 1][0]] if j + 1 < len(row) else 0
             u.append(stage + hop)
         pipes.append(sum(u) + (n - 1) * max(u))
@@ -57,13 +58,13 @@ def model_value(tab: Tables, machines: dict[str, int], n_mb: int, rows: Rows) ->
         holder.append(h)
     D = [_peer_time(tab, tab.dp_pair, v, [h[k] for h in holder]) for k in range(L)]
     E = _peer_time(tab, tab.dp_pair_emb, v, [row[0][0] for _, row in rows])
-    H = _peer_time(tab, tab.dp_pair_head, v, [row[-1][0] for _, row in rows])
+    H = _peer_time(tab, tab.dp_pair_head, v, [row[head_stage(tab, len(row))][0] for _, row in rows])
     dp = 0
     for _, row in rows:
-        lo = 0
+        lo, hj = 0, head_stage(tab, len(row))
         for j, (o, blocks) in enumerate(row):
-            ends = j == 0 or j == len(row) - 1
-            t = sum(D[lo:lo + blocks]) + (E if j == 0 else 0) + (H if j == len(row) - 1 else 0) + (tied if ends else 0)
+            ends = j == 0 or j == hj
+            t = sum(D[lo:lo + blocks]) + (E if j == 0 else 0) + (H if j == hj else 0) + (tied if ends else 0)
             dp = max(dp, t)
             lo += blocks
     return T + dp

@@ -12,6 +12,8 @@ Constraints
   devices:  ``sum_{i,j,o: machine(o)=m} tp(o) x[i,j,o] <= |m|`` (counts, not ids: symmetry breaking);
   memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraint; for
             1F1B ``in_flight = min(n_i, P_i - j)`` by AddMinEquality, else an element table);
+  chunks:   ``l[i,j] >= least[P_i][j]``, a block per chunk the schedule runs on that rank (Hanayo's
+            2W, the V schedules' 2; element constraint, only where some entry exceeds 1);
   symmetry: pipelines ordered by (stages, micro-batches) non-increasing.
 Objective (integer time units, :mod:`.tables`), App. A ``max_i PIPELINE-TIME(i) + COMM-DP``:
   ``U[i,j] = STAGE + HOP``: STAGE as the linear form ``per_o * l + fixed_o (+ head_o if last)``
@@ -24,6 +26,7 @@ Objective (integer time units, :mod:`.tables`), App. A ``max_i PIPELINE-TIME(i) 
   v pipelines exist (``N[k,o]`` = pipelines whose replica of block k runs on option o), i.e.
   COMM-DP-LAYER written per peer; ``DP >= sum_{k in stage} D[k]`` (+ embedding / head terms on
   first / last stages, and a tied embedding's group ring on both, :mod:`.tied`); minimise ``T + DP``.
+  "Last" is where the schedule keeps the head: the first stage of a V-shaped one (:mod:`.ends`).
 
 Simplifications (each makes the model a *lower* approximation, so bounds stay valid):
   * times are floored to whole time units, and STAGE is the table's largest affine minorant in
@@ -48,6 +51,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from .ends import head_flags
 from .tables import Tables
 from .tied import tied_bound, tied_term
 
@@ -130,9 +134,10 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     used, oid, last = _slot_variables(m, tab, f, n_mb)
     n_stages = {i: sum(used[i, j] for j in range(slots[i])) for i in range(P)}
     _devices_and_order(m, tab, f, machines, n_stages, fixed)
+    head = head_flags(m, tab, f.slots, last, n_stages)  # the last stage, or where the schedule keeps the head
     one_f_one_b = all(tab.in_flight[p][j][n] == min(n, p - j) for p in range(1, len(tab.in_flight))
                       for j in range(p) for n in range(1, n_mb + 1))
-    pipe = [_pipeline_time(m, tab, f, i, (used, oid, last, n_stages), n_mb, (max_u, top_t), one_f_one_b)
+    pipe = [_pipeline_time(m, tab, f, i, (used, oid, head, n_stages), n_mb, (max_u, top_t), one_f_one_b)
             for i in range(P)]
     slowest = m.new_int_var(0, top_t, "maxPIPE")
     m.add_max_equality(slowest, pipe)
@@ -140,7 +145,7 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     m.add(f.T >= slowest)
     m.add(f.T >= throughput_bound(tab, machines, n_mb))
 
-    f.DP = _dp_term(m, tab, f, used, last, z=f.z, slots=slots)
+    f.DP = _dp_term(m, tab, f, used, head, z=f.z, slots=slots)
     m.minimize(f.T + f.DP)
     return f
 
@@ -206,14 +211,14 @@ def _devices_and_order(m, tab: Tables, f: Formulation, machines: dict[str, int],
 def _pipeline_time(m, tab: Tables, f: Formulation, i: int, slot_vars: tuple, n_mb: int, bounds: tuple[int, int],
                    one_f_one_b: bool):
     """PIPE[i] (module docstring) and the memory constraint of each of pipeline i's slots."""
-    used, oid, last, n_stages = slot_vars
+    used, oid, head, n_stages = slot_vars
     max_u, top_t = bounds
     K, L, slots = len(tab.options), tab.layers, f.slots
     max_flight = len(tab.cap[0][0][0]) - 1
     U = {}
     for j in range(slots[i]):
         fi = 1 if j == 0 else 0
-        stage = _stage_time(m, tab, f.x, f.layers[i, j], last[i, j], i, j, fi, max_u)
+        stage = _stage_time(m, tab, f.x, f.layers[i, j], head[i, j], i, j, fi, max_u)
         hop = 0
         if j + 1 < slots[i]:
             hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
@@ -228,9 +233,13 @@ def _pipeline_time(m, tab: Tables, f: Formulation, i: int, slot_vars: tuple, n_m
             fl_tab = [tab.in_flight[p][j][n] if j < len(tab.in_flight[p]) else 0
                       for p in range(len(tab.in_flight)) for n in range(n_mb + 1)]
             _element(m, n_stages[i] * (n_mb + 1) + f.n[i], fl_tab, flight, f"iF{i}_{j}")
+        if tab.least is not None and any(row[j] > 1 for row in tab.least if j < len(row)):
+            low = m.new_int_var(0, L, f"low{i}_{j}")  # a block per chunk the schedule runs here
+            _element(m, n_stages[i], [row[j] for row in tab.least], low, f"iL{i}_{j}")
+            m.add(f.layers[i, j] >= low)
         cap = m.new_int_var(0, L, f"cap{i}_{j}")
         cap_tab = _flat([tab.cap[o][fi] for o in range(K + 1)])  # [o][last][f]
-        _element(m, (oid[i, j] * 2 + last[i, j]) * (max_flight + 1) + flight, cap_tab, cap, f"iC{i}_{j}")
+        _element(m, (oid[i, j] * 2 + head[i, j]) * (max_flight + 1) + flight, cap_tab, cap, f"iC{i}_{j}")
         m.add(f.layers[i, j] <= cap)
     top = m.new_int_var(0, max_u, f"M{i}")
     m.add_max_equality(top, [U[j] for j in range(slots[i])])
@@ -317,7 +326,7 @@ def _presence(m, counts, cap, name):
 
 
 def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
-    """COMM-DP of App. A, per peer (see the module docstring)."""
+    """COMM-DP of App. A, per peer (see the module docstring); ``last``: the stages keeping the head."""
     P, K, L = len(slots), len(tab.options), tab.layers
     opts = range(1, K + 1)
     tied = tied_term(m, tab, f, used, last)  # a tied embedding's group: first and last stages

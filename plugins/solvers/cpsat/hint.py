@@ -35,22 +35,31 @@ def plan_rows(problem: Problem, plan: Plan, options: Sequence[Option]) -> list[t
     return sorted(rows, key=lambda r: (-len(r[1]), -r[0]))
 
 
-def _split(total: int, weights: Sequence[float]) -> list[int]:
-    """``total`` blocks in proportion to ``weights``, every part >= 1 (largest remainders)."""
-    raw = [max(w, 1e-12) / sum(max(v, 1e-12) for v in weights) * (total - len(weights)) for w in weights]
-    parts = [1 + int(r) for r in raw]
+def _split(total: int, weights: Sequence[float], least: Sequence[int]) -> list[int]:
+    """``total`` blocks in proportion to ``weights``, part i >= ``least[i]`` (largest remainders)."""
+    raw = [max(w, 1e-12) / sum(max(v, 1e-12) for v in weights) * (total - sum(least)) for w in weights]
+    parts = [k + int(r) for k, r in zip(least, raw)]
     order = sorted(range(len(weights)), key=lambda i: -(raw[i] - int(raw[i])))
     for i in order[: total - sum(parts)]:
         parts[i] += 1
     return parts
 
 
-def _one_pipeline(problem: Problem, groups: Sequence[tuple[str, ...]]) -> Plan:
+def _one_pipeline(problem: Problem, groups: Sequence[tuple[str, ...]]) -> Plan | None:
+    """One pipeline through ``groups`` (as many as have blocks for their chunks), else None."""
     c, m, t = problem.cluster, problem.model, problem.train
-    groups = list(groups)[: m.layers]
+    groups, least = list(groups)[: m.layers], ()
+    while groups:
+        least = problem.pricing.least(dict(problem.schedule), len(groups)) if problem.pricing is not None \
+            else (1,) * len(groups)
+        if sum(least) <= m.layers:
+            break
+        groups.pop()
+    if not groups:
+        return None
     speed = [1.0 / max(problem.cost.stage_s(c, m, t, g, 1), 1e-30) for g in groups]
     stages, lo = [], 0
-    for g, n in zip(groups, _split(m.layers, speed)):
+    for g, n in zip(groups, _split(m.layers, speed, least)):
         stages.append(Stage(tuple(g), len(g), (lo, lo + n)))
         lo += n
     return Plan(m, c, t, (Pipeline(t.global_batch, tuple(stages), dict(problem.schedule)),))
@@ -69,6 +78,7 @@ def greedy_plan(problem: Problem) -> Plan | None:
         candidates.append(_one_pipeline(problem, groups))
     for devs in pools.values():
         candidates += [_one_pipeline(problem, [tuple(devs[:t])]) for t in tp_degrees(problem, len(devs))]
+    candidates = [p for p in candidates if p is not None]
     scored = [(est.iteration_s, k) for k, est in enumerate(map(problem.cost.estimate, candidates)) if est.fits]
     return candidates[min(scored)[1]] if scored else None
 

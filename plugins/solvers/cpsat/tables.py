@@ -24,6 +24,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
 from hexicore.planner.problem import Problem
 
+from .ends import head_rows
 from .tied import tied_pairs
 
 
@@ -124,6 +125,8 @@ class Tables:
     ``hop[o][o2]``                HOP time from a stage of option o to one of o2 (0 if o2 = 0);
     ``cap[o][first][last][f]``    most blocks a stage of o can hold with f micro-batches in flight;
     ``in_flight[P][j][n]``        micro-batches stage j of a P-stage pipeline holds (n per pipeline);
+    ``least[P][j]``               fewest blocks stage j of a P-stage pipeline may hold: a block per
+                                  chunk the schedule runs on that rank (0 past the last stage);
     ``dp_pair[v][o][o2]``         one peer's share of COMM-DP-LAYER (v pipelines), blocks;
     ``dp_pair_emb``/``dp_pair_head`` the same for the embedding and the head (a tied
                                   embedding's ``vocab x hidden``: not here, ``tied_pair``);
@@ -150,6 +153,8 @@ class Tables:
     dp_latency: tuple
     ceiling: int | None = None
     tied_pair: tuple | None = None  # ``[n][o][o2]``: a tied embedding group's peer term (:mod:`.tied`)
+    head: tuple | None = None  # ``[P][j]``: 1 where stage j keeps the head (:mod:`.ends`; None: the last)
+    least: tuple | None = None  # ``[P][j]``, see above (None: one block per stage)
 
 
 def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
@@ -247,6 +252,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
                                  for b in range(len(opts))) for a in range(len(opts)))
                      for v in range(max_pipelines + 1))
 
+    least = tuple(tuple(_least_row(problem, p, max_stages)) for p in range(max_stages + 1))
     own = m.embedding_params() - (m.vocab * m.hidden if m.tied_embeddings else 0)  # a tied one: its group's
     return Tables(
         options=tuple(options), unit=unit, layers=L, max_pipelines=max_pipelines, max_stages=max_stages,
@@ -257,5 +263,15 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         dp_pair=pair(m.layer_params()), dp_pair_head=pair(m.head_params()),
         dp_pair_emb=pair(own) if own else pair(0.0)[:1] * (max_pipelines + 1),  # none left: no ring at all
         dp_latency=pair(0.0)[min(2, max_pipelines)],
-        ceiling=ceiling, tied_pair=tied_pairs(problem, options, pools, max_pipelines, to_us),
+        ceiling=ceiling, tied_pair=tied_pairs(problem, options, pools, max_pipelines, to_us), least=least,
+        head=head_rows(problem, max_stages, n_mb),
     )
+
+
+def _least_row(problem: Problem, p: int, width: int) -> list[int]:
+    """``least[p]`` of :class:`Tables`: the schedule book's layer-per-chunk rule (``ScheduleBook.least``)."""
+    row = [0] * width
+    if p:
+        got = problem.pricing.least(dict(problem.schedule), p) if problem.pricing is not None else (1,) * p
+        row[:p] = got
+    return row

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 from hexicore.core.plan import Stage
 
+from .ends import head_stage
+
 
 def tied_pairs(problem: Any, options: Sequence[Any], pools: dict[str, list[str]], max_pipelines: int,
                to_us: Any) -> tuple | None:
@@ -55,7 +57,7 @@ def tied_term(m: Any, tab: Any, f: Any, used: dict, last: dict) -> Any:
     opts = range(1, K + 1)
     tp = {o: tab.options[o - 1].tp for o in opts}
     heads = {}
-    for i in range(P):  # heads[i, o]: pipeline i has >= 2 stages and its last one runs option o
+    for i in range(P):  # heads[i, o]: pipeline i keeps its head off its first stage, on option o
         for o in opts:
             heads[i, o] = m.new_bool_var(f"th{i}_{o}")
             for j in range(1, f.slots[i]):
@@ -89,7 +91,8 @@ def tied_value(tab: Any, rows: Sequence[tuple[int, Sequence[tuple[int, int]]]]) 
     """TIED for the plan ``rows`` (``(micro-batches, [(option, blocks), ...])`` per pipeline):
     the least value the model allows; 0 without a group sync."""
     g = tab.tied_pair
-    members = [o for _, row in rows for o in ([row[0][0], row[-1][0]] if len(row) > 1 else [row[0][0]])]
+    ends = [(row, head_stage(tab, len(row))) for _, row in rows]  # the head: where the schedule keeps it
+    members = [o for row, hj in ends for o in ([row[0][0], row[hj][0]] if hj else [row[0][0]])]
     if g is None or len(members) < 2:
         return 0
     n = sum(tab.options[o - 1].tp for o in members)

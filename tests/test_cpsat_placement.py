@@ -1,0 +1,73 @@
+"""CP-SAT under schedules that cut a rank's blocks into chunks or keep the head on rank 0.
+
+The model keeps a block per chunk on every stage (``least``: Hanayo's 2W, the V schedules' 2)
+and follows the schedule's placement of the head (``head``: the first stage of zb_v,
+dualpipe_v and Hanayo), so the plans it returns fit their devices and are run by the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hexicore.core.errors import HexicoreError
+from hexicore.cost import AnalyticCostModel
+from hexicore.planner.pricing import ScheduleBook, holds_chunks, schedule_pricing
+from hexicore.registry import Registry
+from hexicore_plugins.runtimes.torch.layout import plan_layout
+from hexicore_plugins.solvers.cpsat.ends import head_rows, plain_rows
+from hexicore_plugins.solvers.cpsat.tables import build_tables, stage_options
+from tests.test_cpsat import cluster, problem, small_llama, solve
+
+REG = Registry.default()
+
+
+def priced(c, m, gb, schedule):
+    cost, book = schedule_pricing(AnalyticCostModel(), schedule, REG)
+    return replace(problem(c, m, gb, schedule=schedule, cost=cost), pricing=book, registry=REG)
+
+
+@pytest.mark.parametrize("schedule, head", [
+    ({"name": "1f1b"}, None),                       # plain: the last stage
+    ({"name": "chimera"}, None),                    # two chains per rank: not linear, kept plain
+    ({"name": "zb_v"}, (1, 0, 0, 0)),
+    ({"name": "hanayo", "waves": 2}, (1, 0, 0, 0)),
+])
+def test_head_rows_follow_the_schedules_placement(schedule, head):
+    p = priced(cluster([("A", "rtx3090", 4, 32.0)]), small_llama(8), 8, schedule)
+    rows = head_rows(p, 4, 8)
+    assert rows[4] == (head or plain_rows(4)[4]) and rows[1] == (1, 0, 0, 0)
+
+
+def test_least_rows_are_the_schedule_books():
+    p = priced(cluster([("A", "rtx3090", 4, 32.0)]), small_llama(8), 8, {"name": "hanayo", "waves": 2})
+    tab = build_tables(p, stage_options(p), 2, 4)
+    assert tab.least[3] == (*ScheduleBook(REG).least({"name": "hanayo", "waves": 2}, 3), 0) == (4, 4, 4, 0)
+
+
+ONE_GPU_EACH = [(n, "rtx3090", 1, 32.0) for n in "ABCD"]  # 24 GB each: 12 7B-wide blocks need 2+ stages
+
+
+UNEVEN = [("A", "rtx3090", 2, 16.0), ("B", "rtx4090", 2, 32.0), ("C", "slow", 2, 8.0)]
+
+
+@pytest.mark.parametrize("schedule", [{"name": "zb_v"}, {"name": "hanayo", "waves": 2}])
+def test_plans_fit_keep_a_block_per_chunk_and_run(schedule):
+    """Llama-2-7B on six 12-24 GB GPUs: the first stage keeps the head too. (Before the model
+    knew, it priced the head on the last stage and the plan failed the memory check.)"""
+    c = cluster(UNEVEN, inter_gbs=1.5, gpus={"slow": {"tflops": 50, "memory_gb": 12}})
+    p = priced(c, small_llama(32, seq_len=4096), 8, schedule)
+    plan = solve(p, time_limit=5, use_all_devices=True)
+    assert max(len(pp.stages) for pp in plan.pipelines) > 1 and p.cost.estimate(plan).fits
+    assert all(holds_chunks(p.pricing, pp) for pp in plan.pipelines)
+    layout = plan_layout(plan, [dict(pp.schedule) for pp in plan.pipelines], registry=REG, seq_len=plan.train.seq_len)
+    assert layout.world == len(plan.devices)
+
+
+def test_no_layout_with_a_block_per_chunk_is_an_error_naming_the_rule():
+    """Hanayo with 4 waves needs 8 blocks per rank: 12 blocks make no pipeline of 2+ stages, and
+    one 24 GB GPU holds no 12. (Before the rule, the model returned 6 + 6, which train refuses.)"""
+    p = priced(cluster(ONE_GPU_EACH, inter_gbs=10.0), small_llama(12), 16, {"name": "hanayo", "waves": 4})
+    with pytest.raises(HexicoreError, match="a block per chunk its schedule runs"):
+        solve(p, time_limit=5, use_all_devices=True)

@@ -214,3 +214,16 @@ def test_api_overrides_a_string_or_none(tiny_plan, tmp_path):
     assert tiny_plan.save(path) == path  # another plan file is replaced
     (tmp_path / "x.txt").write_text("not ours")
     assert tiny_plan.save(tmp_path / "x.txt", overwrite=True).read_text() == tiny_plan.to_json() + "\n"
+
+
+def test_an_in_process_cli_run_leaves_no_hydra_job_behind(capsys):
+    """Library calls after ``main`` returns are no Hydra job. ``--cfg job`` used to leave Hydra's
+    config set without an output directory, and a later library ``train`` failed on it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from hexicore.app.sweep import record
+
+    assert run_cli(["plan", "--cfg", "job", "model=tiny"]) == 0
+    assert record({"step_s": 1.0}) is None
+    with pytest.raises(ValueError):
+        HydraConfig.get()

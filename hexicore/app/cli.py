@@ -390,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapped()
     finally:
         sys.argv = saved
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = None  # the run is over: library calls after it see no Hydra job
     return 0
 
 

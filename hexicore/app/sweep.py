@@ -43,9 +43,12 @@ def record(row: Mapping[str, Any]) -> Path | None:
     """Write this job's result row (overrides are added); no-op outside a Hydra run."""
     try:
         from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
 
         hc = HydraConfig.get()
     except Exception:  # noqa: BLE001 - library use, no Hydra job
+        return None
+    if OmegaConf.is_missing(hc.runtime, "output_dir"):  # a composed config seen earlier in this process, no run
         return None
     out = Path(hc.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,11 @@ def test_proportional_layers():
     assert baselines.proportional(40, [1.0, 1.0], [10, 10]) is None
     # slow stages below one layer's share keep one each; the fast ones give the surplus back
     assert baselines.proportional(8, [312.0] * 3 + [71.0] * 4, [8] * 7) == [1, 1, 2, 1, 1, 1, 1]
+    # a layer per chunk of the schedule (Hanayo W=2: 4 a rank): the slow stages are lifted to it
+    assert baselines.proportional(12, [3.0, 1.0, 1.0], [12] * 3, least=[4, 4, 4]) == [4, 4, 4]
+    assert baselines.proportional(16, [14.0, 1.0, 1.0], [16] * 3, least=[2, 2, 2]) == [12, 2, 2]
+    assert baselines.proportional(10, [1.0, 1.0, 1.0], [10] * 3, least=[4, 4, 4]) is None
+    assert baselines.proportional(12, [1.0, 1.0, 1.0], [12, 3, 12], least=[4, 4, 4]) is None  # a cap below it
 
 
 @pytest.mark.parametrize("name", ["metis_like", "galvatron_like"])

@@ -23,7 +23,8 @@ gpus: {slow: {tflops: 50, memory_gb: 12}}
 
 
 @pytest.mark.parametrize("solver, schedule", [("hexiscale", "hanayo"), ("hexiscale", "zb_v"),
-                                              ("megatron", "interleaved_1f1b"), ("metis_like", "hanayo")])
+                                              ("megatron", "interleaved_1f1b"), ("metis_like", "hanayo"),
+                                              ("galvatron_like", "zb_v")])
 def test_every_stage_holds_a_layer_per_chunk_and_the_runtime_takes_the_plan(solver, schedule, tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(CLUSTER)

@@ -50,18 +50,26 @@ def stage_caps(table: StageTable, plan: Plan) -> list[int]:
                 for p in plan.pipelines) for j in range(pp)]
 
 
-def proportional(total: int, weights: list[float], caps: list[int]) -> list[int] | None:
-    """Largest-remainder split of ``total`` layers proportional to ``weights`` (>= 1 each),
-    then up to three re-partitions moving the overflow of capped stages to the others."""
+def least_layers(problem: Problem, pp: int) -> list[int]:
+    """Per stage of a ``pp``-stage pipeline the fewest layers: a layer per chunk of the schedule."""
+    book = problem.pricing
+    return list(book.least(dict(problem.schedule), pp)) if book is not None else [1] * pp
+
+
+def proportional(total: int, weights: list[float], caps: list[int], least: list[int] | None = None) -> list[int] | None:
+    """Largest-remainder split of ``total`` layers proportional to ``weights`` (>= ``least[j]``
+    each, default 1), then up to three re-partitions moving the overflow of capped stages to the
+    others."""
     n = len(weights)
-    if sum(max(c, 0) for c in caps) < total or min(caps) < 1 or n > total:
+    least = least or [1] * n
+    if sum(max(c, 0) for c in caps) < total or any(c < k for c, k in zip(caps, least)) or sum(least) > total:
         return None
     raw = [total * w / sum(weights) for w in weights]
-    out = [max(1, int(r)) for r in raw]
+    out = [max(k, int(r)) for k, r in zip(least, raw)]
     for j in sorted(range(n), key=lambda j: raw[j] - int(raw[j]), reverse=True)[:max(0, total - sum(out))]:
         out[j] += 1
-    while sum(out) > total:  # the minimum of one layer each lifted some: take them back, never below one
-        out[max((j for j in range(n) if out[j] > 1), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+    while sum(out) > total:  # the minimum per stage lifted some: take them back, never below it
+        out[max((j for j in range(n) if out[j] > least[j]), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
     for _ in range(METIS_REPARTITIONS):
         if all(o <= c for o, c in zip(out, caps)):
             break
@@ -72,7 +80,7 @@ def proportional(total: int, weights: list[float], caps: list[int]) -> list[int]
             give = min(caps[j] - out[j], left, math.ceil(overflow * weights[j] / sum(weights[f] for f in free)))
             out[j] += give
             left -= give
-    return out if sum(out) == total and all(1 <= o <= c for o, c in zip(out, caps)) else None
+    return out if sum(out) == total and all(k <= o <= c for o, c, k in zip(out, caps, least)) else None
 
 
 def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) -> Plan:
@@ -117,16 +125,17 @@ class MetisLikeSolver:
                 speed = [min(s.tp * min(cl.device(d).tflops for d in s.devices)
                              for s in (p.stages[j] for p in plan.pipelines)) for j in range(pp)]
                 table = tables.setdefault(dp, _table(problem, dp))
-                counts = proportional(problem.model.layers, speed, stage_caps(table, plan))
+                counts = proportional(problem.model.layers, speed, stage_caps(table, plan), least_layers(problem, pp))
                 if counts is not None:
                     cands.append(({"order": list(perm), "dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
         progress("metis_like: evaluated device-type orders x (dp, tp, pp)", 1.0)
         return best_fitting(problem, cands, self.name)
 
 
-def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
+def memory_balanced(table: StageTable, plan: Plan, least: list[int] | None = None) -> list[int] | None:
     """Galvatron's memory-balanced stages: a DP over (stage, layers so far) minimising the
-    largest per-device stage memory (GB), every stage within its devices' capacity."""
+    largest per-device stage memory (GB), every stage within its devices' capacity and holding
+    at least ``least[j]`` layers (default 1)."""
     L, pp = plan.model.layers, len(plan.pipelines[0].stages)
     c, m, t = plan.cluster, plan.model, plan.train
     n_mb = plan.pipelines[0].n_micro_batches(t.micro_batch)
@@ -142,11 +151,12 @@ def memory_balanced(table: StageTable, plan: Plan) -> list[int] | None:
             worst = max(worst, gb)
         return worst
 
+    least = least or [1] * pp
     best = {0: (0.0, [])}
     for j in range(pp):
         nxt: dict[int, tuple[float, list[int]]] = {}
         for used, (score, counts) in best.items():
-            for l in range(1, L - used - (pp - 1 - j) + 1):
+            for l in range(least[j], L - used - sum(least[j + 1:]) + 1):
                 s = max(score, mem(j, l))
                 if s == float("inf"):
                     break
@@ -172,7 +182,7 @@ class GalvatronLikeSolver:
         for dp, tp, pp in factorisations(len(devices)):
             if legal(problem, dp, tp, pp):
                 plan = symmetric_plan(problem, dp, tp, pp, devices)
-                counts = memory_balanced(table, plan)
+                counts = memory_balanced(table, plan, least_layers(problem, pp))
                 if counts is not None:
                     cands.append(({"dp": dp, "tp": tp, "pp": pp}, with_layers(plan, counts)))
         progress("galvatron_like: evaluated (dp, tp, pp) with memory-balanced stages", 1.0)

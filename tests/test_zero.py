@@ -141,7 +141,7 @@ def test_auto_on_tight8_is_never_slower_and_keeps_a_deep_pipeline():
 
 
 def test_auto_is_never_slower_than_zero_0_where_both_fit():
-    base = ["cluster=hetero1", "model=llama2_7b", "train.global_batch=64"]
+    base = ["cluster=hetero1", "model=llama2_7b", "train.global_batch=64", "solver.use_all_devices=true"]
     auto = _solve(base + ["train.zero=auto"])
     z0 = _solve(base + ["train.zero=0"])
     assert auto.estimate.iteration_s <= z0.estimate.iteration_s + 1e-9

@@ -94,8 +94,10 @@ def choose_objective(ctx: Context, rng: random.Random) -> str:
 def no_fit_error(problem: Problem) -> HexicoreError:
     """Nothing fits: say how much memory the model's state alone needs."""
     c, m, t = problem.cluster, problem.model, problem.train
+    gb = state_gb(problem)
+    need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
     return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
-                         f"{state_gb(problem):.1f} GB plus activations (micro-batch {t.micro_batch}, sequence "
+                         f"{need} GB plus activations (micro-batch {t.micro_batch}, sequence "
                          f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
                          f"{max(d.memory_gb for d in c.devices):g} GB per GPU{_depth_limit(problem)}", field="model")
 
@@ -113,7 +115,7 @@ def _depth_limit(problem: Problem) -> str:
         return ""
     m = problem.train.global_batch // problem.train.micro_batch
     return (f"; schedule {problem.schedule['name']!r} needs {per_rank} micro-batches per pipeline rank, so "
-            f"{m} micro-batches allow pipelines of at most {m // per_rank} stages")
+            f"{m} micro-batches allow at most {m // per_rank} stages in all pipelines together")
 
 
 def shared_table(memo: dict | None, table: StageTable) -> StageTable:

@@ -37,7 +37,8 @@ def _choice(cfg: DictConfig, group: str) -> str:
 
         return f"{group}={HydraConfig.get().runtime.choices.get(group)}"
     except Exception:  # noqa: BLE001 - outside a Hydra run (compose API): no choices recorded
-        return f"config {group}"
+        name = OmegaConf.select(cfg, f"{group}.name", default=None)  # a preset's name is its choice
+        return f"{group}={name}" if isinstance(name, str) and name else f"config {group}"
 
 
 def on_command_line(exc: HexicoreError, cfg: DictConfig | None = None,

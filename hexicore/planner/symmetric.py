@@ -38,10 +38,10 @@ def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
 
 
 def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
-    """Megatron's constraints: TP divides the heads and KV heads, PP <= layers, and the global
-    batch divides into DP equal shares of whole micro-batches."""
+    """Megatron's constraints: TP divides the heads, KV heads and FFN width, PP <= layers, and
+    the global batch divides into DP equal shares of whole micro-batches."""
     m, t = problem.model, problem.train
-    return (m.heads % tp == 0 and m.kv_heads % tp == 0 and pp <= m.layers
+    return (m.tp_divides(tp) and pp <= m.layers
             and t.global_batch % (dp * t.micro_batch) == 0)
 
 

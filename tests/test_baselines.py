@@ -122,3 +122,19 @@ def test_fsdp_plans_a_tiny_model_on_a_fast_and_slow_fleet(tmp_path):
     plan = solve(problem, "fsdp")
     assert [p.batch for p in plan.pipelines] == [8, 1, 1, 1, 1]
     assert validate_plan(plan, problem.cost)[0].fits
+
+
+@pytest.mark.parametrize("name", ["megatron", "metis_like", "galvatron_like"])
+def test_symmetric_layouts_leave_devices_idle_where_all_cannot_hold_a_layer_per_chunk(name, tmp_path):
+    """5 GPUs have one legal (dp, tp, pp) for tiny (8 layers) and a batch of 8: (1, 1, 5), whose
+    stages cannot hold the 2 chunks of interleaved 1F1B. The layout runs on 4 GPUs instead (the
+    solvers refused: 'none legal' / 'no candidate fits in memory (0 tried)'), as for a GPU count
+    that factors into no layout."""
+    (tmp_path / "c.yaml").write_text("name: five\nmachines:\n"
+                                     "  - {name: A, gpu: rtx4090, count: 5, bandwidth_gbs: 32, latency_us: 10}\n")
+    problem = build_problem(config_from_overrides(
+        [f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"solver={name}", "schedule=interleaved_1f1b",
+         "train.global_batch=8"]), Registry.default())
+    plan = solve(problem, name)
+    assert len(plan.devices) == 4 and all(s.n_layers >= 2 for p in plan.pipelines for s in p.stages)
+    assert validate_plan(plan, problem.cost)[0].fits

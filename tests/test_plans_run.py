@@ -39,3 +39,36 @@ def test_every_stage_holds_a_layer_per_chunk_and_the_runtime_takes_the_plan(solv
         assert all(s.n_layers >= k for s, k in zip(p.stages, least)), (p.schedule, [s.layers for s in p.stages])
     layout = plan_layout(plan, [dict(p.schedule) for p in plan.pipelines], registry=reg, seq_len=plan.train.seq_len)
     assert layout.world == len(plan.devices)
+
+
+FFN_100 = ("name: ffn100\nlayers: {layers}\nhidden: {hidden}\nheads: {heads}\nkv_heads: {heads}\nffn: 100\n"
+           "vocab: 256\nseq_len: 32\n")
+
+
+@pytest.mark.parametrize("solver, heads, gpus", [("megatron", 6, 3), ("metis_like", 6, 3), ("galvatron_like", 6, 3),
+                                                 ("hexiscale", 8, 8)])
+def test_tp_degrees_divide_the_ffn_width_as_the_runtime_needs(solver, heads, gpus, tmp_path):
+    """TP 3 (of 6 heads) or 8 (of 8) does not divide the FFN width 100: the runtime refuses such a
+    stage, so no solver may write one (with one micro-batch the symmetric solvers' only layout of
+    3 devices and 2 layers was TP 3; hexiscale chose TP 8 for one layer on 8 GPUs; the solvers'
+    TP menus checked the heads only)."""
+    layers = 1 if solver == "hexiscale" else 2
+    (tmp_path / "m.yaml").write_text(FFN_100.format(layers=layers, hidden=16 * heads, heads=heads))
+    (tmp_path / "c.yaml").write_text(f"name: one\nmachines:\n  - {{name: A, gpu: h100-80g, count: {gpus}, "
+                                     "bandwidth_gbs: 450, latency_us: 5}\n")
+    extra = ["solver.use_all_devices=true"] if solver == "hexiscale" else []
+    plan = hexicore.plan(solver=solver, model_file=tmp_path / "m.yaml", cluster_file=tmp_path / "c.yaml",
+                         overrides=["train.global_batch=1", *extra])
+    assert all(plan.model.ffn % s.tp == 0 for p in plan.pipelines for s in p.stages)
+    plan_layout(plan, [dict(p.schedule) for p in plan.pipelines], registry=Registry.default(),
+                seq_len=plan.train.seq_len)
+
+
+def test_cpsat_tp_menu_divides_the_ffn_width():
+    from hexicore.core.model import ModelSpec
+    from hexicore_plugins.solvers.cpsat.tables import tp_degrees
+
+    class Problem:  # tp_degrees reads only the model
+        model = ModelSpec("m", 1, 128, 8, 8, 100, 256, 32)
+
+    assert tp_degrees(Problem(), 8) == [1, 2, 4]

@@ -205,3 +205,31 @@ def test_shipped_registry_holds_only_hexicore_own_plugins(isolated):
 def test_plugins_after_a_broken_one_still_load(isolated):
     """Why the registry iterates entry points itself: every plugin after the broken one loads."""
     assert {"twin_a", "twin_b"} <= {name for name, _ in isolated.pm.list_name_plugin()}
+
+
+class ConfiguredPlugin:
+    __name__ = "configured"
+
+    @hookimpl
+    def hexicore_solvers(self):
+        yield PluginSpec(kind="solver", name="configured", factory=Dummy, config={"speed": 1},
+                         description="a plugin solver with a structured config and no YAML")
+
+
+def test_library_knows_a_plugin_solver_on_its_first_call(monkeypatch):
+    """The library's first compose in a process knows a plugin's structured-config solver, as the
+    command line does (it checked group options before storing the plugins' configs, so
+    ``hexicore.plan(solver="annealing")`` in a fresh process was an 'unknown solver')."""
+    from hydra.core.config_store import ConfigStore
+
+    from hexicore.app.api import compose
+
+    reg = Registry(plugins=[ConfiguredPlugin()], entry_points=True)
+    monkeypatch.setattr(Registry, "default", classmethod(lambda cls: reg))
+    repo = ConfigStore.instance().repo.get("solver", {})
+    repo.pop("configured.yaml", None)
+    try:
+        cfg = compose(["solver=configured", "solver.speed=3", "model=tiny"])
+        assert cfg.solver.name == "configured" and cfg.solver.speed == 3
+    finally:
+        repo.pop("configured.yaml", None)

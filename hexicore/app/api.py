@@ -78,8 +78,12 @@ def compose(overrides: Sequence[str] = ()):
     """The composed project config (an OmegaConf DictConfig) for ``overrides``."""
     from hexicore.app.compose import config_from_overrides
     from hexicore.app.cli import preflight
+    from hexicore.app.config_schema import store_schema
+    from hexicore.registry import Registry
 
     overrides = _override_list(overrides)
+    store_schema()  # as the CLI does before its preflight: a plugin's structured config
+    Registry.default().store_configs()  # (solver=annealing) is a known group option on the first call too
     preflight(overrides, library=True)
     return config_from_overrides(overrides)
 

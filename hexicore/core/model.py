@@ -81,6 +81,12 @@ class ModelSpec:
         if self.norm not in ("rmsnorm", "layernorm"):
             raise HexicoreError(f"unknown norm {self.norm!r}; choose one of: layernorm, rmsnorm", field="norm")
 
+    def tp_divides(self, tp: int) -> bool:
+        """Whether tensor parallelism of degree ``tp`` shards this model the Megatron way: ``tp``
+        divides the attention heads, the KV heads and the FFN width (the torch runtime's rule,
+        docs/runtime.md; every solver offers only such degrees)."""
+        return self.heads % tp == 0 and self.kv_heads % tp == 0 and self.ffn % tp == 0
+
     # ------------------------------------------------------------- parameters
     @property
     def q_dim(self) -> int:

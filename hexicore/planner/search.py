@@ -143,7 +143,7 @@ def make_context(problem: Problem, cfg: SearchConfig, memo: dict | None = None) 
     refiner = reg.create("refiner", cfg.refiner) if cfg.refiner else None
     orderer = reg.create("orderer", cfg.orderer, tau=cfg.tau)
     m = problem.model
-    degrees = tuple(d for d in range(1, cfg.max_tp + 1) if m.heads % d == 0 and m.kv_heads % d == 0)
+    degrees = tuple(d for d in range(1, cfg.max_tp + 1) if m.tp_divides(d))
     book = problem.pricing if cfg.cost_model is None else None  # the book problem.cost is priced with
     if book is None and is_auto(problem.schedule):
         book = ScheduleBook(reg)

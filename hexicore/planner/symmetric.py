@@ -38,11 +38,15 @@ def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
 
 
 def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
-    """Megatron's constraints: TP divides the heads and KV heads, PP <= layers, and the global
-    batch divides into DP equal shares of whole micro-batches."""
+    """Megatron's constraints: TP divides the heads, KV heads and FFN width, the global batch
+    divides into DP equal shares of whole micro-batches, and the layers give each of the PP
+    stages a layer per chunk its schedule runs there (PP <= layers for one chunk each;
+    ``problem.pricing``'s :meth:`~hexicore.planner.pricing.ScheduleBook.least`)."""
     m, t = problem.model, problem.train
-    return (m.heads % tp == 0 and m.kv_heads % tp == 0 and pp <= m.layers
-            and t.global_batch % (dp * t.micro_batch) == 0)
+    if not (m.tp_divides(tp) and pp <= m.layers and t.global_batch % (dp * t.micro_batch) == 0):
+        return False
+    book = problem.pricing
+    return book is None or sum(book.least(dict(problem.schedule), pp)) <= m.layers
 
 
 def layout_devices(problem: Problem, devices: list[str] | None = None) -> list[str]:

@@ -1,10 +1,12 @@
 """Solver ``megatron``: the symmetric DP x TP x PP baseline (HexiScale §5 baselines).
 
 What a Megatron-LM user would run: every (DP, TP, PP) with DP*TP*PP = devices, TP dividing the
-attention and KV heads, PP <= layers, the global batch split equally over DP in whole
-micro-batches; ranks laid out in Megatron's order (TP innermost, then DP, then PP) over the
-cluster's device order (where no layout of every device is legal, over the most devices that
-have one, the slowest left idle: :func:`~hexicore.planner.symmetric.layout_devices`); equal layers per stage (the first ``L mod PP`` stages take one more);
+attention heads, KV heads and FFN width, PP stages with a layer per chunk of the schedule (PP <=
+layers for one chunk each), the global batch split equally over DP in whole micro-batches; ranks
+laid out in Megatron's order (TP innermost, then DP, then PP) over the cluster's device order
+(where no layout of every device is legal, over the most devices that have one, the slowest left
+idle: :func:`~hexicore.planner.symmetric.layout_devices`); equal layers per stage (the first
+``L mod PP`` stages take one more);
 the best of them by the cost model, among those that fit in memory. The layouts themselves
 are built by :mod:`hexicore.planner.symmetric` (shared with ``plugins/solvers/baselines.py``).
 """

@@ -40,7 +40,8 @@ Simplifications (each makes the model a *lower* approximation, so bounds stay va
   * the 1F1B closed form is the pipeline time (the analytic model's default; a cost model with
     another ``pipeline_timer`` gets no proven bound, see :mod:`hexicore_plugins.solvers.cpsat`).
 The plan space itself is restricted to stages inside one machine with power-of-two TP degrees
-dividing the heads (:func:`.tables.tp_degrees`); bounds are bounds over that space.
+dividing the heads, KV heads and FFN width (:func:`.tables.tp_degrees`); bounds are bounds over
+that space.
 """
 
 from __future__ import annotations

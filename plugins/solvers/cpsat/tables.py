@@ -65,11 +65,12 @@ class Option:
 
 def tp_degrees(problem: Problem, available: int) -> list[int]:
     """TP degrees a stage may use: powers of two up to ``available`` that divide the model's
-    attention and KV heads (Megatron's TP rule; HexiScale's menus are powers of two)."""
+    attention heads, KV heads and FFN width (Megatron's TP rule, :meth:`ModelSpec.tp_divides`;
+    HexiScale's menus are powers of two)."""
     m = problem.model
     out, t = [], 1
     while t <= available:
-        if m.heads % t == 0 and m.kv_heads % t == 0:
+        if m.tp_divides(t):
             out.append(t)
         t *= 2
     return out

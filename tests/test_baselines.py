@@ -138,3 +138,19 @@ def test_symmetric_layouts_leave_devices_idle_where_all_cannot_hold_a_layer_per_
     plan = solve(problem, name)
     assert len(plan.devices) == 4 and all(s.n_layers >= 2 for p in plan.pipelines for s in p.stages)
     assert validate_plan(plan, problem.cost)[0].fits
+
+
+@pytest.mark.parametrize("name", ["megatron", "metis_like", "galvatron_like", "fsdp"])
+def test_baselines_give_each_pipeline_the_micro_batches_its_schedule_needs(name, tmp_path):
+    """DualPipeV runs a pipeline of P ranks on 2P micro-batches at least. With a batch of 2 on 4
+    GPUs no symmetric layout of all four has them (tiny's TP stops at 2), and one replica per GPU
+    gets one each: the solvers refused ('no candidate fits'); they now leave GPUs idle."""
+    (tmp_path / "c.yaml").write_text("name: four\nmachines:\n"
+                                     "  - {name: A, gpu: rtx4090, count: 4, bandwidth_gbs: 32, latency_us: 10}\n")
+    problem = build_problem(config_from_overrides(
+        [f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"solver={name}", "schedule=dualpipe_v",
+         "train.global_batch=2"]), Registry.default())
+    plan = solve(problem, name)
+    assert len(plan.devices) < 4
+    assert all(p.n_micro_batches(1) >= 2 * len(p.stages) for p in plan.pipelines)
+    assert validate_plan(plan, problem.cost)[0].fits

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.planner.pricing import is_auto
 from hexicore.planner.problem import Problem
 
 
@@ -39,14 +40,19 @@ def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
 
 def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
     """Megatron's constraints: TP divides the heads, KV heads and FFN width, the global batch
-    divides into DP equal shares of whole micro-batches, and the layers give each of the PP
-    stages a layer per chunk its schedule runs there (PP <= layers for one chunk each;
-    ``problem.pricing``'s :meth:`~hexicore.planner.pricing.ScheduleBook.least`)."""
+    divides into DP equal shares of whole micro-batches, and the schedule runs the pipeline: the
+    layers give each of the PP stages a layer per chunk its schedule runs there (PP <= layers for
+    one chunk each) and each share has the micro-batches the schedule needs on PP ranks
+    (``problem.pricing``'s :meth:`~hexicore.planner.pricing.ScheduleBook.least` and
+    ``min_micro_batches``; DualPipeV: 2 PP)."""
     m, t = problem.model, problem.train
     if not (m.tp_divides(tp) and pp <= m.layers and t.global_batch % (dp * t.micro_batch) == 0):
         return False
-    book = problem.pricing
-    return book is None or sum(book.least(dict(problem.schedule), pp)) <= m.layers
+    book, ref = problem.pricing, dict(problem.schedule)
+    if book is None or is_auto(ref):  # one chunk and micro-batch each; auto: each pipeline's own choice
+        return True
+    return sum(book.least(ref, pp)) <= m.layers and t.global_batch // (dp * t.micro_batch) >= \
+        book.min_micro_batches(ref, pp)
 
 
 def layout_devices(problem: Problem, devices: list[str] | None = None) -> list[str]:

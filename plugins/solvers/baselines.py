@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
-from hexicore.planner.pricing import holds_chunks
+from hexicore.planner.pricing import holds_chunks, is_auto
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
@@ -189,13 +189,13 @@ class GalvatronLikeSolver:
         return best_fitting(problem, cands, self.name)
 
 
-def speed_shares(total: int, speeds: list[float]) -> list[int]:
-    """``total`` micro-batches split proportional to ``speeds``, at least one each (largest
-    remainder); ``len(speeds) <= total``."""
+def speed_shares(total: int, speeds: list[float], least: int = 1) -> list[int]:
+    """``total`` micro-batches split proportional to ``speeds``, at least ``least`` each (largest
+    remainder); ``len(speeds) * least <= total``."""
     raw = [total * v / sum(speeds) for v in speeds]
-    out = [max(1, int(r)) for r in raw]
+    out = [max(least, int(r)) for r in raw]
     while sum(out) > total:  # take back from those above their minimum, most over their share first
-        out[max((j for j in range(len(out)) if out[j] > 1), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
+        out[max((j for j in range(len(out)) if out[j] > least), key=lambda j: (out[j] - raw[j], out[j]))] -= 1
     for j in sorted(range(len(out)), key=lambda j: raw[j] - out[j], reverse=True)[:total - sum(out)]:
         out[j] += 1
     return out
@@ -204,7 +204,8 @@ def speed_shares(total: int, speeds: list[float]) -> list[int]:
 @dataclass(frozen=True)
 class FsdpSolver:
     """Fully sharded data parallelism (ZeRO-3, as PyTorch FSDP): one single-GPU replica per
-    device (the fastest ``min(devices, micro-batches)``), each device's batch proportional to its
+    device (the fastest ``min(devices, micro-batches / k)``, where the schedule needs ``k``
+    micro-batches on one rank: 2 for DualPipeV, else 1), each device's batch proportional to its
     peak FLOP/s; the training state is sharded over all of them (``train.zero=3``), evenly or in
     proportion to each device's memory (``zero_split=memory``, Cephalo-style): both are priced
     and the fastest that fits is returned. ``hybrid`` (``solver.hybrid=true``): hybrid sharding
@@ -218,8 +219,10 @@ class FsdpSolver:
               progress: Progress = no_progress) -> Plan:
         t, L = problem.train, problem.model.layers
         mbs = t.global_batch // t.micro_batch
-        devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:mbs]
-        counts = speed_shares(mbs, [d.tflops for d in devs])
+        book, ref = problem.pricing, dict(problem.schedule)
+        least = 1 if book is None or is_auto(ref) else book.min_micro_batches(ref, 1)
+        devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:max(1, mbs // least)]
+        counts = speed_shares(mbs, [d.tflops for d in devs], least=min(least, mbs))
         if not isinstance(self.hybrid, bool):
             raise HexicoreError(f"expected true or false, got {self.hybrid!r}", field="solver.hybrid")
         scope = "machine" if self.hybrid else "all"

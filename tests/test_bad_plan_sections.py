@@ -69,6 +69,10 @@ def _schedule(section):
      "non-negative numbers"),
     ({"name": "synth", "stage_times": [1.0] * 5, "hop_times": [0.1] * 3}, "pipelines[0].schedule.hop_times",
      "one entry per hop"),
+    # a float or a numeric string is a count too: neither slips past the limit (1e9 chunks hung)
+    ({"name": "interleaved_1f1b", "chunks": 1e9}, "pipelines[0].schedule.chunks", "limit of 256"),
+    ({"name": "interleaved_1f1b", "chunks": "1000000000"}, "pipelines[0].schedule.chunks", "limit of 256"),
+    ({"name": "hanayo", "waves": "auto", "max_waves": 10**6}, "pipelines[0].schedule.max_waves", "limit of 256"),
 ])
 def test_bad_schedule_section(section, field, words, tmp_path, capsys):
     code, err, out = _evaluate(tmp_path, capsys, _schedule(section))
@@ -84,6 +88,10 @@ def test_bad_schedule_section(section, field, words, tmp_path, capsys):
      "positive number"),
     (["plan", "model=tiny", "schedule=auto", "solver=megatron"], "schedule", "solver=hexiscale only"),
     (["plan", "model=tiny", "schedule=auto", "solver=cpsat"], "schedule", "solver=hexiscale only"),
+    (["simulate", "schedule=hanayo", "schedule.waves=1e9"], "schedule.waves", "limit of 256"),  # was a MemoryError
+    (["simulate", "schedule=looped_bfs", "schedule.chunks=inf"], "schedule.chunks", "limit of 256"),
+    (["simulate", "schedule=hanayo", "schedule.waves=auto", "schedule.max_waves=100000"], "schedule.max_waves",
+     "limit of 256"),
 ])
 def test_bad_schedule_options_on_the_command_line(argv, field, words, tmp_path, capsys):
     out = tmp_path / "out.json" if argv[0] == "plan" else tmp_path / "sim"
@@ -92,3 +100,28 @@ def test_bad_schedule_options_on_the_command_line(argv, field, words, tmp_path, 
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"{field}:" in err and words in err, err
     assert not out.exists()
+
+
+def test_an_integer_of_too_many_digits_is_malformed_json(tmp_path, capsys):
+    """Python refuses to convert an integer of over 4,300 digits (a ValueError, not a JSONDecodeError):
+    one line naming the file, as any malformed JSON."""
+    text = PLAN.read_text().replace('"global_batch": 24', '"global_batch": ' + "9" * 5000, 1)
+    assert text != PLAN.read_text()
+    path, out = tmp_path / "bad.json", tmp_path / "e.json"
+    path.write_text(text)
+    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "bad.json: malformed JSON" in err and "set_int_max_str_digits" not in err, err
+    assert not out.exists()
+
+
+def test_an_integer_of_too_many_digits_is_malformed_yaml(tmp_path):
+    from hexicore.core.errors import HexicoreError
+    from hexicore.core.model import ModelSpec
+
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nlayers: " + "9" * 5000 + "\n")
+    with pytest.raises(HexicoreError, match="m.yaml: malformed YAML") as exc:
+        ModelSpec.load(path)
+    assert "set_int_max_str_digits" not in str(exc.value)

@@ -249,6 +249,10 @@ class Plan:
         except json.JSONDecodeError as exc:
             raise HexicoreError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
                                 source=source) from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise HexicoreError(f"malformed JSON: {schema.value_error(exc)}", source=source) from None
+        except RecursionError:
+            raise HexicoreError(f"JSON nested deeper than {schema.MAX_DEPTH} levels", source=source) from None
         return parse_plan(data, source)
 
     @classmethod

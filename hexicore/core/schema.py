@@ -239,9 +239,17 @@ def load_yaml(path: str | Path, what: str) -> Mapping[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
         raise HexicoreError(f"malformed YAML{where}: {problem}", source=source) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise HexicoreError(f"malformed YAML: {value_error(exc)}", source=source) from None
     if data is None:
         raise HexicoreError(f"{what} file is empty", source=source)
     return as_mapping(data, source, None)
+
+
+def value_error(exc: ValueError) -> str:
+    """A parser's ValueError in one short line (Python's integer-digits limit names a fix that is
+    not the user's: ``use sys.set_int_max_str_digits()``)."""
+    return str(exc).split("; use sys.", 1)[0].strip() or type(exc).__name__
 
 
 def load_json(path: str | Path, what: str) -> Mapping[str, Any]:
@@ -251,6 +259,8 @@ def load_json(path: str | Path, what: str) -> Mapping[str, Any]:
         data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, source))
     except json.JSONDecodeError as exc:
         raise HexicoreError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=source) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise HexicoreError(f"malformed JSON: {value_error(exc)}", source=source) from None
     except RecursionError:
         raise HexicoreError(f"JSON nested deeper than {MAX_DEPTH} levels", source=source) from None
     check_depth(data, source)

@@ -206,7 +206,7 @@ def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         try:
             ok = not isinstance(value, bool) and float(value) == int(value) and int(value) >= 1
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             ok = False
         if not ok:
             also = f" {alternative}" if alternative else ""

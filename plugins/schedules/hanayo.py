@@ -42,6 +42,7 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.greedy import greedy_tuples
 from hexicore.pipeline.improve import justify
 from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.core import limits
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import (BLOCKS, ActionSchedule, Pricing, ScheduleSpec, build, need, positive_int,
                                         positive_memory, wave_map)
@@ -98,6 +99,7 @@ class Hanayo(ActionSchedule):
         if self.waves != "auto":
             object.__setattr__(self, "waves", positive_int(self.waves, self.name, "waves", "or 'auto'"))
         object.__setattr__(self, "max_waves", positive_int(self.max_waves, self.name, "max_waves"))
+        limits.check(self.max_waves, limits.MAX_WAVES, "waves", field="schedule.max_waves")  # waves=auto tries each
         object.__setattr__(self, "memory", positive_memory(self.memory, self.name))
 
     def params(self) -> dict[str, Any]:

@@ -125,3 +125,26 @@ def test_an_integer_of_too_many_digits_is_malformed_yaml(tmp_path):
     with pytest.raises(HexicoreError, match="m.yaml: malformed YAML") as exc:
         ModelSpec.load(path)
     assert "set_int_max_str_digits" not in str(exc.value)
+
+
+@pytest.mark.parametrize("where,value,field", [
+    ("train", 0, "train"), ("train", False, "train"), ("train", "", "train"), ("train", [], "train"),
+    ("schedule", "", "pipelines[0].schedule"), ("schedule", [], "pipelines[0].schedule"),
+    ("schedule", 0, "pipelines[0].schedule"),
+    ("excluded", False, "cluster.excluded"), ("links", "", "cluster.links"),
+    ("estimate.oom", 0, "estimate.oom"), ("estimate.breakdown", [], "estimate.breakdown"),
+])
+def test_a_falsy_value_of_the_wrong_type_is_refused_not_taken_for_absent(where, value, field, tmp_path, capsys):
+    """``"train": 0`` or ``"schedule": ""`` used to read as "absent" (the defaults); null and a
+    missing key still are."""
+    def change(data):
+        if where == "schedule":
+            data["pipelines"][0]["schedule"] = value
+        elif where in ("excluded", "links"):
+            data["cluster"][where] = value
+        elif where.startswith("estimate."):
+            data.setdefault("estimate", {})[where.split(".")[1]] = value
+        else:
+            data[where] = value
+
+    _one_line(*_evaluate(tmp_path, capsys, change), field)

@@ -387,10 +387,10 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     zone_links = tuple(Link(*z) for z in zone_pairs)
     cluster = Cluster(name, tuple(machines), inter_bw, inter_lat, tuple(links), gpus=catalog,
                       inter_zone=inter_zone, zone_links=zone_links)
-    excluded = d.get("excluded") or []
+    ep = schema.dotted(prefix, "excluded")
+    excluded = schema.optional_list(d, "excluded", source, ep)
     if excluded:
-        ep = schema.dotted(prefix, "excluded")
-        cluster = cluster.exclude(schema.as_list(excluded, source, ep), source=source, field=ep)
+        cluster = cluster.exclude(excluded, source=source, field=ep)
     if raw_devices is not None:
         check_devices(cluster, raw_devices, source, prefix)
     return cluster

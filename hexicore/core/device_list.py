@@ -61,10 +61,10 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
     the GPU type (``GpuType.intra_gbs``). A duplicate id is refused."""
     dp = schema.dotted(prefix, "devices")
     raw = schema.as_list(d["devices"], source, dp)
-    intra = schema.as_mapping(d.get("intra") or {}, source, schema.dotted(prefix, "intra"))
+    intra = schema.optional_mapping(d, "intra", source, schema.dotted(prefix, "intra"))
     machines: dict[str, dict[str, Any]] = {}
     present: dict[str, int] = {}
-    section = schema.as_mapping(d.get("gpus") or {}, source, schema.dotted(prefix, "gpus"))
+    section = schema.optional_mapping(d, "gpus", source, schema.dotted(prefix, "gpus"))
     gpus = dict(section)
     figures: dict[tuple[str, str], tuple[float, int]] = {}  # (gpu, figure) -> (value, the entry that gave it)
     first_of: dict[str, int] = {}  # gpu -> its first entry

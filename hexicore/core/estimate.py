@@ -88,7 +88,7 @@ class Estimate:
         pipeline_s = tuple(_number(v, source, f"{prefix}.pipeline_s")
                            for v in schema.as_list(d["pipeline_s"], source, f"{prefix}.pipeline_s"))
         memory = schema.as_mapping(d["memory_gb"], source, f"{prefix}.memory_gb")
-        oom = schema.as_list(d.get("oom") or [], source, f"{prefix}.oom")
+        oom = schema.optional_list(d, "oom", source, f"{prefix}.oom")
         return cls(
             iteration_s=_number(d["iteration_s"], source, f"{prefix}.iteration_s"),
             mfu=_number(d["mfu"], source, f"{prefix}.mfu"),
@@ -97,7 +97,7 @@ class Estimate:
             dp_s=_number(d["dp_s"], source, f"{prefix}.dp_s"),
             memory_gb={str(k): _number(v, source, f"{prefix}.memory_gb.{k}") for k, v in memory.items()},
             oom=tuple(schema.string(x, source, f"{prefix}.oom") for x in oom),
-            breakdown=dict(schema.as_mapping(d.get("breakdown") or {}, source, f"{prefix}.breakdown")),
+            breakdown=dict(schema.optional_mapping(d, "breakdown", source, f"{prefix}.breakdown")),
             extra={k: v for k, v in d.items() if k not in KNOWN},
             key_order=tuple(d),
         )

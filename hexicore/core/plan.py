@@ -276,8 +276,8 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
         raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=source, field="format")
     model = parse_model(schema.get(d, "model", source, None), source, "model")
     cluster = parse_cluster(schema.get(d, "cluster", source, None), source, "cluster")
-    raw_train = d.get("train") or {}
-    schema.known_keys(schema.as_mapping(raw_train, source, "train"), TRAIN_KEYS, source, "train")
+    raw_train = schema.optional_mapping(d, "train", source, "train")
+    schema.known_keys(raw_train, TRAIN_KEYS, source, "train")
     train = TrainConfig.from_dict(raw_train, source)
     if d.get("estimate") is not None:  # typed here, so that a bad field names this file
         d = {**d, "estimate": Estimate.from_dict(d["estimate"], source)}
@@ -301,7 +301,7 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
             lo = schema.integer(layers[0], source, f"{sf}.layers", minimum=0)
             hi = schema.integer(layers[1], source, f"{sf}.layers", minimum=0)
             stages.append(Stage(devs, tp, (lo, hi)))
-        sched = ScheduleRef.from_mapping(p.get("schedule") or None, source=source, field=f"{pf}.schedule")
+        sched = ScheduleRef.from_mapping(p.get("schedule"), source=source, field=f"{pf}.schedule")
         pipelines.append(Pipeline(schema.integer(schema.get(p, "batch", source, pf), source, f"{pf}.batch"),
                                   tuple(stages), sched))
     plan = Plan(model, cluster, train, tuple(pipelines),

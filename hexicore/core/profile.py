@@ -205,7 +205,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
             ("forward_s", "backward_s"), optional=("hidden", "vocab"))
         devices[str(name)] = DeviceProfile(blocks, head)
     links = []
-    for i, ln in enumerate(schema.as_list(d.get("links") or [], source, "links")):
+    for i, ln in enumerate(schema.optional_list(d, "links", source, "links")):
         m = schema.as_mapping(ln, source, f"links[{i}]")
         links.append(LinkTiming(_between(m, source, f"links[{i}]", ("latency_s", "bandwidth_gbs")),
                                 limits.quantity(schema.get(m, "latency_s", source, f"links[{i}]"),
@@ -215,7 +215,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                                                  f"links[{i}].bandwidth_gbs")))
     _unique(links, lambda ln: frozenset(ln.between), source, "links", "this machine pair")
     allreduce = []
-    for i, a in enumerate(schema.as_list(d.get("allreduce") or [], source, "allreduce")):
+    for i, a in enumerate(schema.optional_list(d, "allreduce", source, "allreduce")):
         m = schema.as_mapping(a, source, f"allreduce[{i}]")
         allreduce.append(AllReduceTiming(_between(m, source, f"allreduce[{i}]", ("group", "bandwidth_gbs")),
                                          schema.integer(schema.get(m, "group", source, f"allreduce[{i}]"), source,
@@ -223,5 +223,5 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                                          limits.bandwidth(schema.get(m, "bandwidth_gbs", source, f"allreduce[{i}]"),
                                                           source, f"allreduce[{i}].bandwidth_gbs")))
     _unique(allreduce, lambda a: (frozenset(a.between), a.group), source, "allreduce", "this machine pair and group")
-    env = dict(schema.as_mapping(d.get("environment") or {}, source, "environment"))
+    env = dict(schema.optional_mapping(d, "environment", source, "environment"))
     return Profile(devices, tuple(links), tuple(allreduce), env, source)

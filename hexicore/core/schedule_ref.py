@@ -136,6 +136,8 @@ class ScheduleRef(Mapping):
         if section is None:
             return cls(default)
         if isinstance(section, str):
+            if default and not section.strip():
+                raise HexicoreError("a schedule name must not be empty", source=source, field=field)
             return cls(section)
         if not isinstance(section, Mapping):
             raise HexicoreError(f"expected a mapping with a schedule name, got {section!r}", source=source,

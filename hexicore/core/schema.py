@@ -34,6 +34,17 @@ def as_mapping(obj: Any, source: str | None, field: str | None) -> Mapping[str, 
     return obj
 
 
+def optional_mapping(d: Mapping[str, Any], key: str, source: str | None, field: str | None) -> Mapping[str, Any]:
+    """``d[key]`` as a mapping, ``{}`` when absent or null; any other value (``0``, ``false``,
+    ``""``, a list) is an error, never taken for "absent"."""
+    return {} if d.get(key) is None else as_mapping(d[key], source, field)
+
+
+def optional_list(d: Mapping[str, Any], key: str, source: str | None, field: str) -> list:
+    """``d[key]`` as a list, ``[]`` when absent or null; any other value is an error."""
+    return [] if d.get(key) is None else as_list(d[key], source, field)
+
+
 def as_list(obj: Any, source: str | None, field: str) -> list:
     """``obj`` as a list (a YAML sequence), or an error."""
     try:

@@ -34,7 +34,7 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
         inter_zone = (limits.bandwidth(schema.get(z, "bandwidth_gbs", source, zp), source, schema.dotted(zp, "bandwidth_gbs")),
                       limits.latency(z.get("latency_us", inter[1]), source, schema.dotted(zp, "latency_us")))
     links: list[tuple] = []
-    for i, raw in enumerate(schema.as_list(d.get("zone_links") or [], source, schema.dotted(prefix, "zone_links"))):
+    for i, raw in enumerate(schema.optional_list(d, "zone_links", source, schema.dotted(prefix, "zone_links"))):
         fp = schema.dotted(prefix, f"zone_links[{i}]")
         l = schema.as_mapping(raw, source, fp)
         schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)
@@ -56,7 +56,7 @@ def parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: 
     """The ``links`` section: per machine-pair overrides of ``inter``, as ``(between, GB/s, us)``."""
     links: list[tuple] = []
     pairs: set[frozenset] = set()
-    for i, raw in enumerate(schema.as_list(d.get("links") or [], source, schema.dotted(prefix, "links"))):
+    for i, raw in enumerate(schema.optional_list(d, "links", source, schema.dotted(prefix, "links"))):
         fp = schema.dotted(prefix, f"links[{i}]")
         l = schema.as_mapping(raw, source, fp)
         schema.known_keys(l, LINK_KEYS | {"between"}, source, fp)

@@ -339,7 +339,7 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
                      for c in schema.as_list(d.get("mb_chain") or [0] * mbs, source, "mb_chain"))
     if len(mb_chain) != mbs or any(c >= len(chains) for c in mb_chain):
         raise HexicoreError(f"needs {mbs} chain indices in [0, {len(chains)})", source=source, field="mb_chain")
-    return ActionList(ScheduleRef.from_mapping(d.get("schedule") or {}, default="", source=source), ranks, stages, mbs,
+    return ActionList(ScheduleRef.from_mapping(d.get("schedule"), default="", source=source), ranks, stages, mbs,
                       tuple(s2r), tuple(lists), chains, mb_chain)
 
 

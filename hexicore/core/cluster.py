@@ -240,7 +240,7 @@ class Cluster:
         ``field`` (the command line's ``exclude``, a cluster file's ``excluded``)."""
         ids = list(device_ids)
         for i in ids:
-            if i not in self._by_id:
+            if not isinstance(i, str) or i not in self._by_id:
                 raise HexicoreError(f"unknown device {i!r}; devices are {_brief(self._by_id)}", source=source, field=field)
         left = len(self.devices) - len(set(ids))
         if left <= 0:

@@ -36,6 +36,8 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
         if g not in catalog:
             raise HexicoreError(f"unknown GPU type {g!r}", source=source, field=schema.dotted(sp, f"mix.{g}"))
         weights[g] = schema.number(w, source, schema.dotted(sp, f"mix.{g}"))
+    if not weights:
+        raise HexicoreError("needs at least one GPU type and its weight", source=source, field=schema.dotted(sp, "mix"))
     fleet = synthetic_fleet(n, weights, seed=seed, per_machine=per,
                            inter_gbs=limits.bandwidth(s.get("inter_gbs", 0.7), source, schema.dotted(sp, "inter_gbs")),
                            inter_latency_us=limits.latency(s.get("inter_latency_us", 50.0), source,

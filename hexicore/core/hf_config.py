@@ -27,14 +27,12 @@ from typing import Any, Mapping
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.model import ModelSpec
+from hexicore.core.model import LLAMA3_KEYS as _LLAMA3_KEYS, ROPE_TYPES, ModelSpec
 
 #: the spec's seq_len when the config allows more positions than this
 DEFAULT_SEQ_LEN = 4096
 #: model_type -> architecture class name written back into config.json
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-ROPE_TYPES = ("default", "llama3")
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def is_hf_config(path: str | Path) -> bool:
@@ -62,7 +60,7 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
         if a in by_arch:
             return by_arch[a]
     mt = d.get("model_type")
-    if mt in ARCHITECTURES:
+    if isinstance(mt, str) and mt in ARCHITECTURES:
         return str(mt)
     named = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else repr(mt)
     raise HexicoreError(f"unsupported architecture {named}; supported: {', '.join(ARCHITECTURES.values())}",
@@ -83,7 +81,7 @@ def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str
     layer_types = d.get("layer_types") or []
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         uses_window = uses_window or window is not None
-    if uses_window and window is not None and int(window) < seq_len:
+    if uses_window and window is not None and schema.integer(window, source, "sliding_window") < seq_len:
         raise HexicoreError(f"a sliding window of {window} positions is shorter than the sequence ({seq_len}); "
                             "only full attention is supported", source=source, field="sliding_window")
 
@@ -132,7 +130,9 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     tied = d.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise HexicoreError("expected true or false", source=source, field="tie_word_embeddings")
-    bias = bool(d.get("attention_bias", False))
+    bias = False if d.get("attention_bias") is None else d["attention_bias"]
+    if not isinstance(bias, bool):
+        raise HexicoreError("expected true or false", source=source, field="attention_bias")
     try:
         return ModelSpec(
             name=str(d.get("_name_or_path") or Path(source).parent.name or mt), layers=integer("num_hidden_layers"),

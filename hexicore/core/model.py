@@ -27,6 +27,10 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: what the torch runtime implements (hexicore.core.hf_config reads configs into these)
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,26 @@ def _parse_optional(d: Any, source: str | None, fp: Any) -> dict[str, Any]:
         if d.get(k) is not None:
             kw[k] = schema.number(d[k], source, fp(k))
     if d.get("rope_scaling") is not None:
-        kw["rope_scaling"] = tuple(sorted(schema.as_mapping(d["rope_scaling"], source, fp("rope_scaling")).items()))
+        kw["rope_scaling"] = _rope_scaling(d["rope_scaling"], source, fp("rope_scaling"))
     if d.get("hf_model_type") is not None:
         kw["hf_model_type"] = schema.string(d["hf_model_type"], source, fp("hf_model_type"))
+        if kw["hf_model_type"] not in HF_MODEL_TYPES:
+            raise HexicoreError(f"unknown Hugging Face model type {kw['hf_model_type']!r}; choose one of: "
+                                f"{', '.join(HF_MODEL_TYPES)}", source=source, field=fp("hf_model_type"))
     return kw
+
+
+def _rope_scaling(raw: Any, source: str | None, field: str) -> tuple[tuple[str, Any], ...]:
+    """``rope_scaling``: the default (no pairs) or Llama 3's type with its four numbers, as the
+    runtime implements them; anything else is refused here, not in a training worker."""
+    m = schema.as_mapping(raw, source, field)
+    kind = m.get("rope_type", m.get("type", "default"))
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:
+        raise HexicoreError(f"rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}",
+                            source=source, field=f"{field}.rope_type")
+    if kind == "default":
+        return ()
+    scaling: dict[str, Any] = {"rope_type": "llama3"}
+    for k in LLAMA3_KEYS:
+        scaling[k] = schema.number(schema.get(m, k, source, field), source, f"{field}.{k}")
+    return tuple(sorted(scaling.items()))

@@ -35,6 +35,8 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id
 def input_files(spec: Any) -> list[Path]:
     """``input=`` as files: each item a path or a glob; a missing match is an error."""
     items = spec if isinstance(spec, (list, tuple)) else [spec]
+    if not items:
+        raise HexicoreError("needs at least one input file", source="command line", field="input")
     files: list[Path] = []
     for item in items:
         matches = sorted(glob.glob(str(item))) if any(c in str(item) for c in "*?[") else [str(item)]
@@ -48,25 +50,35 @@ def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
     """(text, bytes read) per document, in file order."""
     for f in files:
         if f.suffix == ".jsonl":
-            with f.open("r", encoding="utf-8") as fh:
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        doc = json.loads(line)
-                        text = doc[text_key]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise HexicoreError(f"expected a JSON object with a string {text_key!r}", source=str(f),
-                                            field=f"line {n}") from None
-                    if not isinstance(text, str):
-                        raise HexicoreError(f"{text_key!r} is not a string", source=str(f), field=f"line {n}")
-                    yield text, len(line.encode("utf-8"))
+            yield from _json_lines(f, text_key)
         else:
             try:
                 text = f.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field="input") from None
             yield text, len(text.encode("utf-8"))
+
+
+def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
+    """(text, bytes read) per line of a JSON-lines file; a line that is not UTF-8 is an error
+    naming it, like any other bad line."""
+    with f.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field=f"line {n}") from None
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                text = doc[text_key]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise HexicoreError(f"expected a JSON object with a string {text_key!r}", source=str(f),
+                                    field=f"line {n}") from None
+            if not isinstance(text, str):
+                raise HexicoreError(f"{text_key!r} is not a string", source=str(f), field=f"line {n}")
+            yield text, len(raw)
 
 
 def load_tokenizer(path: Any) -> Any:
@@ -166,6 +178,7 @@ def run(cfg: DictConfig) -> int:
     prep = OmegaConf.to_container(cfg.get("prepare") or {}, resolve=True)
     files = input_files(OmegaConf.to_container(cfg.input, resolve=True) if OmegaConf.is_list(cfg.get("input"))
                         else cfg.get("input") or "")
+    batch_docs = schema.integer(prep.get("batch_docs", 1024), "command line", "prepare.batch_docs")
     tok = load_tokenizer(cfg.get("tokenizer"))
     eos = eos_id(tok, prep.get("eos"))
     if not cfg.get("out"):
@@ -180,7 +193,7 @@ def run(cfg: DictConfig) -> int:
     with Progress(transient=True, console=console()) as bar:
         task = bar.add_task("tokenizing", total=total)
         stats = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
-                         batch_docs=int(prep.get("batch_docs", 1024)), progress=lambda b: bar.advance(task, b))
+                         batch_docs=batch_docs, progress=lambda b: bar.advance(task, b))
     secs = time.perf_counter() - t0
     write_sidecar(out, {**stats, "tokenizer": str(cfg.tokenizer)})
     console().print(rows_table("hexicore prepare-data", ("files", "documents", "tokens", "dtype", "seconds", "tokens/s"),

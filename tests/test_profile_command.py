@@ -136,3 +136,18 @@ def test_default_allreduce_groups_are_trimmed_to_the_cluster(tmp_path):
                                      "  - {name: B, gpu: rtx4090, count: 3, bandwidth_gbs: 32}\n")
     req = request_from_config(hexicore.compose(["model=tiny", f"cluster_file={tmp_path / 'c.yaml'}"]))
     assert req.allreduce_groups == (2, 4)  # 8 exceeds 4 (two machines' devices alternating)
+
+
+@pytest.mark.parametrize("tp", ["[3]", "[4]"])  # 3 divides no head count of tiny; 4 fits on no machine
+def test_tp_degrees_none_of_which_can_be_timed_are_refused_before_any_process(tmp_path, capsys, monkeypatch, tp):
+    """This used to launch the workers, measure the links and only then say so (from the CLI two
+    lines: the launcher's threads line and the error)."""
+    import hexicore_plugins.runtimes.torch.launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
+    (tmp_path / "c.yaml").write_text("name: c\nmachines:\n  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n")
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"profile.tp={tp}",
+                    f"out={tmp_path / 'p.yaml'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "profile.tp: no TP degree" in err[0], err
+    assert not (tmp_path / "p.yaml").exists()

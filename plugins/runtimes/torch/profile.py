@@ -274,8 +274,7 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
     # analytically (a measured head alone is not used)
     devices = {n: DeviceProfile(tuple(blocks_n), head.get(n)) for n, blocks_n in per.items()}
     if not devices:
-        raise HexicoreError("no TP degree of profile.tp could be timed (a degree must divide the model's heads, "
-                            "kv heads and FFN and fit on one machine)", source="command line", field="profile.tp")
+        raise HexicoreError(NO_TP, source="command line", field="profile.tp")
     return Profile(devices, tuple(links), tuple(allreduce), got["env"])
 
 
@@ -286,11 +285,18 @@ def action_s(one: float, chain: float) -> float:
     return max(2.0 * one - chain, 0.0)
 
 
+NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the model's heads, kv heads and FFN "
+         "and fit on one machine)")
+
+
 def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob:
     c = request.cluster
     devices = tuple((d.id, d.machine, d.gpu.name, float(c.slowdown(d.id))) for d in c.devices)
-    return ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
-                      int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
-                      int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
-                      int(request.allreduce_bytes), int(request.seed), str(request.statistic),
-                      bool(getattr(request, "concurrent", False)), backend, timeout_s)
+    job = ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
+                 int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
+                 int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
+                 int(request.allreduce_bytes), int(request.seed), str(request.statistic),
+                 bool(getattr(request, "concurrent", False)), backend, timeout_s)
+    if not any(t.kind == "block" for t in tasks(job)):  # before any worker starts, not after measuring
+        raise HexicoreError(NO_TP, source="command line", field="profile.tp")
+    return job

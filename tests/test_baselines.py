@@ -124,17 +124,22 @@ def test_fsdp_plans_a_tiny_model_on_a_fast_and_slow_fleet(tmp_path):
     assert validate_plan(plan, problem.cost)[0].fits
 
 
+def _one_machine(tmp_path, gpus, solver, schedule, batch):
+    """tiny on one machine of ``gpus`` RTX 4090s under ``solver`` and ``schedule``."""
+    (tmp_path / "c.yaml").write_text("name: one\nmachines:\n"
+                                     f"  - {{name: A, gpu: rtx4090, count: {gpus}, bandwidth_gbs: 32, latency_us: 10}}\n")
+    return build_problem(config_from_overrides(
+        [f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"solver={solver}", f"schedule={schedule}",
+         f"train.global_batch={batch}"]), Registry.default())
+
+
 @pytest.mark.parametrize("name", ["megatron", "metis_like", "galvatron_like"])
 def test_symmetric_layouts_leave_devices_idle_where_all_cannot_hold_a_layer_per_chunk(name, tmp_path):
     """5 GPUs have one legal (dp, tp, pp) for tiny (8 layers) and a batch of 8: (1, 1, 5), whose
     stages cannot hold the 2 chunks of interleaved 1F1B. The layout runs on 4 GPUs instead (the
     solvers refused: 'none legal' / 'no candidate fits in memory (0 tried)'), as for a GPU count
     that factors into no layout."""
-    (tmp_path / "c.yaml").write_text("name: five\nmachines:\n"
-                                     "  - {name: A, gpu: rtx4090, count: 5, bandwidth_gbs: 32, latency_us: 10}\n")
-    problem = build_problem(config_from_overrides(
-        [f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"solver={name}", "schedule=interleaved_1f1b",
-         "train.global_batch=8"]), Registry.default())
+    problem = _one_machine(tmp_path, 5, name, "interleaved_1f1b", 8)
     plan = solve(problem, name)
     assert len(plan.devices) == 4 and all(s.n_layers >= 2 for p in plan.pipelines for s in p.stages)
     assert validate_plan(plan, problem.cost)[0].fits
@@ -145,11 +150,7 @@ def test_baselines_give_each_pipeline_the_micro_batches_its_schedule_needs(name,
     """DualPipeV runs a pipeline of P ranks on 2P micro-batches at least. With a batch of 2 on 4
     GPUs no symmetric layout of all four has them (tiny's TP stops at 2), and one replica per GPU
     gets one each: the solvers refused ('no candidate fits'); they now leave GPUs idle."""
-    (tmp_path / "c.yaml").write_text("name: four\nmachines:\n"
-                                     "  - {name: A, gpu: rtx4090, count: 4, bandwidth_gbs: 32, latency_us: 10}\n")
-    problem = build_problem(config_from_overrides(
-        [f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", f"solver={name}", "schedule=dualpipe_v",
-         "train.global_batch=2"]), Registry.default())
+    problem = _one_machine(tmp_path, 4, name, "dualpipe_v", 2)
     plan = solve(problem, name)
     assert len(plan.devices) < 4
     assert all(p.n_micro_batches(1) >= 2 * len(p.stages) for p in plan.pipelines)

@@ -27,12 +27,10 @@ from typing import Any, Mapping
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.model import LLAMA3_KEYS as _LLAMA3_KEYS, ROPE_TYPES, ModelSpec
+from hexicore.core.model import HF_ARCHITECTURES as ARCHITECTURES, ModelSpec, rope_scaling_pairs
 
 #: the spec's seq_len when the config allows more positions than this
 DEFAULT_SEQ_LEN = 4096
-#: model_type -> architecture class name written back into config.json
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def is_hf_config(path: str | Path) -> bool:
@@ -93,21 +91,9 @@ def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, An
     if not isinstance(params, Mapping):
         params = d.get("rope_scaling") or {}
         field_name = "rope_scaling"
-    params = dict(schema.as_mapping(params, source, field_name))
-    theta = params.pop("rope_theta", d.get("rope_theta", 10000.0))
-    kind = params.pop("rope_type", params.pop("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise HexicoreError(f"rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}",
-                            source=source, field=f"{field_name}.rope_type")
-    theta = schema.number(theta, source, "rope_theta")
-    if kind == "default":
-        return theta, ()
-    scaling = {"rope_type": "llama3"}
-    for k in _LLAMA3_KEYS:
-        if k not in params:
-            raise HexicoreError("missing required field", source=source, field=f"{field_name}.{k}")
-        scaling[k] = schema.number(params[k], source, f"{field_name}.{k}")
-    return theta, tuple(sorted(scaling.items()))
+    params = schema.as_mapping(params, source, field_name)
+    scaling = rope_scaling_pairs(params, source, field_name)
+    return schema.number(params.get("rope_theta", d.get("rope_theta", 10000.0)), source, "rope_theta"), scaling
 
 
 def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:

@@ -27,8 +27,10 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-#: what the torch runtime implements (hexicore.core.hf_config reads configs into these)
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: Hugging Face model types the torch runtime implements -> the architecture class name written
+#: back into config.json (hexicore.core.hf_config reads configs into these)
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HF_MODEL_TYPES = tuple(HF_ARCHITECTURES)
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -265,7 +267,7 @@ def _parse_optional(d: Any, source: str | None, fp: Any) -> dict[str, Any]:
         if d.get(k) is not None:
             kw[k] = schema.number(d[k], source, fp(k))
     if d.get("rope_scaling") is not None:
-        kw["rope_scaling"] = _rope_scaling(d["rope_scaling"], source, fp("rope_scaling"))
+        kw["rope_scaling"] = rope_scaling_pairs(d["rope_scaling"], source, fp("rope_scaling"))
     if d.get("hf_model_type") is not None:
         kw["hf_model_type"] = schema.string(d["hf_model_type"], source, fp("hf_model_type"))
         if kw["hf_model_type"] not in HF_MODEL_TYPES:
@@ -274,8 +276,9 @@ def _parse_optional(d: Any, source: str | None, fp: Any) -> dict[str, Any]:
     return kw
 
 
-def _rope_scaling(raw: Any, source: str | None, field: str) -> tuple[tuple[str, Any], ...]:
-    """``rope_scaling``: the default (no pairs) or Llama 3's type with its four numbers, as the
+def rope_scaling_pairs(raw: Any, source: str | None, field: str) -> tuple[tuple[str, Any], ...]:
+    """``rope_scaling`` (a model file's, or an HF config's ``rope_scaling``/``rope_parameters``;
+    other keys ignored): the default (no pairs) or Llama 3's type with its four numbers, as the
     runtime implements them; anything else is refused here, not in a training worker."""
     m = schema.as_mapping(raw, source, field)
     kind = m.get("rope_type", m.get("type", "default"))

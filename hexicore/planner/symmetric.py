@@ -42,17 +42,28 @@ def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
     """Megatron's constraints: TP divides the heads, KV heads and FFN width, the global batch
     divides into DP equal shares of whole micro-batches, and the schedule runs the pipeline: the
     layers give each of the PP stages a layer per chunk its schedule runs there (PP <= layers for
-    one chunk each) and each share has the micro-batches the schedule needs on PP ranks
-    (``problem.pricing``'s :meth:`~hexicore.planner.pricing.ScheduleBook.least` and
-    ``min_micro_batches``; DualPipeV: 2 PP)."""
+    one chunk each, :func:`least_layers`) and each share has the micro-batches the schedule needs
+    on PP ranks (:func:`least_micro_batches`; DualPipeV: 2 PP)."""
     m, t = problem.model, problem.train
     if not (m.tp_divides(tp) and pp <= m.layers and t.global_batch % (dp * t.micro_batch) == 0):
         return False
+    return sum(least_layers(problem, pp)) <= m.layers and \
+        t.global_batch // (dp * t.micro_batch) >= least_micro_batches(problem, pp)
+
+
+def least_layers(problem: Problem, pp: int) -> list[int]:
+    """Per stage of a ``pp``-stage pipeline the fewest layers: a layer per chunk of the problem's
+    schedule (``problem.pricing``'s ``least``); one each without a book or under ``auto`` (each
+    pipeline's own choice)."""
     book, ref = problem.pricing, dict(problem.schedule)
-    if book is None or is_auto(ref):  # one chunk and micro-batch each; auto: each pipeline's own choice
-        return True
-    return sum(book.least(ref, pp)) <= m.layers and t.global_batch // (dp * t.micro_batch) >= \
-        book.min_micro_batches(ref, pp)
+    return [1] * pp if book is None or is_auto(ref) else list(book.least(ref, pp))
+
+
+def least_micro_batches(problem: Problem, pp: int) -> int:
+    """The fewest micro-batches a ``pp``-stage pipeline runs with under the problem's schedule
+    (``problem.pricing``'s ``min_micro_batches``); one without a book or under ``auto``."""
+    book, ref = problem.pricing, dict(problem.schedule)
+    return 1 if book is None or is_auto(ref) else book.min_micro_batches(ref, pp)
 
 
 def layout_devices(problem: Problem, devices: list[str] | None = None) -> list[str]:

@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
-from hexicore.planner.pricing import holds_chunks, is_auto
+from hexicore.planner.pricing import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable
-from hexicore.planner.symmetric import factorisations, layout_devices, legal, symmetric_plan
+from hexicore.planner.symmetric import (factorisations, layout_devices, least_layers, least_micro_batches, legal,
+                                        symmetric_plan)
 from hexicore.planner.zero import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
@@ -48,12 +49,6 @@ def stage_caps(table: StageTable, plan: Plan) -> list[int]:
     n_mb = plan.pipelines[0].n_micro_batches(plan.train.micro_batch)
     return [min(table.cap(p.stages[j].devices, j == 0, j == pp - 1, table.in_flight(pp, j, n_mb))
                 for p in plan.pipelines) for j in range(pp)]
-
-
-def least_layers(problem: Problem, pp: int) -> list[int]:
-    """Per stage of a ``pp``-stage pipeline the fewest layers: a layer per chunk of the schedule."""
-    book = problem.pricing
-    return list(book.least(dict(problem.schedule), pp)) if book is not None else [1] * pp
 
 
 def proportional(total: int, weights: list[float], caps: list[int], least: list[int] | None = None) -> list[int] | None:
@@ -219,8 +214,7 @@ class FsdpSolver:
               progress: Progress = no_progress) -> Plan:
         t, L = problem.train, problem.model.layers
         mbs = t.global_batch // t.micro_batch
-        book, ref = problem.pricing, dict(problem.schedule)
-        least = 1 if book is None or is_auto(ref) else book.min_micro_batches(ref, 1)
+        least = least_micro_batches(problem, 1)
         devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:max(1, mbs // least)]
         counts = speed_shares(mbs, [d.tflops for d in devs], least=min(least, mbs))
         if not isinstance(self.hybrid, bool):

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem
+from hexicore.planner.symmetric import least_layers
 
 from .formulation import Formulation
 from .tables import Option, machine_pools, tp_degrees
@@ -50,8 +51,7 @@ def _one_pipeline(problem: Problem, groups: Sequence[tuple[str, ...]]) -> Plan |
     c, m, t = problem.cluster, problem.model, problem.train
     groups, least = list(groups)[: m.layers], ()
     while groups:
-        least = problem.pricing.least(dict(problem.schedule), len(groups)) if problem.pricing is not None \
-            else (1,) * len(groups)
+        least = least_layers(problem, len(groups))
         if sum(least) <= m.layers:
             break
         groups.pop()

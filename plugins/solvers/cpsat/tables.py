@@ -23,6 +23,7 @@ from typing import Sequence
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
 from hexicore.planner.problem import Problem
+from hexicore.planner.symmetric import least_layers
 
 from .ends import head_rows
 from .tied import tied_pairs
@@ -270,9 +271,5 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
 
 
 def _least_row(problem: Problem, p: int, width: int) -> list[int]:
-    """``least[p]`` of :class:`Tables`: the schedule book's layer-per-chunk rule (``ScheduleBook.least``)."""
-    row = [0] * width
-    if p:
-        got = problem.pricing.least(dict(problem.schedule), p) if problem.pricing is not None else (1,) * p
-        row[:p] = got
-    return row
+    """``least[p]`` of :class:`Tables`: the layer-per-chunk rule (:func:`least_layers`), 0 past stage p."""
+    return [*least_layers(problem, p), *[0] * (width - p)]

@@ -67,6 +67,16 @@ def test_bad_model_fields_are_named(bad, field):
     assert e.value.source == "m.yaml" and e.value.field == field
 
 
+def test_integer_fields_read_integral_scientific_text():
+    """YAML 1.1 reads ``2e0`` as text; integer fields read it as its number, as float fields do."""
+    d = dict(name="m", layers="2e0", hidden=64, heads=4, kv_heads=2, ffn="1.28e2", vocab=100, seq_len=16)
+    m = parse_model(d, "m.yaml")
+    assert (m.layers, m.ffn) == (2, 128) and isinstance(m.layers, int)
+    with pytest.raises(HexicoreError) as e:
+        parse_model({**d, "layers": "2.5e0"}, "m.yaml")
+    assert e.value.field == "layers" and "integer" in str(e.value)
+
+
 def test_odd_head_dim_is_refused_for_rotary_positions_only():
     from hexicore.core.hf_config import spec_from_hf
 

@@ -104,7 +104,10 @@ def number(value: Any, source: str | None, field: str, *, positive: bool = True,
 
 
 def integer(value: Any, source: str | None, field: str, *, minimum: int | None = 1) -> int:
-    """An int (a float with an integral value is accepted) that is at least ``minimum``."""
+    """An int (a float with an integral value is accepted, and so is scientific notation with
+    an integral value, ``'2e3'``, as :func:`number` reads it) that is at least ``minimum``."""
+    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, bool):
         raise HexicoreError(f"expected an integer, got {value!r}", source=source, field=field)
     if isinstance(value, float) and value.is_integer():

@@ -65,6 +65,17 @@ def test_bad_zone_sections_are_refused_with_their_field(bad, field):
     assert e.value.field == field
 
 
+def test_inter_zone_without_zones_is_refused_not_ignored():
+    base = zoned(1.0).to_dict()
+    base.pop("devices")
+    base["machines"] = [{k: v for k, v in m.items() if k != "zone"} for m in base["machines"]]
+    with pytest.raises(HexicoreError) as e:
+        parse_cluster(base, "z.yaml")
+    assert e.value.field == "inter_zone" and "no machine names a zone" in str(e.value)
+    base.pop("inter_zone")
+    assert parse_cluster(base, "z.yaml").inter_zone is None
+
+
 def test_a_zone_behind_a_very_slow_link_stays_idle_and_a_fast_one_is_used():
     east_only = solve(zoned(1.0, west=()))
     slow = solve(zoned(1e-4, latency_us=1e6))

@@ -94,3 +94,24 @@ def create_runtime(spec: RunSpec, registry: Registry) -> Any:
     """The runtime plugin ``spec.runtime.name`` (its factory takes no parameters: the run's
     settings travel in the spec)."""
     return registry.create("runtime", spec.runtime.name)
+
+
+def runtime_refusal(cfg: DictConfig, plan: Plan, est, path: str, registry: Registry) -> list[str]:
+    """What the configured runtime's ``check_plan`` refuses (structure only: no framework, no
+    devices needed), as a warning for ``hexicore plan`` and ``evaluate`` (``hexicore train``
+    then exits 2 with the same line); nothing when the runtime or the train settings cannot
+    even be built."""
+    try:
+        settings = runtime_settings(cfg)
+        spec = plan_run_spec(cfg, plan, app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict(), settings,
+                             source=path, estimate=est)
+        runtime = create_runtime(spec, registry)
+    except HexicoreError:
+        return []
+    check = getattr(runtime, "check_plan", None)
+    try:
+        if check is not None:
+            check(spec, registry=registry)
+    except HexicoreError as exc:
+        return [f"runtime {settings.name} cannot run this plan: {exc}"]
+    return []

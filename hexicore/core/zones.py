@@ -29,6 +29,9 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
     inter_zone = None
     if d.get("inter_zone") is not None:
         zp = schema.dotted(prefix, "inter_zone")
+        if not zones:  # it would price no link: a zone-less cluster's machines all use ``inter``
+            raise HexicoreError("inter_zone is the link between machines of different zones, but no machine "
+                                "names a zone (zone: NAME)", source=source, field=zp)
         z = schema.as_mapping(d["inter_zone"], source, zp)
         schema.known_keys(z, LINK_KEYS, source, zp)
         inter_zone = (limits.bandwidth(schema.get(z, "bandwidth_gbs", source, zp), source, schema.dotted(zp, "bandwidth_gbs")),

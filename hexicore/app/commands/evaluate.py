@@ -10,8 +10,7 @@ from omegaconf import DictConfig
 
 from hexicore.app import compose as app
 from hexicore.app.report import console, memory_table, prediction_table, print_plan
-from hexicore.app.training import create_runtime, plan_run_spec, runtime_settings
-from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.app.training import runtime_refusal
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
 from hexicore.core.plan import Plan
@@ -29,7 +28,7 @@ def run(cfg: DictConfig) -> int:
     plan = Plan.load(path)
     cost = app.build_cost_model(cfg, registry)
     plan, est, warnings = app.evaluate(plan, cost, source=path, registry=registry)
-    warnings += _runtime_refusal(cfg, plan, est, path, registry)
+    warnings += runtime_refusal(cfg, plan, est, path, registry)
     print_plan(plan, console())
     table = memory_table(plan, app.memory_cost(cfg, registry))
     if table is not None:
@@ -42,22 +41,3 @@ def run(cfg: DictConfig) -> int:
         plan.save(str(cfg.out), overwrite=cfg.get("overwrite"))
         print(f"plan written to {cfg.out}")
     return 0
-
-
-def _runtime_refusal(cfg: DictConfig, plan: Plan, est, path: str, registry: Registry) -> list[str]:
-    """What the configured runtime's ``check_plan`` refuses (structure only: no framework, no
-    devices needed); nothing when the runtime or the train settings cannot even be built."""
-    try:
-        settings = runtime_settings(cfg)
-        spec = plan_run_spec(cfg, plan, app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict(), settings,
-                             source=path, estimate=est)
-        runtime = create_runtime(spec, registry)
-    except HexicoreError:
-        return []
-    check = getattr(runtime, "check_plan", None)
-    try:
-        if check is not None:
-            check(spec, registry=registry)
-    except HexicoreError as exc:
-        return [f"runtime {settings.name} cannot run this plan: {exc}"]
-    return []

@@ -1,5 +1,6 @@
 """``hexicore plan``: solve for a plan with a progress bar, print it as a table, write the plan
-JSON and ``plan.png`` beside it (the cluster coloured by pipeline, a bar per pipeline)."""
+JSON and ``plan.png`` beside it (the cluster coloured by pipeline, a bar per pipeline); warn
+where the configured runtime would refuse the plan (as ``hexicore evaluate`` does)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hexicore.registry import Registry
 from hexicore.app.report import console, memory_table, print_plan
 from hexicore.planner.objective import rate as money
 from hexicore.app.sweep import record
+from hexicore.app.training import runtime_refusal
 from hexicore.core.ownership import check_all
 
 
@@ -33,6 +35,7 @@ def run(cfg: DictConfig) -> int:
             bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
 
         plan, warnings = app.solve(cfg, registry, progress)
+    warnings += runtime_refusal(cfg, plan, plan.estimate, str(out), registry)
     plan.save(out, overwrite=cfg.get("overwrite"))
     picture = save_plan_picture(plan, out.with_suffix(".png"))
     print_plan(plan, console())

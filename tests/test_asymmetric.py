@@ -142,6 +142,18 @@ def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_pat
     assert code == 0 and "cannot run" not in io.err
 
 
+def test_plan_warns_where_the_runtime_would_refuse_its_plan(tmp_path, capsys):
+    """A GPT-style model plans (the cost model prices it) but the torch runtime trains Llama-style
+    models only: plan says so at once, as evaluate does, rather than train at launch."""
+    gpt = tmp_path / "gpt.yaml"
+    gpt.write_text("{name: g, arch: gpt, layers: 4, hidden: 64, heads: 4, ffn: 256, vocab: 128, seq_len: 32}\n")
+    code = run_cli(["plan", "cluster=tight8", f"model_file={gpt}", "train.global_batch=8", f"out={tmp_path / 'g.json'}"])
+    err = capsys.readouterr().err
+    assert code == 0 and "runtime torch cannot run this plan" in err and "Llama-style" in err
+    code = run_cli(["plan", "cluster=tight8", "model=tiny", "train.global_batch=8", f"out={tmp_path / 't.json'}"])
+    assert code == 0 and "cannot run" not in capsys.readouterr().err
+
+
 def test_plan_layout_runs_each_pipelines_own_schedule():
     layout = layout_of(PLANS["3 pipelines: tp2 (gpipe) | 2 stages (hanayo) | tp1 whole model (1f1b)"])
     assert [p.actions.schedule["name"] for p in layout.pipelines] == ["gpipe", "hanayo", "1f1b"]

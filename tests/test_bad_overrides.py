@@ -44,6 +44,33 @@ def test_bad_override_is_one_line_exit_2(argv, field, tmp_path, capsys):
     assert not out.exists()
 
 
+FILE_CASES = [
+    (["plan", "model_file={model}", "model.layers=4"], "model.layers", "model_file="),
+    (["plan", "model_file={model}", "model=tiny"], "model", "model_file="),
+    (["plan", "cluster_file={cluster}", "cluster=hetero1"], "cluster", "cluster_file="),
+    (["plan", "cluster_file={cluster}", "cluster.inter.bandwidth_gbs=5"], "cluster.inter.bandwidth_gbs", "cluster_file="),
+    (["evaluate", "plan_file={plan}", "model_file={model}"], "model_file", "plan_file="),
+    (["train", "plan_file={plan}", "cluster_file={cluster}", "train.steps=1"], "cluster_file", "plan_file="),
+]
+
+
+@pytest.mark.parametrize("argv,field,beside", FILE_CASES, ids=[" ".join(c[0][1:]) for c in FILE_CASES])
+def test_an_override_a_file_makes_void_is_refused(argv, field, beside, tmp_path, capsys):
+    """``model.layers=4`` beside ``model_file=`` (or anything beside ``plan_file=`` that the plan
+    carries) was silently ignored: it is one line naming the key, exit 2, nothing written."""
+    files = {"model": tmp_path / "m.yaml", "cluster": tmp_path / "c.yaml", "plan": tmp_path / "p.json"}
+    files["model"].write_text("{name: m, layers: 2, hidden: 64, heads: 4, ffn: 128, vocab: 128, seq_len: 16}\n")
+    files["cluster"].write_text("machines: [{name: A, gpu: rtx3090, count: 2, bandwidth_gbs: 16}]\n")
+    assert run_cli(["plan", f"model_file={files['model']}", f"cluster_file={files['cluster']}",
+                    "train.global_batch=4", f"out={files['plan']}"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    code = run_cli([a.format(**files) for a in argv] + [f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{field}:" in err and beside in err, err
+    assert not out.exists()
+
+
 def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch import launch

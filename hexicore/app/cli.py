@@ -150,7 +150,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
             raise HexicoreError(f"sweep value {line}: {exc.message}", source="command line", field=exc.field) from None
     from hexicore.app.config_schema import check_config
 
-    check_config(cfg)
+    check_config(cfg, [o.key_or_group for o in parsed])
 
 
 def _compose(overrides: list[str]) -> Any:

@@ -87,6 +87,18 @@ def load_cluster(cfg: DictConfig) -> Cluster:
     return cluster
 
 
+def load_plan_file(cfg: DictConfig) -> tuple[Plan, str]:
+    """``plan_file=PATH`` parsed and structurally checked, with its path. The plan carries its
+    model and cluster, so a ``model_file=``/``cluster_file=`` beside it, which would be ignored,
+    is refused."""
+    for key in ("model_file", "cluster_file"):
+        if cfg.get(key):
+            raise HexicoreError("has no effect beside plan_file= (the plan carries its model and cluster): drop it",
+                                source="command line", field=key)
+    path = str(cfg.plan_file)
+    return Plan.load(path), path
+
+
 def load_model(cfg: DictConfig) -> ModelSpec:
     """``model_file=PATH`` if given (a model YAML, or a Hugging Face ``config.json`` or the
     directory holding one: :mod:`hexicore.core.hf_config`), else the ``model`` group (with any

@@ -127,9 +127,10 @@ _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSect
              "prepare": PrepareSection, "profile": ProfileSection}
 
 
-def check_config(cfg: Any) -> None:
+def check_config(cfg: Any, keys: Any = ()) -> None:
     """Refuse keys the schema does not declare (``+train.global_bach=8`` bypasses Hydra's struct
-    check) and string values outside their choices; one-line :class:`HexicoreError`."""
+    check), string values outside their choices and overrides of ``keys`` (the keys the command
+    line overrides) that a file makes void (:func:`check_sources`); one-line :class:`HexicoreError`."""
     from dataclasses import fields as dc_fields
 
     from hexicore.core.errors import HexicoreError
@@ -149,3 +150,25 @@ def check_config(cfg: Any) -> None:
         value = (cfg.get(node) if node else cfg).get(leaf)
         if value is not None and str(value) not in allowed:
             raise HexicoreError(f"must be one of {', '.join(allowed)}, got {value!r}", source="command line", field=key)
+    check_sources(keys)
+
+
+#: a file that gives a whole config group: the group's choice and fields have no effect beside it
+FILE_GROUPS = {"model_file": "model", "cluster_file": "cluster"}
+
+
+def check_sources(keys: Any) -> None:
+    """Refuse overrides the command would silently ignore: ``model=NAME`` or ``model.x=V`` beside
+    ``model_file=PATH`` (the file gives the whole model; likewise ``cluster``/``cluster_file``).
+    ``keys`` are the overridden keys as Hydra parses them (``model``, ``model.layers``, ...)."""
+    from hexicore.core.errors import HexicoreError
+
+    keys = list(keys)
+    for file_key, group in FILE_GROUPS.items():
+        if file_key not in keys:
+            continue
+        for key in keys:
+            if key == group or key.startswith(group + "."):
+                raise HexicoreError(f"has no effect beside {file_key}= (the file gives the whole {group}): edit the "
+                                    f"file, or drop {file_key}= to use the {group} group", source="command line",
+                                    field=key)

@@ -69,8 +69,7 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
         return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime)
     schedule = app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict()
     if cfg.get("plan_file"):
-        path = str(cfg.plan_file)
-        plan = Plan.load(path)  # parse + hexicore.core.plan.check_structure
+        plan, path = app.load_plan_file(cfg)  # parse + hexicore.core.plan.check_structure
         plan, est, warnings = app.evaluate(plan, app.build_cost_model(cfg, registry), source=path, registry=registry)
         return plan_run_spec(cfg, plan, schedule, runtime, source=path, out=out, estimate=est, warnings=warnings)
     app.one_schedule(str(schedule.get("name")), "train pipeline.ranks=P", registry)

@@ -13,7 +13,6 @@ from hexicore.app.report import console, memory_table, prediction_table, print_p
 from hexicore.app.training import runtime_refusal
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
-from hexicore.core.plan import Plan
 from hexicore.core.prediction import predictions
 from hexicore.registry import Registry
 
@@ -24,8 +23,7 @@ def run(cfg: DictConfig) -> int:
     if cfg.get("out"):
         check_writable(str(cfg.out), "hexicore.plan", overwrite=cfg.get("overwrite"))
     registry = Registry.default()
-    path = str(cfg.plan_file)
-    plan = Plan.load(path)
+    plan, path = app.load_plan_file(cfg)
     cost = app.build_cost_model(cfg, registry)
     plan, est, warnings = app.evaluate(plan, cost, source=path, registry=registry)
     warnings += runtime_refusal(cfg, plan, est, path, registry)

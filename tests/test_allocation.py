@@ -178,3 +178,22 @@ def test_a_sub_cluster_is_tried_when_nothing_fits_the_whole_cluster(exhaustive):
 
     with pytest.raises(HexicoreError, match="nothing fits 12 devices"):
         allocate(p, nothing, exhaustive=exhaustive)
+
+
+def test_greedy_descent_steps_over_the_budget_to_reach_it():
+    """A budget below every all-but-one-machine sub-cluster: the greedy descent (one exhaustive
+    sub-cluster allowed) steps on through sub-clusters over the budget, by peak FLOPS per dollar,
+    to those within it, and finds the plan the exhaustive search finds (it used to stop at the
+    first step and report that no plan meets the budget)."""
+    from hexicore.planner.objective import Objective
+
+    kinds = (("A", "h100-80g"), ("B", "a100-80g"), ("C", "rtx4090"), ("D", "rtx3090"))
+    c = cluster([{"name": n, "gpu": g, "count": 2, "bandwidth_gbs": 32, "latency_us": 10} for n, g in kinds])
+    p = problem(c, model=model_preset("tiny"), global_batch=8, objective=Objective(budget_per_hour=1.5))
+    every = solve(p, allocation_exhaustive=100)
+    greedy = solve(p, allocation_exhaustive=1)
+    assert every.solver["allocation"]["mode"] == "exhaustive" and greedy.solver["allocation"]["mode"] == "greedy"
+    for plan in (every, greedy):
+        assert plan.solver["allocation"]["machines"] == ["C"]  # 2 x 0.69 $/h; the RTX 3090s are slower
+        assert plan.solver["usd_per_hour"] <= 1.5
+    assert greedy.estimate.iteration_s == pytest.approx(every.estimate.iteration_s, rel=1e-12)

@@ -15,7 +15,9 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   machine fewer of one class, one GPU type or one zone removed entirely) and moves to the best if it
   improves — the whole cluster and every all-but-one-machine / all-but-one-type sub-cluster are
   always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
-  than any plan on a cluster with one machine less;
+  than any plan on a cluster with one machine less; while no plan meets ``budget_per_hour``
+  (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
+  most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
 * sub-clusters are skipped without solving when their memory cannot hold the model's state,
   their price exceeds ``budget_per_hour``, or a lower bound (the model's FLOPs over their peak
   FLOP rate; every plan's MFU is at most 1) cannot beat the best plan found.
@@ -127,6 +129,24 @@ class _Search:
         best = self.best.plan.estimate
         best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
         return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def toward_budget(self, vectors: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+        """While no plan meets ``budget_per_hour``: the next step of the greedy descent among the
+        neighbours ``vectors`` still over the budget (skipped unsolved, so no neighbour improved
+        on the best), the one keeping the most peak FLOPS per dollar, then the most FLOPS; None
+        once a plan meets the objective, without a budget, or when no neighbour is over it."""
+        budget = self.objective.budget_per_hour
+        if budget is None or (self.best is not None and self.best.score[0] < INF):
+            return None
+        over = []
+        for v in vectors:
+            keep = set(self.machines(v))
+            devs = [d for d in self.problem.cluster.devices if d.machine in keep]
+            price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
+            if devs and price > budget + 1e-9:
+                flops = sum(d.tflops for d in devs)
+                over.append(((flops / price, flops), v))
+        return max(over, key=lambda o: o[0])[1] if over else None
 
     def promising(self, counts: tuple[int, ...]) -> bool:
         """The screen: does a quick plan on this sub-cluster already beat the best so far?"""
@@ -262,7 +282,10 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
-                break
+                cur = s.toward_budget(list(_neighbours(cur, classes, types)))
+                if cur is None:
+                    break
+                continue
             cur = next(v for v, t in steps if t is s.best)
     best = s.best
     if best is None or best.plan is None or best.score[0] == INF:

@@ -197,3 +197,28 @@ def test_greedy_descent_steps_over_the_budget_to_reach_it():
         assert plan.solver["allocation"]["machines"] == ["C"]  # 2 x 0.69 $/h; the RTX 3090s are slower
         assert plan.solver["usd_per_hour"] <= 1.5
     assert greedy.estimate.iteration_s == pytest.approx(every.estimate.iteration_s, rel=1e-12)
+
+
+def test_a_sub_cluster_bound_is_no_bound_over_the_whole_cluster():
+    """A solver's proven bound (cpsat: OPTIMAL) covers the sub-cluster it solved. When another
+    sub-cluster found no plan in time, the plan's bound is the least over all of them (there the
+    FLOPs bound) and its status FEASIBLE; it used to say OPTIMAL with the sub-cluster's bound,
+    above a faster plan cpsat itself had not found on the whole cluster."""
+    from hexicore.planner.allocation import allocate
+
+    p = problem(cluster(FAST_MACHINES), model=model_preset("tiny"), global_batch=8)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+
+    def proven(sub, progress, limit=None):
+        if limit is not None and len(sub.cluster.devices) > limit:
+            raise HexicoreError("time limit reached with no plan", field="solver.time_limit")
+        plan = inner.solve(sub, seed=0)
+        est = sub.cost.estimate(plan)
+        return plan.with_estimate(est).with_solver({"status": "OPTIMAL", "bound": est.iteration_s * (1 - 1e-6)})
+
+    one = allocate(p, lambda sub, progress: proven(sub, progress, limit=4), exhaustive=8)
+    assert len(one.devices) == 4 and one.solver["status"] == "FEASIBLE"
+    assert 0 < one.solver["bound"] < one.estimate.iteration_s * (1 - 1e-3)  # the 8 GPUs' peak FLOPs bound
+    both = allocate(p, proven, exhaustive=8)  # every sub-cluster proven: the chosen optimum stays
+    assert both.solver["status"] == "OPTIMAL"
+    assert both.solver["bound"] == pytest.approx(both.estimate.iteration_s * (1 - 1e-6), rel=1e-12)

@@ -22,6 +22,10 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   their price exceeds ``budget_per_hour``, or a lower bound (the model's FLOPs over their peak
   FLOP rate; every plan's MFU is at most 1) cannot beat the best plan found.
 
+A solver's proven ``bound`` (cpsat) speaks of the sub-cluster it solved; the returned plan's
+``bound`` is the least over every sub-cluster (the FLOPs bound for those not solved or not
+visited), and an ``OPTIMAL`` status stays only when no other sub-cluster's bound lies below it.
+
 The returned plan lives on the problem's whole cluster (its JSON lists every device); devices
 no pipeline uses are idle, reported per left-out GPU type or machine by :func:`idle_groups`
 with the best plan found that uses them (the plan's ``solver.idle``, docs/formats.md).
@@ -106,6 +110,7 @@ class _Search:
     screened: int = 0
     quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
     whole_error: HexicoreError | None = None  # why nothing fits the whole cluster (raised if nothing fits anywhere)
+    vacant: set = field(default_factory=set)  # sub-clusters whose memory cannot hold the model's state
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -118,6 +123,7 @@ class _Search:
         reserve = getattr(self.problem.cost, "reserve_gb", 0.0)
         per = getattr(self.problem.cost, "state_bytes_per_param", None) or 4 * self.problem.train.dtype_bytes
         if sum(d.memory_gb - reserve for d in devs) * 2**30 < self.problem.model.total_params() * per:
+            self.vacant.add(machines)
             return True
         price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
         if self.objective.budget_per_hour is not None and price > self.objective.budget_per_hour + 1e-9:
@@ -205,7 +211,7 @@ class _Search:
         if plan is not None:
             est = plan.estimate or sub.cost.estimate(plan)
             plan = Plan(plan.model, self.problem.cluster, plan.train, plan.pipelines, est, plan.solver)
-            if first and est.mfu > 0 and est.mfu <= 1:
+            if self.flops is None and est.mfu > 0 and est.mfu <= 1:  # the first plan solved
                 self.flops = est.mfu * est.iteration_s * sub.cluster.total_tflops * 1e12
         t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF))
         self.trials[machines] = t
@@ -295,9 +301,34 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
                           "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),
                           "objective": objective.to_dict()}
     info.update(rate(best.plan))
+    info.update(_overall_bound(s, best, info, complete=len(s.trials) == total))
     info["idle"] = idle_groups(problem.cluster, best.plan, [t for t in s.trials.values() if t is not None])
     progress(f"allocation: done, {len(best.machines)} of {len(problem.cluster.machines)} machines used", 1.0)
     return best.plan.with_solver(info)
+
+
+def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
+    """A solver's proven ``bound`` (and ``OPTIMAL`` status) speaks of the sub-cluster it solved;
+    over the whole cluster the bound is the least over every sub-cluster: a solved one's own
+    bound, else (not solved, pruned, nothing found in time, or not visited: ``complete`` false)
+    the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays only when no sub-cluster's bound
+    lies below the chosen one's. Nothing changes for solvers that report no bound."""
+    if info.get("bound") is None:
+        return {}
+    cl = s.problem.cluster
+    bounds = [] if complete else [_lower_bound(s.flops, cl, tuple(m.name for m in cl.machines))]
+    for machines, t in s.trials.items():
+        if machines in s.vacant:
+            continue  # no plan at all there
+        own = (t.plan.solver or {}).get("bound", None) if t is not None and t.plan is not None else None
+        if t is not None and t.plan is not None and own is None:
+            return {"bound": None, "status": "FEASIBLE" if info.get("status") == "OPTIMAL" else info.get("status")}
+        bounds.append(own if own is not None else _lower_bound(s.flops, cl, machines))
+    bound = min(bounds, default=info["bound"])
+    out = {"bound": bound}
+    if info.get("status") == "OPTIMAL" and bound < info["bound"] * (1 - 1e-9):
+        out["status"] = "FEASIBLE"
+    return out
 
 
 def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]:

@@ -110,7 +110,7 @@ class _Search:
     screened: int = 0
     quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
     whole_error: HexicoreError | None = None  # why nothing fits the whole cluster (raised if nothing fits anywhere)
-    vacant: set = field(default_factory=set)  # sub-clusters whose memory cannot hold the model's state
+    vacant: set = field(default_factory=set)  # sub-clusters without a plan: no memory for the state, or proven
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -207,6 +207,8 @@ class _Search:
         except HexicoreError as exc:
             if first:  # a smaller sub-cluster may still hold a plan (fewer stages, a schedule's limits)
                 self.whole_error = exc
+            if exc.field != "solver.time_limit":  # out of time: a plan may still be there
+                self.vacant.add(machines)
             plan = None  # nothing fits (or the solver's settings do not suit) this sub-cluster
         if plan is not None:
             est = plan.estimate or sub.cost.estimate(plan)
@@ -310,8 +312,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
 def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
     """A solver's proven ``bound`` (and ``OPTIMAL`` status) speaks of the sub-cluster it solved;
     over the whole cluster the bound is the least over every sub-cluster: a solved one's own
-    bound, else (not solved, pruned, nothing found in time, or not visited: ``complete`` false)
-    the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays only when no sub-cluster's bound
+    bound, none where no plan can be (memory, or the solver proved it), else (pruned, nothing found
+    in time, or not visited: ``complete`` false) the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays only when no sub-cluster's bound
     lies below the chosen one's. Nothing changes for solvers that report no bound."""
     if info.get("bound") is None:
         return {}

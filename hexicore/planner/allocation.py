@@ -15,7 +15,9 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   machine fewer of one class, one GPU type or one zone removed entirely) and moves to the best if it
   improves — the whole cluster and every all-but-one-machine / all-but-one-type sub-cluster are
   always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
-  than any plan on a cluster with one machine less; while no plan meets ``budget_per_hour``
+  than the solver's own plan on every device of a cluster with one machine less — though it may be
+  worse than the plan this allocation finds on that smaller cluster, which can come from a
+  sub-cluster the descent stops short of (a local optimum); while no plan meets ``budget_per_hour``
   (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
   most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
 * sub-clusters are skipped without solving when their memory cannot hold the model's state,

@@ -222,3 +222,16 @@ def test_a_sub_cluster_bound_is_no_bound_over_the_whole_cluster():
     both = allocate(p, proven, exhaustive=8)  # every sub-cluster proven: the chosen optimum stays
     assert both.solver["status"] == "OPTIMAL"
     assert both.solver["bound"] == pytest.approx(both.estimate.iteration_s * (1 - 1e-6), rel=1e-12)
+
+
+def test_a_budget_below_one_machine_uses_part_of_it():
+    """One 8 x H100 machine (23.92 $/h) and budget_per_hour=8: no whole machine meets the budget,
+    so the allocation also solves the first devices the budget pays for (two, 5.98 $/h); it used
+    to report that no plan meets the budget. The idle devices' row names no plan of the part."""
+    from hexicore.planner.objective import Objective
+
+    c = cluster([{"name": "H", "gpu": "h100-80g", "count": 8, "bandwidth_gbs": 450, "latency_us": 5}])
+    plan = solve(problem(c, model=model_preset("tiny"), global_batch=8, objective=Objective(budget_per_hour=8.0)))
+    assert set(plan.devices) <= {"H.0", "H.1"} and plan.solver["usd_per_hour"] <= 8.0
+    (idle,) = plan.solver["idle"]
+    assert idle["kind"] == "devices" and idle["usd_per_hour"] == pytest.approx(8 * 2.99)  # the whole machine's plan

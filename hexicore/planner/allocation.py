@@ -20,6 +20,8 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   sub-cluster the descent stops short of (a local optimum); while no plan meets ``budget_per_hour``
   (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
   most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
+* where no sub-cluster of whole machines meets ``budget_per_hour``, each class's first machine is
+  also solved on as many of its first devices as the budget pays for;
 * sub-clusters are skipped without solving when their memory cannot hold the model's state,
   their price exceeds ``budget_per_hour``, or a lower bound (the model's FLOPs over their peak
   FLOP rate; every plan's MFU is at most 1) cannot beat the best plan found.
@@ -62,6 +64,7 @@ class Trial:
     machines: tuple[str, ...]
     plan: Plan | None
     score: tuple[float, float]
+    part: bool = False  # only some devices of ``machines`` (a budget's, :meth:`_Search.trimmed`)
 
 
 def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
@@ -204,21 +207,38 @@ class _Search:
             self.trials[machines] = None
             return None
         sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        return self.solved(machines, machines, sub, first)
+
+    def trimmed(self) -> None:
+        """No whole-machine sub-cluster meets ``budget_per_hour``: solve the first devices of each
+        class's first machine, as many as the budget pays for (keyed ``(machine, count)``)."""
+        cl, budget = self.problem.cluster, self.objective.budget_per_hour
+        for cls in self.classes:
+            devs = [d for d in cl.devices if d.machine == cls[0]]
+            price = devs[0].gpu.price_per_hour or 0.0
+            k = len(devs) if price <= 0 else int(budget / price + 1e-9)
+            if 1 <= k < len(devs) and (cls[0], k) not in self.trials:
+                keep = {d.id for d in devs[:k]}
+                sub = replace(self.problem, cluster=cl.exclude([d.id for d in cl.devices if d.id not in keep]))
+                self.solved((cls[0], k), (cls[0],), sub, part=True)
+
+    def solved(self, key: tuple, machines: tuple, sub: Problem, first: bool = False, part: bool = False) -> Trial:
+        """Solve ``sub`` (the devices of ``machines``, or some: ``part``), record it under ``key``."""
         try:
             plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else no_progress)
         except HexicoreError as exc:
             if first:  # a smaller sub-cluster may still hold a plan (fewer stages, a schedule's limits)
                 self.whole_error = exc
             if exc.field != "solver.time_limit":  # out of time: a plan may still be there
-                self.vacant.add(machines)
+                self.vacant.add(key)
             plan = None  # nothing fits (or the solver's settings do not suit) this sub-cluster
         if plan is not None:
             est = plan.estimate or sub.cost.estimate(plan)
             plan = Plan(plan.model, self.problem.cluster, plan.train, plan.pipelines, est, plan.solver)
             if self.flops is None and est.mfu > 0 and est.mfu <= 1:  # the first plan solved
                 self.flops = est.mfu * est.iteration_s * sub.cluster.total_tflops * 1e12
-        t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF))
-        self.trials[machines] = t
+        t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF), part)
+        self.trials[key] = t
         if self.best is None or t.score < self.best.score:
             self.best = t
         return t
@@ -297,6 +317,9 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
                     break
                 continue
             cur = next(v for v, t in steps if t is s.best)
+    complete = len(s.trials) == total
+    if objective.budget_per_hour is not None and (s.best is None or s.best.score[0] == INF):
+        s.trimmed()
     best = s.best
     if best is None or best.plan is None or best.score[0] == INF:
         raise s.whole_error if s.whole_error is not None else objective.unmet(problem, s.trials)
@@ -305,7 +328,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
                           "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),
                           "objective": objective.to_dict()}
     info.update(rate(best.plan))
-    info.update(_overall_bound(s, best, info, complete=len(s.trials) == total))
+    info.update(_overall_bound(s, best, info, complete=complete))
     info["idle"] = idle_groups(problem.cluster, best.plan, [t for t in s.trials.values() if t is not None])
     progress(f"allocation: done, {len(best.machines)} of {len(problem.cluster.machines)} machines used", 1.0)
     return best.plan.with_solver(info)
@@ -314,9 +337,9 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
 def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
     """A solver's proven ``bound`` (and ``OPTIMAL`` status) speaks of the sub-cluster it solved;
     over the whole cluster the bound is the least over every sub-cluster: a solved one's own
-    bound, none where no plan can be (memory, or the solver proved it), else (pruned, nothing found
-    in time, or not visited: ``complete`` false) the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays only when no sub-cluster's bound
-    lies below the chosen one's. Nothing changes for solvers that report no bound."""
+    bound, none where no plan can be (memory, or the solver proved it), else (pruned, out of time,
+    not visited: ``complete`` false) the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays
+    only when no sub-cluster's bound lies below the chosen one's; solvers without bounds: no change."""
     if info.get("bound") is None:
         return {}
     cl = s.problem.cluster
@@ -367,7 +390,7 @@ def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]
     out = []
     for kind, name, members in groups:
         need = {cluster.device(m).machine for m in members}
-        using = [t for t in trials if t.plan is not None and need <= set(t.machines)]
+        using = [t for t in trials if t.plan is not None and need <= set(t.machines) and not t.part]
         top = min(using, key=lambda t: t.score, default=None)
         row = {"kind": kind, "name": name, "devices": members, "iteration_s": None}
         if top is not None:

@@ -178,3 +178,60 @@ def test_a_sub_cluster_is_tried_when_nothing_fits_the_whole_cluster(exhaustive):
 
     with pytest.raises(HexicoreError, match="nothing fits 12 devices"):
         allocate(p, nothing, exhaustive=exhaustive)
+
+
+def test_greedy_descent_steps_over_the_budget_to_reach_it():
+    """A budget below every all-but-one-machine sub-cluster: the greedy descent (one exhaustive
+    sub-cluster allowed) steps on through sub-clusters over the budget, by peak FLOPS per dollar,
+    to those within it, and finds the plan the exhaustive search finds (it used to stop at the
+    first step and report that no plan meets the budget)."""
+    from hexicore.planner.objective import Objective
+
+    kinds = (("A", "h100-80g"), ("B", "a100-80g"), ("C", "rtx4090"), ("D", "rtx3090"))
+    c = cluster([{"name": n, "gpu": g, "count": 2, "bandwidth_gbs": 32, "latency_us": 10} for n, g in kinds])
+    p = problem(c, model=model_preset("tiny"), global_batch=8, objective=Objective(budget_per_hour=1.5))
+    every = solve(p, allocation_exhaustive=100)
+    greedy = solve(p, allocation_exhaustive=1)
+    assert every.solver["allocation"]["mode"] == "exhaustive" and greedy.solver["allocation"]["mode"] == "greedy"
+    for plan in (every, greedy):
+        assert plan.solver["allocation"]["machines"] == ["C"]  # 2 x 0.69 $/h; the RTX 3090s are slower
+        assert plan.solver["usd_per_hour"] <= 1.5
+    assert greedy.estimate.iteration_s == pytest.approx(every.estimate.iteration_s, rel=1e-12)
+
+
+def test_a_sub_cluster_bound_is_no_bound_over_the_whole_cluster():
+    """A solver's proven bound (cpsat: OPTIMAL) covers the sub-cluster it solved. When another
+    sub-cluster found no plan in time, the plan's bound is the least over all of them (there the
+    FLOPs bound) and its status FEASIBLE; it used to say OPTIMAL with the sub-cluster's bound,
+    above a faster plan cpsat itself had not found on the whole cluster."""
+    from hexicore.planner.allocation import allocate
+
+    p = problem(cluster(FAST_MACHINES), model=model_preset("tiny"), global_batch=8)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+
+    def proven(sub, progress, limit=None):
+        if limit is not None and len(sub.cluster.devices) > limit:
+            raise HexicoreError("time limit reached with no plan", field="solver.time_limit")
+        plan = inner.solve(sub, seed=0)
+        est = sub.cost.estimate(plan)
+        return plan.with_estimate(est).with_solver({"status": "OPTIMAL", "bound": est.iteration_s * (1 - 1e-6)})
+
+    one = allocate(p, lambda sub, progress: proven(sub, progress, limit=4), exhaustive=8)
+    assert len(one.devices) == 4 and one.solver["status"] == "FEASIBLE"
+    assert 0 < one.solver["bound"] < one.estimate.iteration_s * (1 - 1e-3)  # the 8 GPUs' peak FLOPs bound
+    both = allocate(p, proven, exhaustive=8)  # every sub-cluster proven: the chosen optimum stays
+    assert both.solver["status"] == "OPTIMAL"
+    assert both.solver["bound"] == pytest.approx(both.estimate.iteration_s * (1 - 1e-6), rel=1e-12)
+
+
+def test_a_budget_below_one_machine_uses_part_of_it():
+    """One 8 x H100 machine (23.92 $/h) and budget_per_hour=8: no whole machine meets the budget,
+    so the allocation also solves the first devices the budget pays for (two, 5.98 $/h); it used
+    to report that no plan meets the budget. The idle devices' row names no plan of the part."""
+    from hexicore.planner.objective import Objective
+
+    c = cluster([{"name": "H", "gpu": "h100-80g", "count": 8, "bandwidth_gbs": 450, "latency_us": 5}])
+    plan = solve(problem(c, model=model_preset("tiny"), global_batch=8, objective=Objective(budget_per_hour=8.0)))
+    assert set(plan.devices) <= {"H.0", "H.1"} and plan.solver["usd_per_hour"] <= 8.0
+    (idle,) = plan.solver["idle"]
+    assert idle["kind"] == "devices" and idle["usd_per_hour"] == pytest.approx(8 * 2.99)  # the whole machine's plan

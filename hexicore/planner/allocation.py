@@ -15,10 +15,20 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   machine fewer of one class, one GPU type or one zone removed entirely) and moves to the best if it
   improves — the whole cluster and every all-but-one-machine / all-but-one-type sub-cluster are
   always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
-  than any plan on a cluster with one machine less;
+  than the solver's own plan on every device of a cluster with one machine less — though it may be
+  worse than the plan this allocation finds on that smaller cluster, which can come from a
+  sub-cluster the descent stops short of (a local optimum); while no plan meets ``budget_per_hour``
+  (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
+  most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
+* where no sub-cluster of whole machines meets ``budget_per_hour``, each class's first machine is
+  also solved on as many of its first devices as the budget pays for;
 * sub-clusters are skipped without solving when their memory cannot hold the model's state,
   their price exceeds ``budget_per_hour``, or a lower bound (the model's FLOPs over their peak
   FLOP rate; every plan's MFU is at most 1) cannot beat the best plan found.
+
+A solver's proven ``bound`` (cpsat) speaks of the sub-cluster it solved; the returned plan's
+``bound`` is the least over every sub-cluster (the FLOPs bound for those not solved or not
+visited), and an ``OPTIMAL`` status stays only when no other sub-cluster's bound lies below it.
 
 The returned plan lives on the problem's whole cluster (its JSON lists every device); devices
 no pipeline uses are idle, reported per left-out GPU type or machine by :func:`idle_groups`
@@ -54,6 +64,7 @@ class Trial:
     machines: tuple[str, ...]
     plan: Plan | None
     score: tuple[float, float]
+    part: bool = False  # only some devices of ``machines`` (a budget's, :meth:`_Search.trimmed`)
 
 
 def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
@@ -104,6 +115,7 @@ class _Search:
     screened: int = 0
     quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
     whole_error: HexicoreError | None = None  # why nothing fits the whole cluster (raised if nothing fits anywhere)
+    vacant: set = field(default_factory=set)  # sub-clusters without a plan: no memory for the state, or proven
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -116,6 +128,7 @@ class _Search:
         reserve = getattr(self.problem.cost, "reserve_gb", 0.0)
         per = getattr(self.problem.cost, "state_bytes_per_param", None) or 4 * self.problem.train.dtype_bytes
         if sum(d.memory_gb - reserve for d in devs) * 2**30 < self.problem.model.total_params() * per:
+            self.vacant.add(machines)
             return True
         price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
         if self.objective.budget_per_hour is not None and price > self.objective.budget_per_hour + 1e-9:
@@ -127,6 +140,24 @@ class _Search:
         best = self.best.plan.estimate
         best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
         return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def toward_budget(self, vectors: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+        """While no plan meets ``budget_per_hour``: the next step of the greedy descent among the
+        neighbours ``vectors`` still over the budget (skipped unsolved, so no neighbour improved
+        on the best), the one keeping the most peak FLOPS per dollar, then the most FLOPS; None
+        once a plan meets the objective, without a budget, or when no neighbour is over it."""
+        budget = self.objective.budget_per_hour
+        if budget is None or (self.best is not None and self.best.score[0] < INF):
+            return None
+        over = []
+        for v in vectors:
+            keep = set(self.machines(v))
+            devs = [d for d in self.problem.cluster.devices if d.machine in keep]
+            price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
+            if devs and price > budget + 1e-9:
+                flops = sum(d.tflops for d in devs)
+                over.append(((flops / price, flops), v))
+        return max(over, key=lambda o: o[0])[1] if over else None
 
     def promising(self, counts: tuple[int, ...]) -> bool:
         """The screen: does a quick plan on this sub-cluster already beat the best so far?"""
@@ -176,19 +207,38 @@ class _Search:
             self.trials[machines] = None
             return None
         sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        return self.solved(machines, machines, sub, first)
+
+    def trimmed(self) -> None:
+        """No whole-machine sub-cluster meets ``budget_per_hour``: solve the first devices of each
+        class's first machine, as many as the budget pays for (keyed ``(machine, count)``)."""
+        cl, budget = self.problem.cluster, self.objective.budget_per_hour
+        for cls in self.classes:
+            devs = [d for d in cl.devices if d.machine == cls[0]]
+            price = devs[0].gpu.price_per_hour or 0.0
+            k = len(devs) if price <= 0 else int(budget / price + 1e-9)
+            if 1 <= k < len(devs) and (cls[0], k) not in self.trials:
+                keep = {d.id for d in devs[:k]}
+                sub = replace(self.problem, cluster=cl.exclude([d.id for d in cl.devices if d.id not in keep]))
+                self.solved((cls[0], k), (cls[0],), sub, part=True)
+
+    def solved(self, key: tuple, machines: tuple, sub: Problem, first: bool = False, part: bool = False) -> Trial:
+        """Solve ``sub`` (the devices of ``machines``, or some: ``part``), record it under ``key``."""
         try:
             plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else no_progress)
         except HexicoreError as exc:
             if first:  # a smaller sub-cluster may still hold a plan (fewer stages, a schedule's limits)
                 self.whole_error = exc
+            if exc.field != "solver.time_limit":  # out of time: a plan may still be there
+                self.vacant.add(key)
             plan = None  # nothing fits (or the solver's settings do not suit) this sub-cluster
         if plan is not None:
             est = plan.estimate or sub.cost.estimate(plan)
             plan = Plan(plan.model, self.problem.cluster, plan.train, plan.pipelines, est, plan.solver)
-            if first and est.mfu > 0 and est.mfu <= 1:
+            if self.flops is None and est.mfu > 0 and est.mfu <= 1:  # the first plan solved
                 self.flops = est.mfu * est.iteration_s * sub.cluster.total_tflops * 1e12
-        t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF))
-        self.trials[machines] = t
+        t = Trial(machines, plan, self.objective.score(plan) if plan is not None else (INF, INF), part)
+        self.trials[key] = t
         if self.best is None or t.score < self.best.score:
             self.best = t
         return t
@@ -262,8 +312,14 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
-                break
+                cur = s.toward_budget(list(_neighbours(cur, classes, types)))
+                if cur is None:
+                    break
+                continue
             cur = next(v for v, t in steps if t is s.best)
+    complete = len(s.trials) == total
+    if objective.budget_per_hour is not None and (s.best is None or s.best.score[0] == INF):
+        s.trimmed()
     best = s.best
     if best is None or best.plan is None or best.score[0] == INF:
         raise s.whole_error if s.whole_error is not None else objective.unmet(problem, s.trials)
@@ -272,9 +328,34 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
                           "considered": len(s.trials), "screened": s.screened, "machines": list(best.machines),
                           "objective": objective.to_dict()}
     info.update(rate(best.plan))
+    info.update(_overall_bound(s, best, info, complete=complete))
     info["idle"] = idle_groups(problem.cluster, best.plan, [t for t in s.trials.values() if t is not None])
     progress(f"allocation: done, {len(best.machines)} of {len(problem.cluster.machines)} machines used", 1.0)
     return best.plan.with_solver(info)
+
+
+def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
+    """A solver's proven ``bound`` (and ``OPTIMAL`` status) speaks of the sub-cluster it solved;
+    over the whole cluster the bound is the least over every sub-cluster: a solved one's own
+    bound, none where no plan can be (memory, or the solver proved it), else (pruned, out of time,
+    not visited: ``complete`` false) the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays
+    only when no sub-cluster's bound lies below the chosen one's; solvers without bounds: no change."""
+    if info.get("bound") is None:
+        return {}
+    cl = s.problem.cluster
+    bounds = [] if complete else [_lower_bound(s.flops, cl, tuple(m.name for m in cl.machines))]
+    for machines, t in s.trials.items():
+        if machines in s.vacant:
+            continue  # no plan at all there
+        own = (t.plan.solver or {}).get("bound", None) if t is not None and t.plan is not None else None
+        if t is not None and t.plan is not None and own is None:
+            return {"bound": None, "status": "FEASIBLE" if info.get("status") == "OPTIMAL" else info.get("status")}
+        bounds.append(own if own is not None else _lower_bound(s.flops, cl, machines))
+    bound = min(bounds, default=info["bound"])
+    out = {"bound": bound}
+    if info.get("status") == "OPTIMAL" and bound < info["bound"] * (1 - 1e-9):
+        out["status"] = "FEASIBLE"
+    return out
 
 
 def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]:
@@ -309,7 +390,7 @@ def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]
     out = []
     for kind, name, members in groups:
         need = {cluster.device(m).machine for m in members}
-        using = [t for t in trials if t.plan is not None and need <= set(t.machines)]
+        using = [t for t in trials if t.plan is not None and need <= set(t.machines) and not t.part]
         top = min(using, key=lambda t: t.score, default=None)
         row = {"kind": kind, "name": name, "devices": members, "iteration_s": None}
         if top is not None:

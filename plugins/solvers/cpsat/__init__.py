@@ -104,7 +104,8 @@ class CpSatSolver:
               progress: Progress = no_progress) -> Plan:
         """Unless ``use_all_devices`` (or ``fix_groups``), the model is solved on sub-clusters of
         whole machines too, each with the same time limit, and the best plan under the problem's
-        objective is returned (:func:`hexicore.planner.allocation.allocate`)."""
+        objective is returned (:func:`hexicore.planner.allocation.allocate`), its ``bound`` the
+        least over the sub-clusters and ``OPTIMAL`` only where no sub-cluster's bound is lower."""
         if not isinstance(self.use_all_devices, bool):
             raise HexicoreError(f"use_all_devices must be true or false, got {self.use_all_devices!r}",
                                 field="solver.use_all_devices")

@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
+from hexicore.app.config_schema import GROUPS
 from hexicore.core.errors import HexicoreError
 
 COMMANDS = {
@@ -26,7 +27,6 @@ COMMANDS = {
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
 }
 log = logging.getLogger("hexicore")
-GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
 
 USAGE = """usage: hexicore COMMAND [key=value ...] [-m] [--cfg job] [--help]
 

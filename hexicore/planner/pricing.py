@@ -232,7 +232,7 @@ def _time(value: Any, ref: Mapping[str, Any], what: str) -> float:
 
 def _peaks(values: Any, ref: Mapping[str, Any], ranks: int, what: str) -> tuple[float, ...]:
     """A schedule plugin's peak activations: one number >= 0 per rank, else a one-line error."""
-    values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
+    values = tuple(values) if hasattr(values, "__iter__") and not isinstance(values, str) else (values,)
     got = f"{len(values)} values for {ranks} ranks" if len(values) != ranks else bad_number(values)
     if got is not None:
         raise HexicoreError(f"{what}() returned {got!s}; one number >= 0 per rank", source=f"schedule {ref['name']}")

@@ -72,6 +72,8 @@ class BadSchedule(ActionSchedule):
         lists = [[Action("F", r, m) for m in range(M)] + [Action("B", r, m) for m in range(M)] for r in range(P)]
         if self.mode == "extra_rank":
             lists.append([])
+        if self.mode == "deadlock":
+            lists[-1] = lists[-1][M:] + lists[-1][:M]  # the last rank's backwards before its forwards
         return build(self.name, {"mode": self.mode}, spec, loop_map(P), lists)
 
     def closed_form(self, stage_times, hop_times, n_mb):
@@ -211,3 +213,15 @@ def test_a_plan_under_a_badly_priced_schedule_is_refused(registry, mode, tmp_pat
                     f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1 and "schedule badsched" in err[0] and not out.exists(), err
+
+
+def test_training_refuses_lists_that_deadlock_before_any_worker_starts(registry):
+    """Without a plan (``hexicore train schedule=NAME``) nothing priced the lists: the workers
+    started, deadlocked and the run failed (exit 1) instead of being refused (exit 2)."""
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.layout import schedule_actions
+
+    assert schedule_actions({"name": "badsched", "mode": "ok"}, 2, 4, registry).ranks == 2
+    with pytest.raises(HexicoreError, match="backward before its forward") as info:
+        schedule_actions({"name": "badsched", "mode": "deadlock"}, 2, 4, registry)
+    assert info.value.source == "schedule badsched"

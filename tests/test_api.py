@@ -243,3 +243,15 @@ def test_a_file_path_is_read_as_written(name, tmp_path):
     path.write_text((CONF / "cluster" / "hetero2.yaml").read_text())
     plan = hexicore.plan(cluster_file=path, model_file=str(CONF / "model" / "tiny.yaml"), solver="megatron")
     assert plan.cluster.name == "hetero2"
+
+
+def test_the_library_inside_a_hydra_app_of_the_caller():
+    """A caller's own Hydra app (or a plugin called inside ``hexicore plan``) holds Hydra's global
+    state; composing hexicore's config refused with 'GlobalHydra is already initialized'."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
+        outer = GlobalHydra.instance().hydra
+        assert hexicore.plan(cluster="hetero2", model="tiny", solver="megatron").cluster.name == "hetero2"
+        assert GlobalHydra.instance().hydra is outer

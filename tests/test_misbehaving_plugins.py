@@ -31,6 +31,10 @@ class OwnSolver:
     def solve(self, problem, *, time_limit=None, seed=0, progress=None):
         if self.returns == "ran":
             raise HexicoreError("the plugin's own solver ran", field="solver")
+        if self.returns == "foreign":  # a plan, but for another cluster than the problem's
+            from hexicore.app.api import plan
+
+            return plan(cluster="paper_case", model="tiny", solver="megatron")
         return {"none": None, "dict": {"pipelines": []}}[self.returns]
 
 
@@ -162,7 +166,8 @@ def test_a_config_omegaconf_cannot_read_is_a_broken_plugin(monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("returns,text", [("none", "returned NoneType, not a hexicore Plan"),
-                                          ("dict", "Plan.from_dict")])
+                                          ("dict", "Plan.from_dict"),
+                                          ("foreign", "a plan for cluster 'paper_case'; the problem's is 'hetero2'")])
 def test_a_solver_that_returns_no_plan(registry, returns, text):
     with pytest.raises(HexicoreError, match=text) as info:
         solved(registry, "solver=returns", f"solver.returns={returns}")

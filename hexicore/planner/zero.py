@@ -42,6 +42,10 @@ def solved(solver: Any, problem: Problem, **kwargs: Any) -> Plan:
     if not isinstance(plan, Plan):
         what = " (a mapping: build it with hexicore.Plan.from_dict)" if isinstance(plan, Mapping) else ""
         raise HexicoreError(f"solve() returned {type(plan).__name__}, not a hexicore Plan{what}")
+    for what, mine, asked in (("cluster", plan.cluster, problem.cluster), ("model", plan.model, problem.model)):
+        if mine != asked:
+            raise HexicoreError(f"solve() returned a plan for {what} {getattr(mine, 'name', '?')!r}; the problem's is "
+                                f"{getattr(asked, 'name', '?')!r}")
     return plan
 
 

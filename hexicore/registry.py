@@ -91,6 +91,7 @@ class Registry:
         self._dists: dict[int, str] = {}
         self._failed: list[BrokenPlugin] = []
         self._hook_failures: list[BrokenPlugin] = []
+        self._config_failures: list[BrokenPlugin] = []
         self._index: dict[str, dict[str, tuple[Entry, ...]]] | None = None
         if entry_points:
             self._load_entry_points()
@@ -166,9 +167,10 @@ class Registry:
 
     @property
     def broken(self) -> tuple[BrokenPlugin, ...]:
-        """Plugins skipped because their module or one of their hooks failed."""
+        """Plugins skipped because their module or one of their hooks failed, and the plugin
+        configs :meth:`store_configs` could not store (the name then is no option of its group)."""
         self._registrations()
-        return tuple(self._failed) + tuple(self._hook_failures)
+        return tuple(self._failed) + tuple(self._hook_failures) + tuple(self._config_failures)
 
     @property
     def entries(self) -> dict[str, dict[str, Entry]]:
@@ -232,6 +234,7 @@ class Registry:
         from hydra.core.config_store import ConfigStore
 
         cs = ConfigStore.instance()
+        failures: list[BrokenPlugin] = []
         for kind, by in self._registrations().items():
             group = KINDS[kind][1]
             if group is None:
@@ -239,10 +242,29 @@ class Registry:
             for name, regs in by.items():
                 e = regs[0]
                 if e.spec.config is not None:
-                    node = e.spec.config
-                    if isinstance(node, dict):
-                        node = {"name": name, **node}
+                    try:
+                        node = named_config(e.spec.config, name)
+                    except Exception as exc:  # noqa: BLE001 - a plugin's bad config skips it, as a bad hook does
+                        failures.append(BrokenPlugin(e.plugin, f"{group}/{name} config", e.distribution,
+                                                     f"its {group}={name} config: {one_line(exc)}"))
+                        continue
                     cs.store(group=group, name=name, node=node, provider=e.plugin)
+        self._config_failures = failures
+
+
+def named_config(config: Any, name: str) -> Any:
+    """A plugin's ``config`` (a mapping, or a dataclass the way OmegaConf reads one) as the node
+    Hydra stores, its ``name`` the name the plugin is registered as: choosing ``solver=NAME``
+    must build that plugin, never the app's default one (a dataclass without a ``name`` field,
+    or a config naming another plugin). A config OmegaConf cannot read raises."""
+    from omegaconf import OmegaConf, open_dict
+
+    if isinstance(config, dict):
+        return {"name": name, **{k: v for k, v in config.items() if k != "name"}}
+    node = OmegaConf.structured(config)
+    with open_dict(node):
+        node.name = name
+    return node
 
 
 def accepts(fn: Any, name: str) -> bool:

@@ -194,6 +194,10 @@ BAD_CALLS = {
     "save foreign file": (lambda p, d: p.save(d / "x.txt"), "not a hexicore output"),
     "save unwritable": (lambda p, d: p.save(d / "x.txt" / "p.json"), "cannot write the plan"),
     "from_json int": (lambda p, d: hexicore.Plan.from_json(5), "text"),
+    "overrides with -m": (lambda p, d: hexicore.plan(model="tiny", overrides=["-m", "seed=1,2"]), "command-line flag"),
+    "overrides with --cfg": (lambda p, d: hexicore.simulate(overrides=["--cfg", "job"]), "overrides[0]"),
+    "overrides remove a group": (lambda p, d: hexicore.plan(model="tiny", overrides=["~solver"]), "solver"),
+    "overrides remove a section": (lambda p, d: hexicore.simulate(overrides=["~pipeline"]), "pipeline"),
 }
 
 
@@ -227,3 +231,27 @@ def test_an_in_process_cli_run_leaves_no_hydra_job_behind(capsys):
     assert record({"step_s": 1.0}) is None
     with pytest.raises(ValueError):
         HydraConfig.get()
+
+
+@pytest.mark.parametrize("name", ["a,b.yaml", "it's.yaml", "a=b c.yaml", "${seed}.yaml", "[x]\\'.yaml"])
+def test_a_file_path_is_read_as_written(name, tmp_path):
+    """A path is a path, not override syntax: a comma was a sweep, ``=`` a parse error, ``${...}``
+    an interpolation."""
+    from tests.conftest import CONF
+
+    path = tmp_path / name
+    path.write_text((CONF / "cluster" / "hetero2.yaml").read_text())
+    plan = hexicore.plan(cluster_file=path, model_file=str(CONF / "model" / "tiny.yaml"), solver="megatron")
+    assert plan.cluster.name == "hetero2"
+
+
+def test_the_library_inside_a_hydra_app_of_the_caller():
+    """A caller's own Hydra app (or a plugin called inside ``hexicore plan``) holds Hydra's global
+    state; composing hexicore's config refused with 'GlobalHydra is already initialized'."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
+        outer = GlobalHydra.instance().hydra
+        assert hexicore.plan(cluster="hetero2", model="tiny", solver="megatron").cluster.name == "hetero2"
+        assert GlobalHydra.instance().hydra is outer

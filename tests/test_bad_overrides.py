@@ -32,6 +32,13 @@ CASES = [
     (["train", "parallel=none", "runtime.fault={step: 1, kind: die}"], "runtime.fault.rank"),
     (["train", "pipeline.ranks=2", "train.global_batch=4", "runtime.fault={rank: 2, kind: die}"], "runtime.fault.rank"),
     (["plan", "solver.seeds=[nope]"], "solver.seeds"),
+    # a removed group or section: the command would fall back on a default of its own (``~solver``
+    # ran megatron) or stop with a traceback (``~cluster``, ``~train``)
+    (["plan", "~solver"], "solver"),
+    (["plan", "~cluster"], "cluster"),
+    (["plan", "~train"], "train"),
+    (["simulate", "~schedule"], "schedule"),
+    (["simulate", "~pipeline"], "pipeline"),
 ]
 
 

@@ -125,6 +125,8 @@ def test_model_that_fits_nowhere(capsys, hydra_dir, tmp_path):
     (["evaluate"], "plan_file"),
     (["plan", "model=tiny", "schedule=hanayo", "schedule.waves=0"], "command line: schedule.waves: schedule 'hanayo'"),
     (["frobnicate"], "unknown command 'frobnicate'"),
+    (["plan", "-m", "--info"], "--info and -m cannot be combined"),  # Hydra's ValueError, a traceback
+    (["simulate", "-m", "--cfg", "job", "pipeline.ranks=2,4"], "--cfg and -m cannot be combined"),
 ])
 def test_bad_command_lines(args, words, capsys, hydra_dir):
     code, _, err = run([*args, *hydra_dir], capsys)
@@ -161,6 +163,14 @@ def test_hydra_flags_pass_through(capsys, hydra_dir):
     assert code == 0 and "name: tiny" in out and "cluster:" in out
     code, _, err = run(["plan", "--cfg", "job", "solver=nope", *hydra_dir], capsys)
     assert code == 2 and "unknown solver 'nope'" in err
+
+
+@pytest.mark.parametrize("flags", [["--info"], ["-i"], ["--info", "model=tiny"], ["--info", "defaults"]])
+def test_bare_info_shows_hydra_s_information(flags, capsys, hydra_dir):
+    """A bare ``--info`` read the job name the CLI appends (or the next override) as its topic
+    and stopped with argparse's usage and exit 2."""
+    code, out, err = run(["plan", *flags, *hydra_dir], capsys)
+    assert code == 0 and ("Defaults List" in out or "Hydra" in out) and "invalid choice" not in err, err
 
 
 def test_shell_completion_candidates():

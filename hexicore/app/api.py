@@ -26,6 +26,7 @@ replaces an absent path or another plan file, and refuses a directory or any oth
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -49,7 +50,18 @@ def _override_list(overrides: Any) -> list[str]:
         if not isinstance(o, str):
             raise HexicoreError(f"expected a 'key=value' string such as 'train.global_batch=32', got "
                                 f"{type(o).__name__} {o!r}", field=f"overrides[{i}]")
+        if o.lstrip().startswith("-"):  # -m, --cfg job: the command line's flags, not a config's values
+            raise HexicoreError(f"{o!r} is a command-line flag, not a 'key=value' override; the library composes "
+                                "one config (sweeps and --cfg are the hexicore command's)", field=f"overrides[{i}]")
     return list(overrides)
+
+
+def _quoted(path: str) -> str:
+    """``path`` as a Hydra override value read back verbatim: quoted (a comma, ``=``, space or
+    bracket is part of the path, not a sweep or syntax), its quotes, the backslashes before them
+    and any ``${`` escaped (a literal, not an interpolation)."""
+    path = re.sub(r"(\\+)(?='|$|\$\{)", lambda m: m.group(1) * 2, path)
+    return "'" + path.replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def _name(value: Any, arg: str) -> str | None:
@@ -102,7 +114,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     extra = _override_list(overrides)
     for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
         if _path(value, key) is not None:
-            extra.append(f"{key}={value}")
+            extra.append(f"{key}={_quoted(os.fspath(value))}")
     cfg = compose(_overrides({"cluster": cluster, "model": model, "solver": solver, "schedule": schedule}, extra))
     result, _ = solve(cfg, Registry.default())
     return result

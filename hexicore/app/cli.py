@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
+from hexicore.app.config_schema import GROUPS
 from hexicore.core.errors import HexicoreError
 
 COMMANDS = {
@@ -26,7 +27,6 @@ COMMANDS = {
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
 }
 log = logging.getLogger("hexicore")
-GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
 
 USAGE = """usage: hexicore COMMAND [key=value ...] [-m] [--cfg job] [--help]
 
@@ -272,25 +272,6 @@ def _failed_job(command: str, message: str) -> int:
     return 1
 
 
-def plugins_command() -> int:
-    """The registered implementations; then the plugins that failed to load and the names
-    registered twice (both are skipped or refused only where used, so every other command runs)."""
-    from hexicore.registry import Registry
-    from hexicore.app.report import console, rows_table
-
-    registry = Registry.default()
-    out = console()
-    out.print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), registry.rows()))
-    lines = [f"broken: plugin {b.name!r} ({b.distribution}, module {b.module}) skipped: {b.error}"
-             for b in registry.broken]
-    for kind, name, regs in registry.conflicts():
-        who = " and ".join(f"{e.plugin!r} ({e.distribution})" for e in regs)
-        lines.append(f"conflict: {kind.replace('_', ' ')} {name!r} is registered by {who}; using it is an error")
-    for line in lines:  # plain lines (never wrapped, no markup): errors are quoted as they are
-        out.print(line, soft_wrap=True, markup=False, highlight=False)
-    return 0
-
-
 BASH_COMPLETION = """# hexicore bash completion: eval "$(hexicore --shell-completion bash)"
 _hexicore_complete() {
     local IFS=$'\\n'
@@ -336,13 +317,24 @@ def completions(words: Sequence[str]) -> list[str]:
     for g in GROUPS:
         names += [f"{g}.{sub}=" for sub in (cfg.get(g) or {}).keys() if sub != "name"]
     return sorted(n for n in names if n.startswith(word))
-def warn_broken_plugins() -> None:
-    """One line on stderr per plugin that failed to load (no traceback; details in ``hexicore plugins``)."""
-    from hexicore.registry import Registry
+#: Hydra's modes, of which a command line takes one (flag -> the name an error shows)
+_MODES = {"-m": "-m", "--multirun": "-m", "--cfg": "--cfg", "-c": "--cfg", "--info": "--info", "-i": "--info",
+          "--run": "--run", "-r": "--run", "--shell-completion": "--shell-completion", "-sc": "--shell-completion"}
 
-    for b in Registry.default().broken:
-        print(f"hexicore: warning: plugin {b.name!r} ({b.distribution}) skipped: {b.error} "
-              "(see `hexicore plugins`)", file=sys.stderr)
+
+def hydra_args(args: Sequence[str]) -> list[str]:
+    """``args`` as Hydra reads them: a bare ``--info``/``-i`` gets its default topic, ``all``
+    (Hydra would read the next word, an override or the job name the CLI adds, as the topic);
+    two of Hydra's modes (``-m --cfg job``) are one line (Hydra raised a ValueError)."""
+    out = list(args)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i] in ("--info", "-i") and (i + 1 == len(out) or out[i + 1] not in _INFO_TOPICS):
+            out.insert(i + 1, "all")
+    modes = sorted({_MODES[a] for a in out if a in _MODES})
+    if len(modes) > 1:
+        raise HexicoreError(f"{' and '.join(modes)} cannot be combined; give one of -m, --cfg, --info",
+                            source="command line")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,8 +359,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from hexicore.app.config_schema import store_schema
 
+        rest = hydra_args(rest)
         store_schema()
         Registry.default().store_configs()
+        from hexicore.app.plugin_report import plugins_command, warn_broken_plugins
+
         if command == "plugins":
             return plugins_command()
         warn_broken_plugins()

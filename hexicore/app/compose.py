@@ -259,10 +259,16 @@ def config_from_overrides(overrides: list[str] | tuple[str, ...] = (), config_na
     """Compose the project config like the CLI does (Hydra compose API), with the structured
     configs of ``registry``'s plugins (default: every installed plugin, :meth:`Registry.default`)."""
     from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
 
     from hexicore.app.config_schema import store_schema
 
     store_schema()
     (registry if registry is not None else Registry.default()).store_configs()
-    with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    gh = GlobalHydra.instance()  # inside a Hydra app of the caller's (or a plugin's call): its
+    outer, gh.hydra = gh.hydra, None  # Hydra is set aside while hexicore composes its own config
+    try:
+        with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().hydra = outer

@@ -118,6 +118,8 @@ def store_schema() -> None:
     ConfigStore.instance().store(name="hexicore_schema", node=HexicoreConfig, provider="hexicore")
 
 
+#: the config groups (``cluster=NAME``); every config holds each of them
+GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
 #: allowed values of the string keys the schema types as ``str``
 CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
            "train.zero": ("0", "1", "2", "3", "auto"),
@@ -133,12 +135,19 @@ def check_config(cfg: Any, keys: Any = ()) -> None:
     line overrides) that a file makes void (:func:`check_sources`); one-line :class:`HexicoreError`."""
     from dataclasses import fields as dc_fields
 
+    from omegaconf import OmegaConf
+
     from hexicore.core.errors import HexicoreError
 
+    for group in GROUPS:  # ``~solver`` would leave the command to a default of its own
+        if group not in cfg or OmegaConf.is_missing(cfg, group):
+            raise HexicoreError(f"the {group} config group cannot be removed (~{group}); choose one: {group}=NAME",
+                                source="command line", field=group)
     for section, schema_cls in _SECTIONS.items():
         node = cfg.get(section) if section else cfg
         if node is None:
-            continue
+            raise HexicoreError(f"the {section} section cannot be removed (~{section}); override its keys",
+                                source="command line", field=section)
         known = {f.name for f in dc_fields(schema_cls)} | ({"hydra"} if not section else set())
         for key in node.keys():
             if key not in known:

@@ -7,9 +7,11 @@ a ``pipeline_timer`` and an ``activation`` function (see :mod:`hexicore.planner.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence
+import math
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
 
 from hexicore.core.cluster import Cluster
+from hexicore.core.errors import HexicoreError
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
@@ -54,3 +56,47 @@ class CostModel(Protocol):
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                         n_layers: int, *, first: bool, last: bool, in_flight: int, dp: int = 1) -> float: ...
+
+
+def cost_label(cost: Any) -> str:
+    """``cost model NAME``: the source of an error about what a cost model returned."""
+    return f"cost model {getattr(cost, 'name', None) or type(cost).__name__}"
+
+
+def bad_number(values: Iterable[Any]) -> Any:
+    """The first of ``values`` that is not a real number >= 0 (NaN, negative, a string, None), else None."""
+    for v in values:
+        try:
+            ok = not isinstance(v, bool) and float(v) >= 0  # NaN compares False
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            return v if v is not None else "None"
+    return None
+
+
+def check_seconds(values: Iterable[Any], cost: Any, what: str) -> None:
+    """Refuse a piece a cost model priced (``what``: ``stage_s``, ``hop_s``) that is not a time:
+    every value a number >= 0 (infinity is a time too: never fits); a one-line
+    :class:`HexicoreError` naming the cost model, before a search ranks plans by it."""
+    bad = bad_number(values)
+    if bad is not None:
+        raise HexicoreError(f"returned {bad!r}; times are numbers of seconds >= 0", source=cost_label(cost),
+                            field=what)
+
+
+def check_estimate(est: Any, cost: Any) -> None:
+    """Refuse an estimate that cannot be written into a plan: not an :class:`Estimate`, or a
+    time, rate or memory figure that is not a finite number >= 0 (a cost model's NaN, infinity
+    or negative seconds); a one-line :class:`HexicoreError` naming the cost model and the field."""
+    if not isinstance(est, Estimate):
+        raise HexicoreError(f"estimate() returned {type(est).__name__}, not an Estimate", source=cost_label(cost))
+    for name, values in (("iteration_s", [est.iteration_s]), ("pipeline_s", est.pipeline_s), ("dp_s", [est.dp_s]),
+                         ("mfu", [est.mfu]), ("tokens_per_s", [est.tokens_per_s]),
+                         ("memory_gb", list(est.memory_gb.values()))):
+        bad = bad_number(values)
+        if bad is None:
+            bad = next((v for v in values if math.isinf(float(v))), None)
+        if bad is not None:
+            raise HexicoreError(f"the cost model's estimate gave {bad!r}; it must be a finite number >= 0",
+                                source=cost_label(cost), field=f"estimate.{name}")

@@ -44,6 +44,7 @@ from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
+from hexicore.pipeline.validate import check_built
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,14 @@ class ScheduleSpec:
                    rank_layers=tuple(int(x) for x in rank_layers))
 
     def timing(self, al: ActionList) -> Timing:
-        return Timing.from_ranks(al, self.forward, self.backward, self.hops,
-                                 input_grad=self.input_grad, weight_grad=self.weight_grad)
+        return Timing.from_ranks(al, self.forward, self.backward, self.hops, input_grad=self.input_grad, weight_grad=self.weight_grad)
 
     def split_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-rank (T_I, T_W): the given ones, else half of T_B each."""
-        half = tuple(b / 2 for b in self.backward)
-        return self.input_grad or half, self.weight_grad or half
+        return self.input_grad or tuple(b / 2 for b in self.backward), self.weight_grad or tuple(b / 2 for b in self.backward)
 
     def equal_split(self) -> float | None:
-        """T where every rank has T_F = T_I = T_W = T and transfers are free (the zero-bubble
-        papers' setting), else None."""
+        """T where every rank has T_F = T_I = T_W = T and free transfers (zero-bubble papers), else None."""
         i, w = self.split_times()
         vals = set(self.forward) | set(i) | set(w)
         return self.forward[0] if len(vals) == 1 and not any(self.hops) else None
@@ -128,9 +126,8 @@ class Pricing:
       :meth:`min_micro_batches` of them or does not use the schedule there, and plan checks
       refuse a pipeline with fewer.
 
-    Exact times come from :meth:`ActionSchedule.pipeline_time` (the schedule's closed form where
-    one is exact, else the simulator), peak activations from :meth:`ActionSchedule.peaks` (the
-    schedule's closed rule if it declares one, else the simulator).
+    Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
+    peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
     """
 
     growth: str = STEADY
@@ -264,9 +261,12 @@ class ActionSchedule(ABC):
     def params(self) -> dict[str, Any]:
         return {}
 
+    def ordered(self, spec: ScheduleSpec) -> ActionList:  # checked before anything reads it
+        return check_built(self.order(spec), self.name, spec.ranks, spec.micro_batches)
+
     def actions(self, spec: ScheduleSpec) -> ActionList:
-        """The lists a runtime executes: :meth:`order` + the shared comm pass."""
-        return insert_comm(self.order(spec))
+        """The lists a runtime executes: :meth:`ordered` + the shared comm pass."""
+        return insert_comm(self.ordered(spec))
 
     # --------------------------------------------------------------- time
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
@@ -274,7 +274,7 @@ class ActionSchedule(ABC):
         return None
 
     def simulate(self, spec: ScheduleSpec, *, record: bool = False) -> tuple[ActionList, SimResult]:
-        al = self.order(spec)
+        al = self.ordered(spec)
         return al, simulate(al, spec.timing(al), record=record, comm=False)
 
     def template(self, ranks: int, n_mb: int) -> ActionList:
@@ -282,7 +282,7 @@ class ActionSchedule(ABC):
         runtime gets when it asks for P and M only, and what :meth:`pipeline_time` prices."""
         key = ("template", ranks, n_mb)
         if key not in self._cache:
-            self._cache[key] = self.order(ScheduleSpec(ranks, n_mb))
+            self._cache[key] = self.ordered(ScheduleSpec(ranks, n_mb))
         return self._cache[key]
 
     def price(self, spec: ScheduleSpec) -> float:

@@ -19,6 +19,8 @@ Compute-only lists (what schedules emit) are checked as if the comm pass had run
 
 from __future__ import annotations
 
+from typing import Any
+
 from hexicore.core.errors import ScheduleError
 from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.simulate import simulate
@@ -43,6 +45,23 @@ def check_layout(al: ActionList) -> None:
     if len(al.mb_chain) != al.micro_batches or any(not 0 <= c < len(al.chains) for c in al.mb_chain):
         raise ScheduleError(f"mb_chain needs {al.micro_batches} chain indices in [0, {len(al.chains)})",
                             field="mb_chain")
+
+
+def check_built(al: Any, name: str, ranks: int, micro_batches: int) -> ActionList:
+    """What schedule ``name``'s ``order()`` returned for ``ranks`` and ``micro_batches``: an
+    :class:`ActionList` for them with one list per rank and a consistent stage map
+    (:func:`check_layout`), returned; else a one-line :class:`ScheduleError` naming the schedule."""
+    where = f"schedule {name}"
+    if not isinstance(al, ActionList):
+        raise ScheduleError(f"order() returned {type(al).__name__}, not an ActionList", source=where)
+    if (al.ranks, al.micro_batches) != (ranks, micro_batches):
+        raise ScheduleError(f"order() built lists for {al.ranks} ranks and {al.micro_batches} micro-batches, "
+                            f"asked for {ranks} and {micro_batches}", source=where)
+    try:
+        check_layout(al)
+    except ScheduleError as exc:
+        raise ScheduleError(exc.message, source=where, field=exc.field) from None
+    return al
 
 
 def validate_actions(al: ActionList, *, comm: bool | None = None, fast: bool | None = None) -> SimResult:

@@ -31,6 +31,7 @@ import yaml
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.cost.base import bad_number
 from hexicore.registry import accepts
 
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
@@ -151,26 +152,26 @@ class ScheduleBook:
     def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         if n < self.min_micro_batches(ref, len(stage_s)):
             return math.inf
-        return self.priced(ref, len(stage_s)).pipeline_time(stage_s, hop_s, int(n))
+        return _time(self.priced(ref, len(stage_s)).pipeline_time(stage_s, hop_s, int(n)), ref, "pipeline_time")
 
     def model(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """The search's PIPELINE-TIME (the schedule's ``model_time``)."""
         if n < self.min_micro_batches(ref, len(stage_s)):
             return math.inf
-        return self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n))
+        return _time(self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n)), ref, "model_time")
 
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank (units of a rank's whole share)."""
         if n < self.min_micro_batches(ref, ranks):
             return (math.inf,) * ranks
-        return self.priced(ref, ranks).peaks(ranks, n)
+        return _peaks(self.priced(ref, ranks).peaks(ranks, n), ref, ranks, "peaks")
 
     def model_peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """The search's peaks (the schedule's ``model_peaks``); the final plan is checked with
         :meth:`peaks`."""
         if n < self.min_micro_batches(ref, ranks):
             return (math.inf,) * ranks
-        return self.priced(ref, ranks).model_peaks(ranks, n)
+        return _peaks(self.priced(ref, ranks).model_peaks(ranks, n), ref, ranks, "model_peaks")
 
     def resolve(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float],
                 n: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
@@ -184,6 +185,7 @@ class ScheduleBook:
         sched = self.schedule(ref)
         more = {"rank_layers": tuple(rank_layers)} if rank_layers and accepts(sched.resolve, "rank_layers") else {}
         chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **more)
+        _time(secs, ref, "resolve")
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
             share = getattr(sched, "share", None)
             if share is not None:
@@ -219,6 +221,22 @@ class ScheduleBook:
             return self._priced[key]
 
         return placed
+
+
+def _time(value: Any, ref: Mapping[str, Any], what: str) -> float:
+    """A schedule plugin's time (``what``: its method), a number >= 0 (inf: never runs), else one line."""
+    if (bad := bad_number([value])) is not None:
+        raise HexicoreError(f"{what}() returned {bad!r}; times are numbers >= 0", source=f"schedule {ref['name']}")
+    return value
+
+
+def _peaks(values: Any, ref: Mapping[str, Any], ranks: int, what: str) -> tuple[float, ...]:
+    """A schedule plugin's peak activations: one number >= 0 per rank, else a one-line error."""
+    values = tuple(values) if hasattr(values, "__iter__") and not isinstance(values, str) else (values,)
+    got = f"{len(values)} values for {ranks} ranks" if len(values) != ranks else bad_number(values)
+    if got is not None:
+        raise HexicoreError(f"{what}() returned {got!s}; one number >= 0 per rank", source=f"schedule {ref['name']}")
+    return values
 
 
 def timed_cost(cost: Any, book: ScheduleBook, modelled: bool = False) -> Any:

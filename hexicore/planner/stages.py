@@ -22,7 +22,7 @@ from hexicore.planner.placed import placed_rows
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.cost.base import default_in_flight
+from hexicore.cost.base import check_seconds, default_in_flight
 
 Group = tuple[str, ...]
 #: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
@@ -155,13 +155,16 @@ class StageTable:
                     row = None
             if row is None:
                 row = np.array([self.cost.stage_s(c, m, t, devices, int(l), first=first, last=last) for l in ls])
+            check_seconds(np.ravel(row).tolist(), self.cost, "stage_s")
             self._times[key] = row
         return row
 
     def hop(self, src: Group, dst: Group) -> float:
         key = self._hop_key(src, dst)
         if key not in self._hops:
-            self._hops[key] = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
+            hop = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
+            check_seconds([hop], self.cost, "hop_s")
+            self._hops[key] = hop
         return self._hops[key]
 
     def in_flight(self, n_stages: int, j: int, n_mb: int) -> int:

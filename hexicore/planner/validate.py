@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hexicore.cost import CostModel, Estimate
+from hexicore.cost.base import check_estimate
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
 from hexicore.planner.pricing import AUTO, tp_split
@@ -25,6 +26,7 @@ def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: 
             _check_micro_batches(book, plan, p, i, source)
         _check_placement(cost, plan, p, i, source)
     est = cost.estimate(plan)
+    check_estimate(est, cost)
     for i, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             for dev in s.devices:

@@ -11,7 +11,7 @@ when the solver finds it at that stage.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
@@ -34,19 +34,34 @@ def at_stage(problem: Problem, zero: int | None, *, field: str = "solver.zero") 
     return p
 
 
+def solved(solver: Any, problem: Problem, **kwargs: Any) -> Plan:
+    """``solver.solve(problem, **kwargs)``, which must return a :class:`Plan` (the solver
+    interface, :class:`hexicore.planner.problem.Solver`); anything else (None, a plan's dict) is
+    a one-line :class:`HexicoreError` about the solver, before anything reads it."""
+    plan = solver.solve(problem, **kwargs)
+    if not isinstance(plan, Plan):
+        what = " (a mapping: build it with hexicore.Plan.from_dict)" if isinstance(plan, Mapping) else ""
+        raise HexicoreError(f"solve() returned {type(plan).__name__}, not a hexicore Plan{what}")
+    for what, mine, asked in (("cluster", plan.cluster, problem.cluster), ("model", plan.model, problem.model)):
+        if mine != asked:
+            raise HexicoreError(f"solve() returned a plan for {what} {getattr(mine, 'name', '?')!r}; the problem's is "
+                                f"{getattr(asked, 'name', '?')!r}")
+    return plan
+
+
 def solve_zero(solver: Any, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress) -> Plan:
     """``solver.solve(problem)``; with ``train.zero=auto`` the best over :data:`STAGES` (each
     stage gets ``time_limit / 4``); the plan's solver info gets ``zero_s``: per stage the
     estimated iteration seconds (``None``: nothing fits)."""
     if problem.train.zero != "auto":
-        return solver.solve(problem, time_limit=time_limit, seed=seed, progress=progress)
+        return solved(solver, problem, time_limit=time_limit, seed=seed, progress=progress)
     limit = None if time_limit is None else time_limit / len(STAGES)
     best, seen, error = None, {}, None
     for z in STAGES:
         p = at_stage(problem, z)
         try:
-            plan = solver.solve(p, time_limit=limit, seed=seed, progress=progress)
+            plan = solved(solver, p, time_limit=limit, seed=seed, progress=progress)
         except HexicoreError as exc:
             seen[z], error = None, error or exc
             continue

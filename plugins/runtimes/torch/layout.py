@@ -262,8 +262,10 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
     planner priced it (a one-rank Hanayo pipeline: 1F1B). They travel to the workers inside the
     :class:`Layout`, so workers need no registry (a schedule registered only in the launching
     process runs too)."""
+    from hexicore.core.errors import ScheduleError
     from hexicore.pipeline.comm import insert_comm
     from hexicore.pipeline.schedule import ScheduleSpec
+    from hexicore.pipeline.validate import validate_actions
 
     params = dict(schedule)
     name = str(params.pop("name", "?"))
@@ -276,6 +278,10 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
                                          rank_layers=tuple(int(x) for x in rank_layers)))
     if ranks > 1 and not any(a.is_comm for acts in actions.actions for a in acts):
         actions = insert_comm(actions)
+    try:  # lists that deadlock or miss a backward are refused before any worker starts
+        validate_actions(actions)
+    except ScheduleError as exc:
+        raise ScheduleError(exc.message, source=exc.source or f"schedule {name}", field=exc.field) from None
     return actions
 
 

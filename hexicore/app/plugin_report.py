@@ -1,0 +1,34 @@
+"""``hexicore plugins`` and the warnings every other command prints about broken plugins
+(docs/plugins.md): the registry's rows, its broken plugins and its conflicting names."""
+
+from __future__ import annotations
+
+import sys
+
+
+def plugins_command() -> int:
+    """The registered implementations; then the plugins that failed to load and the names
+    registered twice (both are skipped or refused only where used, so every other command runs)."""
+    from hexicore.registry import Registry
+    from hexicore.app.report import console, rows_table
+
+    registry = Registry.default()
+    out = console()
+    out.print(rows_table("hexicore plugins", ("kind", "name", "distribution", "description"), registry.rows()))
+    lines = [f"broken: plugin {b.name!r} ({b.distribution}, module {b.module}) skipped: {b.error}"
+             for b in registry.broken]
+    for kind, name, regs in registry.conflicts():
+        who = " and ".join(f"{e.plugin!r} ({e.distribution})" for e in regs)
+        lines.append(f"conflict: {kind.replace('_', ' ')} {name!r} is registered by {who}; using it is an error")
+    for line in lines:  # plain lines (never wrapped, no markup): errors are quoted as they are
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
+    return 0
+
+
+def warn_broken_plugins() -> None:
+    """One line on stderr per plugin that failed to load (no traceback; details in ``hexicore plugins``)."""
+    from hexicore.registry import Registry
+
+    for b in Registry.default().broken:
+        print(f"hexicore: warning: plugin {b.name!r} ({b.distribution}) skipped: {b.error} "
+              "(see `hexicore plugins`)", file=sys.stderr)

@@ -93,3 +93,21 @@ def test_plan_records_times_and_runtime_rebuilds_the_lists(tmp_path):
         with open(save_torch_csv(rebuilt, tmp_path / "s.csv"), newline="") as f:
             order = {r: [sch._Action.from_str(c) for c in row] for r, row in enumerate(csv.reader(f))}
         sch._validate_schedule(order, 4, rebuilt.stages, M)
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_synth_gives_no_rank_more_chunks_than_blocks(recorded):
+    """A pipeline whose first rank holds one block: synth's ``v`` and ``loop2`` layouts would give
+    that rank two chunks (the runtime refused the plan: more stages than layers), so only layouts
+    that fit the blocks of every rank are synthesised, with times recorded or not; ranks holding
+    two blocks or more keep every layout."""
+    from hexicore_plugins.runtimes.torch.layout import chunk_layers
+
+    times = {"stage_times": [1.0, 1.0], "hop_times": [0.0]} if recorded else {}
+    synth = Synth(**times)
+    one = synth.order(ScheduleSpec(2, 4, rank_layers=(1, 4)))
+    assert one.stage_rank == (0, 1)
+    assert chunk_layers(one, [1, 4]) == ((0, 1), (1, 5))
+    assert synth.order(ScheduleSpec(2, 4, rank_layers=(2, 3))).stages == 4  # v fits: two chunks a rank
+    ref, secs = Synth().resolve(ScheduleRef("synth", {}), [1.0, 1.0], [0.0], 4, rank_layers=(1, 4))
+    assert secs == pytest.approx(Synth(**ref.params).simulate(ScheduleSpec.from_pieces([1.0, 1.0], [0.0], 4, (1, 4)))[1].makespan)

@@ -79,6 +79,23 @@ def _plan(zero):
     ))
 
 
+def test_zero_3_prices_a_pipeline_under_another_schedule_than_the_plans():
+    """The planner prices each pipeline of a ZeRO-3 plan under the schedule it is about to record
+    (``resolve_plan``: a synth schedule capped by the pipeline's memory): that pipeline is not one
+    of the plan's, only its stages are, and ``hexicore plan ... train.zero=auto schedule=synth``
+    ended in a traceback (StopIteration)."""
+    from hexicore.planner.pricing import ScheduleBook, resolve_plan
+    from hexicore.registry import Registry
+
+    plan, cost = _plan(3), AnalyticCostModel()
+    other = replace(plan.pipelines[1], schedule={"name": "synth", "memory": [2.0, 2.0]})
+    assert cost.pipeline_pieces(plan, other) == cost.pipeline_pieces(plan, plan.pipelines[1])
+    assert cost.pipeline_pieces(plan, other) != cost.pipeline_pieces(_plan(0), other)  # the gathers are in
+    synth = replace(plan, pipelines=tuple(replace(p, schedule={"name": "synth"}) for p in plan.pipelines))
+    resolved = resolve_plan(ScheduleBook(Registry.default()), cost, synth)
+    assert all("stage_times" in p.schedule.params for p in resolved.pipelines)
+
+
 def test_zero_1_2_cost_the_same_as_all_reduce_and_3_per_micro_batch():
     e0, e1, e2, e3 = (COST.estimate(_plan(z)) for z in range(4))
     assert e1.dp_s == e2.dp_s == e0.dp_s > 0  # reduce-scatter + all-gather = the all-reduce's bytes

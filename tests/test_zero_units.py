@@ -162,3 +162,46 @@ def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_k
             assert kept["gathered"] == kept["unsummed"] == unit == 4 * m.layer_params(), r
             assert kept["gathered"] + kept["unsummed"] == pytest.approx(
                 (parts[dev]["workspace"] - z1[dev]["workspace"]) * GIB, abs=0.5)
+
+
+#: one-stage pipelines (the fsdp baseline's plans) under schedules that give their one rank
+#: several chunks: interleaved 1F1B (two chunks) and the V schedule (two chunks, I/W split)
+ONE_STAGE_CHUNKS = [(3, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 8)]), (1, "zb_v", [(1, 8)])]
+
+
+def test_zero_3_is_accepted_on_one_stage_pipelines_whatever_chunks_their_schedule_gives():
+    """``hexicore plan solver=fsdp schedule=interleaved_1f1b`` writes one-stage pipelines whose
+    rank holds two chunks; no rank waits on another pipeline's activations, so the runtime runs
+    ZeRO-3 on them (it refused them before launch)."""
+    from hexicore_plugins.runtimes.torch.runtime import check_zero_layout
+    from hexicore_plugins.runtimes.torch.zero_units import zero3_runs
+    from tests.test_asymmetric import layout_of
+
+    layout = layout_of(ONE_STAGE_CHUNKS, global_batch=4)
+    assert [p.actions.stages for p in layout.pipelines] == [2, 2]
+    assert zero3_runs(layout)
+    check_zero_layout(TrainConfig(global_batch=4, micro_batch=1, seq_len=32, zero=3), layout, "p.json")
+    differing = layout_of([(2, "1f1b", [(1, 3), (1, 5)]), (2, "gpipe", [(1, 8)])], global_batch=4)
+    assert not zero3_runs(differing)  # a two-stage pipeline next to another shape: still refused
+
+
+@pytest.mark.slow
+def test_zero_3_on_one_stage_pipelines_with_several_chunks_trains_like_one_process():
+    """One 2-rank job: the reference, then :data:`ONE_STAGE_CHUNKS` under ZeRO-3: losses and
+    weights within 1e-5 of one process."""
+    import dataclasses
+
+    from hexicore_plugins.runtimes.torch.launch import launch
+    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
+
+    m = tiny()
+    ref = build_layout(m, [(4, [StageGroup((0,), m.layers)], reference_actions(4))], global_batch=4,
+                       micro_batch=1, seq_len=SEQ, world=2)
+    layout = dataclasses.replace(layout_of(ONE_STAGE_CHUNKS, global_batch=4), world=2)
+    results = launch([WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True),
+                      WorkerSpec(layout=layout, steps=3, seed=5, progress=False, return_state=True, zero=3)], 2)
+    assert _max_rel(results[1]["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
+    assert _max_abs(results[1]["state"], results[0]["state"]) <= 1e-5
+    assert all(k["weights"] < 4 * m.total_params() for k in results[1]["metrics"]["state_bytes"])  # sharded

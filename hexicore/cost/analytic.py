@@ -255,13 +255,13 @@ class AnalyticCostModel:
 
     def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
         """STAGE and HOP times of one pipeline, one micro-batch each (under ZeRO-3 the stage
-        time includes its per-micro-batch weight gathers, :meth:`zero3_stage_s`)."""
+        time includes the weight gathers, :meth:`zero3_stage_s`, of the plan's pipeline on its stages)."""
         c, m, t = plan.cluster, plan.model, plan.train
         terms = self.stage_terms(pipeline, pipeline.n_micro_batches(t.micro_batch))
         stages = [sum(w * self.stage_s(c, m, t, s.devices, n, first=f, last=h) for w, n, f, h in ts)
                   for s, ts in zip(pipeline.stages, terms)]
         if t.zero_stage == 3 and len(plan.pipelines) > 1:
-            i = next(k for k, q in enumerate(plan.pipelines) if q is pipeline or q == pipeline)
+            i = next(k for k, q in enumerate(plan.pipelines) if q.stages == pipeline.stages)  # any schedule priced
             z3 = self.zero3_stage_s(plan)
             stages = [x + z3[(i, j)] for j, x in enumerate(stages)]
         hops = [self.hop_s(c, m, t, a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]

@@ -48,7 +48,7 @@ def forward_backward(cost: Any, plan: Plan, pipeline: Pipeline,
         [[(1.0, s.n_layers, j == 0, j == last)] for j, s in enumerate(pipeline.stages)]
     z3 = {}
     if t.zero_stage == 3 and len(plan.pipelines) > 1:
-        i = next(k for k, q in enumerate(plan.pipelines) if q is pipeline or q == pipeline)
+        i = next(k for k, q in enumerate(plan.pipelines) if q.stages == pipeline.stages)  # any schedule priced
         z3 = {j: v for (p, j), v in cost.zero3_stage_s(plan).items() if p == i}
     share = getattr(cost, "forward_fraction", None)
     forward, backward = [], []

@@ -12,6 +12,9 @@ in the ``schedule`` section, planner units: T_F + T_B per micro-batch, one round
 a synth with recorded times always builds the lists for those times (:meth:`Synth.order`), so
 a runtime that asks for P and M only, and ``hexicore evaluate`` under any cost model, get the
 very lists the plan was priced with (evaluate prices them under its own times).
+Layouts: only those whose chunks every rank can hold, one block each at least
+(:func:`fitting_layouts`, where the spec gives ``rank_layers``, as the runtime and the planner's
+``resolve`` do): a rank of one block never gets the ``v`` or ``loop2`` layout's two chunks.
 Phases: those of the layout and rule chosen (warm-up forwards, steady F / I with W's filling
 gaps, cool-down), reshaped by justification around the slow ranks.
 Memory: at most ``memory`` per rank (the simulated peak is checked; if no candidate fits, the
@@ -37,7 +40,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, positive_memory
 from hexicore.pipeline.simulate import compile_lists, makespan
-from hexicore.pipeline.synth import candidate, caps_of, synthesize
+from hexicore.pipeline.synth import LAYOUTS, candidate, caps_of, layout_map, synthesize
 
 #: ``effort`` -> :func:`hexicore.pipeline.synth.synthesize` settings
 EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
@@ -107,14 +110,14 @@ class Synth(ActionSchedule):
         need(len(self.stage_times) == spec.ranks, self.name,
              f"stage_times has {len(self.stage_times)} entries for {spec.ranks} ranks", "schedule.stage_times")
         return ScheduleSpec.from_pieces(self.stage_times, self.hop_times or [0.0] * (spec.ranks - 1),
-                                        spec.micro_batches)
+                                        spec.micro_batches, spec.rank_layers)
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")
         spec = self._spec(spec)
         key = ("synth", spec)
         if key not in self._cache:
-            s = synthesize(spec, self.cap(spec.ranks), **EFFORT[self.effort])
+            s = synthesize(spec, self.cap(spec.ranks), layouts=fitting_layouts(spec), **EFFORT[self.effort])
             self._cache[key] = build(self.name, self.params(), spec, s.stage_rank, s.lists,
                                      meta={"layout": s.layout, "synth_makespan": s.makespan})
         return self._cache[key]
@@ -146,10 +149,12 @@ class Synth(ActionSchedule):
         return min(makespan(al, spec.timing(al), c) for al, c in self._cache[key])
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
-                n_mb: int) -> tuple[ScheduleRef, float]:
-        """Records the times synthesised for (module docstring)."""
+                n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:
+        """Records the times synthesised for (module docstring); with ``rank_layers`` (the blocks
+        of each rank) the lists are those :meth:`order` builds for them (:func:`fitting_layouts`)."""
         mine = Synth(self.memory, tuple(map(float, stage_times)), tuple(map(float, hop_times)), self.effort)
-        return ScheduleRef(self.name, mine.params()), self.pipeline_time(stage_times, hop_times, n_mb)
+        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n_mb, rank_layers)
+        return ScheduleRef(self.name, mine.params()), self.simulate(spec)[1].makespan
 
     def share(self, resolved: ActionSchedule) -> None:
         """The lists synthesised here for the times ``resolved`` records (same cap and effort)."""
@@ -162,6 +167,16 @@ class Synth(ActionSchedule):
 
     def note(self, chosen: ScheduleRef) -> str | None:
         return None
+
+
+def fitting_layouts(spec: ScheduleSpec) -> tuple[str, ...]:
+    """The layouts of :data:`~hexicore.pipeline.synth.LAYOUTS` whose chunks every rank can hold,
+    one block each at least (``spec.rank_layers``, where known): a rank holding one block gets
+    one chunk, so ``v`` and ``loop2`` (two chunks a rank) are left out there; ``linear`` always fits."""
+    if not spec.rank_layers:
+        return LAYOUTS
+    return tuple(n for n in LAYOUTS if all(layout_map(n, spec.ranks).count(r) <= k
+                                           for r, k in enumerate(spec.rank_layers)))
 
 
 @hookimpl

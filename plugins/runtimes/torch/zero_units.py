@@ -83,8 +83,10 @@ def reduce_needs(layout, rank: int) -> list[tuple[int, ...]]:
 
 
 def one_stage_per_pipeline(layout) -> bool:
-    """Whether every pipeline is one stage on one pipeline rank."""
-    return all(p.actions.stages == 1 and len(p.groups) == 1 for p in layout.pipelines)
+    """Whether every pipeline is one plan stage (one pipeline rank, TP group) with one model copy:
+    its ranks never wait on another pipeline's activations, however many chunks its schedule
+    gives that rank (interleaved 1F1B, Hanayo, V schedules on a one-stage pipeline)."""
+    return all(len(p.groups) == 1 and len(p.actions.chains) == 1 for p in layout.pipelines)
 
 
 def mirrored(layout) -> bool:

@@ -72,3 +72,19 @@ def test_cpsat_tp_menu_divides_the_ffn_width():
         model = ModelSpec("m", 1, 128, 8, 8, 100, 256, 32)
 
     assert tp_degrees(Problem(), 8) == [1, 2, 4]
+
+
+def test_a_schedule_with_more_chunks_than_the_model_has_blocks_is_named_not_memory(tmp_path):
+    """Two blocks under looped BFS with three chunks a rank: no depth gives every chunk a block;
+    the no-plan line says so instead of blaming the (tiny) training state."""
+    from hexicore.core.errors import HexicoreError
+
+    (tmp_path / "m.yaml").write_text("{name: two, layers: 2, hidden: 64, heads: 4, ffn: 128, vocab: 128, seq_len: 16}\n")
+    with pytest.raises(HexicoreError) as e:
+        hexicore.plan(cluster="tight8", model_file=tmp_path / "m.yaml",
+                      overrides=["schedule=looped_bfs", "schedule.chunks=3", "train.global_batch=8"])
+    assert "needs 3 blocks on its shortest pipeline, and the model has 2" in str(e.value)
+    assert "training state" not in str(e.value)
+    plan = hexicore.plan(cluster="tight8", model_file=tmp_path / "m.yaml",
+                         overrides=["schedule=looped_bfs", "schedule.chunks=2", "train.global_batch=8"])
+    assert all(s.n_layers >= 2 for p in plan.pipelines for s in p.stages)

@@ -94,12 +94,32 @@ def choose_objective(ctx: Context, rng: random.Random) -> str:
 def no_fit_error(problem: Problem) -> HexicoreError:
     """Nothing fits: say how much memory the model's state alone needs."""
     c, m, t = problem.cluster, problem.model, problem.train
+    chunks = _chunk_limit(problem)
+    if chunks:  # no depth gives every chunk a block: memory is not the reason
+        return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: {chunks}", field="model")
     gb = state_gb(problem)
     need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
     return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
                          f"{need} GB plus activations (micro-batch {t.micro_batch}, sequence "
                          f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
                          f"{max(d.memory_gb for d in c.devices):g} GB per GPU{_depth_limit(problem)}", field="model")
+
+
+def _chunk_limit(problem: Problem) -> str:
+    """Where the schedule's chunks need more blocks than the model has at every pipeline depth
+    (a block per chunk, ``ScheduleBook.least``), why; else ''."""
+    book, ref = problem.pricing, dict(problem.schedule)
+    if book is None or is_auto(ref):
+        return ""
+    layers, depths = problem.model.layers, range(1, len(problem.cluster.devices) + 1)
+    try:
+        fewest = min(sum(book.least(ref, p)) for p in depths if book.usable(ref, p))
+    except (HexicoreError, ValueError):  # ValueError: no depth runs the schedule
+        return ""
+    if fewest <= layers:
+        return ""
+    return (f"schedule {ref['name']!r} cuts each pipeline rank's blocks into chunks of a block at least, which "
+            f"needs {fewest} blocks on its shortest pipeline, and the model has {layers}")
 
 
 def _depth_limit(problem: Problem) -> str:

@@ -65,6 +65,10 @@ def test_cluster_and_model_files_from_anywhere(tmp_path, capsys, hydra_dir):
 def test_plugins_lists_analytic_and_megatron(capsys):
     code, out, _ = run(["plugins"], capsys)
     assert code == 0 and "analytic" in out and "megatron" in out and "cost_model" in out
+    code, out, _ = run(["plugins", "--help"], capsys)  # its usage, not the table
+    assert code == 0 and out.startswith("usage: hexicore plugins") and "megatron" not in out
+    code, out, err = run(["plugins", "solver=cpsat"], capsys)  # an argument it would ignore
+    assert code == 2 and "takes no arguments" in err and len(err.strip().splitlines()) == 1 and not out
 
 
 def test_help_is_quick_and_lists_commands(capsys):

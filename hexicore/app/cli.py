@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hexicore.app.plugin_report import plugins_command, warn_broken_plugins
 
         if command == "plugins":
-            return plugins_command()
+            return plugins_command(argv[1:])
         warn_broken_plugins()
         if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
             preflight(rest)

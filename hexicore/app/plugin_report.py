@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
 
-def plugins_command() -> int:
+def plugins_command(args: Sequence[str] = ()) -> int:
     """The registered implementations; then the plugins that failed to load and the names
-    registered twice (both are skipped or refused only where used, so every other command runs)."""
+    registered twice (both are skipped or refused only where used, so every other command runs).
+    ``--help`` says so; any other argument is refused (the command takes none)."""
+    from hexicore.core.errors import HexicoreError
     from hexicore.registry import Registry
     from hexicore.app.report import console, rows_table
+
+    if any(a in ("-h", "--help") for a in args):
+        print("usage: hexicore plugins\n\nList every registered solver, partitioner, refiner, orderer, cost model, "
+              "schedule and runtime with the distribution it came from, then the plugins that failed to load "
+              "and the names registered twice.")
+        return 0
+    if args:
+        raise HexicoreError(f"hexicore plugins takes no arguments, got {' '.join(args)!r}", source="command line")
 
     registry = Registry.default()
     out = console()

@@ -161,6 +161,24 @@ def test_train_without_torch_is_one_line(monkeypatch, capsys, hydra_dir):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "hexicore[torch]" in err
 
 
+def test_plan_and_evaluate_run_where_torch_cannot_be_imported(tmp_path):
+    """The README's first command installs no torch: plan and evaluate (and their runtime check
+    of a ZeRO-3 plan, which once imported the torch runtime's ZeRO kernels) must not need it."""
+    import subprocess
+    import sys
+
+    plan = tmp_path / "z.json"
+    script = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+              "from hexicore.app.cli import main\n"
+              f"args = ['model=tiny', 'cluster=tight8', 'train.global_batch=8', 'train.zero=3', "
+              f"'hydra.run.dir={tmp_path / 'h'}']\n"
+              f"code = main(['plan', *args, 'out={plan}']) or main(['evaluate', 'plan_file={plan}', *args[4:]])\n"
+              "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "predicted iteration time" in proc.stdout and plan.is_file()
+
+
 def test_hydra_flags_pass_through(capsys, hydra_dir):
     """`--cfg job` (a flag with a value) is Hydra's, not an override; group errors still one line."""
     code, out, _ = run(["plan", "--cfg", "job", "model=tiny", *hydra_dir], capsys)

@@ -319,10 +319,10 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
 
 def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
     """ZeRO-3 also needs the schedules to keep the pipelines mirrored (or one stage chunk per
-    pipeline) and one model copy each (:func:`.zero.zero3_runs`)."""
+    pipeline) and one model copy each (:func:`.zero_units.zero3_runs`)."""
     from hexicore.core.errors import PlanError
 
-    from .zero import zero3_runs
+    from .zero_units import zero3_runs  # torch-free: plan and evaluate check plans without torch
 
     if train.zero_stage == 3 and len(layout.pipelines) > 1 and not zero3_runs(layout):
         raise PlanError("the torch runtime runs ZeRO-3 only on one-stage pipelines or on identical pipelines with "

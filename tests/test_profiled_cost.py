@@ -216,10 +216,12 @@ def test_dp_sync_priced_from_the_measured_allreduce_bus_bandwidth():
 
 def test_a_stage_pays_one_actions_fixed_cost_not_one_per_block():
     """n t - (n - 1) a: each measured block time t holds one action's fixed cost a; the head's own
-    a comes off too. a = 2 t(1) - t(2) from a chain of two blocks (the profile's action_s)."""
-    from hexicore_plugins.runtimes.torch.profile import action_s
+    a comes off too. a / t(1) = 2 - t(2) / t(1) from a chain of two blocks (the profile's action
+    share), kept in [0, 1]; a sample stretched by load alike in both timings gives the same share."""
+    from hexicore_plugins.runtimes.torch.samplers import action_share
 
-    assert action_s(0.030, 0.054) == pytest.approx(0.006) and action_s(0.030, 0.061) == 0.0
+    assert action_share(0.030, 0.054) == pytest.approx(0.2) and action_share(0.030, 0.061) == 0.0
+    assert action_share(0.045, 0.081) == pytest.approx(0.2) and action_share(0.030, 0.0) == 1.0
     blk = {"seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020, "action_s": 0.006}
     p = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {
         "blocks": [{"micro_batch": 1, "tp": 1, **blk}],

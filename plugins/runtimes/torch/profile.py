@@ -189,9 +189,10 @@ def _sampler(job: ProfileJob, t: Task, rank: int, device: torch.device, group: A
 def summarize(job: ProfileJob, t: Task, samples: list[Any]) -> Any:
     """One measurement's kept value from its samples (:func:`pick` of each quantity)."""
     if t.kind == "block":
-        keys = ("forward_s", "backward_s", "recompute_s", None, "optimizer_s", "chain_s")
+        keys = ("forward_s", "backward_s", "recompute_s", None, "optimizer_s")
         out = {k: pick(job, [s[i] for s in samples]) for i, k in enumerate(keys) if k}
-        return {**out, "activation_bytes": float(samples[-1][3])}
+        share = statistics.median(s[5] for s in samples)  # a ratio: its least is not the undisturbed one
+        return {**out, "action_share": share, "activation_bytes": float(samples[-1][3])}
     if t.kind == "head":
         return {"forward_s": pick(job, [s[0] for s in samples]), "backward_s": pick(job, [s[1] for s in samples])}
     if t.kind == "p2p":
@@ -266,8 +267,7 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
         per.setdefault(n, []).append(BlockTiming(mb, tp, s, med(rows, "forward_s"), med(rows, "backward_s"),
                                                  med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
                                                  med(rows, "activation_bytes"), med(rows, "optimizer_s"),
-                                                 action_s(med(rows, "forward_s") + med(rows, "backward_s"),
-                                                          med(rows, "chain_s"))))
+                                                 med(rows, "action_share") * (med(rows, "forward_s") + med(rows, "backward_s"))))
     head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
             for n, rows in heads.items()}
     # a type none of whose TP groups could be timed is left out: the cost model prices it
@@ -276,13 +276,6 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
     if not devices:
         raise HexicoreError(NO_TP, source="command line", field="profile.tp")
     return Profile(devices, tuple(links), tuple(allreduce), got["env"])
-
-
-def action_s(one: float, chain: float) -> float:
-    """The fixed cost of a forward and a backward action beyond their blocks, from the forward +
-    backward of one block (``one``) and of a chain of two in one action (``chain``): with
-    ``t(n) = a + n b``, ``a = 2 t(1) - t(2)`` (0 where noise makes it negative)."""
-    return max(2.0 * one - chain, 0.0)
 
 
 NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the model's heads, kv heads and FFN "

@@ -47,10 +47,11 @@ def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
 
 
 def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any) -> Iterator[tuple]:
-    """(forward, backward, recompute seconds, activation bytes, optimizer-step seconds, forward +
-    backward seconds of a chain of two blocks in one action) of one block, one sample per step.
-    The optimizer step is the trainer's AdamW + ``zero_grad`` over the block's parameters on this
-    rank; the chain gives one action's fixed cost (:func:`.profile.to_profile`)."""
+    """(forward, backward, recompute seconds, activation bytes, optimizer-step seconds, the
+    action share) of one block, one sample per step. The optimizer step is the trainer's AdamW +
+    ``zero_grad`` over the block's parameters on this rank; the action share, from a chain of two
+    blocks in one action timed right after the single block, gives one action's fixed cost
+    (:func:`action_share`)."""
     spec, slow = job.model, job.devices[rank][3]
     tp = TPGroup(t.ranks.index(rank), len(t.ranks), group)
     block = Block(spec, tp).to(device)
@@ -80,7 +81,18 @@ def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any)
         x.grad = None
         second.zero_grad(set_to_none=True)
         _, opt = _timed(step, slow, device)
-        yield fwd, bwd, rec, act, opt, fwd2 + bwd2
+        yield fwd, bwd, rec, act, opt, action_share(fwd + bwd, fwd2 + bwd2)
+
+
+def action_share(one: float, chain: float) -> float:
+    """The share of a block's forward + backward (``one``) that is the fixed cost of a forward and
+    a backward action, from one sample of it and of a chain of two blocks in one action
+    (``chain``): with ``t(n) = a + n b``, ``a / t(1) = 2 - t(2) / t(1)``, kept in ``[0, 1]``
+    (noise can put it outside). One sample's two timings are taken back to back, so the host's
+    load, which stretches both alike, cancels in the ratio; the profile keeps the median share
+    over the samples times the block's kept time (differencing the two kept times instead let one
+    disturbed sample of either make half of a block "fixed")."""
+    return min(max(2.0 - chain / one, 0.0), 1.0) if one > 0 else 0.0
 
 
 def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

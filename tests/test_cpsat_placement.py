@@ -13,7 +13,8 @@ import pytest
 
 from hexicore.core.errors import HexicoreError
 from hexicore.cost import AnalyticCostModel
-from hexicore.planner.pricing import ScheduleBook, holds_chunks, schedule_pricing
+from hexicore.planner.fit import holds_chunks
+from hexicore.planner.pricing import ScheduleBook, schedule_pricing
 from hexicore.registry import Registry
 from hexicore_plugins.runtimes.torch.layout import plan_layout
 from hexicore_plugins.solvers.cpsat.ends import head_rows, plain_rows

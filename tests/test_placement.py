@@ -185,7 +185,7 @@ def test_chimera_keeps_a_mirrored_stage_at_its_tp_degree():
     search never lays it out, and hexiscale's Chimera plans on hetero1 keep the degrees equal."""
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore.core.errors import PlanError
-    from hexicore.planner.pricing import fits
+    from hexicore.planner.fit import fits
     from hexicore.planner.validate import validate_plan
 
     chim = Registry.default().create("schedule", "chimera").placement(3, 4)

@@ -8,7 +8,7 @@ import pytest
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.registry import Registry
-from hexicore.pipeline.schedule import ScheduleSpec, pipeline_timer
+from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import Timing, shares, simulate
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.gpipe import GPipe
@@ -107,13 +107,13 @@ def test_pipeline_time_closed_form_and_cache():
 
 
 def test_pipeline_timer_hook_uses_each_pipelines_schedule():
-    class Pipe:
-        def __init__(self, schedule):
-            self.schedule = schedule
+    from hexicore.core.plan import Pipeline, Stage
+    from hexicore.planner.pricing import ScheduleBook
 
-    timer = pipeline_timer(Registry.default())
-    one = timer(Pipe({"name": "1f1b"}), [3.0] * 4, [0.0] * 3, 4)
-    wave = timer(Pipe({"name": "hanayo", "waves": 2}), [3.0] * 4, [0.0] * 3, 4)
+    stages = tuple(Stage((f"A.{j}",), 1, (4 * j, 4 * j + 4)) for j in range(4))
+    timer = ScheduleBook(Registry.default()).timer()
+    one = timer(Pipeline(4, stages, {"name": "1f1b"}), [3.0] * 4, [0.0] * 3, 4)
+    wave = timer(Pipeline(4, stages, {"name": "hanayo", "waves": 2}), [3.0] * 4, [0.0] * 3, 4)
     assert one == pytest.approx(21.0) and wave < one
 
 

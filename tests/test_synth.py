@@ -111,3 +111,27 @@ def test_synth_gives_no_rank_more_chunks_than_blocks(recorded):
     assert synth.order(ScheduleSpec(2, 4, rank_layers=(2, 3))).stages == 4  # v fits: two chunks a rank
     ref, secs = Synth().resolve(ScheduleRef("synth", {}), [1.0, 1.0], [0.0], 4, rank_layers=(1, 4))
     assert secs == pytest.approx(Synth(**ref.params).simulate(ScheduleSpec.from_pieces([1.0, 1.0], [0.0], 4, (1, 4)))[1].makespan)
+
+
+def test_a_plan_is_priced_with_the_lists_its_ranks_blocks_run():
+    """evaluate and the planner's final price (the book's exact timer and placement) build synth's
+    lists for the ranks' blocks, as the runtime does: a one-block rank rules out the V layout, so
+    a plan is priced with the linear lists train runs, not with a faster V it cannot run; ranks of
+    two blocks keep V (its head on rank 0: a placement that is not the plain one)."""
+    from hexicore.core.plan import Pipeline, Stage
+    from hexicore.planner.pricing import ScheduleBook
+
+    times, hops, n = [1.0] * 4, [0.0] * 3, 4
+    ref, _ = Synth().resolve(ScheduleRef("synth", {}), times, hops, n)
+    book = ScheduleBook(Registry.default())
+    timer, placed = book.timer(), book.placement()
+    for layers in [(1, 2, 2, 2), (2, 2, 2, 2)]:
+        start, stages = 0, []
+        for j, k in enumerate(layers):
+            stages.append(Stage((f"A.{j}",), 1, (start, start + k)))
+            start += k
+        pipe = Pipeline(4, tuple(stages), ref)
+        runs = Synth(**ref.params).simulate(ScheduleSpec.from_pieces(times, hops, n, layers))
+        assert timer(pipe, times, hops, n) == pytest.approx(runs[1].makespan)
+        assert (placed(pipe, n) is None) == (layers[0] == 1) == (runs[0].stages == 4)
+    assert book.exact(ref, times, hops, n, (1, 2, 2, 2)) > book.exact(ref, times, hops, n)  # V is faster

@@ -168,6 +168,11 @@ class Pipeline:
     def devices(self) -> tuple[str, ...]:
         return tuple(d for s in self.stages for d in s.devices)
 
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Each stage's blocks, in order: the ``rank_layers`` a schedule builds the lists for."""
+        return tuple(s.n_layers for s in self.stages)
+
     def n_micro_batches(self, micro_batch: int) -> int:
         return self.batch // micro_batch
 

@@ -43,58 +43,9 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
-from hexicore.pipeline.simulate import SimResult, Timing, compile_lists, makespan, simulate
+from hexicore.pipeline.simulate import SimResult, compile_lists, makespan, simulate
+from hexicore.pipeline.spec import ScheduleSpec  # noqa: F401 - plugins import it from here
 from hexicore.pipeline.validate import check_built
-
-
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """What a schedule is built for. ``forward``/``backward`` are per-rank T_F/T_B (one
-    micro-batch through the rank's whole share; default 1 and 2), ``hops`` one transfer between
-    ranks r and r+1 (default 0); ``input_grad``/``weight_grad`` the split backward's per-rank
-    T_I/T_W (zero-bubble ``I``/``W``; default half of T_B each, so the defaults are
-    T_F = T_I = T_W = 1). Time-driven orders (greedy) use them; fixed orders ignore them."""
-
-    ranks: int
-    micro_batches: int
-    forward: tuple[float, ...] = ()
-    backward: tuple[float, ...] = ()
-    hops: tuple[float, ...] = ()
-    input_grad: tuple[float, ...] = ()
-    weight_grad: tuple[float, ...] = ()
-    #: blocks each rank holds (empty: not known); a schedule choosing its own chunk count
-    #: (Hanayo's ``waves=auto``) gives no rank more chunks than the fewest of these
-    rank_layers: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        p = self.ranks
-        if not self.forward:
-            object.__setattr__(self, "forward", (1.0,) * p)
-        if not self.backward:
-            object.__setattr__(self, "backward", tuple(2.0 * f for f in self.forward))
-        if not self.hops:
-            object.__setattr__(self, "hops", (0.0,) * max(p - 1, 0))
-
-    @classmethod
-    def from_pieces(cls, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
-                    rank_layers: Sequence[int] = ()) -> "ScheduleSpec":
-        """The planner's pieces (cost-model units, see the module docstring) as a spec."""
-        return cls(len(stage_times), int(n_mb), tuple(t / 3.0 for t in stage_times),
-                   tuple(2.0 * t / 3.0 for t in stage_times), tuple(h / 2.0 for h in hop_times),
-                   rank_layers=tuple(int(x) for x in rank_layers))
-
-    def timing(self, al: ActionList) -> Timing:
-        return Timing.from_ranks(al, self.forward, self.backward, self.hops, input_grad=self.input_grad, weight_grad=self.weight_grad)
-
-    def split_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Per-rank (T_I, T_W): the given ones, else half of T_B each."""
-        return self.input_grad or tuple(b / 2 for b in self.backward), self.weight_grad or tuple(b / 2 for b in self.backward)
-
-    def equal_split(self) -> float | None:
-        """T where every rank has T_F = T_I = T_W = T and free transfers (zero-bubble papers), else None."""
-        i, w = self.split_times()
-        vals = set(self.forward) | set(i) | set(w)
-        return self.forward[0] if len(vals) == 1 and not any(self.hops) else None
 
 
 #: :attr:`Pricing.growth` kinds
@@ -383,18 +334,3 @@ class ActionSchedule(ABC):
     def share(self, resolved: "ActionSchedule") -> None:
         """Hand ``resolved`` (built from the reference :meth:`resolve` returned) what it can
         reuse of this one's cached work (e.g. synthesised lists); nothing by default."""
-
-
-def pipeline_timer(registry: Any) -> Any:
-    """A cost model's ``pipeline_timer`` (hexicore.cost.PipelineTimer) from the registry:
-    ``timer(pipeline, stage_times, hop_times, n_mb)`` prices each pipeline under its own
-    schedule reference through :meth:`ActionSchedule.pipeline_time` (schedules built once)."""
-    built: dict[ScheduleRef, Any] = {}
-
-    def timer(pipeline: Any, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        ref = ScheduleRef.from_mapping(pipeline.schedule)
-        if ref not in built:
-            built[ref] = registry.create("schedule", ref.name, **ref.kwargs())
-        return built[ref].pipeline_time(stage_times, hop_times, n_mb)
-
-    return timer

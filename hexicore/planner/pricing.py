@@ -32,6 +32,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import bad_number
+from hexicore.planner.fit import capped, fits
 from hexicore.registry import accepts
 
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
@@ -149,10 +150,15 @@ class ScheduleBook:
         """Whether a pipeline of ``ranks`` with ``n`` micro-batches runs under ``ref``."""
         return self.usable(ref, ranks) and n >= self.min_micro_batches(ref, ranks)
 
-    def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
+    def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int,
+              rank_layers: Sequence[int] = ()) -> float:
+        """The schedule's exact ``pipeline_time``; with ``rank_layers`` (each rank's blocks) for a
+        schedule whose ``pipeline_time`` takes them, so it prices the lists the runtime builds
+        for those blocks (synth leaves out layouts a rank's blocks cannot hold)."""
         if n < self.min_micro_batches(ref, len(stage_s)):
             return math.inf
-        return _time(self.priced(ref, len(stage_s)).pipeline_time(stage_s, hop_s, int(n)), ref, "pipeline_time")
+        timed = self.priced(ref, len(stage_s)).pipeline_time
+        return _time(timed(stage_s, hop_s, int(n), **layers_for(timed, rank_layers)), ref, "pipeline_time")
 
     def model(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """The search's PIPELINE-TIME (the schedule's ``model_time``)."""
@@ -160,11 +166,13 @@ class ScheduleBook:
             return math.inf
         return _time(self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n)), ref, "model_time")
 
-    def peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
-        """Peak in-flight micro-batches per rank (units of a rank's whole share)."""
+    def peaks(self, ref: Mapping[str, Any], ranks: int, n: int, rank_layers: Sequence[int] = ()) -> tuple[float, ...]:
+        """Peak in-flight micro-batches per rank (units of a rank's whole share), of the lists
+        built for the ranks' blocks where the schedule takes them (as :meth:`exact`)."""
         if n < self.min_micro_batches(ref, ranks):
             return (math.inf,) * ranks
-        return _peaks(self.priced(ref, ranks).peaks(ranks, n), ref, ranks, "peaks")
+        peaks = self.priced(ref, ranks).peaks
+        return _peaks(peaks(ranks, n, **layers_for(peaks, rank_layers)), ref, ranks, "peaks")
 
     def model_peaks(self, ref: Mapping[str, Any], ranks: int, n: int) -> tuple[float, ...]:
         """The search's peaks (the schedule's ``model_peaks``); the final plan is checked with
@@ -183,8 +191,7 @@ class ScheduleBook:
         if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
-        more = {"rank_layers": tuple(rank_layers)} if rank_layers and accepts(sched.resolve, "rank_layers") else {}
-        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **more)
+        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **layers_for(sched.resolve, rank_layers))
         _time(secs, ref, "resolve")
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
             share = getattr(sched, "share", None)
@@ -194,33 +201,42 @@ class ScheduleBook:
 
     def timer(self, modelled: bool = False):
         """A ``hexicore.cost.PipelineTimer`` pricing each pipeline under its own schedule."""
-        price = self.model if modelled else self.exact
-
         def timer(pipe: Pipeline, stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
-            return price(pipe.schedule, stage_s, hop_s, n)
+            if modelled:
+                return self.model(pipe.schedule, stage_s, hop_s, n)
+            return self.exact(pipe.schedule, stage_s, hop_s, n, pipe.stage_layers)
 
         return timer
 
     def activation(self, modelled: bool = False):
         """A ``hexicore.cost.ActivationFn``: stage j's peak under the pipeline's schedule."""
-        peaks = self.model_peaks if modelled else self.peaks
-        return lambda pipe, j, n: peaks(pipe.schedule, len(pipe.stages), n)[j]
+        if modelled:
+            return lambda pipe, j, n: self.model_peaks(pipe.schedule, len(pipe.stages), n)[j]
+        return lambda pipe, j, n: self.peaks(pipe.schedule, len(pipe.stages), n, pipe.stage_layers)[j]
 
     def placement(self):
         """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds
-        under the pipeline's schedule (its ``placement``), None where that is the plain one."""
+        under the pipeline's schedule (its ``placement``, given the ranks' blocks where it takes
+        ``rank_layers``, as :meth:`exact`), None where that is the plain one."""
 
         def placed(pipe: Pipeline, n: int) -> Any:
-            ranks = len(pipe.stages)
-            key = ("placement", ScheduleRef.from_mapping(pipe.schedule), ranks, int(n))
+            ranks, blocks = len(pipe.stages), pipe.stage_layers
+            key = ("placement", ScheduleRef.from_mapping(pipe.schedule), ranks, int(n), blocks)
             if key not in self._priced:
                 sched = self.priced(key[1], ranks)
                 runs = n >= self.min_micro_batches(key[1], ranks)  # else priced as never fitting
-                pl = sched.placement(ranks, int(n)) if runs and hasattr(sched, "placement") else None
+                how = getattr(sched, "placement", None) if runs else None
+                pl = how(ranks, int(n), **layers_for(how, blocks)) if how is not None else None
                 self._priced[key] = None if pl is None or pl.is_plain else pl
             return self._priced[key]
 
         return placed
+
+
+def layers_for(method: Any, rank_layers: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """``{"rank_layers": ...}`` for a schedule method that takes the keyword, where known; else
+    nothing (a plugin written without it is called as before)."""
+    return {"rank_layers": tuple(int(k) for k in rank_layers)} if rank_layers and accepts(method, "rank_layers") else {}
 
 
 def _time(value: Any, ref: Mapping[str, Any], what: str) -> float:
@@ -298,51 +314,17 @@ def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> 
     times; the faster of the two, exactly priced, is returned."""
     n = pipe.n_micro_batches(plan.train.micro_batch)
     pieces = cost.pipeline_pieces(plan, pipe)
-    blocks = tuple(s.n_layers for s in pipe.stages)
+    blocks = pipe.stage_layers
     chosen, secs = book.resolve(pipe.schedule, *pieces, n, blocks)
     own = cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, chosen)) if chosen != pipe.schedule else pieces
     if own == pieces:
         return chosen, secs
-    best = (book.exact(chosen, *own, n), chosen)
+    best = (book.exact(chosen, *own, n, blocks), chosen)
     again, _ = book.resolve(pipe.schedule, *own, n, blocks)
     if again != chosen:
-        t = book.exact(again, *cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, again)), n)
+        t = book.exact(again, *cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, again)), n, blocks)
         best = min(best, (t, again), key=lambda x: x[0])
     return best[1], best[0]
-
-
-def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
-    """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
-    the pipeline's micro-batch count, at least ``step``) with which the stage's memory
-    (``cost.stage_memory_gb``, the check of :func:`hexicore.planner.pricing.fits`) fits its
-    smallest device. Bisection: the stage memory grows with the in-flight count."""
-    c, m, t = plan.cluster, plan.model, plan.train
-    n = pipe.n_micro_batches(t.micro_batch)
-    out = []
-    for s, held in zip(pipe.stages, stage_held(cost, pipe, n)):
-        limit = min(c.device(d).memory_gb for d in s.devices)
-
-        def ok(k: int) -> bool:
-            return cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=k * step,
-                                        dp=len(plan.pipelines)) <= limit
-
-        lo, hi = 1, max(1, int(round(n / step)))
-        if ok(hi):
-            lo = hi
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-        out.append(lo * step)
-    return tuple(out)
-
-
-def capped(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) -> ScheduleRef:
-    """``ref`` with the pipeline's own per-rank cap (:func:`memory_caps`) as ``memory`` when the
-    schedule builds within one (``Pricing.memory_cap``) and none is set."""
-    if book.schedule(ref).pricing.memory_cap and ref.get("memory") is None and cost is not None \
-            and hasattr(cost, "stage_memory_gb"):
-        return ref.with_params(memory=list(memory_caps(cost, plan, pipe)))
-    return ref
 
 
 def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
@@ -357,44 +339,3 @@ def resolve_plan(book: ScheduleBook, cost: Any, plan: Any) -> Any:
         ref, _ = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         pipes.append(Pipeline(p.batch, p.stages, ref))
     return replace(plan, pipelines=tuple(pipes))
-
-
-def fits(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> bool:
-    """Every stage of ``pipe`` fits its devices with the schedule's exact peak activations (and
-    the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
-    c, m, t = plan.cluster, plan.model, plan.train
-    n = pipe.n_micro_batches(t.micro_batch)
-    if tp_split(cost, pipe, n) is not None or not holds_chunks(book, pipe):
-        return False
-    peaks = book.peaks(pipe.schedule, len(pipe.stages), n)
-    for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
-        gb = cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))
-        if gb > min(c.device(d).memory_gb for d in s.devices):
-            return False
-    return True
-
-
-def holds_chunks(book: ScheduleBook | None, pipe: Pipeline) -> bool:
-    """Every stage of ``pipe`` holds at least a layer per chunk its schedule runs on its rank
-    (:meth:`ScheduleBook.least`; the runtime refuses it otherwise). No book: one chunk each."""
-    least = book.least(pipe.schedule, len(pipe.stages)) if book is not None else (1,) * len(pipe.stages)
-    return all(s.n_layers >= k for s, k in zip(pipe.stages, least))
-
-
-def tp_split(cost: Any, pipe: Pipeline, n: int) -> tuple[int, int] | None:
-    """Where the cost model's placement of ``pipe`` at ``n`` micro-batches (its
-    ``pipeline_placement``) keeps a stage's blocks at two TP degrees:
-    :meth:`hexicore.core.placement.Placement.split_tp`'s ``(rank, source stage)``, else None."""
-    placed = getattr(cost, "pipeline_placement", None)
-    pl = None if placed is None else placed(pipe, n)
-    return None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
-
-
-def stage_held(cost: Any, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
-    """Per stage the ``stage_memory_gb`` keywords of what it keeps: the cost model's ``held``
-    (its schedule's placement), else stage j's blocks with the embedding first, the head last."""
-    held = getattr(cost, "held", None)
-    if held is not None:
-        return held(pipe, n)
-    last = len(pipe.stages) - 1
-    return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(pipe.stages)]

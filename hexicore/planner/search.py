@@ -33,8 +33,8 @@ from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assem
                                          unit_orders, variants)
 from hexicore.planner.parallel import available_cores
 from hexicore.planner.prefetch import prefetch, walk_ahead
-from hexicore.planner.pricing import (ScheduleBook, choose_exact, holds_chunks, is_auto, options, resolve_plan,
-                                      timed_cost)
+from hexicore.planner.fit import holds_chunks
+from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, options, resolve_plan, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan import check_warm_start, plan_diff, repair
 from hexicore.planner.search_config import SearchConfig

@@ -13,7 +13,8 @@ from hexicore.cost import CostModel, Estimate
 from hexicore.cost.base import check_estimate
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
-from hexicore.planner.pricing import AUTO, tp_split
+from hexicore.planner.fit import tp_split
+from hexicore.planner.pricing import AUTO
 
 
 def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: Any = None) -> tuple[Estimate, list[str]]:
@@ -87,7 +88,7 @@ def _check_micro_batches(book: Any, plan: Plan, pipe, i: int, source: str | None
 
 def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:
     """A schedule that keeps a copy of stage k's blocks on rank j (Chimera: stage P-1-k) needs
-    both at one TP degree (:func:`hexicore.planner.pricing.tp_split`)."""
+    both at one TP degree (:func:`hexicore.planner.fit.tp_split`)."""
     hit = tp_split(cost, pipe, pipe.n_micro_batches(plan.train.micro_batch))
     if hit is not None:
         j, k = hit

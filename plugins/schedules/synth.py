@@ -122,16 +122,36 @@ class Synth(ActionSchedule):
                                      meta={"layout": s.layout, "synth_makespan": s.makespan})
         return self._cache[key]
 
-    def placement(self, ranks: int, n_mb: int) -> Placement:
+    def placement(self, ranks: int, n_mb: int, rank_layers: Sequence[int] = ()) -> Placement:
         """The layout synthesised for the recorded times (the ``v`` layout puts the head on rank
-        0); without recorded times (the search, before :meth:`resolve`) the layout is not chosen
-        yet and the plain one (linear) is assumed."""
+        0), among those ranks holding ``rank_layers`` blocks can run where given; without
+        recorded times (the search, before :meth:`resolve`) the layout is not chosen yet and the
+        plain one (linear) is assumed."""
         if self.stage_times is None:
             return Placement.plain(int(ranks))
-        return placement(self.order(ScheduleSpec(int(ranks), int(n_mb))))
+        return placement(self.order(ScheduleSpec(int(ranks), int(n_mb), rank_layers=tuple(rank_layers))))
 
-    def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n_mb)
+    def least_layers(self, ranks: int) -> tuple[int, ...]:
+        """One block a rank: given the ranks' blocks, synth builds only layouts they hold
+        (:func:`fitting_layouts`; ``linear``, one chunk a rank, always does)."""
+        return (1,) * int(ranks)
+
+    def peaks(self, ranks: int, n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[float, ...]:
+        """Peak in-flight micro-batches per rank of the lists :meth:`order` builds, for ranks
+        holding ``rank_layers`` blocks where given (as the runtime asks for them)."""
+        if not rank_layers:
+            return super().peaks(ranks, n_mb)
+        key = ("peaks", int(ranks), int(n_mb), tuple(int(k) for k in rank_layers))
+        if key not in self._cache:
+            spec = ScheduleSpec(int(ranks), int(n_mb), rank_layers=key[3])
+            self._cache[key] = tuple(float(x) for x in self.peak_activations(spec))
+        return self._cache[key]
+
+    def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                      rank_layers: Sequence[int] = ()) -> float:
+        """The makespan of the lists :meth:`order` builds, for ranks holding ``rank_layers``
+        blocks where given (as the runtime asks for them: :func:`fitting_layouts`)."""
+        spec = ScheduleSpec.from_pieces(stage_times, hop_times, n_mb, rank_layers)
         return self.simulate(spec)[1].makespan
 
     def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
-from hexicore.planner.pricing import holds_chunks
+from hexicore.planner.fit import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stages import StageTable

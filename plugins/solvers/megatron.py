@@ -19,7 +19,7 @@ from typing import Any
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
-from hexicore.planner.pricing import holds_chunks
+from hexicore.planner.fit import holds_chunks
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
 from hexicore.planner.zero import at_stage

@@ -206,7 +206,7 @@ class CpSatSolver:
         the greedy plan. Their estimates cap the model's tables, so they must be real plans."""
         from hexicore.core.plan import check_structure
 
-        from hexicore.planner.pricing import holds_chunks
+        from hexicore.planner.fit import holds_chunks
 
         from .hint import greedy_plan, plan_rows
 

@@ -78,6 +78,10 @@ class BadSchedule(ActionSchedule):
             lists.append([])
         if self.mode == "deadlock":
             lists[-1] = lists[-1][M:] + lists[-1][:M]  # the last rank's backwards before its forwards
+        if self.mode == "cycle":  # each rank in order, but the last starts micro-batch 1, which
+            # its neighbour sends only after micro-batch 0's backward, which the last rank owes it
+            lists = [[Action(k, r, m) for m in range(M) for k in "FB"] for r in range(P)]
+            lists[-1] = [Action(k, P - 1, m) for m in [1, 0, *range(2, M)] for k in "FB"]
         return build(self.name, {"mode": self.mode}, spec, loop_map(P), lists)
 
     def closed_form(self, stage_times, hop_times, n_mb):
@@ -203,6 +207,8 @@ def test_schedule_lists_of_the_wrong_shape(mode, text):
     ("negative_time", lambda b, ref: b.resolve(ref, [3.0] * 4, [0.0] * 3, 8), "returned -1.0"),
     ("short_peaks", lambda b, ref: b.peaks(ref, 4, 8), "1 values for 4 ranks"),
     ("extra_rank", lambda b, ref: b.peaks(ref, 4, 8), "expected 4 action lists"),
+    ("cycle", lambda b, ref: b.exact(ref, [3.0] * 4, [0.0] * 3, 8), "deadlock"),
+    ("cycle", lambda b, ref: b.peaks(ref, 4, 8), "deadlock"),
 ])
 def test_the_planner_refuses_a_schedule_s_bad_prices(registry, mode, call, text):
     book = ScheduleBook(registry)
@@ -211,7 +217,7 @@ def test_the_planner_refuses_a_schedule_s_bad_prices(registry, mode, call, text)
     assert info.value.source == "schedule badsched"
 
 
-@pytest.mark.parametrize("mode", ["nan_time", "negative_time", "extra_rank"])
+@pytest.mark.parametrize("mode", ["nan_time", "negative_time", "extra_rank", "cycle"])
 def test_a_plan_under_a_badly_priced_schedule_is_refused(registry, mode, tmp_path, capsys):
     out = tmp_path / "plan.json"
     code = run_cli(["plan", *BASE, "solver=megatron", "schedule=badsched", f"schedule.mode={mode}", f"out={out}",

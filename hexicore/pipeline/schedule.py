@@ -45,7 +45,7 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.simulate import SimResult, compile_lists, makespan, simulate
 from hexicore.pipeline.spec import ScheduleSpec  # noqa: F401 - plugins import it from here
-from hexicore.pipeline.validate import check_built
+from hexicore.pipeline.validate import blamed, check_built
 
 
 #: :attr:`Pricing.growth` kinds
@@ -226,7 +226,8 @@ class ActionSchedule(ABC):
 
     def simulate(self, spec: ScheduleSpec, *, record: bool = False) -> tuple[ActionList, SimResult]:
         al = self.ordered(spec)
-        return al, simulate(al, spec.timing(al), record=record, comm=False)
+        with blamed(self.name):  # lists that deadlock are the schedule's defect
+            return al, simulate(al, spec.timing(al), record=record, comm=False)
 
     def template(self, ranks: int, n_mb: int) -> ActionList:
         """The order for default times, ``order(ScheduleSpec(ranks, n_mb))`` (cached): the lists a
@@ -240,9 +241,10 @@ class ActionSchedule(ABC):
         """Makespan of :meth:`template` under ``spec``'s times (:func:`hexicore.pipeline.simulate.makespan`)."""
         al = self.template(spec.ranks, spec.micro_batches)
         key = ("compiled", spec.ranks, spec.micro_batches)
-        if key not in self._cache:
-            self._cache[key] = compile_lists(al)
-        return makespan(al, spec.timing(al), self._cache[key])
+        with blamed(self.name):
+            if key not in self._cache:
+                self._cache[key] = compile_lists(al)
+            return makespan(al, spec.timing(al), self._cache[key])
 
     def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """Makespan of one pipeline iteration (planner units; module docstring): the closed form

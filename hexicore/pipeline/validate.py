@@ -19,7 +19,8 @@ Compute-only lists (what schedules emit) are checked as if the comm pass had run
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from hexicore.core.errors import ScheduleError
 from hexicore.pipeline.actions import ActionList
@@ -62,6 +63,18 @@ def check_built(al: Any, name: str, ranks: int, micro_batches: int) -> ActionLis
     except ScheduleError as exc:
         raise ScheduleError(exc.message, source=where, field=exc.field) from None
     return al
+
+
+@contextmanager
+def blamed(name: str) -> Iterator[None]:
+    """Inside, a :class:`ScheduleError` without a source (the simulator's deadlock or matching
+    defect in lists schedule ``name`` built) is raised again naming the schedule."""
+    try:
+        yield
+    except ScheduleError as exc:
+        if exc.source:
+            raise
+        raise ScheduleError(exc.message, source=f"schedule {name}", field=exc.field) from None
 
 
 def validate_actions(al: ActionList, *, comm: bool | None = None, fast: bool | None = None) -> SimResult:

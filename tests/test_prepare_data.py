@@ -88,6 +88,29 @@ def test_token_file_refusals(tmp_path):
     assert exc.value.field == "dtype"
 
 
+def test_empty_documents_are_skipped_and_no_text_at_all_is_refused(corpus, capsys):
+    """An empty or blank .txt file, or an empty ``text``, has no tokens: it is skipped (a lone
+    end-of-text id is no document; before, each became one) and said so; input with no tokens
+    at all is one line, exit 2, and writes nothing."""
+    d, docs, tok = corpus
+    (d / "empty.txt").write_text("")
+    (d / "blank.txt").write_text("  \n\n")
+    (d / "some.jsonl").write_text(json.dumps({"text": ""}) + "\n" + json.dumps({"text": docs[0]}) + "\n")
+    out, hydra = d / "e.bin", f"hydra.run.dir={d / 'run'}"
+    code = run_cli(["prepare-data", f"input=[{d / 'empty.txt'},{d / 'some.jsonl'},{d / 'blank.txt'}]",
+                    f"tokenizer={d / 'tokenizer.json'}", f"out={out}", hydra])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "skipped 3 empty documents" in printed.out
+    tf, eos = TokenFile.open(out), tok.token_to_id("</s>")
+    assert tf.documents == 1 and tf.array().tolist() == [*tok.encode(docs[0], add_special_tokens=False).ids, eos]
+    code = run_cli(["prepare-data", f"input=[{d / 'empty.txt'},{d / 'blank.txt'}]", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={d / 'none.bin'}", hydra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no document has any text (2 empty)" in err[0], err
+    assert not (d / "none.bin").exists() and not list(d.glob(".*tmp"))
+
+
 @pytest.mark.parametrize("args, field", [
     (["input=/nonexistent/*.txt"], "input"),
     (["tokenizer=/nonexistent/tokenizer.json"], "tokenizer"),

@@ -131,31 +131,38 @@ def _batches(docs: Iterator[tuple[str, int]], size: int) -> Iterator[tuple[list[
 
 
 def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str, batch_docs: int,
-             progress: Any = None) -> dict[str, Any]:
-    """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats."""
+             progress: Any = None) -> tuple[dict[str, Any], int]:
+    """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats
+    and the number of documents skipped as empty. A document with no tokens (an empty or
+    blank file or ``text``) is skipped, as Megatron's preprocessing skips it: a lone end-of-text
+    token is no document; input with no tokens at all is refused and nothing is written."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = DTYPES[dtype_for(vocab)]
     tmp = schema.temp_path(out)
-    n_docs = n_tokens = 0
+    n_docs = n_tokens = skipped = 0
     top = -1
     try:
         with tmp.open("wb") as fh:
             for texts, nbytes in _batches(documents(files, text_key), batch_docs):
-                encs = tok.encode_batch(texts, add_special_tokens=False)
+                encs = [e for e in tok.encode_batch(texts, add_special_tokens=False) if e.ids]
                 ids = np.fromiter((i for e in encs for i in (*e.ids, eos)), dtype=np.int64)
                 fh.write(ids.astype(dtype).tobytes())
                 top = max(top, int(ids.max(initial=-1)))
-                n_docs += len(texts)
+                n_docs, skipped = n_docs + len(encs), skipped + len(texts) - len(encs)
                 n_tokens += len(ids)
                 if progress is not None:
                     progress(nbytes)
+        if not n_tokens:
+            where = str(files[0]) if len(files) == 1 else "command line"
+            raise HexicoreError(f"no document has any text ({skipped} empty): nothing to write", source=where,
+                                field="input")
         schema.publish(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     stats = {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}
     if top >= 0:  # trusted by training while the file's stamp matches (hexicore.core.token_file)
         stats.update(max_id=top, stamp=file_stamp(out))
-    return stats
+    return stats, skipped
 
 
 def check_out(out: Path, files: list[Path], overwrite: Any) -> None:
@@ -192,12 +199,14 @@ def run(cfg: DictConfig) -> int:
     t0 = time.perf_counter()
     with Progress(transient=True, console=console()) as bar:
         task = bar.add_task("tokenizing", total=total)
-        stats = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
+        stats, skipped = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
                          batch_docs=batch_docs, progress=lambda b: bar.advance(task, b))
     secs = time.perf_counter() - t0
     write_sidecar(out, {**stats, "tokenizer": str(cfg.tokenizer)})
     console().print(rows_table("hexicore prepare-data", ("files", "documents", "tokens", "dtype", "seconds", "tokens/s"),
                                [(str(len(files)), str(stats["documents"]), str(stats["tokens"]), stats["dtype"],
                                  f"{secs:.2f}", f"{stats['tokens'] / max(secs, 1e-9):,.0f}")]))
+    if skipped:
+        console().print(f"skipped {skipped} empty document{'s' if skipped != 1 else ''} (no tokens)")
     console().print(f"token file written to {out} (sidecar {out.name}.json)")
     return 0

@@ -118,7 +118,7 @@ class Hanayo(ActionSchedule):
         sub = ScheduleSpec(spec.ranks, n_mb, spec.forward, spec.backward, spec.hops)
         al = build(self.name, {"waves": waves}, sub, s2r, arrays)
         better = justify(al, timing)
-        if better is al or max(simulate(better, timing, comm=False).peak_activations) > self._cap(spec) + 1e-9:
+        if better is al or max(simulate(better, timing, comm=False, fast=True).peak_activations) > self._cap(spec) + 1e-9:
             return arrays
         return ActionArrays.from_lists([[a for a in acts if a.op != "STEP"] for acts in better.actions])
 
@@ -154,7 +154,7 @@ class Hanayo(ActionSchedule):
         key = ("wave_template", ranks, n_mb, waves)
         if key not in self._cache:
             al = self.with_waves(ScheduleSpec(ranks, n_mb), waves)
-            self._cache[key] = (al, compile_lists(al), max(simulate(al, comm=False).peak_activations))
+            self._cache[key] = (al, compile_lists(al), max(simulate(al, comm=False, fast=True).peak_activations))
         return self._cache[key]
 
     def choose_waves(self, spec: ScheduleSpec) -> tuple[int, dict[int, float]]:

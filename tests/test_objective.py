@@ -49,6 +49,23 @@ def test_floor_and_budget(both):
         plan("budget_per_hour=1")
 
 
+@pytest.mark.parametrize("solver", ["megatron", "metis_like", "galvatron_like", "fsdp"])
+def test_baselines_meet_the_objective_on_the_devices_they_choose(solver):
+    """A baseline lays out every device it is given; under objective=cost or a budget it is given
+    sub-clusters too, so its plan is no dearer per token than on every device and within the
+    budget (before, it planned on all 24 GPUs, over any budget, without a word); under the
+    default objective it still takes every device."""
+    base = ["train.global_batch=24", f"solver={solver}"]
+    every = make_plan("mixed_price", "llama2_13b", overrides=base)
+    assert len(every.devices) == len(every.cluster.devices)
+    cheap = make_plan("mixed_price", "llama2_13b", overrides=[*base, "objective=cost"])
+    assert rate(cheap)["usd_per_mtok"] < rate(every)["usd_per_mtok"] and len(cheap.devices) < len(every.devices)
+    assert cheap.solver["allocation"]["objective"]["kind"] == "cost"
+    budget = rate(every)["usd_per_hour"] / 2
+    held = make_plan("mixed_price", "llama2_13b", overrides=[*base, f"budget_per_hour={budget}"])
+    assert rate(held)["usd_per_hour"] <= budget * (1 + 1e-12)
+
+
 def test_prices_come_from_the_catalog_or_the_cluster_file():
     assert all(g.price_per_hour and g.price_source for g in GPU_CATALOG.values())
     d = {"name": "p", "inter": {"bandwidth_gbs": 1}, "machines": [

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
+from hexicore.planner.constrained import on_devices_for_objective
 from hexicore.planner.fit import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
@@ -107,6 +108,12 @@ class MetisLikeSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
+        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
+                                        progress=progress)
+
+    def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         problem = at_stage(problem, self.zero)
         tables, cl = {}, problem.cluster
         types = sorted({d.gpu.name for d in cl.devices})
@@ -171,6 +178,12 @@ class GalvatronLikeSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
+        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
+                                        progress=progress)
+
+    def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         problem = at_stage(problem, self.zero)
         table, cands = _table(problem), []
         devices = layout_devices(problem)
@@ -212,6 +225,12 @@ class FsdpSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
+        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
+                                        progress=progress)
+
+    def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         t, L = problem.train, problem.model.layers
         mbs = t.global_batch // t.micro_batch
         least = least_micro_batches(problem, 1)

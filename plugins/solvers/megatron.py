@@ -19,6 +19,7 @@ from typing import Any
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
+from hexicore.planner.constrained import on_devices_for_objective
 from hexicore.planner.fit import holds_chunks
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
@@ -48,6 +49,12 @@ class MegatronSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
+        """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
+        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
+                                        progress=progress)
+
+    def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         problem = at_stage(problem, self.zero)
         cands = self.candidates(problem)
         progress("megatron: evaluated symmetric layouts", 1.0)

@@ -139,6 +139,7 @@ BAD_PROFILES = [
     (lambda d: d["links"].append(dict(d["links"][0], between=["B", "A"])), "links[2]"),
     (lambda d: d["links"][0].update(bandwidth_gbs=1e300), "links[0].bandwidth_gbs"),
     (lambda d: d["links"][0].update(latncy_s=1), "links[0].latncy_s"),
+    (lambda d: d["devices"]["rtx4090"]["blocks"][0].update(action_s=1.0), "devices.rtx4090.blocks[0].action_s"),
 ]
 
 

@@ -198,6 +198,10 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                                 "action_s"),
                                optional=_SHAPE + ("recompute_s", "activation_bytes", "optimizer_s", "action_s"))
                        for i, b in enumerate(raw))
+        for i, b in enumerate(blocks):  # the fixed cost is part of the block's own forward + backward
+            if b.action_s > b.forward_s + b.backward_s:
+                raise HexicoreError(f"must be at most forward_s + backward_s ({b.forward_s + b.backward_s:g}), "
+                                    f"got {b.action_s:g}", source=source, field=f"{where}.blocks[{i}].action_s")
         _unique(list(blocks), lambda b: (b.micro_batch, b.tp, b.seq_len) + tuple(getattr(b, k) for k in _SHAPE),
                 source, f"{where}.blocks", "this micro-batch, TP degree, sequence length and shape")
         head = None if dev.get("head") is None else _record(

@@ -35,6 +35,8 @@ def test_cost_objective_picks_a_cheaper_per_token_plan(both):
     assert cheap.solver["usd_per_mtok"] == pytest.approx(rc["usd_per_mtok"])
     lines = "\n".join(summary_lines(cheap))
     assert "tokens/s" in lines and "$/hour" in lines and "$/M tokens" in lines and "idle GPU type" in lines
+    alloc = cheap.solver["allocation"]  # each sub-cluster a solve of its own: the line says how many
+    assert f"sub-clusters solved {alloc['solved']} of {alloc['considered']} ({alloc['mode']})" in lines
 
 
 def test_floor_and_budget(both):

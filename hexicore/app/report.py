@@ -67,6 +67,9 @@ def summary_lines(plan: Plan) -> list[str]:
     if s:
         extra = f"  params {s.get('params')}" if s.get("params") else ""
         line = f"solver {s.get('name')}: {s.get('status', '')} in {s.get('seconds') or 0:.2f} s{extra}"
+        alloc = s.get("allocation") if isinstance(s.get("allocation"), dict) else None
+        if alloc and alloc.get("solved") is not None:  # each sub-cluster is one solve (its own time limit)
+            line += f"  sub-clusters solved {alloc['solved']} of {alloc.get('considered', '?')} ({alloc.get('mode', '')})"
         if s.get("bound") is not None and est is not None:
             gap = (est.iteration_s - s["bound"]) / est.iteration_s if est.iteration_s else 0.0
             line += f"  bound {_fmt_s(s['bound'])}  gap {100 * gap:.2f}%"

@@ -84,6 +84,27 @@ def test_missing_pieces_fall_back_with_a_warning(caplog):
     assert any("rtx3090 was not profiled" in r.message for r in caplog.records)
 
 
+def test_a_profile_of_another_block_shape_is_scaled_by_flops_with_a_warning(caplog):
+    """A profile measured on another model's blocks prices this one by FLOPs, and says so once;
+    a block of this model's shape (or one that records no shape) says nothing."""
+    other = {"micro_batch": 1, "tp": 1, "seq_len": 32, "forward_s": 0.01, "backward_s": 0.02,
+             "hidden": 128, "ffn": 352, "heads": 4, "kv_heads": 4}
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    for blk, warned in ((other, True), ({**other, **SHAPE}, False), ({k: v for k, v in other.items()
+                                                                      if k not in SHAPE}, False)):
+        cost = ProfiledCostModel(profile=parse_profile(
+            {"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [blk]}}}, "p"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hexicore"):
+            got = cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 1)
+            cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 2)
+        notes = [r.message for r in caplog.records if "shape" in r.message]
+        assert len(notes) == int(warned) and (not warned or "hidden 64, ffn 176" in notes[0]), notes
+        b = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [blk]}}}, "p")
+        scale = block_flops(b.devices["rtx4090"].blocks[0], MODEL) / (MODEL.layer_flops_per_token(32) * 32)
+        assert got == pytest.approx(0.03 / scale)
+
+
 def test_tp_not_measured_scales_by_flops_per_device():
     p = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
         {"micro_batch": 1, "tp": 1, "seq_len": 32, "forward_s": 0.01, "backward_s": 0.02}]}}}, "p")

@@ -191,6 +191,10 @@ class ProfiledCostModel(AnalyticCostModel):
             near = min({b.tp for b in blocks}, key=lambda t: (abs(t - tp), t))
             self._note(f"{key}: TP degree {tp} was not profiled; scaled from TP {near} by FLOPs per device")
             same, scale = [b for b in blocks if b.tp == near], near / tp
+        if not any(all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads"))
+                   for b in same):
+            self._note(f"{key}: no block of this model's shape (hidden {model.hidden}, ffn {model.ffn}, heads "
+                       f"{model.heads}/{model.kv_heads}) was profiled; scaled from the shapes measured by FLOPs")
         pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
         return interpolate(pts, target_flops(model, train)) * scale
 

@@ -31,6 +31,8 @@ def _count(config) -> int:
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
     ("Qwen2Config", {"tie_word_embeddings": True}),
     ("MistralConfig", {"sliding_window": None}),
+    ("MistralConfig", {"sliding_window": None, "attention_bias": True}),  # Mistral has no biases
+    ("Qwen2Config", {"attention_bias": False}),  # Qwen2 always has q/k/v biases
 ])
 def test_parameter_count_equals_transformers(tmp_path, cls, extra):
     config = getattr(transformers, cls)(**SMALL, **extra)

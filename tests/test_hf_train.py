@@ -274,6 +274,37 @@ def test_header_check_names_the_tensor(tmp_path):
         check_shapes(shapes, tmp_path, tied=True)
 
 
+@pytest.mark.parametrize("entry, says", [
+    ({"shape": None}, "has shape None"),
+    ({"shape": ["4"]}, "has shape ['4']"),
+    ({"data_offsets": [0]}, "not [begin, end]"),
+    ({"dtype": 4}, "not a name"),
+    ({"data_offsets": [0, 12], "shape": [4]}, "spans 12 bytes, its dtype and shape need 16"),
+])
+def test_a_malformed_header_entry_is_refused_before_any_worker(tmp_path, entry, says):
+    """Header entries that safetensors itself would reject when a worker opens the file (before:
+    a TypeError traceback in the launcher, or safetensors' error inside a worker) are one line
+    naming the file and the tensor; the total size still matches, so only the entry tells."""
+    from safetensors.torch import save_file
+
+    from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+
+    save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    head = json.loads(raw[8: 8 + n])
+    head["a"].update(entry)
+    if entry.get("data_offsets") == [0, 12]:  # shift b down so the file's size still adds up
+        head["b"]["data_offsets"] = [12, 20]
+        raw = raw[: 8 + n] + raw[8 + n: 8 + n + 12] + raw[8 + n + 16:]
+    text = json.dumps(head).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    with pytest.raises(HexicoreError) as exc:
+        checkpoint_shapes(tmp_path)
+    assert exc.value.source == str(tmp_path / "model.safetensors") and exc.value.field == "init_from"
+    assert "tensor 'a'" in str(exc.value) and says in str(exc.value)
+
+
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume
 

@@ -6,7 +6,8 @@
 ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
 ``head_dim``, ``vocab_size``, ``rms_norm_eps``, ``rope_theta`` / ``rope_scaling`` (the
 transformers 4 layout) or ``rope_parameters`` (transformers 5), ``tie_word_embeddings``,
-``attention_bias`` (Llama: q, k, v and o biases; Qwen2 always has q/k/v biases and no o bias),
+``attention_bias`` (Llama: q, k, v and o biases; Qwen2 always has q/k/v biases and no o bias;
+Mistral has none, whatever the field says, as in ``transformers``),
 ``max_position_embeddings``.
 
 What the runtime does not implement is refused here, before any process starts, with one line
@@ -125,7 +126,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             hidden=hidden, heads=heads, kv_heads=integer("num_key_value_heads", heads), ffn=integer("intermediate_size"),
             vocab=integer("vocab_size"), seq_len=seq_len, tied_embeddings=tied,
             head_dim=integer("head_dim") if d.get("head_dim") is not None else None,
-            qkv_bias=True if mt == "qwen2" else bias, o_bias=False if mt == "qwen2" else bias,
+            qkv_bias=True if mt == "qwen2" else bias and mt == "llama", o_bias=bias and mt == "llama",
             norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
             rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
     except HexicoreError as exc:

@@ -98,8 +98,8 @@ class TokenFile:
     def check(self, model_vocab: int, seq_len: int, ids: bool = True) -> None:
         """Refuse files shorter than one window and (``ids``) ids the model cannot embed (one
         line each); the ids are scanned when the sidecar has no valid ``max_id``."""
-        if self.tokens < seq_len + 2:
-            raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than a sequence of {seq_len + 1}",
+        if self.tokens < seq_len + 1:  # one window: seq_len inputs and the label after them
+            raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than one window of {seq_len + 1}",
                                 source=self.path, field="runtime.data_file")
         if not ids:
             return

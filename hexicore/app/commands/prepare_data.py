@@ -53,19 +53,20 @@ def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
             yield from _json_lines(f, text_key)
         else:
             try:
-                text = f.read_text(encoding="utf-8")
+                text = f.read_text(encoding="utf-8-sig")  # a byte-order mark is no text
             except (OSError, UnicodeDecodeError) as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field="input") from None
             yield text, len(text.encode("utf-8"))
 
 
 def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
-    """(text, bytes read) per line of a JSON-lines file; a line that is not UTF-8 is an error
-    naming it, like any other bad line."""
+    """(text, bytes read) per line of a JSON-lines file (a byte-order mark before the first is
+    skipped); a line that is not UTF-8, or whose text escapes a lone surrogate (no UTF-8 text),
+    is an error naming it, like any other bad line."""
     with f.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field=f"line {n}") from None
             if not line.strip():
@@ -78,6 +79,11 @@ def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
                                     field=f"line {n}") from None
             if not isinstance(text, str):
                 raise HexicoreError(f"{text_key!r} is not a string", source=str(f), field=f"line {n}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise HexicoreError(f"{text_key!r} is not UTF-8 text: {exc.reason} at character {exc.start}",
+                                    source=str(f), field=f"line {n}") from None
             yield text, len(raw)
 
 

@@ -16,6 +16,7 @@ worker starts. A tied checkpoint may omit ``lm_head.weight``.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any, Iterable
@@ -82,17 +83,42 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
         if not isinstance(head, dict):
             raise ValueError("the header is not a mapping")
         head.pop("__metadata__", None)
-        end = 0
-        for name, v in head.items():
-            if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-                raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
-            end = max(end, int(v["data_offsets"][1]))
+        end = max((_entry_end(name, v) for name, v in head.items()), default=0)
     except (OSError, ValueError, TypeError, IndexError, struct.error) as exc:
         raise HexicoreError(f"not a readable safetensors file ({exc})", source=str(p), field=field) from None
     if size != 8 + n + end:
         raise HexicoreError(f"the header declares {end} bytes of tensor data, the file holds {size - 8 - n} "
                             f"(truncated or corrupt)", source=str(p), field=field)
     return head
+
+
+#: bytes per element of the safetensors dtypes
+WIDTHS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+          "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _entry_end(name: str, v: Any) -> int:
+    """The end offset of one header entry, checked as safetensors checks it when a worker opens
+    the file: a dtype name, a shape of whole numbers, and data offsets ``[begin, end]`` spanning
+    exactly the tensor's bytes for the common dtypes (so no malformed entry reaches a worker)."""
+    if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+        raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
+    dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
+    if not isinstance(dtype, str):
+        raise ValueError(f"tensor {name!r} has dtype {dtype!r}, not a name")
+    if not isinstance(shape, list) or not all(_whole(x) for x in shape):
+        raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of whole numbers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(x) for x in offsets)
+            and offsets[0] <= offsets[1]):
+        raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+    need = WIDTHS.get(dtype, 0) * math.prod(shape)
+    if dtype in WIDTHS and offsets[1] - offsets[0] != need:
+        raise ValueError(f"tensor {name!r} spans {offsets[1] - offsets[0]} bytes, its dtype and shape need {need}")
+    return offsets[1]
 
 
 def header_shapes(path: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:

@@ -256,3 +256,31 @@ def test_a_file_of_exactly_one_window_is_enough(tmp_path):
     assert windows(tf.array(), starts, 17).tolist() == [list(range(17))] * 4
     with pytest.raises(HexicoreError, match="holds 17 tokens, fewer than one window of 18"):
         tf.check(model_vocab=17, seq_len=17)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"documents": "x"}, "documents"),  # before: ValueError from int()
+    ({"documents": -1}, "documents"),
+    ({"dtype": ["uint16"]}, "dtype"),  # before: TypeError (unhashable list)
+])
+def test_a_malformed_sidecar_is_one_error_naming_the_field(tmp_path, change, field):
+    from hexicore.core.token_file import write_sidecar
+
+    path = tmp_path / "t.bin"
+    np.arange(40, dtype=np.uint16).tofile(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 40, "tokens": 40, **change})
+    with pytest.raises(HexicoreError) as exc:
+        TokenFile.open(path)
+    assert exc.value.field == field and exc.value.source == str(tmp_path / "t.bin.json")
+
+
+def test_a_directory_is_no_token_file(tmp_path):
+    """Before: its directory entry's size was read as the data ("the sidecar says 40 tokens, the
+    file holds 2048")."""
+    from hexicore.core.token_file import write_sidecar
+
+    (tmp_path / "t.bin").mkdir()
+    write_sidecar(tmp_path / "t.bin", {"dtype": "uint16", "vocab": 40, "tokens": 40})
+    with pytest.raises(HexicoreError, match="is a directory") as exc:
+        TokenFile.open(tmp_path / "t.bin")
+    assert exc.value.field == "runtime.data_file"

@@ -99,3 +99,26 @@ def test_plan_from_hf_config_cli(tmp_path, capsys):
     code = run_cli(["plan", f"model_file={bad}", f"hydra.run.dir={tmp_path / 'run2'}"])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_act" in err and len(err.strip().splitlines()) == 1
+
+
+def test_hf_models_train_up_to_their_positions_and_windows():
+    """``train.seq_len`` may exceed the spec's default length (at most 4096) up to the config's
+    ``max_position_embeddings`` — before, a Llama 3 config of 8192 positions could not train at
+    8192 — but never beyond a sliding window, where full attention would differ."""
+    from hexicore.core.errors import PlanError
+    from hexicore_plugins.runtimes.torch.layout import reference_layout
+
+    llama = spec_from_hf({"model_type": "llama", **SMALL, "max_position_embeddings": 8192})
+    assert llama.seq_len == 4096 and reference_layout(llama, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192
+    with pytest.raises(PlanError, match="sequence length 8193 exceeds the model's 8192"):
+        reference_layout(llama, global_batch=1, micro_batch=1, seq_len=8193)
+    mistral = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768,
+                            "sliding_window": 4096})
+    assert mistral.seq_len == 4096 and mistral.max_position == 4096
+    with pytest.raises(PlanError, match="sequence length 4097 exceeds the model's 4096"):
+        reference_layout(mistral, global_batch=1, micro_batch=1, seq_len=4097)
+    full = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768, "sliding_window": None})
+    assert reference_layout(full, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192
+    plain = ModelSpec("m", 2, 64, 4, 2, 176, 256, 32)  # a model YAML: its seq_len is the limit
+    with pytest.raises(PlanError, match="sequence length 33 exceeds"):
+        reference_layout(plain, global_batch=1, micro_batch=1, seq_len=33)

@@ -15,7 +15,9 @@ naming the file and the field: other architectures, mixture-of-experts, a slidin
 than the sequence, rope types other than default and ``llama3``, activations other than SiLU,
 MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
 
-The training sequence length is ``train.seq_len`` when set; the spec's own ``seq_len`` is
+The training sequence length is ``train.seq_len`` when set, up to ``max_position_embeddings``
+(the spec's ``max_position``; a sliding window shorter than that bounds it instead, and must
+itself be at least the default length); the spec's own ``seq_len``, the default, is
 ``max_position_embeddings`` capped at :data:`DEFAULT_SEQ_LEN` (a context of 128k positions is a
 limit, not a training length).
 """
@@ -66,7 +68,9 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
                         source=source, field="architectures" if archs else "model_type")
 
 
-def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> None:
+def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> int | None:
+    """Refuse what the runtime cannot train; the sliding window, when one applies (full
+    attention equals it only on sequences no longer than the window)."""
     for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size"):
         if d.get(k):
             raise HexicoreError("mixture-of-experts models are not supported by the runtime", source=source, field=k)
@@ -80,9 +84,12 @@ def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str
     layer_types = d.get("layer_types") or []
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         uses_window = uses_window or window is not None
-    if uses_window and window is not None and schema.integer(window, source, "sliding_window") < seq_len:
+    if not uses_window or window is None:
+        return None
+    if schema.integer(window, source, "sliding_window") < seq_len:
         raise HexicoreError(f"a sliding window of {window} positions is shorter than the sequence ({seq_len}); "
                             "only full attention is supported", source=source, field="sliding_window")
+    return int(window)
 
 
 def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, Any], ...]]:
@@ -110,7 +117,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
 
     max_pos = integer("max_position_embeddings", DEFAULT_SEQ_LEN)
     seq_len = min(max_pos, DEFAULT_SEQ_LEN)
-    _refuse_unsupported(d, mt, seq_len, source)
+    window = _refuse_unsupported(d, mt, seq_len, source)
     heads = integer("num_attention_heads")
     hidden = integer("hidden_size")
     theta, scaling = _rope(d, source)
@@ -128,7 +135,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             head_dim=integer("head_dim") if d.get("head_dim") is not None else None,
             qkv_bias=True if mt == "qwen2" else bias and mt == "llama", o_bias=bias and mt == "llama",
             norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
-            rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
+            rope_theta=theta, rope_scaling=scaling, max_position=min(max_pos, window or max_pos), hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
 

@@ -122,3 +122,13 @@ def test_hf_models_train_up_to_their_positions_and_windows():
     plain = ModelSpec("m", 2, 64, 4, 2, 176, 256, 32)  # a model YAML: its seq_len is the limit
     with pytest.raises(PlanError, match="sequence length 33 exceeds"):
         reference_layout(plain, global_batch=1, micro_batch=1, seq_len=33)
+
+
+def test_null_kv_heads_means_multi_head_attention_as_in_transformers():
+    """``"num_key_value_heads": null`` (older converted Llama configs) is read by transformers as
+    one kv head per head; before, it was refused as a missing field."""
+    fields = {**SMALL, "num_key_value_heads": None}
+    spec = spec_from_hf({"model_type": "llama", **fields}, "cfg/config.json")
+    config = transformers.LlamaConfig(**fields)
+    assert spec.kv_heads == spec.heads == config.num_key_value_heads
+    assert spec.total_params() == _count(config)

@@ -110,7 +110,8 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     mt = _model_type(d, source)
 
     def integer(key: str, default: Any = None) -> int:
-        value = d.get(key, default)
+        value = d.get(key)  # null means the default, as transformers reads it
+        value = default if value is None else value
         if value is None:
             raise HexicoreError("missing required field", source=source, field=key)
         return schema.integer(value, source, key)

@@ -132,3 +132,22 @@ def test_null_kv_heads_means_multi_head_attention_as_in_transformers():
     config = transformers.LlamaConfig(**fields)
     assert spec.kv_heads == spec.heads == config.num_key_value_heads
     assert spec.total_params() == _count(config)
+
+
+def test_rope_scaling_and_rope_parameters_must_agree():
+    """transformers 5 reads ``rope_scaling`` (with the top-level ``rope_theta``) over
+    ``rope_parameters`` when a config has both; hexicore read ``rope_parameters`` — two
+    different models from one file, silently. Both are accepted only when they agree (as in the
+    config.json hexicore writes)."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    both = {"model_type": "llama", **SMALL, "rope_scaling": llama3,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    with pytest.raises(HexicoreError, match="disagree") as exc:
+        spec_from_hf(both, "cfg/config.json")
+    assert exc.value.field == "rope_scaling" and exc.value.source == "cfg/config.json"
+    with pytest.raises(HexicoreError, match="rope_theta 10000, llama3.*rope_theta 500000, llama3"):
+        spec_from_hf({**both, "rope_parameters": {**llama3, "rope_theta": 500000.0}}, "cfg/config.json")
+    agreed = spec_from_hf({**both, "rope_parameters": {**llama3, "rope_theta": 500000.0}, "rope_theta": 500000.0})
+    assert agreed.rope_theta == 500000.0 and dict(agreed.rope_scaling)["rope_type"] == "llama3"
+    assert spec_from_hf(hf_config_dict(agreed)) == agreed

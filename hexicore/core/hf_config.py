@@ -93,15 +93,24 @@ def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str
 
 
 def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, Any], ...]]:
-    """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types."""
-    params = d.get("rope_parameters")
-    field_name = "rope_parameters"
-    if not isinstance(params, Mapping):
-        params = d.get("rope_scaling") or {}
-        field_name = "rope_scaling"
-    params = schema.as_mapping(params, source, field_name)
-    scaling = rope_scaling_pairs(params, source, field_name)
-    return schema.number(params.get("rope_theta", d.get("rope_theta", 10000.0)), source, "rope_theta"), scaling
+    """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types.
+    A config with both layouts must say the same in each: transformers versions differ in
+    which one they read (5.x takes ``rope_scaling`` with the top-level ``rope_theta``)."""
+    found = [(k, d[k]) for k in ("rope_parameters", "rope_scaling") if d.get(k) is not None]
+    read = []
+    for field_name, params in found or [("rope_scaling", {})]:
+        params = schema.as_mapping(params, source, field_name)
+        scaling = rope_scaling_pairs(params, source, field_name)
+        theta = schema.number(params.get("rope_theta", d.get("rope_theta", 10000.0)), source, "rope_theta")
+        read.append((theta, scaling))
+    if len(read) == 2 and read[0] != read[1]:
+        raise HexicoreError(f"rope_scaling {_said(read[1])} and rope_parameters {_said(read[0])} disagree; "
+                            "give one of them", source=source, field="rope_scaling")
+    return read[0]
+
+
+def _said(rope: tuple[float, tuple[tuple[str, Any], ...]]) -> str:
+    return f"(rope_theta {rope[0]:g}, {dict(rope[1]).get('rope_type', 'default')})"
 
 
 def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:

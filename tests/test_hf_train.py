@@ -305,6 +305,38 @@ def test_a_malformed_header_entry_is_refused_before_any_worker(tmp_path, entry, 
     assert "tensor 'a'" in str(exc.value) and says in str(exc.value)
 
 
+def test_gaps_and_bad_metadata_are_refused_before_and_in_a_worker(tmp_path):
+    """safetensors wants the tensors back to back from byte 0 and ``__metadata__`` of strings;
+    before, such files passed the launcher's check and failed in the worker's ``safe_open`` with
+    a traceback. Now the header check names them, and a worker's read (the file replaced after
+    the check) is one line naming the file and the tensor too."""
+    from safetensors.torch import save_file
+
+    from hexicore_plugins.runtimes.torch.hf_io import SafeTensors, checkpoint_shapes
+
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(path), metadata={"format": "pt"})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    head, data = json.loads(raw[8: 8 + n]), raw[8 + n:]
+
+    def write(h, d):
+        text = json.dumps(h).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + d)
+
+    last = max((k for k in head if k != "__metadata__"), key=lambda k: head[k]["data_offsets"][1])
+    lo, hi = head[last]["data_offsets"]
+    write({**head, last: {**head[last], "data_offsets": [lo + 4, hi + 4]}}, data[:lo] + bytes(4) + data[lo:])
+    with pytest.raises(HexicoreError, match=f"tensor '{last}' starts at byte {lo + 4}, the previous data ends at {lo}"):
+        checkpoint_shapes(tmp_path)
+    with pytest.raises(HexicoreError, match=f"tensor '{last}' cannot be read") as exc:
+        SafeTensors({last: path}).read(last, tuple(head[last]["shape"]), None, 0, 1)
+    assert exc.value.source == str(path)
+    write({**head, "__metadata__": {"format": 1}}, data)
+    with pytest.raises(HexicoreError, match="__metadata__ must map names to strings"):
+        checkpoint_shapes(tmp_path)
+
+
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume
 

@@ -82,8 +82,10 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
         size = p.stat().st_size
         if not isinstance(head, dict):
             raise ValueError("the header is not a mapping")
-        head.pop("__metadata__", None)
-        end = max((_entry_end(name, v) for name, v in head.items()), default=0)
+        meta = head.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(x, str) for x in meta.values())):
+            raise ValueError("__metadata__ must map names to strings")
+        end = _contiguous_end(head)
     except (OSError, ValueError, TypeError, IndexError, struct.error) as exc:
         raise HexicoreError(f"not a readable safetensors file ({exc})", source=str(p), field=field) from None
     if size != 8 + n + end:
@@ -119,6 +121,17 @@ def _entry_end(name: str, v: Any) -> int:
     if dtype in WIDTHS and offsets[1] - offsets[0] != need:
         raise ValueError(f"tensor {name!r} spans {offsets[1] - offsets[0]} bytes, its dtype and shape need {need}")
     return offsets[1]
+
+
+def _contiguous_end(head: dict[str, Any]) -> int:
+    """The end of the data, the tensors (each checked by :func:`_entry_end`) laid back to back
+    from offset 0 with no gap or overlap, as safetensors requires."""
+    end = 0
+    for begin, stop, name in sorted((v["data_offsets"][0], _entry_end(n, v), n) for n, v in head.items()):
+        if begin != end:
+            raise ValueError(f"tensor {name!r} starts at byte {begin}, the previous data ends at {end}")
+        end = stop
+    return end
 
 
 def header_shapes(path: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
@@ -199,8 +212,15 @@ class SafeTensors:
         key = self.prefix + name
         if key not in self.files:
             raise KeyError(f"tensor {key!r} is not in the checkpoint")
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
+        try:
+            return self._read(key, shape, dim, rank, size, safe_open)
+        except SafetensorError as exc:  # whatever the header check let through, one line here
+            raise HexicoreError(f"tensor {key!r} cannot be read: {exc}", source=str(self.files[key]),
+                                field=self.field) from None
+
+    def _read(self, key: str, shape: tuple[int, ...], dim: int | None, rank: int, size: int, safe_open: Any):
         # a fresh handle per tensor: its memory map (and the file pages the slice touched) goes
         # away with it, so a rank's resident memory stays its shard plus one tensor in flight
         with safe_open(str(self.files[key]), framework="pt") as f:

@@ -284,3 +284,14 @@ def test_a_directory_is_no_token_file(tmp_path):
     with pytest.raises(HexicoreError, match="is a directory") as exc:
         TokenFile.open(tmp_path / "t.bin")
     assert exc.value.field == "runtime.data_file"
+
+
+def test_a_refused_run_leaves_no_folder_it_made(corpus, capsys):
+    """``out`` in folders that do not exist yet: they are made before tokenizing (so a bad path
+    fails early) and removed again when nothing is written (before: left behind, empty)."""
+    d, _, _ = corpus
+    (d / "empty.txt").write_text("")
+    code = run_cli(["prepare-data", f"input={d / 'empty.txt'}", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={d / 'new' / 'deeper' / 'x.bin'}", f"hydra.run.dir={d / 'run'}"])
+    assert code == 2 and "no document has any text" in capsys.readouterr().err
+    assert not (d / "new").exists()

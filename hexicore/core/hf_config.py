@@ -96,7 +96,7 @@ def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, An
     """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types.
     A config with both layouts must say the same in each: transformers versions differ in
     which one they read (5.x takes ``rope_scaling`` with the top-level ``rope_theta``)."""
-    found = [(k, d[k]) for k in ("rope_parameters", "rope_scaling") if d.get(k) is not None]
+    found = [(k, d[k]) for k in ("rope_parameters", "rope_scaling") if d.get(k)]  # {} or null: not given
     read = []
     for field_name, params in found or [("rope_scaling", {})]:
         params = schema.as_mapping(params, source, field_name)

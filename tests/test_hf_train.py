@@ -337,6 +337,28 @@ def test_gaps_and_bad_metadata_are_refused_before_and_in_a_worker(tmp_path):
         checkpoint_shapes(tmp_path)
 
 
+def test_final_holds_one_layout_only(tmp_path, capsys):
+    """A run into an ``out`` whose ``final/`` a sharded run wrote: before, the new
+    ``model.safetensors`` joined the old index and shards, so transformers (which reads
+    ``model.safetensors`` first) and hexicore's ``init_from`` (the index) loaded different runs."""
+    from transformers import AutoModelForCausalLM
+
+    from hexicore_plugins.runtimes.torch.hf_io import INDEX, save_tensors, shard_name, write_index
+
+    final = tmp_path / "out" / "final"
+    final.mkdir(parents=True)
+    for k in range(2):
+        save_tensors(final / shard_name(k, 2), {f"old.{k}": torch.zeros(2)})
+    write_index(final, {f"old.{k}": shard_name(k, 2) for k in range(2)}, 16)
+    code = run_cli(["train", "parallel=none", "model=tiny", "model.layers=2", "train.steps=1", "train.global_batch=2",
+                    "train.seq_len=16", "train.dtype=fp32", "runtime.progress=false", f"out={tmp_path / 'out'}",
+                    f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors"]
+    assert not (final / INDEX).exists()
+    AutoModelForCausalLM.from_pretrained(final)
+
+
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable
@@ -250,6 +251,19 @@ class SafeTensors:
 
 def shard_name(k: int, n: int) -> str:
     return f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+
+
+def remove_stale_weights(folder: str | Path, keep: Iterable[str]) -> list[Path]:
+    """Remove the weight files of the other layout (``model.safetensors``, the index, shards)
+    that a directory holds besides ``keep``, so that a reader never mixes two runs: transformers
+    reads ``model.safetensors`` first, hexicore the index. The caller vouches for them (a run's
+    ``final/`` is checked to hold only hexicore's files, or ``overwrite=true`` was given)."""
+    keep = set(keep)
+    gone = [f for f in Path(folder).iterdir() if f.name not in keep
+            and (f.name in (SINGLE, INDEX) or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f.name))]
+    for f in gone:
+        f.unlink(missing_ok=True)
+    return gone
 
 
 def write_index(folder: str | Path, weight_map: dict[str, str], total_bytes: int) -> Path:

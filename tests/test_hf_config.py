@@ -31,6 +31,8 @@ def _count(config) -> int:
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
     ("Qwen2Config", {"tie_word_embeddings": True}),
     ("MistralConfig", {"sliding_window": None}),
+    ("MistralConfig", {"sliding_window": None, "attention_bias": True}),  # Mistral has no biases
+    ("Qwen2Config", {"attention_bias": False}),  # Qwen2 always has q/k/v biases
 ])
 def test_parameter_count_equals_transformers(tmp_path, cls, extra):
     config = getattr(transformers, cls)(**SMALL, **extra)
@@ -97,3 +99,55 @@ def test_plan_from_hf_config_cli(tmp_path, capsys):
     code = run_cli(["plan", f"model_file={bad}", f"hydra.run.dir={tmp_path / 'run2'}"])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_act" in err and len(err.strip().splitlines()) == 1
+
+
+def test_hf_models_train_up_to_their_positions_and_windows():
+    """``train.seq_len`` may exceed the spec's default length (at most 4096) up to the config's
+    ``max_position_embeddings`` — before, a Llama 3 config of 8192 positions could not train at
+    8192 — but never beyond a sliding window, where full attention would differ."""
+    from hexicore.core.errors import PlanError
+    from hexicore_plugins.runtimes.torch.layout import reference_layout
+
+    llama = spec_from_hf({"model_type": "llama", **SMALL, "max_position_embeddings": 8192})
+    assert llama.seq_len == 4096 and reference_layout(llama, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192
+    with pytest.raises(PlanError, match="sequence length 8193 exceeds the model's 8192"):
+        reference_layout(llama, global_batch=1, micro_batch=1, seq_len=8193)
+    mistral = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768,
+                            "sliding_window": 4096})
+    assert mistral.seq_len == 4096 and mistral.max_position == 4096
+    with pytest.raises(PlanError, match="sequence length 4097 exceeds the model's 4096"):
+        reference_layout(mistral, global_batch=1, micro_batch=1, seq_len=4097)
+    full = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768, "sliding_window": None})
+    assert reference_layout(full, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192
+    plain = ModelSpec("m", 2, 64, 4, 2, 176, 256, 32)  # a model YAML: its seq_len is the limit
+    with pytest.raises(PlanError, match="sequence length 33 exceeds"):
+        reference_layout(plain, global_batch=1, micro_batch=1, seq_len=33)
+
+
+def test_null_kv_heads_means_multi_head_attention_as_in_transformers():
+    """``"num_key_value_heads": null`` (older converted Llama configs) is read by transformers as
+    one kv head per head; before, it was refused as a missing field."""
+    fields = {**SMALL, "num_key_value_heads": None}
+    spec = spec_from_hf({"model_type": "llama", **fields}, "cfg/config.json")
+    config = transformers.LlamaConfig(**fields)
+    assert spec.kv_heads == spec.heads == config.num_key_value_heads
+    assert spec.total_params() == _count(config)
+
+
+def test_rope_scaling_and_rope_parameters_must_agree():
+    """transformers 5 reads ``rope_scaling`` (with the top-level ``rope_theta``) over
+    ``rope_parameters`` when a config has both; hexicore read ``rope_parameters`` — two
+    different models from one file, silently. Both are accepted only when they agree (as in the
+    config.json hexicore writes)."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    both = {"model_type": "llama", **SMALL, "rope_scaling": llama3,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    with pytest.raises(HexicoreError, match="disagree") as exc:
+        spec_from_hf(both, "cfg/config.json")
+    assert exc.value.field == "rope_scaling" and exc.value.source == "cfg/config.json"
+    with pytest.raises(HexicoreError, match="rope_theta 10000, llama3.*rope_theta 500000, llama3"):
+        spec_from_hf({**both, "rope_parameters": {**llama3, "rope_theta": 500000.0}}, "cfg/config.json")
+    agreed = spec_from_hf({**both, "rope_parameters": {**llama3, "rope_theta": 500000.0}, "rope_theta": 500000.0})
+    assert agreed.rope_theta == 500000.0 and dict(agreed.rope_scaling)["rope_type"] == "llama3"
+    assert spec_from_hf(hf_config_dict(agreed)) == agreed

@@ -274,6 +274,91 @@ def test_header_check_names_the_tensor(tmp_path):
         check_shapes(shapes, tmp_path, tied=True)
 
 
+@pytest.mark.parametrize("entry, says", [
+    ({"shape": None}, "has shape None"),
+    ({"shape": ["4"]}, "has shape ['4']"),
+    ({"data_offsets": [0]}, "not [begin, end]"),
+    ({"dtype": 4}, "not a name"),
+    ({"data_offsets": [0, 12], "shape": [4]}, "spans 12 bytes, its dtype and shape need 16"),
+])
+def test_a_malformed_header_entry_is_refused_before_any_worker(tmp_path, entry, says):
+    """Header entries that safetensors itself would reject when a worker opens the file (before:
+    a TypeError traceback in the launcher, or safetensors' error inside a worker) are one line
+    naming the file and the tensor; the total size still matches, so only the entry tells."""
+    from safetensors.torch import save_file
+
+    from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+
+    save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    head = json.loads(raw[8: 8 + n])
+    head["a"].update(entry)
+    if entry.get("data_offsets") == [0, 12]:  # shift b down so the file's size still adds up
+        head["b"]["data_offsets"] = [12, 20]
+        raw = raw[: 8 + n] + raw[8 + n: 8 + n + 12] + raw[8 + n + 16:]
+    text = json.dumps(head).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    with pytest.raises(HexicoreError) as exc:
+        checkpoint_shapes(tmp_path)
+    assert exc.value.source == str(tmp_path / "model.safetensors") and exc.value.field == "init_from"
+    assert "tensor 'a'" in str(exc.value) and says in str(exc.value)
+
+
+def test_gaps_and_bad_metadata_are_refused_before_and_in_a_worker(tmp_path):
+    """safetensors wants the tensors back to back from byte 0 and ``__metadata__`` of strings;
+    before, such files passed the launcher's check and failed in the worker's ``safe_open`` with
+    a traceback. Now the header check names them, and a worker's read (the file replaced after
+    the check) is one line naming the file and the tensor too."""
+    from safetensors.torch import save_file
+
+    from hexicore_plugins.runtimes.torch.hf_io import SafeTensors, checkpoint_shapes
+
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(path), metadata={"format": "pt"})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    head, data = json.loads(raw[8: 8 + n]), raw[8 + n:]
+
+    def write(h, d):
+        text = json.dumps(h).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + d)
+
+    last = max((k for k in head if k != "__metadata__"), key=lambda k: head[k]["data_offsets"][1])
+    lo, hi = head[last]["data_offsets"]
+    write({**head, last: {**head[last], "data_offsets": [lo + 4, hi + 4]}}, data[:lo] + bytes(4) + data[lo:])
+    with pytest.raises(HexicoreError, match=f"tensor '{last}' starts at byte {lo + 4}, the previous data ends at {lo}"):
+        checkpoint_shapes(tmp_path)
+    with pytest.raises(HexicoreError, match=f"tensor '{last}' cannot be read") as exc:
+        SafeTensors({last: path}).read(last, tuple(head[last]["shape"]), None, 0, 1)
+    assert exc.value.source == str(path)
+    write({**head, "__metadata__": {"format": 1}}, data)
+    with pytest.raises(HexicoreError, match="__metadata__ must map names to strings"):
+        checkpoint_shapes(tmp_path)
+
+
+def test_final_holds_one_layout_only(tmp_path, capsys):
+    """A run into an ``out`` whose ``final/`` a sharded run wrote: before, the new
+    ``model.safetensors`` joined the old index and shards, so transformers (which reads
+    ``model.safetensors`` first) and hexicore's ``init_from`` (the index) loaded different runs."""
+    from transformers import AutoModelForCausalLM
+
+    from hexicore_plugins.runtimes.torch.hf_io import INDEX, save_tensors, shard_name, write_index
+
+    final = tmp_path / "out" / "final"
+    final.mkdir(parents=True)
+    for k in range(2):
+        save_tensors(final / shard_name(k, 2), {f"old.{k}": torch.zeros(2)})
+    write_index(final, {f"old.{k}": shard_name(k, 2) for k in range(2)}, 16)
+    code = run_cli(["train", "parallel=none", "model=tiny", "model.layers=2", "train.steps=1", "train.global_batch=2",
+                    "train.seq_len=16", "train.dtype=fp32", "runtime.progress=false", f"out={tmp_path / 'out'}",
+                    f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors"]
+    assert not (final / INDEX).exists()
+    AutoModelForCausalLM.from_pretrained(final)
+
+
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume
 

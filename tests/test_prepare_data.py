@@ -207,3 +207,91 @@ def test_only_the_launcher_scans_a_token_file_without_a_valid_max_id(tmp_path, m
              "runtime.data=tokens", f"runtime.data_file={path}", "runtime.progress=false",
              f"out={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'h'}"])
     assert len(scans) == 2 and len(jobs) == 1 and jobs[0].data_checked  # the launcher scanned; its workers will not
+
+
+def test_byte_order_marks_and_crlf_are_no_text(corpus, capsys):
+    """A UTF-8 byte-order mark (Windows editors write one) and CRLF line ends give the same ids
+    as the plain file: before, a .txt file's mark became a token of its own (the tokenizer's
+    unknown id) and a .jsonl file's first line was refused as not JSON."""
+    d, docs, tok = corpus
+    text = docs[0] + "\n" + docs[1] + "\n"
+    (d / "plain.txt").write_bytes(text.encode())
+    (d / "marked.txt").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    line = json.dumps({"text": docs[0]}).encode()
+    (d / "plain.jsonl").write_bytes(line + b"\n")
+    (d / "marked.jsonl").write_bytes(b"\xef\xbb\xbf" + line + b"\r\n")
+    ids = {}
+    for name in ("plain.txt", "marked.txt", "plain.jsonl", "marked.jsonl"):
+        code = run_cli(["prepare-data", f"input={d / name}", f"tokenizer={d / 'tokenizer.json'}",
+                        f"out={d / (name + '.bin')}", f"hydra.run.dir={d / 'run'}"])
+        assert code == 0, capsys.readouterr().err
+        ids[name] = TokenFile.open(d / (name + ".bin")).array().tolist()
+    assert ids["marked.txt"] == ids["plain.txt"] and ids["marked.jsonl"] == ids["plain.jsonl"]
+    assert ids["plain.jsonl"] == [*tok.encode(docs[0], add_special_tokens=False).ids, tok.token_to_id("</s>")]
+
+
+def test_a_lone_surrogate_in_jsonl_text_is_one_line(corpus, capsys):
+    """JSON may escape half of a surrogate pair (``"\\ud800"``): no UTF-8 text, which the
+    tokenizer cannot encode (before: a TypeError traceback from inside tokenizers)."""
+    d, docs, _ = corpus
+    (d / "s.jsonl").write_text(json.dumps({"text": docs[0]}) + "\n" + '{"text": "a\\ud800b"}\n')
+    code = run_cli(["prepare-data", f"input={d / 's.jsonl'}", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={d / 's.bin'}", f"hydra.run.dir={d / 'run'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "s.jsonl: line 2:" in err[0] and "surrogate" in err[0], err
+    assert not (d / "s.bin").exists()
+
+
+def test_a_file_of_exactly_one_window_is_enough(tmp_path):
+    """``seq_len + 1`` ids are one window (offset 0); one id fewer is refused, and the message
+    states both numbers truthfully (before: 17 ids were refused as "fewer than a sequence of 17")."""
+    from hexicore.core.token_file import write_sidecar
+
+    path = tmp_path / "w.bin"
+    np.arange(17, dtype=np.uint16).tofile(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 17, "tokens": 17})
+    tf = TokenFile.open(path)
+    tf.check(model_vocab=17, seq_len=16)
+    starts = window_starts(0, 3, 4, tf.tokens, 17)
+    assert windows(tf.array(), starts, 17).tolist() == [list(range(17))] * 4
+    with pytest.raises(HexicoreError, match="holds 17 tokens, fewer than one window of 18"):
+        tf.check(model_vocab=17, seq_len=17)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"documents": "x"}, "documents"),  # before: ValueError from int()
+    ({"documents": -1}, "documents"),
+    ({"dtype": ["uint16"]}, "dtype"),  # before: TypeError (unhashable list)
+])
+def test_a_malformed_sidecar_is_one_error_naming_the_field(tmp_path, change, field):
+    from hexicore.core.token_file import write_sidecar
+
+    path = tmp_path / "t.bin"
+    np.arange(40, dtype=np.uint16).tofile(path)
+    write_sidecar(path, {"dtype": "uint16", "vocab": 40, "tokens": 40, **change})
+    with pytest.raises(HexicoreError) as exc:
+        TokenFile.open(path)
+    assert exc.value.field == field and exc.value.source == str(tmp_path / "t.bin.json")
+
+
+def test_a_directory_is_no_token_file(tmp_path):
+    """Before: its directory entry's size was read as the data ("the sidecar says 40 tokens, the
+    file holds 2048")."""
+    from hexicore.core.token_file import write_sidecar
+
+    (tmp_path / "t.bin").mkdir()
+    write_sidecar(tmp_path / "t.bin", {"dtype": "uint16", "vocab": 40, "tokens": 40})
+    with pytest.raises(HexicoreError, match="is a directory") as exc:
+        TokenFile.open(tmp_path / "t.bin")
+    assert exc.value.field == "runtime.data_file"
+
+
+def test_a_refused_run_leaves_no_folder_it_made(corpus, capsys):
+    """``out`` in folders that do not exist yet: they are made before tokenizing (so a bad path
+    fails early) and removed again when nothing is written (before: left behind, empty)."""
+    d, _, _ = corpus
+    (d / "empty.txt").write_text("")
+    code = run_cli(["prepare-data", f"input={d / 'empty.txt'}", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={d / 'new' / 'deeper' / 'x.bin'}", f"hydra.run.dir={d / 'run'}"])
+    assert code == 2 and "no document has any text" in capsys.readouterr().err
+    assert not (d / "new").exists()

@@ -6,7 +6,8 @@
 ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
 ``head_dim``, ``vocab_size``, ``rms_norm_eps``, ``rope_theta`` / ``rope_scaling`` (the
 transformers 4 layout) or ``rope_parameters`` (transformers 5), ``tie_word_embeddings``,
-``attention_bias`` (Llama: q, k, v and o biases; Qwen2 always has q/k/v biases and no o bias),
+``attention_bias`` (Llama: q, k, v and o biases; Qwen2 always has q/k/v biases and no o bias;
+Mistral has none, whatever the field says, as in ``transformers``),
 ``max_position_embeddings``.
 
 What the runtime does not implement is refused here, before any process starts, with one line
@@ -14,7 +15,9 @@ naming the file and the field: other architectures, mixture-of-experts, a slidin
 than the sequence, rope types other than default and ``llama3``, activations other than SiLU,
 MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
 
-The training sequence length is ``train.seq_len`` when set; the spec's own ``seq_len`` is
+The training sequence length is ``train.seq_len`` when set, up to ``max_position_embeddings``
+(the spec's ``max_position``; a sliding window shorter than that bounds it instead, and must
+itself be at least the default length); the spec's own ``seq_len``, the default, is
 ``max_position_embeddings`` capped at :data:`DEFAULT_SEQ_LEN` (a context of 128k positions is a
 limit, not a training length).
 """
@@ -65,7 +68,9 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
                         source=source, field="architectures" if archs else "model_type")
 
 
-def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> None:
+def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> int | None:
+    """Refuse what the runtime cannot train; the sliding window, when one applies (full
+    attention equals it only on sequences no longer than the window)."""
     for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size"):
         if d.get(k):
             raise HexicoreError("mixture-of-experts models are not supported by the runtime", source=source, field=k)
@@ -79,21 +84,33 @@ def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str
     layer_types = d.get("layer_types") or []
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         uses_window = uses_window or window is not None
-    if uses_window and window is not None and schema.integer(window, source, "sliding_window") < seq_len:
+    if not uses_window or window is None:
+        return None
+    if schema.integer(window, source, "sliding_window") < seq_len:
         raise HexicoreError(f"a sliding window of {window} positions is shorter than the sequence ({seq_len}); "
                             "only full attention is supported", source=source, field="sliding_window")
+    return int(window)
 
 
 def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, Any], ...]]:
-    """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types."""
-    params = d.get("rope_parameters")
-    field_name = "rope_parameters"
-    if not isinstance(params, Mapping):
-        params = d.get("rope_scaling") or {}
-        field_name = "rope_scaling"
-    params = schema.as_mapping(params, source, field_name)
-    scaling = rope_scaling_pairs(params, source, field_name)
-    return schema.number(params.get("rope_theta", d.get("rope_theta", 10000.0)), source, "rope_theta"), scaling
+    """(rope_theta, rope_scaling pairs) from either config layout; refuses unknown rope types.
+    A config with both layouts must say the same in each: transformers versions differ in
+    which one they read (5.x takes ``rope_scaling`` with the top-level ``rope_theta``)."""
+    found = [(k, d[k]) for k in ("rope_parameters", "rope_scaling") if d.get(k)]  # {} or null: not given
+    read = []
+    for field_name, params in found or [("rope_scaling", {})]:
+        params = schema.as_mapping(params, source, field_name)
+        scaling = rope_scaling_pairs(params, source, field_name)
+        theta = schema.number(params.get("rope_theta", d.get("rope_theta", 10000.0)), source, "rope_theta")
+        read.append((theta, scaling))
+    if len(read) == 2 and read[0] != read[1]:
+        raise HexicoreError(f"rope_scaling {_said(read[1])} and rope_parameters {_said(read[0])} disagree; "
+                            "give one of them", source=source, field="rope_scaling")
+    return read[0]
+
+
+def _said(rope: tuple[float, tuple[tuple[str, Any], ...]]) -> str:
+    return f"(rope_theta {rope[0]:g}, {dict(rope[1]).get('rope_type', 'default')})"
 
 
 def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
@@ -102,14 +119,15 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     mt = _model_type(d, source)
 
     def integer(key: str, default: Any = None) -> int:
-        value = d.get(key, default)
+        value = d.get(key)  # null means the default, as transformers reads it
+        value = default if value is None else value
         if value is None:
             raise HexicoreError("missing required field", source=source, field=key)
         return schema.integer(value, source, key)
 
     max_pos = integer("max_position_embeddings", DEFAULT_SEQ_LEN)
     seq_len = min(max_pos, DEFAULT_SEQ_LEN)
-    _refuse_unsupported(d, mt, seq_len, source)
+    window = _refuse_unsupported(d, mt, seq_len, source)
     heads = integer("num_attention_heads")
     hidden = integer("hidden_size")
     theta, scaling = _rope(d, source)
@@ -125,9 +143,9 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             hidden=hidden, heads=heads, kv_heads=integer("num_key_value_heads", heads), ffn=integer("intermediate_size"),
             vocab=integer("vocab_size"), seq_len=seq_len, tied_embeddings=tied,
             head_dim=integer("head_dim") if d.get("head_dim") is not None else None,
-            qkv_bias=True if mt == "qwen2" else bias, o_bias=False if mt == "qwen2" else bias,
+            qkv_bias=True if mt == "qwen2" else bias and mt == "llama", o_bias=bias and mt == "llama",
             norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
-            rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
+            rope_theta=theta, rope_scaling=scaling, max_position=min(max_pos, window or max_pos), hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
 

@@ -57,7 +57,7 @@ class ModelSpec:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs, e.g. Llama 3's
-    max_position: int = 0  # the config's max_position_embeddings (0: not stated)
+    max_position: int = 0  # the config's max_position_embeddings, or its shorter sliding window (0: not stated)
     hf_model_type: str = ""  # "llama" | "mistral" | "qwen2" when read from a Hugging Face config
 
     def __post_init__(self) -> None:
@@ -94,6 +94,12 @@ class ModelSpec:
         return self.heads % tp == 0 and self.kv_heads % tp == 0 and self.ffn % tp == 0
 
     # ------------------------------------------------------------- parameters
+    @property
+    def longest_seq(self) -> int:
+        """The longest training sequence: ``seq_len`` (for a Hugging Face config the default
+        training length, at most 4096) or the positions the config allows, if more."""
+        return max(self.seq_len, self.max_position)
+
     @property
     def q_dim(self) -> int:
         """Width of the query projection: ``heads * head_dim`` (``hidden`` unless head_dim differs)."""

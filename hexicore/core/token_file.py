@@ -72,9 +72,11 @@ class TokenFile:
         if fmt != FORMAT:
             raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=src, field="format")
         dtype = meta.get("dtype")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", source=src, field="dtype")
         vocab = schema.integer(meta.get("vocab"), src, "vocab")
+        if p.is_dir():
+            raise HexicoreError("is a directory, not a token file", source=str(p), field="runtime.data_file")
         try:
             size = p.stat().st_size
         except OSError as exc:
@@ -88,7 +90,8 @@ class TokenFile:
             raise HexicoreError(f"the sidecar says {meta['tokens']} tokens, the file holds {tokens}", source=src,
                                 field="tokens")
         eos = meta.get("eos")
-        return cls(str(p), dtype, vocab, tokens, int(meta.get("documents") or 0),
+        documents = schema.integer(meta.get("documents") or 0, src, "documents", minimum=0)
+        return cls(str(p), dtype, vocab, tokens, documents,
                    None if eos is None else schema.integer(eos, src, "eos", minimum=0), _recorded_max(meta, p, src))
 
     def array(self) -> np.ndarray:
@@ -98,8 +101,8 @@ class TokenFile:
     def check(self, model_vocab: int, seq_len: int, ids: bool = True) -> None:
         """Refuse files shorter than one window and (``ids``) ids the model cannot embed (one
         line each); the ids are scanned when the sidecar has no valid ``max_id``."""
-        if self.tokens < seq_len + 2:
-            raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than a sequence of {seq_len + 1}",
+        if self.tokens < seq_len + 1:  # one window: seq_len inputs and the label after them
+            raise HexicoreError(f"the file holds {self.tokens} tokens, fewer than one window of {seq_len + 1}",
                                 source=self.path, field="runtime.data_file")
         if not ids:
             return

@@ -13,6 +13,7 @@ and throughput.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -53,19 +54,20 @@ def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
             yield from _json_lines(f, text_key)
         else:
             try:
-                text = f.read_text(encoding="utf-8")
+                text = f.read_text(encoding="utf-8-sig")  # a byte-order mark is no text
             except (OSError, UnicodeDecodeError) as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field="input") from None
             yield text, len(text.encode("utf-8"))
 
 
 def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
-    """(text, bytes read) per line of a JSON-lines file; a line that is not UTF-8 is an error
-    naming it, like any other bad line."""
+    """(text, bytes read) per line of a JSON-lines file (a byte-order mark before the first is
+    skipped); a line that is not UTF-8, or whose text escapes a lone surrogate (no UTF-8 text),
+    is an error naming it, like any other bad line."""
     with f.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field=f"line {n}") from None
             if not line.strip():
@@ -78,6 +80,11 @@ def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
                                     field=f"line {n}") from None
             if not isinstance(text, str):
                 raise HexicoreError(f"{text_key!r} is not a string", source=str(f), field=f"line {n}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise HexicoreError(f"{text_key!r} is not UTF-8 text: {exc.reason} at character {exc.start}",
+                                    source=str(f), field=f"line {n}") from None
             yield text, len(raw)
 
 
@@ -165,20 +172,23 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     return stats, skipped
 
 
-def check_out(out: Path, files: list[Path], overwrite: Any) -> None:
+def check_out(out: Path, files: list[Path], overwrite: Any) -> list[Path]:
     """Before any work: ``out`` and its sidecar are not an input, not another tool's files
-    (:func:`hexicore.core.ownership.check_token_output`), and their folder can be made."""
+    (:func:`hexicore.core.ownership.check_token_output`), and their folder can be made; the
+    folders made, deepest first (removed again if the run writes nothing)."""
     side = sidecar_path(out)
     for f in files:
         for p in (out, side):
             if p.exists() and os.path.samefile(p, f):
                 raise HexicoreError(f"is the input {f}; the token file goes elsewhere", source=str(p), field="out")
     check_token_output(out, overwrite=overwrite)
+    made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
         raise HexicoreError(f"cannot create the folder {out.parent}: {why}", source=str(out), field="out") from None
+    return made
 
 
 def run(cfg: DictConfig) -> int:
@@ -191,16 +201,22 @@ def run(cfg: DictConfig) -> int:
     if not cfg.get("out"):
         raise HexicoreError("prepare-data needs out=PATH.bin", source="command line", field="out")
     out = Path(str(cfg.out))
-    check_out(out, files, cfg.get("overwrite"))
+    made = check_out(out, files, cfg.get("overwrite"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     total = sum(f.stat().st_size for f in files)
     from rich.progress import Progress
 
     t0 = time.perf_counter()
-    with Progress(transient=True, console=console()) as bar:
-        task = bar.add_task("tokenizing", total=total)
-        stats, skipped = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
-                         batch_docs=batch_docs, progress=lambda b: bar.advance(task, b))
+    try:
+        with Progress(transient=True, console=console()) as bar:
+            task = bar.add_task("tokenizing", total=total)
+            stats, skipped = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
+                                      batch_docs=batch_docs, progress=lambda b: bar.advance(task, b))
+    except BaseException:  # nothing written: the folders made for it go too
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     secs = time.perf_counter() - t0
     write_sidecar(out, {**stats, "tokenizer": str(cfg.tokenizer)})
     console().print(rows_table("hexicore prepare-data", ("files", "documents", "tokens", "dtype", "seconds", "tokens/s"),

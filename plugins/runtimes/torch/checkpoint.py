@@ -304,6 +304,7 @@ def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layou
         if rank == 0:
             d.mkdir(parents=True, exist_ok=True)
             hf_io.save_tensors(d / hf_io.SINGLE, _drop_tied(got[0], model))
+            hf_io.remove_stale_weights(d, keep=[hf_io.SINGLE])
             write_hf_config(model, d)
         return
     part0 = layout.pipelines[0]
@@ -325,6 +326,7 @@ def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layou
     if rank == 0:
         rows = [x for w in every for x in w]
         hf_io.write_index(d, {n: f for n, f, _ in rows}, sum(b for _, _, b in rows))
+        hf_io.remove_stale_weights(d, keep=[hf_io.INDEX, *(f for _, f, _ in rows)])
         write_hf_config(model, d)
 
 

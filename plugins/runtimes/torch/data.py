@@ -57,7 +57,7 @@ class ByteText:
             raise HexicoreError(f"byte-level text needs a vocabulary of at least 256, the model has {vocab}",
                                 field="model.vocab")
         if len(raw) < seq_len + 2:
-            raise HexicoreError(f"the text has {len(raw)} bytes, fewer than a sequence of {seq_len + 1}",
+            raise HexicoreError(f"the text has {len(raw)} bytes; windows of {seq_len + 1} need at least {seq_len + 2}",
                                 source=str(path), field="runtime.data_file")
         self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed

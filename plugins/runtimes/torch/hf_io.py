@@ -16,6 +16,8 @@ worker starts. A tied checkpoint may omit ``lm_head.weight``.
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable
@@ -81,18 +83,56 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
         size = p.stat().st_size
         if not isinstance(head, dict):
             raise ValueError("the header is not a mapping")
-        head.pop("__metadata__", None)
-        end = 0
-        for name, v in head.items():
-            if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-                raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
-            end = max(end, int(v["data_offsets"][1]))
+        meta = head.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(x, str) for x in meta.values())):
+            raise ValueError("__metadata__ must map names to strings")
+        end = _contiguous_end(head)
     except (OSError, ValueError, TypeError, IndexError, struct.error) as exc:
         raise HexicoreError(f"not a readable safetensors file ({exc})", source=str(p), field=field) from None
     if size != 8 + n + end:
         raise HexicoreError(f"the header declares {end} bytes of tensor data, the file holds {size - 8 - n} "
                             f"(truncated or corrupt)", source=str(p), field=field)
     return head
+
+
+#: bytes per element of the safetensors dtypes
+WIDTHS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+          "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _entry_end(name: str, v: Any) -> int:
+    """The end offset of one header entry, checked as safetensors checks it when a worker opens
+    the file: a dtype name, a shape of whole numbers, and data offsets ``[begin, end]`` spanning
+    exactly the tensor's bytes for the common dtypes (so no malformed entry reaches a worker)."""
+    if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+        raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
+    dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
+    if not isinstance(dtype, str):
+        raise ValueError(f"tensor {name!r} has dtype {dtype!r}, not a name")
+    if not isinstance(shape, list) or not all(_whole(x) for x in shape):
+        raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of whole numbers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(x) for x in offsets)
+            and offsets[0] <= offsets[1]):
+        raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+    need = WIDTHS.get(dtype, 0) * math.prod(shape)
+    if dtype in WIDTHS and offsets[1] - offsets[0] != need:
+        raise ValueError(f"tensor {name!r} spans {offsets[1] - offsets[0]} bytes, its dtype and shape need {need}")
+    return offsets[1]
+
+
+def _contiguous_end(head: dict[str, Any]) -> int:
+    """The end of the data, the tensors (each checked by :func:`_entry_end`) laid back to back
+    from offset 0 with no gap or overlap, as safetensors requires."""
+    end = 0
+    for begin, stop, name in sorted((v["data_offsets"][0], _entry_end(n, v), n) for n, v in head.items()):
+        if begin != end:
+            raise ValueError(f"tensor {name!r} starts at byte {begin}, the previous data ends at {end}")
+        end = stop
+    return end
 
 
 def header_shapes(path: str | Path, field: str = "init_from") -> dict[str, tuple[int, ...]]:
@@ -173,8 +213,15 @@ class SafeTensors:
         key = self.prefix + name
         if key not in self.files:
             raise KeyError(f"tensor {key!r} is not in the checkpoint")
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
+        try:
+            return self._read(key, shape, dim, rank, size, safe_open)
+        except SafetensorError as exc:  # whatever the header check let through, one line here
+            raise HexicoreError(f"tensor {key!r} cannot be read: {exc}", source=str(self.files[key]),
+                                field=self.field) from None
+
+    def _read(self, key: str, shape: tuple[int, ...], dim: int | None, rank: int, size: int, safe_open: Any):
         # a fresh handle per tensor: its memory map (and the file pages the slice touched) goes
         # away with it, so a rank's resident memory stays its shard plus one tensor in flight
         with safe_open(str(self.files[key]), framework="pt") as f:
@@ -204,6 +251,19 @@ class SafeTensors:
 
 def shard_name(k: int, n: int) -> str:
     return f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+
+
+def remove_stale_weights(folder: str | Path, keep: Iterable[str]) -> list[Path]:
+    """Remove the weight files of the other layout (``model.safetensors``, the index, shards)
+    that a directory holds besides ``keep``, so that a reader never mixes two runs: transformers
+    reads ``model.safetensors`` first, hexicore the index. The caller vouches for them (a run's
+    ``final/`` is checked to hold only hexicore's files, or ``overwrite=true`` was given)."""
+    keep = set(keep)
+    gone = [f for f in Path(folder).iterdir() if f.name not in keep
+            and (f.name in (SINGLE, INDEX) or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f.name))]
+    for f in gone:
+        f.unlink(missing_ok=True)
+    return gone
 
 
 def write_index(folder: str | Path, weight_map: dict[str, str], total_bytes: int) -> Path:

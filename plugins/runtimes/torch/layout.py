@@ -214,8 +214,8 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
                  global_batch: int, micro_batch: int, seq_len: int, world: int | None = None,
                  source: str | None = None) -> Layout:
     """Check and assemble a layout; ``pipelines`` are ``(batch, stage groups, action list)``."""
-    if seq_len > model.seq_len:
-        raise PlanError(f"sequence length {seq_len} exceeds the model's {model.seq_len}", source=source,
+    if seq_len > model.longest_seq:
+        raise PlanError(f"sequence length {seq_len} exceeds the model's {model.longest_seq}", source=source,
                         field="train.seq_len")
     parts, offset = [], 0
     for i, (batch, groups, actions) in enumerate(pipelines):

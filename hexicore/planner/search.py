@@ -31,6 +31,7 @@ from hexicore.cost.precision import SHARDED_PARTS, state_bytes
 from hexicore.planner.candidates import (INF, Candidate, Context, aligned, assemble, best_strategy, merge_adjacent,
                                          phase2, pipeline_time_fn, polish, relayout, track_auto, two_phase,
                                          unit_orders, variants)
+from hexicore.planner.objective import Objective
 from hexicore.planner.parallel import available_cores
 from hexicore.planner.prefetch import prefetch, walk_ahead
 from hexicore.planner.fit import holds_chunks
@@ -187,7 +188,7 @@ def seed_candidates(ctx: Context, seed: int) -> list[Candidate]:
     ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
     simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
     out = []
-    p = ctx.problem
+    p = replace(ctx.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
     if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
         p = replace(p, schedule=ctx.options[0], cost=ctx.cost)
     for name in ctx.cfg.seeds:

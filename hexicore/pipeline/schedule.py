@@ -44,7 +44,7 @@ from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.simulate import SimResult, compile_lists, makespan, simulate
-from hexicore.pipeline.spec import ScheduleSpec  # noqa: F401 - plugins import it from here
+from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed, check_built
 
 

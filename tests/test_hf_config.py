@@ -70,7 +70,7 @@ def test_plain_specs_serialise_as_before():
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
-    ({"model_type": "mistral", "sliding_window": 64}, "sliding_window"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
     ({"hidden_size": None}, "hidden_size"),
 ])
@@ -99,6 +99,11 @@ def test_plan_from_hf_config_cli(tmp_path, capsys):
     code = run_cli(["plan", f"model_file={bad}", f"hydra.run.dir={tmp_path / 'run2'}"])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_act" in err and len(err.strip().splitlines()) == 1
+    empty = tmp_path / "empty"  # before: "model file not found" for a directory that is there
+    empty.mkdir()
+    code = run_cli(["plan", f"model_file={empty}", f"hydra.run.dir={tmp_path / 'run3'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "a directory without config.json" in err and len(err.strip().splitlines()) == 1
 
 
 def test_hf_models_train_up_to_their_positions_and_windows():
@@ -117,11 +122,33 @@ def test_hf_models_train_up_to_their_positions_and_windows():
     assert mistral.seq_len == 4096 and mistral.max_position == 4096
     with pytest.raises(PlanError, match="sequence length 4097 exceeds the model's 4096"):
         reference_layout(mistral, global_batch=1, micro_batch=1, seq_len=4097)
+    short = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768, "sliding_window": 64})
+    assert short.seq_len == 64 and short.max_position == 64  # before: refused, though seq_len <= 64 trains exactly
+    with pytest.raises(PlanError, match="sequence length 65 exceeds the model's 64"):
+        reference_layout(short, global_batch=1, micro_batch=1, seq_len=65)
     full = spec_from_hf({"model_type": "mistral", **SMALL, "max_position_embeddings": 32768, "sliding_window": None})
     assert reference_layout(full, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192
     plain = ModelSpec("m", 2, 64, 4, 2, 176, 256, 32)  # a model YAML: its seq_len is the limit
     with pytest.raises(PlanError, match="sequence length 33 exceeds"):
         reference_layout(plain, global_batch=1, micro_batch=1, seq_len=33)
+
+
+@pytest.mark.parametrize("kind, fields, window", [
+    ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 3}, None),
+    ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, 64),
+    ("Qwen2Config", {"use_sliding_window": False, "sliding_window": 64, "max_window_layers": 0}, None),
+    ("MistralConfig", {"sliding_window": 64}, 64),
+    ("LlamaConfig", {}, None),
+])
+def test_the_window_applies_where_transformers_applies_it(kind, fields, window):
+    """Qwen2 slides only from layer ``max_window_layers`` on (before: any ``use_sliding_window``
+    bounded the sequence, though no layer slid); the config as transformers saves it."""
+    d = getattr(transformers, kind)(**SMALL, **fields).to_dict()
+    if kind == "LlamaConfig":
+        d["sliding_window"] = 64  # not a Llama field: transformers' Llama ignores it
+    assert spec_from_hf(d).max_position == (window or 128)
+    d.pop("layer_types", None)  # transformers 4's files: the layers follow from max_window_layers
+    assert spec_from_hf(d).max_position == (window or 128)
 
 
 def test_null_kv_heads_means_multi_head_attention_as_in_transformers():

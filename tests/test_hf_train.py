@@ -359,6 +359,20 @@ def test_final_holds_one_layout_only(tmp_path, capsys):
     AutoModelForCausalLM.from_pretrained(final)
 
 
+def test_a_directory_with_both_layouts_is_read_as_transformers_reads_it(tmp_path):
+    """A third-party directory holding ``model.safetensors`` and an index with shards: before,
+    hexicore read the index and transformers the single file, so ``init_from`` and
+    ``from_pretrained`` started from different weights."""
+    from hexicore_plugins.runtimes.torch.hf_io import SINGLE, save_tensors, shard_name, weight_files, write_index
+
+    save_tensors(tmp_path / SINGLE, {"w": torch.ones(2)})
+    save_tensors(tmp_path / shard_name(0, 1), {"w": torch.zeros(2), "old": torch.zeros(1)})
+    write_index(tmp_path, {"w": shard_name(0, 1), "old": shard_name(0, 1)}, 12)
+    assert weight_files(tmp_path) == {"w": tmp_path / SINGLE}
+    (tmp_path / SINGLE).unlink()
+    assert weight_files(tmp_path) == {"w": tmp_path / shard_name(0, 1), "old": tmp_path / shard_name(0, 1)}
+
+
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
     from hexicore_plugins.runtimes.torch.checkpoint import check_resume
 

@@ -43,7 +43,9 @@ def corpus(tmp_path):
 def test_prepare_data_matches_the_tokenizer(corpus, capsys):
     d, docs, tok = corpus
     out = d / "out" / "corpus.bin"
-    code = run_cli(["prepare-data", f"input=[{d / 'a.txt'},{d / '*.jsonl'}]", f"tokenizer={d / 'tokenizer.json'}",
+    # b.jsonl named by the glob and by its path is read once (before: its documents twice)
+    code = run_cli(["prepare-data", f"input=[{d / 'a.txt'},{d / '*.jsonl'},{d / 'b.jsonl'}]",
+                    f"tokenizer={d / 'tokenizer.json'}",
                     f"out={out}", "prepare.batch_docs=7", f"hydra.run.dir={d / 'run'}"])
     printed = capsys.readouterr()
     assert code == 0, printed.err

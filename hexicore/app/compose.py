@@ -107,6 +107,9 @@ def load_model(cfg: DictConfig) -> ModelSpec:
         path = str(cfg.model_file)
         if is_hf_config(path):
             return load_hf_config(path)
+        if Path(path).is_dir():
+            raise HexicoreError("a directory without config.json: give a model YAML, a Hugging Face config.json "
+                                "or the directory holding one", source=path, field="model_file")
         return parse_model(schema.load_yaml(path, "model"), path)
     return parse_model(_plain(cfg.model), _choice(cfg, "model"), "model")
 

@@ -11,15 +11,14 @@ Mistral has none, whatever the field says, as in ``transformers``),
 ``max_position_embeddings``.
 
 What the runtime does not implement is refused here, before any process starts, with one line
-naming the file and the field: other architectures, mixture-of-experts, a sliding window shorter
-than the sequence, rope types other than default and ``llama3``, activations other than SiLU,
-MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
+naming the file and the field: other architectures, mixture-of-experts, rope types other than
+default and ``llama3``, activations other than SiLU, MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
 
 The training sequence length is ``train.seq_len`` when set, up to ``max_position_embeddings``
-(the spec's ``max_position``; a sliding window shorter than that bounds it instead, and must
-itself be at least the default length); the spec's own ``seq_len``, the default, is
-``max_position_embeddings`` capped at :data:`DEFAULT_SEQ_LEN` (a context of 128k positions is a
-limit, not a training length).
+(the spec's ``max_position``; a sliding window shorter than that bounds it instead: full
+attention, which the runtime computes, equals sliding-window attention only on sequences no
+longer than the window); the spec's own ``seq_len``, the default, is that bound capped at
+:data:`DEFAULT_SEQ_LEN` (a context of 128k positions is a limit, not a training length).
 """
 
 from __future__ import annotations
@@ -68,9 +67,10 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
                         source=source, field="architectures" if archs else "model_type")
 
 
-def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str) -> int | None:
+def _refuse_unsupported(d: Mapping[str, Any], mt: str, source: str) -> int | None:
     """Refuse what the runtime cannot train; the sliding window, when one applies (full
-    attention equals it only on sequences no longer than the window)."""
+    attention equals it only on sequences no longer than the window, so it bounds the training
+    sequence)."""
     for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size"):
         if d.get(k):
             raise HexicoreError("mixture-of-experts models are not supported by the runtime", source=source, field=k)
@@ -79,17 +79,25 @@ def _refuse_unsupported(d: Mapping[str, Any], mt: str, seq_len: int, source: str
         raise HexicoreError(f"activation {act!r} is not supported (SiLU/SwiGLU only)", source=source, field="hidden_act")
     if d.get("mlp_bias"):
         raise HexicoreError("MLP biases are not supported by the runtime", source=source, field="mlp_bias")
+    return _window(d, mt, source)
+
+
+def _window(d: Mapping[str, Any], mt: str, source: str) -> int | None:
+    """The sliding window that applies, as transformers reads the config: Mistral's on every
+    layer; Qwen2's only with ``use_sliding_window``, on the layers ``layer_types`` marks
+    ``sliding_attention`` (given, or from layer ``max_window_layers`` on); Llama has none."""
     window = d.get("sliding_window")
-    uses_window = mt == "mistral" or bool(d.get("use_sliding_window"))
-    layer_types = d.get("layer_types") or []
-    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
-        uses_window = uses_window or window is not None
-    if not uses_window or window is None:
+    if window is None or mt == "llama" or (mt == "qwen2" and not d.get("use_sliding_window")):
         return None
-    if schema.integer(window, source, "sliding_window") < seq_len:
-        raise HexicoreError(f"a sliding window of {window} positions is shorter than the sequence ({seq_len}); "
-                            "only full attention is supported", source=source, field="sliding_window")
-    return int(window)
+    if mt == "qwen2":
+        types = d.get("layer_types")
+        if types is None:
+            first = schema.integer(d.get("max_window_layers", 28), source, "max_window_layers", minimum=0)
+            if first >= schema.integer(d.get("num_hidden_layers"), source, "num_hidden_layers"):
+                return None
+        elif "sliding_attention" not in schema.as_list(types, source, "layer_types"):
+            return None
+    return schema.integer(window, source, "sliding_window", minimum=1)
 
 
 def _rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple[tuple[str, Any], ...]]:
@@ -125,9 +133,10 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             raise HexicoreError("missing required field", source=source, field=key)
         return schema.integer(value, source, key)
 
+    window = _refuse_unsupported(d, mt, source)
     max_pos = integer("max_position_embeddings", DEFAULT_SEQ_LEN)
+    max_pos = min(max_pos, window) if window else max_pos
     seq_len = min(max_pos, DEFAULT_SEQ_LEN)
-    window = _refuse_unsupported(d, mt, seq_len, source)
     heads = integer("num_attention_heads")
     hidden = integer("hidden_size")
     theta, scaling = _rope(d, source)
@@ -145,7 +154,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             head_dim=integer("head_dim") if d.get("head_dim") is not None else None,
             qkv_bias=True if mt == "qwen2" else bias and mt == "llama", o_bias=bias and mt == "llama",
             norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
-            rope_theta=theta, rope_scaling=scaling, max_position=min(max_pos, window or max_pos), hf_model_type=mt)
+            rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
 

@@ -137,6 +137,8 @@ def path_arg(value: Any, field: str) -> Path:
 def read_text(path: str | Path, what: str) -> str:
     """A file's non-empty text; a missing, unreadable or empty file is a one-line error."""
     path = Path(path)
+    if path.is_dir():
+        raise HexicoreError(f"a directory, not a {what} file", source=str(path))
     if not path.is_file():
         raise HexicoreError(f"{what} file not found", source=str(path))
     try:

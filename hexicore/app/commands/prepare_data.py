@@ -34,7 +34,8 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id
 
 
 def input_files(spec: Any) -> list[Path]:
-    """``input=`` as files: each item a path or a glob; a missing match is an error."""
+    """``input=`` as files: each item a path or a glob; a missing match is an error. A file
+    named twice (a glob and a path, two links to it) is read once, where it is first named."""
     items = spec if isinstance(spec, (list, tuple)) else [spec]
     if not items:
         raise HexicoreError("needs at least one input file", source="command line", field="input")
@@ -44,7 +45,10 @@ def input_files(spec: Any) -> list[Path]:
         if not matches or not all(Path(m).is_file() for m in matches):
             raise HexicoreError(f"no such input file: {item}", source="command line", field="input")
         files += [Path(m) for m in matches]
-    return files
+    first = {}
+    for f in files:
+        first.setdefault(f.resolve(), f)
+    return list(first.values())
 
 
 def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:

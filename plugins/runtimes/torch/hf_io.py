@@ -31,15 +31,16 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 def weight_files(folder: str | Path, field: str = "init_from") -> dict[str, Path]:
     """Tensor name -> file of a checkpoint directory (single file or sharded with its index): the
-    one resolution both the pre-launch checks and the workers' reads use. An index must map
-    tensor names to file names inside the directory."""
+    one resolution both the pre-launch checks and the workers' reads use. A directory holding
+    both layouts is read as transformers reads it: ``model.safetensors`` first. An index must
+    map tensor names to file names inside the directory."""
     d = Path(folder)
     if d.is_file():  # one safetensors file (a checkpoint's optim.safetensors)
         return {n: d for n in header_shapes(d, field)}
-    if (d / INDEX).is_file():
-        return _index_files(d, field)
     if (d / SINGLE).is_file():
         return {n: d / SINGLE for n in header_shapes(d / SINGLE, field)}
+    if (d / INDEX).is_file():
+        return _index_files(d, field)
     what = "no such directory" if not d.is_dir() else f"neither {SINGLE} nor {INDEX} in this directory"
     raise HexicoreError(what, source=str(d), field=field)
 
@@ -256,7 +257,7 @@ def shard_name(k: int, n: int) -> str:
 def remove_stale_weights(folder: str | Path, keep: Iterable[str]) -> list[Path]:
     """Remove the weight files of the other layout (``model.safetensors``, the index, shards)
     that a directory holds besides ``keep``, so that a reader never mixes two runs: transformers
-    reads ``model.safetensors`` first, hexicore the index. The caller vouches for them (a run's
+    and hexicore read ``model.safetensors`` first. The caller vouches for them (a run's
     ``final/`` is checked to hold only hexicore's files, or ``overwrite=true`` was given)."""
     keep = set(keep)
     gone = [f for f in Path(folder).iterdir() if f.name not in keep

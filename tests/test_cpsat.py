@@ -191,6 +191,19 @@ def test_other_pipeline_timer_gets_no_bound():
     assert plan.solver["status"] == "FEASIBLE" and plan.solver["bound"] is None
 
 
+def test_a_schedule_timer_pricing_below_the_model_still_finds_the_plans():
+    """A schedule's own timer (zero-bubble's) prices plans below the model's 1F1B closed form.
+    Before, the start plan's estimate capped the model's tables, which then held no plan:
+    INFEASIBLE, reported as "no layout satisfies every device's memory" on 4 GPUs where
+    megatron's 2 x 2 plan fits at two thirds of their memory."""
+    cheaper = lambda pipe, stages, hops, n_mb: 0.6 * AnalyticCostModel().pipeline_s(stages, hops, n_mb)  # noqa: E731
+    cl = cluster([("M", "a800-80g-nvlink", 4, 32)])
+    p = problem(cl, small_llama(8), 8, cost=AnalyticCostModel(pipeline_timer=cheaper))
+    plan = solve(p)
+    assert plan.solver["status"] == "FEASIBLE" and plan.solver["bound"] is None
+    assert p.cost.estimate(plan).fits
+
+
 FIDELITY = [
     ("paper_case", "llama2_13b", 24),
     ("paper_case", "tiny", 8),

@@ -146,7 +146,11 @@ class CpSatSolver:
             slots = slot_counts(len(problem.cluster.devices), min(len(problem.cluster.devices), n_mb), L)
         progress("cpsat: tabulating the cost model", 0.0)
         starts = self._starts(problem, options) if fixed is None else []
-        upper = min((problem.cost.estimate(plan).iteration_s for _, plan in starts), default=None)
+        exact = getattr(problem.cost, "pipeline_timer", None) is None
+        # a start's estimate caps the tables only where the model prices plans as the cost model
+        # does: a schedule's own timer (zero-bubble, ...) can price a plan below the model's
+        # closed form, and that cap would then cut off every plan (INFEASIBLE)
+        upper = min((problem.cost.estimate(plan).iteration_s for _, plan in starts), default=None) if exact else None
         tables = build_tables(problem, options, len(slots), max(slots), upper)
         form = build(tables, machines, n_mb, slots, fixed)
         hinted = self._hint(problem, form, options, starts)
@@ -181,7 +185,6 @@ class CpSatSolver:
                 for o in range(1, len(options) + 1) if solver.boolean_value(form.x[i, j, o])])
                 for i in range(len(form.slots))) if n > 0]
         objective = model_value(tables, machines, n_mb, rows)
-        exact = getattr(problem.cost, "pipeline_timer", None) is None
         uneven = uneven_machines(problem)
         if uneven and name == "OPTIMAL":
             log.warning("cpsat: the cost model prices the devices of %s differently; the model sees each machine's "

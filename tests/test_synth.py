@@ -135,3 +135,17 @@ def test_a_plan_is_priced_with_the_lists_its_ranks_blocks_run():
         assert timer(pipe, times, hops, n) == pytest.approx(runs[1].makespan)
         assert (placed(pipe, n) is None) == (layers[0] == 1) == (runs[0].stages == 4)
     assert book.exact(ref, times, hops, n, (1, 2, 2, 2)) > book.exact(ref, times, hops, n)  # V is faster
+
+
+def test_template_pipelines_of_empty_stages_are_priced_without_a_layout():
+    """A pipeline of empty stages (the CP-SAT tables' templates, ``Stage((), 0, (0, 0))``) says
+    nothing of the layout: its peaks are the schedule's own. Before, its zero blocks a rank ruled
+    out every layout and ``solver=cpsat schedule=synth`` ended in a TypeError traceback."""
+    from hexicore.core.plan import Pipeline, Stage
+    from hexicore.planner.pricing import ScheduleBook
+
+    book = ScheduleBook(Registry.default())
+    ref = ScheduleRef("synth", {})
+    template = Pipeline(1, tuple(Stage((), 0, (0, 0)) for _ in range(3)), ref)
+    assert book.peaks(ref, 3, 4, template.stage_layers) == book.peaks(ref, 3, 4)
+    assert book.activation()(template, 0, 4) == book.peaks(ref, 3, 4)[0]

@@ -1,7 +1,7 @@
 """Hugging Face Llama-family ``config.json`` <-> :class:`~hexicore.core.model.ModelSpec`.
 
 ``model_file=PATH/config.json`` (or a directory holding one) reads a Llama-family configuration:
-``LlamaForCausalLM``, ``MistralForCausalLM`` (full attention only) and ``Qwen2ForCausalLM``
+``LlamaForCausalLM``, ``MistralForCausalLM`` (up to its sliding window) and ``Qwen2ForCausalLM``
 (recognised by ``architectures`` or ``model_type``). Fields read: ``hidden_size``,
 ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
 ``head_dim``, ``vocab_size``, ``rms_norm_eps``, ``rope_theta`` / ``rope_scaling`` (the
@@ -12,7 +12,8 @@ Mistral has none, whatever the field says, as in ``transformers``),
 
 What the runtime does not implement is refused here, before any process starts, with one line
 naming the file and the field: other architectures, mixture-of-experts, rope types other than
-default and ``llama3``, activations other than SiLU, MLP biases. The planner then prices the exact parameter count (biases, tied embeddings).
+default and ``llama3``, activations other than SiLU, MLP biases. The planner then prices the
+exact parameter count (biases, tied embeddings).
 
 The training sequence length is ``train.seq_len`` when set, up to ``max_position_embeddings``
 (the spec's ``max_position``; a sliding window shorter than that bounds it instead: full

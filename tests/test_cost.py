@@ -59,6 +59,24 @@ def test_hop_by_hand():
     assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.0"], ["A.1"]) == pytest.approx(2 * (10e-6 + msg / 10e9))
 
 
+def test_a_hop_between_overlapping_groups_leaves_other_hops_alone():
+    """A solver's tables may price a hop into a group that shares a device with the sender (no
+    room left on the machine): the leader pair is that one device, no send. Before, its value was
+    remembered for every hop between the two machines with as many receivers, so a real plan's
+    hop priced after it lost its send (a CP-SAT plan's estimate then differed from evaluate's)."""
+    def three():
+        return parse_cluster({"name": "c", "inter": {"bandwidth_gbs": 1.0, "latency_us": 100},
+                              "machines": [{"name": "C", "gpu": "fast", "count": 3, "bandwidth_gbs": 10,
+                                            "latency_us": 10}],
+                              "gpus": {"fast": {"tflops": 100, "memory_gb": 40}}}, "c")
+    msg = B * S * H * 2
+    one = 10e-6 + msg / 10e9
+    cl = three()
+    assert COST.hop_s(cl, MODEL, TRAIN, ["C.0", "C.1"], ["C.2", "C.0"]) == pytest.approx(2 * one)  # broadcast only
+    assert COST.hop_s(cl, MODEL, TRAIN, ["C.0"], ["C.1", "C.2"]) == pytest.approx(2 * 2 * one)
+    assert COST.hop_s(cl, MODEL, TRAIN, ["C.0"], ["C.1", "C.2"]) == COST.hop_s(three(), MODEL, TRAIN, ["C.0"], ["C.1", "C.2"])
+
+
 def test_pipeline_formula():
     # sum_j (S_j + H_j) + (n_mb - 1) * max_j (S_j + H_j)
     assert COST.pipeline_s([1.0, 2.0, 1.5], [0.1, 0.2], 5) == pytest.approx((1.1 + 2.2 + 1.5) + 4 * 2.2)

@@ -127,9 +127,11 @@ class AnalyticCostModel:
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
         rows = cluster.link_matrices[0]
         one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
-        single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1]
+        # one machine each side, no device on both (a solver's tables may ask for overlapping
+        # groups, whose leader pair is one device: no send): every such hop costs the same
+        single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1] and not set(src) & set(dst)
         key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
-        if key is not None and key in cluster.memo:  # one machine each side: every pair has the same link
+        if key is not None and key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
         send = cluster.alpha(a, b) + msg / cluster.beta(a, b)

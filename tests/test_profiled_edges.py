@@ -175,3 +175,16 @@ def test_a_tp_stage_computes_the_whole_head_on_every_rank(measured):
         want = (plain.compute_s(CLUSTER, MODEL, t, ["A.0", "A.1"], 1, last=True)
                 - plain.compute_s(CLUSTER, MODEL, t, ["A.0", "A.1"], 1))
         assert two == pytest.approx(want)
+
+
+def test_an_unmeasured_recompute_is_priced_as_the_forward_with_a_warning(caplog):
+    """A profile without ``recompute_s`` (0: not measured) under recomputation priced the
+    recomputed forward at 0 s; it is the measured forward, with one warning."""
+    doc = raw_profile()
+    del doc["devices"]["rtx4090"]["blocks"][0]["recompute_s"]
+    cost = ProfiledCostModel(profile=parse_profile(doc, "p.yaml"))
+    re = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=True)
+    with caplog.at_level(logging.WARNING, logger="hexicore"):
+        assert cost.compute_s(CLUSTER, MODEL, re, ["A.0"], 1) == pytest.approx(0.010 + 0.020 + 0.010)
+    assert any("recompute_s was not profiled" in r.getMessage() for r in caplog.records)
+    assert cost.forward_fraction(CLUSTER, MODEL, re, ["A.0"]) == pytest.approx((0.010 + 0.025) / (0.040 + 0.100))

@@ -73,7 +73,9 @@ def target_flops(model: ModelSpec, train: TrainConfig) -> float:
 
 
 def block_seconds(b: BlockTiming, recompute: bool) -> float:
-    return b.forward_s + b.backward_s + (b.recompute_s if recompute else 0.0)
+    """Forward + backward (+ the recomputed forward under recomputation: its measured
+    ``recompute_s``, or where that was not measured (0) the measured forward, which it repeats)."""
+    return b.forward_s + b.backward_s + ((b.recompute_s or b.forward_s) if recompute else 0.0)
 
 
 def _span(values: Sequence[int]) -> str:
@@ -221,6 +223,8 @@ class ProfiledCostModel(AnalyticCostModel):
                    for b in same):
             self._note(f"{key}: no block of this model's shape (hidden {model.hidden}, ffn {model.ffn}, heads "
                        f"{model.heads}/{model.kv_heads}) was profiled; scaled from the shapes measured by FLOPs")
+        if train.recompute and any(not b.recompute_s for b in same):
+            self._note(f"{key}: recompute_s was not profiled; a recomputed forward is priced as the measured forward")
         pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
         target = target_flops(model, train)
         low, high = min(x for x, _ in pts), max(x for x, _ in pts)

@@ -188,3 +188,31 @@ def test_an_unmeasured_recompute_is_priced_as_the_forward_with_a_warning(caplog)
         assert cost.compute_s(CLUSTER, MODEL, re, ["A.0"], 1) == pytest.approx(0.010 + 0.020 + 0.010)
     assert any("recompute_s was not profiled" in r.getMessage() for r in caplog.records)
     assert cost.forward_fraction(CLUSTER, MODEL, re, ["A.0"]) == pytest.approx((0.010 + 0.025) / (0.040 + 0.100))
+
+
+def test_predicted_prices_the_run_as_trained_not_the_plans_own_settings(tmp_path, capsys):
+    """``train plan_file=P train.dtype=fp32 train.recompute=false train.seq_len=16`` trains in
+    fp32 without recomputation at 16 tokens; metrics.json's ``predicted`` (the spec's estimate)
+    priced the plan's bf16, recomputed, 32-token steps instead."""
+    from hexicore.app.compose import config_from_overrides
+    from hexicore.app.training import build_run_spec
+    from hexicore.registry import Registry
+
+    (tmp_path / "two.yaml").write_text(TWO)
+    plan, edited = tmp_path / "plan.json", tmp_path / "as_trained.json"
+    assert run_cli(["plan", f"cluster_file={tmp_path / 'two.yaml'}", "model=tiny", "train.global_batch=8",
+                    f"out={plan}", f"hydra.run.dir={tmp_path / 'r'}"]) == 0, capsys.readouterr().err
+    doc = json.loads(plan.read_text())
+    assert (doc["train"]["dtype"], doc["train"]["recompute"], doc["train"]["seq_len"]) == ("bf16", True, 32)
+    doc["train"].update(dtype="fp32", recompute=False, seq_len=16)
+    edited.write_text(json.dumps(doc))
+    assert run_cli(["evaluate", f"plan_file={edited}", f"out={tmp_path / 'again.json'}",
+                    f"hydra.run.dir={tmp_path / 'r'}"]) == 0, capsys.readouterr().err
+    want = json.loads((tmp_path / "again.json").read_text())["estimate"]
+    reg = Registry.default()
+    spec = build_run_spec(config_from_overrides([f"plan_file={plan}", "train.dtype=fp32", "train.recompute=false",
+                                                 "train.seq_len=16", "train.steps=2"], registry=reg), reg)
+    assert (spec.train.dtype, spec.train.recompute, spec.train.seq_len) == ("fp32", False, 16)
+    assert spec.estimate.iteration_s == pytest.approx(want["iteration_s"])
+    assert dict(spec.estimate.memory_gb) == pytest.approx(want["memory_gb"])
+    assert spec.estimate.iteration_s != pytest.approx(doc["estimate"]["iteration_s"])

@@ -216,3 +216,19 @@ def test_predicted_prices_the_run_as_trained_not_the_plans_own_settings(tmp_path
     assert spec.estimate.iteration_s == pytest.approx(want["iteration_s"])
     assert dict(spec.estimate.memory_gb) == pytest.approx(want["memory_gb"])
     assert spec.estimate.iteration_s != pytest.approx(doc["estimate"]["iteration_s"])
+
+
+def test_a_profile_out_under_a_file_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    """``out=notes.txt/p.yaml`` measured the whole cluster, then ended in a traceback
+    (FileExistsError) when writing; it is one line naming out= before any process starts."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "c.yaml").write_text("name: c\nmachines:\n  - {name: A, gpu: rtx4090, count: 1, bandwidth_gbs: 32}\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", "train.dtype=fp32",
+                    "profile.repeats=1", "profile.tp=[1]", "profile.micro_batches=[1]",
+                    f"out={notes / 'p.yaml'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{notes / 'p.yaml'}: out: {notes} is a file" in err[0], err
+    assert "forward ms" not in captured.out and notes.read_text() == "mine\n"

@@ -9,6 +9,7 @@ receives only the spec and the registry (docs/runtime.md); it never reads the co
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from omegaconf import DictConfig
@@ -70,6 +71,7 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     schedule = app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict()
     if cfg.get("plan_file"):
         plan, path = app.load_plan_file(cfg)  # parse + hexicore.core.plan.check_structure
+        plan = as_trained(plan, train_settings(cfg, plan.model, plan, out))
         plan, est, warnings = app.evaluate(plan, app.build_cost_model(cfg, registry), source=path, registry=registry)
         return plan_run_spec(cfg, plan, schedule, runtime, source=path, out=out, estimate=est, warnings=warnings)
     app.one_schedule(str(schedule.get("name")), "train pipeline.ranks=P", registry)
@@ -78,6 +80,14 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     if ranks < 1:
         raise HexicoreError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
     return RunSpec(PipelineLayout(ranks), model, (schedule,), train_settings(cfg, model, out=out), runtime)
+
+
+def as_trained(plan: Plan, settings: TrainSettings) -> Plan:
+    """``plan`` with the dtype, recomputation and sequence length the run trains (``train.*``
+    given beside ``plan_file=`` override the plan's), so that its estimate — metrics.json's
+    ``predicted``, and the memory check before launch — prices the run that is measured."""
+    t = replace(plan.train, dtype=settings.dtype, recompute=settings.recompute, seq_len=settings.seq_len)
+    return plan if t == plan.train else replace(plan, train=t)
 
 
 def plan_run_spec(cfg: DictConfig, plan: Plan, schedule: Mapping[str, Any], runtime: RuntimeSettings, *,

@@ -124,6 +124,7 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
     if p.is_dir():
         raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
     if not p.exists() and not p.is_symlink():
+        _parent_is_a_folder(p, field)
         return p
     if overwrite is True:
         return p
@@ -135,6 +136,16 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
         raise HexicoreError(f"exists and is {what}; refusing to replace it with {a_file(kind)} "
                             "(choose another path, or overwrite=true)", source=str(p), field=field)
     return p
+
+
+def _parent_is_a_folder(p: Path, field: str) -> None:
+    """Refuse a new path under a file (``out=notes.txt/p.yaml``): its nearest existing ancestor
+    must be a directory, known before any work rather than when the result is written."""
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise HexicoreError(f"{parent} is a file, not a directory to write into", source=str(p), field=field)
+            return
 
 
 def a_file(kind: str) -> str:

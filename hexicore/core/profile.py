@@ -25,7 +25,9 @@ included in ``forward_s + backward_s``, optional); ``between`` names the profile
 names the file and the field. A profile holds at least one device, every device at least one
 block, no two blocks of a device at the same point (micro-batch, TP, sequence, shape), no machine
 pair twice among ``links`` (nor pair and group among ``allreduce``); forward and backward seconds
-are > 0. The file does not list the profiled cluster's machines: that ``between`` names machines
+are > 0; times, sizes, bandwidths and latencies lie within the ranges of docs/formats.md
+("Limits"); an all-reduce group has at least two GPUs; a block's heads divide its hidden size and
+its kv heads its heads. The file does not list the profiled cluster's machines: that ``between`` names machines
 of the cluster priced is checked where the profile meets it
 (:meth:`hexicore.cost.profiled.ProfiledCostModel.check_cluster`).
 """
@@ -44,6 +46,9 @@ _SHAPE = ("hidden", "ffn", "heads", "kv_heads")
 _KEYS = ("format", "environment", "devices", "links", "allreduce")
 #: measured times that are never 0 (the others: 0 = not measured)
 _POSITIVE = ("forward_s", "backward_s")
+#: the sizes a measurement was made at, bounded as the plans it prices are (docs/formats.md, Limits)
+_SIZES = {"micro_batch": (limits.MAX_GLOBAL_BATCH, "sequences"), "tp": (limits.MAX_DEVICES, "GPUs"),
+          "seq_len": (limits.MAX_SEQ_LEN, "tokens")}
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,27 @@ def _record(cls: type, d: Any, source: str, where: str, ints: tuple[str, ...], f
     for k in ints:
         if k in m or k not in optional:
             kw[k] = schema.integer(schema.get(m, k, source, where), source, f"{where}.{k}")
+            if k in _SIZES:
+                limits.check(kw[k], *_SIZES[k], source=source, field=f"{where}.{k}")
     for k in floats:
         if k in m or k not in optional:
-            kw[k] = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}", allow_zero=k not in _POSITIVE)
+            kw[k] = v = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}",
+                                      allow_zero=k not in _POSITIVE)
+            if k == "activation_bytes":
+                limits.quantity(v / 1e9, (0.0, limits.MEMORY_GB[1]), "GB", source, f"{where}.{k}")
+            else:
+                limits.quantity(v, limits.PROFILED_S, "s", source, f"{where}.{k}")
+    _shape(kw, source, where)
     return cls(**kw)
+
+
+def _shape(kw: Mapping[str, Any], source: str, where: str) -> None:
+    """A measured block's shape is one a model can have: heads divide ``hidden`` and ``kv_heads``
+    divide ``heads`` (where both are given)."""
+    for big, small in (("hidden", "heads"), ("heads", "kv_heads")):
+        if kw.get(big) and kw.get(small) and kw[big] % kw[small]:
+            raise HexicoreError(f"{big} {kw[big]} is not divisible by {small} {kw[small]}", source=source,
+                                field=f"{where}.{small}")
 
 
 def _between(d: Mapping[str, Any], source: str, where: str, keys: tuple[str, ...]) -> tuple[str, str]:
@@ -173,6 +195,13 @@ def _unique(items: list[Any], key: Any, source: str, where: str, what: str) -> N
         if k in seen:
             raise HexicoreError(f"{what} is already measured at {where}[{seen[k]}]", source=source, field=f"{where}[{i}]")
         seen[k] = i
+
+
+def _group(value: Any, source: str, field: str) -> int:
+    """An all-reduce's group size: at least two GPUs (one has nothing to reduce), at most a cluster's."""
+    g = schema.integer(value, source, field, minimum=2)
+    limits.check(g, limits.MAX_DEVICES, "GPUs", source=source, field=field)
+    return g
 
 
 def parse_profile(data: Any, source: str = "profile") -> Profile:
@@ -222,8 +251,8 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     for i, a in enumerate(schema.optional_list(d, "allreduce", source, "allreduce")):
         m = schema.as_mapping(a, source, f"allreduce[{i}]")
         allreduce.append(AllReduceTiming(_between(m, source, f"allreduce[{i}]", ("group", "bandwidth_gbs")),
-                                         schema.integer(schema.get(m, "group", source, f"allreduce[{i}]"), source,
-                                                        f"allreduce[{i}].group"),
+                                         _group(schema.get(m, "group", source, f"allreduce[{i}]"), source,
+                                                f"allreduce[{i}].group"),
                                          limits.bandwidth(schema.get(m, "bandwidth_gbs", source, f"allreduce[{i}]"),
                                                           source, f"allreduce[{i}].bandwidth_gbs")))
     _unique(allreduce, lambda a: (frozenset(a.between), a.group), source, "allreduce", "this machine pair and group")

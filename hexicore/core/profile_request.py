@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hexicore.core.cluster import Cluster
+from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
+
+#: the lists of sizes a request measures (each size once)
+_LISTS = ("micro_batches", "tp", "link_bytes", "allreduce_groups")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,11 @@ class ProfileRequest:
     bandwidth is measured with ``allreduce_bytes`` per rank; ``statistic``: ``median`` or ``min``
     of the repeats (the minimum: undisturbed times on a host other work shares); ``concurrent``:
     every device computes at the same time (per type, the median over its devices), so devices
-    that share a host are measured sharing it, as a training run shares it."""
+    that share a host are measured sharing it, as a training run shares it.
+
+    A size listed twice is measured once (a profile holds one measurement per point); the link
+    fit needs at least two different ``link_bytes`` (one size cannot tell latency from
+    bandwidth), else :class:`HexicoreError` naming ``link_bytes``."""
 
     cluster: Cluster
     model: ModelSpec
@@ -44,3 +52,10 @@ class ProfileRequest:
     statistic: str = "median"
     concurrent: bool = False
     runtime: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _LISTS:
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
+        if len(self.link_bytes) < 2:
+            raise HexicoreError("needs at least two different message sizes: the fit latency + bytes / bandwidth "
+                                f"cannot separate the two from one (got {list(self.link_bytes)})", field="link_bytes")

@@ -9,8 +9,10 @@ configured links comes from the profile where the profile has it:
   type's, the slowest of the stage's devices (TP waits for it), at the stage's TP degree (+ the head on the last stage), less the fixed cost of an
   action counted once per block where the profile measured it (:meth:`ProfiledCostModel.compute_s`). Micro-batch sizes, sequence
   lengths and block shapes that were not measured are interpolated in FLOPs: the time is taken
-  as affine in the block's FLOPs through the two nearest measurements of that TP degree
-  (proportional beyond the measured range, or with a single measurement). A TP degree that was
+  as affine in the block's FLOPs (counted as the model's own blocks are: a block measured at the
+  plan's size is priced at its measured time) through the two nearest measurements of that TP
+  degree (proportional beyond the measured range, or with a single measurement, with one
+  warning). A TP degree that was
   not measured is scaled from the nearest measured one by FLOPs per device (and then its TP
   communication is priced from the measured links, App. A's formula).
 * **TP communication** of a stage measured at its TP degree is inside the measured block times.
@@ -50,13 +52,19 @@ log = logging.getLogger("hexicore")
 
 
 def block_flops(b: BlockTiming, model: ModelSpec) -> float:
-    """Forward FLOPs of the measured block (its own shape where given, else ``model``'s)."""
+    """Forward FLOPs of the measured block, counted as ``model``'s own blocks are
+    (:meth:`ModelSpec.layer_flops_per_token`: its architecture's MLP, its head width), so a
+    block measured at the model's shape and the plan's micro-batch and sequence is priced at
+    exactly its measured time; a block of another shape (``hidden``, ``ffn``, ``heads``,
+    ``kv_heads`` where given) with that shape and ``model``'s architecture."""
     h = b.hidden or model.hidden
     heads = b.heads or model.heads
-    kv = (b.kv_heads or model.kv_heads) * (h // heads if b.hidden else model.head_dim)
-    q = h if b.hidden else model.q_dim
+    own = all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads"))
+    q = model.q_dim if own else h
+    kv = (b.kv_heads or model.kv_heads) * (model.head_dim if own else h // heads)
     f = b.ffn or model.ffn
-    per_token = 2.0 * (2 * h * q + 2 * h * kv + 3 * h * f) + 4.0 * b.seq_len * q
+    mlp = 3 if model.arch == "llama" else 2  # SwiGLU's three matrices, GPT's two
+    per_token = 2.0 * (2 * h * q + 2 * h * kv + mlp * h * f) + 4.0 * b.seq_len * q
     return per_token * b.micro_batch * b.seq_len
 
 
@@ -65,7 +73,13 @@ def target_flops(model: ModelSpec, train: TrainConfig) -> float:
 
 
 def block_seconds(b: BlockTiming, recompute: bool) -> float:
-    return b.forward_s + b.backward_s + (b.recompute_s if recompute else 0.0)
+    """Forward + backward (+ the recomputed forward under recomputation: its measured
+    ``recompute_s``, or where that was not measured (0) the measured forward, which it repeats)."""
+    return b.forward_s + b.backward_s + ((b.recompute_s or b.forward_s) if recompute else 0.0)
+
+
+def _span(values: Sequence[int]) -> str:
+    return f"{values[0]}" if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
@@ -82,12 +96,18 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 
 
 def chunks_per_stage(schedule: Mapping[str, Any]) -> int:
-    """Model chunks each stage's devices run per micro-batch and direction under ``schedule``:
+    """Model chunks each stage's devices run per micro-batch and direction under ``schedule``, as
+    its parameters say where no schedule book tells (:attr:`ProfiledCostModel.schedule_chunks`):
     its ``chunks`` parameter (interleaved schedules), else two per ``waves`` (a wave passes every
-    device twice, down and back), else one."""
+    device twice, down and back), else one. A parameter the schedule has not chosen yet
+    (Hanayo's ``waves: auto``) counts as its least: one wave, one chunk."""
+    def count(key: str) -> int | None:
+        v = schedule.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 else None
+
     if schedule.get("chunks"):
-        return int(schedule["chunks"])
-    return 2 * int(schedule["waves"]) if schedule.get("waves") else 1
+        return count("chunks") or 1
+    return 2 * (count("waves") or 1) if schedule.get("waves") else 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,10 @@ class ProfiledCostModel(AnalyticCostModel):
     name: str = "profiled"
     #: measured links differ per machine (pair): no two machines are interchangeable
     class_priced: ClassVar[bool] = False
+    #: per pipeline, per stage the model chunks its schedule runs on that rank (injected by the
+    #: planner's schedule book from the schedule's own lists, ``least_layers``); None: the
+    #: schedule's parameters (:func:`chunks_per_stage`)
+    schedule_chunks: Any = field(default=None, compare=False, repr=False)
     _noted: set = field(default_factory=set, compare=False, repr=False)
     _clusters: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -185,6 +209,10 @@ class ProfiledCostModel(AnalyticCostModel):
         blocks = self._blocks(key)
         if not blocks:
             return None
+        measured = self.profile.environment.get("dtype")
+        if measured and train.dtype and str(measured) != str(train.dtype):
+            self._note(f"{self.profile.source or 'profile'}: measured in {measured}, the plan trains {train.dtype}; "
+                       f"its block times are used as measured")
         same = [b for b in blocks if b.tp == tp]
         scale = 1.0
         if not same:
@@ -195,8 +223,17 @@ class ProfiledCostModel(AnalyticCostModel):
                    for b in same):
             self._note(f"{key}: no block of this model's shape (hidden {model.hidden}, ffn {model.ffn}, heads "
                        f"{model.heads}/{model.kv_heads}) was profiled; scaled from the shapes measured by FLOPs")
+        if train.recompute and any(not b.recompute_s for b in same):
+            self._note(f"{key}: recompute_s was not profiled; a recomputed forward is priced as the measured forward")
         pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
-        return interpolate(pts, target_flops(model, train)) * scale
+        target = target_flops(model, train)
+        low, high = min(x for x, _ in pts), max(x for x, _ in pts)
+        if not low * (1 - 1e-9) <= target <= high * (1 + 1e-9):
+            mbs, seqs = sorted({b.micro_batch for b in blocks}), sorted({b.seq_len for b in blocks})
+            self._note(f"{key}: micro-batch {train.micro_batch} x sequence {train.seq_len} lies outside the profiled "
+                       f"blocks (micro-batches {_span(mbs)}, sequences {_span(seqs)}); its time is extrapolated in "
+                       f"proportion to FLOPs")
+        return interpolate(pts, target) * scale
 
     def block_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float | None:
         """Measured seconds of one block on ``devices`` (a TP group), interpolated: the slowest of
@@ -213,14 +250,18 @@ class ProfiledCostModel(AnalyticCostModel):
         return max(per_entry)
 
     def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float:
+        """The head of one micro-batch on a stage of ``devices``: the measured head (one device's
+        forward + backward) scaled by FLOPs, else App. A's on one member; never divided by the TP
+        degree, as every TP rank computes all the logits (the runtime replicates the head, and
+        the analytic model prices it so)."""
         dev = self.profile.devices.get(self._slowest_gpu(cluster, devices, model, train))
         tokens = train.micro_batch * train.seq_len
         if dev is None or dev.head is None:
             k = 4.0 if train.recompute else 3.0
-            return tokens * model.head_flops_per_token() * k / self.achieved_flops(cluster, devices)
+            return tokens * model.head_flops_per_token() * k * len(devices) / self.achieved_flops(cluster, devices)
         h = dev.head
         flops = 2.0 * (h.hidden or model.hidden) * (h.vocab or model.vocab) * h.micro_batch * h.seq_len
-        return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops / len(devices)
+        return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops
 
     def action_s(self, cluster: Cluster, devices: Sequence[str]) -> float:
         """The fixed cost of a forward and a backward action (:class:`BlockTiming.action_s`): the
@@ -240,12 +281,13 @@ class ProfiledCostModel(AnalyticCostModel):
 
     def pipeline_pieces(self, plan: Any, pipeline: Any) -> tuple[list[float], list[float]]:
         """App. A's pieces, each stage paying one action's fixed cost per chunk it runs
-        (:func:`chunks_per_stage`; :meth:`compute_s` counts one)."""
+        (:attr:`schedule_chunks`, else :func:`chunks_per_stage`; :meth:`compute_s` counts one)."""
         stages, hops = super().pipeline_pieces(plan, pipeline)
-        extra = chunks_per_stage(pipeline.schedule) - 1
-        if extra > 0:
-            stages = [x + extra * self.action_s(plan.cluster, s.devices) for x, s in zip(stages, pipeline.stages)]
-        return stages, hops
+        n = len(pipeline.stages)
+        chunks = (tuple(self.schedule_chunks(pipeline)) if self.schedule_chunks is not None
+                  else (chunks_per_stage(pipeline.schedule),) * n)
+        return [x + (k - 1) * self.action_s(plan.cluster, s.devices) if k > 1 else x
+                for x, s, k in zip(stages, pipeline.stages, chunks)], hops
 
     def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                   n_layers: int, *, last: bool = False) -> float:

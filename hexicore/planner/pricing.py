@@ -146,6 +146,12 @@ class ScheduleBook:
                 self._priced[key] = (1,) * ranks
         return self._priced[key]
 
+    def chunks(self):
+        """Per pipeline, per rank the model chunks its schedule runs there (:meth:`least`: the
+        chunks the runtime cuts a rank's blocks into), for a cost model that prices each
+        action's fixed cost (``schedule_chunks``)."""
+        return lambda pipe: self.least(pipe.schedule, len(pipe.stages))
+
     def runs(self, ref: Mapping[str, Any], ranks: int, n: int) -> bool:
         """Whether a pipeline of ``ranks`` with ``n`` micro-batches runs under ``ref``."""
         return self.usable(ref, ranks) and n >= self.min_micro_batches(ref, ranks)
@@ -266,7 +272,10 @@ def timed_cost(cost: Any, book: ScheduleBook, modelled: bool = False) -> Any:
 
 def with_placement(cost: Any, book: ScheduleBook) -> Any:
     """``cost`` whose memory and stage times follow each pipeline's schedule's placement (a
-    cost model with a ``placement`` field, e.g. AnalyticCostModel; others unchanged)."""
+    cost model with a ``placement`` field, e.g. AnalyticCostModel; others unchanged), and whose
+    chunks per rank are the schedule's (a cost model with ``schedule_chunks``, the profiled one)."""
+    if hasattr(cost, "schedule_chunks"):
+        cost = replace(cost, schedule_chunks=book.chunks())
     return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 

@@ -79,6 +79,13 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
     seq_len = _int(seq, "profile.seq_len", 1, limit=limits.MAX_SEQ_LEN, what="tokens") if seq is not None \
         else model.seq_len
     cluster = app.load_cluster(cfg)
+    try:
+        return _request(cfg, p, t, model, cluster, seq_len)
+    except HexicoreError as exc:  # a list the request refuses (ProfileRequest): its profile.* key
+        raise exc if exc.source else exc.located(SRC, "profile")
+
+
+def _request(cfg: DictConfig, p: Any, t: Any, model: Any, cluster: Cluster, seq_len: int) -> ProfileRequest:
     return ProfileRequest(
         cluster=cluster, model=model,
         micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches", limit=limits.MAX_GLOBAL_BATCH,

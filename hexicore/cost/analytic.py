@@ -127,8 +127,7 @@ class AnalyticCostModel:
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
         rows = cluster.link_matrices[0]
         one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
-        # one machine each side, no device on both (a solver's tables may ask for overlapping
-        # groups, whose leader pair is one device: no send): every such hop costs the same
+        # one machine each side, no shared device (overlapping groups send nothing): same cost
         single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1] and not set(src) & set(dst)
         key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
         if key is not None and key in cluster.memo:

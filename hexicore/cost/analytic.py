@@ -5,8 +5,7 @@ Symbols (docs/background.md): ``B_mb`` micro-batch, ``S`` sequence length, ``H``
 stage j of pipeline i, ``alpha``/``beta`` pairwise latency (s) and bandwidth (bytes/s).
 
 Where the paper states a formula we implement it; where it leaves one out we say which form we
-chose (``compute_s``, ``hop_s``, memory). All times are seconds for one micro-batch unless the
-name says otherwise.
+chose (``compute_s``, ``hop_s``, memory). Times: seconds of one micro-batch unless named otherwise.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ from hexicore.cost.precision import (StateBytes, device_params, largest_unit_par
                                      state_bytes, tied_copies, tied_whole)
 from hexicore.cost.split import forward_backward
 
-#: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, whose
-#: factor 2 is one reduce-scatter + one all-gather): all-gather before the forward, all-gather
-#: before the backward, reduce-scatter of the gradients = 3 halves
+#: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
+#: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
 ZERO3_PER_MICRO_BATCH = 1.5
 
 @dataclass(frozen=True)
@@ -123,14 +121,15 @@ class AnalyticCostModel:
         """COMM-PP-HOP (formula missing from the paper's digest): per micro-batch, the activation
         ``B_mb*S*H*B_type`` goes leader -> leader, then the receiving leader broadcasts it in its
         TP group (priced as its slowest direct send); the gradient goes back the same way, so the
-        hop is twice one direction. Leaders are the pair with the fastest link."""
+        hop is twice one direction. Leaders are the pair with the fastest link. Remembered per
+        machine pair where each side is one machine and no device is on both (such sends cost
+        alike; overlapping groups, which a solver's tables may price, send nothing)."""
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
         rows = cluster.link_matrices[0]
         one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
-        # one machine each side, no shared device (overlapping groups send nothing): same cost
         single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1] and not set(src) & set(dst)
         key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
-        if key is not None and key in cluster.memo:
+        if key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
         send = cluster.alpha(a, b) + msg / cluster.beta(a, b)

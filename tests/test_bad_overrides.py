@@ -105,6 +105,10 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
 SWEEPS = [
     (["plan", "-m", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
     (["train", "-m", "parallel=none", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
+    # a key of one swept group option only (Hydra's multi-line error, exit 1, before)
+    (["simulate", "-m", "schedule=hanayo,gpipe", "schedule.max_waves=3"],
+     "schedule.max_waves: sweep value schedule=gpipe: unknown key"),
+    (["plan", "-m", "solver=hexiscale,megatron", "solver.tau=3"], "solver.tau: sweep value solver=megatron"),
     (["plan", "cluster=hetero1,hetero2"], "add -m"),
     (["plan", "train.global_batch=4,8"], "add -m"),
 ]

@@ -140,8 +140,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
                                         source="command line", field=key)
         left = o.input_line.split("=", 1)[0]
         trial.append(f"{left}={values[0]}" if values else o.input_line)
-        if key not in GROUPS:
-            sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]
+        sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]  # group options too: keys differ
     cfg = _compose(trial)
     for i, line in dict.fromkeys(sweeps):  # each other value of a sweep, the rest at their first
         try:
@@ -171,7 +170,7 @@ def _config_error(exc: BaseException) -> HexicoreError:
     lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     message = "; ".join(ln for ln in lines[:3] if not ln.startswith(("full_key:", "object_type=", "reference_type=")))
-    if re.match(r"Key '[^']+' not in '", message):
+    if re.match(r"Key '[^']+' (?:is )?not in ", message):
         message = "unknown key (hexicore COMMAND --help lists every key)"
     return HexicoreError(message or str(exc), source="command line", field=key or None)
 
@@ -213,7 +212,9 @@ def _task(command: str) -> Callable:
         log.info("hexicore %s %s", command, " ".join(_job_overrides()))
         try:
             if multirun:
-                _result_file().unlink(missing_ok=True)  # a row left by an earlier sweep in this directory
+                from hexicore.app.sweep import claim_output_dir
+
+                claim_output_dir()  # before anything is written: no other job of the sweep writes there
                 _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
@@ -246,21 +247,11 @@ def _job_overrides() -> list[str]:
         return []
 
 
-def _result_file() -> Any:
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-
-    from hexicore.app.sweep import RESULT
-
-    return Path(HydraConfig.get().runtime.output_dir) / RESULT
-
-
 def _ok_job(command: str) -> None:
     """A successful job whose command recorded no row of its own still gets one in the summary."""
-    from hexicore.app.sweep import record
+    from hexicore.app.sweep import record, recorded
 
-    if not _result_file().is_file():
+    if not recorded():
         record({"command": command})
 
 

@@ -187,7 +187,7 @@ def _in_multirun() -> bool:
 
 def _per_job_out(cfg: Any) -> None:
     """Inside a sweep, ``out=`` belongs to one job: a relative path is resolved under the job's
-    output directory; an absolute one is refused (every job would write the same file)."""
+    output directory; one outside it (absolute, or ``../x``) is refused (other jobs could write it)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
@@ -195,10 +195,13 @@ def _per_job_out(cfg: Any) -> None:
     out = cfg.get("out")
     if not out:
         return
+    from hexicore.app.sweep import outside_job_dir
+
     hc = HydraConfig.get()
-    if Path(str(out)).is_absolute():
-        raise HexicoreError("an absolute out= would be written by every job of the sweep; give a relative path "
-                            "(resolved under each job's directory)", source="command line", field="out")
+    if outside_job_dir(str(out)):
+        raise HexicoreError(f"out={out} lies outside the job's directory: other jobs of the sweep could write it; "
+                            "give a relative path (resolved under each job's directory) that stays inside it",
+                            source="command line", field="out")
     cfg.out = str(Path(hc.runtime.output_dir) / str(out))
 
 

@@ -33,18 +33,27 @@ from hexicore.core.schema import write_text_atomic
 STATE = ".hexicore-sweep"
 
 
+def outside_job_dir(value: str) -> bool:
+    """Whether an ``out=`` value would not lie inside a job's own directory: absolute, or a
+    relative path that climbs out of it (``../x``)."""
+    return Path(value).is_absolute() or os.path.normpath(value).split(os.sep)[0] == os.pardir
+
+
 def check_out(line: str, values: Sequence[str]) -> None:
-    """Before any job of a sweep runs: refuse an absolute ``out=`` (the override ``line`` as
-    written, its ``values``), as each job would (docs/formats.md, "Sweep summary"): a relative
-    one is resolved under each job's directory."""
-    if not any(Path(v).is_absolute() for v in values):
+    """Before any job of a sweep runs: refuse an ``out=`` (the override ``line`` as written, its
+    ``values``) outside the job's directory, as each job would (docs/formats.md, "Sweep
+    summary"): a relative one is resolved under each job's directory, so one that climbs out of
+    it (``../x``) is shared by the jobs, as an absolute one is."""
+    if not any(outside_job_dir(v) for v in values):
         return
     written = line.split("=", 1)[-1]
     if len(values) == 1 and "${" not in written:
         message = f"every job of the sweep would write to the same {written}"
-    else:
+    elif any(Path(v).is_absolute() for v in values):
         message = f"an absolute out= ({written}) is refused in a sweep"
-    raise HexicoreError(f"{message}; give a relative path (resolved under each job's directory)",
+    else:
+        message = f"an out= that leaves the job's directory ({written}) is refused in a sweep"
+    raise HexicoreError(f"{message}; give a relative path (resolved under each job's directory) that stays inside it",
                         source="command line", field="out")
 
 

@@ -1,4 +1,5 @@
-"""A sweep's summary holds exactly its own jobs, each with its own output directory."""
+"""A sweep's summary holds exactly its own jobs, each with its own output directory; library calls
+refuse the keys they would ignore."""
 
 import csv
 import json
@@ -9,6 +10,7 @@ import hexicore
 from tests.conftest import run_cli
 
 SIM = ["simulate", "-m", "pipeline.ranks=2", "pipeline.micro_batches=4"]
+TINY = {"cluster": "tight8", "model": "tiny", "solver": "megatron", "overrides": ["train.global_batch=8"]}
 
 
 def rows(sweep_dir):
@@ -53,3 +55,16 @@ def test_evaluate_sweep_rows_carry_the_estimate(tmp_path, capsys):
     fast, slow = (float(r["iteration_s"]) for r in got)
     assert fast == pytest.approx(plan.estimate.iteration_s, rel=1e-5) and slow > fast
     assert float(got[0]["mfu"]) > float(got[1]["mfu"]) > 0 and float(got[0]["peak_memory_gb"]) > 0
+
+
+@pytest.mark.parametrize("call,key", [
+    (lambda o: hexicore.plan(cluster="tight8", model="tiny", overrides=["train.global_batch=8", o]), "out"),
+    (lambda o: hexicore.simulate("1f1b", ranks=2, micro_batches=2, overrides=[o]), "out"),
+    (lambda o: hexicore.evaluate(hexicore.plan(**TINY), overrides=[o]), "plan_file"),
+])
+def test_library_refuses_keys_it_would_ignore(call, key, tmp_path):
+    """``hexicore.plan(overrides=["out=p.json"])`` returned a plan and wrote nothing, silently."""
+    target = tmp_path / "x.json"
+    with pytest.raises(hexicore.HexicoreError, match=f"{key}= is not read by this call") as info:
+        call(f"{key}={target}")
+    assert info.value.field.startswith("overrides[") and not target.exists()

@@ -17,7 +17,8 @@ and ``hexicore plan cluster=hetero1`` give the same plan::
 Every function checks its arguments and raises :class:`hexicore.core.errors.HexicoreError` (one
 line naming the file, config field or argument) on bad input: ``overrides`` is a list of
 ``key=value`` strings (a single string is one override; ``None`` is none), a group name takes one
-value (a sweep such as ``"hetero1,hetero2"`` needs the command line's ``-m``), and an output path
+value (a sweep such as ``"hetero1,hetero2"`` needs the command line's ``-m``), an override the
+call would not read (``out=``, ``overwrite=``, ``plan_file=``) is refused, and an output path
 that cannot be written is one line too. :meth:`Plan.save` follows the CLI's ownership rules: it
 replaces an absent path or another plan file, and refuses a directory or any other file unless
 ``overwrite=True``; ``simulate(out=DIR)`` likewise replaces only its own four files in ``DIR``.
@@ -54,6 +55,20 @@ def _override_list(overrides: Any) -> list[str]:
             raise HexicoreError(f"{o!r} is a command-line flag, not a 'key=value' override; the library composes "
                                 "one config (sweeps and --cfg are the hexicore command's)", field=f"overrides[{i}]")
     return list(overrides)
+
+
+#: keys a library call never reads, and what to do instead (the command line's files are written by the caller)
+_UNREAD = {"out": "the library writes no file here: save the result (plan.save(path)) or give simulate(out=)",
+           "overwrite": "the library writes no file here: plan.save(path, overwrite=True)",
+           "plan_file": "give the plan itself: evaluate(plan_or_path)"}
+
+
+def _refuse_unread(overrides: Sequence[str], unread: Sequence[str]) -> None:
+    """Refuse an override of a key this call would silently ignore (``out=`` in ``plan``)."""
+    for i, o in enumerate(overrides):
+        key = o.split("=", 1)[0].strip().lstrip("+~")
+        if key in unread:
+            raise HexicoreError(f"{o!r}: {key}= is not read by this call; {_UNREAD[key]}", field=f"overrides[{i}]")
 
 
 def _quoted(path: str) -> str:
@@ -112,6 +127,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     from hexicore.registry import Registry
 
     extra = _override_list(overrides)
+    _refuse_unread(extra, ("out", "overwrite", "plan_file"))
     for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
         if _path(value, key) is not None:
             extra.append(f"{key}={_quoted(os.fspath(value))}")
@@ -137,6 +153,7 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     for arg, value in (("forward", forward), ("backward", backward), ("comm", comm)):
         _number(value, arg)
     out = _path(out, "out")
+    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
     cfg = compose([f"schedule={_name(schedule, 'schedule')}", f"pipeline.ranks={ranks}",
                    f"pipeline.micro_batches={micro_batches}", f"timing.forward={forward}",
                    f"timing.backward={backward}", f"timing.comm={comm}", *_override_list(overrides)])
@@ -169,6 +186,7 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
         raise HexicoreError(f"expected a Plan or a plan JSON path, got {type(plan_or_path).__name__}"
                             + (" (a mapping: use hexicore.Plan.from_dict)" if isinstance(plan_or_path, Mapping) else ""),
                             field="plan_or_path")
+    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
     cfg = compose(overrides)
     registry = Registry.default()

@@ -120,6 +120,10 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     trial, sweeps = [], []
     for o in parsed:
         key = o.key_or_group
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and not o.is_sweep_override():
+            from hexicore.core.ownership import check_creatable_dir
+
+            check_creatable_dir(o.get_value_element_as_str(), source="command line", field=key)
         if key.startswith("hydra"):
             continue
         if o.is_sweep_override() and not multirun:

@@ -68,3 +68,16 @@ def test_library_refuses_keys_it_would_ignore(call, key, tmp_path):
     with pytest.raises(hexicore.HexicoreError, match=f"{key}= is not read by this call") as info:
         call(f"{key}={target}")
     assert info.value.field.startswith("overrides[") and not target.exists()
+
+
+@pytest.mark.parametrize("call,field,text", [
+    (lambda: hexicore.plan(cluster="nope"), "cluster", "unknown cluster 'nope'"),
+    (lambda: hexicore.simulate("1f1b", overrides=["timing.comm=abc"]), "timing.comm", "could not be converted"),
+    (lambda: hexicore.evaluate(hexicore.plan(**TINY), overrides=["cost=nope"]), "cost", "unknown cost model 'nope'"),
+])
+def test_library_errors_name_the_argument_not_the_command_line(call, field, text):
+    """A library call's bad argument was reported as ``command line: cluster: ...``."""
+    with pytest.raises(hexicore.HexicoreError) as info:
+        call()
+    assert info.value.source is None and info.value.field == field and text in info.value.message
+    assert str(info.value).startswith(f"{field}: ") and "command line" not in str(info.value)

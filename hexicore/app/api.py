@@ -26,16 +26,33 @@ replaces an absent path or another plan file, and refuses a directory or any oth
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hexicore.app.results import SimulationResult
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
+
+
+def _arguments(fn: Callable) -> Callable:
+    """A library call's errors about its configuration name the argument or key alone: the
+    checks it shares with the CLI say ``command line``, which here it is not."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HexicoreError as exc:
+            if exc.source != "command line":
+                raise
+            raise type(exc)(exc.message, field=exc.field) from None
+
+    return call
 
 
 def _override_list(overrides: Any) -> list[str]:
@@ -101,6 +118,7 @@ def _overrides(groups: dict[str, str | None], extra: Sequence[str]) -> list[str]
     return [f"{k}={_name(v, k)}" for k, v in groups.items() if v is not None] + list(extra)
 
 
+@_arguments
 def compose(overrides: Sequence[str] = ()):
     """The composed project config (an OmegaConf DictConfig) for ``overrides``."""
     from hexicore.app.compose import config_from_overrides
@@ -115,6 +133,7 @@ def compose(overrides: Sequence[str] = ()):
     return config_from_overrides(overrides)
 
 
+@_arguments
 def plan(cluster: str | None = None, model: str | None = None, solver: str | None = None, *,
          schedule: str | None = None, cluster_file: str | Path | None = None, model_file: str | Path | None = None,
          overrides: Sequence[str] = ()) -> Plan:
@@ -136,6 +155,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     return result
 
 
+@_arguments
 def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
              backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
              overrides: Sequence[str] = ()) -> SimulationResult:
@@ -176,6 +196,7 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.load(_path(path, "path"))
 
 
+@_arguments
 def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) -> Plan:
     """Validate a plan (a :class:`Plan` or a plan JSON path) like ``hexicore evaluate`` and return
     it with a fresh :class:`~hexicore.core.estimate.Estimate` from the configured cost model."""

@@ -30,6 +30,15 @@ def test_a_sweep_into_a_used_directory_summarises_only_its_own_jobs(tmp_path, ca
     capsys.readouterr()
 
 
+def test_jobs_that_change_directory_still_reach_the_summary(tmp_path, monkeypatch, capsys):
+    """hydra.job.chdir=true under a relative sweep directory: each job runs in its own directory."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli([*SIM, "schedule=gpipe,1f1b", "hydra.sweep.dir=sw", "hydra.job.chdir=true", "out=sim"]) == 0
+    assert [(r["schedule"], r["out"]) for r in rows(tmp_path / "sw")] == [
+        ("gpipe", str(tmp_path / "sw" / "0" / "sim")), ("1f1b", str(tmp_path / "sw" / "1" / "sim"))]
+    capsys.readouterr()
+
+
 def test_two_jobs_given_one_directory(tmp_path, capsys):
     """A subdir shared by two jobs: the second would overwrite the first's files (and its row,
     which dropped the first job from the summary); it fails with one line, the first stays."""

@@ -68,7 +68,8 @@ def _job() -> tuple[Path, int, str, Path] | None:
         hc = HydraConfig.get()
         if hc.mode != RunMode.MULTIRUN or OmegaConf.is_missing(hc.runtime, "output_dir"):
             return None
-        return (Path(str(hc.sweep.dir)), int(hc.job.get("num", 0) or 0), " ".join(hc.overrides.task),
+        sweep_dir = Path(hc.runtime.cwd) / str(hc.sweep.dir)  # as launched (hydra.job.chdir moves a job)
+        return (sweep_dir, int(hc.job.get("num", 0) or 0), " ".join(hc.overrides.task),
                 Path(str(hc.runtime.output_dir)))
     except Exception:  # noqa: BLE001 - no Hydra job (library use), or a composed config seen earlier
         return None

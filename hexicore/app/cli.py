@@ -323,7 +323,8 @@ _MODES = {"-m": "-m", "--multirun": "-m", "--cfg": "--cfg", "-c": "--cfg", "--in
 def hydra_args(args: Sequence[str]) -> list[str]:
     """``args`` as Hydra reads them: a bare ``--info``/``-i`` gets its default topic, ``all``
     (Hydra would read the next word, an override or the job name the CLI adds, as the topic);
-    two of Hydra's modes (``-m --cfg job``) are one line (Hydra raised a ValueError)."""
+    two of Hydra's modes (``-m --cfg job``) are one line (Hydra raised a ValueError); flags go
+    before the overrides (``solver=x --cfg job`` and ``a=1,2 -m b=3`` were argparse errors)."""
     out = list(args)
     for i in range(len(out) - 1, -1, -1):
         if out[i] in ("--info", "-i") and (i + 1 == len(out) or out[i + 1] not in _INFO_TOPICS):
@@ -332,7 +333,9 @@ def hydra_args(args: Sequence[str]) -> list[str]:
     if len(modes) > 1:
         raise HexicoreError(f"{' and '.join(modes)} cannot be combined; give one of -m, --cfg, --info",
                             source="command line")
-    return out
+    valued = {i + 1 for i, a in enumerate(out) if a in _VALUED_FLAGS}  # the word after --cfg, -p, --info
+    first = [i for i, a in enumerate(out) if a.startswith("-") or i in valued]  # Hydra takes no override after a flag
+    return [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

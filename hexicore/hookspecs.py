@@ -38,6 +38,31 @@ KINDS: dict[str, tuple[str, str | None]] = {
     "runtime": ("hexicore_runtimes", "runtime"),
 }
 
+#: kind -> what hexicore uses of the object a factory builds (methods; ``pricing`` is an attribute)
+INTERFACE: dict[str, tuple[str, ...]] = {
+    "solver": ("solve",),
+    "partitioner": ("partition",),
+    "refiner": ("refine",),
+    "orderer": ("order",),
+    "cost_model": ("estimate", "stage_s", "hop_s", "stage_memory_gb"),
+    "schedule": ("actions",),  # what a run uses; planning and simulate need more (their callers check)
+    "runtime": ("run",),
+}
+ATTRIBUTES = frozenset({"pricing"})
+#: how a kind's plugin gets its interface, where a list of methods would not say it
+HINTS = {"schedule": "subclass hexicore.pipeline.schedule.ActionSchedule and write order()"}
+
+
+def missing_members(kind: str, obj: Any, members: Iterable[str] | None = None) -> list[str]:
+    """The ``members`` (default: ``kind``'s interface, :data:`INTERFACE`) that ``obj`` lacks, as
+    an error names them (a method that is not callable counts as missing)."""
+    out = []
+    for m in INTERFACE[kind] if members is None else members:
+        value = getattr(obj, m, None)
+        if value is None or (m not in ATTRIBUTES and not callable(value)):
+            out.append(m if m in ATTRIBUTES else f"{m}()")
+    return out
+
 
 @dataclass(frozen=True)
 class PluginSpec:

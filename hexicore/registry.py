@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import pluggy
 
 from hexicore.core.errors import HexicoreError
-from hexicore.hookspecs import KINDS, PROJECT, HexicoreSpecs, PluginSpec
+from hexicore.hookspecs import HINTS, INTERFACE, KINDS, PROJECT, HexicoreSpecs, PluginSpec, missing_members
 
 NOT_INSTALLED = "(not installed)"
 #: the distribution that ships hexicore's own plugins (hexicore/builtin.py and plugins/)
@@ -203,13 +203,16 @@ class Registry:
         return regs[0].spec
 
     def create(self, kind: str, name: str, **params: Any) -> Any:
-        """Build an implementation: ``factory(**params)``; bad params are a one-line error."""
+        """Build an implementation: ``factory(**params)``; bad params, or an object without its
+        kind's methods (:data:`hexicore.hookspecs.INTERFACE`), are a one-line error."""
         spec = self.spec(kind, name)
         unknown_options(kind, name, spec.factory, params)
         try:
-            return spec.factory(**params)
+            built = spec.factory(**params)
         except TypeError as exc:
             raise HexicoreError(f"{kind} {name!r}: {exc}", field=KINDS[kind][1] or kind) from None
+        require(kind, name, built)
+        return built
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(kind, name, distribution, description) for ``hexicore plugins``; a conflicting name
@@ -250,6 +253,21 @@ class Registry:
                         continue
                     cs.store(group=group, name=name, node=node, provider=e.plugin)
         self._config_failures = failures
+
+
+def require(kind: str, name: str, built: Any, members: Iterable[str] | None = None) -> None:
+    """Refuse an object plugin ``name`` built that lacks ``members`` (default: its kind's
+    interface, :data:`hexicore.hookspecs.INTERFACE`): one line naming the plugin, where hexicore
+    would fail at its first call with an AttributeError traceback."""
+    missing = missing_members(kind, built, members)
+    if not missing:
+        return
+    label = kind.replace("_", " ")
+    need = INTERFACE[kind] if members is None else tuple(members)
+    hint = HINTS.get(kind) or f"a {label} needs {', '.join(need)}"
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    raise HexicoreError(f"{label} {name!r}: its factory built a {type(built).__name__} without {shown}; "
+                        f"{hint} (docs/plugins.md)", field=KINDS[kind][1] or kind)
 
 
 def named_config(config: Any, name: str) -> Any:

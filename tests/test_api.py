@@ -110,11 +110,16 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path, capsys):
     (["plan", "model=tiny", "solver=megatron,hexiscale"], "same.json", "every job of the sweep would write to the same "),
     (["simulate", "schedule=1f1b,gpipe"], "sim", "every job of the sweep would write to the same "),
     (["plan", "model=tiny"], "a.json,{d}/b.json", "an absolute out= ("),
+    # a relative out= that climbs out of the job's directory is shared by the jobs too
+    (["simulate", "schedule=1f1b,gpipe"], "../sim", "every job of the sweep would write to the same ../sim"),
+    (["plan", "model=tiny"], "a.json,sub/../../b.json",
+     "an out= that leaves the job's directory (a.json,sub/../../b.json)"),
 ])
 def test_absolute_out_in_a_sweep_is_refused_before_any_job(tmp_path, capsys, command, out, words):
     from tests.conftest import run_cli
 
-    code = run_cli([command[0], "-m", *command[1:], f"out={tmp_path}/{out.format(d=tmp_path)}",
+    value = out if out.startswith(("../", "a.json,sub")) else f"{tmp_path}/{out.format(d=tmp_path)}"
+    code = run_cli([command[0], "-m", *command[1:], f"out={value}",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"hexicore: error: command line: out: {words}"), err

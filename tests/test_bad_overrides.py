@@ -105,6 +105,10 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
 SWEEPS = [
     (["plan", "-m", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
     (["train", "-m", "parallel=none", "train.global_batch=4,abc"], "sweep value train.global_batch=abc"),
+    # a key of one swept group option only (Hydra's multi-line error, exit 1, before)
+    (["simulate", "-m", "schedule=hanayo,gpipe", "schedule.max_waves=3"],
+     "schedule.max_waves: sweep value schedule=gpipe: unknown key"),
+    (["plan", "-m", "solver=hexiscale,megatron", "solver.tau=3"], "solver.tau: sweep value solver=megatron"),
     (["plan", "cluster=hetero1,hetero2"], "add -m"),
     (["plan", "train.global_batch=4,8"], "add -m"),
 ]
@@ -119,3 +123,18 @@ def test_a_bad_sweep_is_one_line_exit_2_before_any_job(argv, text, tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and text in err and "Traceback" not in err, err
     assert not (tmp_path / "s").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv,key", [
+    (["simulate", "-m", "schedule=gpipe,1f1b"], "hydra.sweep.dir"),
+    (["simulate", "schedule=gpipe"], "hydra.run.dir"),
+])
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_run_or_sweep_directory_that_is_a_file(argv, key, below, tmp_path, capsys):
+    """Hydra's mkdir of it ended the command with a traceback (a sweep's also warned in the callback)."""
+    (tmp_path / "f").write_text("mine\n")
+    code = run_cli([*argv, "pipeline.ranks=2", f"{key}={tmp_path / 'f' / below}".rstrip("/")])
+    err = capsys.readouterr().err.strip().splitlines()
+    want = f"hexicore: error: command line: {key}: {tmp_path / 'f'} is a file, not a directory"
+    assert code == 2 and err == [want], err
+    assert (tmp_path / "f").read_text() == "mine\n"

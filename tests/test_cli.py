@@ -209,3 +209,15 @@ def test_job_log_is_written_under_the_command_name(tmp_path, capsys):
     assert code == 0
     log = (tmp_path / "run" / "plan.log").read_text()
     assert "hexicore plan" in log and "finished with exit status 0" in log
+
+
+def test_flags_after_the_overrides(tmp_path, capsys):
+    """``hexicore plan solver=x --cfg job`` (as docs/plugins.md writes it) and ``a=1,2 -m b=3``
+    were argparse errors ("unrecognized arguments: hydra.job.name=plan"), exit 2."""
+    code, out, err = run(["plan", "solver=megatron", "model=tiny", "--cfg", "job"], capsys)
+    assert code == 0 and "name: megatron" in out and "name: tiny" in out, err
+    code, out, err = run(["simulate", "schedule=gpipe,1f1b", "pipeline.ranks=2", "-m",
+                          f"hydra.sweep.dir={tmp_path}", "pipeline.micro_batches=3"], capsys)
+    assert code == 0, err
+    rows = (tmp_path / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and all("pipeline.micro_batches=3" in r for r in rows[1:])

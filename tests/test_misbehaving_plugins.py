@@ -91,6 +91,31 @@ class BadSchedule(ActionSchedule):
         return (1.0,) if self.mode == "short_peaks" else None
 
 
+class NoSolve:
+    """A solver object without ``solve``: the factory forgot the interface."""
+
+    def __init__(self, speed: int = 1):
+        self.speed = speed
+
+
+class NoOrder:
+    """A schedule that is no ActionSchedule: it has an ``order`` and nothing else."""
+
+    name = "noorder"
+
+    def order(self, spec):
+        return None
+
+
+class ListsOnly:
+    """A schedule with action lists (all a run needs) but nothing the planner or simulate uses."""
+
+    name = "listsonly"
+
+    def actions(self, spec):
+        return None
+
+
 class Plugins:
     __name__ = "misbehaving"
 
@@ -99,6 +124,7 @@ class Plugins:
         yield PluginSpec(kind="solver", name="noname", factory=OwnSolver, config=NoNameConfig)
         yield PluginSpec(kind="solver", name="misnamed", factory=OwnSolver, config={"name": "megatron", "speed": 1})
         yield PluginSpec(kind="solver", name="returns", factory=OwnSolver, config={"returns": "none"})
+        yield PluginSpec(kind="solver", name="nosolve", factory=NoSolve, config={"speed": 1})
 
     @hookimpl
     def hexicore_cost_models(self):
@@ -107,6 +133,8 @@ class Plugins:
     @hookimpl
     def hexicore_schedules(self):
         yield PluginSpec(kind="schedule", name="badsched", factory=BadSchedule, config={"mode": "ok"})
+        yield PluginSpec(kind="schedule", name="noorder", factory=NoOrder, config={})
+        yield PluginSpec(kind="schedule", name="listsonly", factory=ListsOnly, config={})
 
 
 @pytest.fixture
@@ -121,7 +149,8 @@ def registry(monkeypatch):
     yield reg
     repo = ConfigStore.instance().repo
     for group, name in (("solver", "noname"), ("solver", "misnamed"), ("solver", "returns"),
-                        ("cost", "badcost"), ("schedule", "badsched")):
+                        ("cost", "badcost"), ("schedule", "badsched"), ("solver", "nosolve"),
+                        ("schedule", "noorder"), ("schedule", "listsonly")):
         repo.get(group, {}).pop(f"{name}.yaml", None)
 
 
@@ -237,3 +266,26 @@ def test_training_refuses_lists_that_deadlock_before_any_worker_starts(registry)
     with pytest.raises(HexicoreError, match="backward before its forward") as info:
         schedule_actions({"name": "badsched", "mode": "deadlock"}, 2, 4, registry)
     assert info.value.source == "schedule badsched"
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["plan", *BASE, "solver=nosolve"], "solver 'nosolve': its factory built a NoSolve without solve(); "
+                                        "a solver needs solve"),
+    (["simulate", "schedule=noorder"], "schedule 'noorder': its factory built a NoOrder without actions(); "
+                                       "subclass hexicore.pipeline.schedule.ActionSchedule and write order()"),
+    (["plan", *BASE, "solver=megatron", "schedule=listsonly"],
+     "schedule 'listsonly': its factory built a ListsOnly without pricing, pipeline_time(), model_time() and 4 more"),
+    (["simulate", "schedule=listsonly"], "ListsOnly without closed_bubble(), note()"),
+])
+def test_a_plugin_object_without_its_kind_s_methods(registry, argv, text, tmp_path, capsys):
+    """It was an AttributeError traceback at the first call hexicore made on it."""
+    code = run_cli([*argv, f"out={tmp_path / 'o'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and text in err[0] and not (tmp_path / "o").exists(), err
+
+
+def test_the_registry_refuses_an_object_without_its_kind_s_methods(registry):
+    with pytest.raises(HexicoreError, match="NoSolve without solve()") as info:
+        registry.create("solver", "nosolve")
+    assert info.value.field == "solver"
+    assert registry.create("schedule", "listsonly").name == "listsonly"  # lists are all a run needs

@@ -18,6 +18,9 @@ class Dummy:
     def __init__(self, speed=1):
         self.speed = speed
 
+    def solve(self, problem, *, time_limit=None, seed=0, progress=None):
+        raise NotImplementedError  # never called: these tests build it, registry.create checks it has solve()
+
 
 class OnePlugin:
     __name__ = "one"

@@ -17,7 +17,8 @@ and ``hexicore plan cluster=hetero1`` give the same plan::
 Every function checks its arguments and raises :class:`hexicore.core.errors.HexicoreError` (one
 line naming the file, config field or argument) on bad input: ``overrides`` is a list of
 ``key=value`` strings (a single string is one override; ``None`` is none), a group name takes one
-value (a sweep such as ``"hetero1,hetero2"`` needs the command line's ``-m``), and an output path
+value (a sweep such as ``"hetero1,hetero2"`` needs the command line's ``-m``), an override the
+call would not read (``out=``, ``overwrite=``, ``plan_file=``) is refused, and an output path
 that cannot be written is one line too. :meth:`Plan.save` follows the CLI's ownership rules: it
 replaces an absent path or another plan file, and refuses a directory or any other file unless
 ``overwrite=True``; ``simulate(out=DIR)`` likewise replaces only its own four files in ``DIR``.
@@ -25,16 +26,33 @@ replaces an absent path or another plan file, and refuses a directory or any oth
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hexicore.app.results import SimulationResult
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
+
+
+def _arguments(fn: Callable) -> Callable:
+    """A library call's errors about its configuration name the argument or key alone: the
+    checks it shares with the CLI say ``command line``, which here it is not."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HexicoreError as exc:
+            if exc.source != "command line":
+                raise
+            raise type(exc)(exc.message, field=exc.field) from None
+
+    return call
 
 
 def _override_list(overrides: Any) -> list[str]:
@@ -54,6 +72,20 @@ def _override_list(overrides: Any) -> list[str]:
             raise HexicoreError(f"{o!r} is a command-line flag, not a 'key=value' override; the library composes "
                                 "one config (sweeps and --cfg are the hexicore command's)", field=f"overrides[{i}]")
     return list(overrides)
+
+
+#: keys a library call never reads, and what to do instead (the command line's files are written by the caller)
+_UNREAD = {"out": "the library writes no file here: save the result (plan.save(path)) or give simulate(out=)",
+           "overwrite": "the library writes no file here: plan.save(path, overwrite=True)",
+           "plan_file": "give the plan itself: evaluate(plan_or_path)"}
+
+
+def _refuse_unread(overrides: Sequence[str], unread: Sequence[str]) -> None:
+    """Refuse an override of a key this call would silently ignore (``out=`` in ``plan``)."""
+    for i, o in enumerate(overrides):
+        key = o.split("=", 1)[0].strip().lstrip("+~")
+        if key in unread:
+            raise HexicoreError(f"{o!r}: {key}= is not read by this call; {_UNREAD[key]}", field=f"overrides[{i}]")
 
 
 def _quoted(path: str) -> str:
@@ -86,6 +118,7 @@ def _overrides(groups: dict[str, str | None], extra: Sequence[str]) -> list[str]
     return [f"{k}={_name(v, k)}" for k, v in groups.items() if v is not None] + list(extra)
 
 
+@_arguments
 def compose(overrides: Sequence[str] = ()):
     """The composed project config (an OmegaConf DictConfig) for ``overrides``."""
     from hexicore.app.compose import config_from_overrides
@@ -100,6 +133,7 @@ def compose(overrides: Sequence[str] = ()):
     return config_from_overrides(overrides)
 
 
+@_arguments
 def plan(cluster: str | None = None, model: str | None = None, solver: str | None = None, *,
          schedule: str | None = None, cluster_file: str | Path | None = None, model_file: str | Path | None = None,
          overrides: Sequence[str] = ()) -> Plan:
@@ -112,6 +146,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     from hexicore.registry import Registry
 
     extra = _override_list(overrides)
+    _refuse_unread(extra, ("out", "overwrite", "plan_file"))
     for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
         if _path(value, key) is not None:
             extra.append(f"{key}={_quoted(os.fspath(value))}")
@@ -120,6 +155,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     return result
 
 
+@_arguments
 def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: int = 8, *, forward: float = 1.0,
              backward: float = 2.0, comm: float = 0.0, out: str | Path | None = None,
              overrides: Sequence[str] = ()) -> SimulationResult:
@@ -137,6 +173,7 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     for arg, value in (("forward", forward), ("backward", backward), ("comm", comm)):
         _number(value, arg)
     out = _path(out, "out")
+    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
     cfg = compose([f"schedule={_name(schedule, 'schedule')}", f"pipeline.ranks={ranks}",
                    f"pipeline.micro_batches={micro_batches}", f"timing.forward={forward}",
                    f"timing.backward={backward}", f"timing.comm={comm}", *_override_list(overrides)])
@@ -159,6 +196,7 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.load(_path(path, "path"))
 
 
+@_arguments
 def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) -> Plan:
     """Validate a plan (a :class:`Plan` or a plan JSON path) like ``hexicore evaluate`` and return
     it with a fresh :class:`~hexicore.core.estimate.Estimate` from the configured cost model."""
@@ -169,6 +207,7 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
         raise HexicoreError(f"expected a Plan or a plan JSON path, got {type(plan_or_path).__name__}"
                             + (" (a mapping: use hexicore.Plan.from_dict)" if isinstance(plan_or_path, Mapping) else ""),
                             field="plan_or_path")
+    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
     cfg = compose(overrides)
     registry = Registry.default()

@@ -120,6 +120,10 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     trial, sweeps = [], []
     for o in parsed:
         key = o.key_or_group
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and not o.is_sweep_override():
+            from hexicore.core.ownership import check_creatable_dir
+
+            check_creatable_dir(o.get_value_element_as_str(), source="command line", field=key)
         if key.startswith("hydra"):
             continue
         if o.is_sweep_override() and not multirun:
@@ -140,8 +144,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
                                         source="command line", field=key)
         left = o.input_line.split("=", 1)[0]
         trial.append(f"{left}={values[0]}" if values else o.input_line)
-        if key not in GROUPS:
-            sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]
+        sweeps += [(len(trial) - 1, f"{left}={v}") for v in values[1:]]  # group options too: keys differ
     cfg = _compose(trial)
     for i, line in dict.fromkeys(sweeps):  # each other value of a sweep, the rest at their first
         try:
@@ -171,7 +174,7 @@ def _config_error(exc: BaseException) -> HexicoreError:
     lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     message = "; ".join(ln for ln in lines[:3] if not ln.startswith(("full_key:", "object_type=", "reference_type=")))
-    if re.match(r"Key '[^']+' not in '", message):
+    if re.match(r"Key '[^']+' (?:is )?not in ", message):
         message = "unknown key (hexicore COMMAND --help lists every key)"
     return HexicoreError(message or str(exc), source="command line", field=key or None)
 
@@ -188,7 +191,7 @@ def _in_multirun() -> bool:
 
 def _per_job_out(cfg: Any) -> None:
     """Inside a sweep, ``out=`` belongs to one job: a relative path is resolved under the job's
-    output directory; an absolute one is refused (every job would write the same file)."""
+    output directory; one outside it (absolute, or ``../x``) is refused (other jobs could write it)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
@@ -196,10 +199,13 @@ def _per_job_out(cfg: Any) -> None:
     out = cfg.get("out")
     if not out:
         return
+    from hexicore.app.sweep import outside_job_dir
+
     hc = HydraConfig.get()
-    if Path(str(out)).is_absolute():
-        raise HexicoreError("an absolute out= would be written by every job of the sweep; give a relative path "
-                            "(resolved under each job's directory)", source="command line", field="out")
+    if outside_job_dir(str(out)):
+        raise HexicoreError(f"out={out} lies outside the job's directory: other jobs of the sweep could write it; "
+                            "give a relative path (resolved under each job's directory) that stays inside it",
+                            source="command line", field="out")
     cfg.out = str(Path(hc.runtime.output_dir) / str(out))
 
 
@@ -213,7 +219,9 @@ def _task(command: str) -> Callable:
         log.info("hexicore %s %s", command, " ".join(_job_overrides()))
         try:
             if multirun:
-                _result_file().unlink(missing_ok=True)  # a row left by an earlier sweep in this directory
+                from hexicore.app.sweep import claim_output_dir
+
+                claim_output_dir()  # before anything is written: no other job of the sweep writes there
                 _per_job_out(cfg)
             code = module.run(cfg)
         except HexicoreError as exc:
@@ -246,21 +254,11 @@ def _job_overrides() -> list[str]:
         return []
 
 
-def _result_file() -> Any:
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-
-    from hexicore.app.sweep import RESULT
-
-    return Path(HydraConfig.get().runtime.output_dir) / RESULT
-
-
 def _ok_job(command: str) -> None:
     """A successful job whose command recorded no row of its own still gets one in the summary."""
-    from hexicore.app.sweep import record
+    from hexicore.app.sweep import record, recorded
 
-    if not _result_file().is_file():
+    if not recorded():
         record({"command": command})
 
 
@@ -325,7 +323,8 @@ _MODES = {"-m": "-m", "--multirun": "-m", "--cfg": "--cfg", "-c": "--cfg", "--in
 def hydra_args(args: Sequence[str]) -> list[str]:
     """``args`` as Hydra reads them: a bare ``--info``/``-i`` gets its default topic, ``all``
     (Hydra would read the next word, an override or the job name the CLI adds, as the topic);
-    two of Hydra's modes (``-m --cfg job``) are one line (Hydra raised a ValueError)."""
+    two of Hydra's modes (``-m --cfg job``) are one line (Hydra raised a ValueError); flags go
+    before the overrides (``solver=x --cfg job`` and ``a=1,2 -m b=3`` were argparse errors)."""
     out = list(args)
     for i in range(len(out) - 1, -1, -1):
         if out[i] in ("--info", "-i") and (i + 1 == len(out) or out[i + 1] not in _INFO_TOPICS):
@@ -334,7 +333,9 @@ def hydra_args(args: Sequence[str]) -> list[str]:
     if len(modes) > 1:
         raise HexicoreError(f"{' and '.join(modes)} cannot be combined; give one of -m, --cfg, --info",
                             source="command line")
-    return out
+    valued = {i + 1 for i, a in enumerate(out) if a in _VALUED_FLAGS}  # the word after --cfg, -p, --info
+    first = [i for i, a in enumerate(out) if a.startswith("-") or i in valued]  # Hydra takes no override after a flag
+    return [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

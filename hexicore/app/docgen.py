@@ -25,10 +25,12 @@ edit by hand (plugins of other packages, such as `examples/hexicore-annealing`, 
 override: `hexicore plan cluster=hetero1 train.global_batch=64`; `-m` sweeps (`solver=a,b`), `--cfg
 job` prints the composed config. Several values without `-m` are refused (one line, exit 2); every
 value of a sweep is composed before any job runs, so a value of the wrong type
-(`train.global_batch=4,abc`) is one line naming it, exit 2. A sweep writes `summary.csv` and
-`summary.md` with a row per job: its outcome, its one-line error or its results (`plan`: iteration
-time, MFU, memory, ...; `train`: first and final loss, steps, median `step_s` after the first step
-(metrics.json's `measured.step_s`), `tokens_per_s`, `out`; `simulate`: makespan, bubbles).
+(`train.global_batch=4,abc`), or a key that one swept option lacks (`solver=hexiscale,megatron
+solver.tau=3`), is one line naming it, exit 2. A sweep writes `summary.csv` and `summary.md` with a
+row per job of this sweep: its outcome, its one-line error or its results (`plan` and `evaluate`:
+iteration time, MFU, memory, ...; `train`: first and final loss, steps, median `step_s` after the
+first step (metrics.json's `measured.step_s`), `tokens_per_s`, `out`; `simulate`: makespan,
+bubbles).
 
 ## Commands
 

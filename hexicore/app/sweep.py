@@ -1,16 +1,24 @@
 """Hydra multirun summaries: one row per job in ``summary.csv`` and ``summary.md``.
 
-Each command records its results with :func:`record` into ``result.json`` in the job's output
-directory (works with any launcher: local, joblib, submitit — the file travels with the job's
-directory). :class:`SummaryCallback` (configured in conf/config.yaml under ``hydra.callbacks``)
-collects them when the sweep ends, on the launching machine.
+Each job records its results with :func:`record` as ``job-N.json`` (N its job number) in the
+sweep directory's ``.hexicore-sweep/rows/`` (works with any launcher whose jobs see the sweep
+directory: local, joblib, submitit on a shared file system). :class:`SummaryCallback`
+(configured in conf/config.yaml under ``hydra.callbacks``) clears that folder when a sweep
+starts, so rows of an earlier sweep into the same directory (or of other sweeps below it) are
+never summarised, and collects it when the sweep ends, on the launching machine. A job also
+claims its output directory (:func:`claim_output_dir`): two jobs given one directory
+(``hydra.sweep.subdir`` the same for both) would overwrite each other's files, so the second
+fails with one line instead.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,45 +29,109 @@ from omegaconf import DictConfig
 from hexicore.core.errors import HexicoreError
 from hexicore.core.schema import write_text_atomic
 
-RESULT = "result.json"
+#: this sweep's rows (``rows/job-N.json``) and output-directory claims (``dirs/``), in the sweep directory
+STATE = ".hexicore-sweep"
+
+
+def outside_job_dir(value: str) -> bool:
+    """Whether an ``out=`` value would not lie inside a job's own directory: absolute, or a
+    relative path that climbs out of it (``../x``)."""
+    return Path(value).is_absolute() or os.path.normpath(value).split(os.sep)[0] == os.pardir
 
 
 def check_out(line: str, values: Sequence[str]) -> None:
-    """Before any job of a sweep runs: refuse an absolute ``out=`` (the override ``line`` as
-    written, its ``values``), as each job would (docs/formats.md, "Sweep summary"): a relative
-    one is resolved under each job's directory."""
-    if not any(Path(v).is_absolute() for v in values):
+    """Before any job of a sweep runs: refuse an ``out=`` (the override ``line`` as written, its
+    ``values``) outside the job's directory, as each job would (docs/formats.md, "Sweep
+    summary"): a relative one is resolved under each job's directory, so one that climbs out of
+    it (``../x``) is shared by the jobs, as an absolute one is."""
+    if not any(outside_job_dir(v) for v in values):
         return
     written = line.split("=", 1)[-1]
     if len(values) == 1 and "${" not in written:
         message = f"every job of the sweep would write to the same {written}"
-    else:
+    elif any(Path(v).is_absolute() for v in values):
         message = f"an absolute out= ({written}) is refused in a sweep"
-    raise HexicoreError(f"{message}; give a relative path (resolved under each job's directory)",
+    else:
+        message = f"an out= that leaves the job's directory ({written}) is refused in a sweep"
+    raise HexicoreError(f"{message}; give a relative path (resolved under each job's directory) that stays inside it",
                         source="command line", field="out")
 
 
-def record(row: Mapping[str, Any]) -> Path | None:
-    """Write this job's result row (overrides are added); no-op outside a Hydra run."""
+def _job() -> tuple[Path, int, str, Path] | None:
+    """(sweep directory, job number, overrides, output directory) of the multirun job this
+    process runs; None outside one (library use, a single run)."""
     try:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
         from omegaconf import OmegaConf
 
         hc = HydraConfig.get()
-    except Exception:  # noqa: BLE001 - library use, no Hydra job
+        if hc.mode != RunMode.MULTIRUN or OmegaConf.is_missing(hc.runtime, "output_dir"):
+            return None
+        sweep_dir = Path(hc.runtime.cwd) / str(hc.sweep.dir)  # as launched (hydra.job.chdir moves a job)
+        return (sweep_dir, int(hc.job.get("num", 0) or 0), " ".join(hc.overrides.task),
+                Path(str(hc.runtime.output_dir)))
+    except Exception:  # noqa: BLE001 - no Hydra job (library use), or a composed config seen earlier
         return None
-    if OmegaConf.is_missing(hc.runtime, "output_dir"):  # a composed config seen earlier in this process, no run
+
+
+def _row_file(sweep_dir: Path, job: int) -> Path:
+    return sweep_dir / STATE / "rows" / f"job-{job}.json"
+
+
+def begin(sweep_dir: Path) -> None:
+    """A sweep starts: forget the rows and claims an earlier sweep into ``sweep_dir`` left."""
+    shutil.rmtree(sweep_dir / STATE, ignore_errors=True)
+    for sub in ("rows", "dirs"):
+        (sweep_dir / STATE / sub).mkdir(parents=True, exist_ok=True)
+
+
+def claim_output_dir() -> None:
+    """In a multirun job, before it writes anything: make its output directory this job's; a
+    directory another job of the sweep claimed is a one-line :class:`HexicoreError`."""
+    job = _job()
+    if job is None:
+        return
+    sweep_dir, num, _, out = job
+    key = hashlib.sha1(str(out.resolve()).encode("utf-8")).hexdigest()[:20]
+    claim = sweep_dir / STATE / "dirs" / key
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        other = claim.read_text(encoding="utf-8").strip()
+        if other == str(num):  # the same job again (a launcher's retry)
+            return
+        raise HexicoreError(f"job {num}'s output directory {out} is also job {other or '?'}'s (every job needs its "
+                            "own: hydra.sweep.subdir must differ between jobs, as ${hydra.job.num} does)",
+                            source="command line", field="hydra.sweep.subdir") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(str(num))
+
+
+def recorded() -> bool:
+    """Whether this multirun job has recorded its row (True outside a multirun)."""
+    job = _job()
+    return job is None or _row_file(job[0], job[1]).is_file()
+
+
+def record(row: Mapping[str, Any]) -> Path | None:
+    """Write this job's result row (job number, overrides and outcome ``ok`` are added);
+    no-op outside a multirun job."""
+    job = _job()
+    if job is None:
         return None
-    out = Path(hc.runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data = {"job": hc.job.get("num", 0), "overrides": " ".join(hc.overrides.task), "outcome": "ok", **row}
-    return write_text_atomic(out / RESULT, json.dumps(data, indent=1, default=str) + "\n")
+    sweep_dir, num, overrides, _ = job
+    data = {"job": num, "overrides": overrides, "outcome": "ok", **row}
+    path = _row_file(sweep_dir, num)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every job's result row under ``sweep_dir``, in job order."""
+    """Every row this sweep's jobs recorded in ``sweep_dir``, in job order."""
     rows = []
-    for f in sweep_dir.rglob(RESULT):
+    for f in (sweep_dir / STATE / "rows").glob("job-*.json"):
         try:
             rows.append(json.loads(f.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError):
@@ -94,7 +166,11 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> tuple[Path, Pa
 
 
 class SummaryCallback(Callback):
-    """At the end of a multirun, gather every job's ``result.json`` into one summary."""
+    """At the start of a multirun, clear the rows of an earlier one; at its end, gather every
+    job's row into one summary."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        begin(Path(str(config.hydra.sweep.dir)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

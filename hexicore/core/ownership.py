@@ -19,6 +19,7 @@ siblings (the plan's picture, the simulator's trace and timeline).
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -294,3 +295,18 @@ def clear_checkpoints(steps: Iterable[Path]) -> None:
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
+
+
+def check_creatable_dir(value: str, *, source: str | None = None, field: str | None = None) -> None:
+    """Refuse a directory path that cannot be made (a file there, or a file where one of its
+    parents goes; a parent that is not writable): Hydra's ``mkdir`` of a run or sweep directory
+    ended the command with a traceback. A value holding ``${`` is resolved later, not checked."""
+    if "${" in value or not value:
+        return
+    for at in (Path(value), *Path(value).parents):
+        if at.exists() or at.is_symlink():
+            if not at.is_dir():
+                raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
+            if at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
+                raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)
+            return

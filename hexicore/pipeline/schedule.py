@@ -131,6 +131,12 @@ class Schedule(Protocol):
                 n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]: ...
 
 
+#: what the planner uses of a schedule (``Schedule`` but the action lists); ``pricing`` an attribute
+PRICED = ("pricing", "pipeline_time", "model_time", "peak_activations", "peaks", "model_peaks", "resolve")
+#: what ``hexicore simulate`` uses of one
+SIMULATED = ("actions", "closed_bubble", "note")
+
+
 # ------------------------------------------------------------------ stage -> rank maps
 def loop_map(ranks: int, chunks: int = 1) -> tuple[int, ...]:
     """Megatron's interleaved layout: stage ``s`` on rank ``s mod P`` (``chunks`` loops)."""

@@ -33,7 +33,8 @@ from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import bad_number
 from hexicore.planner.fit import capped, fits
-from hexicore.registry import accepts
+from hexicore.pipeline.schedule import PRICED
+from hexicore.registry import accepts, require
 
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
 AUTO = "auto"
@@ -87,7 +88,9 @@ class ScheduleBook:
         if hit is None:
             if ref.name == AUTO:
                 raise HexicoreError(AUTO_ONLY, field="schedule")
-            hit = self._built[ref] = self.registry.create("schedule", ref.name, **ref.kwargs())
+            hit = self.registry.create("schedule", ref.name, **ref.kwargs())
+            require("schedule", ref.name, hit, PRICED)  # priced: more than the lists a run needs
+            self._built[ref] = hit
         return hit
 
     def usable(self, ref: Mapping[str, Any], ranks: int) -> bool:

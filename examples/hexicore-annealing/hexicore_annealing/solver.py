@@ -41,6 +41,9 @@ class AnnealingSolver:
             raise HexicoreError(f"cooling must be in (0, 1], got {self.cooling!r}", field="solver.cooling")
         if self.temperature < 0:
             raise HexicoreError("temperature must be >= 0", field="solver.temperature")
+        if self.d_dp is not None and (isinstance(self.d_dp, bool) or not isinstance(self.d_dp, int) or self.d_dp < 1):
+            raise HexicoreError(f"d_dp must be a positive integer or null (try 1..4), got {self.d_dp!r}",
+                                field="solver.d_dp")
 
     # ------------------------------------------------------------------ scoring
     def _score(self, ctx, parts: list[list[str]], seed: int) -> Candidate:
@@ -94,6 +97,9 @@ class AnnealingSolver:
         deadline = time.monotonic() + time_limit if time_limit else math.inf
         ctx = make_context(problem, SearchConfig())
         n = len(problem.cluster.devices)
+        if self.d_dp is not None and self.d_dp > min(n, ctx.micro_batches):  # _start would never fill every part
+            raise HexicoreError(f"d_dp={self.d_dp} pipelines need as many devices and micro-batches; there are {n} "
+                                f"devices and {ctx.micro_batches} micro-batches", field="solver.d_dp")
         counts = [self.d_dp] if self.d_dp else list(range(1, min(4, n, ctx.micro_batches) + 1))
         best = Candidate(INF, None, None, "annealing")
         try:

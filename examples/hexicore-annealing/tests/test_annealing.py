@@ -45,3 +45,17 @@ def test_bad_parameter_is_one_line(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "cooling" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value,text", [("0", "d_dp must be a positive integer or null"),
+                                        ("-1", "d_dp must be a positive integer or null"),
+                                        ("99", "d_dp=99 pipelines need as many devices and micro-batches")])
+def test_a_pipeline_count_it_cannot_deal_is_one_line(value, text, tmp_path, capsys):
+    """0 fell back on 1..4 silently, -1 was an IndexError traceback, more pipelines than devices
+    looped forever dealing devices into the empty ones."""
+    out = tmp_path / "p.json"
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "solver=annealing", f"solver.d_dp={value}", "solver.steps=2", "cluster=tight8", "model=tiny",
+              "train.global_batch=8", f"out={out}", f"hydra.run.dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and text in err[0] and "solver.d_dp" in err[0] and not out.exists()

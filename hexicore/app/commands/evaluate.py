@@ -9,7 +9,9 @@ import sys
 from omegaconf import DictConfig
 
 from hexicore.app import compose as app
+from hexicore.app.commands.plan import summary_row
 from hexicore.app.report import console, memory_table, prediction_table, print_plan
+from hexicore.app.sweep import record
 from hexicore.app.training import runtime_refusal
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable
@@ -38,4 +40,5 @@ def run(cfg: DictConfig) -> int:
     if cfg.get("out"):
         plan.save(str(cfg.out), overwrite=cfg.get("overwrite"))
         print(f"plan written to {cfg.out}")
+    record(summary_row(plan, "evaluate", path))
     return 0

@@ -28,8 +28,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_dir
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.actions import ActionList
-from hexicore.registry import Registry
-from hexicore.pipeline.schedule import ScheduleSpec
+from hexicore.registry import Registry, require
+from hexicore.pipeline.schedule import SIMULATED, ScheduleSpec
 from hexicore.pipeline.simulate import SimResult
 from hexicore.app.sweep import record
 from hexicore.pipeline.timeline import chrome_trace, save_timeline
@@ -135,6 +135,7 @@ def build(cfg: DictConfig, registry: Registry | None = None, *,
     spec = ScheduleSpec(P, M, (tf,) * P, (tb,) * P, (tc,) * (P - 1))
     try:  # a schedule names its own words (micro_batches); here they are the command line's
         schedule = registry.create("schedule", ref.name, **ref.kwargs())
+        require("schedule", ref.name, schedule, SIMULATED)
         al = schedule.actions(spec)
         validate_actions(al, comm=True)
     except HexicoreError as exc:

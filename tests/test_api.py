@@ -197,7 +197,7 @@ BAD_CALLS = {
     "save int": (lambda p, d: p.save(5), "path"),
     "save directory": (lambda p, d: p.save(d), "is a directory"),
     "save foreign file": (lambda p, d: p.save(d / "x.txt"), "not a hexicore output"),
-    "save unwritable": (lambda p, d: p.save(d / "x.txt" / "p.json"), "cannot write the plan"),
+    "save unwritable": (lambda p, d: p.save(d / "x.txt" / "p.json"), "is a file, not a directory to write into"),
     "from_json int": (lambda p, d: hexicore.Plan.from_json(5), "text"),
     "overrides with -m": (lambda p, d: hexicore.plan(model="tiny", overrides=["-m", "seed=1,2"]), "command-line flag"),
     "overrides with --cfg": (lambda p, d: hexicore.simulate(overrides=["--cfg", "job"]), "overrides[0]"),

@@ -32,6 +32,7 @@ BENCHES = [
     ("simulate_cli.py", ["--cases", "64,8,512", "16,4,64", "--repeat", "3"], ["--repeat", "1"]),
     ("zero.py", [], ["--iterations", "6"]),
     ("zones.py", [], ["--models", "llama2_7b", "--gbs", "0.01", "25"]),
+    ("planner_fuzz.py", ["--cases", "60"], ["--cases", "10"]),
     ("closed_loop.py", ["--base-slowdown", "4"], ["--steps", "3", "--repeats", "3", "--rounds", "1", "--base-slowdown", "4"]),
 ]
 

@@ -27,7 +27,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan
 from hexicore.core.schema import write_text_atomic
+from hexicore.planner.objective import rate as money
 
 #: this sweep's rows (``rows/job-N.json``) and output-directory claims (``dirs/``), in the sweep directory
 STATE = ".hexicore-sweep"
@@ -126,6 +128,18 @@ def record(row: Mapping[str, Any]) -> Path | None:
     path = _row_file(sweep_dir, num)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def summary_row(plan: Plan, command: str, path: str | Path) -> dict[str, Any]:
+    """A sweep's row for a plan (``plan`` solved it, ``evaluate`` re-estimated it; ``path`` the
+    plan file it wrote or read): who made it, where, and the estimate's figures."""
+    est, sol = plan.estimate, plan.solver or {}
+    return {"command": command, "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
+            "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
+            "iteration_s": est.iteration_s if est else None, "mfu": est.mfu if est else None,
+            "peak_memory_gb": est.peak_memory_gb if est else 0, **money(plan),
+            "gpus_used": len(plan.devices), "gpus_idle": len(plan.cluster.devices) - len(plan.devices),
+            "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(path)}
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -244,7 +244,7 @@ class ScheduleBook:
 
 def layers_for(method: Any, rank_layers: Sequence[int]) -> dict[str, tuple[int, ...]]:
     """``{"rank_layers": ...}`` for a schedule method that takes the keyword, where known (every
-    rank holds a block: a template pipeline of empty stages, as the CP-SAT tables price one,
+    rank holds a block: a template pipeline of empty stages, as a solver's tables price one,
     says nothing of the layout); else nothing (a plugin written without it is called as before)."""
     known = bool(rank_layers) and min(rank_layers) >= 1
     return {"rank_layers": tuple(int(k) for k in rank_layers)} if known and accepts(method, "rank_layers") else {}

@@ -9,9 +9,8 @@ import sys
 from omegaconf import DictConfig
 
 from hexicore.app import compose as app
-from hexicore.app.commands.plan import summary_row
 from hexicore.app.report import console, memory_table, prediction_table, print_plan
-from hexicore.app.sweep import record
+from hexicore.app.sweep import record, summary_row
 from hexicore.app.training import runtime_refusal
 from hexicore.core.errors import HexicoreError
 from hexicore.core.ownership import check_writable

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -16,11 +15,9 @@ from hexicore.app import compose as app
 from hexicore.app.picture import save_plan_picture
 from hexicore.registry import Registry
 from hexicore.app.report import console, memory_table, print_plan
-from hexicore.planner.objective import rate as money
-from hexicore.app.sweep import record
+from hexicore.app.sweep import record, summary_row
 from hexicore.app.training import runtime_refusal
 from hexicore.core.ownership import check_all
-from hexicore.core.plan import Plan
 
 
 def run(cfg: DictConfig) -> int:
@@ -54,14 +51,3 @@ def run(cfg: DictConfig) -> int:
     record(summary_row(plan, "plan", out))
     return 0
 
-
-def summary_row(plan: Plan, command: str, path: str | Path) -> dict[str, Any]:
-    """A sweep's row for a plan (``plan`` solved it, ``evaluate`` re-estimated it; ``path`` the
-    plan file it wrote or read): who made it, where, and the estimate's figures."""
-    est, sol = plan.estimate, plan.solver or {}
-    return {"command": command, "solver": sol.get("name"), "cluster": plan.cluster.name, "model": plan.model.name,
-            "global_batch": plan.train.global_batch, "pipelines": len(plan.pipelines),
-            "iteration_s": est.iteration_s if est else None, "mfu": est.mfu if est else None,
-            "peak_memory_gb": est.peak_memory_gb if est else 0, **money(plan),
-            "gpus_used": len(plan.devices), "gpus_idle": len(plan.cluster.devices) - len(plan.devices),
-            "solver_s": sol.get("seconds"), "status": sol.get("status"), "plan": str(path)}

@@ -139,14 +139,17 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
     return p
 
 
+def _nearest_existing(p: Path, links: bool = True) -> Path | None:
+    """``p`` or its nearest ancestor that exists (a dangling link counts where ``links``)."""
+    return next((at for at in (p, *p.parents) if at.exists() or (links and at.is_symlink())), None)
+
+
 def _parent_is_a_folder(p: Path, field: str) -> None:
     """Refuse a new path under a file (``out=notes.txt/p.yaml``): its nearest existing ancestor
     must be a directory, known before any work rather than when the result is written."""
-    for parent in p.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise HexicoreError(f"{parent} is a file, not a directory to write into", source=str(p), field=field)
-            return
+    at = _nearest_existing(p.parent, links=False)
+    if at is not None and not at.is_dir():
+        raise HexicoreError(f"{at} is a file, not a directory to write into", source=str(p), field=field)
 
 
 def a_file(kind: str) -> str:
@@ -303,10 +306,8 @@ def check_creatable_dir(value: str, *, source: str | None = None, field: str | N
     ended the command with a traceback. A value holding ``${`` is resolved later, not checked."""
     if "${" in value or not value:
         return
-    for at in (Path(value), *Path(value).parents):
-        if at.exists() or at.is_symlink():
-            if not at.is_dir():
-                raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
-            if at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
-                raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)
-            return
+    at = _nearest_existing(Path(value))
+    if at is not None and not at.is_dir():
+        raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
+    if at is not None and at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
+        raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)

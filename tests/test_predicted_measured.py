@@ -71,6 +71,19 @@ def test_predictions_are_the_estimates_numbers_in_rank_order():
     assert predictions(bare, ["A.0"])["stages"] is None  # a breakdown that does not split its stages
 
 
+def test_predicted_peaks_leave_out_the_memory_kept_free_for_the_cuda_context():
+    """A CUDA allocator's peak counts the run's tensors, not the context and slack the cost model
+    keeps free (``reserve_gb``): the predicted peak is ``memory_gb`` less the reserve."""
+    est = Estimate(2.5, 0.4, 1000.0, (2.0,), 0.5, {"A.0": 2.0, "A.1": 0.5}, (), {"pipelines": [], "reserve_gb": 1.0})
+    assert predictions(est, ["A.1", "A.0"])["peak_memory_gb"] == [0.0, 1.0]
+    plan = plan_of([(5, "1f1b", [(2, 5), (1, 3)]), (3, "gpipe", [(1, 3), (1, 3), (1, 2)])])
+    for reserve in (0.0, 1.5):
+        priced = AnalyticCostModel(reserve_gb=reserve).estimate(plan)
+        assert priced.breakdown["reserve_gb"] == reserve
+        assert predictions(priced, plan.devices)["peak_memory_gb"] == [round(priced.memory_gb[d] - reserve, 3)
+                                                                       for d in plan.devices]
+
+
 def test_comparison_rows_and_error_percent():
     pred = predictions(EST, ["A.0", "A.1", "B.0"])
     meas = {"step_s": 2.0, "pipelines_s": [2.0, 1.0], "dp_sync_s": 0.0, "peak_memory_gb": [1.0, 4.0],

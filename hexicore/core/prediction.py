@@ -11,7 +11,10 @@ Both are plain JSON data:
 * ``dp_sync_s``: the step-end data-parallel gradient sync (``dp_s``); the runtime measures the
   optimizer step together with the sync, and the profiled cost model prices it inside ``dp_s``
   where its profile measured it (:mod:`hexicore.cost.optimizer_step`; the analytic model does not);
-* ``peak_memory_gb``: per rank (the plan's devices in order), the predicted peak (``memory_gb``);
+* ``peak_memory_gb``: per rank (the plan's devices in order), the predicted peak of the run's
+  tensors: ``memory_gb`` less the memory the cost model keeps free for the CUDA context and
+  allocator slack (the breakdown's ``reserve_gb``, :class:`~hexicore.cost.analytic.AnalyticCostModel`),
+  which a CUDA allocator's peak does not count;
 * ``stages``: per pipeline, per stage, ``forward_s`` and ``backward_s`` of one micro-batch (the
   breakdown's ``forward_s``/``backward_s``, :mod:`hexicore.cost.split`); null when the cost
   model's breakdown does not split its stages.
@@ -30,15 +33,19 @@ KEYS = ("step_s", "pipelines_s", "dp_sync_s", "peak_memory_gb", "stages")
 def predictions(estimate: Estimate, devices: Sequence[str]) -> dict[str, Any]:
     """The ``predicted`` object of a plan run from the cost model's ``estimate``; ``devices`` are
     the plan's devices in rank order (:attr:`hexicore.core.plan.Plan.devices`). Numbers are the
-    estimate's, unchanged."""
+    estimate's, unchanged, but for the peaks, which leave out the breakdown's ``reserve_gb``."""
     parts = estimate.breakdown.get("pipelines") if isinstance(estimate.breakdown, Mapping) else None
     stages = None
     if isinstance(parts, Sequence) and parts and all(
             isinstance(p, Mapping) and "forward_s" in p and "backward_s" in p for p in parts):
         stages = [[{"forward_s": f, "backward_s": b} for f, b in zip(p["forward_s"], p["backward_s"])]
                   for p in parts]
+    reserve = estimate.breakdown.get("reserve_gb", 0.0) if isinstance(estimate.breakdown, Mapping) else 0.0
+    reserve = reserve if isinstance(reserve, (int, float)) and not isinstance(reserve, bool) else 0.0
+    peaks = [None if estimate.memory_gb.get(d) is None else round(max(estimate.memory_gb[d] - reserve, 0.0), 3)
+             for d in devices]
     return {"step_s": estimate.iteration_s, "pipelines_s": list(estimate.pipeline_s), "dp_sync_s": estimate.dp_s,
-            "peak_memory_gb": [estimate.memory_gb.get(d) for d in devices], "stages": stages}
+            "peak_memory_gb": peaks, "stages": stages}
 
 
 def error_pct(predicted: Any, measured: Any) -> float | None:

@@ -397,4 +397,4 @@ class AnalyticCostModel:
         flops = 3.0 * tokens * plan.model.model_flops_per_token(t.seq_len)
         mfu = flops / (it * plan.cluster.total_tflops * 1e12) if it > 0 else 0.0
         return Estimate(it, mfu, tokens / it if it > 0 else 0.0, tuple(pipe_s), dp,
-                        {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts})
+                        {d: round(v, 3) for d, v in mem.items()}, oom, {"pipelines": parts, "reserve_gb": self.reserve_gb})

@@ -67,6 +67,11 @@ HAND = {
 }
 
 
+#: the five plans the acceptance names (one pipeline, two symmetric pipelines, asymmetric pipelines
+#: with TP, interleaved 1F1B, Hanayo): whether their order by prediction is their measured order
+ACCEPTANCE = ("1 pipeline (6 stages, 1F1B)", "2 symmetric pipelines (1F1B)", "3 asymmetric pipelines, TP-2 stage (1F1B)",
+              "2 pipelines, interleaved 1F1B (2 chunks)", "2 pipelines, Hanayo (2 waves)")
+
 #: profile modes: one device at a time (the default), every device at once (profile.concurrent, --concurrent)
 MODES = ("sequential", "concurrent")
 
@@ -266,6 +271,17 @@ def uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
+def acceptance_order(rows: list[dict], key: str = "profiled_s") -> tuple[int, int] | None:
+    """Pairs of the :data:`ACCEPTANCE` plans ordered alike by ``key`` and by the measured step, and
+    all their pairs (None when a run lacks one of them)."""
+    got = {r["plan"]: r for r in rows}
+    if not all(p in got for p in ACCEPTANCE):
+        return None
+    five = [got[p] for p in ACCEPTANCE]
+    pairs = [(a, b) for i, a in enumerate(five) for b in five[i + 1:]]
+    return sum((a[key] < b[key]) == (a["measured_s"] < b["measured_s"]) for a, b in pairs), len(pairs)
+
+
 def summary(res: dict, key: str = "profiled_s") -> dict:
     """One line of the run history (``bench/out/closed_loop_history.json``): how the run's
     predictions under ``key`` held."""
@@ -279,17 +295,21 @@ def summary(res: dict, key: str = "profiled_s") -> dict:
             "pairs": len(pairs), "alike": sum((a[key] < b[key]) == (a["measured_s"] < b["measured_s"]) for a, b in pairs),
             "speedup_measured": m["measured_s"] / h["measured_s"] if m and h else None,
             "speedup_predicted": m[key] / h[key] if m and h else None,
+            "acceptance_alike": (acceptance_order(rows, key) or (None,))[0],
             "steps": res["args"]["steps"], "rounds": res["args"]["rounds"]}
 
 
 def history_lines(history: list[dict]) -> list[str]:
     out = ["Every run of this benchmark so far (first profile's predictions; `bench/out/closed_loop_history.json`):", "",
            "| run (UTC) | load average | plans within 10% | median / largest error | pairs ordered alike | "
-           "hexiscale vs megatron measured / predicted | steps x rounds |", "|---|---|---:|---:|---:|---:|---:|"]
+           "the five named plans: pairs ordered alike | hexiscale vs megatron measured / predicted | steps x rounds |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     for h in history:
         sp = (f"{h['speedup_measured']:.2f}x / {h['speedup_predicted']:.2f}x" if h.get("speedup_measured") else "")
+        five = "" if h.get("acceptance_alike") is None else f"{h['acceptance_alike']} of 10"
         out.append(f"| {h['date']} | {h['load']} | {h['within_10']} of {h['plans']} | {h['median_error']:.0%} / "
-                   f"{h['largest_error']:.0%} | {h['alike']} of {h['pairs']} | {sp} | {h['steps']} x {h['rounds']} |")
+                   f"{h['largest_error']:.0%} | {h['alike']} of {h['pairs']} | {five} | {sp} | "
+                   f"{h['steps']} x {h['rounds']} |")
     return out
 
 
@@ -309,6 +329,10 @@ def verdicts(rows: list[dict], key: str = "profiled_s", label: str = "profiled")
            f"- {label}: order by predicted = order by measured: {'yes' if by_pred == by_meas else 'no'} "
            f"({agree} of {len(pairs)} pairs ordered alike; of the {len(apart)} pairs whose predictions differ by "
            f"more than 10%, {sum(alike(a, b) for a, b in apart)} ordered alike)"]
+    five = acceptance_order(rows, key)
+    if five:
+        out.append(f"- {label}: the five plans the acceptance names ({'; '.join(ACCEPTANCE)}) ordered by predicted "
+                   f"as by measured: {'yes' if five[0] == five[1] else 'no'} ({five[0]} of {five[1]} pairs)")
     unlike = [(a, b) for a, b in pairs if not alike(a, b)]
     if unlike:
         out.append(f"- {label}: pairs ordered unlike: " + "; ".join(

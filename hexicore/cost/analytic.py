@@ -26,10 +26,6 @@ from hexicore.cost.precision import (StateBytes, device_params, largest_unit_par
                                      state_bytes, tied_copies, tied_whole)
 from hexicore.cost.split import forward_backward
 
-#: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
-#: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
-ZERO3_PER_MICRO_BATCH = 1.5
-
 @dataclass(frozen=True)
 class AnalyticCostModel:
     """HexiScale App. A with the gaps filled (see each method).
@@ -63,9 +59,6 @@ class AnalyticCostModel:
     def state_bytes(self, train: TrainConfig) -> StateBytes:
         """Per-parameter weights/gradients/optimizer bytes (:mod:`hexicore.cost.precision`)."""
         return state_bytes(train.dtype, self.state_bytes_per_param)
-
-    def _state_bytes(self, train: TrainConfig) -> float:
-        return self.state_bytes(train).total
 
     def achieved_flops(self, cluster: Cluster, devices: Sequence[str]) -> float:
         """FLOP/s of a TP group: tp x the slowest member's peak x its efficiency."""
@@ -340,13 +333,13 @@ class AnalyticCostModel:
         of the stage's weights before its forward and again before its backward, and
         reduce-scatter of its gradients, each half of the stage's COMM-DP term among the
         holders sharing shards, i.e. ``1.5 x sum_k COMM-DP-LAYER`` per micro-batch
-        (``ZERO3_PER_MICRO_BATCH``), priced on the same per-link alpha/beta model and not
+        (``sharding.ZERO3_PER_MICRO_BATCH``), priced on the same per-link alpha/beta model and not
         overlapped with compute. Weights are re-gathered every micro-batch because a pipeline
         interleaves the micro-batches' forwards and backwards (keeping them gathered for the
         step would undo the sharding)."""
         if plan.train.zero_stage != 3:
             return {}
-        return {k: ZERO3_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
+        return {k: sharding.ZERO3_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
 
     # ------------------------------------------------------------ the plan
     def memory_parts(self, plan: Plan) -> dict[str, dict[str, float]]:
@@ -370,6 +363,12 @@ class AnalyticCostModel:
     def memory_gb(self, plan: Plan) -> dict[str, float]:
         """Peak memory per device (GiB) for every device the plan uses."""
         return {d: sum(parts.values()) for d, parts in self.memory_parts(plan).items()}
+
+    def work_bound_s(self, plan: Plan) -> float:
+        """A floor on the iteration time under any schedule: each rank runs its stage's work, every
+        micro-batch, before the step-end sync (``dp_s``)."""
+        return max((p.n_micro_batches(plan.train.micro_batch) * max(self.pipeline_pieces(plan, p)[0], default=0.0)
+                    for p in plan.pipelines), default=0.0) + self.dp_s(plan)
 
     def estimate(self, plan: Plan) -> Estimate:
         """Iteration time = ``max_i PIPELINE-TIME(i) + COMM-DP`` (App. A), MFU, memory, breakdown.

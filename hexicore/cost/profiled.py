@@ -350,6 +350,10 @@ class ProfiledCostModel(AnalyticCostModel):
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""
         return super().estimate(replace(plan, cluster=self.measured(plan.cluster)))
 
+    def work_bound_s(self, plan: Any) -> float:
+        """The analytic floor (:meth:`AnalyticCostModel.work_bound_s`) on the measured cluster."""
+        return super().work_bound_s(replace(plan, cluster=self.measured(plan.cluster)))
+
 
 def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost") -> ProfiledCostModel:
     """``cost=profiled``: the analytic settings (fallback efficiency, state bytes, reserve) plus

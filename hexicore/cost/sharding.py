@@ -34,6 +34,10 @@ from hexicore.core.placement import Placement
 from hexicore.core.plan import Plan, Stage
 from hexicore.cost.precision import tied_whole, tp_replicated_layer_params
 
+#: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
+#: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
+ZERO3_PER_MICRO_BATCH = 1.5
+
 
 def shard_weights(plan: Plan) -> dict[str, float] | None:
     """Uneven ZeRO shards (``train.zero_split=memory``): each device's weight is its memory

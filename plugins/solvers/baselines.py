@@ -25,6 +25,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.layers import layer_ranges
 from hexicore.planner.constrained import on_devices_for_objective
+from hexicore.planner.fastest import priced_where_it_could_win
 from hexicore.planner.fit import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
@@ -80,15 +81,18 @@ def proportional(total: int, weights: list[float], caps: list[int], least: list[
 
 
 def best_fitting(problem: Problem, cands: list[tuple[dict, Plan]], name: str) -> Plan:
-    scored = [(problem.evaluate(p), params, p) for params, p in cands
-              if all(holds_chunks(problem.pricing, q) for q in p.pipelines)]  # a layer per chunk of the schedule
-    fitting = [c for c in scored if c[0].fits]
+    """The fastest candidate that fits, priced only where it could win
+    (:func:`hexicore.planner.fastest.priced_where_it_could_win`)."""
+    held = [(params, p) for params, p in cands
+            if all(holds_chunks(problem.pricing, q) for q in p.pipelines)]  # a layer per chunk of the schedule
+    scored = priced_where_it_could_win(problem, held)
+    fitting = scored.fitting
     if not fitting:
-        short = f", {len(cands) - len(scored)} with fewer layers than chunks on a rank" if len(scored) < len(cands) else ""
+        short = f", {len(cands) - len(held)} with fewer layers than chunks on a rank" if len(held) < len(cands) else ""
         raise HexicoreError(f"{name}: no candidate fits in memory ({len(cands)} tried{short})", field="model")
-    est, params, plan = min(fitting, key=lambda c: c[0].iteration_s)
+    params, plan, est = min(fitting, key=lambda c: c[2].iteration_s)
     return plan.with_solver({"name": name, "params": params, "status": "HEURISTIC", "bound": None,
-                             "candidates": len(cands), "fitting": len(fitting)})
+                             "candidates": len(cands), "priced": scored.priced, "fitting": len(fitting)})
 
 
 def _table(problem: Problem, dp: int = 1) -> StageTable:

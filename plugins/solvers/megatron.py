@@ -20,6 +20,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
 from hexicore.planner.constrained import on_devices_for_objective
+from hexicore.planner.fastest import priced_where_it_could_win
 from hexicore.planner.fit import holds_chunks
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
@@ -37,15 +38,20 @@ class MegatronSolver:
     name: str = "megatron"
     zero: int | None = None
 
-    def candidates(self, problem: Problem) -> list[tuple[tuple[int, int, int], Plan, Any]]:
+    def layouts(self, problem: Problem) -> list[tuple[tuple[int, int, int], Plan]]:
+        """Every legal (DP, TP, PP) layout with a layer per chunk of the schedule, unpriced."""
         devices = layout_devices(problem)
         out = []
         for dp, tp, pp in factorisations(len(devices)):
             if legal(problem, dp, tp, pp):
                 plan = symmetric_plan(problem, dp, tp, pp, devices)
                 if all(holds_chunks(problem.pricing, p) for p in plan.pipelines):  # a layer per chunk
-                    out.append(((dp, tp, pp), plan, problem.evaluate(plan)))
+                    out.append(((dp, tp, pp), plan))
         return out
+
+    def candidates(self, problem: Problem) -> list[tuple[tuple[int, int, int], Plan, Any]]:
+        """Every layout of :meth:`layouts` with its estimate."""
+        return [(key, plan, problem.evaluate(plan)) for key, plan in self.layouts(problem)]
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
@@ -56,17 +62,18 @@ class MegatronSolver:
 
     def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         problem = at_stage(problem, self.zero)
-        cands = self.candidates(problem)
+        layouts = self.layouts(problem)
+        cands = priced_where_it_could_win(problem, layouts)  # the fastest fitting, as pricing all
         progress("megatron: evaluated symmetric layouts", 1.0)
-        fitting = [c for c in cands if c[2].fits]
+        fitting = cands.fitting
         if not fitting:
-            tried = ", ".join(f"({dp},{tp},{pp})" for (dp, tp, pp), _, _ in cands) or "none legal"
+            tried = ", ".join(f"({dp},{tp},{pp})" for (dp, tp, pp) in cands.unfit) or "none legal"
             raise HexicoreError(f"model {problem.model.name!r} fits on no symmetric (DP,TP,PP) arrangement of the "
                                 f"cluster (tried {tried})", field="model")
         (dp, tp, pp), plan, est = min(fitting, key=lambda c: (c[2].iteration_s, c[0]))
         return plan.with_solver({"name": self.name, "params": {"dp": dp, "tp": tp, "pp": pp},
                                  "status": "HEURISTIC", "bound": None,
-                                 "candidates": len(cands), "fitting": len(fitting)})
+                                 "candidates": len(layouts), "priced": cands.priced, "fitting": len(fitting)})
 
 
 @hookimpl

@@ -79,9 +79,31 @@ def test_library_refuses_keys_it_would_ignore(call, key, tmp_path):
     assert info.value.field.startswith("overrides[") and not target.exists()
 
 
+@pytest.mark.parametrize("call,key,argument", [
+    (lambda o: hexicore.simulate("1f1b", ranks=4, overrides=[o]), "pipeline.ranks=3", "ranks"),
+    (lambda o: hexicore.simulate("1f1b", overrides=[o]), "timing.comm=0.5", "comm"),  # its default is an argument too
+    (lambda o: hexicore.simulate("1f1b", overrides=[o]), "schedule=gpipe", "schedule"),
+    (lambda o: hexicore.plan(cluster="tight8", model="tiny", overrides=[o]), "cluster=hetero1", "cluster"),
+    (lambda o: hexicore.plan(model="tiny", solver="megatron", overrides=[o]), "+solver=hexiscale", "solver"),
+])
+def test_library_refuses_an_override_of_its_own_argument(call, key, argument):
+    """``hexicore.simulate(ranks=4, overrides=["pipeline.ranks=3"])`` simulated 3 ranks, the
+    argument replaced without a word."""
+    with pytest.raises(hexicore.HexicoreError, match=f"is this call's {argument}= argument") as info:
+        call(key)
+    assert info.value.field == "overrides[0]"
+
+
+def test_library_overrides_beside_arguments_left_unset_are_read():
+    """An override of a key whose argument the call leaves at None is the call's value."""
+    plan = hexicore.plan(model="tiny", overrides=["cluster=tight8", "train.global_batch=8", "solver=megatron"])
+    assert plan.cluster.name == "tight8" and plan.solver["name"] == "megatron"
+
+
 @pytest.mark.parametrize("call,field,text", [
     (lambda: hexicore.plan(cluster="nope"), "cluster", "unknown cluster 'nope'"),
-    (lambda: hexicore.simulate("1f1b", overrides=["timing.comm=abc"]), "timing.comm", "could not be converted"),
+    (lambda: hexicore.simulate("1f1b", overrides=["train.global_batch=abc"]), "train.global_batch",
+     "could not be converted"),
     (lambda: hexicore.evaluate(hexicore.plan(**TINY), overrides=["cost=nope"]), "cost", "unknown cost model 'nope'"),
 ])
 def test_library_errors_name_the_argument_not_the_command_line(call, field, text):

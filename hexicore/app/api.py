@@ -80,12 +80,17 @@ _UNREAD = {"out": "the library writes no file here: save the result (plan.save(p
            "plan_file": "give the plan itself: evaluate(plan_or_path)"}
 
 
-def _refuse_unread(overrides: Sequence[str], unread: Sequence[str]) -> None:
-    """Refuse an override of a key this call would silently ignore (``out=`` in ``plan``)."""
+def _refuse_unread(overrides: Sequence[str], given: Mapping[str, str] | None = None) -> None:
+    """Refuse an override that would be lost without a word: of a key no library call reads
+    (``out=``, :data:`_UNREAD`), or of a key one of this call's arguments sets (``given``: key ->
+    argument, e.g. ``pipeline.ranks`` -> ``ranks``; the override would replace the argument)."""
     for i, o in enumerate(overrides):
         key = o.split("=", 1)[0].strip().lstrip("+~")
-        if key in unread:
+        if key in _UNREAD:
             raise HexicoreError(f"{o!r}: {key}= is not read by this call; {_UNREAD[key]}", field=f"overrides[{i}]")
+        if given and key in given:
+            raise HexicoreError(f"{o!r}: {key} is this call's {given[key]}= argument; give {given[key]}= instead of "
+                                "the override", field=f"overrides[{i}]")
 
 
 def _quoted(path: str) -> str:
@@ -146,7 +151,9 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     from hexicore.registry import Registry
 
     extra = _override_list(overrides)
-    _refuse_unread(extra, ("out", "overwrite", "plan_file"))
+    args = {"cluster": cluster, "model": model, "solver": solver, "schedule": schedule, "cluster_file": cluster_file,
+            "model_file": model_file}
+    _refuse_unread(extra, {k: k for k, v in args.items() if v is not None})
     for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
         if _path(value, key) is not None:
             extra.append(f"{key}={_quoted(os.fspath(value))}")
@@ -173,7 +180,9 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     for arg, value in (("forward", forward), ("backward", backward), ("comm", comm)):
         _number(value, arg)
     out = _path(out, "out")
-    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
+    _refuse_unread(_override_list(overrides), {"schedule": "schedule", "pipeline.ranks": "ranks",
+                                               "pipeline.micro_batches": "micro_batches", "timing.forward": "forward",
+                                               "timing.backward": "backward", "timing.comm": "comm"})
     cfg = compose([f"schedule={_name(schedule, 'schedule')}", f"pipeline.ranks={ranks}",
                    f"pipeline.micro_batches={micro_batches}", f"timing.forward={forward}",
                    f"timing.backward={backward}", f"timing.comm={comm}", *_override_list(overrides)])
@@ -207,7 +216,7 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
         raise HexicoreError(f"expected a Plan or a plan JSON path, got {type(plan_or_path).__name__}"
                             + (" (a mapping: use hexicore.Plan.from_dict)" if isinstance(plan_or_path, Mapping) else ""),
                             field="plan_or_path")
-    _refuse_unread(_override_list(overrides), ("out", "overwrite", "plan_file"))
+    _refuse_unread(_override_list(overrides))
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
     cfg = compose(overrides)
     registry = Registry.default()

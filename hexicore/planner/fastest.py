@@ -53,15 +53,16 @@ def fits(problem: Any, plan: Plan) -> bool:
 def priced_where_it_could_win(problem: Any, cands: Sequence[tuple[Any, Plan]]) -> Priced:
     """The candidates that could be the fastest fitting one, priced (module docstring)."""
     floors = [work_bound_s(problem, plan) for _, plan in cands]
-    best, priced, unfit = math.inf, {}, []
-    for n, i in enumerate(sorted(range(len(cands)), key=lambda i: (floors[i], i))):
+    best, priced, unfit, seen = math.inf, {}, [], 0
+    for i in sorted(range(len(cands)), key=lambda i: (floors[i], i)):
         if floors[i] > best:
-            return Priced([(cands[k][0], cands[k][1], priced[k]) for k in sorted(priced)], unfit, n)
-        key, plan = cands[i]
-        est = problem.evaluate(plan) if fits(problem, plan) else None
+            break  # every later floor is higher still
+        seen += 1
+        est = problem.evaluate(cands[i][1]) if fits(problem, cands[i][1]) else None
         if est is None or not est.fits:
-            unfit.append(key)
+            unfit.append(i)
             continue
         priced[i] = est
         best = min(best, est.iteration_s)
-    return Priced([(cands[k][0], cands[k][1], priced[k]) for k in sorted(priced)], unfit, len(cands))
+    return Priced([(cands[k][0], cands[k][1], priced[k]) for k in sorted(priced)],
+                  [cands[k][0] for k in sorted(unfit)], seen)

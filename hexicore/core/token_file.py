@@ -138,8 +138,12 @@ def _recorded_max(meta: dict[str, Any], path: Path, src: str) -> int | None:
 
 def window_starts(seed: int, step: int, rows: int, n_tokens: int, width: int) -> np.ndarray:
     """Start offsets of the ``rows`` windows of ``width`` tokens a step uses: a pure function of
-    ``(seed, step)`` (numpy's PCG64 seeded by both)."""
-    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(step) & 0xFFFFFFFF, 0x68657869]))
+    ``(seed, step)`` (numpy's PCG64 seeded by both). Every seed draws its own windows: a seed
+    outside ``[0, 2**32)`` (negative, or wider than 32 bits) adds its sign and magnitude to the
+    entropy, so it never repeats the windows of its low 32 bits; seeds inside keep theirs."""
+    seed = int(seed)
+    wide = [] if 0 <= seed < 1 << 32 else [2 if seed < 0 else 1, abs(seed)]  # non-zero 4th word
+    rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFF, int(step) & 0xFFFFFFFF, 0x68657869, *wide]))
     return rng.integers(0, n_tokens - width + 1, size=rows, dtype=np.int64)
 
 

@@ -203,6 +203,22 @@ def test_init_from_refuses_non_finite_weights_where_they_are_read(ref, tmp_path,
     assert "init_from" in err and not (tmp_path / "o" / "metrics.json").exists()
 
 
+def test_non_finite_moments_name_the_resume_field(ref, tmp_path, capsys):
+    """A NaN in ``optim.safetensors`` is one line naming the file, the tensor and ``resume``
+    (before, the moments' reader named ``init_from``, a key the run did not set)."""
+    from safetensors.torch import load_file, save_file
+
+    ck = copy(ref / "checkpoints" / "step_1", tmp_path / "ck")
+    state = load_file(ck / "optim.safetensors")
+    state["exp_avg.model.norm.weight"][0] = float("inf")
+    save_file(state, str(ck / "optim.safetensors"))
+    capsys.readouterr()
+    code = run_cli([*TRAIN, "train.steps=2", f"resume={ck}", f"out={tmp_path / 'o'}"])
+    err = one_line_exit_2(code, capsys, "exp_avg.model.norm.weight", "NaN", str(ck / "optim.safetensors"))
+    assert ": resume: " in err and "init_from" not in err, err
+    assert not (tmp_path / "o" / "metrics.json").exists()
+
+
 def test_resumed_throughput_skips_the_first_step_of_the_process(ref, tmp_path, capsys):
     ck = ref / "checkpoints" / "step_1"
     out = tmp_path / "o"

@@ -217,7 +217,7 @@ def model_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
 
 def optim_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
     path = Path(ck["dir"]) / OPTIM
-    return hf_io.SafeTensors({n: path for n in hf_io.header_shapes(path, "resume")})
+    return hf_io.SafeTensors({n: path for n in hf_io.header_shapes(path, "resume")}, field="resume")
 
 
 def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: dict[str, Any],

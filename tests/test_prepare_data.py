@@ -330,3 +330,17 @@ def test_window_starts_differ_for_every_seed():
     starts = {s: window_starts(s, 0, 8, 1_000_000, 33).tolist() for s in (5, 2**32 + 5, 2**64 + 5, -1, 2**32 - 1)}
     assert len({tuple(v) for v in starts.values()}) == len(starts), starts
     assert starts[5] == window_starts(5, 0, 8, 1_000_000, 33).tolist()
+
+
+def test_an_upper_case_jsonl_suffix_is_read_as_json_lines(corpus):
+    """``B.JSONL`` holds one document per line, as ``b.jsonl`` does (before, the whole file was
+    tokenized as one text document, JSON syntax included)."""
+    d, docs, tok = corpus
+    (d / "b.jsonl").rename(d / "B.JSONL")
+    out = d / "up.bin"
+    assert run_cli(["prepare-data", f"input={d / 'B.JSONL'}", f"tokenizer={d / 'tokenizer.json'}", f"out={out}",
+                    f"hydra.run.dir={d / 'run'}"]) == 0
+    eos = tok.token_to_id("</s>")
+    want = [i for doc in docs[1:] for i in (*tok.encode(doc, add_special_tokens=False).ids, eos)]
+    tf = TokenFile.open(out)
+    assert tf.documents == len(docs) - 1 and tf.array().tolist() == want

@@ -52,9 +52,10 @@ def input_files(spec: Any) -> list[Path]:
 
 
 def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
-    """(text, bytes read) per document, in file order."""
+    """(text, bytes read) per document, in file order; a ``.jsonl`` suffix in any case
+    (``.JSONL``) is a JSON-lines file."""
     for f in files:
-        if f.suffix == ".jsonl":
+        if f.suffix.lower() == ".jsonl":
             yield from _json_lines(f, text_key)
         else:
             try:

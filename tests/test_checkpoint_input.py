@@ -219,6 +219,33 @@ def test_non_finite_moments_name_the_resume_field(ref, tmp_path, capsys):
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
+def test_init_from_refuses_a_config_of_another_model(ref, tmp_path, capsys, no_launch):
+    """``init_from`` a directory whose config.json gives another rope base and norm epsilon
+    (same tensors): one line naming both, before launch (before, the weights trained silently
+    as the command line's model, not the network transformers builds from the directory)."""
+    hf = copy(ref / "final", tmp_path / "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg.update(rope_theta=500.0, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    (hf / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    code = run_cli([*TRAIN, "train.steps=1", f"init_from={hf}", f"out={tmp_path / 'o'}"])
+    one_line_exit_2(code, capsys, str(hf / "config.json"), "init_from", "rope_theta: 500.0 there, 10000.0 here",
+                    "norm_eps")
+    assert not (tmp_path / "o").exists()
+
+
+def test_init_from_its_own_config_and_a_foreign_config_pass_the_check(ref, tmp_path):
+    """The run's own final/ passes; a config the runtime does not read leaves the tensors to decide."""
+    from hexicore.core.hf_config import load_hf_config
+    from hexicore_plugins.runtimes.torch.hf_io import check_config
+
+    model = load_hf_config(ref / "final")
+    check_config(ref / "final", model)
+    hf = copy(ref / "final", tmp_path / "hf")
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma"}))
+    check_config(hf, model)
+
+
 def test_resumed_throughput_skips_the_first_step_of_the_process(ref, tmp_path, capsys):
     ck = ref / "checkpoints" / "step_1"
     out = tmp_path / "o"

@@ -234,13 +234,15 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
 
 def check_init_from(folder: str, layout: Layout) -> str:
     """A Hugging Face checkpoint directory whose tensors (names and shapes, from the safetensors
-    headers only) are exactly the model's; else one line naming the first bad tensor."""
+    headers only) are exactly the model's, and whose ``config.json``, if any, describes the same
+    network; else one line naming the first bad tensor or the differing fields."""
     from pathlib import Path
 
     from .dp_sync import full_shapes
-    from .hf_io import check_shapes
+    from .hf_io import check_config, check_shapes
 
     check_shapes(full_shapes(layout.model), folder, tied=layout.model.tied_embeddings)
+    check_config(folder, layout.model)
     return str(Path(folder).resolve())
 
 

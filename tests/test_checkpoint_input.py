@@ -203,6 +203,88 @@ def test_init_from_refuses_non_finite_weights_where_they_are_read(ref, tmp_path,
     assert "init_from" in err and not (tmp_path / "o" / "metrics.json").exists()
 
 
+def test_non_finite_moments_name_the_resume_field(ref, tmp_path, capsys):
+    """A NaN in ``optim.safetensors`` is one line naming the file, the tensor and ``resume``
+    (before, the moments' reader named ``init_from``, a key the run did not set)."""
+    from safetensors.torch import load_file, save_file
+
+    ck = copy(ref / "checkpoints" / "step_1", tmp_path / "ck")
+    state = load_file(ck / "optim.safetensors")
+    state["exp_avg.model.norm.weight"][0] = float("inf")
+    save_file(state, str(ck / "optim.safetensors"))
+    capsys.readouterr()
+    code = run_cli([*TRAIN, "train.steps=2", f"resume={ck}", f"out={tmp_path / 'o'}"])
+    err = one_line_exit_2(code, capsys, "exp_avg.model.norm.weight", "NaN", str(ck / "optim.safetensors"))
+    assert ": resume: " in err and "init_from" not in err, err
+    assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_init_from_refuses_a_config_of_another_model(ref, tmp_path, capsys, no_launch):
+    """``init_from`` a directory whose config.json gives another rope base and norm epsilon
+    (same tensors): one line naming both, before launch (before, the weights trained silently
+    as the command line's model, not the network transformers builds from the directory)."""
+    hf = copy(ref / "final", tmp_path / "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg.update(rope_theta=500.0, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    (hf / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    code = run_cli([*TRAIN, "train.steps=1", f"init_from={hf}", f"out={tmp_path / 'o'}"])
+    one_line_exit_2(code, capsys, str(hf / "config.json"), "init_from", "rope_theta: 500.0 there, 10000.0 here",
+                    "norm_eps")
+    assert not (tmp_path / "o").exists()
+
+
+def test_init_from_its_own_config_and_a_foreign_config_pass_the_check(ref, tmp_path):
+    """The run's own final/ passes; a config the runtime does not read leaves the tensors to decide."""
+    from hexicore.core.hf_config import load_hf_config
+    from hexicore_plugins.runtimes.torch.hf_io import check_config
+
+    model = load_hf_config(ref / "final")
+    check_config(ref / "final", model)
+    hf = copy(ref / "final", tmp_path / "hf")
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma"}))
+    check_config(hf, model)
+
+
+def test_resume_refuses_another_token_file_of_the_same_name_and_size(tmp_path, capsys):
+    """A checkpoint records a digest of its data file: resuming on a shuffled file of the same
+    name and size is one line naming ``runtime.data`` (before, it trained on, silently reading
+    other windows than the uninterrupted run); a copy of the same file resumes."""
+    import numpy as np
+
+    from hexicore.core.token_file import write_sidecar
+
+    def corpus(folder, ids):
+        folder.mkdir()
+        ids.astype("<u2").tofile(folder / "x.bin")
+        write_sidecar(folder / "x.bin", {"dtype": "uint16", "vocab": 256, "tokens": len(ids)})
+        return folder / "x.bin"
+
+    ids = np.random.default_rng(0).integers(0, 256, 300_000)
+    data = ["runtime.data=tokens", f"runtime.data_file={corpus(tmp_path / 'a', ids)}"]
+    assert run_cli([*TRAIN, *data, "train.steps=1", "train.checkpoint_every=1", f"out={tmp_path / 'r'}"]) == 0
+    ck = tmp_path / "r" / "checkpoints" / "step_1"
+    assert json.loads((ck / "meta.json").read_text())["data"]["digest"]
+    other = ["runtime.data=tokens", f"runtime.data_file={corpus(tmp_path / 'b', ids[::-1].copy())}"]
+    capsys.readouterr()
+    code = run_cli([*TRAIN, *other, "train.steps=2", f"resume={ck}", f"out={tmp_path / 'o'}"])
+    one_line_exit_2(code, capsys, "runtime.data", str(ck))
+    same = ["runtime.data=tokens", f"runtime.data_file={corpus(tmp_path / 'c', ids)}"]
+    assert run_cli([*TRAIN, *same, "train.steps=2", f"resume={ck}", f"out={tmp_path / 'o'}"]) == 0
+
+
+def test_a_checkpoint_without_a_data_digest_resumes():
+    """Checkpoints written before digests were recorded compare kind, file and size only."""
+    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+
+    ck = {"dir": "ck", "seed": 0, "model": {}, "step": 1, "plan": "p",
+          "data": {"kind": "tokens", "file": "x.bin", "size": 9}}
+    now = {"kind": "tokens", "file": "x.bin", "size": 9, "digest": "ab"}
+    assert check_resume(ck, model={}, seed=0, data=now, plan="p", steps=2) is None
+    with pytest.raises(Exception, match="trained on data"):
+        check_resume({**ck, "data": {**ck["data"], "digest": "cd"}}, model={}, seed=0, data=now, plan="p", steps=2)
+
+
 def test_resumed_throughput_skips_the_first_step_of_the_process(ref, tmp_path, capsys):
     ck = ref / "checkpoints" / "step_1"
     out = tmp_path / "o"

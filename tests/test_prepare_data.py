@@ -297,3 +297,50 @@ def test_a_refused_run_leaves_no_folder_it_made(corpus, capsys):
                     f"out={d / 'new' / 'deeper' / 'x.bin'}", f"hydra.run.dir={d / 'run'}"])
     assert code == 2 and "no document has any text" in capsys.readouterr().err
     assert not (d / "new").exists()
+
+
+def test_blank_documents_are_skipped_with_a_byte_level_tokenizer(tmp_path, capsys):
+    """A byte-level tokenizer (GPT-2, Llama 3, Qwen style) has tokens for whitespace: a blank
+    .txt file or ``text`` is still no document (before, each was written as whitespace ids and
+    an end-of-text id, and counted)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["the quick brown fox"] * 5, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert tok.encode(" \n\n", add_special_tokens=False).ids  # whitespace has tokens here
+    (tmp_path / "blank.txt").write_text(" \n\n")
+    (tmp_path / "a.txt").write_text("the fox")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "\t \n"}) + "\n")
+    out = tmp_path / "x.bin"
+    code = run_cli(["prepare-data", f"input=[{tmp_path / 'blank.txt'},{tmp_path / 'a.txt'},{tmp_path / 'b.jsonl'}]",
+                    f"tokenizer={tmp_path / 'tokenizer.json'}", f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "skipped 2 empty documents" in printed.out
+    tf, eos = TokenFile.open(out), tok.token_to_id("<|endoftext|>")
+    assert tf.documents == 1 and tf.array().tolist() == [*tok.encode("the fox", add_special_tokens=False).ids, eos]
+
+
+def test_window_starts_differ_for_every_seed():
+    """Seeds that agree in their low 32 bits (5, 2**32 + 5; -1, 2**32 - 1) draw different
+    windows: before, the seed was cut to 32 bits and such runs read the same data."""
+    starts = {s: window_starts(s, 0, 8, 1_000_000, 33).tolist() for s in (5, 2**32 + 5, 2**64 + 5, -1, 2**32 - 1)}
+    assert len({tuple(v) for v in starts.values()}) == len(starts), starts
+    assert starts[5] == window_starts(5, 0, 8, 1_000_000, 33).tolist()
+
+
+def test_an_upper_case_jsonl_suffix_is_read_as_json_lines(corpus):
+    """``B.JSONL`` holds one document per line, as ``b.jsonl`` does (before, the whole file was
+    tokenized as one text document, JSON syntax included)."""
+    d, docs, tok = corpus
+    (d / "b.jsonl").rename(d / "B.JSONL")
+    out = d / "up.bin"
+    assert run_cli(["prepare-data", f"input={d / 'B.JSONL'}", f"tokenizer={d / 'tokenizer.json'}", f"out={out}",
+                    f"hydra.run.dir={d / 'run'}"]) == 0
+    eos = tok.token_to_id("</s>")
+    want = [i for doc in docs[1:] for i in (*tok.encode(doc, add_special_tokens=False).ids, eos)]
+    tf = TokenFile.open(out)
+    assert tf.documents == len(docs) - 1 and tf.array().tolist() == want

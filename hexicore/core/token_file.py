@@ -117,6 +117,34 @@ class TokenFile:
         return int(max((int(data[i: i + CHECK_CHUNK].max()) for i in range(0, self.tokens, CHECK_CHUNK)), default=0))
 
 
+#: :func:`fingerprint` hashes this many blocks of :data:`PRINT_BLOCK` bytes, evenly spread
+PRINT_BLOCKS, PRINT_BLOCK = 64, 4096
+
+
+def fingerprint(path: str | Path) -> str:
+    """A digest of a data file's contents that costs at most 256 KiB of reads, whatever its
+    size: the size and 64 blocks of 4 KiB at evenly spread offsets (the whole file when it is
+    smaller). A checkpoint records it, so resuming on another file of the same name and size
+    (regenerated, shuffled) is refused; a copy of the same file resumes."""
+    import hashlib
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        h = hashlib.blake2b(str(size).encode(), digest_size=16)
+        with p.open("rb") as f:
+            if size <= PRINT_BLOCKS * PRINT_BLOCK:
+                h.update(f.read())
+            else:
+                for i in range(PRINT_BLOCKS):
+                    f.seek((size - PRINT_BLOCK) * i // (PRINT_BLOCKS - 1))
+                    h.update(f.read(PRINT_BLOCK))
+    except OSError as exc:
+        raise HexicoreError(f"cannot read the data file: {exc.strerror}", source=str(p),
+                            field="runtime.data_file") from None
+    return h.hexdigest()
+
+
 def file_stamp(path: str | Path) -> dict[str, int]:
     """The data file's size and modification time, recorded next to ``max_id``."""
     st = Path(path).stat()
@@ -138,8 +166,12 @@ def _recorded_max(meta: dict[str, Any], path: Path, src: str) -> int | None:
 
 def window_starts(seed: int, step: int, rows: int, n_tokens: int, width: int) -> np.ndarray:
     """Start offsets of the ``rows`` windows of ``width`` tokens a step uses: a pure function of
-    ``(seed, step)`` (numpy's PCG64 seeded by both)."""
-    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(step) & 0xFFFFFFFF, 0x68657869]))
+    ``(seed, step)`` (numpy's PCG64 seeded by both). Every seed draws its own windows: a seed
+    outside ``[0, 2**32)`` (negative, or wider than 32 bits) adds its sign and magnitude to the
+    entropy, so it never repeats the windows of its low 32 bits; seeds inside keep theirs."""
+    seed = int(seed)
+    wide = [] if 0 <= seed < 1 << 32 else [2 if seed < 0 else 1, abs(seed)]  # non-zero 4th word
+    rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFF, int(step) & 0xFFFFFFFF, 0x68657869, *wide]))
     return rng.integers(0, n_tokens - width + 1, size=rows, dtype=np.int64)
 
 

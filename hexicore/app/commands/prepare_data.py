@@ -52,9 +52,10 @@ def input_files(spec: Any) -> list[Path]:
 
 
 def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
-    """(text, bytes read) per document, in file order."""
+    """(text, bytes read) per document, in file order; a ``.jsonl`` suffix in any case
+    (``.JSONL``) is a JSON-lines file."""
     for f in files:
-        if f.suffix == ".jsonl":
+        if f.suffix.lower() == ".jsonl":
             yield from _json_lines(f, text_key)
         else:
             try:
@@ -146,7 +147,9 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats
     and the number of documents skipped as empty. A document with no tokens (an empty or
     blank file or ``text``) is skipped, as Megatron's preprocessing skips it: a lone end-of-text
-    token is no document; input with no tokens at all is refused and nothing is written."""
+    token is no document. Blank (whitespace only) text is skipped before encoding, since a
+    byte-level tokenizer would give it whitespace tokens; input with no tokens at all is refused
+    and nothing is written."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = DTYPES[dtype_for(vocab)]
     tmp = schema.temp_path(out)
@@ -155,7 +158,8 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     try:
         with tmp.open("wb") as fh:
             for texts, nbytes in _batches(documents(files, text_key), batch_docs):
-                encs = [e for e in tok.encode_batch(texts, add_special_tokens=False) if e.ids]
+                full = [t for t in texts if t.strip()]  # blank text is no document, whatever the tokenizer
+                encs = [e for e in tok.encode_batch(full, add_special_tokens=False) if e.ids]
                 ids = np.fromiter((i for e in encs for i in (*e.ids, eos)), dtype=np.int64)
                 fh.write(ids.astype(dtype).tobytes())
                 top = max(top, int(ids.max(initial=-1)))

@@ -217,7 +217,7 @@ def model_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
 
 def optim_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
     path = Path(ck["dir"]) / OPTIM
-    return hf_io.SafeTensors({n: path for n in hf_io.header_shapes(path, "resume")})
+    return hf_io.SafeTensors({n: path for n in hf_io.header_shapes(path, "resume")}, field="resume")
 
 
 def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: dict[str, Any],
@@ -235,7 +235,7 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
         diff = "; ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in keys)
         raise HexicoreError(f"the checkpoint's model differs in {', '.join(keys)} ({diff})", source=src,
                             field="model")
-    if ck.get("data") != data:
+    if ck.get("data") != _comparable(data, ck.get("data")):
         raise HexicoreError(f"the checkpoint was trained on data {ck.get('data')}, this run uses {data}", source=src,
                             field="runtime.data")
     for k, v in (batch or {}).items():  # the data of a step depends on them: another value is another run
@@ -249,6 +249,14 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
         return (f"hexicore: resuming step {ck.get('step')} under another plan/schedule than the checkpoint's "
                 f"({ck.get('schedule')}, plan {ck.get('plan')} -> {plan})")
     return None
+
+
+def _comparable(data: dict[str, Any], theirs: Any) -> dict[str, Any]:
+    """This run's data identity as the checkpoint records it: a checkpoint written before data
+    digests were recorded is compared without one."""
+    if isinstance(theirs, dict) and "digest" not in theirs:
+        return {k: v for k, v in data.items() if k != "digest"}
+    return data
 
 
 def check_tensors(ck: dict[str, Any], expected: dict[str, tuple[int, ...]], *, tied: bool) -> None:

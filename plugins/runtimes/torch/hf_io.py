@@ -187,6 +187,34 @@ def check_shapes(expected: dict[str, tuple[int, ...]], folder: str | Path, *, ti
                             source=src, field=field)
 
 
+#: the model fields a checkpoint's weights are only right for (sizes are also in the headers)
+ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings", "qkv_bias",
+               "o_bias", "norm_eps", "rope_theta", "rope_scaling")
+
+
+def check_config(folder: str | Path, model: Any, field: str = "init_from") -> None:
+    """Refuse a checkpoint directory whose ``config.json`` describes another model than
+    ``model`` (a :class:`~hexicore.core.model.ModelSpec`) in a field the weights depend on
+    (rope base, norm epsilon, tied embeddings, ...): its weights would train as another
+    network than the one transformers builds from that directory. One line naming every
+    difference. A directory without a config, or with one the runtime does not read, is judged
+    by its tensors alone."""
+    from hexicore.core.hf_config import load_hf_config
+
+    cfg = Path(folder) / "config.json"
+    if not cfg.is_file():
+        return
+    try:
+        theirs = load_hf_config(cfg)
+    except HexicoreError:
+        return
+    diff = [f"{f}: {getattr(theirs, f)!r} there, {getattr(model, f)!r} here" for f in ARCH_FIELDS
+            if getattr(theirs, f) != getattr(model, f)]
+    if diff:
+        raise HexicoreError(f"the checkpoint's config describes another model ({'; '.join(diff)}); give "
+                            f"model_file={folder} to train that model", source=str(cfg), field=field)
+
+
 class SafeTensors:
     """A set of safetensors files read lazily, slice by slice (a :class:`~.stage.TensorSource`).
 

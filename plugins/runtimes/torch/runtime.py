@@ -218,29 +218,34 @@ def profile_cluster(request: Any) -> Any:
 
 def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
     """Open the data source once here (a bad file, or ids >= the model's vocabulary in a token
-    file, is one line before launch); returns what identifies it in checkpoints."""
+    file, is one line before launch); returns what identifies it in checkpoints: kind, file
+    name, size and a digest of sampled contents (:func:`hexicore.core.token_file.fingerprint`)."""
     from pathlib import Path
 
-    from .data import make_source
+    from hexicore.core.token_file import fingerprint
+
+    from .data import demo_text_path, make_source
 
     if settings.data == "synthetic":
         return {"kind": "synthetic"}
     src = make_source(settings.data, vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
                       path=settings.data_file)
-    name = Path(settings.data_file).name if settings.data_file else "demo.txt"
+    path = src.file.path if settings.data == "tokens" else (settings.data_file or demo_text_path())
     size = src.file.tokens if settings.data == "tokens" else len(src.data)
-    return {"kind": settings.data, "file": name, "size": int(size)}
+    return {"kind": settings.data, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
 
 
 def check_init_from(folder: str, layout: Layout) -> str:
     """A Hugging Face checkpoint directory whose tensors (names and shapes, from the safetensors
-    headers only) are exactly the model's; else one line naming the first bad tensor."""
+    headers only) are exactly the model's, and whose ``config.json``, if any, describes the same
+    network; else one line naming the first bad tensor or the differing fields."""
     from pathlib import Path
 
     from .dp_sync import full_shapes
-    from .hf_io import check_shapes
+    from .hf_io import check_config, check_shapes
 
     check_shapes(full_shapes(layout.model), folder, tied=layout.model.tied_embeddings)
+    check_config(folder, layout.model)
     return str(Path(folder).resolve())
 
 

@@ -206,6 +206,18 @@ def test_devices_only_errors_name_the_devices_not_derived_machines(plan_dict, ed
     _refused(data, field, words)
 
 
+@pytest.mark.parametrize("excluded, words", [
+    ("A.0", "expected a list, got str"),  # not read as the ids 'A', '.', '0'
+    (0, "expected a list, got int"),  # not read as absent
+    (False, "expected a list, got bool"),
+    ([[1]], "unknown device [1]"),
+])
+def test_devices_only_excluded_of_the_wrong_type_is_refused(plan_dict, excluded, words):
+    data = _foreign(plan_dict)
+    data["cluster"]["excluded"] = excluded
+    _refused(data, "cluster.excluded", words)
+
+
 def test_devices_only_plan_saved_again_loads(plan_dict, tmp_path):
     plan = Plan.from_dict(_foreign(plan_dict), "foreign.json")
     path = plan.save(tmp_path / "again.json")

@@ -113,7 +113,8 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
     out["gpus"] = gpus
     missing = [f"{m['name']}.{i}" for m in machines.values() for i in range(m["count"])
                if f"{m['name']}.{i}" not in present]
-    out["excluded"] = sorted(set(out.get("excluded") or []) | set(missing))
+    given = schema.optional_list(d, "excluded", source, schema.dotted(prefix, "excluded"))
+    out["excluded"] = [*given, *(i for i in missing if i not in given)]  # Cluster.exclude checks each id
     return out
 
 

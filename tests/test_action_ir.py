@@ -67,6 +67,32 @@ def test_json_is_byte_identical_and_parses_to_members(tmp_path):
     assert (err.value.source, err.value.field) == ("x.json", "actions[1][2].op")
 
 
+@pytest.mark.parametrize("key, value, field, words", [
+    ("chains", 0, "chains", "expected a list"),
+    ("chains", False, "chains", "expected a list"),
+    ("chains", [], "chains", "needs at least one chain"),
+    ("chains", [[0, "1"]], "chains[0][1]", "expected an integer"),
+    ("mb_chain", False, "mb_chain", "expected a list"),
+    ("mb_chain", "", "mb_chain", "expected a list"),
+    ("mb_chain", [], "mb_chain", "needs 1 chain indices"),
+    ("mb_chain", [-1], "mb_chain[0]", ">= 0"),
+])
+def test_optional_chains_given_wrong_are_refused_not_taken_for_absent(key, value, field, words):
+    bad = json.loads(GOLDEN)
+    bad[key] = value
+    with pytest.raises(HexicoreError, match=words) as err:
+        parse_actions(bad, "x.json")
+    assert (err.value.source, err.value.field) == ("x.json", field)
+
+
+@pytest.mark.parametrize("key", ["chains", "mb_chain"])
+def test_optional_chains_absent_or_null_are_the_defaults(key):
+    data = json.loads(GOLDEN)
+    data[key] = None
+    al = parse_actions(data)
+    assert al.chains == ((0, 1),) and al.mb_chain == (0,) and al == parse_actions(json.loads(GOLDEN))
+
+
 def test_array_codes_agree_with_the_enum():
     assert [CODE[o] for o in Op] == list(range(len(Op))) and CODE["RECV_F"] == CODE[Op.RECV_F]
     assert (arrays.F, arrays.SEND_F, arrays.RECV_B, arrays.STEP) == (CODE[Op.F], CODE[Op.SEND_F], CODE[Op.RECV_B],

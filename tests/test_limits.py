@@ -85,3 +85,15 @@ def test_the_limits_table_is_documented():
     text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
     for value in limits.TABLE.values():
         assert f"{value:,}" in text
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("latency_us", 10000001.0, "10000001.0 us is outside"),  # not "1e+07 us is outside ... 0 to 1e+07"
+    ("bandwidth_gbs", 1000000.5, "1000000.5 GB/s is outside"),
+    ("bandwidth_gbs", 2e6, "2e+06 GB/s is outside"),
+])
+def test_a_value_just_outside_a_range_is_shown_as_given(key, value, shown):
+    machine = {"name": "A", "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32, key: value}
+    with pytest.raises(HexicoreError, match=shown.replace("+", "\\+")) as e:
+        parse_cluster({"name": "c", "machines": [machine]}, "c.yaml")
+    assert e.value.field == f"machines[0].{key}"

@@ -83,6 +83,31 @@ def test_prices_come_from_the_catalog_or_the_cluster_file():
     Objective("throughput").check_prices(c)  # throughput needs no prices
 
 
+@pytest.mark.parametrize("spec, field, words", [
+    ({"tflops": 100, "memory_gb": 32, "price_source": "quote"}, "gpus.mine.price_source", "does not give"),
+    ({"price_source": "quote"}, "gpus.rtx4090.price_source", "does not give"),  # would keep the catalog's
+    ({"tflops": 100, "memory_gb": 32, "source": 5}, "gpus.mine.source", "expected a non-empty string"),
+    ({"tflops": 100, "memory_gb": 32, "price_per_hour": 1, "price_source": ["x"]}, "gpus.mine.price_source",
+     "expected a non-empty string"),
+])
+def test_provenance_notes_are_text_and_a_price_source_needs_its_price(spec, field, words):
+    """Neither note is dropped or turned into other text on its way into the plan."""
+    name = field.split(".")[1]
+    d = {"name": "p", "machines": [{"name": "A", "gpu": name, "count": 2, "bandwidth_gbs": 32}],
+         "gpus": {name: spec}}
+    with pytest.raises(HexicoreError, match=words) as e:
+        parse_cluster(d, "c.yaml")
+    assert (e.value.source, e.value.field) == ("c.yaml", field)
+
+
+def test_provenance_notes_read_back_from_a_plan():
+    d = {"name": "p", "machines": [{"name": "A", "gpu": "mine", "count": 2, "bandwidth_gbs": 32}],
+         "gpus": {"mine": {"tflops": 100, "memory_gb": 32, "source": "spec sheet", "price_per_hour": 1.5,
+                           "price_source": "quote"}}}
+    g = parse_cluster(parse_cluster(d, "t").to_dict(), "t").device("A.0").gpu
+    assert (g.source, g.price_per_hour, g.price_source) == ("spec sheet", 1.5, "quote")
+
+
 def test_bad_objectives_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(HexicoreError, match="unknown objective"):
         Objective("speed")

@@ -175,6 +175,49 @@ def test_devices_only_new_gpu_type_needs_its_figures(plan_dict):
     assert Plan.from_dict(data, "plan.json").cluster.device("C.0").memory_gb == 16
 
 
+@pytest.mark.parametrize("intra, field, words", [
+    ({"bandwdith_gbs": 5}, "cluster.intra.bandwdith_gbs", "unknown field"),  # a typo, not ignored
+    ({"bandwidth_gbs": 5e6}, "cluster.intra.bandwidth_gbs", "outside hexicore's range"),
+    ({"latency_us": -1}, "cluster.intra.latency_us", ">= 0"),
+    ([], "cluster.intra", "expected a mapping"),
+])
+def test_devices_only_intra_errors_name_intra(plan_dict, intra, field, words):
+    data = _foreign(plan_dict)
+    data["cluster"]["intra"] = intra
+    _refused(data, field, words)
+
+
+def test_devices_only_intra_gives_every_machine_its_link(plan_dict):
+    cluster = Plan.from_dict(_foreign(plan_dict), "plan.json").cluster
+    assert {(m.bandwidth_gbs, m.latency_us) for m in cluster.machines} == {(100.0, 5.0)}
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (lambda ds: ds.clear(), "cluster.devices", "needs at least one device"),
+    (lambda ds: ds[7].update(id="C.x.1", machine="C.x"), "cluster.devices[7].id", "must not contain '.'"),
+    (lambda ds: ds[7].update(id="C.4095"), "cluster.devices", "4,102 GPUs is above"),
+    (lambda ds: ds[7].update(id="C.\u0661"), "cluster.devices[7].id", "is not <machine>.<index>"),
+])
+def test_devices_only_errors_name_the_devices_not_derived_machines(plan_dict, edit, field, words):
+    """The machines are derived from the list: an error names what the file says, never
+    ``cluster.machines``, which it lacks."""
+    data = _foreign(plan_dict)
+    edit(_devices(data))
+    _refused(data, field, words)
+
+
+@pytest.mark.parametrize("excluded, words", [
+    ("A.0", "expected a list, got str"),  # not read as the ids 'A', '.', '0'
+    (0, "expected a list, got int"),  # not read as absent
+    (False, "expected a list, got bool"),
+    ([[1]], "unknown device [1]"),
+])
+def test_devices_only_excluded_of_the_wrong_type_is_refused(plan_dict, excluded, words):
+    data = _foreign(plan_dict)
+    data["cluster"]["excluded"] = excluded
+    _refused(data, "cluster.excluded", words)
+
+
 def test_devices_only_plan_saved_again_loads(plan_dict, tmp_path):
     plan = Plan.from_dict(_foreign(plan_dict), "foreign.json")
     path = plan.save(tmp_path / "again.json")

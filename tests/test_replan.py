@@ -91,7 +91,7 @@ def test_cli_replan_prints_the_difference(tmp_path, capsys):
     (["exclude=[A.1,Q.7]"], "unknown device 'Q.7'"),
     (["warm_start=/nonexistent/plan.json"], "plan.json"),
     (["warm_start=MALFORMED"], "malformed"),
-    (["warm_start=OTHER"], "warm_start"),
+    (["warm_start=OTHER"], "error: command line: warm_start: the plan is for model 'gpt3_1.3b'"),
 ])
 def test_bad_replan_input_exits_2_with_one_line(tmp_path, capsys, extra, words):
     bad = tmp_path / "bad.json"

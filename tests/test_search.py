@@ -121,6 +121,31 @@ def test_tp_menus():
     assert tp_menus(3, (1, 2)) == ((1, 1, 1), (2, 1))
 
 
+def _all_splits(n, degrees):
+    """Every non-increasing split of ``n`` into ``degrees``, by brute force (small ``n`` only)."""
+    if n == 0:
+        return [()]
+    return [(d,) + rest for d in degrees if d <= n for rest in _all_splits(n - d, degrees) if not rest or rest[0] <= d]
+
+
+@pytest.mark.parametrize("degrees", [(1, 2), (1, 2, 4, 8), (1, 2, 4, 5, 8), (1, 3, 6), tuple(range(1, 9))])
+def test_tp_menus_are_the_first_splits_in_menu_order(degrees):
+    for n in range(1, 19):
+        ds = tuple(d for d in degrees if d <= n)
+        every = sorted(_all_splits(n, ds), key=lambda s: (len(set(s)), -max(s), s))
+        assert tp_menus(n, ds) == tuple(every[:16]), n
+        assert tp_menus(n, ds, 3) == tuple(every[:3]), n
+
+
+def test_tp_menus_of_a_machine_at_the_gpu_limit():
+    """One machine of 4,096 GPUs (the documented limit) is cut without recursing per GPU or
+    spelling out its hundreds of millions of splits."""
+    menus = tp_menus(4096, (1, 2, 4, 8))
+    assert menus[:4] == ((8,) * 512, (4,) * 1024, (2,) * 2048, (1,) * 4096)
+    assert len(menus) == 16 and all(sum(m) == 4096 for m in menus)
+    assert menus[4] == (8,) + (1,) * 4088  # then two degrees, the top one 8: in tuple order
+
+
 # ------------------------------------------------------------------- the solver
 def solve(problem, seed=0, **params):
     return Registry.default().create("solver", "hexiscale", **{**FAST, **params}).solve(

@@ -216,7 +216,10 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     except HexicoreError as exc:
         if exc.source:
             raise
-        where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
+        if exc.field == "warm_start":  # the warm_start= key given beside this model
+            where = "command line"
+        else:
+            where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
         raise exc.located(source=str(where)) from None
     seconds = time.perf_counter() - t0
     est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}",

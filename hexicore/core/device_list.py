@@ -37,7 +37,7 @@ def device_entry(raw: Any, source: str | None, fp: str) -> dict[str, Any]:
     schema.known_keys(r, DEVICE_KEYS, source, fp)
     did = schema.string(schema.get(r, "id", source, fp), source, schema.dotted(fp, "id"))
     mname, _, idx = did.rpartition(".")
-    if not mname or not idx.isdigit():
+    if not mname or not (idx.isascii() and idx.isdigit()):
         raise HexicoreError(f"device id {did!r} is not <machine>.<index>", source=source, field=schema.dotted(fp, "id"))
     limits.check(int(idx) + 1, limits.MAX_DEVICES, "GPUs in one machine", source=source, field=schema.dotted(fp, "id"))
     if r.get("machine") is not None and str(r["machine"]) != mname:
@@ -61,7 +61,9 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
     the GPU type (``GpuType.intra_gbs``). A duplicate id is refused."""
     dp = schema.dotted(prefix, "devices")
     raw = schema.as_list(d["devices"], source, dp)
-    intra = schema.optional_mapping(d, "intra", source, schema.dotted(prefix, "intra"))
+    if not raw:
+        raise HexicoreError("a cluster given as devices needs at least one device", source=source, field=dp)
+    intra = _intra(d, source, schema.dotted(prefix, "intra"))
     machines: dict[str, dict[str, Any]] = {}
     present: dict[str, int] = {}
     section = schema.optional_mapping(d, "gpus", source, schema.dotted(prefix, "gpus"))
@@ -78,6 +80,9 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
             raise HexicoreError(f"duplicate device {did!r} (also {dp}[{present[did]}])", source=source,
                                 field=schema.dotted(fp, "id"))
         present[did] = i
+        if "." in mname:  # the machine this id derives would be refused, naming a field the file lacks
+            raise HexicoreError(f"machine name {mname!r} (the id up to its last '.') must not contain '.'",
+                                source=source, field=schema.dotted(fp, "id"))
         m = machines.setdefault(mname, {"name": mname, "gpu": gpu, "count": 0})
         if m["gpu"] != gpu:
             raise HexicoreError(f"machine {mname!r} mixes GPU types {m['gpu']!r} and {gpu!r}", source=source,
@@ -98,6 +103,7 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
             if gpu not in GPU_CATALOG and gpu not in section and (gpu, key) not in figures:
                 raise HexicoreError(f"missing required field (GPU type {gpu!r} is not in the catalog nor under "
                                     "gpus:)", source=source, field=schema.dotted(f"{dp}[{i}]", key))
+    limits.check(sum(m["count"] for m in machines.values()), limits.MAX_DEVICES, "GPUs", source=source, field=dp)
     catalog = parse_gpu_types(gpus, source, schema.dotted(prefix, "gpus"))
     for m in machines.values():
         m["bandwidth_gbs"] = intra.get("bandwidth_gbs", catalog[m["gpu"]].intra_gbs)
@@ -107,7 +113,21 @@ def machines_from_devices(d: Mapping[str, Any], source: str | None, prefix: str 
     out["gpus"] = gpus
     missing = [f"{m['name']}.{i}" for m in machines.values() for i in range(m["count"])
                if f"{m['name']}.{i}" not in present]
-    out["excluded"] = sorted(set(out.get("excluded") or []) | set(missing))
+    given = schema.optional_list(d, "excluded", source, schema.dotted(prefix, "excluded"))
+    out["excluded"] = [*given, *(i for i in missing if i not in given)]  # Cluster.exclude checks each id
+    return out
+
+
+def _intra(d: Mapping[str, Any], source: str | None, ip: str) -> dict[str, float]:
+    """``intra: {bandwidth_gbs, latency_us}`` (both optional), checked here so that an error names
+    ``intra.<field>``, not a field of the machines derived from the list."""
+    raw = schema.optional_mapping(d, "intra", source, ip)
+    schema.known_keys(raw, {"bandwidth_gbs", "latency_us"}, source, ip)
+    out: dict[str, float] = {}
+    if raw.get("bandwidth_gbs") is not None:
+        out["bandwidth_gbs"] = limits.bandwidth(raw["bandwidth_gbs"], source, schema.dotted(ip, "bandwidth_gbs"))
+    if raw.get("latency_us") is not None:
+        out["latency_us"] = limits.latency(raw["latency_us"], source, schema.dotted(ip, "latency_us"))
     return out
 
 

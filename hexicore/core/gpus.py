@@ -108,7 +108,7 @@ def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[s
             str(name),
             limits.quantity(tflops, limits.TFLOPS, "TFLOPS", source, schema.dotted(fp, "tflops")),
             limits.quantity(memory, limits.MEMORY_GB, "GB", source, schema.dotted(fp, "memory_gb")),
-            str(spec.get("source", "cluster file")),
+            _note(spec, "source", source, fp),
             limits.bandwidth(spec.get("intra_gbs", base.intra_gbs if base else 32.0), source, schema.dotted(fp, "intra_gbs")),
             *_price(spec, base, source, fp),
         )
@@ -118,6 +118,16 @@ def parse_gpu_types(data: Any, source: str | None, prefix: str | None) -> dict[s
 def _price(spec: Mapping[str, Any], base: GpuType | None, source: str | None, fp: str | None) -> tuple:
     """``price_per_hour`` (and its source) of a ``gpus:`` entry: its own, else the catalog's."""
     if spec.get("price_per_hour") is None:
+        if spec.get("price_source") is not None:  # it would be dropped: a plan writes it only beside a price
+            raise HexicoreError("is the source of price_per_hour, which this entry does not give", source=source,
+                                field=schema.dotted(fp, "price_source"))
         return (base.price_per_hour, base.price_source) if base else (None, "")
     price = schema.number(spec["price_per_hour"], source, schema.dotted(fp, "price_per_hour"), allow_zero=True)
-    return price, str(spec.get("price_source", "cluster file"))
+    return price, _note(spec, "price_source", source, fp)
+
+
+def _note(spec: Mapping[str, Any], key: str, source: str | None, fp: str | None) -> str:
+    """A provenance note (``source``, ``price_source``): text, ``cluster file`` when absent."""
+    if spec.get(key) is None:
+        return "cluster file"
+    return schema.string(spec[key], source, schema.dotted(fp, key))

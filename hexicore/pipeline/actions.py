@@ -333,10 +333,16 @@ def parse_actions(data: Any, source: str | None = None) -> ActionList:
             except HexicoreError as exc:
                 raise HexicoreError(exc.message, source=source, field=f"{f}.op") from None
         lists.append(tuple(out))
-    chains = tuple(tuple(schema.integer(s, source, "chains", minimum=0) for s in schema.as_list(c, source, "chains"))
-                   for c in schema.as_list(d.get("chains") or [list(range(stages))], source, "chains"))
-    mb_chain = tuple(schema.integer(c, source, "mb_chain", minimum=0)
-                     for c in schema.as_list(d.get("mb_chain") or [0] * mbs, source, "mb_chain"))
+    # absent or null is the default; any other value (0, false, "", []) is checked, never taken for absent
+    raw_chains = [list(range(stages))] if d.get("chains") is None else schema.optional_list(d, "chains", source, "chains")
+    if not raw_chains:
+        raise HexicoreError("needs at least one chain (absent: the one chain of every stage)", source=source,
+                            field="chains")
+    chains = tuple(tuple(schema.integer(s, source, f"chains[{i}][{j}]", minimum=0)
+                         for j, s in enumerate(schema.as_list(c, source, f"chains[{i}]")))
+                   for i, c in enumerate(raw_chains))
+    raw_mb_chain = [0] * mbs if d.get("mb_chain") is None else schema.optional_list(d, "mb_chain", source, "mb_chain")
+    mb_chain = tuple(schema.integer(c, source, f"mb_chain[{i}]", minimum=0) for i, c in enumerate(raw_mb_chain))
     if len(mb_chain) != mbs or any(c >= len(chains) for c in mb_chain):
         raise HexicoreError(f"needs {mbs} chain indices in [0, {len(chains)})", source=source, field="mb_chain")
     return ActionList(ScheduleRef.from_mapping(d.get("schedule"), default="", source=source), ranks, stages, mbs,

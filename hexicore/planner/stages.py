@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from itertools import accumulate
+from itertools import accumulate, combinations
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,22 +34,41 @@ UNITS_KEPT = 16384
 @lru_cache(maxsize=4096)
 def tp_menus(n: int, degrees: tuple[int, ...], limit: int = 16) -> tuple[tuple[int, ...], ...]:
     """Non-increasing splits of ``n`` GPUs into TP degrees from ``degrees`` (HexiScale's menu:
-    8 -> [8], [4,4], [4,2,2], ...). Splits with fewer distinct degrees come first; at most
-    ``limit`` of them. ``degrees`` must contain 1 so that a split always exists."""
+    8 -> [8], [4,4], [4,2,2], ...). Splits with fewer distinct degrees come first, then those
+    with the larger top degree, then in tuple order; at most ``limit`` of them. ``degrees`` must
+    contain 1 so that a split always exists.
+
+    The splits are enumerated as counts per degree, one number of distinct degrees at a time,
+    and only the ``limit`` kept are spelt out: a machine of thousands of GPUs has a number of
+    splits that grows with the cube of its GPUs, each thousands of degrees long."""
+    ds = sorted(set(degrees), reverse=True)
     out: list[tuple[int, ...]] = []
+    for k in range(1, len(ds) + 1):
+        level = [runs for combo in combinations(ds, k) for runs in _counts(n, combo)]
+        # a non-increasing split compares as its runs (degree, count): fewer of a degree is smaller
+        level.sort(key=lambda runs: (-runs[0][0], runs))
+        out.extend(tuple(d for d, c in runs for _ in range(c)) for runs in level[:limit - len(out)])
+        if len(out) >= limit:
+            break
+    return tuple(out)
 
-    def rec(left: int, top: int, acc: list[int]) -> None:
-        if left == 0:
-            out.append(tuple(acc))
-            return
-        for d in sorted((d for d in degrees if d <= min(left, top)), reverse=True):
-            acc.append(d)
-            rec(left - d, d, acc)
-            acc.pop()
 
-    rec(n, n, [])
-    out.sort(key=lambda s: (len(set(s)), -max(s), s))
-    return tuple(out[:limit])
+def _counts(n: int, combo: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
+    """Every way to write ``n`` as a sum using each degree of ``combo`` (descending) at least
+    once, as runs ``((degree, count), ...)``."""
+    found: list[tuple[tuple[int, int], ...]] = []
+    last, head = combo[-1], combo[:-1]
+    stack: list[tuple[int, tuple[tuple[int, int], ...]]] = [(n - sum(combo), ())]
+    while stack:  # (GPUs left beyond one of each degree, counts of the degrees placed so far)
+        left, runs = stack.pop()
+        i = len(runs)
+        if i == len(head):
+            if left % last == 0:
+                found.append(runs + ((last, 1 + left // last),))
+            continue
+        d = head[i]
+        stack.extend((left - extra * d, runs + ((d, 1 + extra),)) for extra in range(left // d + 1))
+    return found
 
 
 def split_by_machine(cluster: Cluster, devices: Sequence[str]) -> list[Group]:

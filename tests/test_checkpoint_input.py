@@ -49,6 +49,17 @@ def copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def edited(src: Path, dst: Path, file: str, name: str, change) -> Path:
+    """A copy of directory ``src`` at ``dst`` whose tensor ``name`` in ``file`` is ``change(tensor)``."""
+    from safetensors.torch import load_file, save_file
+
+    folder = copy(src, dst)
+    state = load_file(folder / file)
+    state[name] = change(state[name])
+    save_file(state, str(folder / file))
+    return folder
+
+
 def test_the_last_step_is_checkpointed(ref):
     names = sorted(p.name for p in (ref / "checkpoints").iterdir())
     assert names == ["step_1", "step_2"]  # step_2 is the end of training, not a multiple skipped
@@ -179,24 +190,18 @@ def test_a_lying_index_is_refused_before_launch(ref, tmp_path, capsys, no_launch
 
 
 def test_init_from_refuses_integer_weights_before_launch(ref, tmp_path, capsys, no_launch):
-    from safetensors.torch import load_file, save_file
-
-    hf = copy(ref / "final", tmp_path / "hf")
-    state = load_file(hf / "model.safetensors")
-    state["model.norm.weight"] = state["model.norm.weight"].to(torch.int32)
-    save_file(state, str(hf / "model.safetensors"))
+    hf = edited(ref / "final", tmp_path / "hf", "model.safetensors", "model.norm.weight", lambda t: t.to(torch.int32))
     capsys.readouterr()
     code = run_cli([*TRAIN, "train.steps=1", f"init_from={hf}", f"out={tmp_path / 'o'}"])
     one_line_exit_2(code, capsys, "model.norm.weight", "I32", "floating point")
 
 
 def test_init_from_refuses_non_finite_weights_where_they_are_read(ref, tmp_path, capsys):
-    from safetensors.torch import load_file, save_file
+    def nan_at_3(t):
+        t[3] = float("nan")
+        return t
 
-    hf = copy(ref / "final", tmp_path / "hf")
-    state = load_file(hf / "model.safetensors")
-    state["model.norm.weight"][3] = float("nan")
-    save_file(state, str(hf / "model.safetensors"))
+    hf = edited(ref / "final", tmp_path / "hf", "model.safetensors", "model.norm.weight", nan_at_3)
     capsys.readouterr()
     code = run_cli([*TRAIN, "train.steps=1", f"init_from={hf}", f"out={tmp_path / 'o'}"])
     err = one_line_exit_2(code, capsys, "model.norm.weight", "NaN", str(hf / "model.safetensors"))
@@ -206,12 +211,12 @@ def test_init_from_refuses_non_finite_weights_where_they_are_read(ref, tmp_path,
 def test_non_finite_moments_name_the_resume_field(ref, tmp_path, capsys):
     """A NaN in ``optim.safetensors`` is one line naming the file, the tensor and ``resume``
     (before, the moments' reader named ``init_from``, a key the run did not set)."""
-    from safetensors.torch import load_file, save_file
+    def inf_at_0(t):
+        t[0] = float("inf")
+        return t
 
-    ck = copy(ref / "checkpoints" / "step_1", tmp_path / "ck")
-    state = load_file(ck / "optim.safetensors")
-    state["exp_avg.model.norm.weight"][0] = float("inf")
-    save_file(state, str(ck / "optim.safetensors"))
+    ck = edited(ref / "checkpoints" / "step_1", tmp_path / "ck", "optim.safetensors", "exp_avg.model.norm.weight",
+                inf_at_0)
     capsys.readouterr()
     code = run_cli([*TRAIN, "train.steps=2", f"resume={ck}", f"out={tmp_path / 'o'}"])
     err = one_line_exit_2(code, capsys, "exp_avg.model.norm.weight", "NaN", str(ck / "optim.safetensors"))

@@ -80,7 +80,7 @@ _UNREAD = {"out": "the library writes no file here: save the result (plan.save(p
            "plan_file": "give the plan itself: evaluate(plan_or_path)"}
 
 
-def _refuse_unread(overrides: Sequence[str], given: Mapping[str, str] | None = None) -> None:
+def _refuse_lost(overrides: Sequence[str], given: Mapping[str, str] | None = None) -> None:
     """Refuse an override that would be lost without a word: of a key no library call reads
     (``out=``, :data:`_UNREAD`), or of a key one of this call's arguments sets (``given``: key ->
     argument, e.g. ``pipeline.ranks`` -> ``ranks``; the override would replace the argument)."""
@@ -153,7 +153,7 @@ def plan(cluster: str | None = None, model: str | None = None, solver: str | Non
     extra = _override_list(overrides)
     args = {"cluster": cluster, "model": model, "solver": solver, "schedule": schedule, "cluster_file": cluster_file,
             "model_file": model_file}
-    _refuse_unread(extra, {k: k for k, v in args.items() if v is not None})
+    _refuse_lost(extra, {k: k for k, v in args.items() if v is not None})
     for key, value in (("cluster_file", cluster_file), ("model_file", model_file)):
         if _path(value, key) is not None:
             extra.append(f"{key}={_quoted(os.fspath(value))}")
@@ -180,7 +180,7 @@ def simulate(schedule: str = DEFAULT_SCHEDULE, ranks: int = 4, micro_batches: in
     for arg, value in (("forward", forward), ("backward", backward), ("comm", comm)):
         _number(value, arg)
     out = _path(out, "out")
-    _refuse_unread(_override_list(overrides), {"schedule": "schedule", "pipeline.ranks": "ranks",
+    _refuse_lost(_override_list(overrides), {"schedule": "schedule", "pipeline.ranks": "ranks",
                                                "pipeline.micro_batches": "micro_batches", "timing.forward": "forward",
                                                "timing.backward": "backward", "timing.comm": "comm"})
     cfg = compose([f"schedule={_name(schedule, 'schedule')}", f"pipeline.ranks={ranks}",
@@ -216,7 +216,7 @@ def evaluate(plan_or_path: Plan | str | Path, *, overrides: Sequence[str] = ()) 
         raise HexicoreError(f"expected a Plan or a plan JSON path, got {type(plan_or_path).__name__}"
                             + (" (a mapping: use hexicore.Plan.from_dict)" if isinstance(plan_or_path, Mapping) else ""),
                             field="plan_or_path")
-    _refuse_unread(_override_list(overrides))
+    _refuse_lost(_override_list(overrides))
     p = plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
     cfg = compose(overrides)
     registry = Registry.default()

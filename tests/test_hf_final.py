@@ -128,6 +128,21 @@ def test_bad_special_token_ids_are_one_line_naming_the_field(tmp_path, capsys, m
     assert err.count("\n") == 1 and f"{name}: {field}:" in err, err
 
 
+def test_an_init_from_config_that_is_not_json_is_one_line(tmp_path, capsys, monkeypatch):
+    """Its ids would go to final/: a config.json there that is no JSON object is named, not
+    skipped (before, the tensors alone were checked and the broken config was ignored)."""
+    src = make_source(tmp_path / "src", tokenizer=False)
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    (weights / "config.json").write_text("[1, 2]")
+    no_launch(monkeypatch)
+    capsys.readouterr()
+    assert run_cli(train_argv(tmp_path, f"model_file={src}", f"init_from={weights}")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(weights / "config.json") in err, err
+
+
 def test_a_users_tokenizer_in_final_is_refused_before_any_worker(tmp_path, capsys, monkeypatch):
     src = make_source(tmp_path / "src")
     final = tmp_path / "out" / "final"

@@ -161,9 +161,9 @@ class TorchRuntime:
         init_from = None
         if t.init_from and not resume:
             init_from = check_init_from(t.init_from, layout)
-        extras = final_extras(spec, settings, layout, init_from)
         check_fault(settings.fault, layout.world, t.steps,
                     _check_resume(resume, layout, t.seed, data_id, t.steps) if resume else 0)
+        extras = final_extras(spec, settings, layout, init_from)  # last check: its warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         slowdown, predicted = (), None
@@ -177,9 +177,9 @@ class TorchRuntime:
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
-                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), final_extras=extras,
-                          data_id=data_id,
+                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
                           data_checked=True,
+                          final_extras=extras,
                           slowdown=slowdown if any(k != 1.0 for k in slowdown) else (), predicted=predicted)
 
     def profile(self, request: Any) -> Any:

@@ -18,6 +18,7 @@ from hexicore.app import compose as app
 from hexicore.core import schema
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.core.errors import HexicoreError
+from hexicore.core.hf_config import is_hf_config
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan
 from hexicore.core.run_spec import (PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings,
@@ -54,7 +55,7 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
                          seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
                          checkpoint_every=whole("checkpoint_every", 0) if t.get("checkpoint_every") else 0,
                          resume=str(resume) if resume else None, out=out,
-                         init_from=str(init_from) if init_from else None)
+                         init_from=str(init_from) if init_from else None, overwrite=cfg.get("overwrite"))
 
 
 def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) -> RunSpec:
@@ -67,7 +68,8 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     runtime = runtime_settings(cfg)
     if parallel == "none":
         model = app.load_model(cfg)
-        return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime)
+        return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime,
+                       model_source=model_source(cfg))
     schedule = app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict()
     if cfg.get("plan_file"):
         plan, path = app.load_plan_file(cfg)  # parse + hexicore.core.plan.check_structure
@@ -79,7 +81,15 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     ranks = schema.integer((cfg.get("pipeline") or {}).get("ranks"), SRC, "pipeline.ranks", minimum=None)
     if ranks < 1:
         raise HexicoreError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
-    return RunSpec(PipelineLayout(ranks), model, (schedule,), train_settings(cfg, model, out=out), runtime)
+    return RunSpec(PipelineLayout(ranks), model, (schedule,), train_settings(cfg, model, out=out), runtime,
+                   model_source=model_source(cfg))
+
+
+def model_source(cfg: DictConfig) -> str | None:
+    """``model_file=`` when it is a Hugging Face config (or the directory holding one): where
+    the run's special token ids, generation config and tokenizer come from; None for model YAMLs."""
+    path = cfg.get("model_file")
+    return str(path) if path and is_hf_config(str(path)) else None
 
 
 def as_trained(plan: Plan, settings: TrainSettings) -> Plan:

@@ -25,6 +25,7 @@ longer than the window); the spec's own ``seq_len``, the default, is that bound 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -160,9 +161,62 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
         raise exc.located(source, None) from None
 
 
-def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
+#: the special token ids of a Hugging Face config, as :class:`SpecialTokens` names them
+TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special token ids a Hugging Face ``config.json`` carries (``eos`` may be several,
+    as Llama 3's). They do not change the network, so they are no part of the
+    :class:`ModelSpec` (nor of a plan, nor of what resuming compares): they only travel from
+    the model's source to ``out/final/config.json`` and ``generation_config.json``."""
+
+    bos: int | None = None
+    eos: int | tuple[int, ...] | None = None
+    pad: int | None = None
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.bos, self.eos, self.pad))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"bos_token_id": ..., "eos_token_id": ..., "pad_token_id": ...}``, the ids given only."""
+        out: dict[str, Any] = {}
+        for attr, key in TOKEN_ID_FIELDS.items():
+            v = getattr(self, attr)
+            if v is not None:
+                out[key] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+def token_id(value: Any, source: str, field: str, vocab: int | None, *, several: bool = False) -> Any:
+    """One special token id as a config gives it: null, an integer (negative: "none", a
+    convention of some configs) below ``vocab``, or (``several``) a non-empty list of them."""
+    if value is None:
+        return None
+    if several and isinstance(value, list):
+        if not value:
+            raise HexicoreError("expected an id or a non-empty list of ids, got []", source=source, field=field)
+        return tuple(token_id(v, source, field, vocab) for v in value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        what = "an integer id or a list of them" if several else "an integer id or null"
+        raise HexicoreError(f"expected {what}, got {value!r}"[:200], source=source, field=field)
+    if vocab is not None and value >= vocab:
+        raise HexicoreError(f"id {value} is outside the vocabulary of {vocab}", source=source, field=field)
+    return value
+
+
+def special_tokens(data: Mapping[str, Any], source: str, vocab: int | None = None) -> SpecialTokens:
+    """The ``bos_token_id``/``eos_token_id``/``pad_token_id`` of a config (or generation config)
+    mapping, checked (one line naming the field); absent or null ids are None."""
+    return SpecialTokens(**{attr: token_id(data.get(key), source, key, vocab, several=attr == "eos")
+                            for attr, key in TOKEN_ID_FIELDS.items()})
+
+
+def hf_config_dict(spec: ModelSpec, tokens: SpecialTokens | None = None) -> dict[str, Any]:
     """The ``config.json`` that ``transformers.AutoModelForCausalLM`` reads for ``spec`` (a
-    Llama config for hexicore's own Llama-style specs)."""
+    Llama config for hexicore's own Llama-style specs), with the special token ids ``tokens``
+    gives (none for hexicore's own model YAMLs)."""
     if spec.arch != "llama":
         raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {spec.arch!r}",
                             field="model.arch")
@@ -186,6 +240,7 @@ def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
         d["attention_bias"] = spec.o_bias
         if mt == "mistral":
             d["sliding_window"] = None
+    d.update(tokens.to_json() if tokens else {})
     return d
 
 
@@ -197,8 +252,8 @@ def _rope_json(scaling) -> dict[str, Any]:
     return d
 
 
-def write_hf_config(spec: ModelSpec, folder: str | Path) -> Path:
+def write_hf_config(spec: ModelSpec, folder: str | Path, tokens: SpecialTokens | None = None) -> Path:
     """Write ``folder/config.json`` atomically, marked ``"format": "hexicore.hf_config/1"`` (the
     mark :mod:`hexicore.core.ownership` recognises; transformers ignores the extra key)."""
-    doc = {**hf_config_dict(spec), "format": "hexicore.hf_config/1"}
+    doc = {**hf_config_dict(spec, tokens), "format": "hexicore.hf_config/1"}
     return schema.write_text_atomic(Path(folder) / "config.json", json.dumps(doc, indent=2) + "\n")

@@ -197,9 +197,13 @@ def check_token_output(path: str | Path, *, overwrite: bool | None = None, field
     return p
 
 
+#: the list of the files in ``out/final/`` that carry no mark of their own (tokenizer files,
+#: ``generation_config.json``) which ``train`` wrote there: name -> the SHA-256 of each content
+#: it may hold (two while a rerun replaces them)
+FINAL_MANIFEST = "hexicore_files.json"
 #: what ``train`` writes in ``out/final/`` (a Hugging Face directory), by name: its kind
 FINAL_FILES = {"config.json": "hexicore.hf_config", "model.safetensors": "hexicore.safetensors",
-               "model.safetensors.index.json": "hexicore.hf_index"}
+               "model.safetensors.index.json": "hexicore.hf_index", FINAL_MANIFEST: "hexicore.final_files"}
 _SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
@@ -214,6 +218,60 @@ def check_final_dir(path: str | Path, *, overwrite: bool | None = None, field: s
         kind = FINAL_FILES.get(f.name) or ("hexicore.safetensors" if _SHARD.fullmatch(f.name) else None)
         if kind is not None:
             check_writable(f, kind, overwrite=overwrite, field=field)
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (read in blocks), hex."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def final_manifest(folder: str | Path) -> dict[str, list[str]]:
+    """``folder/hexicore_files.json`` (:data:`FINAL_MANIFEST`) as ``{name: [sha256, ...]}``; empty
+    when absent or not ours; malformed entries are left out (their files are then not ours)."""
+    p = Path(folder) / FINAL_MANIFEST
+    if json_kind(p) != "hexicore.final_files":
+        return {}
+    files = json.loads(p.read_bytes()).get("files")
+    if not isinstance(files, dict):
+        return {}
+    return {n: [x for x in v if isinstance(x, str)] for n, v in files.items()
+            if isinstance(n, str) and "/" not in n and isinstance(v, list)}
+
+
+def written_by_us(folder: str | Path, name: str, manifest: dict[str, list[str]] | None = None) -> bool:
+    """``folder/name`` is a file hexicore wrote there and nobody changed since: the manifest
+    lists it with its current content's digest."""
+    p = Path(folder) / name
+    listed = (final_manifest(folder) if manifest is None else manifest).get(name)
+    return bool(listed) and p.is_file() and not p.is_symlink() and file_digest(p) in listed
+
+
+def check_final_extras(folder: str | Path, names: Iterable[str], *, overwrite: bool | None = None,
+                       field: str = "out") -> None:
+    """The files of ``names`` a run writes in ``out/final/`` beside the weights (tokenizer files,
+    ``generation_config.json``; they carry no mark): an absent one, or one that hexicore wrote
+    there unchanged since (:func:`written_by_us`), is replaced; another (a user's own tokenizer)
+    is refused with one line unless ``overwrite=true``; ``overwrite=false`` refuses any."""
+    d = Path(folder)
+    listed = final_manifest(d)
+    for name in names:
+        p = d / name
+        if p.is_dir():
+            raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
+        if not p.exists() and not p.is_symlink():
+            continue
+        if overwrite is False:
+            raise HexicoreError("exists and overwrite=false", source=str(p), field=field)
+        if overwrite is not True and not written_by_us(d, name, listed):
+            raise HexicoreError("exists and is not a file an earlier run wrote here (or was changed since); "
+                                "refusing to replace it (choose another out=, or overwrite=true)", source=str(p),
+                                field=field)
 
 
 def check_run_folders(d: Path, folders: Iterable[str], *, overwrite: bool | None = None, field: str = "out") -> None:

@@ -91,6 +91,7 @@ class TrainSettings:
     resume: str | None = None  # a checkpoint folder (step_N/) or a directory holding them
     out: str | None = None  # where metrics.json, final/ and checkpoints/ go
     init_from: str | None = None  # a Hugging Face checkpoint directory to start from (not with resume)
+    overwrite: bool | None = None  # ``overwrite=``: may the run replace files in ``out`` that are not its own
 
     def __post_init__(self) -> None:
         for f in ("steps", "global_batch", "micro_batch", "seq_len"):
@@ -130,7 +131,9 @@ class RunSpec:
     ``schedules[i]`` is pipeline ``i``'s schedule section (a mapping with ``name`` and the
     schedule's parameters): one per plan pipeline, one for a :class:`PipelineLayout`, none for
     the :class:`ReferenceLayout`. ``estimate`` is the cost model's verdict on a plan (set for a
-    :class:`PlanLayout`, whose memory the app has checked), ``warnings`` the validator's."""
+    :class:`PlanLayout`, whose memory the app has checked), ``warnings`` the validator's.
+    ``model_source`` is ``model_file=`` when it is a Hugging Face config (its special token
+    ids, generation config and tokenizer go to ``out/final/``: :mod:`hexicore.core.hf_export`)."""
 
     layout: RunLayout
     model: ModelSpec
@@ -140,6 +143,7 @@ class RunSpec:
     cluster: Cluster | None = None
     estimate: Estimate | None = None
     warnings: tuple[str, ...] = ()
+    model_source: str | None = None  # the Hugging Face config.json (or its directory) the model was read from
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedules", tuple(self.schedules))

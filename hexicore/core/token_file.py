@@ -6,7 +6,13 @@ The nanoGPT / Megatron convention: ``X.bin`` holds the token ids of every docume
 
     {"format": "hexicore.tokens/1", "dtype": "uint16", "vocab": 32000, "tokens": 1048576,
      "documents": 812, "eos": 2, "tokenizer": "tok/tokenizer.json",
+     "tokenizer_file": "/data/tok/tokenizer.json", "tokenizer_sha256": "9f86d0...",
      "max_id": 31998, "stamp": {"bytes": 2097152, "mtime_ns": 1700000000000000000}}
+
+``tokenizer`` is the tokenizer as ``prepare-data`` was given it; ``tokenizer_file`` the file it
+read (absolute) and ``tokenizer_sha256`` that file's digest, so that a run can tell whether the
+file there is still the tokenizer of the data (:mod:`hexicore.core.hf_export` copies it into
+``out/final/``). Older sidecars lack the last two.
 
 ``max_id`` (the largest id in the file) is trusted only while ``stamp`` (the data file's size and
 modification time when it was written) still matches; otherwise, and for sidecars without them,
@@ -57,6 +63,9 @@ class TokenFile:
     documents: int = 0
     eos: int | None = None
     max_id: int | None = None  # the sidecar's record, when its stamp still matches the file
+    tokenizer: str | None = None  # the tokenizer prepare-data was given, as given
+    tokenizer_file: str | None = None  # the tokenizer file it read, absolute (newer sidecars)
+    tokenizer_sha256: str | None = None  # the SHA-256 of that file's bytes then
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenFile":
@@ -91,8 +100,10 @@ class TokenFile:
                                 field="tokens")
         eos = meta.get("eos")
         documents = schema.integer(meta.get("documents") or 0, src, "documents", minimum=0)
+        names = {k: _text(meta.get(k), src, k) for k in ("tokenizer", "tokenizer_file", "tokenizer_sha256")}
         return cls(str(p), dtype, vocab, tokens, documents,
-                   None if eos is None else schema.integer(eos, src, "eos", minimum=0), _recorded_max(meta, p, src))
+                   None if eos is None else schema.integer(eos, src, "eos", minimum=0), _recorded_max(meta, p, src),
+                   **names)
 
     def array(self) -> np.ndarray:
         """The ids, memory-mapped read-only."""
@@ -149,6 +160,15 @@ def file_stamp(path: str | Path) -> dict[str, int]:
     """The data file's size and modification time, recorded next to ``max_id``."""
     st = Path(path).stat()
     return {"bytes": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+
+
+def _text(value: Any, src: str, field: str) -> str | None:
+    """A sidecar's optional text field: absent, null or empty is None; another type is refused."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise HexicoreError(f"expected text, got {value!r}"[:200], source=src, field=field)
+    return value
 
 
 def _recorded_max(meta: dict[str, Any], path: Path, src: str) -> int | None:

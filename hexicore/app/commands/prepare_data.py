@@ -93,14 +93,19 @@ def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
             yield text, len(raw)
 
 
-def load_tokenizer(path: Any) -> Any:
-    from tokenizers import Tokenizer
-
+def tokenizer_file(path: Any) -> Path:
+    """``tokenizer=`` as the file read: a ``tokenizer.json``, or the directory holding one."""
     if not path:
         raise HexicoreError("prepare-data needs tokenizer=PATH/tokenizer.json", source="command line",
                             field="tokenizer")
     p = Path(str(path))
-    p = p / "tokenizer.json" if p.is_dir() else p
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
+def load_tokenizer(path: Any) -> Any:
+    from tokenizers import Tokenizer
+
+    p = tokenizer_file(path)
     try:
         return Tokenizer.from_file(str(p))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
@@ -180,6 +185,15 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     return stats, skipped
 
 
+def tokenizer_record(given: Any) -> dict[str, str]:
+    """The sidecar's account of the tokenizer: as given, the file read (absolute) and its digest,
+    so a run can copy exactly this tokenizer into ``out/final/`` (docs/formats.md)."""
+    from hexicore.core.ownership import file_digest
+
+    p = tokenizer_file(given).resolve()
+    return {"tokenizer": str(given), "tokenizer_file": str(p), "tokenizer_sha256": file_digest(p)}
+
+
 def check_out(out: Path, files: list[Path], overwrite: Any) -> list[Path]:
     """Before any work: ``out`` and its sidecar are not an input, not another tool's files
     (:func:`hexicore.core.ownership.check_token_output`), and their folder can be made; the
@@ -205,6 +219,7 @@ def run(cfg: DictConfig) -> int:
                         else cfg.get("input") or "")
     batch_docs = schema.integer(prep.get("batch_docs", 1024), "command line", "prepare.batch_docs")
     tok = load_tokenizer(cfg.get("tokenizer"))
+    record = tokenizer_record(cfg.tokenizer)  # the bytes just read, before the corpus takes minutes
     eos = eos_id(tok, prep.get("eos"))
     if not cfg.get("out"):
         raise HexicoreError("prepare-data needs out=PATH.bin", source="command line", field="out")
@@ -226,7 +241,7 @@ def run(cfg: DictConfig) -> int:
                 folder.rmdir()
         raise
     secs = time.perf_counter() - t0
-    write_sidecar(out, {**stats, "tokenizer": str(cfg.tokenizer)})
+    write_sidecar(out, {**stats, **record})
     console().print(rows_table("hexicore prepare-data", ("files", "documents", "tokens", "dtype", "seconds", "tokens/s"),
                                [(str(len(files)), str(stats["documents"]), str(stats["tokens"]), stats["dtype"],
                                  f"{secs:.2f}", f"{stats['tokens'] / max(secs, 1e-9):,.0f}")]))

@@ -299,10 +299,10 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, Stage]
 
 # ------------------------------------------------------------------ the final Hugging Face directory
 def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layout: Any, *, rank: int, world: int,
-                shard_bytes: int) -> None:
-    """``folder`` as a Hugging Face checkpoint directory (collective: every rank calls it)."""
-    from hexicore.core.hf_config import write_hf_config
-
+                shard_bytes: int, extras: Any = None) -> None:
+    """``folder`` as a Hugging Face checkpoint directory (collective: every rank calls it);
+    ``extras`` (:class:`hexicore.core.hf_export.FinalExtras`): token ids, generation config and
+    tokenizer files, written by rank 0 after the weights (:func:`_finish_final`)."""
     d = Path(folder)
     model = layout.model
     total = 4 * model.total_params()
@@ -313,7 +313,7 @@ def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layou
             d.mkdir(parents=True, exist_ok=True)
             hf_io.save_tensors(d / hf_io.SINGLE, _drop_tied(got[0], model))
             hf_io.remove_stale_weights(d, keep=[hf_io.SINGLE])
-            write_hf_config(model, d)
+            _finish_final(d, model, extras)
         return
     part0 = layout.pipelines[0]
     mine = local_pieces(stages, groups.tp, None, role.pipeline if role else -1)
@@ -335,7 +335,17 @@ def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layou
         rows = [x for w in every for x in w]
         hf_io.write_index(d, {n: f for n, f, _ in rows}, sum(b for _, _, b in rows))
         hf_io.remove_stale_weights(d, keep=[hf_io.INDEX, *(f for _, f, _ in rows)])
-        write_hf_config(model, d)
+        _finish_final(d, model, extras)
+
+
+def _finish_final(d: Path, model: Any, extras: Any) -> None:
+    """``config.json`` (with the source's special token ids), then the generation config and
+    tokenizer files (:func:`hexicore.core.hf_export.write_extras`)."""
+    from hexicore.core.hf_config import write_hf_config
+    from hexicore.core.hf_export import write_extras
+
+    write_hf_config(model, d, extras.tokens if extras else None)
+    write_extras(d, extras)
 
 
 def _drop_tied(tensors: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:

@@ -163,6 +163,7 @@ class TorchRuntime:
             init_from = check_init_from(t.init_from, layout)
         check_fault(settings.fault, layout.world, t.steps,
                     _check_resume(resume, layout, t.seed, data_id, t.steps) if resume else 0)
+        extras = final_extras(spec, settings, layout, init_from)  # last check: its warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         slowdown, predicted = (), None
@@ -178,6 +179,7 @@ class TorchRuntime:
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
                           init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
                           data_checked=True,
+                          final_extras=extras,
                           slowdown=slowdown if any(k != 1.0 for k in slowdown) else (), predicted=predicted)
 
     def profile(self, request: Any) -> Any:
@@ -233,6 +235,30 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
     path = src.file.path if settings.data == "tokens" else (settings.data_file or demo_text_path())
     size = src.file.tokens if settings.data == "tokens" else len(src.data)
     return {"kind": settings.data, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
+
+
+def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_from: str | None) -> Any:
+    """What ``out/final/`` gets beside weights and config (:mod:`hexicore.core.hf_export`): from
+    ``model_file``, then ``init_from`` (not read when resuming), and the token file's tokenizer;
+    checked before launch (a bad ``generation_config.json``, a file in ``final/`` the run did not
+    write), warnings printed here."""
+    import sys
+    from pathlib import Path
+
+    from hexicore.core import hf_export
+    from hexicore.core.ownership import check_final_extras
+    from hexicore.core.token_file import TokenFile
+
+    sources = [(label, p) for label, p in (("model_file", spec.model_source), ("init_from", init_from)) if p]
+    found, notes = None, []
+    if settings.data == "tokens" and settings.data_file:
+        found, notes = hf_export.data_tokenizer(TokenFile.open(settings.data_file))
+    extras, more = hf_export.resolve(sources, found, layout.model.vocab)
+    if spec.train.out:
+        check_final_extras(Path(spec.train.out) / "final", extras.names(), overwrite=spec.train.overwrite)
+    for line in notes + more:
+        print(line, file=sys.stderr)
+    return extras
 
 
 def check_init_from(folder: str, layout: Layout) -> str:

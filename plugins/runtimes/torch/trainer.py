@@ -54,6 +54,7 @@ class WorkerSpec:
     resume: str | None = None
     init_from: str | None = None  # a Hugging Face checkpoint directory (each rank reads its slices)
     shard_bytes: int = 5 * 2**30  # final/ is sharded per stage above this many bytes
+    final_extras: Any = None  # hexicore.core.hf_export.FinalExtras: token ids, generation config, tokenizer
     data_id: dict[str, Any] | None = None  # what resuming must match (data kind, file, size)
     data_checked: bool = False  # the launcher checked the token file's ids: workers do not scan it again
     checkpoint_every: int = 0
@@ -170,7 +171,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
         state = got[0] if got else None
     if out is not None:
         checkpoint.write_final(out / "final", stages, groups, layout, rank=rank, world=world,
-                               shard_bytes=spec.shard_bytes)
+                               shard_bytes=spec.shard_bytes, extras=spec.final_extras)
     if rank != 0:
         return None
     mine = step_s[start:]  # this process's steps: its first pays one-off costs (allocator, lazy imports)

@@ -188,7 +188,7 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     """One 6-rank job: the reference on rank 0, then every plan of :data:`PLANS`; each matches
     ``parallel=none`` on the same global batch (losses and final weights within 1e-5). Then a plan
     written by ``hexicore plan`` for a small synthetic cluster trains through ``hexicore train``."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
     from hexicore_plugins.runtimes.torch.trainer import WorkerSpec

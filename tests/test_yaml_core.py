@@ -37,7 +37,7 @@ def test_yaml11_numbers_in_a_cluster_file_are_one_line_naming_the_field(old, new
 
 
 @pytest.mark.parametrize("line, field", [("tied_embeddings: yes", "tied_embeddings"), ("qkv_bias: on", "qkv_bias"),
-                                         ("layers: 0o2", "layers"), ("seq_len: 0:32", "seq_len")])
+                                         ("layers: 010", "layers"), ("seq_len: 1:04", "seq_len")])
 def test_yaml11_forms_in_a_model_file_are_refused(line, field, tmp_path):
     key = line.split(":")[0]
     text = "\n".join(ln for ln in MODEL.splitlines() if not ln.startswith(f"{key}:")) + f"\n{line}\n"

@@ -129,7 +129,7 @@ def test_a_link_without_latency_keeps_the_latency_of_the_link_it_replaces():
                                     for n, z in (("E0", "east"), ("E1", "east"), ("W0", "west"), ("N0", "north"))]},
                       "z.yaml")
     assert (c.bandwidth_gbs("E0.0", "W0.0"), c.latency_us("E0.0", "W0.0")) == (2.0, 30000)  # inter_zone's
-    assert (c.bandwidth_gbs("E0.0", "N0.0"), c.latency_us("E0.0", "N0.0")) == (4.0, 30000)  # the zone link's (its own: inter_zone's)
+    assert (c.bandwidth_gbs("E0.0", "N0.0"), c.latency_us("E0.0", "N0.0")) == (4.0, 30000)  # the zone link's, inter_zone's
     assert (c.bandwidth_gbs("E0.0", "E1.0"), c.latency_us("E0.0", "E1.0")) == (50.0, 10)  # inter's, inside a zone
     assert c.latency_us("W0.0", "N0.0") == 7  # given
     assert c.latency_us("E0.0", "E0.0") == 0 and c.machine("E0").latency_us == 0  # a machine without: 0

@@ -88,7 +88,8 @@ class ModelSpec:
             raise HexicoreError(f"unknown norm {self.norm!r}; choose one of: layernorm, rmsnorm", field="norm")
         if self.max_position and self.seq_len > self.max_position:
             raise HexicoreError(f"{self.max_position} positions are fewer than seq_len {self.seq_len}, the model's "
-                                "training length: a sequence may not be longer than the positions", field="max_position")
+                                "training length: a sequence may not be longer than the positions",
+                                field="max_position")
 
     def check_seq_len(self, seq_len: int, source: str | None, field: str = "train.seq_len") -> None:
         """Refuse a training ``seq_len`` beyond the positions the model states (``max_position``;
@@ -306,7 +307,8 @@ def rope_scaling_pairs(raw: Any, source: str | None, field: str) -> tuple[tuple[
     scaling: dict[str, Any] = {"rope_type": "llama3"}
     for k in LLAMA3_KEYS:
         scaling[k] = schema.number(schema.get(m, k, source, field), source, f"{field}.{k}")
-    if not scaling["original_max_position_embeddings"].is_integer():  # config.json gets it as an integer
-        raise HexicoreError(f"expected a whole number of positions, got {scaling['original_max_position_embeddings']:g}",
-                            source=source, field=f"{field}.original_max_position_embeddings")
+    original = scaling["original_max_position_embeddings"]
+    if not original.is_integer():  # config.json gets it as an integer
+        raise HexicoreError(f"expected a whole number of positions, got {original:g}", source=source,
+                            field=f"{field}.original_max_position_embeddings")
     return tuple(sorted(scaling.items()))

@@ -124,7 +124,9 @@ def _yaml11(value: Any) -> str:
     from hexicore.core.yaml_core import yaml11_reading
 
     old = yaml11_reading(value) if isinstance(value, str) else None
-    return "" if old is None or isinstance(old, bool) else f" (YAML 1.1 would read {old!r}; hexicore reads YAML 1.2: write the number itself)"
+    if old is None or isinstance(old, bool):
+        return ""
+    return f" (YAML 1.1 would read {old!r}; hexicore reads YAML 1.2: write the number itself)"
 
 
 def string(value: Any, source: str | None, field: str) -> str:

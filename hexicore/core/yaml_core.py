@@ -45,8 +45,10 @@ for _tag, _pattern, _first in _RESOLVERS:
 def yaml11_reading(text: str) -> object | None:
     """What YAML 1.1 (PyYAML's default) makes of the plain scalar ``text`` where it is a number or
     a boolean that :class:`CoreLoader` reads as text (``'1:30'`` -> 90, ``'on'`` -> True); else None."""
+    if not isinstance(text, str) or len(text) > 40 or "\n" in text:  # a scalar a number field could mean
+        return None
     try:
-        value = yaml.safe_load(text) if isinstance(text, str) and "\n" not in text else None
-    except yaml.YAMLError:
+        value = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
         return None
     return value if isinstance(value, (bool, int, float)) else None

@@ -124,7 +124,7 @@ def synth_table() -> list[str]:
 
 
 def speed_table(P: int, M: int) -> list[str]:
-    rows = [f"| schedule | P | M | actions | build s | comm + validate s | simulate s | bubble |",
+    rows = ["| schedule | P | M | actions | build s | comm + validate s | simulate s | bubble |",
             "|---|---|---|---|---|---|---|---|"]
     for name, kw in NEW:
         s = REG.create("schedule", name, **kw)

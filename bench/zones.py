@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = []
     for model in args.models:
-        base = ["cluster=two_zone", f"model={model}", f"train.global_batch={args.batch}"]
         west = hexicore.plan(cluster="two_zone", model=model,
                              overrides=[f"train.global_batch={args.batch}", "exclude=[E0.0,E0.1,E0.2,E0.3,E0.4,"
                                         "E0.5,E0.6,E0.7,E1.0,E1.1,E1.2,E1.3,E1.4,E1.5,E1.6,E1.7]"])

@@ -154,6 +154,16 @@ def test_plan_warns_where_the_runtime_would_refuse_its_plan(tmp_path, capsys):
     assert code == 0 and "cannot run" not in capsys.readouterr().err
 
 
+def test_a_tp_the_runtime_cannot_shard_names_its_stage():
+    """The runtime's refusal (a warning of plan and evaluate) named ``stages.tp``, no pipeline
+    nor stage: now the plan's own field."""
+    from hexicore.core.errors import PlanError
+
+    with pytest.raises(PlanError) as e:
+        layout_of([(4, "1f1b", [(1, 8)]), (4, "1f1b", [(1, 2), (3, 6)])])
+    assert e.value.field == "pipelines[1].stages[1].tp" and "does not divide the model's heads (4)" in e.value.message
+
+
 def test_plan_layout_runs_each_pipelines_own_schedule():
     layout = layout_of(PLANS["3 pipelines: tp2 (gpipe) | 2 stages (hanayo) | tp1 whole model (1f1b)"])
     assert [p.actions.schedule["name"] for p in layout.pipelines] == ["gpipe", "hanayo", "1f1b"]
@@ -178,7 +188,7 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     """One 6-rank job: the reference on rank 0, then every plan of :data:`PLANS`; each matches
     ``parallel=none`` on the same global batch (losses and final weights within 1e-5). Then a plan
     written by ``hexicore plan`` for a small synthetic cluster trains through ``hexicore train``."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch import launch
     from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
     from hexicore_plugins.runtimes.torch.trainer import WorkerSpec

@@ -33,6 +33,10 @@ def _one_line(code, capsys, source, field, tmp_path, out):
                        "original_max_position_embeddings": 16}}, "rope_scaling.factor"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8}}, "rope_scaling.low_freq_factor"),
     ({"hf_model_type": "gpt2"}, "hf_model_type"),
+    ({"max_position": 16}, "max_position"),  # below the model's own seq_len 32: was accepted
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+                       "original_max_position_embeddings": 16.5}},  # config.json got 16, the runtime used 16.5
+     "rope_scaling.original_max_position_embeddings"),
 ])
 def test_model_file_fields_the_runtime_cannot_train_are_refused_before_launch(change, field, tmp_path, capsys):
     """These used to pass the reader and fail inside training (rope) or after it, with the
@@ -87,3 +91,37 @@ def test_bad_prepare_data_inputs(inputs, extra, source, field, tmp_path, capsys,
                     f"hydra.run.dir={tmp_path / 'h'}"])
     _one_line(code, capsys, source, field, tmp_path, "x.bin")
     assert not (tmp_path / "x.bin.json").exists()
+
+
+def _hf_dir(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(HF))  # max_position_embeddings 32
+    return tmp_path / "hf"
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "cluster=tight8", "solver=megatron", "train.global_batch=4", "OUT"],
+    ["train", "parallel=none", "train.steps=1", "train.global_batch=2", "train.dtype=fp32", "OUT"],
+])
+def test_a_training_sequence_beyond_the_models_positions_is_refused(command, tmp_path, capsys):
+    """``train.seq_len`` above ``max_position_embeddings`` was planned (and priced) as if the
+    model could train it; train refused it only in the runtime's layout check."""
+    argv = [a.replace("OUT", f"out={tmp_path / 'o'}") for a in command]
+    code = run_cli([*argv, f"model_file={_hf_dir(tmp_path)}", "train.seq_len=64", f"hydra.run.dir={tmp_path / 'h'}"])
+    _one_line(code, capsys, "command line", "train.seq_len", tmp_path, "o")
+    code = run_cli([*argv, f"model_file={tmp_path / 'hf'}", "train.seq_len=32", f"hydra.run.dir={tmp_path / 'h2'}"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_plan_whose_seq_len_exceeds_its_models_positions_is_refused(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert run_cli(["plan", f"model_file={_hf_dir(tmp_path)}", "cluster=tight8", "solver=megatron",
+                    "train.global_batch=4", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"]["max_position"] == 32 == data["train"]["seq_len"]
+    data["train"]["seq_len"] = 64
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    code = run_cli(["evaluate", f"plan_file={tmp_path / 'bad.json'}", f"out={tmp_path / 'e.json'}",
+                    f"hydra.run.dir={tmp_path / 'h2'}"])
+    _one_line(code, capsys, "bad.json", "train.seq_len", tmp_path, "e.json")

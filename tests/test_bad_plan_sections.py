@@ -56,7 +56,7 @@ def _schedule(section):
     ({"name": "hanayo", "waves": 2, "memory": "abc"}, "pipelines[0].schedule.memory", "positive number"),
     ({"name": "chimera", "memory": [2]}, "pipelines[0].schedule.memory", "positive number"),
     ({"name": "1f1b", "bogus": 1}, "pipelines[0].schedule.bogus", "has no option 'bogus'"),
-    ({"waves": 2}, "pipelines[0].schedule.waves", "schedule '1f1b' has no option 'waves'"),
+    ({"waves": 2}, "pipelines[0].schedule.name", "missing required field"),  # parameters of which schedule?
     ({"name": "interleaved_1f1b", "memory": 2}, "pipelines[0].schedule.memory", "its options: chunks"),
     ({"name": "auto"}, "pipelines[0].schedule.name", "planner's choice"),
     ({"name": "nope"}, "pipelines[0].schedule", "unknown schedule 'nope'"),
@@ -136,7 +136,7 @@ def test_an_integer_of_too_many_digits_is_malformed_yaml(tmp_path):
 ])
 def test_a_falsy_value_of_the_wrong_type_is_refused_not_taken_for_absent(where, value, field, tmp_path, capsys):
     """``"train": 0`` or ``"schedule": ""`` used to read as "absent" (the defaults); null and a
-    missing key still are."""
+    missing key still are (but a pipeline's ``schedule``: only a missing key, below)."""
     def change(data):
         if where == "schedule":
             data["pipelines"][0]["schedule"] = value
@@ -148,3 +148,23 @@ def test_a_falsy_value_of_the_wrong_type_is_refused_not_taken_for_absent(where, 
             data[where] = value
 
     _one_line(*_evaluate(tmp_path, capsys, change), field)
+
+
+@pytest.mark.parametrize("section, words", [
+    ("1f1b", "got str '1f1b'"), ({}, "missing required field"), (None, "got null"),
+    ({"name": ""}, "non-empty string"), ({"name": None, "chunks": 2}, "missing required field"),
+])
+def test_a_pipeline_schedule_is_an_object_with_a_name(section, words, tmp_path, capsys):
+    """``"schedule": "1f1b"``, ``{}`` and ``null`` were read as 1F1B (the bare name, or the
+    default); every plan hexicore writes has ``{"name": ...}``, and only a missing key is the
+    format's default."""
+    code, err, out = _evaluate(tmp_path, capsys, _schedule(section))
+    field = "pipelines[0].schedule" + (".name" if isinstance(section, dict) else "")
+    _one_line(code, err, out, field)
+    assert words in err, err
+
+
+def test_a_pipeline_without_a_schedule_runs_the_default(tmp_path, capsys):
+    code, err, out = _evaluate(tmp_path, capsys, lambda d: [p.pop("schedule") for p in d["pipelines"]])
+    assert code == 0, err
+    assert [p["schedule"] for p in json.loads(out.read_text())["pipelines"]] == [{"name": "1f1b"}]

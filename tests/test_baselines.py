@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hexicore.app.compose import build_problem, config_from_overrides
-from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
 from hexicore.planner.validate import validate_plan
 

@@ -102,6 +102,9 @@ BAD_FILES = [
      "machines"),
     ("synthetic: {gpus: 16, mix: {rtx4090: 1}}\nlinks: []\n", "links"),
     (TWO + "gpus: {g: {tflops: 100, memory_gb: 8}}\nexcluded: [A.0, A.1, B.0, B.1]\n", "excluded"),
+    # an id excluded twice was accepted silently (as once), in both forms
+    (TWO + "gpus: {g: {tflops: 100, memory_gb: 8}}\nexcluded: [A.1, B.0, A.1]\n", "excluded[2]"),
+    ("devices:\n  - {id: A.0, gpu: rtx4090}\n  - {id: A.2, gpu: rtx4090}\nexcluded: [A.1, A.1]\n", "excluded[1]"),
     (TWO + "gpus: {g: {tflops: 1.0e+300, memory_gb: 80}}\n", "gpus.g.tflops"),
     (TWO + "gpus: {g: {tflops: 1.0e-300, memory_gb: 80}}\n", "gpus.g.tflops"),
     (TWO + "gpus: {g: {tflops: 100, memory_gb: 1e300}}\n", "gpus.g.memory_gb"),

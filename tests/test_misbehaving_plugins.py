@@ -195,7 +195,7 @@ def test_a_config_omegaconf_cannot_read_is_a_broken_plugin(monkeypatch, tmp_path
     assert run_cli(["plan", *BASE, "solver=megatron", f"out={out}", f"hydra.run.dir={tmp_path}"]) == 0
     assert out.is_file()
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("hexicore: warning: plugin 'badconfig'"), err
+    assert len(err) == 1 and err[0].startswith("warning: plugin 'badconfig'"), err
 
 
 @pytest.mark.parametrize("returns,text", [("none", "returned NoneType, not a hexicore Plan"),

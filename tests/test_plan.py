@@ -46,8 +46,12 @@ def _broken(plan, i, j, **changes):
     ({"devices": ("A.0", "Z.1"), "tp": 2}, "pipelines[0].stages[0].devices", "unknown device"),
     ({"devices": ("A.0", "A.2"), "tp": 2}, "pipelines[0].stages[1].devices", "also used"),
     ({"tp": 1}, "pipelines[0].stages[0].tp", "does not match"),
-    ({"layers": (0, 20)}, "pipelines[0].stages[1].layers", "gap"),
-    ({"layers": (0, 24)}, "pipelines[0].stages[1].layers", "overlap"),
+    ({"layers": (0, 20)}, "pipelines[0].stages[1].layers", "gap (no stage holds [20, 22))"),
+    ({"layers": (0, 24)}, "pipelines[0].stages[1].layers", "overlap (both hold [22, 24))"),
+    # a reversed or empty first range was reported as a "gap" after a previous stage it lacks
+    ({"layers": (3, 1)}, "pipelines[0].stages[0].layers", "layer range [3, 1) is reversed"),
+    ({"layers": (3, 3)}, "pipelines[0].stages[0].layers", "layer range [3, 3) is empty"),
+    ({"layers": (2, 22)}, "pipelines[0].stages[0].layers", "the first stage starts at layer 2"),
 ])
 def test_structural_refusals(paper_case, llama13b, change, field, words):
     plan = _broken(make_plan(paper_case, llama13b), 0, 0, **change)

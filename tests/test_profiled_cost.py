@@ -291,6 +291,11 @@ def test_a_profile_of_a_larger_fleet_prices_part_of_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0 and out.exists(), err
     assert "unused: Z" in err
+    # the logger's warning reads like every other warning on stderr (it was "[date][hexicore][WARNING] - ...");
+    # the job's log file keeps the full record
+    line = next(ln for ln in err.splitlines() if "unused: Z" in ln)
+    assert line.startswith("warning: profiled cost model: ") and "[WARNING]" not in err, err
+    assert "[hexicore][WARNING] - profiled cost model: " in (tmp_path / "r" / "plan.log").read_text()
 
 
 def test_an_all_devices_profile_prices_each_device_by_its_own_entry(tmp_path, capsys):

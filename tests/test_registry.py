@@ -181,13 +181,13 @@ def test_other_commands_still_work_with_one_warning(isolated, tmp_path, capsys):
                     f"hydra.run.dir={tmp_path}"]) == 0
     err = capsys.readouterr().err
     assert out.is_file() and "Traceback" not in err
-    warnings = [ln for ln in err.splitlines() if ln.startswith("hexicore: warning: plugin")]
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: plugin")]
     assert len(warnings) == 2 and "'broken' (hexicore-broken 0.3)" in warnings[0]
 
 
 def test_using_a_doubly_registered_name_exits_2_naming_both(isolated, tmp_path, capsys):
     code = run_cli(["plan", "model=tiny", "cluster=hetero2", "solver=twin", f"hydra.run.dir={tmp_path}"])
-    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("hexicore: warning:")]
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("warning: ")]
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("hexicore: error:") and "'twin_a' (twin-a 1.0)" in err[0] and "'twin_b' (twin-b 2.0)" in err[0]
 

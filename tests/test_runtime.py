@@ -219,8 +219,6 @@ def test_executor_reports_an_unrunnable_list(tiny):
 
 # ------------------------------------------------- CLI: parallel=none + resume
 def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsys):
-    import torch
-
     a, b = tmp_path / "a", tmp_path / "b"
     code, io = cli([*TRAIN, "parallel=none", "train.steps=4", "train.checkpoint_every=2", "seed=3", f"out={a}"],
                    capsys)

@@ -112,3 +112,33 @@ def test_link_matrices_agree_with_the_pairwise_links_across_zones():
             if a.id != b.id and a.machine != b.machine:
                 assert (bw[row[a.id], row[b.id]], lat[row[a.id], row[b.id]]) == \
                     (c.bandwidth_gbs(a.id, b.id), c.latency_us(a.id, b.id)), (a.id, b.id)
+
+
+def test_a_link_without_latency_keeps_the_latency_of_the_link_it_replaces():
+    """Bandwidth and latency are a pair: an override that gives only ``bandwidth_gbs`` keeps the
+    latency of the link it replaces for that pair (docs/formats.md). Across zones that is the
+    zone link or ``inter_zone``, never ``inter`` (it took inter's 10 us for a 30 ms crossing)."""
+    c = parse_cluster({"name": "z", "inter": {"bandwidth_gbs": 25.0, "latency_us": 10},
+                       "inter_zone": {"bandwidth_gbs": 1.0, "latency_us": 30000},
+                       "zone_links": [{"between": ["east", "north"], "bandwidth_gbs": 3.0}],
+                       "links": [{"between": ["E0", "W0"], "bandwidth_gbs": 2.0},
+                                 {"between": ["E0", "N0"], "bandwidth_gbs": 4.0},
+                                 {"between": ["E0", "E1"], "bandwidth_gbs": 50.0},
+                                 {"between": ["W0", "N0"], "bandwidth_gbs": 5.0, "latency_us": 7}],
+                       "machines": [{"name": n, "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32, "zone": z}
+                                    for n, z in (("E0", "east"), ("E1", "east"), ("W0", "west"), ("N0", "north"))]},
+                      "z.yaml")
+    assert (c.bandwidth_gbs("E0.0", "W0.0"), c.latency_us("E0.0", "W0.0")) == (2.0, 30000)  # inter_zone's
+    assert (c.bandwidth_gbs("E0.0", "N0.0"), c.latency_us("E0.0", "N0.0")) == (4.0, 30000)  # the zone link's, inter_zone's
+    assert (c.bandwidth_gbs("E0.0", "E1.0"), c.latency_us("E0.0", "E1.0")) == (50.0, 10)  # inter's, inside a zone
+    assert c.latency_us("W0.0", "N0.0") == 7  # given
+    assert c.latency_us("E0.0", "E0.0") == 0 and c.machine("E0").latency_us == 0  # a machine without: 0
+    row, _, lat = c.link_matrices
+    assert lat[row["E0.0"], row["W0.0"]] == 30000
+    again = parse_cluster({k: v for k, v in c.to_dict().items() if k != "devices"}, "again")
+    assert again.links == c.links  # written with the latency resolved
+    with pytest.raises(HexicoreError) as e:  # null is no latency; it is refused, not read as absent
+        parse_cluster({"name": "z", "inter": {"bandwidth_gbs": 1.0},
+                       "machines": [{"name": n, "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32} for n in "AB"],
+                       "links": [{"between": ["A", "B"], "bandwidth_gbs": 2.0, "latency_us": None}]}, "z.yaml")
+    assert e.value.field == "links[0].latency_us"

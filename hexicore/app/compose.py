@@ -119,7 +119,9 @@ def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
     t.pop("steps", None)
     if t.get("seq_len") is None:
         t["seq_len"] = model.seq_len
-    return TrainConfig.from_dict(t, "command line")
+    train = TrainConfig.from_dict(t, "command line")
+    model.check_seq_len(train.seq_len, "command line")
+    return train
 
 
 #: Schedule keys every schedule config declares (null where unused) so that one sweep can vary

@@ -41,5 +41,5 @@ def warn_broken_plugins() -> None:
     from hexicore.registry import Registry
 
     for b in Registry.default().broken:
-        print(f"hexicore: warning: plugin {b.name!r} ({b.distribution}) skipped: {b.error} "
+        print(f"warning: plugin {b.name!r} ({b.distribution}) skipped: {b.error} "
               "(see `hexicore plugins`)", file=sys.stderr)

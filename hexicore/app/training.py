@@ -46,6 +46,7 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
         return schema.integer(t.get(key), SRC, f"train.{key}", minimum=minimum)
 
     seq_len = whole("seq_len") if t.get("seq_len") is not None else (plan.train.seq_len if plan else model.seq_len)
+    model.check_seq_len(seq_len, SRC)
     gb, mb = (plan.train.global_batch, plan.train.micro_batch) if plan else (whole("global_batch"), whole("micro_batch"))
     resume, init_from = cfg.get("resume"), cfg.get("init_from")
     return TrainSettings(steps=whole("steps"), global_batch=gb, micro_batch=mb, seq_len=seq_len,

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.zones import LINK_KEYS, fill_zone_links, parse_links, parse_zones
+from hexicore.core.zones import fill_zone_links, parse_inter, parse_links, parse_zones
 from hexicore.core.device_list import check_devices, machines_from_devices
 from hexicore.core.fleet import synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
@@ -237,11 +237,17 @@ class Cluster:
 
     def exclude(self, device_ids: Iterable[str], *, source: str | None = None, field: str = "exclude") -> "Cluster":
         """A copy without ``device_ids``; unknown ids or excluding everything is an error naming
-        ``field`` (the command line's ``exclude``, a cluster file's ``excluded``)."""
+        ``field`` (the command line's ``exclude``, a cluster file's ``excluded``), an id listed
+        twice one naming ``field[i]``, its second place."""
         ids = list(device_ids)
-        for i in ids:
+        first: dict[str, int] = {}
+        for k, i in enumerate(ids):
             if not isinstance(i, str) or i not in self._by_id:
                 raise HexicoreError(f"unknown device {i!r}; devices are {_brief(self._by_id)}", source=source, field=field)
+            if i in first:
+                raise HexicoreError(f"device {i!r} is listed twice (also {field}[{first[i]}])", source=source,
+                                    field=f"{field}[{k}]")
+            first[i] = k
         left = len(self.devices) - len(set(ids))
         if left <= 0:
             raise HexicoreError("excluding every device leaves nothing to plan on", source=source, field=field)
@@ -370,23 +376,14 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
         ))
     limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
                  field=schema.dotted(prefix, "machines"))
-    inter = d.get("inter")
-    if inter is None:
-        if len(machines) > 1:
-            raise HexicoreError("missing required field (the default inter-machine link)", source=source,
-                                field=schema.dotted(prefix, "inter"))
-        inter = {"bandwidth_gbs": 1.0, "latency_us": 0.0}
-    inter = schema.as_mapping(inter, source, schema.dotted(prefix, "inter"))
-    ip = schema.dotted(prefix, "inter")
-    schema.known_keys(inter, LINK_KEYS, source, ip)
-    inter_bw = limits.bandwidth(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs"))
-    inter_lat = limits.latency(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us"))
-    links = tuple(Link(*x) for x in parse_links(d, seen, inter_lat, source, prefix))
+    inter_bw, inter_lat = parse_inter(d, len(machines), source, prefix)
     inter_zone, zone_pairs = parse_zones(d, {m.zone for m in machines if m.zone is not None}, (inter_bw, inter_lat),
                                          source, prefix)
-    zone_links = tuple(Link(*z) for z in zone_pairs)
-    cluster = Cluster(name, tuple(machines), inter_bw, inter_lat, tuple(links), gpus=catalog,
-                      inter_zone=inter_zone, zone_links=zone_links)
+    base = Cluster(name, tuple(machines), inter_bw, inter_lat, gpus=catalog, inter_zone=inter_zone,
+                   zone_links=tuple(Link(*z) for z in zone_pairs))
+    # a pair override without latency_us keeps the latency of the link it replaces (docs/formats.md)
+    links = parse_links(d, seen, lambda a, b: base._between_machines(a, b)[1], source, prefix)
+    cluster = replace(base, links=tuple(Link(*x) for x in links))
     ep = schema.dotted(prefix, "excluded")
     excluded = schema.optional_list(d, "excluded", source, ep)
     if excluded:

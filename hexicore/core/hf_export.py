@@ -45,7 +45,7 @@ GENERATION = "generation_config.json"
 #: the only names :func:`write_extras` writes, and so the only ones it ever removes
 MANAGED = (GENERATION, *TOKENIZER_FILES)
 MANIFEST_FORMAT = "hexicore.final_files/1"
-WARNING = "hexicore: warning: "
+WARNING = "warning: "
 
 
 @dataclass(frozen=True)

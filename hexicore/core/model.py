@@ -86,6 +86,17 @@ class ModelSpec:
                                 field="head_dim")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise HexicoreError(f"unknown norm {self.norm!r}; choose one of: layernorm, rmsnorm", field="norm")
+        if self.max_position and self.seq_len > self.max_position:
+            raise HexicoreError(f"{self.max_position} positions are fewer than seq_len {self.seq_len}, the model's "
+                                "training length: a sequence may not be longer than the positions",
+                                field="max_position")
+
+    def check_seq_len(self, seq_len: int, source: str | None, field: str = "train.seq_len") -> None:
+        """Refuse a training ``seq_len`` beyond the positions the model states (``max_position``;
+        none stated: no bound here), one line naming ``field``."""
+        if self.max_position and seq_len > self.max_position:
+            raise HexicoreError(f"{seq_len} tokens are more than the model's max_position {self.max_position} (the "
+                                "longest sequence its positions allow)", source=source, field=field)
 
     def tp_divides(self, tp: int) -> bool:
         """Whether tensor parallelism of degree ``tp`` shards this model the Megatron way: ``tp``
@@ -296,4 +307,8 @@ def rope_scaling_pairs(raw: Any, source: str | None, field: str) -> tuple[tuple[
     scaling: dict[str, Any] = {"rope_type": "llama3"}
     for k in LLAMA3_KEYS:
         scaling[k] = schema.number(schema.get(m, k, source, field), source, f"{field}.{k}")
+    original = scaling["original_max_position_embeddings"]
+    if not original.is_integer():  # config.json gets it as an integer
+        raise HexicoreError(f"expected a whole number of positions, got {original:g}", source=source,
+                            field=f"{field}.original_max_position_embeddings")
     return tuple(sorted(scaling.items()))

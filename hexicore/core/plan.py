@@ -284,6 +284,7 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
     raw_train = schema.optional_mapping(d, "train", source, "train")
     schema.known_keys(raw_train, TRAIN_KEYS, source, "train")
     train = TrainConfig.from_dict(raw_train, source)
+    model.check_seq_len(train.seq_len, source)
     if d.get("estimate") is not None:  # typed here, so that a bad field names this file
         d = {**d, "estimate": Estimate.from_dict(d["estimate"], source)}
     raw = schema.as_list(schema.get(d, "pipelines", source, None), source, "pipelines")
@@ -306,7 +307,8 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
             lo = schema.integer(layers[0], source, f"{sf}.layers", minimum=0)
             hi = schema.integer(layers[1], source, f"{sf}.layers", minimum=0)
             stages.append(Stage(devs, tp, (lo, hi)))
-        sched = ScheduleRef.from_mapping(p.get("schedule"), source=source, field=f"{pf}.schedule")
+        sched = ScheduleRef.from_section(p["schedule"], source, f"{pf}.schedule") if "schedule" in p \
+            else ScheduleRef.default()  # absent: the format's default; given: an object with a name
         pipelines.append(Pipeline(schema.integer(schema.get(p, "batch", source, pf), source, f"{pf}.batch"),
                                   tuple(stages), sched))
     plan = Plan(model, cluster, train, tuple(pipelines),
@@ -349,12 +351,12 @@ def check_structure(plan: Plan, source: str | None = None) -> list[str]:
                 raise PlanError(f"tp={s.tp} does not match the stage's {len(s.devices)} devices", source=source,
                                 field=f"{sf}.tp")
             lo, hi = s.layers
-            if lo != expect:
-                what = "gap" if lo > expect else "overlap"
-                raise PlanError(f"layers start at {lo} but the previous stage ends at {expect} ({what})",
-                                source=source, field=f"{sf}.layers")
             if hi <= lo:
-                raise PlanError(f"empty layer range [{lo}, {hi})", source=source, field=f"{sf}.layers")
+                what = "empty" if hi == lo else "reversed: its end lies before its start"
+                raise PlanError(f"layer range [{lo}, {hi}) is {what}; a stage holds [start, end) with end > start",
+                                source=source, field=f"{sf}.layers")
+            if lo != expect:
+                raise PlanError(_discontinuity(lo, hi, expect, j), source=source, field=f"{sf}.layers")
             if hi > L:
                 raise PlanError(f"layer range [{lo}, {hi}) exceeds the model's {L} layers", source=source,
                                 field=f"{sf}.layers")
@@ -374,3 +376,14 @@ def check_structure(plan: Plan, source: str | None = None) -> list[str]:
         raise PlanError(f"pipeline batches sum to {total}, global batch is {train.global_batch}", source=source,
                         field="pipelines")
     return warnings
+
+
+def _discontinuity(lo: int, hi: int, expect: int, j: int) -> str:
+    """Why stage ``j`` of blocks ``[lo, hi)`` breaks the ``[0, L)`` cover (the previous stage
+    ends at ``expect``)."""
+    if j == 0:
+        return f"the first stage starts at layer {lo}; a pipeline's stages cover [0, L) in order, from 0"
+    if lo > expect:
+        return f"layers start at {lo} but the previous stage ends at {expect}: a gap (no stage holds [{expect}, {lo}))"
+    return (f"layers start at {lo} but the previous stage ends at {expect}: an overlap (both hold "
+            f"[{lo}, {min(hi, expect)}))")

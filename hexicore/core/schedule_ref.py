@@ -151,6 +151,23 @@ class ScheduleRef(Mapping):
             limits.check(section.get(key), limits.MAX_WAVES, key, source=source, field=f"{field}.{key}")
         return cls(name, FrozenMap((k, v) for k, v in section.items() if k != "name"))
 
+    @classmethod
+    def from_section(cls, section: Any, source: str | None, field: str) -> "ScheduleRef":
+        """A file's explicit ``schedule`` section (a plan pipeline's): an object with a non-empty
+        ``name``, as hexicore writes it. A bare name, ``{}``, ``null`` or parameters without a
+        name are refused naming ``field``, never read as the default (only an absent section is)."""
+        if not isinstance(section, Mapping):
+            shown = "null" if section is None else f"{type(section).__name__} {section!r}"
+            raise HexicoreError(f"expected an object with the schedule's name ({{\"name\": \"1f1b\", ...}}), got "
+                                f"{shown}; leave the field out for the default, {DEFAULT_SCHEDULE}", source=source,
+                                field=field)
+        name = section.get("name")
+        if name is None:
+            raise HexicoreError("missing required field", source=source, field=f"{field}.name")
+        if not isinstance(name, str) or not name.strip():
+            raise HexicoreError(f"expected a non-empty string, got {name!r}", source=source, field=f"{field}.name")
+        return cls.from_mapping(section, source=source, field=field)
+
     def with_params(self, **changes: Any) -> "ScheduleRef":
         """The same schedule with some parameters set (appended in order when new)."""
         return ScheduleRef(self.name, FrozenMap({**self.params, **changes}))

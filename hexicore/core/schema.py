@@ -93,7 +93,7 @@ def number(value: Any, source: str | None, field: str, *, positive: bool = True,
     if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HexicoreError(f"expected a number, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a number, got {value!r}{_yaml11(value)}", source=source, field=field)
     value = float(value)
     if not math.isfinite(value):
         raise HexicoreError(f"expected a finite number, got {value!r}", source=source, field=field)
@@ -113,10 +113,20 @@ def integer(value: Any, source: str | None, field: str, *, minimum: int | None =
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
-        raise HexicoreError(f"expected an integer, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected an integer, got {value!r}{_yaml11(value)}", source=source, field=field)
     if minimum is not None and value < minimum:
         raise HexicoreError(f"must be >= {minimum}, got {value}", source=source, field=field)
     return value
+
+
+def _yaml11(value: Any) -> str:
+    """For text that YAML 1.1 would read as a number (``'1:30'``, ``'017'``): why it is text here."""
+    from hexicore.core.yaml_core import yaml11_reading
+
+    old = yaml11_reading(value) if isinstance(value, str) else None
+    if old is None or isinstance(old, bool):
+        return ""
+    return f" (YAML 1.1 would read {old!r}; hexicore reads YAML 1.2: write the number itself)"
 
 
 def string(value: Any, source: str | None, field: str) -> str:
@@ -336,10 +346,13 @@ def _yaml_expanded_size(node: Any, source: str) -> int:
 
 
 def _load_yaml_text(text: str, source: str) -> Any:
-    """``yaml.safe_load`` that refuses duplicate keys, alias bombs and deep nesting."""
+    """``yaml.safe_load`` with YAML 1.2's plain scalars (:mod:`hexicore.core.yaml_core`: ``1:30``
+    and ``on`` are text) that refuses duplicate keys, alias bombs and deep nesting."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    from hexicore.core.yaml_core import CoreLoader
+
+    class Loader(CoreLoader):
         pass
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict:

@@ -11,13 +11,28 @@ allocation may leave a whole zone idle (:mod:`hexicore.planner.allocation`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 #: the fields of a link (``inter``, ``inter_zone``; ``links``/``zone_links`` add ``between``)
 LINK_KEYS = frozenset({"bandwidth_gbs", "latency_us"})
+
+
+def parse_inter(d: Mapping[str, Any], n_machines: int, source: str | None, prefix: str | None) -> tuple[float, float]:
+    """``inter: {bandwidth_gbs, latency_us}``, the default link between machines, as (GB/s, us):
+    required with more than one machine; ``latency_us`` absent is 0."""
+    ip = schema.dotted(prefix, "inter")
+    inter = d.get("inter")
+    if inter is None:
+        if n_machines > 1:
+            raise HexicoreError("missing required field (the default inter-machine link)", source=source, field=ip)
+        inter = {"bandwidth_gbs": 1.0, "latency_us": 0.0}
+    inter = schema.as_mapping(inter, source, ip)
+    schema.known_keys(inter, LINK_KEYS, source, ip)
+    return (limits.bandwidth(schema.get(inter, "bandwidth_gbs", source, ip), source, schema.dotted(ip, "bandwidth_gbs")),
+            limits.latency(inter.get("latency_us", 0.0), source, schema.dotted(ip, "latency_us")))
 
 
 def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float], source: str | None,
@@ -54,9 +69,11 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
     return inter_zone, tuple(links)
 
 
-def parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: str | None,
-                 prefix: str | None) -> list[tuple]:
-    """The ``links`` section: per machine-pair overrides of ``inter``, as ``(between, GB/s, us)``."""
+def parse_links(d: Mapping[str, Any], seen: set[str], replaced_latency: Callable[[str, str], float],
+                source: str | None, prefix: str | None) -> list[tuple]:
+    """The ``links`` section: per machine-pair overrides, as ``(between, GB/s, us)``. An entry
+    without ``latency_us`` keeps ``replaced_latency(a, b)``: the latency of the link it replaces
+    (``inter``, or between machines of different zones their zone link or ``inter_zone``)."""
     links: list[tuple] = []
     pairs: set[frozenset] = set()
     for i, raw in enumerate(schema.optional_list(d, "links", source, schema.dotted(prefix, "links"))):
@@ -76,7 +93,8 @@ def parse_links(d: Mapping[str, Any], seen: set[str], inter_lat: float, source: 
         links.append((
             (str(between[0]), str(between[1])),
             limits.bandwidth(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
-            limits.latency(l.get("latency_us", inter_lat), source, schema.dotted(fp, "latency_us")),
+            limits.latency(l["latency_us"] if "latency_us" in l else replaced_latency(*map(str, between)), source,
+                           schema.dotted(fp, "latency_us")),
         ))
     return links
 

@@ -195,8 +195,8 @@ def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup],
         raise PlanError(f"action list runs {actions.micro_batches} micro-batches of {micro_batch} but the "
                         f"pipeline's batch is {batch}", source=source, field="batch")
     check_actions(actions, source)
-    for g in groups:
-        check_model(model, g.tp, source, "stages.tp")
+    for j, g in enumerate(groups):
+        check_model(model, g.tp, source, f"pipelines[{index}].stages[{j}].tp")
     chunks = chunk_layers(actions, [g.layers for g in groups], source)
     if sum(g.layers for g in groups) != model.layers:
         raise PlanError(f"stages hold {sum(g.layers for g in groups)} layers, the model has {model.layers}",
@@ -206,7 +206,7 @@ def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup],
         tps = {groups[actions.stage_rank[x]].tp for x in part.replicas(s)}
         if len(tps) > 1:
             raise PlanError(f"replicas {part.replicas(s)} of stage {s} have different TP degrees", source=source,
-                            field="stages.tp")
+                            field=f"pipelines[{index}].stages")
     return part
 
 
@@ -317,11 +317,11 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
         raise PlanError("a stage holds no layers (more stages than layers)", source=source, field="layers")
     rank_of = {d: i for i, d in enumerate(plan.devices)}
     pipes = []
-    for p, sched in zip(plan.pipelines, schedules):
+    for i, (p, sched) in enumerate(zip(plan.pipelines, schedules)):
         mbs = _micro_batches(p.batch, train.micro_batch, source)
         groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
-        for s in p.stages:
-            check_model(model, s.tp, source, "stages.tp")
+        for j, s in enumerate(p.stages):
+            check_model(model, s.tp, source, f"pipelines[{i}].stages[{j}].tp")
         pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source,
                                                         [g.layers for g in groups], fallback=True)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,

@@ -3,7 +3,8 @@
 Resumable checkpoints (``out/checkpoints/step_N/``): ``model.safetensors`` (the whole model under
 standard names), ``optim.safetensors`` (AdamW moments as ``exp_avg.NAME`` / ``exp_avg_sq.NAME``)
 and ``meta.json`` (format ``hexicore.checkpoint/2``: step, losses, step times, seed, schedule,
-AdamW step count, the model spec, the data source and a fingerprint of the plan). Every rank
+AdamW step count, the model spec, the data source and a fingerprint of the plan; since the lr
+schedule, also the optimizer settings, ``train_steps`` and the per-step gradient norms). Every rank
 contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are identical — and
 replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along their shard
 dimension and writes. The result is layout-free: resuming reads, on every rank, only the TP slices

@@ -271,7 +271,7 @@ class Executor:
         self.sync_s += time.perf_counter() - t0
 
     def _update(self) -> None:
-        """The global gradient norm (one scalar all-reduce over the world, :mod:`.grad_norm`),
+        """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.grad_norm`),
         then every optimizer's update at this step's ``lr``, gradients scaled by the clip
         coefficient; the plain AdamW's step is device compute, stretched like an action."""
         sharded = self.g.dp.sharded if self.g.dp is not None else None
@@ -279,7 +279,7 @@ class Executor:
                                   self.device)
         if sharded is not None:
             local += sharded.sq_norm(self.device)
-        self.grad_norm = grad_norm.global_norm(local, self.g.world)
+        self.grad_norm = grad_norm.global_norm(local, self.g.norm_ranks, self.g.norm)
         coef = grad_norm.coefficient(self.grad_norm, self.clip_grad)
         if sharded is not None:
             sharded.apply(self.params, self._wait, lr=self.lr, coef=coef)

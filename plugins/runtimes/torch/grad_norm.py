@@ -3,8 +3,8 @@
 ``torch.nn.utils.clip_grad_norm_`` on one process over the whole model takes the L2 norm of
 every gradient element once, after the step's gradient is summed, and scales every gradient by
 ``min(1, clip_grad / (norm + 1e-6))``. Distributed, every element must still count once: each
-rank sums the squares of the elements it *counts* (:func:`local_sq`), one all-reduce of that
-scalar over the world gives every rank the same norm, so every rank uses the same coefficient.
+rank sums the squares of the elements it *counts* (:func:`counted`), one all-reduce of that
+scalar over the ranks the layout uses gives every rank the same norm, so every rank uses the same coefficient.
 
 Who counts what, after the step's sums (``REDUCE`` of stage replicas, the data-parallel sync,
 the tied-embedding group — so every copy of an element holds the summed gradient):
@@ -39,11 +39,11 @@ EPS = 1e-6
 
 def squares(grads: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The sum of the squares of every element of ``grads`` (float64 accumulator, on ``device``)."""
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    for g in grads:
-        if g.numel():
-            total += torch.linalg.vector_norm(g, dtype=torch.float32).double() ** 2
-    return total
+    grads = [g for g in grads if g.numel()]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch._foreach_norm(grads)  # one fused kernel per device and dtype, as clip_grad_norm_ does
+    return torch.stack([n.to(device=device, dtype=torch.float64) for n in norms]).pow(2).sum()
 
 
 def counted(stages: dict, tp_rank: int, pipeline: int, skip: set) -> list[torch.Tensor]:
@@ -67,10 +67,11 @@ def counted(stages: dict, tp_rank: int, pipeline: int, skip: set) -> list[torch.
     return out
 
 
-def global_norm(local: torch.Tensor, world: int) -> float:
-    """The L2 norm from every rank's ``local`` sum of squares (collective over the world)."""
-    if world > 1:
-        dist.all_reduce(local)
+def global_norm(local: torch.Tensor, ranks: int, group=None) -> float:
+    """The L2 norm from every rank's ``local`` sum of squares (collective over ``group``, the
+    ``ranks`` ranks a layout uses; None: the world)."""
+    if ranks > 1:
+        dist.all_reduce(local, group=group)
     return float(local.sqrt())
 
 

@@ -225,7 +225,8 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
     assert code == 0, io.err
     m = json.loads((a / "metrics.json").read_text())
     assert set(m) == {"format", "losses", "tokens_per_s", "step_s", "ranks", "plan", "schedule", "seed", "predicted",
-                      "measured"}
+                      "measured", "lr", "grad_norm"}
+    assert m["lr"] == [3e-4] * 4 and len(m["grad_norm"]) == 4 and all(x > 0 for x in m["grad_norm"])
     assert m["predicted"] is None and m["measured"]["steps"] == 3  # no plan, nothing predicted
     assert len(m["losses"]) == 4 and m["ranks"] == 1 and m["seed"] == 3 and m["tokens_per_s"] > 0
     from safetensors.torch import load_file

@@ -3,7 +3,8 @@
 Resumable checkpoints (``out/checkpoints/step_N/``): ``model.safetensors`` (the whole model under
 standard names), ``optim.safetensors`` (AdamW moments as ``exp_avg.NAME`` / ``exp_avg_sq.NAME``)
 and ``meta.json`` (format ``hexicore.checkpoint/2``: step, losses, step times, seed, schedule,
-AdamW step count, the model spec, the data source and a fingerprint of the plan). Every rank
+AdamW step count, the model spec, the data source and a fingerprint of the plan; since the lr
+schedule, also the optimizer settings, ``train_steps`` and the per-step gradient norms). Every rank
 contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are identical — and
 replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along their shard
 dimension and writes. The result is layout-free: resuming reads, on every rank, only the TP slices
@@ -206,9 +207,13 @@ def check_meta(ck: dict[str, Any], src: str) -> None:
             raise bad(f, "expected a mapping")
     if not isinstance(ck.get("plan"), str):
         raise bad("plan", "expected the plan's fingerprint, a string")
-    for f in ("global_batch", "seq_len"):
+    for f in ("global_batch", "seq_len", "train_steps"):
         if f in ck and (not _int(ck[f]) or ck[f] < 1):
             raise bad(f, "expected a positive integer")
+    norms = ck.get("grad_norms")
+    if "grad_norms" in ck and not (isinstance(norms, list) and len(norms) == step and
+                                   _numbers([x for x in norms if x is not None])):
+        raise bad("grad_norms", f"expected a list of {step} numbers or nulls, one per step done")
 
 
 def model_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
@@ -221,10 +226,14 @@ def optim_source(ck: dict[str, Any]) -> hf_io.SafeTensors:
 
 
 def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: dict[str, Any],
-                 plan: str, steps: int | None = None, batch: dict[str, int] | None = None) -> str | None:
+                 plan: str, steps: int | None = None, batch: dict[str, int] | None = None,
+                 optim: dict[str, Any] | None = None) -> str | None:
     """Refuse resuming with another seed, model, data, global batch or sequence length (one line
-    naming the difference), or at a step with nothing left to train (``steps``: ``train.steps``);
-    a different plan or schedule is allowed: returns the line that says so (None when the same)."""
+    naming the difference), another optimizer setting the checkpoint records (``optim``: the
+    run's ``runtime.*`` values of :data:`.lr_schedule.RECORDED`; older checkpoints record none)
+    or, under a decaying lr schedule, another ``train.steps`` (:func:`check_optim`), or at a step
+    with nothing left to train (``steps``: ``train.steps``); a different plan or schedule is
+    allowed: returns the line that says so (None when the same)."""
     src = ck.get("dir")
     if ck.get("seed") != seed:
         raise HexicoreError(f"the checkpoint was trained with seed {ck.get('seed')}, this run has seed {seed}",
@@ -242,6 +251,7 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
         if k in ck and ck[k] != v:
             raise HexicoreError(f"the checkpoint was trained with {k} {ck[k]}, this run has {v}", source=src,
                                 field=f"train.{k}")
+    check_optim(ck, optim or {}, steps)
     if steps is not None and ck["step"] >= steps:
         raise HexicoreError(f"the checkpoint has done {ck['step']} steps and train.steps={steps}: nothing to train "
                             f"(raise train.steps)", source=src, field="train.steps")
@@ -249,6 +259,23 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
         return (f"hexicore: resuming step {ck.get('step')} under another plan/schedule than the checkpoint's "
                 f"({ck.get('schedule')}, plan {ck.get('plan')} -> {plan})")
     return None
+
+
+def check_optim(ck: dict[str, Any], optim: dict[str, Any], steps: int | None) -> None:
+    """Resuming continues the checkpoint's optimizer: every recorded ``runtime.*`` setting must
+    be the run's, and a linear or cosine schedule decays over ``train.steps``, so another
+    ``train.steps`` would change every later lr (refused; a constant schedule may be extended)."""
+    from .lr_schedule import decays
+
+    src = ck.get("dir")
+    for k, v in optim.items():
+        if k in ck and ck[k] != v:
+            raise HexicoreError(f"the checkpoint was trained with {k} {ck[k]!r}, this run has {v!r} (resuming "
+                                f"continues its optimizer and lr schedule)", source=src, field=f"runtime.{k}")
+    done = ck.get("train_steps")
+    if steps is not None and done is not None and decays(str(ck.get("lr_schedule"))) and done != steps:
+        raise HexicoreError(f"the checkpoint's {ck.get('lr_schedule')} lr schedule decays over train.steps={done}, "
+                            f"this run has {steps} (every later lr would change)", source=src, field="train.steps")
 
 
 def _comparable(data: dict[str, Any], theirs: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from .grad_norm import squares
 from .layout import Layout
 from .tensor_parallel import shard_dim
 from .zero import adamw_, gather_pieces, sum_piece
@@ -181,9 +182,10 @@ class DPSync:
 
     def run(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
         """All-reduce every chunk group this rank is in; ``params[(stage, name)]`` are its tensors.
-        With a :class:`ShardedAdamW` attached (``sharded``), the sharded step runs instead."""
+        With a sharded optimizer attached (``sharded``), its first phase runs instead: the summed
+        gradient pieces (its ``apply`` updates once the global norm is known, :mod:`.grad_norm`)."""
         if self.sharded is not None:
-            self.sharded.step(params, wait)
+            self.sharded.prepare(params, wait)
             return
         for p in params.values():
             if p.grad is None:
@@ -210,6 +212,8 @@ class ShardedAdamW:
     to ``weights``, the shard weight of every global rank), updates its piece of the weights
     with AdamW (:func:`.zero.adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
     two moments of that piece only, then all-gathers the updated weights into every local copy.
+    The step has two phases (:mod:`.grad_norm`): every group's summed piece (:meth:`prepare`),
+    then, with the global gradient norm known, the updates (:meth:`apply`).
     Gradients accumulate in full over a step's micro-batches and are freed after the step (the
     torch runtime runs ZeRO-1 here, and hybrid ZeRO-2; ZeRO-2 shards the gradients per
     micro-batch otherwise, :class:`.zero.ShardedState`).
@@ -221,16 +225,17 @@ class ShardedAdamW:
     def __init__(self, sync: DPSync, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                  weights: tuple[float, ...] | None = None, machines: tuple[str, ...] | None = None,
                  device: torch.device | None = None):
-        from .hybrid import split
+        from .hybrid import counted, split
 
         self.sync, self.weights = sync, weights
         self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        self.splits = {}
+        self.splits, self.counted, self.grads = {}, {}, {}
         self.moments: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         for members, handle, chunks in sync.items:
             n = sum(c.numel for c, _, _ in chunks)
             sp = split(members, n, sync.rank, weights, machines)
             self.splits[members] = sp
+            self.counted[members] = counted(members, sync.rank, machines)
             lo, hi = sp.piece
             self.moments[members] = (torch.zeros(hi - lo, device=device), torch.zeros(hi - lo, device=device))
         self.t = 0
@@ -247,34 +252,55 @@ class ShardedAdamW:
         return sum(t.numel() * t.element_size() for pair in self.moments.values() for t in pair)
 
     @torch.no_grad()
-    def step(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
-        self.t += 1
+    def prepare(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
+        """Phase 1 of the step: every group's gradient bucket summed, this rank's piece kept
+        (hybrid: summed across machines too); the update waits for the global norm (:meth:`apply`)."""
         for p in params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        self.grads = {}
         for members, _, chunks in self.sync.items:
             sp = self.splits[members]
             lo, hi = sp.piece
             flat = self.sync.bucket(params, chunks)
             peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
-            bounds = list(sp.bounds)
             g = flat[lo:hi] if peers is None else \
-                sum_piece(flat, bounds, sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
+                sum_piece(flat, list(sp.bounds), sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
             self._cross(sp, g, wait)
+            self.grads[members] = g.clone() if g.numel() < flat.numel() else g  # not the whole bucket kept
+        for key in self.synced():
+            params[key].grad = None
+
+    def sq_norm(self, device: torch.device) -> torch.Tensor:
+        """Sum of squares of the summed gradient pieces this rank counts (:func:`.hybrid.counted`)."""
+        return squares([g for m, g in self.grads.items() if self.counted[m]], device)
+
+    @torch.no_grad()
+    def apply(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None], *,
+              lr: float | None = None, coef: float | None = None) -> None:
+        """Phase 2: AdamW on every piece (its gradient scaled by ``coef``, at ``lr``; None: the
+        constructor's), then the updated weights all-gathered into every local copy."""
+        self.t += 1
+        adam = {**self.adam, "lr": self.adam["lr"] if lr is None else lr}
+        for members, _, chunks in self.sync.items:
+            sp = self.splits[members]
+            lo, hi = sp.piece
+            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
+            g = self.grads.pop(members)
+            if coef is not None:
+                g.mul_(coef)
             weights = torch.cat([self.sync._view(params[(mine[0].stage, c.name)], c, mine[0]).reshape(-1)
                                  for c, mine, _ in chunks])
             w = weights[lo:hi].clone()
-            adamw_(w, g, *self.moments[members], self.t, **self.adam)
+            adamw_(w, g, *self.moments[members], self.t, **adam)
             new = w if peers is None else \
-                gather_pieces(w, bounds, peers, wait, f"ZeRO weight all-gather with ranks {list(sp.peers)}")
+                gather_pieces(w, list(sp.bounds), peers, wait, f"ZeRO weight all-gather with ranks {list(sp.peers)}")
             k = 0
             for c, mine, _ in chunks:
                 for h in mine:
                     v = self.sync._view(params[(h.stage, c.name)], c, h)
                     v.copy_(new[k: k + c.numel].view_as(v))
                 k += c.numel
-        for key in self.synced():
-            params[key].grad = None
 
     def _cross(self, sp, g: torch.Tensor, wait: Callable) -> None:
         """Hybrid: sum each segment of this rank's gradient piece ``g`` with the other machines'

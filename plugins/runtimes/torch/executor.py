@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from hexicore.pipeline.actions import Action, Op
 
+from . import grad_norm
 from .emulate import clock, settle, stretch
 from .groups import Groups
 from .layout import PipelinePart
@@ -68,6 +69,13 @@ class Executor:
         self.slowdown = slowdown  # emulated device speed (test aid, emulate.py)
         sharded = groups.dp.sharded if groups.dp is not None else None
         self.shards = sharded if hasattr(sharded, "before") else None
+        self.params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
+        self.skip = sharded.synced() if sharded is not None else set()  # ZeRO-sharded: counted by pieces
+        #: this step's learning rate (None: the optimizers' own) and max global gradient norm (None: no
+        #: clipping), set by the trainer; the step's pre-clip global gradient norm after it
+        self.lr: float | None = None
+        self.clip_grad: float | None = None
+        self.grad_norm = 0.0
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:
@@ -253,19 +261,32 @@ class Executor:
         t0 = time.perf_counter()
         for s in sorted(self.stages):
             self._reduce(s)
-        if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders
-            params = {(s, n): p for s in sorted(self.stages) for n, p in self.stages[s].module.named_parameters()}
-            self.g.dp.run(params, self._wait)
+        if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)
+            self.g.dp.run(self.params, self._wait)
         if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient (after
             self.g.tied.run(self.stages, self._wait)  # the DP sync, whose ZeRO-3 rounds may still need this rank)
-        if self.optimizer is not None:  # device compute: stretched like a compute action (.emulate)
-            wall, cpu = clock()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            stretch(self.slowdown, wall, self.device, cpu)
+        self._update()
         self.stepped = True
         settle(self.device)
         self.sync_s += time.perf_counter() - t0
+
+    def _update(self) -> None:
+        """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.grad_norm`),
+        then every optimizer's update at this step's ``lr``, gradients scaled by the clip
+        coefficient; the plain AdamW's step is device compute, stretched like an action."""
+        sharded = self.g.dp.sharded if self.g.dp is not None else None
+        local = grad_norm.squares(grad_norm.counted(self.stages, self.g.tp.rank, self.part.index, self.skip),
+                                  self.device)
+        if sharded is not None:
+            local += sharded.sq_norm(self.device)
+        self.grad_norm = grad_norm.global_norm(local, self.g.norm_ranks, self.g.norm)
+        coef = grad_norm.coefficient(self.grad_norm, self.clip_grad)
+        if sharded is not None:
+            sharded.apply(self.params, self._wait, lr=self.lr, coef=coef)
+        if self.optimizer is not None:
+            wall, cpu = clock()
+            grad_norm.step_plain(self.optimizer, self.lr, coef)
+            stretch(self.slowdown, wall, self.device, cpu)
 
     # ----------------------------------------------------------------- run
     def run_step(self, tokens: torch.Tensor) -> torch.Tensor:

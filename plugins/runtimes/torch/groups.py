@@ -5,7 +5,8 @@ world, so every rank creates every group in the same order, members or not, and 
 handles of the groups it belongs to: first a TP group per stage (pipeline by pipeline), then one
 group per set of ranks that hold the same gradient chunks across pipelines (:mod:`.dp_sync`:
 chunks of the smallest shard size, grouped by layer and parameter, not by stage), then, for a
-tied embedding, the embedding group of every rank holding a copy (:mod:`.tied`). P2P between
+tied embedding, the embedding group of every rank holding a copy (:mod:`.tied`), and, when some
+ranks stay idle, the group of the used ranks (:mod:`.grad_norm`'s all-reduce). P2P between
 consecutive stages uses the default group (leader to leader, HexiScale §3.2).
 """
 
@@ -36,6 +37,8 @@ class Groups:
     tp_leader: int
     dp: DPSync | None = None
     tied: tied.TiedSync | None = None
+    norm: Any = None  # the ranks a layout uses, who all-reduce the step's gradient norm (None: the world)
+    norm_ranks: int = 1  # how many they are
 
 
 def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machines: tuple[str, ...] | None = None,
@@ -88,4 +91,6 @@ def build_groups(layout: Layout, rank: int, world: int, zero: int = 0, *, machin
         handle = dist.new_group(list(emb))
         if rank in emb:
             tied_sync = tied.TiedSync(handle, role.tp_rank)
-    return Groups(rank, world, role, tp, leader, dp or None, tied_sync)
+    used = sorted({r for p in layout.pipelines for g in p.groups for r in g.ranks})  # idle ranks stay out
+    norm = dist.new_group(used) if 1 < len(used) < world else None
+    return Groups(rank, world, role, tp, leader, dp or None, tied_sync, norm, len(used))

@@ -102,6 +102,13 @@ def split(members: Sequence[int], n: int, rank: int, weights: Sequence[float] | 
     return Split(peers, bounds, peers.index(rank), cross)
 
 
+def counted(members: Sequence[int], rank: int, machines: Sequence[str] | None) -> bool:
+    """Whether ``rank``'s piece of a chunk group counts in the global gradient norm
+    (:mod:`.grad_norm`): always, unless hybrid, where every machine holds the summed bucket and
+    only the pieces of the group's first machine (that of its lowest rank) count."""
+    return machines is None or rank in by_machine(sorted(members), machines)[0]
+
+
 def peers_of(members: Sequence[int], rank: int, machines: Sequence[str] | None) -> tuple[int, ...]:
     """The ranks whose pieces tile a chunk group's bucket for ``rank``: all ``members``
     (``machines`` None) or those in its machine."""
@@ -176,5 +183,5 @@ def sum_across(b, g: torch.Tensor, handle: Callable, wait: Callable) -> None:
             k += y - x
 
 
-__all__ = ["Split", "by_machine", "segments", "split", "peers_of", "atom_segments", "atom_cross", "machine_sets",
+__all__ = ["Split", "by_machine", "counted", "segments", "split", "peers_of", "atom_segments", "atom_cross", "machine_sets",
            "communicators", "sum_across"]

@@ -21,6 +21,8 @@ from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 
 from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
+from .fault import check_fault, parse_fault
+from .lr_schedule import RECORDED, check_steps, parse as parse_optim
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATA = ("synthetic", "text", "tokens")
@@ -36,6 +38,10 @@ class TorchSettings:
     lr: float = 3e-4
     eps: float = 1e-5
     weight_decay: float = 0.1
+    lr_schedule: str = "constant"  # constant | linear | cosine (.lr_schedule.lr_at)
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip_grad: float | None = None  # max global gradient norm; None: no clipping
     data: str = "synthetic"
     data_file: str | None = None
     shard_mb: float = 5120.0  # out/final/ is one file up to this size, else one shard per stage
@@ -65,45 +71,9 @@ class TorchSettings:
         if p["start_method"] not in methods:
             raise HexicoreError(f"unknown start method {p['start_method']!r}; this platform offers: {', '.join(methods)}",
                                 field="runtime.start_method")
-        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=p["progress"],
+        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=p["progress"], **parse_optim(p, nums["lr"]),
                    data_file=None if p["data_file"] is None else str(p["data_file"]),
                    start_method=str(p["start_method"]), fault=parse_fault(p["fault"]), **nums)
-
-
-FAULT_KINDS = ("die", "hang", "stop")
-
-
-def parse_fault(raw: Any) -> dict[str, Any] | None:
-    """The testing aid ``runtime.fault``: ``{rank: R, step: K, kind: die|hang|stop}`` (``step``
-    counts from 0, absent = 0; null or ``{}``: no fault). Its rank and step are checked against
-    the run in :func:`check_fault`."""
-    if raw is None:
-        return None
-    f = schema.as_mapping(raw, None, "runtime.fault")
-    if not f:
-        return None
-    schema.known_keys(f, ("rank", "step", "kind"), None, "runtime.fault")
-    rank = schema.integer(schema.get(f, "rank", None, "runtime.fault"), None, "runtime.fault.rank", minimum=0)
-    step = schema.integer(f.get("step", 0), None, "runtime.fault.step", minimum=0)
-    kind = schema.get(f, "kind", None, "runtime.fault")
-    if kind not in FAULT_KINDS:
-        raise HexicoreError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}",
-                            field="runtime.fault.kind")
-    return {"rank": rank, "step": step, "kind": kind}
-
-
-def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int, start: int = 0) -> None:
-    """A fault must hit a rank of the run (``0 .. world-1``) at one of the steps it trains
-    (``start .. steps-1``; ``start``: the step a resumed run begins at)."""
-    if fault is None:
-        return
-    if fault["rank"] >= world:
-        raise HexicoreError(f"no rank {fault['rank']} in this run: its ranks are 0 to {world - 1}",
-                            field="runtime.fault.rank")
-    if not start <= fault["step"] < steps:
-        raise HexicoreError(f"step {fault['step']} is never reached: this run trains steps {start} to {steps - 1}"
-                            + (f" (resumed at step {start})" if start else f" (train.steps={steps})"),
-                            field="runtime.fault.step")
 
 
 class TorchRuntime:
@@ -157,12 +127,13 @@ class TorchRuntime:
 
             for p in layout.pipelines:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
+        check_steps(settings.warmup_steps, t.steps)
         data_id = check_data(settings, layout)
         init_from = None
         if t.init_from and not resume:
             init_from = check_init_from(t.init_from, layout)
         check_fault(settings.fault, layout.world, t.steps,
-                    _check_resume(resume, layout, t.seed, data_id, t.steps) if resume else 0)
+                    _check_resume(resume, layout, t.seed, data_id, t.steps, settings) if resume else 0)
         extras = final_extras(spec, settings, layout, init_from)  # last check: its warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
@@ -173,7 +144,7 @@ class TorchRuntime:
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
         return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout,
                           steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out, resume=resume,
-                          checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr,
+                          checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr, **optim_settings(settings),
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
@@ -275,10 +246,16 @@ def check_init_from(folder: str, layout: Layout) -> str:
     return str(Path(folder).resolve())
 
 
-def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int) -> int:
+def optim_settings(settings: TorchSettings) -> dict[str, Any]:
+    """The lr schedule and clipping keys of the settings, as the worker spec takes them."""
+    return {k: getattr(settings, k) for k in ("lr_schedule", "warmup_steps", "min_lr", "clip_grad")}
+
+
+def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int,
+                  settings: TorchSettings) -> int:
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
-    sequence length; steps left to train) and its tensors are the model's (headers only); the
-    step the resumed run starts at."""
+    sequence length, optimizer settings; steps left to train) and its tensors are the model's
+    (headers only); the step the resumed run starts at."""
     import sys
 
     from . import checkpoint
@@ -287,6 +264,7 @@ def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any
     ck = checkpoint.load(resume)
     note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
                                    plan=checkpoint.plan_fingerprint(layout), steps=steps,
+                                   optim={k: getattr(settings, k) for k in RECORDED},
                                    batch={"global_batch": layout.global_batch, "seq_len": layout.seq_len})
     checkpoint.check_tensors(ck, full_shapes(layout.model), tied=layout.model.tied_embeddings)
     if note:

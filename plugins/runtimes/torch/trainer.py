@@ -30,6 +30,7 @@ from .executor import Executor
 from .groups import build_groups
 from .layout import Layout
 from .hf_io import SafeTensors
+from .lr_schedule import OptimSchedule
 from .stage import Seeded, build_stages
 
 METRICS_FORMAT = "hexicore.metrics/1"
@@ -48,6 +49,10 @@ class WorkerSpec:
     lr: float = 3e-4  # AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), eps 1e-5, decay 0.1
     eps: float = 1e-5
     weight_decay: float = 0.1
+    lr_schedule: str = "constant"  # constant | linear | cosine after warmup_steps (.lr_schedule.lr_at)
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip_grad: float | None = None  # max global gradient L2 norm (.grad_norm); None: no clipping
     data: str = "synthetic"
     data_file: str | None = None
     out: str | None = None
@@ -138,6 +143,10 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
                          check_ids=not spec.data_checked)
     start = int(ck["step"]) if ck else 0
     losses = [float(x) for x in ck["losses"]][:start] if ck else []
+    sched = optim_schedule(spec)
+    norms = list(ck.get("grad_norms") or [None] * start)[:start] if ck else []
+    if executor is not None:
+        executor.clip_grad = spec.clip_grad
     step_s = [float(x) for x in ck.get("step_s", [])][:start] if ck else []
     tokens = layout.global_batch * layout.seq_len
     out = Path(spec.out) if spec.out else None
@@ -150,8 +159,11 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
             t0 = time.perf_counter()
             if executor is None:
                 local = torch.zeros((), device=device)
+                norms.append(None)  # an idle rank takes no part in the gradient norm
             else:
+                executor.lr = sched.lr_at(step)
                 local = executor.run_step(source.batch(step, *rows) if rows else blank)
+                norms.append(executor.grad_norm)
             loss = local.detach().clone() if role is not None and groups.tp.rank == 0 else torch.zeros_like(local)
             if world > 1:
                 dist.all_reduce(loss)
@@ -160,7 +172,7 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
             recorder.record(executor)
             bar.update(losses[-1], tokens / step_s[-1])
             if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
-                _save_checkpoint(spec, stages, groups, optimizer, executor, step + 1, losses, step_s, out)
+                _save_checkpoint(spec, stages, groups, optimizer, executor, step + 1, losses, step_s, out, norms)
     finally:
         bar.close()
     kept, state_bytes = _sharded_state(spec, groups, stages, optimizer, executor, world)
@@ -178,7 +190,8 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     steady = mine[1:] or mine
     metrics = {"format": METRICS_FORMAT, "losses": losses,
                "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world,
-               "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed}
+               "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
+               "lr": [sched.lr_at(k) for k in range(spec.steps)], "grad_norm": norms}
     if state_bytes is not None:
         metrics["optimizer_state_bytes"] = state_bytes
     if kept is not None and any(k is not None for k in kept):
@@ -189,6 +202,18 @@ def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict
     if out is not None:
         schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return {"metrics": metrics, "state": state}
+
+
+def optim_schedule(spec: WorkerSpec) -> OptimSchedule:
+    """The run's per-step lr and clipping (:mod:`.lr_schedule`)."""
+    return OptimSchedule(lr=spec.lr, steps=spec.steps, schedule=spec.lr_schedule, warmup_steps=spec.warmup_steps,
+                         min_lr=spec.min_lr, clip_grad=spec.clip_grad)
+
+
+def optim_meta(spec: WorkerSpec) -> dict[str, Any]:
+    """What a checkpoint records of the optimizer settings (:data:`.lr_schedule.RECORDED`)."""
+    return {"lr": spec.lr, "min_lr": spec.min_lr, "lr_schedule": spec.lr_schedule, "warmup_steps": spec.warmup_steps,
+            "clip_grad": spec.clip_grad, "eps": spec.eps, "weight_decay": spec.weight_decay}
 
 
 def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.device):
@@ -286,7 +311,7 @@ def _every(mine: Any, world: int) -> list:
     return every
 
 
-def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, step_s, out) -> None:
+def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, step_s, out, norms) -> None:
     """``out/checkpoints/step_K`` (collective): ZeRO pieces are gathered into full local tensors
     first (:func:`.sharded_checkpoint.full_local`), so the files do not depend on the stage."""
     rank, world = groups.rank, groups.world
@@ -299,5 +324,6 @@ def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, st
         meta = {"step": step, "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
                 "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
                 "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
-                "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len}
+                "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len,
+                "grad_norms": list(norms), "train_steps": spec.steps, **optim_meta(spec)}
         checkpoint.save(out / "checkpoints" / f"step_{step}", model, optim, meta)

@@ -2,50 +2,39 @@
 pipeline shape, ZeRO-3 where every pipeline is one stage or the pipelines mirror each other,
 :func:`zero3_runs`).
 
-ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models", SC'20) over the chunk groups of :mod:`.dp_sync` (every group is the set of ranks that
-hold the same chunks of the same parameters, HexiScale §3.2). A group's flat bucket is cut into
-units (:mod:`.zero_units`: the embedding, each block, the final norm with the head) and member
-``i`` owns a slice of every unit (:func:`.zero_units.apportion`): even, or — ``zero_split=memory``,
-Cephalo-style — proportional to each member's device memory, rounded so that a member's total is
-within one element of the cost model's ``n * w_i / sum w``
-(:meth:`hexicore.cost.analytic.AnalyticCostModel.kept_params`). At the step each member updates
-its slices with AdamW; ZeRO-2 then all-gathers the updated weights unit by unit.
+ZeRO (Rajbhandari et al., SC'20) over the chunk groups of :mod:`.dp_sync` (the ranks that hold
+the same chunks of the same parameters, HexiScale §3.2). A group's flat bucket is cut into units
+(:mod:`.zero_units`: the embedding, each block, the final norm with the head) and member ``i``
+owns a slice of every unit (:func:`.zero_units.apportion`): even, or (``zero_split=memory``,
+Cephalo-style) proportional to its device memory, within one element of the cost model's
+``n * w_i / sum w``. At the step each member updates its slices with AdamW; ZeRO-2 then
+all-gathers the updated weights unit by unit.
 
-:class:`ShardedState`: during every backward action that finishes a gradient (``B``, or ``W`` of
-the zero-bubble split), as soon as a unit's gradients are all accumulated (a post-accumulate-grad
-hook per parameter), the unit's gradient is summed among the group's members and each keeps only
-its piece, added to a persistent gradient shard; the unit's local gradients are freed. So during
-a backward about one unit's full gradient exists at a time, and between micro-batches a rank
-holds ``1/n`` of the gradients, whatever number of chunks it holds (interleaved 1F1B, Hanayo's
-waves, Chimera's model copies: each copy adds its own micro-batches' gradient). Units are summed
-in the order the layout predicts (:func:`.zero_units.reduce_needs`; a unit that completes early
-waits for the ones before it; whatever is left is summed when the action ends). The sums are
-posted asynchronously and collected when done (at the latest before the optimizer step): a rank
-never blocks on a gradient sum while its pipeline still needs it (buckets in flight are
-communication workspace, not counted as kept gradients).
+:class:`ShardedState`: during every backward action that finishes a gradient (``B``, or ``W``),
+as soon as a unit's gradients are all accumulated (a post-accumulate-grad hook per parameter),
+the unit's gradient is summed among the group (posted asynchronously, collected when done, at
+the latest before the optimizer step) and each member adds its piece to a persistent gradient
+shard; the unit's local gradients are freed. So about one unit's full gradient exists at a time,
+and between micro-batches a rank holds ``1/n`` of the gradients, whatever its chunks (Chimera's
+copies each add their own micro-batches'). Units are summed in the order the layout predicts
+(:func:`.zero_units.reduce_needs`); what is left is summed when the action ends.
 
 Stage 3 also keeps only its piece of the fp32 weights and gathers them unit by unit, as FSDP
-wraps a transformer (:mod:`.zero_units`: the embedding, each block, the final norm with the
-head): a module forward pre-hook gathers a unit just before its forward and a forward hook frees
-it after (``untyped_storage().resize_(0)`` through ``.data``, which leaves autograd's saved
-references in place); a hook on the unit's output gradient fires when its backward starts, frees
-the unit before it (whose backward is then done) and gathers this one again (not the embedding:
-its gradient reads no weight). So one unit is gathered at a time, in forward and backward,
-with activation recomputation (the recomputed forward finds its unit gathered) and with the
-``I``/``W`` split (each pass regathers what it reads); at the end of a compute action every
-unit is free. There is no prefetch (a gather does not overlap compute).
+wraps a transformer: a forward pre-hook gathers a unit just before its forward and a forward hook
+frees it after (``untyped_storage().resize_(0)`` through ``.data``: autograd's saved references
+stay valid); a hook on the unit's output gradient fires when its backward starts, frees the unit
+before it and gathers this one again (not the embedding: its gradient reads no weight). So one
+unit is gathered at a time, with recomputation and the ``I``/``W`` split too; no prefetch.
+
+The step has two phases (:mod:`.grad_norm`): :meth:`ShardedState.prepare` collects every summed
+gradient piece, :meth:`ShardedState.apply` updates once the global gradient norm is known.
 
 Hybrid sharding (``zero_scope=machine``, ZeRO-3; :mod:`.hybrid`): a bucket's members are the
-group's holders in this rank's machine, so gathers and per-micro-batch reduce-scatters stay
-inside the machine; at the step the gradient pieces are summed across machines segment by
-segment (:func:`.hybrid.sum_across`), then AdamW runs identically on every machine.
+group's holders in this rank's machine; at the step the pieces are summed across machines
+(:func:`.hybrid.sum_across`), then AdamW runs identically on every machine.
 
-Collectives pair up across ranks whose schedules differ: round ``k`` of a group carries its
-members' ``k``-th needs together (:func:`.zero_units.rounds`), and before the optimizer step
-every rank runs the rounds left up to the most any member of the group has, contributing its
-pieces and discarding the result. Weights are equal on every rank within a step, so which round
-serves which compute action does not change a result.
+Collectives of ranks whose schedules differ pair up in rounds (:mod:`.zero_units`); before the
+step every rank runs the rounds left up to the most any member of its group has.
 """
 
 from __future__ import annotations
@@ -56,7 +45,8 @@ import torch
 
 from hexicore.pipeline.actions import Op
 
-from .hybrid import atom_cross, peers_of, sum_across
+from .grad_norm import squares
+from .hybrid import atom_cross, counted, peers_of, sum_across
 from .zero_units import (EMBED_UNIT, Bucket, adamw_, gather_needs, gather_pieces, gather_round, make_bucket, post_reduce,
                          mirrored, one_stage_per_pipeline, post_sum, reduce_needs, rounds, shard_bounds, stage_units,
                          sum_piece, unit_of, zero3_runs)
@@ -104,6 +94,7 @@ class ShardedState:
             atoms = [(u,) for u in sorted({unit_of(c.name, self.layers) for c, _, _ in chunks})]
             b = make_bucket(peers, sync.handle(peers), sync.gather_handles.get(peers), chunks, atoms, self.layers,
                             peers.index(sync.rank), None if weights is None else [weights[r] for r in peers])
+            b.counted = counted(members, sync.rank, machines)
             if machines is not None:
                 b.cross = atom_cross(members, [e - s for s, e in b.span], sync.rank, weights, machines)
             atom_of = {u: a for a, us in enumerate(atoms) for u in us}
@@ -354,8 +345,7 @@ class ShardedState:
 
     # --------------------------------------------------------------- step
     def _pad(self, wait: Callable) -> None:
-        """The rounds left up to the most any member of each group runs per step (module
-        docstring); then check that this rank ran exactly the needs the layout gives it."""
+        """Check this step's needs ran as the layout says; run the rounds left in each group."""
         if self.gcur != len(self.gneeds) or self.rcur != len(self.rneeds):
             raise RuntimeError(f"ZeRO: this step ran {self.gcur} gathers and {self.rcur} gradient sums, the layout "
                                f"expects {len(self.gneeds)} and {len(self.rneeds)}")
@@ -365,19 +355,30 @@ class ShardedState:
             self.reduce(wait, None, None)
 
     @torch.no_grad()
-    def step(self, params: dict, wait: Callable) -> None:
-        """Empty rounds up to the group's most, (hybrid) the gradient pieces summed across
-        machines, then AdamW on the pieces; stage 2 all-gathers the updated weights."""
+    def prepare(self, params: dict, wait: Callable) -> None:
+        """Phase 1: the rounds left, every sum collected, (hybrid) pieces summed across machines."""
         self.wait = wait
         self._pad(wait)
         self._harvest(wait, everything=True)
+        for b, (_, g, _, _) in zip(self.buckets, self.pieces):
+            if b.cross:
+                sum_across(b, g, self.sync.handle, wait)
+
+    def sq_norm(self, device) -> torch.Tensor:
+        """Sum of squares of the summed gradient pieces this rank counts (:func:`.hybrid.counted`)."""
+        return squares([g for b, (_, g, _, _) in zip(self.buckets, self.pieces) if b.counted], device)
+
+    @torch.no_grad()
+    def apply(self, params: dict, wait: Callable, *, lr: float | None = None, coef: float | None = None) -> None:
+        """Phase 2: AdamW on the pieces (gradient times ``coef``, at ``lr``), stage 2 gathers them."""
         self.t += 1
+        adam = {**self.adam, "lr": self.adam["lr"] if lr is None else lr}
         for b, (w, g, avg, sq) in zip(self.buckets, self.pieces):
             if self.stage == 2:
                 w = self._my_weights(b)
-            if b.cross:
-                sum_across(b, g, self.sync.handle, wait)
-            adamw_(w, g, avg, sq, self.t, **self.adam)
+            if coef is not None:
+                g.mul_(coef)
+            adamw_(w, g, avg, sq, self.t, **adam)
             g.zero_()
             if self.stage == 2:  # unit by unit: never a second copy of the whole bucket
                 for a in range(len(b.atoms)):

@@ -170,6 +170,7 @@ class Bucket:
     reduces: list[tuple[int, ...]] = field(default_factory=list)  # atoms per reduce round
     pad: Any = None
     cross: tuple = ()  # hybrid: (lo, hi, ranks) of this rank's slices summed across machines (:mod:`.hybrid`)
+    counted: bool = True  # this rank's piece counts in the global gradient norm (:func:`.hybrid.counted`)
 
     @property
     def what(self) -> str:

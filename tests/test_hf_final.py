@@ -181,7 +181,8 @@ def test_token_file_tokenizer_wins_in_a_sharded_two_rank_run(tmp_path, capsys):
     final = tmp_path / "out" / "final"
     assert (final / "model.safetensors.index.json").is_file()
     assert (final / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
-    assert not (final / "tokenizer_config.json").exists()
+    # a bare tokenizer.json: a minimal config, its eos the token file's end-of-document id
+    assert json.loads((final / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     text = " ".join(WORDS[:5])
     assert AutoTokenizer.from_pretrained(final)(text).input_ids == AutoTokenizer.from_pretrained(tok_dir)(text).input_ids
     assert json.loads((final / "generation_config.json").read_text())["eos_token_id"] == [2, 3]

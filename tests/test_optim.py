@@ -161,6 +161,11 @@ def test_an_older_checkpoint_without_optimizer_keys_resumes():
     with pytest.raises(HexicoreError) as e:
         check_resume({**ck, "lr": 2.0}, model={}, seed=0, data={}, plan="p", steps=9, optim={"lr": 1.0})
     assert e.value.field == "runtime.lr"
+    with pytest.raises(HexicoreError) as e:  # every differing setting in the one line, with what to give
+        check_resume({**ck, "lr": 2.0, "lr_schedule": "cosine", "clip_grad": None}, model={}, seed=0, data={},
+                     plan="p", steps=9, optim={"lr": 1.0, "lr_schedule": "constant", "clip_grad": 1.0})
+    assert e.value.field == "runtime.lr" and "\n" not in str(e.value)
+    assert "give runtime.lr=2.0 runtime.lr_schedule=cosine runtime.clip_grad=null)" in str(e.value)
     constant = {**ck, "lr_schedule": "constant", "train_steps": 4}  # a constant schedule may be extended
     assert check_resume(constant, model={}, seed=0, data={}, plan="p", steps=9, optim={}) is None
     with pytest.raises(HexicoreError) as e:

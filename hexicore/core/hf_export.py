@@ -5,7 +5,8 @@ A run that fine-tunes a Hugging Face model leaves ``out/final/`` as ``Trainer.sa
 generation settings from it. Where each part comes from (docs/runtime.md):
 
 * the *model sources*, in this order: ``model_file=`` when it is a Hugging Face ``config.json``
-  (or its directory), then ``init_from=`` (without ``resume=``). Each part is taken from the
+  (or its directory), then ``init_from=`` (with ``resume=`` too: its weights are not read then,
+  its config and tokenizer files are). Each part is taken from the
   first source that has it; a later source that has it too and disagrees is one warning line.
   A source's directory counts only for a directory or a file named ``config.json`` (another
   ``*.json`` may sit among unrelated files);
@@ -17,7 +18,8 @@ generation settings from it. Where each part comes from (docs/runtime.md):
 * tokenizer files (:data:`TOKENIZER_FILES`, those present): from the source directory, or — with
   ``runtime.data=tokens`` — the tokenizer ``prepare-data`` read (its sidecar names the file and
   its digest, :mod:`hexicore.core.token_file`), which wins over the source's (the model was
-  trained on that data), with one warning line when the two differ.
+  trained on that data), with one warning line when the two differ. A ``tokenizer.json``
+  without a ``tokenizer_config.json`` gets a minimal one (:func:`tokenizer_config`).
 
 The files carry no mark of their own, so ``final/hexicore_files.json`` lists what was written,
 with digests (:func:`hexicore.core.ownership.written_by_us`): a rerun replaces them and removes
@@ -28,11 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hexicore.core import ownership, schema
+from hexicore.core.errors import HexicoreError
 from hexicore.core.hf_config import SpecialTokens, config_path, special_tokens
 
 #: the tokenizer files ``transformers`` reads (``AutoTokenizer.from_pretrained``), copied when present
@@ -42,6 +45,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 #: a directory holds a tokenizer when it has one of these (the others only configure one)
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 GENERATION = "generation_config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 #: the only names :func:`write_extras` writes, and so the only ones it ever removes
 MANAGED = (GENERATION, *TOKENIZER_FILES)
 MANIFEST_FORMAT = "hexicore.final_files/1"
@@ -56,6 +60,7 @@ class TokenizerFiles:
     origin: str
     files: tuple[tuple[str, str], ...]
     digest: str
+    eos: int | None = None  # the end-of-document id prepare-data appended (a token file's tokenizer)
 
     @classmethod
     def directory(cls, folder: str | Path) -> "TokenizerFiles | None":
@@ -88,11 +93,13 @@ class FinalExtras:
     tokens: SpecialTokens = field(default_factory=SpecialTokens)
     generation: str | None = None  # a generation_config.json to copy
     tokenizer: TokenizerFiles | None = None
+    tokenizer_config: str | None = None  # written for a lone tokenizer.json (:func:`tokenizer_config`)
 
     def names(self) -> tuple[str, ...]:
         """The files written into ``final/`` besides config and weights."""
         gen = (GENERATION,) if self.generation or self.tokens else ()
-        return gen + tuple(n for n, _ in (self.tokenizer.files if self.tokenizer else ()))
+        written = (TOKENIZER_CONFIG,) if self.tokenizer_config else ()
+        return gen + tuple(n for n, _ in (self.tokenizer.files if self.tokenizer else ())) + written
 
     def contents(self) -> dict[str, bytes]:
         """Each of :meth:`names` with its bytes (read now: copies of the source files)."""
@@ -103,6 +110,8 @@ class FinalExtras:
             out[GENERATION] = (json.dumps(self.tokens.to_json(), indent=2) + "\n").encode()
         for name, path in self.tokenizer.files if self.tokenizer else ():
             out[name] = Path(path).read_bytes()
+        if self.tokenizer_config:
+            out[TOKENIZER_CONFIG] = self.tokenizer_config.encode()
         return out
 
 
@@ -160,7 +169,52 @@ def resolve(sources: list[tuple[str, str]], data_tokenizer: TokenizerFiles | Non
                             f"{tokenizer.origin}; final/ takes the token file's (the data the model trained on)")
         if tokenizer is None or tokenizer.digest != data_tokenizer.digest:
             tokenizer = data_tokenizer
-    return FinalExtras(tokens, generation, tokenizer), warnings
+        elif tokenizer.eos is None:  # the same tokenizer: the model's set, the data's end-of-document id
+            tokenizer = replace(tokenizer, eos=data_tokenizer.eos)
+    return FinalExtras(tokens, generation, tokenizer, tokenizer_config(tokenizer, tokens)), warnings
+
+
+def tokenizer_config(tokenizer: TokenizerFiles | None, tokens: SpecialTokens) -> str | None:
+    """A minimal ``tokenizer_config.json`` for a ``tokenizer.json`` that comes without one (a
+    ``tokenizers`` file as ``prepare-data`` takes it): without it ``AutoTokenizer`` loads no
+    special tokens. ``PreTrainedTokenizerFast`` with ``eos_token`` the text of the token file's
+    end-of-document id where there is one; ``bos_token``/``pad_token`` (and ``eos_token`` without
+    a token file) of the model's ids where the tokenizer has a special token of that id; None
+    when a config comes along or there is no ``tokenizer.json``."""
+    names = dict(tokenizer.files) if tokenizer else {}
+    if "tokenizer.json" not in names or TOKENIZER_CONFIG in names:
+        return None
+    texts, special = token_texts(names["tokenizer.json"])
+    eos = tokens.eos[0] if isinstance(tokens.eos, tuple) else tokens.eos
+    doc: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for key, i in (("bos_token", tokens.bos), ("eos_token", eos), ("pad_token", tokens.pad)):
+        if i in special:
+            doc[key] = texts[i]
+    if tokenizer.eos in texts:  # the id prepare-data ended every document with
+        doc["eos_token"] = texts[tokenizer.eos]
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def token_texts(path: str | Path) -> tuple[dict[int, str], set[int]]:
+    """Id -> token text of a ``tokenizers`` file (its vocabulary and added tokens), and the ids
+    of its special added tokens; empty for a file this cannot read (copied as it is either way)."""
+    try:
+        doc = schema.load_json(path, "tokenizer")
+    except HexicoreError:
+        return {}, set()
+    model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+    vocab = model.get("vocab")
+    out: dict[int, str] = {}
+    if isinstance(vocab, dict):
+        out.update({i: t for t, i in vocab.items() if isinstance(i, int) and isinstance(t, str)})
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], the id is the position
+        out.update({i: e[0] for i, e in enumerate(vocab) if isinstance(e, list) and e and isinstance(e[0], str)})
+    special: set[int] = set()
+    for added in doc.get("added_tokens") if isinstance(doc.get("added_tokens"), list) else ():
+        if isinstance(added, dict) and isinstance(added.get("id"), int) and isinstance(added.get("content"), str):
+            out[added["id"]] = added["content"]
+            special |= {added["id"]} if added.get("special") else set()
+    return out, special
 
 
 _WHAT = {"tokens": "special token ids", "generation": "generation configs", "tokenizer": "tokenizers"}
@@ -189,7 +243,7 @@ def data_tokenizer(token_file: Any) -> tuple[TokenizerFiles | None, list[str]]:
         return None, [f"{WARNING}{side}: the tokenizer {p} changed since prepare-data read it; final/ gets no "
                       "tokenizer from the token file"]
     found = TokenizerFiles.directory(p.parent) if p.name == "tokenizer.json" else None
-    return found or TokenizerFiles.single(p), []
+    return replace(found or TokenizerFiles.single(p), eos=token_file.eos), []
 
 
 def write_extras(folder: str | Path, extras: FinalExtras | None) -> None:

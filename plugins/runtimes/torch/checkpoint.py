@@ -268,10 +268,12 @@ def check_optim(ck: dict[str, Any], optim: dict[str, Any], steps: int | None) ->
     from .lr_schedule import decays
 
     src = ck.get("dir")
-    for k, v in optim.items():
-        if k in ck and ck[k] != v:
-            raise HexicoreError(f"the checkpoint was trained with {k} {ck[k]!r}, this run has {v!r} (resuming "
-                                f"continues its optimizer and lr schedule)", source=src, field=f"runtime.{k}")
+    differ = [k for k, v in optim.items() if k in ck and ck[k] != v]
+    if differ:  # every one at once, with what to give: a resume repeats the run's runtime.* settings
+        both = "; ".join(f"{k} {ck[k]!r}, this run has {optim[k]!r}" for k in differ)
+        give = " ".join(f"runtime.{k}={'null' if ck[k] is None else ck[k]}" for k in differ)
+        raise HexicoreError(f"the checkpoint was trained with {both} (resuming continues its optimizer and lr "
+                            f"schedule: give {give})", source=src, field=f"runtime.{differ[0]}")
     done = ck.get("train_steps")
     if steps is not None and done is not None and decays(str(ck.get("lr_schedule"))) and done != steps:
         raise HexicoreError(f"the checkpoint's {ck.get('lr_schedule')} lr schedule decays over train.steps={done}, "

@@ -134,7 +134,8 @@ class TorchRuntime:
             init_from = check_init_from(t.init_from, layout)
         check_fault(settings.fault, layout.world, t.steps,
                     _check_resume(resume, layout, t.seed, data_id, t.steps, settings) if resume else 0)
-        extras = final_extras(spec, settings, layout, init_from)  # last check: its warnings follow no error
+        # on resume init_from gives no weights, but still its ids, generation config and tokenizer
+        extras = final_extras(spec, settings, layout, init_from or t.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         slowdown, predicted = (), None
@@ -210,9 +211,10 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
 
 def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_from: str | None) -> Any:
     """What ``out/final/`` gets beside weights and config (:mod:`hexicore.core.hf_export`): from
-    ``model_file``, then ``init_from`` (not read when resuming), and the token file's tokenizer;
-    checked before launch (a bad ``generation_config.json``, a file in ``final/`` the run did not
-    write), warnings printed here."""
+    ``model_file``, then ``init_from`` (also when resuming: its weights are not read then, its
+    config and tokenizer files are), and the token file's tokenizer; checked before launch (a
+    missing ``init_from`` directory, a bad ``generation_config.json``, a file in ``final/`` the run
+    did not write), warnings printed here."""
     import sys
     from pathlib import Path
 
@@ -220,6 +222,8 @@ def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_fr
     from hexicore.core.ownership import check_final_extras
     from hexicore.core.token_file import TokenFile
 
+    if init_from and not Path(init_from).is_dir():
+        raise HexicoreError("no such directory", source=str(init_from), field="init_from")
     sources = [(label, p) for label, p in (("model_file", spec.model_source), ("init_from", init_from)) if p]
     found, notes = None, []
     if settings.data == "tokens" and settings.data_file:

@@ -160,7 +160,7 @@ def test_train_command_with_a_test_only_schedule_in_process(registry, tmp_path, 
     assert train(cfg, registry) == 0
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["schedule"] == "lifo_drain" and len(m["losses"]) == 2 and m["ranks"] == 1
-    assert "trained 2 steps (lifo_drain, 1 ranks)" in capsys.readouterr().out
+    assert "trained 2 steps (lifo_drain, 1 rank)" in capsys.readouterr().out
 
 
 @pytest.mark.slow

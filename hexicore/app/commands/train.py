@@ -120,5 +120,5 @@ def steady_step_s(m: Mapping[str, Any]) -> float | None:
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:
-    return (f"trained {len(m['losses'])} steps ({m['schedule']}, {m['ranks']} ranks): loss {m['losses'][0]:.4f} -> "
+    return (f"trained {len(m['losses'])} steps ({m['schedule']}, {m['ranks']} rank{'s' if m['ranks'] != 1 else ''}): loss {m['losses'][0]:.4f} -> "
             f"{m['losses'][-1]:.4f}, {m['tokens_per_s']:,.0f} tokens/s; wrote {out}/metrics.json, {out}/final/")

@@ -7,7 +7,7 @@ alone at equal iterations (the paper's Fig. 8) — the seeds (megatron's plans) 
 lift both. A second table times the search on large synthetic fleets. Writes the tables to
 docs/results.md under ``## Planner quality`` (only that section is replaced).
 
-    python bench/planner.py [--quick] [--scale 64,320] [--out docs/results.md]
+    python bench/planner.py [--quick] [--scale 64,320] [--one-machine 1024] [--out docs/results.md]
 """
 
 from __future__ import annotations
@@ -208,6 +208,36 @@ def scale_table(registry: Registry, sizes: list[int], old: str = "", old_max: in
     return lines
 
 
+ONE_MACHINE = "## Planner search time on one machine"
+
+
+def one_machine_table(sizes: list[int], old: str = "", repeat: int = 1, gpu: str = "a800-80g-nvlink") -> list[str]:
+    """Search time on a cluster of one machine of ``n`` identical GPUs (200 GB/s inside): every
+    device interchangeable, so phase 1 cuts the device graph (the machine graph has one node);
+    hexiscale as configured by default, beside ``old`` (an older checkout) when given."""
+    import tempfile
+
+    import yaml
+
+    lines = ["| GPUs | model, batch | iteration (s) | wall (s) | CPU (s) | before: iteration (s) | before: wall / CPU (s) |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    f = (lambda x: f"{x:.2f}" if x else "none fits")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            path = Path(tmp) / f"one{n}.yaml"
+            path.write_text(yaml.safe_dump({"name": f"one{n}", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
+                                            "machines": [{"name": "A", "gpu": gpu, "count": n, "bandwidth_gbs": 200,
+                                                          "latency_us": 5}]}))
+            model, batch = scale_setting(n)
+            base = [f"cluster_file={path}", f"model={model}", f"train.global_batch={batch}"]
+            new, was = repeated(base, "", repeat), repeated(base, old, repeat if old else 0)
+            same = "" if not was or was["it"] == new["it"] else " (differs)"
+            before = f"{f(was['it'])}{same} | {wall_cell(was)} / {was['cpu']:.1f}" if was else "not run | "
+            lines.append(f"| {n} | {model}, {batch} | {f(new['it'])} | {wall_cell(new)} | {new['cpu']:.1f} | {before} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def describe(plan) -> str:
     """One line per pipeline: batch and its stages as devices/TP/layers."""
     return "<br>".join(f"pipeline {i}: batch {p.batch}; " + ", ".join(
@@ -257,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                     "CPU time and the range of the walls (the host's speed drifts)")
     ap.add_argument("--remark", default="", help="a paragraph written after the scale table (e.g. measurements "
                     "of the older checkout made separately)")
+    ap.add_argument("--one-machine", default="", help="also time clusters of one machine of N GPUs (comma list; "
+                    "with --scale-only --scale '' only these)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
     args = ap.parse_args(argv)
     if args.repeat < 1:
@@ -275,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                     lambda lines: write_section("## Planner search time at scale", note() + "\n".join(lines) + "\n"
                                                 + (f"\n{args.remark}\n" if args.remark else ""),
                                                 Path(args.out)), tuple(args.modes.split(",")), keep, args.repeat)
+    one = [int(x) for x in args.one_machine.split(",") if x.strip()]
+    if one:
+        lines = one_machine_table(one, args.before, args.repeat)
+        write_section(ONE_MACHINE, ONE_NOTE.format(date=time.strftime("%Y-%m-%d"), load=f"{os.getloadavg()[0]:.1f}",
+                                                   before=args.before_label or args.before or "none",
+                                                   repeat=args.repeat) + "\n".join(lines) + "\n", Path(args.out))
     if args.scale_only:
         print(f"written to {args.out}")
         return 0
@@ -309,6 +347,15 @@ layouts kept per part and seed, so the plan is the one-process plan). Above 512 
 machines and phase 2 is shared by parts of one machine-class signature
 (`solver.machine_graph_above`). "before": the same solves on the older checkout named below,
 in the same run, up to {before_max} GPUs. Older checkout: {before}.
+
+"""
+
+ONE_NOTE = """`bench/planner.py --scale-only --scale '' --one-machine N,... [--repeat K] [--before OLD_CHECKOUT]`,
+{date}: one machine of N A800s (200 GB/s inside), hexiscale as configured by default, each solve
+in a fresh process on this machine (2 CPU cores shared with other jobs; load average {load} at
+the end), {repeat} solve(s) per cell (median wall and CPU, wall range in brackets). "before": the
+same solves on the older checkout {before}, in the same run; "(differs)" marks a cell whose
+iteration time is not the one this checkout finds.
 
 """
 

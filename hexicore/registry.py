@@ -285,9 +285,28 @@ def named_config(config: Any, name: str) -> Any:
     return node
 
 
+#: :func:`accepts` answers per (function, bound, keyword): the pricing asks on every call
+_ACCEPTS: dict[tuple, bool] = {}
+
+
 def accepts(fn: Any, name: str) -> bool:
     """Whether ``fn`` takes the keyword ``name`` (or ``**kwargs``; True where its signature
-    cannot be read: the call itself reports)."""
+    cannot be read: the call itself reports). Remembered per underlying function (a bound
+    method's ``__func__``: a new bound object on every attribute access, the same signature)."""
+    func = getattr(fn, "__func__", fn)
+    try:
+        key = (func, func is not fn, name)
+        hit = _ACCEPTS.get(key)
+    except TypeError:  # an unhashable callable object: read its signature every time
+        return _accepts(fn, name)
+    if hit is None:
+        hit = _accepts(fn, name)
+        if len(_ACCEPTS) < 4096:
+            _ACCEPTS[key] = hit
+    return hit
+
+
+def _accepts(fn: Any, name: str) -> bool:
     try:
         ps = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

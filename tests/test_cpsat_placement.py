@@ -72,3 +72,29 @@ def test_no_layout_with_a_block_per_chunk_is_an_error_naming_the_rule():
     p = priced(cluster(ONE_GPU_EACH, inter_gbs=10.0), small_llama(12), 16, {"name": "hanayo", "waves": 4})
     with pytest.raises(HexicoreError, match="a block per chunk its schedule runs"):
         solve(p, time_limit=5, use_all_devices=True)
+
+
+def test_in_flight_rows_are_the_cost_models_and_kept_per_cost_model():
+    """Under synth (peaks simulated on synthesised lists, forked across cores) every in-flight
+    entry is ``cost.in_flight`` of the template pipeline asked in this process, and a second
+    table on the same cost model (an allocation's sub-cluster) asks the cost model nothing."""
+    from hexicore.core.plan import Pipeline, Stage
+    from hexicore_plugins.solvers.cpsat import tables as tables_mod
+
+    p = priced(cluster([("A", "rtx3090", 3, 32.0)]), small_llama(8), 4, {"name": "synth"})
+    tab = build_tables(p, stage_options(p), 2, 3)
+    fresh = priced(cluster([("A", "rtx3090", 3, 32.0)]), small_llama(8), 4, {"name": "synth"})
+    for P in range(1, 4):
+        pipe = Pipeline(1, tuple(Stage((), 0, (0, 0)) for _ in range(P)), dict(fresh.schedule))
+        for j in range(P):
+            assert [tab.in_flight[P][j][n] for n in range(1, 5)] == \
+                [int(fresh.cost.in_flight(pipe, j, n)) for n in range(1, 5)]
+    asked = []
+    real = tables_mod.in_flight_rows.__globals__["fork_map"]
+    tables_mod.in_flight_rows.__globals__["fork_map"] = lambda fn, items, w: asked.extend(items) or real(fn, items, w)
+    try:
+        sub = replace(p, cluster=cluster([("A", "rtx3090", 2, 32.0)]))
+        again = build_tables(sub, stage_options(sub), 2, 2)
+    finally:
+        tables_mod.in_flight_rows.__globals__["fork_map"] = real
+    assert asked == [] and again.in_flight[2] == tab.in_flight[2][:3]

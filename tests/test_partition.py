@@ -152,3 +152,43 @@ def test_bad_objective_and_parts(reg, paper_case):
         reg.create("partitioner", "metis").partition(g, 2, objective="most_cut")
     with pytest.raises(HexicoreError):
         reg.create("partitioner", "metis").partition(g, 9)
+
+
+def one_or_two_machines(counts, intra, inter=0.7):
+    from hexicore.core.cluster import Cluster
+
+    machines = [{"name": f"M{i}", "gpu": "rtx4090", "count": c, "bandwidth_gbs": intra, "latency_us": 10}
+                for i, c in enumerate(counts)]
+    return Cluster.from_dict({"name": "t", "inter": {"bandwidth_gbs": inter, "latency_us": 50}, "machines": machines})
+
+
+@pytest.mark.parametrize("intra", [0.7, 12.3, 32.0, 200.0])
+def test_kl_skips_only_passes_that_change_nothing(reg, monkeypatch, intra):
+    """A pass between parts of one machine's devices is skipped where its float sums are exact
+    (32 and 200 GB/s; not 0.7 or 12.3, whose multiples round); the refined parts are exactly
+    those of the refiner that runs every pass, on one and two machines."""
+    import hexicore_plugins.solvers.kl as kl_mod
+    from hexicore.planner.partition import weight_matrix
+
+    for counts in ((24,), (10, 14)):
+        g = one_or_two_machines(counts, intra).graph()
+        nodes = list(g.nodes)
+        w = weight_matrix(g, nodes)
+        rnd, kl = reg.create("partitioner", "random"), reg.create("refiner", "kl")
+        for k, s in itertools.product((2, 3, 5), range(3)):
+            parts = rnd.partition(g, k, balance=1.5, seed=s)
+            skipping = kl.refine(g, parts, objective="min_cut", balance=1.5)
+            with monkeypatch.context() as m:
+                m.setattr(kl_mod, "interchangeable", lambda *a: False)
+                full = kl.refine(g, parts, objective="min_cut", balance=1.5)
+                assert skipping == full
+                assert kl.refine(g, parts, objective="max_cut", balance=1.5) == \
+                    reg.create("refiner", "kl").refine(g, parts, objective="max_cut", balance=1.5)
+            idx = {v: i for i, v in enumerate(nodes)}
+            a, b = (np.array([idx[v] for v in p]) for p in parts[:2])
+            same = len(counts) == 1 and intra in (32.0, 200.0)
+            assert kl_mod.interchangeable(w, a, b) == same
+            if same:  # the pass it stands for: no gain, both parts kept
+                vw = np.ones(len(nodes))
+                a2, b2, gain = kl_mod.kl_pass(w, vw, a, b, 1e9, 16)
+                assert gain == 0.0 and (a2 == a).all() and (b2 == b).all()

@@ -9,10 +9,15 @@ make an already-violating pair worse — and no part is ever emptied.
 Objective: the gains are computed on ``sign * w`` with ``sign = +1`` for ``min_cut`` and ``-1``
 for ``max_cut`` (maximising the bandwidth cut = minimising its negative), so both objectives are
 exact for swaps and moves alike.
+
+Symmetry: a pass between two parts whose devices are all interchangeable (every weight among
+them one value, the devices of one machine) is skipped (:func:`interchangeable`): there every
+swap's gain is exactly 0, in floating point too, so the pass would keep both parts as they are.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +65,22 @@ def kl_pass(w: np.ndarray, vw: np.ndarray, a: np.ndarray, b: np.ndarray, limit: 
     for i, j in swaps[:best + 1]:
         a[i], b[j] = b[j], a[i]
     return a, b, float(cum[best])
+
+
+def interchangeable(w: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether :func:`kl_pass` between ``a`` and ``b`` is a no-op: every weight among them is one
+    value ``c`` (0 on the diagonal), so every swap gains ``D[x] + D[y] - 2c = 0``, and every sum
+    the pass forms (at most ``4 |a u b|`` multiples of ``c``) is exact in float64, so the computed
+    gains are exactly 0 too and no prefix of swaps gains more than ``EPS``."""
+    u = np.concatenate([a, b])
+    sub = w[np.ix_(u, u)]
+    c = float(sub[0, 1]) if len(u) > 1 else 0.0
+    if not math.isfinite(c) or not (sub.diagonal() == 0.0).all():
+        return False
+    if np.count_nonzero(sub != c) != (len(u) if c != 0.0 else 0):
+        return False
+    num, _ = abs(c).as_integer_ratio()  # c = num / 2**s: its multiples up to 2**53 / num are exact
+    return 4 * len(u) * num < 2 ** 53
 
 
 def fm_moves(w: np.ndarray, vw: np.ndarray, labels: np.ndarray, pa: int, pb: int, limit: float) -> float:
@@ -120,7 +141,9 @@ class KernighanLinRefiner:
             gained = 0.0
             for pa, pb in partner_pairs(w, labels, k, self.max_partners):
                 a, b = np.flatnonzero(labels == pa), np.flatnonzero(labels == pb)
-                a, b, g = kl_pass(w, vw, a, b, limit, self.max_steps)
+                g = 0.0
+                if not interchangeable(w, a, b):
+                    a, b, g = kl_pass(w, vw, a, b, limit, self.max_steps)
                 labels[a], labels[b] = pa, pb
                 gained += g + fm_moves(w, vw, labels, pa, pb, limit)
             if gained <= EPS:

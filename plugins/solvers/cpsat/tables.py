@@ -17,11 +17,15 @@ are what the model decides (symmetry breaking); ids are assigned when decoding.
 from __future__ import annotations
 
 import math
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.planner.parallel import available_cores, fork_map
 from hexicore.planner.problem import Problem
 from hexicore.planner.symmetric import least_layers
 
@@ -228,14 +232,13 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         return min(v, ceiling) if (cap and ceiling is not None) else v
 
     n_mb = t.global_batch // t.micro_batch
-    sched = dict(problem.schedule)
+    rows = in_flight_rows(problem, max_stages, n_mb)
     in_flight = [[[0] * (n_mb + 1) for _ in range(max_stages + 1)] for _ in range(max_stages + 1)]
     blocked = []  # (P, j, n) the schedule does not run (too few micro-batches: DualPipeV's M >= 2P)
     for p in range(1, max_stages + 1):
-        dummy = Pipeline(t.micro_batch, tuple(Stage((), 0, (0, 0)) for _ in range(p)), sched)
         for j in range(p):
             for n in range(1, n_mb + 1):
-                f = problem.cost.in_flight(dummy, j, n)
+                f = rows[p, n][j]
                 if math.isfinite(f):
                     in_flight[p][j][n] = int(f)
                 else:
@@ -268,6 +271,52 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         ceiling=ceiling, tied_pair=tied_pairs(problem, options, pools, max_pipelines, to_us), least=least,
         head=head_rows(problem, max_stages, n_mb),
     )
+
+
+#: per cost model (by identity, while it lives): ``{(schedule, micro-batch, P, n): in-flight row}``
+_FLIGHT: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def in_flight_rows(problem: Problem, max_stages: int, n_mb: int) -> dict[tuple[int, int], tuple[float, ...]]:
+    """``problem.cost.in_flight(pipe, j, n)`` of a template ``pipe`` of P empty stages under the
+    problem's schedule, for every P <= ``max_stages`` and n <= ``n_mb``: one row (j = 0..P-1)
+    per pair. A schedule that simulates its peaks makes these most of the tables' cost (synth:
+    a synthesis per pair, about a second each), so the pairs not known yet run in forked
+    processes, one per core (:func:`~hexicore.planner.parallel.fork_map`: the plain loop's
+    values), and the rows are kept for the cost model's life: the allocation's sub-clusters ask
+    for the same ones (the rows depend on the cost model, schedule, micro-batch, P and n only)."""
+    t, sched = problem.train, dict(problem.schedule)
+    memo = _flight_memo(problem.cost)
+    ref = ScheduleRef.from_mapping(sched)
+
+    def row(pn: tuple[int, int]) -> tuple[float, ...]:
+        p, n = pn
+        dummy = Pipeline(t.micro_batch, tuple(Stage((), 0, (0, 0)) for _ in range(p)), sched)
+        return tuple(problem.cost.in_flight(dummy, j, n) for j in range(p))
+
+    pairs = [(p, n) for p in range(1, max_stages + 1) for n in range(1, n_mb + 1)]
+    todo = [pn for pn in pairs if (ref, t.micro_batch, *pn) not in memo]
+    if todo:  # forked only where the largest pair's row is slow (1F1B's closed rule: microseconds)
+        start = time.perf_counter()
+        last = row(todo[-1])
+        slow = time.perf_counter() - start > 0.01
+        got = fork_map(row, todo[:-1], available_cores() if slow else 1) + [last]
+        memo.update(((ref, t.micro_batch, *pn), r) for pn, r in zip(todo, got))
+    return {pn: memo[(ref, t.micro_batch, *pn)] for pn in pairs}
+
+
+def _flight_memo(cost: object) -> dict:
+    """The rows kept for ``cost`` (a fresh dict where it takes no weak reference)."""
+    try:
+        alive = weakref.ref(cost)
+    except TypeError:
+        return {}
+    hit = _FLIGHT.get(id(cost))
+    if hit is None or hit[0]() is not cost:
+        for k in [k for k, (r, _) in _FLIGHT.items() if r() is None]:
+            del _FLIGHT[k]
+        hit = _FLIGHT[id(cost)] = (alive, {})
+    return hit[1]
 
 
 def _least_row(problem: Problem, p: int, width: int) -> list[int]:

@@ -141,6 +141,16 @@ def test_registry_and_plugin_import_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_plan_and_evaluate_check_the_runtime_without_importing_torch(tmp_path):
+    """``plan`` and ``evaluate`` ask the torch runtime whether it can run the plan (ZeRO-3 layout
+    included): that check must neither need torch nor pay its import (seconds per command)."""
+    code = ("import sys; from hexicore.app.cli import main; "
+            f"assert main(['plan', 'train.zero=3', 'out={tmp_path}/p.json', 'hydra.run.dir={tmp_path}/h']) in (0, None); "
+            f"assert main(['evaluate', 'plan_file={tmp_path}/p.json', 'hydra.run.dir={tmp_path}/h2']) in (0, None); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True)
+
+
 # --------------------------------------------------------------------- data
 def test_data_is_a_pure_function_of_seed_and_step():
     from hexicore_plugins.runtimes.torch.data import ByteText, SyntheticTokens, demo_text_path

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hexicore.pipeline.actions import Op
 
-try:  # the layout predicates (zero3_runs, ...) serve plan checks where torch is not installed
+if TYPE_CHECKING:
     import torch
-except ImportError:  # pragma: no cover - the shard kernels below then never run
-    torch = None
+
+# torch is imported by the shard kernels below only: the layout predicates (zero3_runs, ...) serve
+# `plan` and `evaluate`, which must neither need torch nor pay its import (seconds)
 
 EMBED_UNIT = -1
 
@@ -230,6 +231,8 @@ def gather_round(b: Bucket, atoms: tuple[int, ...], piece: torch.Tensor, keep: S
                  handle) -> dict[int, torch.Tensor]:
     """All-gather every member's slices of ``atoms`` (its piece: ``piece``); return the whole
     flat of each atom in ``keep`` (one member: its own slices are the whole)."""
+    import torch
+
     if len(b.members) == 1:
         return {a: piece[b.offset(a): b.offset(a) + b.size(a, 0)] for a in keep}
     sizes = [sum(b.size(a, j) for a in atoms) for j in range(len(b.members))]
@@ -253,6 +256,8 @@ def post_reduce(b: Bucket, atoms: tuple[int, ...], flats: dict[int, torch.Tensor
     whole flat of atom ``a``, zeros where absent): a reduce-scatter of the members' slices padded
     to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there). Returns the work and
     how to read this rank's slices (atom after atom) once it is done (one member: no collective)."""
+    import torch
+
     whole = [flats[a] if a in flats else torch.zeros(b.span[a][1] - b.span[a][0], dtype=dtype, device=device)
              for a in atoms]
     m = len(b.members)
@@ -279,6 +284,8 @@ def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor
            betas: tuple[float, float], eps: float, weight_decay: float) -> None:
     """One step of ``torch.optim.AdamW`` on ``w`` in place (decoupled decay, bias-corrected
     moments; Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Alg. 2)."""
+    import torch
+
     b1, b2 = betas
     with torch.no_grad():
         w.mul_(1 - lr * weight_decay)
@@ -290,6 +297,8 @@ def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor
 
 def gather_pieces(piece: torch.Tensor, bounds: list[tuple[int, int]], handle, wait: Callable, what: str) -> torch.Tensor:
     """All-gather every member's piece (padded to the largest) into the whole flat bucket."""
+    import torch
+
     size = max(hi - lo for lo, hi in bounds)
     buf = torch.zeros(size, dtype=piece.dtype, device=piece.device)
     buf[: piece.numel()] = piece
@@ -302,6 +311,8 @@ def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) 
     """Start the sum over the group of ``flat`` for member ``i``'s piece: a reduce-scatter of
     the pieces padded to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there).
     Returns the work and how to read the piece once it is done."""
+    import torch
+
     lo, hi = bounds[i]
     if torch.distributed.get_backend(handle) == "nccl":
         size = max(b - a for a, b in bounds)

@@ -73,8 +73,18 @@ def test_no_closed_form_below_p_micro_batches(tmp_path):
     (["schedule=hanayo", "schedule.memory=abc"], "schedule.memory: schedule 'hanayo': memory must be a positive"),
     (["schedule=chimera", "schedule.memory=abc"], "schedule.memory: schedule 'chimera': memory must be a positive"),
 ])
-def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
-    p = cli(*args, f"out={tmp_path}")
-    assert p.returncode == 2
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
+    from tests.conftest import run_cli
+
+    code = run_cli(["simulate", *args, f"out={tmp_path}"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_bad_input_in_a_fresh_process_is_one_line_exit_2(tmp_path):
+    """The same through ``python -m hexicore.app.cli``: nothing else reaches stderr (no import-time
+    warning or traceback) and the process's exit status is 2."""
+    p = cli("schedule=hanayo", "schedule.waves=two", f"out={tmp_path}")
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert p.returncode == 2 and len(lines) == 1 and "waves must be a positive integer or 'auto'" in lines[0], p.stderr

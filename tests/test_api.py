@@ -32,10 +32,10 @@ def test_plan_round_trips_through_json(tmp_path):
 
 
 def test_api_matches_cli(tmp_path, capsys):
-    main(["plan", "model=tiny", "cluster=hetero2", f"out={tmp_path / 'cli.json'}", f"hydra.run.dir={tmp_path}"])
+    main(["plan", "model=tiny", "cluster=tight8", f"out={tmp_path / 'cli.json'}", f"hydra.run.dir={tmp_path}"])
     capsys.readouterr()
     cli = hexicore.load_plan(tmp_path / "cli.json")
-    lib = hexicore.plan(cluster="hetero2", model="tiny")
+    lib = hexicore.plan(cluster="tight8", model="tiny")
     assert cli.pipelines == lib.pipelines
 
 
@@ -46,12 +46,12 @@ def test_api_bad_input_raises():
 
 def test_two_job_multirun_writes_summary(tmp_path, capsys):
     try:
-        main(["plan", "-m", "model=tiny", "cluster=paper_case,hetero1", f"hydra.sweep.dir={tmp_path}"])
+        main(["plan", "-m", "model=tiny", "cluster=paper_case,tight8", f"hydra.sweep.dir={tmp_path}"])
     except SystemExit as e:
         assert not e.code
     capsys.readouterr()
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
-    assert [r["cluster"] for r in rows] == ["paper_case", "hetero1"]
+    assert [r["cluster"] for r in rows] == ["paper_case", "tight8"]
     assert all(float(r["iteration_s"]) > 0 and r["solver"] and r["model"] == "tiny" for r in rows)
     md = (tmp_path / "summary.md").read_text().splitlines()
     assert len(md) == 4 and "iteration_s" in md[0]

@@ -97,9 +97,10 @@ def test_bad_replan_input_exits_2_with_one_line(tmp_path, capsys, extra, words):
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")
     other = tmp_path / "other.json"
-    code, _ = run(["plan", "model=gpt3_1.3b", "solver=megatron", f"out={other}", f"hydra.run.dir={tmp_path / 'r0'}"],
-                  capsys)
-    assert code == 0
+    if any("OTHER" in e for e in extra):  # a plan for another model
+        code, _ = run(["plan", "model=gpt3_1.3b", "solver=megatron", f"out={other}", f"hydra.run.dir={tmp_path / 'r0'}"],
+                      capsys)
+        assert code == 0
     extra = [e.replace("MALFORMED", str(bad)).replace("OTHER", str(other)) for e in extra]
     code, out = run(["plan", *extra, f"out={tmp_path / 'x.json'}", f"hydra.run.dir={tmp_path / 'run'}"], capsys)
     assert code == 2

@@ -235,3 +235,31 @@ def test_a_budget_below_one_machine_uses_part_of_it():
     assert set(plan.devices) <= {"H.0", "H.1"} and plan.solver["usd_per_hour"] <= 8.0
     (idle,) = plan.solver["idle"]
     assert idle["kind"] == "devices" and idle["usd_per_hour"] == pytest.approx(8 * 2.99)  # the whole machine's plan
+
+
+@pytest.mark.parametrize("exhaustive", [8, 1])
+def test_time_shares_count_the_sub_clusters_still_to_solve(exhaustive):
+    """A solver's time limit covers the whole allocation (cpsat): before each solve the shares
+    hear how many sub-clusters are still to come, that one included, so each gets an even share
+    of the time left. Exhaustive: the five sub-clusters of 2 fast machines + 1 slow one, counting
+    down; greedy: the whole cluster expects its neighbours and one step more."""
+    import time
+
+    from hexicore.planner.allocation import TimeShares, allocate
+
+    p = problem(cluster(FAST_MACHINES + [SLOW]), model=model_preset("tiny"), global_batch=8)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+    shares = TimeShares(deadline=time.monotonic() + 1000.0)
+    seen = []
+
+    def solve_sub(sub, progress):
+        seen.append((len(sub.cluster.devices), shares.pending, shares.seconds()))
+        return inner.solve(sub, seed=0)
+
+    plan = allocate(p, solve_sub, exhaustive=exhaustive, shares=shares)
+    assert len(seen) == plan.solver["allocation"]["solved"]
+    counts = [n for _, n, _ in seen]
+    assert seen[0][0] == 12 and counts[0] == (5 if exhaustive == 8 else 2 + 3)  # neighbours: -A/B, -S, -type
+    if exhaustive == 8:
+        assert counts == sorted(counts, reverse=True) and counts[-1] >= 1
+    assert all(s == pytest.approx(1000.0 / n, rel=0.01) for _, n, s in seen)

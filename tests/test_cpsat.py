@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -297,6 +298,26 @@ def test_time_limit_with_a_start_plan_returns_it():
     assert plan.solver["status"] == "FEASIBLE" and est.fits
     assert plan.solver["bound"] <= est.iteration_s
     assert plan.solver["objective"] == pytest.approx(est.iteration_s, rel=0.01)
+
+
+def test_time_limit_covers_the_whole_solve(monkeypatch):
+    """Sub-clusters share ``time_limit``: each CP-SAT run gets at most the time left before the
+    solve's deadline, the first an even share; the plan records the limit asked for."""
+    calls = []
+    real = CpSatSolver._solve_all
+
+    def spy(self, sub, *, time_limit, seed, progress):
+        calls.append((time.monotonic(), time_limit))
+        return real(self, sub, time_limit=time_limit, seed=seed, progress=progress)
+
+    monkeypatch.setattr(CpSatSolver, "_solve_all", spy)
+    p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)
+    t0 = time.monotonic()
+    plan = solve(p, time_limit=2.0)
+    solved = plan.solver["allocation"]["solved"]
+    assert solved >= 2 and len(calls) == solved and calls[0][1] <= 2.0 / solved + 1e-6
+    assert all(at + share <= t0 + 2.0 + 0.5 for at, share in calls)
+    assert plan.solver["params"]["time_limit"] == 2.0
 
 
 def _cli(args, capsys):

@@ -46,11 +46,12 @@ from typing import Callable
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
+from hexicore.planner.idle import idle_groups
 from hexicore.planner.objective import Objective, plan_price, rate
 from hexicore.planner.parallel import Forked, fork_map, fork_start
 from hexicore.planner.problem import Problem, Progress, no_progress
 
-__all__ = ["Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
+__all__ = ["TimeShares", "Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
 
 INF = math.inf
 Solve = Callable[[Problem, Progress], Plan]  # (sub-problem, progress) -> plan
@@ -65,6 +66,22 @@ class Trial:
     plan: Plan | None
     score: tuple[float, float]
     part: bool = False  # only some devices of ``machines`` (a budget's, :meth:`_Search.trimmed`)
+
+
+@dataclass
+class TimeShares:
+    """A whole solve's time limit shared among the sub-clusters :func:`allocate` solves (a
+    solver whose own runs take a time limit, cpsat): before each solve ``allocate`` sets
+    ``pending``, the sub-clusters it still means to solve, that one included (exhaustive mode:
+    every one left that has memory for the state; a greedy step: its neighbours left and one more
+    for the next step); :meth:`seconds` is an even share of the time left, so time a sub-cluster
+    did not use (proven early, or skipped) passes on to the others."""
+
+    deadline: float  # time.monotonic() at which the whole solve ends
+    pending: int = 1
+
+    def seconds(self) -> float:
+        return max(1e-3, self.deadline - time.monotonic()) / max(1, self.pending)
 
 
 def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
@@ -116,6 +133,7 @@ class _Search:
     quick: dict = field(default_factory=dict)  # counts -> the screen's score, computed ahead (prescreen)
     whole_error: HexicoreError | None = None  # why nothing fits the whole cluster (raised if nothing fits anywhere)
     vacant: set = field(default_factory=set)  # sub-clusters without a plan: no memory for the state, or proven
+    shares: TimeShares | None = None
 
     def machines(self, counts: tuple[int, ...]) -> tuple[str, ...]:
         keep = {m for cls, n in zip(self.classes, counts) for m in cls[:n]}
@@ -125,9 +143,7 @@ class _Search:
         """Pruned without solving: no memory for the state, over budget, or bounded out."""
         cl, keep = self.problem.cluster, set(machines)
         devs = [d for d in cl.devices if d.machine in keep]
-        reserve = getattr(self.problem.cost, "reserve_gb", 0.0)
-        per = getattr(self.problem.cost, "state_bytes_per_param", None) or 4 * self.problem.train.dtype_bytes
-        if sum(d.memory_gb - reserve for d in devs) * 2**30 < self.problem.model.total_params() * per:
+        if not self.holds_state(machines):
             self.vacant.add(machines)
             return True
         price = sum(d.gpu.price_per_hour or 0.0 for d in devs)
@@ -140,6 +156,18 @@ class _Search:
         best = self.best.plan.estimate
         best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
         return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def holds_state(self, machines: tuple[str, ...]) -> bool:
+        """Does the memory of ``machines`` hold the model's state (weights, gradients, optimizer)?"""
+        keep, cost = set(machines), self.problem.cost
+        reserve, per = getattr(cost, "reserve_gb", 0.0), getattr(cost, "state_bytes_per_param", None)
+        memory = sum(d.memory_gb - reserve for d in self.problem.cluster.devices if d.machine in keep)
+        return memory * 2**30 >= self.problem.model.total_params() * (per or 4 * self.problem.train.dtype_bytes)
+
+    def pending(self, vectors: list[tuple[int, ...]]) -> int:
+        """How many of ``vectors`` are still to solve: not solved, and with memory for the state."""
+        todo = {self.machines(v) for v in vectors}
+        return sum(1 for m in todo if m and m not in self.trials and self.holds_state(m))
 
     def toward_budget(self, vectors: list[tuple[int, ...]]) -> tuple[int, ...] | None:
         """While no plan meets ``budget_per_hour``: the next step of the greedy descent among the
@@ -195,7 +223,9 @@ class _Search:
             return None
         return fork_start(lambda v: (v, self.screen_score(v, None)), todo, workers)
 
-    def trial(self, counts: tuple[int, ...], first: bool = False) -> Trial | None:
+    def trial(self, counts: tuple[int, ...], first: bool = False, pending: int = 1) -> Trial | None:
+        """Solve the sub-cluster of ``counts`` (memoised; skipped past the deadline or when
+        :meth:`skip` prunes it); ``pending``: see :class:`TimeShares`."""
         machines = self.machines(counts)
         if not machines:
             return None
@@ -207,6 +237,8 @@ class _Search:
             self.trials[machines] = None
             return None
         sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
+        if self.shares is not None:
+            self.shares.pending = pending
         return self.solved(machines, machines, sub, first)
 
     def trimmed(self) -> None:
@@ -267,7 +299,7 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
 
 def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
              deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128,
-             workers: int = 1) -> Plan:
+             workers: int = 1, shares: TimeShares | None = None) -> Plan:
     """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
     past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
     always is; where nothing fits it, the sub-clusters are still tried, and its error is raised
@@ -276,40 +308,47 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
     that many processes (the screen must then ignore its plan argument), and the first step's
     screens start in ``workers - 1`` forked processes before the whole cluster is searched, beside
-    that search (the scores are the same, so is the descent);
+    that search (the scores are the same, so is the descent); ``shares`` (its deadline is then the
+    deadline): told before each solve how many are still to come (:class:`TimeShares`);
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
     the machines used) and ``idle`` (:func:`idle_groups`)."""
     objective = problem.objective
     objective.check_prices(problem.cluster)
     classes = machine_classes(problem.cluster)
     full = tuple(len(c) for c in classes)
-    s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress, screen=screen)
+    deadline = shares.deadline if shares is not None else deadline
+    s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress, screen=screen,
+                shares=shares)
     total = math.prod(n + 1 for n in full) - 1
     mode = "exhaustive" if total <= exhaustive else "greedy"
     types = _group_moves(problem.cluster, classes)
+    vectors = sorted(itertools.product(*(range(n + 1) for n in full)), key=lambda v: -sum(v)) \
+        if mode == "exhaustive" else []
     screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
     # the first step's screens run beside the whole cluster's search (they do not depend on it)
     early = s.prescreen_start(list(_neighbours(full, classes, types)), workers - 1) \
         if screened and workers > 1 else None
     try:
-        s.trial(full, first=True)
+        ahead = s.pending(vectors) if vectors else 2 + s.pending(list(_neighbours(full, classes, types)))
+        s.trial(full, first=True, pending=ahead)
         if early is not None:
             s.quick.update(early.result())
     finally:
         if early is not None:
             early.cancel()
     if mode == "exhaustive":
-        vectors = sorted(itertools.product(*(range(n + 1) for n in full)), key=lambda v: -sum(v))
         for i, v in enumerate(vectors):
             progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
-            s.trial(v)
+            s.trial(v, pending=s.pending(vectors[i:]))
     else:
         cur = full
         while True:
             here = s.best
             if screened:
                 s.prescreen(list(_neighbours(cur, classes, types)), workers)
-            steps = [(v, s.trial(v)) for v in _neighbours(cur, classes, types) if not screened or s.promising(v)]
+            near = list(_neighbours(cur, classes, types))
+            steps = [(v, s.trial(v, pending=s.pending(near[k:]) + 1)) for k, v in enumerate(near)
+                     if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
                 cur = s.toward_budget(list(_neighbours(cur, classes, types)))
@@ -355,45 +394,4 @@ def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
     out = {"bound": bound}
     if info.get("status") == "OPTIMAL" and bound < info["bound"] * (1 - 1e-9):
         out["status"] = "FEASIBLE"
-    return out
-
-
-def idle_groups(cluster: Cluster, plan: Plan, trials: list[Trial]) -> list[dict]:
-    """Devices no pipeline of ``plan`` uses, per GPU type left out entirely, else per zone
-    left out entirely, else per machine
-    (else the single devices): ``{"kind", "name", "devices", "iteration_s", ...}`` where
-    ``iteration_s`` / ``tokens_per_s`` / ``usd_per_mtok`` describe the best plan found that uses
-    the group (null when no solved sub-cluster used it)."""
-    used = set(plan.devices)
-    idle = [d for d in cluster.devices if d.id not in used]
-    if not idle:
-        return []
-    groups: list[tuple[str, str, list[str]]] = []
-    types = {d.gpu.name for d in cluster.devices if d.id in used}
-    done: set[str] = set()
-    for d in idle:
-        if d.id in done:
-            continue
-        zone = cluster.machine(d.machine).zone
-        if d.gpu.name not in types:
-            members = [e.id for e in idle if e.gpu.name == d.gpu.name]
-            groups.append(("gpu", d.gpu.name, members))
-        elif zone is not None and all(e.id not in used for e in cluster.devices
-                                      if cluster.machine(e.machine).zone == zone):
-            members = [e.id for e in idle if cluster.machine(e.machine).zone == zone and e.id not in done]
-            groups.append(("zone", zone, members))
-        else:
-            members = [e.id for e in idle if e.machine == d.machine]
-            whole = all(e.id not in used for e in cluster.devices if e.machine == d.machine)
-            groups.append(("machine" if whole else "devices", d.machine, members))
-        done.update(members)
-    out = []
-    for kind, name, members in groups:
-        need = {cluster.device(m).machine for m in members}
-        using = [t for t in trials if t.plan is not None and need <= set(t.machines) and not t.part]
-        top = min(using, key=lambda t: t.score, default=None)
-        row = {"kind": kind, "name": name, "devices": members, "iteration_s": None}
-        if top is not None:
-            row.update({"iteration_s": top.plan.estimate.iteration_s, **rate(top.plan)})
-        out.append(row)
     return out

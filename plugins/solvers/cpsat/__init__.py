@@ -34,6 +34,7 @@ re-optimised, exactly; the bound is then over plans with those groups.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
-from hexicore.planner.allocation import allocate
+from hexicore.planner.allocation import TimeShares, allocate
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 from .tables import Option, build_tables, stage_options, uneven_machines
@@ -103,18 +104,28 @@ class CpSatSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """Unless ``use_all_devices`` (or ``fix_groups``), the model is solved on sub-clusters of
-        whole machines too, each with the same time limit, and the best plan under the problem's
-        objective is returned (:func:`hexicore.planner.allocation.allocate`), its ``bound`` the
-        least over the sub-clusters and ``OPTIMAL`` only where no sub-cluster's bound is lower."""
+        whole machines too, and the best plan under the problem's objective is returned
+        (:func:`hexicore.planner.allocation.allocate`), its ``bound`` the least over the
+        sub-clusters and ``OPTIMAL`` only where no sub-cluster's bound is lower. ``time_limit``
+        covers the whole solve: the sub-clusters share it (:class:`TimeShares`); past it no further
+        sub-cluster is solved, and those left count in the bound by their FLOPs bound."""
         if not isinstance(self.use_all_devices, bool):
             raise HexicoreError(f"use_all_devices must be true or false, got {self.use_all_devices!r}",
                                 field="solver.use_all_devices")
+        limit = (schema.number(time_limit, "solver cpsat", "solver.time_limit") if time_limit is not None
+                 else DEFAULT_TIME_LIMIT)
         if self.use_all_devices or self.fix_groups:
-            return self._solve_all(problem, time_limit=time_limit, seed=seed, progress=progress)
-        def one(sub: Problem, report: Progress) -> Plan:
-            return self._solve_all(sub, time_limit=time_limit, seed=seed, progress=report)
+            return self._solve_all(problem, time_limit=limit, seed=seed, progress=progress)
+        shares = TimeShares(deadline=time.monotonic() + limit)
 
-        return allocate(problem, one, exhaustive=int(self.allocation_exhaustive), progress=progress)
+        def one(sub: Problem, report: Progress) -> Plan:
+            return self._solve_all(sub, time_limit=shares.seconds(), seed=seed, progress=report)
+
+        exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat", "solver.allocation_exhaustive")
+        plan = allocate(problem, one, exhaustive=exhaustive, progress=progress, shares=shares)
+        info = dict(plan.solver or {})
+        info["params"] = {**info.get("params", {}), "time_limit": limit}
+        return plan.with_solver(info)
 
     def _solve_all(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
                    progress: Progress = no_progress) -> Plan:
@@ -127,8 +138,7 @@ class CpSatSolver:
         from .hint import plan_rows
         from .formulation import build, slot_counts
 
-        limit = (schema.number(time_limit, "solver cpsat", "solver.time_limit") if time_limit is not None
-                 else DEFAULT_TIME_LIMIT)
+        limit = float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
         t, L = problem.train, problem.model.layers
         n_mb = t.global_batch // t.micro_batch
         machines: dict[str, int] = {}
@@ -173,8 +183,8 @@ class CpSatSolver:
             raise RuntimeError(f"cpsat: solver returned {name}")  # a bug in the formulation
         if status == cp_model.UNKNOWN:
             if not hinted:
-                raise HexicoreError(f"time limit of {limit:g} s reached with no plan for {where}; raise "
-                                    "solver.time_limit", field="solver.time_limit")
+                raise HexicoreError(f"time limit reached with no plan for {where} (CP-SAT ran {limit:.3g} s "
+                                    "on it); raise solver.time_limit", field="solver.time_limit")
             # the search stopped before reporting any plan: the start plan it was given is the best known
             plan, name = next(p for src, p in starts if src == hinted), "FEASIBLE"
             rows = plan_rows(problem, plan, options)

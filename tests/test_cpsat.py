@@ -307,8 +307,10 @@ def test_time_limit_covers_the_whole_solve(monkeypatch):
     real = CpSatSolver._solve_all
 
     def spy(self, sub, *, time_limit, seed, progress):
-        calls.append((time.monotonic(), time_limit))
-        return real(self, sub, time_limit=time_limit, seed=seed, progress=progress)
+        def share():  # asked for once the sub-cluster's tables are built, as CP-SAT starts
+            calls.append((time.monotonic(), time_limit()))
+            return calls[-1][1]
+        return real(self, sub, time_limit=share, seed=seed, progress=progress)
 
     monkeypatch.setattr(CpSatSolver, "_solve_all", spy)
     p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)

@@ -376,8 +376,9 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
 def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
     """A solver's proven ``bound`` (and ``OPTIMAL`` status) speaks of the sub-cluster it solved;
     over the whole cluster the bound is the least over every sub-cluster: a solved one's own
-    bound, none where no plan can be (memory, or the solver proved it), else (pruned, out of time,
-    not visited: ``complete`` false) the FLOPs bound of :func:`_lower_bound`. ``OPTIMAL`` stays
+    bound or the FLOPs bound of :func:`_lower_bound`, whichever is higher (a search stopped early
+    may have proven little), none where no plan can be (memory, or the solver proved it), else
+    (pruned, out of time, not visited: ``complete`` false) the FLOPs bound. ``OPTIMAL`` stays
     only when no sub-cluster's bound lies below the chosen one's; solvers without bounds: no change."""
     if info.get("bound") is None:
         return {}
@@ -389,7 +390,7 @@ def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
         own = (t.plan.solver or {}).get("bound", None) if t is not None and t.plan is not None else None
         if t is not None and t.plan is not None and own is None:
             return {"bound": None, "status": "FEASIBLE" if info.get("status") == "OPTIMAL" else info.get("status")}
-        bounds.append(own if own is not None else _lower_bound(s.flops, cl, machines))
+        bounds.append(max(own or 0.0, _lower_bound(s.flops, cl, machines)))  # each is a valid bound
     bound = min(bounds, default=info["bound"])
     out = {"bound": bound}
     if info.get("status") == "OPTIMAL" and bound < info["bound"] * (1 - 1e-9):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
@@ -119,7 +119,7 @@ class CpSatSolver:
         shares = TimeShares(deadline=time.monotonic() + limit)
 
         def one(sub: Problem, report: Progress) -> Plan:
-            return self._solve_all(sub, time_limit=shares.seconds(), seed=seed, progress=report)
+            return self._solve_all(sub, time_limit=shares.seconds, seed=seed, progress=report)
 
         exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat", "solver.allocation_exhaustive")
         plan = allocate(problem, one, exhaustive=exhaustive, progress=progress, shares=shares)
@@ -127,10 +127,12 @@ class CpSatSolver:
         info["params"] = {**info.get("params", {}), "time_limit": limit}
         return plan.with_solver(info)
 
-    def _solve_all(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+    def _solve_all(self, problem: Problem, *, time_limit: float | Callable[[], float], seed: int = 0,
                    progress: Progress = no_progress) -> Plan:
         """long: one CP-SAT model over every device of ``problem.cluster``: tabulate, build,
-        hint, solve, decode, and the plan's solver section (one linear story)."""
+        hint, solve, decode, and the plan's solver section (one linear story); ``time_limit``:
+        CP-SAT's seconds, or a function giving them once the tables are built (a share of a
+        whole solve's time, :class:`TimeShares`)."""
         from ortools.sat.python import cp_model
 
         from .decode import decode
@@ -138,7 +140,6 @@ class CpSatSolver:
         from .hint import plan_rows
         from .formulation import build, slot_counts
 
-        limit = float(time_limit if time_limit is not None else DEFAULT_TIME_LIMIT)
         t, L = problem.train, problem.model.layers
         n_mb = t.global_batch // t.micro_batch
         machines: dict[str, int] = {}
@@ -167,6 +168,7 @@ class CpSatSolver:
         progress("cpsat: solving", 0.0)
 
         solver = cp_model.CpSolver()
+        limit = float(time_limit() if callable(time_limit) else time_limit)  # a share: after tabulating
         solver.parameters.max_time_in_seconds = limit
         solver.parameters.num_workers = int(self.workers)
         solver.parameters.random_seed = int(seed)

@@ -302,7 +302,7 @@ def test_time_limit_with_a_start_plan_returns_it():
 
 def test_time_limit_covers_the_whole_solve(monkeypatch):
     """Sub-clusters share ``time_limit``: each CP-SAT run gets at most the time left before the
-    solve's deadline, the first an even share; the plan records the limit asked for."""
+    solve's deadline, the first a part of it; the plan records the limit asked for."""
     calls = []
     real = CpSatSolver._solve_all
 
@@ -317,7 +317,7 @@ def test_time_limit_covers_the_whole_solve(monkeypatch):
     t0 = time.monotonic()
     plan = solve(p, time_limit=2.0)
     solved = plan.solver["allocation"]["solved"]
-    assert solved >= 2 and len(calls) == solved and calls[0][1] <= 2.0 / solved + 1e-6
+    assert solved >= 2 and len(calls) == solved and calls[0][1] < 2.0 * 0.9  # a part, not the whole
     assert all(at + share <= t0 + 2.0 + 0.5 for at, share in calls)
     assert plan.solver["params"]["time_limit"] == 2.0
 

@@ -50,6 +50,7 @@ from hexicore.planner.idle import idle_groups
 from hexicore.planner.objective import Objective, plan_price, rate
 from hexicore.planner.parallel import Forked, fork_map, fork_start
 from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.time_shares import TimeShares
 
 __all__ = ["TimeShares", "Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
 
@@ -66,22 +67,6 @@ class Trial:
     plan: Plan | None
     score: tuple[float, float]
     part: bool = False  # only some devices of ``machines`` (a budget's, :meth:`_Search.trimmed`)
-
-
-@dataclass
-class TimeShares:
-    """A whole solve's time limit shared among the sub-clusters :func:`allocate` solves (a
-    solver whose own runs take a time limit, cpsat): before each solve ``allocate`` sets
-    ``pending``, the sub-clusters it still means to solve, that one included (exhaustive mode:
-    every one left that has memory for the state; a greedy step: its neighbours left and one more
-    for the next step); :meth:`seconds` is an even share of the time left, so time a sub-cluster
-    did not use (proven early, or skipped) passes on to the others."""
-
-    deadline: float  # time.monotonic() at which the whole solve ends
-    pending: int = 1
-
-    def seconds(self) -> float:
-        return max(1e-3, self.deadline - time.monotonic()) / max(1, self.pending)
 
 
 def machine_classes(cluster: Cluster) -> list[tuple[str, ...]]:
@@ -164,10 +149,19 @@ class _Search:
         memory = sum(d.memory_gb - reserve for d in self.problem.cluster.devices if d.machine in keep)
         return memory * 2**30 >= self.problem.model.total_params() * (per or 4 * self.problem.train.dtype_bytes)
 
-    def pending(self, vectors: list[tuple[int, ...]]) -> int:
-        """How many of ``vectors`` are still to solve: not solved, and with memory for the state."""
+    def devices(self, machines: tuple[str, ...]) -> int:
+        keep = set(machines)
+        return sum(1 for d in self.problem.cluster.devices if d.machine in keep)
+
+    def ahead(self, vectors: list[tuple[int, ...]]) -> int:
+        """Devices of the sub-clusters of ``vectors`` still to solve (not solved, and with memory
+        for the state), each sub-cluster counted once: the weight :class:`TimeShares` divides by."""
         todo = {self.machines(v) for v in vectors}
-        return sum(1 for m in todo if m and m not in self.trials and self.holds_state(m))
+        return sum(self.devices(m) for m in todo if m and m not in self.trials and self.holds_state(m))
+
+    def largest(self, vectors: list[tuple[int, ...]]) -> int:
+        """Devices of the largest of ``vectors``: the weight a greedy step keeps for the next step."""
+        return max((self.devices(self.machines(v)) for v in vectors), default=0)
 
     def toward_budget(self, vectors: list[tuple[int, ...]]) -> tuple[int, ...] | None:
         """While no plan meets ``budget_per_hour``: the next step of the greedy descent among the
@@ -223,9 +217,9 @@ class _Search:
             return None
         return fork_start(lambda v: (v, self.screen_score(v, None)), todo, workers)
 
-    def trial(self, counts: tuple[int, ...], first: bool = False, pending: int = 1) -> Trial | None:
+    def trial(self, counts: tuple[int, ...], first: bool = False, ahead: int = 0) -> Trial | None:
         """Solve the sub-cluster of ``counts`` (memoised; skipped past the deadline or when
-        :meth:`skip` prunes it); ``pending``: see :class:`TimeShares`."""
+        :meth:`skip` prunes it); ``ahead``: the devices still to solve, :class:`TimeShares`."""
         machines = self.machines(counts)
         if not machines:
             return None
@@ -238,7 +232,7 @@ class _Search:
             return None
         sub = replace(self.problem, cluster=sub_cluster(self.problem.cluster, machines))
         if self.shares is not None:
-            self.shares.pending = pending
+            self.shares.part = min(1.0, self.devices(machines) / max(1, ahead))
         return self.solved(machines, machines, sub, first)
 
     def trimmed(self) -> None:
@@ -329,8 +323,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     early = s.prescreen_start(list(_neighbours(full, classes, types)), workers - 1) \
         if screened and workers > 1 else None
     try:
-        ahead = s.pending(vectors) if vectors else 2 + s.pending(list(_neighbours(full, classes, types)))
-        s.trial(full, first=True, pending=ahead)
+        near = list(_neighbours(full, classes, types))
+        s.trial(full, first=True, ahead=s.ahead(vectors) if vectors else s.ahead([full, *near]) + s.largest(near))
         if early is not None:
             s.quick.update(early.result())
     finally:
@@ -339,7 +333,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     if mode == "exhaustive":
         for i, v in enumerate(vectors):
             progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
-            s.trial(v, pending=s.pending(vectors[i:]))
+            s.trial(v, ahead=s.ahead(vectors[i:]))
     else:
         cur = full
         while True:
@@ -347,7 +341,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             if screened:
                 s.prescreen(list(_neighbours(cur, classes, types)), workers)
             near = list(_neighbours(cur, classes, types))
-            steps = [(v, s.trial(v, pending=s.pending(near[k:]) + 1)) for k, v in enumerate(near)
+            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + s.largest(near))) for k, v in enumerate(near)
                      if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:

@@ -53,7 +53,7 @@ def test_llama3_rope_and_round_trip(tmp_path):
     written = tmp_path / "out"
     written.mkdir()
     (written / "config.json").write_text(json.dumps(hf_config_dict(spec)))
-    assert load_hf_config(written) == ModelSpec.from_dict({**spec.to_dict(), "name": "out"})
+    assert load_hf_config(written) == spec  # the model's name too, not the directory's ("out")
     back = transformers.AutoConfig.from_pretrained(written)
     assert back.num_hidden_layers == 3 and back.rope_parameters["rope_type"] == "llama3"
 

@@ -230,7 +230,7 @@ def hf_config_dict(spec: ModelSpec, tokens: SpecialTokens | None = None) -> dict
         "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
         "max_position_embeddings": spec.max_position or spec.seq_len,
         "tie_word_embeddings": spec.tied_embeddings, "rope_parameters": rope, "rope_theta": spec.rope_theta,
-        "torch_dtype": "float32",
+        "torch_dtype": "float32", "_name_or_path": spec.name,  # the name a plan of this directory keeps
     }
     if spec.rope_scaling:
         d["rope_scaling"] = _rope_json(spec.rope_scaling)

@@ -147,7 +147,7 @@ A800 / RTX 4090 / RTX 3090 mixes at 2 GB/s): **{largest if largest is not None e
 
 Where the status is OPTIMAL, *hexiscale vs best* is hexiscale's distance from the proven optimum.
 CP-SAT solves the whole cluster and its sub-clusters of whole machines, which share the time limit
-(each a share in proportion to its devices; time a proven sub-cluster did not use passes on; *CP-SAT time* and *solve time*
+(CP-SAT's search time, each a share in proportion to its devices; time a proven sub-cluster did not use passes on; *CP-SAT time* and *solve time*
 are the whole solve's, tabulation included); a plan is OPTIMAL only where no sub-cluster's proven
 bound lies below it, and the bound is the least over the sub-clusters (those not solved in time
 count by their FLOPs bound).

@@ -244,13 +244,11 @@ def test_time_shares_follow_the_devices_still_to_solve(exhaustive):
     one class) and a slow one: exhaustive, the five sub-clusters hold 12 + 8 + 8 + 4 + 4 devices,
     so the whole cluster gets 12/36; greedy, its three neighbours (8, 8, 4) and one step more
     (the largest, 8): 12/40; the last exhaustive sub-cluster gets all that is left."""
-    import time
-
     from hexicore.planner.allocation import TimeShares, allocate
 
     p = problem(cluster(FAST_MACHINES + [SLOW]), model=model_preset("tiny"), global_batch=8)
     inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
-    shares = TimeShares(deadline=time.monotonic() + 1000.0)
+    shares = TimeShares(1000.0)
     seen = []
 
     def solve_sub(sub, progress):
@@ -263,3 +261,12 @@ def test_time_shares_follow_the_devices_still_to_solve(exhaustive):
     if exhaustive == 8 and len(seen) == 5:
         assert seen[-1][1] == 1.0
     assert all(s == pytest.approx(1000.0 * part, rel=0.01) for _, part, s in seen)
+
+    spent = TimeShares(1.0)
+
+    def overran(sub, progress):  # a run that took twice the whole limit (a long presolve)
+        spent.spend(2.0)
+        return inner.solve(sub, seed=0)
+
+    plan = allocate(p, overran, exhaustive=exhaustive, shares=spent)
+    assert plan.solver["allocation"]["solved"] == 1 and len(plan.devices) == 12  # the whole cluster only

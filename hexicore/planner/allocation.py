@@ -225,7 +225,8 @@ class _Search:
             return None
         if machines in self.trials:
             return self.trials[machines]
-        if not first and self.deadline is not None and time.monotonic() > self.deadline:
+        if not first and ((self.deadline is not None and time.monotonic() > self.deadline)
+                          or (self.shares is not None and self.shares.spent)):
             return None
         if not first and self.skip(machines):
             self.trials[machines] = None
@@ -302,15 +303,14 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
     that many processes (the screen must then ignore its plan argument), and the first step's
     screens start in ``workers - 1`` forked processes before the whole cluster is searched, beside
-    that search (the scores are the same, so is the descent); ``shares`` (its deadline is then the
-    deadline): told before each solve how many are still to come (:class:`TimeShares`);
+    that search (the scores are the same, so is the descent); ``shares``: told before each
+    solve what part of the time left it gets; once spent, no further sub-cluster is solved;
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
     the machines used) and ``idle`` (:func:`idle_groups`)."""
     objective = problem.objective
     objective.check_prices(problem.cluster)
     classes = machine_classes(problem.cluster)
     full = tuple(len(c) for c in classes)
-    deadline = shares.deadline if shares is not None else deadline
     s = _Search(problem, solve, objective, classes, {}, deadline=deadline, progress=progress, screen=screen,
                 shares=shares)
     total = math.prod(n + 1 for n in full) - 1

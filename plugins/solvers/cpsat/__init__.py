@@ -34,9 +34,8 @@ re-optimised, exactly; the bound is then over plans with those groups.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
@@ -107,8 +106,9 @@ class CpSatSolver:
         whole machines too, and the best plan under the problem's objective is returned
         (:func:`hexicore.planner.allocation.allocate`), its ``bound`` the least over the
         sub-clusters and ``OPTIMAL`` only where no sub-cluster's bound is lower. ``time_limit``
-        covers the whole solve: the sub-clusters share it (:class:`TimeShares`); past it no further
-        sub-cluster is solved, and those left count in the bound by their FLOPs bound."""
+        is CP-SAT's search time for the whole solve (building the models is not counted): the
+        sub-clusters share it (:class:`TimeShares`); once it is spent no further sub-cluster is
+        solved, and those left count in the bound by their FLOPs bound."""
         if not isinstance(self.use_all_devices, bool):
             raise HexicoreError(f"use_all_devices must be true or false, got {self.use_all_devices!r}",
                                 field="solver.use_all_devices")
@@ -116,10 +116,10 @@ class CpSatSolver:
                  else DEFAULT_TIME_LIMIT)
         if self.use_all_devices or self.fix_groups:
             return self._solve_all(problem, time_limit=limit, seed=seed, progress=progress)
-        shares = TimeShares(deadline=time.monotonic() + limit)
+        shares = TimeShares(limit)
 
         def one(sub: Problem, report: Progress) -> Plan:
-            return self._solve_all(sub, time_limit=shares.seconds, seed=seed, progress=report)
+            return self._solve_all(sub, time_limit=limit, seed=seed, progress=report, shares=shares)
 
         exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat", "solver.allocation_exhaustive")
         plan = allocate(problem, one, exhaustive=exhaustive, progress=progress, shares=shares)
@@ -127,12 +127,12 @@ class CpSatSolver:
         info["params"] = {**info.get("params", {}), "time_limit": limit}
         return plan.with_solver(info)
 
-    def _solve_all(self, problem: Problem, *, time_limit: float | Callable[[], float], seed: int = 0,
-                   progress: Progress = no_progress) -> Plan:
+    def _solve_all(self, problem: Problem, *, time_limit: float, seed: int = 0,
+                   progress: Progress = no_progress, shares: TimeShares | None = None) -> Plan:
         """long: one CP-SAT model over every device of ``problem.cluster``: tabulate, build,
-        hint, solve, decode, and the plan's solver section (one linear story); ``time_limit``:
-        CP-SAT's seconds, or a function giving them once the tables are built (a share of a
-        whole solve's time, :class:`TimeShares`)."""
+        hint, solve, decode, and the plan's solver section (one linear story); CP-SAT searches
+        ``time_limit`` seconds, or with ``shares`` its share of them (taken once the tables are
+        built, and what it took reported back: :class:`TimeShares`)."""
         from ortools.sat.python import cp_model
 
         from .decode import decode
@@ -168,12 +168,14 @@ class CpSatSolver:
         progress("cpsat: solving", 0.0)
 
         solver = cp_model.CpSolver()
-        limit = float(time_limit() if callable(time_limit) else time_limit)  # a share: after tabulating
+        limit = shares.seconds() if shares is not None else float(time_limit)
         solver.parameters.max_time_in_seconds = limit
         solver.parameters.num_workers = int(self.workers)
         solver.parameters.random_seed = int(seed)
         solver.parameters.log_search_progress = bool(self.log)
         status = solver.solve(form.model, _callback(progress, limit, tables.unit))
+        if shares is not None:
+            shares.spend(solver.wall_time)
         name = solver.status_name(status)
         where = f"{problem.model.name!r} on cluster {problem.cluster.name!r}"
         if status == cp_model.INFEASIBLE:

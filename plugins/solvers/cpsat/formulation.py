@@ -222,8 +222,9 @@ def _pipeline_time(m, tab: Tables, f: Formulation, i: int, slot_vars: tuple, n_m
         stage = _stage_time(m, tab, f.x, f.layers[i, j], head[i, j], i, j, fi, max_u)
         hop = 0
         if j + 1 < slots[i]:
-            hop = m.new_int_var(0, max(_flat(tab.hop)), f"H{i}_{j}")
-            _element(m, oid[i, j] * (K + 1) + oid[i, j + 1], _flat(tab.hop), hop, f"iH{i}_{j}")
+            hops = _flat(tab.hop)
+            hop = m.new_int_var(0, max(hops), f"H{i}_{j}")
+            _element(m, oid[i, j] * (K + 1) + oid[i, j + 1], hops, hop, f"iH{i}_{j}")
         U[j] = m.new_int_var(0, max_u, f"U{i}_{j}")
         m.add(U[j] == stage + hop)
         # memory: blocks <= cap[o][first][last][in_flight(P_i, j, n_i)]
@@ -344,8 +345,9 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
 
     max_tp = max(o.tp for o in tab.options)
 
-    def ub(tab_v):
-        return max(1, P * (max(_flat(tab_v)) + (max_tp - 1) * max(_flat(tab.dp_latency))))
+    lat = max(_flat(tab.dp_latency))
+    ub_dp, ub_emb, ub_head = (max(1, P * (max(_flat(t)) + (max_tp - 1) * lat))  # each table flattened once
+                              for t in (tab.dp_pair, tab.dp_pair_emb, tab.dp_pair_head))
 
     # blocks: y[i,k,o] = replica of block k in pipeline i runs on option o
     D = {}
@@ -358,11 +360,11 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
                     m.add(y[i, o] >= z[i, j, k] + f.x[i, j, o] - 1)
             m.add(sum(y[i, o] for o in opts) == used[i, 0])
         counts = {o: sum(y[i, o] for i in range(P)) for o in opts}
-        D[k] = _peer_sum(m, tab, tab.dp_pair, counts, _presence(m, counts, P, f"pk{k}_"), multi, ub(tab.dp_pair), f"D{k}")
+        D[k] = _peer_sum(m, tab, tab.dp_pair, counts, _presence(m, counts, P, f"pk{k}_"), multi, ub_dp, f"D{k}")
     # embedding on first stages, head on last stages
     emb_counts = {o: sum(f.x[i, 0, o] for i in range(P)) for o in opts}
     E = _peer_sum(m, tab, tab.dp_pair_emb, emb_counts, _presence(m, emb_counts, P, "pe"), multi,
-                  ub(tab.dp_pair_emb), "E")
+                  ub_emb, "E")
     hy = {}
     for i in range(P):
         for o in opts:
@@ -372,9 +374,9 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
         m.add(sum(hy[i, o] for o in opts) == used[i, 0])
     head_counts = {o: sum(hy[i, o] for i in range(P)) for o in opts}
     H = _peer_sum(m, tab, tab.dp_pair_head, head_counts, _presence(m, head_counts, P, "ph"), multi,
-                  ub(tab.dp_pair_head), "Hd")
+                  ub_head, "Hd")
     f.parts.update({"E": E, "H": H, **{f"D{k}": D[k] for k in D}})
-    d_ub = L * ub(tab.dp_pair) + ub(tab.dp_pair_emb) + ub(tab.dp_pair_head) + tied_bound(tab)
+    d_ub = L * ub_dp + ub_emb + ub_head + tied_bound(tab)
     if tab.ceiling is not None:
         d_ub = min(d_ub, tab.ceiling)
     DP = m.new_int_var(0, d_ub, "DP")
@@ -382,7 +384,7 @@ def _dp_term(m, tab: Tables, f: Formulation, used, last, z, slots):
         for j in range(slots[i]):
             share = []
             for k in range(L):
-                v = m.new_int_var(0, ub(tab.dp_pair), f"v{i}_{j}_{k}")
+                v = m.new_int_var(0, ub_dp, f"v{i}_{j}_{k}")
                 m.add(v >= D[k]).only_enforce_if(z[i, j, k])  # lower bounds suffice: DP is minimised
                 share.append(v)
             base = sum(share) + ((E + (tied if tied is not None else 0)) if j == 0 else 0)

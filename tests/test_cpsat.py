@@ -301,24 +301,25 @@ def test_time_limit_with_a_start_plan_returns_it():
 
 def test_time_limit_covers_the_whole_solve(monkeypatch):
     """Sub-clusters share ``time_limit`` (CP-SAT's search time for the whole solve): each run
-    gets a part of what is left, the first less than all of it, and the runs together search
-    about the limit; the plan records the limit asked for."""
-    calls = []
-    real = CpSatSolver._solve_all
+    (one per sub-cluster solved, with or without a plan) gets a part of what is left, the first
+    less than all of it, and the runs together search about the limit; the plan records the
+    limit asked for."""
+    from hexicore.planner.time_shares import TimeShares
 
-    def spy(self, sub, *, time_limit, seed, progress, shares=None):
-        before = shares.used
-        plan = real(self, sub, time_limit=time_limit, seed=seed, progress=progress, shares=shares)
-        calls.append((before, plan.solver["params"]["time_limit"], plan.solver["wall_s"]))
-        return plan
+    asked = []
+    seconds = TimeShares.seconds
 
-    monkeypatch.setattr(CpSatSolver, "_solve_all", spy)
+    def spy(self):
+        asked.append((self, self.used, seconds(self)))
+        return asked[-1][2]
+
+    monkeypatch.setattr(TimeShares, "seconds", spy)
     p = problem(cluster_preset("paper_case"), model_preset("llama2_13b"), 24)
     plan = solve(p, time_limit=2.0)
-    assert len(calls) == plan.solver["allocation"]["solved"] >= 2
-    assert calls[0][0] == 0 and calls[0][1] < 2.0 * 0.9  # a part, not the whole
-    assert all(share <= 2.0 - before + 1e-9 for before, share, _ in calls)
-    assert sum(wall for *_, wall in calls) <= 2.0 * 1.5  # CP-SAT may overrun a share a little
+    assert len(asked) == plan.solver["allocation"]["solved"] >= 2
+    assert asked[0][1] == 0 and asked[0][2] < 2.0 * 0.9  # a part, not the whole
+    assert all(share <= 2.0 - used + 1e-9 for _, used, share in asked)
+    assert asked[-1][0].used <= 2.0 * 1.5  # CP-SAT may overrun a share a little
     assert plan.solver["params"]["time_limit"] == 2.0
 
 

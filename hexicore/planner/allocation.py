@@ -319,11 +319,10 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     vectors = sorted(itertools.product(*(range(n + 1) for n in full)), key=lambda v: -sum(v)) \
         if mode == "exhaustive" else []
     screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
+    near = list(_neighbours(full, classes, types))
     # the first step's screens run beside the whole cluster's search (they do not depend on it)
-    early = s.prescreen_start(list(_neighbours(full, classes, types)), workers - 1) \
-        if screened and workers > 1 else None
+    early = s.prescreen_start(near, workers - 1) if screened and workers > 1 else None
     try:
-        near = list(_neighbours(full, classes, types))
         s.trial(full, first=True, ahead=s.ahead(vectors) if vectors else s.ahead([full, *near]) + s.largest(near))
         if early is not None:
             s.quick.update(early.result())
@@ -337,15 +336,15 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     else:
         cur = full
         while True:
-            here = s.best
+            here, near = s.best, list(_neighbours(cur, classes, types))
             if screened:
-                s.prescreen(list(_neighbours(cur, classes, types)), workers)
-            near = list(_neighbours(cur, classes, types))
-            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + s.largest(near))) for k, v in enumerate(near)
+                s.prescreen(near, workers)
+            more = s.largest(near)  # kept for a step after this one
+            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + more)) for k, v in enumerate(near)
                      if not screened or s.promising(v)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
-                cur = s.toward_budget(list(_neighbours(cur, classes, types)))
+                cur = s.toward_budget(near)
                 if cur is None:
                     break
                 continue

@@ -323,6 +323,14 @@ def test_time_limit_covers_the_whole_solve(monkeypatch):
     assert plan.solver["params"]["time_limit"] == 2.0
 
 
+def test_allocation_exhaustive_takes_zero_like_hexiscale_and_refuses_negatives():
+    assert CpSatSolver(allocation_exhaustive=0).allocation_exhaustive == 0  # always the greedy descent
+    for bad in (-1, "abc", True):
+        with pytest.raises(HexicoreError) as exc:
+            CpSatSolver(allocation_exhaustive=bad)
+        assert exc.value.field == "solver.allocation_exhaustive"
+
+
 def _cli(args, capsys):
     code = run_cli(args)
     out = capsys.readouterr()

@@ -95,6 +95,8 @@ class CpSatSolver:
     def __post_init__(self) -> None:
         """Parameters from the config or a library call: wrong types and ranges are one line."""
         self.workers = schema.integer(self.workers, "solver cpsat", "solver.workers")
+        self.allocation_exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat",
+                                                    "solver.allocation_exhaustive", minimum=0)  # as hexiscale's
         for key in ("fix_groups", "log"):
             if not isinstance(getattr(self, key), bool):
                 raise HexicoreError(f"expected true or false, got {getattr(self, key)!r}", source="solver cpsat",
@@ -121,8 +123,7 @@ class CpSatSolver:
         def one(sub: Problem, report: Progress) -> Plan:
             return self._solve_all(sub, time_limit=limit, seed=seed, progress=report, shares=shares)
 
-        exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat", "solver.allocation_exhaustive")
-        plan = allocate(problem, one, exhaustive=exhaustive, progress=progress, shares=shares)
+        plan = allocate(problem, one, exhaustive=self.allocation_exhaustive, progress=progress, shares=shares)
         info = dict(plan.solver or {})
         info["params"] = {**info.get("params", {}), "time_limit": limit}
         return plan.with_solver(info)

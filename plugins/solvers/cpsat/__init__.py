@@ -116,24 +116,24 @@ class CpSatSolver:
                                 field="solver.use_all_devices")
         limit = (schema.number(time_limit, "solver cpsat", "solver.time_limit") if time_limit is not None
                  else DEFAULT_TIME_LIMIT)
+        shares = TimeShares(limit)  # one model: all of it
         if self.use_all_devices or self.fix_groups:
-            return self._solve_all(problem, time_limit=limit, seed=seed, progress=progress)
-        shares = TimeShares(limit)
+            return self._solve_all(problem, shares=shares, seed=seed, progress=progress)
 
         def one(sub: Problem, report: Progress) -> Plan:
-            return self._solve_all(sub, time_limit=limit, seed=seed, progress=report, shares=shares)
+            return self._solve_all(sub, shares=shares, seed=seed, progress=report)
 
         plan = allocate(problem, one, exhaustive=self.allocation_exhaustive, progress=progress, shares=shares)
         info = dict(plan.solver or {})
         info["params"] = {**info.get("params", {}), "time_limit": limit}
         return plan.with_solver(info)
 
-    def _solve_all(self, problem: Problem, *, time_limit: float, seed: int = 0,
-                   progress: Progress = no_progress, shares: TimeShares | None = None) -> Plan:
+    def _solve_all(self, problem: Problem, *, shares: TimeShares, seed: int = 0,
+                   progress: Progress = no_progress) -> Plan:
         """long: one CP-SAT model over every device of ``problem.cluster``: tabulate, build,
         hint, solve, decode, and the plan's solver section (one linear story); CP-SAT searches
-        ``time_limit`` seconds, or with ``shares`` its share of them (taken once the tables are
-        built, and what it took reported back: :class:`TimeShares`)."""
+        its share of ``shares`` (taken once the tables are built, and what it took reported
+        back: :class:`TimeShares`)."""
         from ortools.sat.python import cp_model
 
         from .decode import decode
@@ -169,14 +169,13 @@ class CpSatSolver:
         progress("cpsat: solving", 0.0)
 
         solver = cp_model.CpSolver()
-        limit = shares.seconds() if shares is not None else float(time_limit)
+        limit = shares.seconds()
         solver.parameters.max_time_in_seconds = limit
         solver.parameters.num_workers = int(self.workers)
         solver.parameters.random_seed = int(seed)
         solver.parameters.log_search_progress = bool(self.log)
         status = solver.solve(form.model, _callback(progress, limit, tables.unit))
-        if shares is not None:
-            shares.spend(solver.wall_time)
+        shares.spend(solver.wall_time)
         name = solver.status_name(status)
         where = f"{problem.model.name!r} on cluster {problem.cluster.name!r}"
         if status == cp_model.INFEASIBLE:

@@ -116,6 +116,34 @@ def test_evaluate_prints_the_predictions(tmp_path, capsys):
     assert "pipeline 1 stage 2 backward_s" in out and "rank 4 peak_memory_gb" in out
 
 
+def test_a_large_plans_table_shows_the_largest_rows_and_says_how_many_it_leaves_out():
+    """30 stages x 2 ranks: 60 forward/backward rows and 60 memory rows, over the 48 listed one by
+    one; the table keeps step, pipelines and DP sync, the largest of each quantity (by measured
+    value) and the eight largest errors, and the line below counts the rest."""
+    from rich.console import Console
+
+    from hexicore.app.report import DETAIL_ROWS, prediction_table
+
+    stages = [{"forward_s": 0.1 + i / 1000, "backward_s": 0.2} for i in range(30)]
+    pred = {"step_s": 7.0, "pipelines_s": [6.0], "dp_sync_s": 1.0, "stages": [stages],
+            "peak_memory_gb": [5.0] * 60}
+    meas = {**pred, "stages": [[{**s, "backward_s": 0.2 + (0.1 if i == 7 else 0)} for i, s in enumerate(stages)]],
+            "peak_memory_gb": [5.0] * 59 + [6.0]}
+    rows = comparison_rows(pred, meas)
+    assert len(rows) - 4 > DETAIL_ROWS
+    con = Console(width=200, record=True)
+    con.print(prediction_table(pred, meas))
+    out = con.export_text()
+    listed = [q for q, *_ in rows if f" {q} " in out]
+    assert listed[:3] == ["step_s", "pipeline 0 s", "dp_sync_s"]
+    assert {"pipeline 0 stage 29 forward_s", "pipeline 0 stage 7 backward_s", "rank 59 peak_memory_gb"} <= set(listed)
+    assert len(listed) <= 3 + 3 + 8 and f"{len(rows) - len(listed)} stage and rank rows not shown" in out
+    con = Console(width=200, record=True)
+    con.print(prediction_table(pred, None))  # evaluate: no errors, the largest of each quantity
+    out = con.export_text()
+    assert sum(f" {q} " in out for q, *_ in rows) == 3 + 3 and f"{len(rows) - 6} stage and rank rows" in out
+
+
 # ------------------------------------------------------------------ one training run
 def _emulated_plan() -> dict:
     """Three ranks: pipeline 0 = F.0 [0,4) + S.0 [4,8), pipeline 1 = F.1 whole; S is slowed down

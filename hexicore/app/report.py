@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from hexicore.core.plan import Plan
 from hexicore.planner.objective import rate
@@ -151,21 +152,56 @@ def _fmt_value(quantity: str, x: Any) -> str:
     return f"{x:.4g} GiB" if quantity.endswith("memory_gb") else f"{x:.4g} s"
 
 
-def prediction_table(predicted: Mapping[str, Any] | None, measured: Mapping[str, Any] | None = None) -> Table | None:
+#: stage and rank rows a prediction table lists one by one; a larger plan's table shows the largest
+#: of each quantity and the largest errors instead (a run's ``metrics.json`` keeps every row)
+DETAIL_ROWS = 48
+
+
+def _condensed(rows: list[tuple[str, Any, Any, float | None]]) -> tuple[list[tuple[str, Any, Any, float | None]], int]:
+    """``rows`` as a table shows them, and how many it leaves out: step, pipelines and DP sync
+    always; the per-stage and per-rank rows all when there are at most :data:`DETAIL_ROWS`, else
+    the largest of each quantity (forward, backward, peak memory; by measured value where there is
+    one) and the eight largest errors, in their order."""
+    detail = [i for i, (q, *_) in enumerate(rows) if q.startswith("rank ") or " stage " in q]
+    if len(detail) <= DETAIL_ROWS:
+        return rows, 0
+
+    def value(i: int) -> float:
+        _, p, m, _ = rows[i]
+        v = m if isinstance(m, (int, float)) else p
+        return float(v) if isinstance(v, (int, float)) else float("-inf")
+
+    keep = {max((i for i in detail if rows[i][0].endswith(kind)), key=value, default=None)
+            for kind in ("forward_s", "backward_s", "peak_memory_gb")}
+    erred = sorted((i for i in detail if rows[i][3] is not None), key=lambda i: -abs(rows[i][3]))
+    keep |= set(erred[:8])
+    shown = [r for i, r in enumerate(rows) if i not in detail or i in keep]
+    return shown, len(rows) - len(shown)
+
+
+def prediction_table(predicted: Mapping[str, Any] | None,
+                     measured: Mapping[str, Any] | None = None) -> Table | Group | None:
     """The predicted-vs-measured table of a run's ``metrics.json`` (quantity, predicted, measured,
     error %; :func:`hexicore.core.prediction.comparison_rows`), or the predictions alone
-    (``measured`` None, as ``hexicore evaluate`` prints them); None when there is nothing."""
+    (``measured`` None, as ``hexicore evaluate`` prints them); None when there is nothing. A
+    large plan's stage and rank rows are condensed (:func:`_condensed`), a line below says so."""
     from hexicore.core.prediction import comparison_rows
 
     if predicted is None and measured is None:
         return None
-    rows = comparison_rows(predicted, measured)
+    rows, hidden = _condensed(comparison_rows(predicted, measured))
     if predicted is None:  # a run without a plan: no cost model priced it
-        return rows_table("measured (no plan, nothing predicted)", ("quantity", "measured"),
-                          ((q, _fmt_value(q, m)) for q, _, m, _ in rows))
-    if measured is None:
-        return rows_table("predicted (cost model)", ("quantity", "predicted"),
-                          ((q, _fmt_value(q, p)) for q, p, _, _ in rows))
-    return rows_table("predicted vs measured", ("quantity", "predicted", "measured", "error %"),
-                      ((q, _fmt_value(q, p), _fmt_value(q, m), "-" if e is None else f"{e:+.1f}")
-                       for q, p, m, e in rows))
+        t = rows_table("measured (no plan, nothing predicted)", ("quantity", "measured"),
+                       ((q, _fmt_value(q, m)) for q, _, m, _ in rows))
+    elif measured is None:
+        t = rows_table("predicted (cost model)", ("quantity", "predicted"),
+                       ((q, _fmt_value(q, p)) for q, p, _, _ in rows))
+    else:
+        t = rows_table("predicted vs measured", ("quantity", "predicted", "measured", "error %"),
+                       ((q, _fmt_value(q, p), _fmt_value(q, m), "-" if e is None else f"{e:+.1f}")
+                        for q, p, m, e in rows))
+    if not hidden:
+        return t
+    shown = ("the largest of each quantity and the largest errors are; metrics.json has every row"
+             if measured is not None else "the largest of each quantity is")
+    return Group(t, Text(f"{hidden} stage and rank rows not shown ({shown})"))

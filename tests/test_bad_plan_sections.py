@@ -168,3 +168,28 @@ def test_a_pipeline_without_a_schedule_runs_the_default(tmp_path, capsys):
     code, err, out = _evaluate(tmp_path, capsys, lambda d: [p.pop("schedule") for p in d["pipelines"]])
     assert code == 0, err
     assert [p["schedule"] for p in json.loads(out.read_text())["pipelines"]] == [{"name": "1f1b"}]
+
+
+def test_a_plans_zero_is_a_stage_not_auto(tmp_path, capsys):
+    """``"zero": "auto"`` was priced as ZeRO-0 (and written back as auto): a plan records the
+    stage it was priced at; auto is a planning problem's, resolved by ``hexicore plan``."""
+    code, err, out = _evaluate(tmp_path, capsys, lambda d: d["train"].update(zero="auto"))
+    _one_line(code, err, out, "train.zero")
+    assert "planner's choice" in err
+
+
+@pytest.mark.parametrize("waves", [2, 2.0, "2", "2.0"])
+def test_a_count_counts_by_its_value_whatever_its_spelling(waves, tmp_path, capsys):
+    """Hanayo's W as an int, a whole float or a numeric string prices the same plan ("2.0" was
+    refused while 2.0 was taken)."""
+    code, err, out = _evaluate(tmp_path, capsys, _schedule({"name": "hanayo", "waves": waves}))
+    assert code == 0, err
+    assert json.loads(out.read_text())["estimate"]["iteration_s"] == pytest.approx(
+        _priced_at_two_waves(tmp_path, capsys), rel=1e-12)
+
+
+def _priced_at_two_waves(tmp_path, capsys):
+    (tmp_path / "ref").mkdir()
+    code, err, out = _evaluate(tmp_path / "ref", capsys, _schedule({"name": "hanayo", "waves": 2}))
+    assert code == 0, err
+    return json.loads(out.read_text())["estimate"]["iteration_s"]

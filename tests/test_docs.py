@@ -58,3 +58,21 @@ def test_concept_pictures(tmp_path):
     a = save_action_list_picture(al, tmp_path / "a.png")
     for p in (c, a):
         assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_name_the_font_cannot_draw_leaves_stderr_alone(tmp_path):
+    """A cluster named with an emoji: the pictures draw a box for it, and matplotlib's warning
+    per missing glyph (four lines of source path on every ``hexicore plan``) is not raised."""
+    import warnings
+    from dataclasses import replace
+
+    import hexicore
+    from hexicore.app.picture import save_plan_picture
+
+    plan = hexicore.plan()
+    plan = replace(plan, cluster=replace(plan.cluster, name="кла́стер 🚀"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = save_plan_picture(plan, tmp_path / "p.png")
+        c = save_cluster_picture(plan.cluster, tmp_path / "c.png")
+    assert p.read_bytes()[:4] == c.read_bytes()[:4] == b"\x89PNG"

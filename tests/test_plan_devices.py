@@ -96,6 +96,7 @@ def test_an_excluded_device_listed_is_refused(plan_dict):
     (lambda d: d.update(id="A0"), "cluster.devices[0].id"),
     (lambda d: d.update(colour="red"), "cluster.devices[0].colour"),
     (lambda d: d.pop("id"), "cluster.devices[0].id"),
+    (lambda d: d.update(id="A.00"), "cluster.devices[0].id"),  # A.0 under another id
 ])
 def test_a_malformed_entry_is_refused(plan_dict, edit, field):
     edit(_devices(plan_dict)[0])
@@ -131,6 +132,14 @@ def _foreign(plan_dict):
     plan_dict["cluster"] = {"name": "foreign", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
                             "intra": {"bandwidth_gbs": 100, "latency_us": 5}, "devices": _devices(plan_dict)}
     return plan_dict
+
+
+def test_a_devices_only_id_with_a_leading_zero_is_refused_naming_it(plan_dict):
+    """``M.01`` alone was read as machine M's device 1, device 0 excluded: the error named
+    ``cluster.excluded``, a field the file does not have."""
+    data = _foreign(plan_dict)
+    _devices(data)[3]["id"] = "B.01"
+    _refused(data, "cluster.devices[3].id", "without leading zeros (B.1)")
 
 
 @pytest.mark.parametrize("i", [0, 2, 7])  # the first, the last of type a800, the very last

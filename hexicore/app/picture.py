@@ -9,13 +9,28 @@ matplotlib is imported lazily (Agg backend) so planning without pictures stays l
 
 from __future__ import annotations
 
+import functools
+import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 from hexicore.core import schema
 from hexicore.core.ownership import png_metadata
 from hexicore.core.plan import Plan
 
 _LABEL_LIMIT = 96  # above this many devices, labels would overlap: draw colours only
+
+
+def _glyphs_quiet(draw: Callable[..., Path]) -> Callable[..., Path]:
+    """``draw`` without matplotlib's warning per character its font lacks (a cluster named in
+    another script, an emoji): the picture shows a box for it; stderr stays hexicore's."""
+    @functools.wraps(draw)
+    def quiet(*args: Any, **kwargs: Any) -> Path:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+            return draw(*args, **kwargs)
+
+    return quiet
 
 
 def _positions(plan: Plan) -> dict[str, tuple[float, float]]:
@@ -36,6 +51,7 @@ def save_png(fig, path: Path, dpi: int) -> Path:
     return path
 
 
+@_glyphs_quiet
 def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     """Draw ``plan`` to ``path`` (PNG) and return the path."""
     import matplotlib
@@ -110,6 +126,7 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     return path
 
 
+@_glyphs_quiet
 def save_cluster_picture(cluster, path: str | Path) -> Path:
     """The device graph of HexiScale §4.2: one box per machine with its GPUs (vertex weight
     TFLOPS in the label), intra-machine bandwidth in the box title, inter-machine links as
@@ -156,6 +173,7 @@ def save_cluster_picture(cluster, path: str | Path) -> Path:
     return path
 
 
+@_glyphs_quiet
 def save_action_list_picture(al, path: str | Path, limit: int = 40) -> Path:
     """Per-rank action lists as a grid: one row per rank, one cell per action in list order,
     compute cells coloured by micro-batch, communication cells grey (first ``limit`` actions)."""

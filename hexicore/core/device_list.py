@@ -39,6 +39,9 @@ def device_entry(raw: Any, source: str | None, fp: str) -> dict[str, Any]:
     mname, _, idx = did.rpartition(".")
     if not mname or not (idx.isascii() and idx.isdigit()):
         raise HexicoreError(f"device id {did!r} is not <machine>.<index>", source=source, field=schema.dotted(fp, "id"))
+    if idx != str(int(idx)):  # M.01 would name device M.1 under another id
+        raise HexicoreError(f"device id {did!r}: write the index without leading zeros ({mname}.{int(idx)})",
+                            source=source, field=schema.dotted(fp, "id"))
     limits.check(int(idx) + 1, limits.MAX_DEVICES, "GPUs in one machine", source=source, field=schema.dotted(fp, "id"))
     if r.get("machine") is not None and str(r["machine"]) != mname:
         raise HexicoreError(f"device {did!r} names machine {r['machine']!r}", source=source,

@@ -284,6 +284,9 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
     raw_train = schema.optional_mapping(d, "train", source, "train")
     schema.known_keys(raw_train, TRAIN_KEYS, source, "train")
     train = TrainConfig.from_dict(raw_train, source)
+    if train.zero == "auto":  # a plan records the stage it was priced at
+        raise HexicoreError("a plan records a ZeRO stage (0, 1, 2 or 3); auto is the planner's choice: plan with "
+                            "train.zero=auto to resolve it", source=source, field="train.zero")
     model.check_seq_len(train.seq_len, source)
     if d.get("estimate") is not None:  # typed here, so that a bad field names this file
         d = {**d, "estimate": Estimate.from_dict(d["estimate"], source)}

@@ -156,17 +156,23 @@ def need(ok: bool, name: str, message: str, field_name: str = "schedule") -> Non
 
 
 def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
-    """``value`` as an int >= 1, else a one-line error naming ``schedule.<key>``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an int >= 1 (a whole float or numeric string counts by its value: 2.0, "2",
+    "2.0"), else a one-line error naming ``schedule.<key>``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    count = None
+    if not isinstance(value, bool):
         try:
-            ok = not isinstance(value, bool) and float(value) == int(value) and int(value) >= 1
-        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-            ok = False
-        if not ok:
-            also = f" {alternative}" if alternative else ""
-            raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{also}, got {value!r}",
-                                field=f"schedule.{key}")
-    return int(value)
+            f = float(value)
+            if f == int(f) and f >= 1:  # int(inf) overflows, int(nan) is a ValueError
+                count = int(value) if isinstance(value, str) and value.strip().isdigit() else int(f)
+        except (TypeError, ValueError, OverflowError):
+            count = None
+    if count is None:
+        also = f" {alternative}" if alternative else ""
+        raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{also}, got {value!r}",
+                            field=f"schedule.{key}")
+    return count
 
 
 def positive_memory(value: Any, name: str, per_rank: bool = False) -> Any:

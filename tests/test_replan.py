@@ -92,16 +92,23 @@ def test_cli_replan_prints_the_difference(tmp_path, capsys):
     (["warm_start=/nonexistent/plan.json"], "plan.json"),
     (["warm_start=MALFORMED"], "malformed"),
     (["warm_start=OTHER"], "error: command line: warm_start: the plan is for model 'gpt3_1.3b'"),
+    # a plan of another cluster (every device "lost", exit 0 before): nothing to repair
+    (["warm_start=OTHER_CLUSTER", "cluster=homo_a800_16"], "none of whose devices this run's cluster 'homo_a800_16' has"),
 ])
 def test_bad_replan_input_exits_2_with_one_line(tmp_path, capsys, extra, words):
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")
     other = tmp_path / "other.json"
-    if any("OTHER" in e for e in extra):  # a plan for another model
+    if any(e.startswith("warm_start=OTHER") and "CLUSTER" not in e for e in extra):  # a plan for another model
         code, _ = run(["plan", "model=gpt3_1.3b", "solver=megatron", f"out={other}", f"hydra.run.dir={tmp_path / 'r0'}"],
                       capsys)
         assert code == 0
-    extra = [e.replace("MALFORMED", str(bad)).replace("OTHER", str(other)) for e in extra]
+    if any("OTHER_CLUSTER" in e for e in extra):  # a plan of the default cluster, paper_case
+        other = tmp_path / "other_cluster.json"
+        assert run(["plan", "solver=megatron", "cost.state_bytes_per_param=8", f"out={other}",
+                    f"hydra.run.dir={tmp_path / 'r1'}"], capsys)[0] == 0
+    extra = [e.replace("MALFORMED", str(bad)).replace("OTHER_CLUSTER", str(other)).replace("OTHER", str(other))
+             for e in extra]
     code, out = run(["plan", *extra, f"out={tmp_path / 'x.json'}", f"hydra.run.dir={tmp_path / 'run'}"], capsys)
     assert code == 2
     lines = out.err.strip().splitlines()

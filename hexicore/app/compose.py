@@ -183,6 +183,11 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
     train = train_config(cfg, model)
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
+    usable = {d.id for d in cluster.devices}
+    if warm_start is not None and not any(d in usable for d in warm_start.devices):
+        raise HexicoreError(f"the plan runs on cluster {warm_start.cluster.name!r}, none of whose devices this run's "
+                            f"cluster {cluster.name!r} has: nothing to start from", source="command line",
+                            field="warm_start")
     schedule = ScheduleRef.from_mapping(group_params(cfg, "schedule", registry) or None,
                                         source=_choice(cfg, "schedule"))
     cost = build_cost_model(cfg, registry)

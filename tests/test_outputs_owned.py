@@ -140,3 +140,38 @@ def test_train_refuses_foreign_files_in_final_before_launch(tmp_path, capsys):
     one_line_exit_2(run_cli([*TRAIN, "train.steps=1", f"out={final.parent}"]), capsys, "model.safetensors")
     assert (final / "model.safetensors").read_text() == "x" and not (final / "config.json").exists()
     assert not (final.parent / "metrics.json").exists()
+
+
+_LONG = "a" * 300  # longer than any common file system's name limit (255 bytes)
+
+
+@pytest.mark.parametrize("argv", [
+    [*SIM, f"out=PLACE/{_LONG}"],
+    ["plan", "model=tiny", "cluster=tight8", "solver=megatron", "train.global_batch=8", f"out=PLACE/{_LONG}/p.json"],
+    [*TRAIN, "train.steps=1", f"out=PLACE/{_LONG}"],
+    [*SIM, "out=/proc/hexicore-cannot/sim"],  # mkdir refused by the file system even to root
+    [*TRAIN, "train.steps=1", "out=/proc/hexicore-cannot/run"],
+])
+def test_an_output_path_that_cannot_be_made_is_refused_before_any_work(argv, tmp_path, capsys):
+    """A name too long for the file system, or a folder where none can be made: the command
+    ended with a traceback (train: after training, losing the run), now one line naming ``out``,
+    exit 2, and nothing is left behind (no probe folder either)."""
+    if any("/proc/" in a for a in argv) and not __import__("os").path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc")
+    argv = [a.replace("PLACE", str(tmp_path)) for a in argv]
+    code = run_cli([*argv, f"hydra.run.dir={tmp_path / 'h'}"])
+    one_line_exit_2(code, capsys, ": out: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["h"])
+
+
+def test_a_path_the_file_system_refuses_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """Disk full (or a folder removed) while writing: one line naming the file, exit 2, not a
+    traceback."""
+    import hexicore.app.commands.simulate as sim
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device", str(tmp_path / "sim" / "trace.json"))
+
+    monkeypatch.setattr(sim, "run", full)
+    code = run_cli([*SIM, f"out={tmp_path / 'sim'}", f"hydra.run.dir={tmp_path / 'h'}"])
+    one_line_exit_2(code, capsys, "trace.json: No space left on device")

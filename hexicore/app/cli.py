@@ -121,7 +121,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     for o in parsed:
         key = o.key_or_group
         if key in ("hydra.run.dir", "hydra.sweep.dir") and not o.is_sweep_override():
-            from hexicore.core.ownership import check_creatable_dir
+            from hexicore.core.writable import check_creatable_dir
 
             check_creatable_dir(o.get_value_element_as_str(), source="command line", field=key)
         if key.startswith("hydra"):
@@ -224,11 +224,13 @@ def _task(command: str) -> Callable:
                 claim_output_dir()  # before anything is written: no other job of the sweep writes there
                 _per_job_out(cfg)
             code = module.run(cfg)
-        except HexicoreError as exc:
+        except (HexicoreError, OSError) as exc:  # OSError: the file system refused a path mid-run (disk full)
+            msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else \
+                str(exc) or type(exc).__name__
             if not multirun:
-                log.info("refused: %s", exc)
-                sys.exit(fail(exc))
-            return _failed_job(command, str(exc))
+                log.info("refused: %s", msg)
+                sys.exit(fail(msg))
+            return _failed_job(command, msg)
         except Exception as exc:  # noqa: BLE001 - a sweep outlives one job's bug; reported as one line
             if not multirun:
                 raise

@@ -19,13 +19,13 @@ siblings (the plan's picture, the simulator's trace and timeline).
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core.errors import HexicoreError
+from hexicore.core.writable import parent_is_a_folder
 
 #: the Software text written into every PNG hexicore draws
 PNG_SOFTWARE = "hexicore"
@@ -122,10 +122,14 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
     """Refuse (one line) to replace ``path`` unless it is absent or a hexicore ``kind`` output
     (``hexicore.plan``, ``hexicore.png``, ...); ``overwrite`` True allows any file, False none."""
     p = Path(path)
+    try:
+        p.exists()
+    except OSError as exc:  # ENAMETOOLONG and the like, which pathlib does not swallow
+        raise HexicoreError(f"cannot be written: {exc.strerror}", source=str(p)[:200], field=field) from None
     if p.is_dir():
         raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
     if not p.exists() and not p.is_symlink():
-        _parent_is_a_folder(p, field)
+        parent_is_a_folder(p, field)
         return p
     if overwrite is True:
         return p
@@ -137,19 +141,6 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
         raise HexicoreError(f"exists and is {what}; refusing to replace it with {a_file(kind)} "
                             "(choose another path, or overwrite=true)", source=str(p), field=field)
     return p
-
-
-def _nearest_existing(p: Path, links: bool = True) -> Path | None:
-    """``p`` or its nearest ancestor that exists (a dangling link counts where ``links``)."""
-    return next((at for at in (p, *p.parents) if at.exists() or (links and at.is_symlink())), None)
-
-
-def _parent_is_a_folder(p: Path, field: str) -> None:
-    """Refuse a new path under a file (``out=notes.txt/p.yaml``): its nearest existing ancestor
-    must be a directory, known before any work rather than when the result is written."""
-    at = _nearest_existing(p.parent, links=False)
-    if at is not None and not at.is_dir():
-        raise HexicoreError(f"{at} is a file, not a directory to write into", source=str(p), field=field)
 
 
 def a_file(kind: str) -> str:
@@ -171,6 +162,10 @@ def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: 
     """A command's output directory: not a file, and each ``(name, kind)`` it will write inside
     passes :func:`check_writable` (``overwrite=false`` refuses any of them that exists)."""
     d = Path(path)
+    try:
+        d.exists()
+    except OSError as exc:
+        raise HexicoreError(f"cannot be written: {exc.strerror}", source=str(d)[:200], field=field) from None
     if d.exists() and not d.is_dir():
         raise HexicoreError("is a file; an output directory goes here", source=str(d), field=field)
     check_all(((d / name, kind) for name, kind in items), overwrite=overwrite, field=field)
@@ -356,16 +351,3 @@ def clear_checkpoints(steps: Iterable[Path]) -> None:
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
-
-
-def check_creatable_dir(value: str, *, source: str | None = None, field: str | None = None) -> None:
-    """Refuse a directory path that cannot be made (a file there, or a file where one of its
-    parents goes; a parent that is not writable): Hydra's ``mkdir`` of a run or sweep directory
-    ended the command with a traceback. A value holding ``${`` is resolved later, not checked."""
-    if "${" in value or not value:
-        return
-    at = _nearest_existing(Path(value))
-    if at is not None and not at.is_dir():
-        raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
-    if at is not None and at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
-        raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)

@@ -1,0 +1,65 @@
+"""Whether a path can be written, known before any work: its nearest existing ancestor is a
+folder, the folders still to make can be made there, no name is longer than the file system
+allows. A command that would fail when it writes its result (after planning, simulating or
+training) fails first, with one line naming the path and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hexicore.core.errors import HexicoreError
+
+
+def nearest_existing(p: Path, links: bool = True) -> Path | None:
+    """``p`` or its nearest ancestor that exists (a dangling link counts where ``links``)."""
+    return next((at for at in (p, *p.parents) if at.exists() or (links and at.is_symlink())), None)
+
+
+def parent_is_a_folder(p: Path, field: str) -> None:
+    """Refuse a new path under a file (``out=notes.txt/p.yaml``): its nearest existing ancestor
+    must be a directory, known before any work rather than when the result is written; and the
+    folders still to make must be makeable (:func:`makeable`)."""
+    at = nearest_existing(p.parent, links=False)
+    if at is not None and not at.is_dir():
+        raise HexicoreError(f"{at} is a file, not a directory to write into", source=str(p), field=field)
+    if at is not None:
+        makeable(p, at, field)
+
+
+def makeable(p: Path, at: Path, field: str) -> None:
+    """``p`` can be written under ``at``, its nearest existing folder: every missing name within
+    the file system's length limit, and ``at`` writable — by its permissions, and where folders
+    are still to make, by making (and removing) one there (root passes every permission check;
+    /proc and read-only mounts refuse only the real thing)."""
+    try:
+        limit = os.pathconf(at, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in p.relative_to(at).parts:
+        if len(os.fsencode(part)) > limit:
+            raise HexicoreError(f"a name in the path is longer than the file system's {limit} bytes ({part[:24]}...)",
+                                source=str(p)[:200], field=field)
+    if not os.access(at, os.W_OK | os.X_OK):
+        raise HexicoreError(f"cannot write here: {at} is not writable", source=str(p), field=field)
+    if at != p.parent:
+        import tempfile
+
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hexicore-probe-", dir=at))
+        except OSError as exc:
+            raise HexicoreError(f"cannot create folders in {at}: {exc.strerror}", source=str(p), field=field) from None
+
+
+def check_creatable_dir(value: str, *, source: str | None = None, field: str | None = None) -> None:
+    """Refuse a directory path that cannot be made (a file there, or a file where one of its
+    parents goes; a parent that is not writable): Hydra's ``mkdir`` of a run or sweep directory
+    ended the command with a traceback. A value holding ``${`` is resolved later, not checked."""
+    if "${" in value or not value:
+        return
+    at = nearest_existing(Path(value))
+    if at is not None and not at.is_dir():
+        raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
+    if at is not None and at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
+        raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)

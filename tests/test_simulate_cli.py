@@ -72,6 +72,13 @@ def test_no_closed_form_below_p_micro_batches(tmp_path):
     (["pipeline.micro_batches=0"], "pipeline.micro_batches"),
     (["schedule=hanayo", "schedule.memory=abc"], "schedule.memory: schedule 'hanayo': memory must be a positive"),
     (["schedule=chimera", "schedule.memory=abc"], "schedule.memory: schedule 'chimera': memory must be a positive"),
+    # 1e308 overflowed the makespan (inf) and crashed drawing the timeline after writing three files
+    (["timing.forward=1e308"], "timing.forward: 1e+308 s is outside hexicore's range of 1e-09 to 1e+09 s"),
+    (["timing.backward=1e303"], "timing.backward: 1e+303 s is outside"),
+    (["timing.comm=1e10"], "timing.comm: 1e+10 s is outside hexicore's range of 0 to 1e+09 s"),
+    # waves=auto builds and simulates every W up to max_waves: it ran unbounded past the limit
+    (["schedule=hanayo", "schedule.waves=auto", "schedule.max_waves=256", "pipeline.ranks=8",
+      "pipeline.micro_batches=2048"], "schedule.max_waves: 6,467,616,768 actions (about, over every W that waves=auto"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     from tests.conftest import run_cli

@@ -41,6 +41,7 @@ MEMORY_GB = (1e-6, 1e5)  # GB of one GPU
 BANDWIDTH_GBS = (1e-6, 1e6)  # GB/s of one link, one direction
 LATENCY_US = (0.0, 1e7)  # microseconds of one link (10 s)
 PROFILED_S = (0.0, 1e5)  # seconds of one measured block, head, action or optimizer step (a day)
+SIM_TIME = (1e-9, 1e9)  # one forward, backward or transfer in `simulate` (its unit, seconds by default)
 
 TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
          "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,

@@ -112,6 +112,23 @@ def files_of(cfg: DictConfig) -> tuple[str, ...] | None:
     return tuple(n for n in NAMES if n in names)
 
 
+def _depth(ref: ScheduleRef) -> float:
+    """How many times P x M cells of actions building ``ref`` makes: its waves or chunks (a
+    number, a float or a numeric string by its value), and for ``waves: auto`` every W it
+    builds and simulates, 1 + 2 + ... + ``max_waves`` (the default 8 where absent)."""
+    def number(key: str, default: float = 1.0) -> float:
+        try:
+            v = float(ref[key]) if key in ref and not isinstance(ref[key], bool) else default
+        except (TypeError, ValueError):
+            return default  # the schedule's own check names it
+        return v if v == v and v >= 1 else default
+
+    if ref.get("waves") == "auto":
+        top = number("max_waves", 8.0)
+        return top * (top + 1) / 2
+    return max(number("waves"), number("chunks"))
+
+
 def build(cfg: DictConfig, registry: Registry | None = None, *,
           record: bool | None = None) -> tuple[ActionList, SimResult, dict[str, Any]]:
     """Action lists (comm inserted, validated), their simulation and the summary for ``cfg``
@@ -122,16 +139,18 @@ def build(cfg: DictConfig, registry: Registry | None = None, *,
     pipe, timing = cfg.get("pipeline") or {}, cfg.get("timing") or {}
     P = schema.integer(pipe.get("ranks"), SRC, "pipeline.ranks")
     M = schema.integer(pipe.get("micro_batches"), SRC, "pipeline.micro_batches")
-    tf = schema.number(timing.get("forward", 1.0), SRC, "timing.forward")
-    tb = schema.number(timing.get("backward", 2.0), SRC, "timing.backward")
-    tc = schema.number(timing.get("comm", 0.0), SRC, "timing.comm", allow_zero=True)
+    tf = limits.quantity(timing.get("forward", 1.0), limits.SIM_TIME, "s", SRC, "timing.forward")
+    tb = limits.quantity(timing.get("backward", 2.0), limits.SIM_TIME, "s", SRC, "timing.backward")
+    tc = limits.quantity(timing.get("comm", 0.0), (0.0, limits.SIM_TIME[1]), "s", SRC, "timing.comm")
     limits.check(P, limits.MAX_DEVICES, "ranks", source=SRC, field="pipeline.ranks")
     limits.check(M, limits.MAX_MICRO_BATCHES, "micro-batches", source=SRC, field="pipeline.micro_batches")
     ref = schedule_ref(cfg, registry)
     app.one_schedule(ref.name, "simulate", registry)
-    depth = max([1] + [v for k, v in ref.items() if k in ("waves", "chunks") and isinstance(v, int)])
-    limits.check(ACTIONS_PER_CELL * P * M * depth, limits.MAX_ACTIONS, "actions (about)", source=SRC,
-                 field="pipeline.micro_batches")
+    depth = _depth(ref)
+    auto = ref.get("waves") == "auto"
+    limits.check(ACTIONS_PER_CELL * P * M * depth, limits.MAX_ACTIONS,
+                 "actions (about, over every W that waves=auto tries)" if auto else "actions (about)", source=SRC,
+                 field="schedule.max_waves" if auto else "pipeline.micro_batches")
     spec = ScheduleSpec(P, M, (tf,) * P, (tb,) * P, (tc,) * (P - 1))
     try:  # a schedule names its own words (micro_batches); here they are the command line's
         schedule = registry.create("schedule", ref.name, **ref.kwargs())

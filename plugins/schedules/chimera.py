@@ -6,7 +6,9 @@ run down, odd ones up. The compute order is the greedy list schedule of :mod:`he
 (backward first or forward first, whichever simulates faster under the spec's times; then
 lowest micro-batch; each rank admits at most ``memory`` micro-batches,
 default 2P: room for both directions — a tighter cap costs bubble under this greedy rule, whereas
-Chimera's hand-made units keep P). Phases: 1. both directions fill from opposite ends; 2. steady forward/backward
+Chimera's hand-made units keep P; a cap so tight that the two directions would wait on each other
+for ever is exceeded by one micro-batch where they meet, the greedy rule's way out, and the
+simulated peak, which memory is priced with, shows it). Phases: 1. both directions fill from opposite ends; 2. steady forward/backward
 interleaving; 3. drain; 4. ``REDUCE`` of each model part between its two replicas (parts in
 ascending order on every rank, so the rendezvous cannot cross), then ``STEP``.
 
@@ -51,6 +53,10 @@ class Chimera(ActionSchedule):
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", positive_memory(self.memory, self.name))
 
+    def params(self) -> dict:
+        """The cap, where given, shapes the order: recorded so the lists can be rebuilt."""
+        return {} if self.memory is None else {"memory": self.memory}
+
     def order(self, spec: ScheduleSpec) -> ActionList:
         P, M = spec.ranks, spec.micro_batches
         need(P >= 2, self.name, f"needs pipeline.ranks >= 2 (two directions), got {P}")
@@ -64,7 +70,7 @@ class Chimera(ActionSchedule):
         for forward_first in (False, True):
             lists = greedy_order(P, s2r, chains, mb_chain, timing, cap=[cap] * P, forward_first=forward_first)
             lists = [acts + reduces(r, P) for r, acts in enumerate(lists)]
-            al = build(self.name, {}, spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
+            al = build(self.name, self.params(), spec, s2r, lists, chains, mb_chain, {"weight_copies": 2})
             t = makespan(al, timing)
             if best is None or t < best[0] - 1e-12:
                 best = (t, al)

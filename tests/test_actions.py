@@ -136,3 +136,36 @@ def test_json_round_trip(tmp_path):
 
 def test_wave_map_matches_design_example():
     assert list(wave_map(4, 2))[:8] == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+def _edited(al: ActionList, rank: int, lst) -> ActionList:
+    acts = list(al.actions)
+    acts[rank] = tuple(lst)
+    return ActionList(al.schedule, al.ranks, al.stages, al.micro_batches, al.stage_rank, tuple(acts), al.chains,
+                      al.mb_chain)
+
+
+def test_the_step_is_once_per_rank_and_last():
+    """A second STEP (the optimizer stepping twice) or a STEP before the last action is refused;
+    a list without STEP is fine (the runtime steps after it)."""
+    al = insert_comm(OneFOneB().actions(ScheduleSpec(2, 2)))
+    r0 = list(al.actions[0])
+    assert r0[-1].op == "STEP"
+    validate_actions(_edited(al, 0, r0[:-1]), comm=True)
+    with pytest.raises(ScheduleError, match="rank 0: 2 STEP actions; at most one"):
+        validate_actions(_edited(al, 0, r0 + [r0[-1]]), comm=True)
+    with pytest.raises(ScheduleError, match="rank 0: 1 STEP actions; at most one, as the list's last"):
+        validate_actions(_edited(al, 0, [r0[-1], *r0[:-1]]), comm=True)
+
+
+def test_every_replicated_stage_is_reduced_once():
+    """Chimera's two model copies: a stage without its REDUCE would train apart from its replica
+    (the lists still simulate, so only this rule catches it)."""
+    from hexicore_plugins.schedules.chimera import Chimera
+
+    al = insert_comm(Chimera().actions(ScheduleSpec(2, 4)))
+    validate_actions(al, comm=True)
+    for r in range(al.ranks):  # every REDUCE gone: the lists still simulate without deadlock
+        al = _edited(al, r, [a for a in al.actions[r] if a.op != "REDUCE"])
+    with pytest.raises(ScheduleError, match="stage 0 .*has 0 REDUCE actions; exactly one"):
+        validate_actions(al, comm=True)

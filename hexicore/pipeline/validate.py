@@ -9,6 +9,10 @@ and the action on the first defect:
 * every (stage, micro-batch) of a micro-batch's chain is computed exactly once (one F and one B,
   or one I and one W), in dependency order: F after the previous stage's F, B/I after its own F
   and the next stage's B/I, W after I;
+* the step: at most one ``STEP`` per rank, its last action (none: the runtime steps after the
+  list); with several chains of one length (model copies, Chimera), every stage whose part has
+  replicas is summed with them by exactly one ``REDUCE`` (:func:`check_sync`), else the copies
+  would train apart;
 * every SEND is matched by the peer's RECV (FIFO per link), every RECV by a SEND, and the lists
   finish when run with asynchronous sends and blocking receives (no deadlock) — the execution
   of :func:`hexicore.pipeline.simulate.simulate` with unit times (T_F = 1, T_B = 2).
@@ -77,8 +81,34 @@ def blamed(name: str) -> Iterator[None]:
         raise ScheduleError(exc.message, source=f"schedule {name}", field=exc.field) from None
 
 
+def check_sync(al: ActionList) -> None:
+    """The step rules of the module docstring: STEP at most once per rank and last; one REDUCE
+    per replicated stage (chains of one length: position k of every chain is one model part)."""
+    import numpy as np
+
+    from hexicore.pipeline.arrays import REDUCE, STEP
+
+    a = al.arrays
+    rank = a.rank_of()
+    steps = np.bincount(rank[a.op == STEP], minlength=al.ranks)
+    ends = a.offsets[1:] - 1
+    for r in range(al.ranks):
+        if steps[r] > 1 or (steps[r] == 1 and a.op[ends[r]] != STEP):
+            raise ScheduleError(f"rank {r}: {int(steps[r])} STEP actions; at most one, as the list's last action "
+                                "(the optimizer steps once per iteration)", field=f"actions[{r}]")
+    lengths = {len(c) for c in al.chains}
+    if len(al.chains) < 2 or len(lengths) != 1 or al.stages == 0:
+        return
+    reduced = np.bincount(a.stage[(a.op == REDUCE) & (a.stage >= 0)], minlength=al.stages)  # bad ones: below
+    for s in (s for chain in al.chains for s in chain):
+        if reduced[s] != 1:
+            raise ScheduleError(f"stage {s} (a model part with {len(al.chains)} copies) has {int(reduced[s])} REDUCE "
+                                "actions; exactly one sums its gradients with its replicas'", field="actions")
+
+
 def validate_actions(al: ActionList, *, comm: bool | None = None, fast: bool | None = None) -> SimResult:
     """Validate ``al`` (module docstring); returns the unit-time simulation on success. Large
     lists are checked on arrays (:mod:`hexicore.pipeline.simulate_fast`; ``fast`` forces the choice)."""
     check_layout(al)
+    check_sync(al)
     return simulate(al, Timing.uniform(al), comm=comm, fast=fast)

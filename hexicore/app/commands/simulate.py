@@ -124,7 +124,7 @@ def _depth(ref: ScheduleRef) -> float:
         return v if v == v and v >= 1 else default
 
     if ref.get("waves") == "auto":
-        top = number("max_waves", 8.0)
+        top = min(number("max_waves", 8.0), limits.MAX_WAVES)  # above: the schedule's own check names it
         return top * (top + 1) / 2
     return max(number("waves"), number("chunks"))
 

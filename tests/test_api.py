@@ -173,6 +173,9 @@ def test_train_row_step_s_skips_the_first_step():
     assert result_row({**m, "measured": {"step_s": None}}, spec, "o")["step_s"] is None  # one step
     assert result_row({"losses": [3.0, 2.0, 1.0], "step_s": [9.0, 1.0, 2.0]}, spec, "o")["step_s"] == 1.5
     assert result_row({"losses": [3.0], "step_s": [9.0]}, spec, "o")["step_s"] is None
+    row = result_row({**m, "lr": [1e-4, 3e-4, 2e-4], "predicted": {"step_s": 1.2}}, spec, "o")
+    assert (row["lr"], row["predicted_step_s"]) == (3e-4, 1.2)  # the peak lr, the prediction beside the measure
+    assert result_row(m, spec, "o")["lr"] is None and result_row(m, spec, "o")["predicted_step_s"] is None
 
 
 @pytest.fixture(scope="module")

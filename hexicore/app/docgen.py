@@ -28,8 +28,9 @@ value of a sweep is composed before any job runs, so a value of the wrong type
 (`train.global_batch=4,abc`), or a key that one swept option lacks (`solver=hexiscale,megatron
 solver.tau=3`), is one line naming it, exit 2. A sweep writes `summary.csv` and `summary.md` with a
 row per job of this sweep: its outcome, its one-line error or its results (`plan` and `evaluate`:
-iteration time, MFU, memory, ...; `train`: first and final loss, steps, median `step_s` after the
-first step (metrics.json's `measured.step_s`), `tokens_per_s`, `out`; `simulate`: makespan,
+iteration time, MFU, memory, ...; `train`: peak `lr`, first and final loss, steps, median `step_s`
+after the first step (metrics.json's `measured.step_s`) beside `predicted_step_s` (null without a
+plan), `tokens_per_s`, `out`; `simulate`: makespan,
 bubbles).
 
 ## Commands

@@ -96,15 +96,18 @@ def prepare_out(out: str, resume: Any, overwrite: bool | None, folders: tuple[st
 
 
 def result_row(m: Mapping[str, Any], spec: Any, out: str) -> dict[str, Any]:
-    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``.
+    """This run's row of a sweep summary (docs/cli.md): the losses, steps and speeds of ``metrics.json``,
+    its peak learning rate (the largest of ``lr``) and the cost model's ``predicted.step_s`` beside the measured one.
     ``step_s`` is ``measured.step_s`` (the median after the run's first step, null with one step),
     the same statistic as ``tokens_per_s``; without a ``measured`` object, the same median of ``step_s``."""
-    losses = list(m.get("losses") or [])
+    losses, lrs = list(m.get("losses") or []), [x for x in m.get("lr") or [] if isinstance(x, (int, float))]
+    predicted = m.get("predicted") if isinstance(m.get("predicted"), Mapping) else {}
     t = spec.train
     return {"command": "train", "model": spec.model.name, "schedule": m.get("schedule"), "ranks": m.get("ranks"),
             "steps": len(losses), "global_batch": t.global_batch, "micro_batch": t.micro_batch,
+            "lr": max(lrs) if lrs else None,
             "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
-            "step_s": steady_step_s(m), "tokens_per_s": m.get("tokens_per_s"),
+            "step_s": steady_step_s(m), "predicted_step_s": predicted.get("step_s"), "tokens_per_s": m.get("tokens_per_s"),
             "out": out}
 
 

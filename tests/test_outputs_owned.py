@@ -175,3 +175,14 @@ def test_a_path_the_file_system_refuses_mid_run_is_one_line(tmp_path, capsys, mo
     monkeypatch.setattr(sim, "run", full)
     code = run_cli([*SIM, f"out={tmp_path / 'sim'}", f"hydra.run.dir={tmp_path / 'h'}"])
     one_line_exit_2(code, capsys, "trace.json: No space left on device")
+
+
+@pytest.mark.parametrize("run_dir", [f"PLACE/{_LONG}", "/proc/hexicore-cannot/h"])
+def test_a_run_directory_that_cannot_be_made_is_one_line(run_dir, tmp_path, capsys):
+    """Hydra's own directory (hydra.run.dir), made before the command runs: refused on the
+    command line like out= (Hydra's mkdir ended with a traceback)."""
+    if run_dir.startswith("/proc/") and not __import__("os").path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc")
+    code = run_cli([*SIM, f"out={tmp_path / 'sim'}", f"hydra.run.dir={run_dir.replace('PLACE', str(tmp_path))}"])
+    one_line_exit_2(code, capsys, "command line: hydra.run.dir: cannot create")
+    assert not any(tmp_path.iterdir())

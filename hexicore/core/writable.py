@@ -28,11 +28,13 @@ def parent_is_a_folder(p: Path, field: str) -> None:
         makeable(p, at, field)
 
 
-def makeable(p: Path, at: Path, field: str) -> None:
-    """``p`` can be written under ``at``, its nearest existing folder: every missing name within
-    the file system's length limit, and ``at`` writable — by its permissions, and where folders
-    are still to make, by making (and removing) one there (root passes every permission check;
-    /proc and read-only mounts refuse only the real thing)."""
+def makeable(p: Path, at: Path, field: str | None, *, folder: bool = False, source: str | None = None) -> None:
+    """``p`` (a file, or with ``folder`` a folder) can be made under ``at``, its nearest existing
+    folder: every missing name within the file system's length limit, and ``at`` writable — by
+    its permissions, and where folders are still to make, by making (and removing) one there
+    (root passes every permission check; /proc and read-only mounts refuse only the real thing).
+    Errors name ``source`` (default: the path) and ``field``."""
+    where = source or str(p)[:200]
     try:
         limit = os.pathconf(at, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -40,26 +42,31 @@ def makeable(p: Path, at: Path, field: str) -> None:
     for part in p.relative_to(at).parts:
         if len(os.fsencode(part)) > limit:
             raise HexicoreError(f"a name in the path is longer than the file system's {limit} bytes ({part[:24]}...)",
-                                source=str(p)[:200], field=field)
+                                source=where, field=field)
     if not os.access(at, os.W_OK | os.X_OK):
-        raise HexicoreError(f"cannot write here: {at} is not writable", source=str(p), field=field)
-    if at != p.parent:
+        raise HexicoreError(f"cannot create {p}: {at} is not writable", source=where, field=field)
+    if at != (p if folder else p.parent):
         import tempfile
 
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".hexicore-probe-", dir=at))
         except OSError as exc:
-            raise HexicoreError(f"cannot create folders in {at}: {exc.strerror}", source=str(p), field=field) from None
+            raise HexicoreError(f"cannot create folders in {at}: {exc.strerror}", source=where, field=field) from None
 
 
 def check_creatable_dir(value: str, *, source: str | None = None, field: str | None = None) -> None:
     """Refuse a directory path that cannot be made (a file there, or a file where one of its
-    parents goes; a parent that is not writable): Hydra's ``mkdir`` of a run or sweep directory
-    ended the command with a traceback. A value holding ``${`` is resolved later, not checked."""
+    parents goes; a folder :func:`makeable` refuses): Hydra's ``mkdir`` of a run or sweep
+    directory ended the command with a traceback. A value holding ``${`` is resolved later, not
+    checked."""
     if "${" in value or not value:
         return
-    at = nearest_existing(Path(value))
+    d = Path(value)
+    try:
+        at = nearest_existing(d)
+    except OSError as exc:  # a name too long for the file system
+        raise HexicoreError(f"cannot create {value[:200]}: {exc.strerror}", source=source, field=field) from None
     if at is not None and not at.is_dir():
         raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
-    if at is not None and at != Path(value) and not os.access(at, os.W_OK | os.X_OK):
-        raise HexicoreError(f"cannot create {value}: {at} is not writable", source=source, field=field)
+    if at is not None and at != d:
+        makeable(d, at, field, folder=True, source=source)

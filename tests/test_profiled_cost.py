@@ -105,6 +105,43 @@ def test_a_profile_of_another_block_shape_is_scaled_by_flops_with_a_warning(capl
         assert got == pytest.approx(0.03 / scale)
 
 
+def test_a_block_of_another_head_width_is_not_taken_for_this_models(caplog):
+    """hidden, ffn and heads equal but heads 512 wide (a Hugging Face ``head_dim``): the block's
+    attention does ~9x the FLOPs, so it prices this model's block at its FLOPs' share, with the
+    shape warning; the same block recording this model's width (16) is this model's, measured as is."""
+    wide = {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "head_dim": 512, "forward_s": 0.01, "backward_s": 0.02}
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    for blk, own in ((wide, False), ({**wide, "head_dim": 16}, True)):
+        prof = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [blk]}}}, "p")
+        cost = ProfiledCostModel(profile=prof)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hexicore"):
+            got = cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 1)
+        notes = [r.message for r in caplog.records if "shape" in r.message]
+        assert len(notes) == int(not own) and (own or "heads 4/4 of width 16" in notes[0]), notes
+        flops = block_flops(prof.devices["rtx4090"].blocks[0], MODEL)
+        assert (flops > 5 * MODEL.layer_flops_per_token(32) * 32) != own
+        assert got == pytest.approx(0.03 * MODEL.layer_flops_per_token(32) * 32 / flops)
+    assert parse_profile(prof.to_dict(), "again").devices["rtx4090"].blocks[0].head_dim == 16
+
+
+def test_a_head_the_profile_lacks_or_measured_for_another_vocabulary_is_said(caplog):
+    """No head in the profile: the analytic head, with a warning; a head measured at another
+    vocabulary: scaled by FLOPs, with a warning naming both sizes."""
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    head = {"micro_batch": 1, "seq_len": 32, "hidden": 64, "vocab": 32000, "forward_s": 0.5, "backward_s": 1.0}
+    for extra, words in (({}, "no head was profiled"), ({"head": head}, "vocab 32000, this model's is 64 x 256")):
+        raw = raw_profile()
+        raw["devices"]["rtx4090"].update(extra)
+        cost = ProfiledCostModel(profile=parse_profile(raw, "p"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hexicore"):
+            got = cost.head_s(CLUSTER, MODEL, t, ["A.0"])
+        assert any(words in r.message for r in caplog.records), [r.message for r in caplog.records]
+        if extra:
+            assert got == pytest.approx(1.5 * 256 / 32000)
+
+
 def test_tp_not_measured_scales_by_flops_per_device():
     p = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
         {"micro_batch": 1, "tp": 1, "seq_len": 32, "forward_s": 0.01, "backward_s": 0.02}]}}}, "p")

@@ -9,7 +9,7 @@ cost model (:mod:`hexicore.cost.profiled`). YAML::
       rtx4090:
         blocks:                   # one transformer block, one micro-batch
           - {micro_batch: 1, tp: 1, seq_len: 4096, hidden: 4096, ffn: 11008, heads: 32,
-             kv_heads: 32, forward_s: 0.0101, backward_s: 0.0198, recompute_s: 0.0101,
+             kv_heads: 32, head_dim: 128, forward_s: 0.0101, backward_s: 0.0198, recompute_s: 0.0101,
              activation_bytes: 33554432, optimizer_s: 0.0004, action_s: 0.0}
         head: {micro_batch: 1, seq_len: 4096, hidden: 4096, vocab: 32000, forward_s: 0.004, backward_s: 0.008}
     links:                        # point to point, fitted as latency + bytes / bandwidth
@@ -42,7 +42,7 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 
 FORMAT = "hexicore.profile/1"
-_SHAPE = ("hidden", "ffn", "heads", "kv_heads")
+_SHAPE = ("hidden", "ffn", "heads", "kv_heads", "head_dim")
 _KEYS = ("format", "environment", "devices", "links", "allreduce")
 #: measured times that are never 0 (the others: 0 = not measured)
 _POSITIVE = ("forward_s", "backward_s")
@@ -73,6 +73,9 @@ class BlockTiming:
     #: ``forward_s + backward_s`` (0: none or not measured): a stage running ``n`` blocks in one
     #: action pays it once, not ``n`` times
     action_s: float = 0.0
+    #: width of one attention head (0: not recorded, ``hidden // heads``); Hugging Face configs
+    #: may set another, which changes the block's attention FLOPs
+    head_dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,9 @@ class Profile:
         return next((ln for ln in self.links if tuple(sorted(ln.between)) == key), None)
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(obj: Any) -> dict[str, Any]:
-            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in obj.__dict__.items()}
+        def clean(obj: Any) -> dict[str, Any]:  # an unrecorded head_dim (0) is left out, as it was read
+            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in obj.__dict__.items()
+                    if not (k == "head_dim" and not v)}
 
         return {"format": FORMAT, "environment": dict(self.environment),
                 "devices": {name: {"blocks": [clean(b) for b in dev.blocks],

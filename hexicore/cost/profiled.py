@@ -51,17 +51,24 @@ from hexicore.cost.split import compute_forward_fraction
 log = logging.getLogger("hexicore")
 
 
+def own_shape(b: BlockTiming, model: ModelSpec) -> bool:
+    """Whether block ``b`` was measured at ``model``'s block shape (each of ``hidden``, ``ffn``,
+    ``heads``, ``kv_heads``, ``head_dim`` equal where the profile records it)."""
+    return all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads", "head_dim"))
+
+
 def block_flops(b: BlockTiming, model: ModelSpec) -> float:
     """Forward FLOPs of the measured block, counted as ``model``'s own blocks are
     (:meth:`ModelSpec.layer_flops_per_token`: its architecture's MLP, its head width), so a
     block measured at the model's shape and the plan's micro-batch and sequence is priced at
     exactly its measured time; a block of another shape (``hidden``, ``ffn``, ``heads``,
-    ``kv_heads`` where given) with that shape and ``model``'s architecture."""
+    ``kv_heads``, ``head_dim`` where given) with that shape and ``model``'s architecture."""
     h = b.hidden or model.hidden
     heads = b.heads or model.heads
-    own = all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads"))
-    q = model.q_dim if own else h
-    kv = (b.kv_heads or model.kv_heads) * (model.head_dim if own else h // heads)
+    own = own_shape(b, model)
+    hd = model.head_dim if own else (b.head_dim or h // heads)
+    q = heads * hd
+    kv = (b.kv_heads or model.kv_heads) * hd
     f = b.ffn or model.ffn
     mlp = 3 if model.arch == "llama" else 2  # SwiGLU's three matrices, GPT's two
     per_token = 2.0 * (2 * h * q + 2 * h * kv + mlp * h * f) + 4.0 * b.seq_len * q
@@ -219,10 +226,10 @@ class ProfiledCostModel(AnalyticCostModel):
             near = min({b.tp for b in blocks}, key=lambda t: (abs(t - tp), t))
             self._note(f"{key}: TP degree {tp} was not profiled; scaled from TP {near} by FLOPs per device")
             same, scale = [b for b in blocks if b.tp == near], near / tp
-        if not any(all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads"))
-                   for b in same):
+        if not any(own_shape(b, model) for b in same):
             self._note(f"{key}: no block of this model's shape (hidden {model.hidden}, ffn {model.ffn}, heads "
-                       f"{model.heads}/{model.kv_heads}) was profiled; scaled from the shapes measured by FLOPs")
+                       f"{model.heads}/{model.kv_heads} of width {model.head_dim}) was profiled; scaled from the "
+                       f"shapes measured by FLOPs")
         if train.recompute and any(not b.recompute_s for b in same):
             self._note(f"{key}: recompute_s was not profiled; a recomputed forward is priced as the measured forward")
         pts = [(block_flops(b, model), block_seconds(b, train.recompute)) for b in same]
@@ -254,12 +261,18 @@ class ProfiledCostModel(AnalyticCostModel):
         forward + backward) scaled by FLOPs, else App. A's on one member; never divided by the TP
         degree, as every TP rank computes all the logits (the runtime replicates the head, and
         the analytic model prices it so)."""
-        dev = self.profile.devices.get(self._slowest_gpu(cluster, devices, model, train))
+        key = self._slowest_gpu(cluster, devices, model, train)
+        dev = self.profile.devices.get(key)
         tokens = train.micro_batch * train.seq_len
         if dev is None or dev.head is None:
+            if dev is not None:  # a type not profiled at all is noted with its blocks
+                self._note(f"{key}: no head was profiled; the head's time is the analytic model's")
             k = 4.0 if train.recompute else 3.0
             return tokens * model.head_flops_per_token() * k * len(devices) / self.achieved_flops(cluster, devices)
         h = dev.head
+        if (h.hidden or model.hidden, h.vocab or model.vocab) != (model.hidden, model.vocab):
+            self._note(f"{key}: the head was profiled at hidden {h.hidden or model.hidden} x vocab {h.vocab or model.vocab}, "
+                       f"this model's is {model.hidden} x {model.vocab}; its time is scaled by FLOPs")
         flops = 2.0 * (h.hidden or model.hidden) * (h.vocab or model.vocab) * h.micro_batch * h.seq_len
         return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops
 

@@ -267,7 +267,8 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
         per.setdefault(n, []).append(BlockTiming(mb, tp, s, med(rows, "forward_s"), med(rows, "backward_s"),
                                                  med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
                                                  med(rows, "activation_bytes"), med(rows, "optimizer_s"),
-                                                 med(rows, "action_share") * (med(rows, "forward_s") + med(rows, "backward_s"))))
+                                                 med(rows, "action_share") * (med(rows, "forward_s") + med(rows, "backward_s")),
+                                                 m.head_dim))
     head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
             for n, rows in heads.items()}
     # a type none of whose TP groups could be timed is left out: the cost model prices it

@@ -106,13 +106,16 @@ def test_profile_an_emulated_cluster_then_plan_from_it(tmp_path, capsys, monkeyp
     ("profile.link_bytes=[4096,100000000000000]", "profile.link_bytes[1]"),
     ("profile.micro_batches=[100000000000]", "profile.micro_batches[0]"),
     ("profile.allreduce_bytes=100000000000", "profile.allreduce_bytes"),
+    # longer than the model's positions (plan, evaluate and train refuse it; profile timed it)
+    ("profile.seq_len=64 +model.max_position=32", "profile.seq_len"),
+    ("train.seq_len=64 +model.max_position=32", "train.seq_len"),
 ])
 def test_absurd_profile_sizes_are_refused_before_any_process(tmp_path, capsys, override, field):
     (tmp_path / "c.yaml").write_text("name: c\nmachines:\n  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n")
-    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", override,
+    code = run_cli(["profile", f"cluster_file={tmp_path / 'c.yaml'}", "model=tiny", *override.split(),
                     f"out={tmp_path / 'p.yaml'}"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and f"{field}:" in err[0] and "limit" in err[0]
+    assert code == 2 and len(err) == 1 and f"{field}:" in err[0] and ("limit" in err[0] or "max_position" in err[0])
     assert not (tmp_path / "p.yaml").exists()
 
 

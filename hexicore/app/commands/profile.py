@@ -78,6 +78,7 @@ def request_from_config(cfg: DictConfig) -> ProfileRequest:
     seq = p.get("seq_len") if p.get("seq_len") is not None else t.get("seq_len")
     seq_len = _int(seq, "profile.seq_len", 1, limit=limits.MAX_SEQ_LEN, what="tokens") if seq is not None \
         else model.seq_len
+    model.check_seq_len(seq_len, "command line", "profile.seq_len" if p.get("seq_len") is not None else "train.seq_len")
     cluster = app.load_cluster(cfg)
     try:
         return _request(cfg, p, t, model, cluster, seq_len)

@@ -117,6 +117,8 @@ def test_empty_documents_are_skipped_and_no_text_at_all_is_refused(corpus, capsy
     (["input=/nonexistent/*.txt"], "input"),
     (["tokenizer=/nonexistent/tokenizer.json"], "tokenizer"),
     (["prepare.eos=<nope>"], "prepare.eos"),
+    (["input=null"], "input: needs at least one input file"),
+    (["prepare.eos=[SEP]"], "prepare.eos: expected a token or an id, got list"),  # Hydra's list, not "[SEP]"  # no input= at all ("no such input file: ")
 ])
 def test_prepare_data_bad_input_is_one_line(corpus, capsys, args, field):
     d, _, _ = corpus

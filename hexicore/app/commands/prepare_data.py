@@ -36,9 +36,10 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eot_id
 def input_files(spec: Any) -> list[Path]:
     """``input=`` as files: each item a path or a glob; a missing match is an error. A file
     named twice (a glob and a path, two links to it) is read once, where it is first named."""
-    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    items = spec if isinstance(spec, (list, tuple)) else [] if spec is None or str(spec) == "" else [spec]
     if not items:
-        raise HexicoreError("needs at least one input file", source="command line", field="input")
+        raise HexicoreError("needs at least one input file (input=PATH, a glob, or a list)", source="command line",
+                            field="input")
     files: list[Path] = []
     for item in items:
         matches = sorted(glob.glob(str(item))) if any(c in str(item) for c in "*?[") else [str(item)]
@@ -123,6 +124,9 @@ def eos_id(tok: Any, eos: Any) -> int:
                 raise HexicoreError(f"id {eos} is outside the tokenizer's vocabulary of {vocab} (0..{vocab - 1})",
                                     source="command line", field="prepare.eos")
             return eos
+        if not isinstance(eos, (str, int)) or isinstance(eos, bool):  # [SEP] on a command line is a list to Hydra
+            raise HexicoreError(f"expected a token or an id, got {type(eos).__name__} {eos!r} (a token in brackets: "
+                                f"quote it, prepare.eos=\"'[SEP]'\")", source="command line", field="prepare.eos")
         found = tok.token_to_id(str(eos))
         if found is None:
             raise HexicoreError(f"the tokenizer has no token {eos!r}", source="command line", field="prepare.eos")

@@ -73,6 +73,8 @@ def test_plain_specs_serialise_as_before():
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
     ({"hidden_size": None}, "hidden_size"),
+    # transformers builds Llama from model_type; hexicore read Qwen2 (q/k/v biases) from architectures
+    ({"architectures": ["Qwen2ForCausalLM"]}, "model_type"),
 ])
 def test_refusals_name_the_field(change, field):
     d = {"model_type": "llama", **SMALL, **change}

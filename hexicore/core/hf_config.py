@@ -56,12 +56,18 @@ def load_hf_config(path: str | Path) -> ModelSpec:
 
 
 def _model_type(d: Mapping[str, Any], source: str) -> str:
+    """The supported type the config names (by ``architectures``, else ``model_type``); an
+    architecture and a ``model_type`` naming two different ones are refused (transformers builds
+    the ``model_type``'s class, whatever ``architectures`` says)."""
     archs = d.get("architectures") or []
     by_arch = {v: k for k, v in ARCHITECTURES.items()}
+    mt = d.get("model_type")
     for a in archs if isinstance(archs, list) else []:
         if a in by_arch:
+            if isinstance(mt, str) and mt in ARCHITECTURES and mt != by_arch[a]:
+                raise HexicoreError(f"{a} is a {by_arch[a]} model but model_type is {mt!r} (transformers would "
+                                    "build that); make the two agree", source=source, field="model_type")
             return by_arch[a]
-    mt = d.get("model_type")
     if isinstance(mt, str) and mt in ARCHITECTURES:
         return str(mt)
     named = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else repr(mt)

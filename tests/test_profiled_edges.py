@@ -232,3 +232,16 @@ def test_a_profile_out_under_a_file_is_refused_before_measuring(tmp_path, capsys
     err = captured.err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"{notes / 'p.yaml'}: out: {notes} is a file" in err[0], err
     assert "forward ms" not in captured.out and notes.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("how", [["parallel=none"], ["schedule=1f1b", "pipeline.ranks=2"]])
+def test_train_without_a_plan_still_checks_the_cost_model_it_is_given(how, tmp_path, capsys):
+    """Nothing is priced without a plan, but ``cost=profiled cost.profile_file=`` naming an empty
+    file was silently accepted; it is the same one-line error as with a plan, before any worker."""
+    (tmp_path / "empty.yaml").write_text("")
+    code = run_cli(["train", *how, "model=tiny", "train.steps=1", "train.dtype=fp32", "train.global_batch=2",
+                    "cost=profiled", f"cost.profile_file={tmp_path / 'empty.yaml'}", f"out={tmp_path / 'run'}",
+                    f"hydra.run.dir={tmp_path / 'h'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "empty.yaml: profile file is empty" in err, err
+    assert not (tmp_path / "run").exists()

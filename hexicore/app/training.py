@@ -67,6 +67,8 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     if parallel not in PARALLEL:
         raise HexicoreError(f"unknown parallel {parallel!r}; choose one of: {', '.join(PARALLEL)}", field="parallel")
     runtime = runtime_settings(cfg)
+    if not cfg.get("plan_file"):  # nothing to price without a plan, but a cost= given is checked all the same
+        app.build_cost_model(cfg, registry)
     if parallel == "none":
         model = app.load_model(cfg)
         return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime,

@@ -103,6 +103,7 @@ ABSURD = [
     ("forward_s", 1e300), ("backward_s", 1.7e308), ("recompute_s", 1e300), ("optimizer_s", 1e9),
     ("action_s", 1e300), ("activation_bytes", 1e300), ("micro_batch", 10 ** 12), ("tp", 10 ** 9),
     ("seq_len", 10 ** 12), ("heads", 3),
+    ("tp", 3),  # 4 heads cannot be split 3 ways: was used, and scaled from as if it could
 ]
 
 
@@ -245,3 +246,10 @@ def test_train_without_a_plan_still_checks_the_cost_model_it_is_given(how, tmp_p
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "empty.yaml: profile file is empty" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_measured_dtype_is_refused():
+    with pytest.raises(HexicoreError) as e:
+        profile(environment={"dtype": "int7"})
+    assert e.value.field == "environment.dtype" and "unknown dtype 'int7'" in e.value.message
+    assert profile(environment={"dtype": "fp32", "torch": "2.13.0"}).environment["dtype"] == "fp32"

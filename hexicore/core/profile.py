@@ -27,7 +27,7 @@ block, no two blocks of a device at the same point (micro-batch, TP, sequence, s
 pair twice among ``links`` (nor pair and group among ``allreduce``); forward and backward seconds
 are > 0; times, sizes, bandwidths and latencies lie within the ranges of docs/formats.md
 ("Limits"); an all-reduce group has at least two GPUs; a block's heads divide its hidden size and
-its kv heads its heads. The file does not list the profiled cluster's machines: that ``between`` names machines
+its kv heads and TP degree its heads; ``environment.dtype``, where given, is a dtype hexicore trains. The file does not list the profiled cluster's machines: that ``between`` names machines
 of the cluster priced is checked where the profile meets it
 (:meth:`hexicore.cost.profiled.ProfiledCostModel.check_cluster`).
 """
@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.model import DTYPE_BYTES
 
 FORMAT = "hexicore.profile/1"
 _SHAPE = ("hidden", "ffn", "heads", "kv_heads", "head_dim")
@@ -175,9 +176,9 @@ def _record(cls: type, d: Any, source: str, where: str, ints: tuple[str, ...], f
 
 
 def _shape(kw: Mapping[str, Any], source: str, where: str) -> None:
-    """A measured block's shape is one a model can have: heads divide ``hidden`` and ``kv_heads``
-    divide ``heads`` (where both are given)."""
-    for big, small in (("hidden", "heads"), ("heads", "kv_heads")):
+    """A measured block's shape is one a model can have: heads divide ``hidden``, ``kv_heads``
+    and the TP degree divide ``heads`` (where both are given)."""
+    for big, small in (("hidden", "heads"), ("heads", "kv_heads"), ("heads", "tp")):  # TP splits the heads
         if kw.get(big) and kw.get(small) and kw[big] % kw[small]:
             raise HexicoreError(f"{big} {kw[big]} is not divisible by {small} {kw[small]}", source=source,
                                 field=f"{where}.{small}")
@@ -261,4 +262,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                                                           source, f"allreduce[{i}].bandwidth_gbs")))
     _unique(allreduce, lambda a: (frozenset(a.between), a.group), source, "allreduce", "this machine pair and group")
     env = dict(schema.optional_mapping(d, "environment", source, "environment"))
+    if env.get("dtype") is not None and str(env["dtype"]) not in DTYPE_BYTES:
+        raise HexicoreError(f"unknown dtype {env['dtype']!r}; choose one of: {', '.join(DTYPE_BYTES)}", source=source,
+                            field="environment.dtype")
     return Profile(devices, tuple(links), tuple(allreduce), env, source)

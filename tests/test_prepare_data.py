@@ -266,6 +266,7 @@ def test_a_file_of_exactly_one_window_is_enough(tmp_path):
     ({"documents": "x"}, "documents"),  # before: ValueError from int()
     ({"documents": -1}, "documents"),
     ({"dtype": ["uint16"]}, "dtype"),  # before: TypeError (unhashable list)
+    ({"eos": 1000000}, "eos"),  # before: trained, and final/ silently had no eos token
 ])
 def test_a_malformed_sidecar_is_one_error_naming_the_field(tmp_path, change, field):
     from hexicore.core.token_file import write_sidecar

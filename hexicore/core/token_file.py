@@ -98,11 +98,13 @@ class TokenFile:
         if meta.get("tokens") is not None and schema.integer(meta["tokens"], src, "tokens", minimum=0) != tokens:
             raise HexicoreError(f"the sidecar says {meta['tokens']} tokens, the file holds {tokens}", source=src,
                                 field="tokens")
-        eos = meta.get("eos")
+        eos = None if meta.get("eos") is None else schema.integer(meta["eos"], src, "eos", minimum=0)
+        if eos is not None and eos >= vocab:  # it was dropped from final/'s tokenizer files without a word
+            raise HexicoreError(f"id {eos} is outside the vocabulary of {vocab}", source=src, field="eos")
         documents = schema.integer(meta.get("documents") or 0, src, "documents", minimum=0)
         names = {k: _text(meta.get(k), src, k) for k in ("tokenizer", "tokenizer_file", "tokenizer_sha256")}
         return cls(str(p), dtype, vocab, tokens, documents,
-                   None if eos is None else schema.integer(eos, src, "eos", minimum=0), _recorded_max(meta, p, src),
+                   eos, _recorded_max(meta, p, src),
                    **names)
 
     def array(self) -> np.ndarray:

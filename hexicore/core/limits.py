@@ -52,14 +52,14 @@ def check(value: Any, limit: int, what: str, *, source: str | None = None, field
     """Refuse ``value`` above ``limit`` (one line: the field, the value, the limit). A float or a
     numeric string counts by its number (``1e9`` reads as a float and a schedule takes ``"2"``
     as 2: neither may slip past the limit); other values are left to the field's own check."""
-    n = _count(value)
+    n = count(value)
     if n is not None and n > limit:
         shown = f"{n:,}" if isinstance(n, int) else f"{int(n):,}" if n.is_integer() else f"{n:g}"
         raise HexicoreError(f"{shown} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
                             source=source, field=field)
 
 
-def _count(value: Any) -> float | int | None:
+def count(value: Any) -> float | int | None:
     """``value`` as a number to compare with a limit (infinity included), or None (a bool, NaN,
     text that is no number)."""
     if isinstance(value, bool):

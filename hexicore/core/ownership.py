@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core.errors import HexicoreError
-from hexicore.core.writable import parent_is_a_folder
+from hexicore.core.writable import parent_is_a_folder, statable
 
 #: the Software text written into every PNG hexicore draws
 PNG_SOFTWARE = "hexicore"
@@ -122,10 +122,7 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
     """Refuse (one line) to replace ``path`` unless it is absent or a hexicore ``kind`` output
     (``hexicore.plan``, ``hexicore.png``, ...); ``overwrite`` True allows any file, False none."""
     p = Path(path)
-    try:
-        p.exists()
-    except OSError as exc:  # ENAMETOOLONG and the like, which pathlib does not swallow
-        raise HexicoreError(f"cannot be written: {exc.strerror}", source=str(p)[:200], field=field) from None
+    statable(p, field)
     if p.is_dir():
         raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
     if not p.exists() and not p.is_symlink():
@@ -162,10 +159,7 @@ def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: 
     """A command's output directory: not a file, and each ``(name, kind)`` it will write inside
     passes :func:`check_writable` (``overwrite=false`` refuses any of them that exists)."""
     d = Path(path)
-    try:
-        d.exists()
-    except OSError as exc:
-        raise HexicoreError(f"cannot be written: {exc.strerror}", source=str(d)[:200], field=field) from None
+    statable(d, field)
     if d.exists() and not d.is_dir():
         raise HexicoreError("is a file; an output directory goes here", source=str(d), field=field)
     check_all(((d / name, kind) for name, kind in items), overwrite=overwrite, field=field)

@@ -12,6 +12,15 @@ from pathlib import Path
 from hexicore.core.errors import HexicoreError
 
 
+def statable(p: Path, field: str | None, source: str | None = None) -> None:
+    """Refuse a path the file system cannot even look up (a name longer than it allows:
+    ENAMETOOLONG, which pathlib's ``exists`` raises rather than answering False)."""
+    try:
+        p.exists()
+    except OSError as exc:
+        raise HexicoreError(f"cannot create it: {exc.strerror}", source=source or str(p)[:200], field=field) from None
+
+
 def nearest_existing(p: Path, links: bool = True) -> Path | None:
     """``p`` or its nearest ancestor that exists (a dangling link counts where ``links``)."""
     return next((at for at in (p, *p.parents) if at.exists() or (links and at.is_symlink())), None)
@@ -62,10 +71,8 @@ def check_creatable_dir(value: str, *, source: str | None = None, field: str | N
     if "${" in value or not value:
         return
     d = Path(value)
-    try:
-        at = nearest_existing(d)
-    except OSError as exc:  # a name too long for the file system
-        raise HexicoreError(f"cannot create {value[:200]}: {exc.strerror}", source=source, field=field) from None
+    statable(d, field, source)
+    at = nearest_existing(d)
     if at is not None and not at.is_dir():
         raise HexicoreError(f"{at} is a file, not a directory", source=source, field=field)
     if at is not None and at != d:

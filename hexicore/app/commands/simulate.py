@@ -114,14 +114,11 @@ def files_of(cfg: DictConfig) -> tuple[str, ...] | None:
 
 def _depth(ref: ScheduleRef) -> float:
     """How many times P x M cells of actions building ``ref`` makes: its waves or chunks (a
-    number, a float or a numeric string by its value), and for ``waves: auto`` every W it
-    builds and simulates, 1 + 2 + ... + ``max_waves`` (the default 8 where absent)."""
+    number, a float or a numeric string by its value, :func:`limits.count`), and for ``waves:
+    auto`` every W it builds and simulates, 1 + 2 + ... + ``max_waves`` (the default 8 where absent)."""
     def number(key: str, default: float = 1.0) -> float:
-        try:
-            v = float(ref[key]) if key in ref and not isinstance(ref[key], bool) else default
-        except (TypeError, ValueError):
-            return default  # the schedule's own check names it
-        return v if v == v and v >= 1 else default
+        v = limits.count(ref[key]) if key in ref else None  # anything else: the schedule's own check names it
+        return v if v is not None and v >= 1 else default
 
     if ref.get("waves") == "auto":
         top = min(number("max_waves", 8.0), limits.MAX_WAVES)  # above: the schedule's own check names it

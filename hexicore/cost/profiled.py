@@ -24,7 +24,8 @@ configured links comes from the profile where the profile has it:
   AdamW step over the parameters it keeps (:mod:`hexicore.cost.optimizer_step`) is added to
   ``dp_s``, the step's part after the pipelines (as the runtime's measured ``dp_sync_s`` holds
   the DP reduction and the optimizer step).
-* **memory** stays the analytic model's (a profile's activation bytes are informational).
+* **memory**: the analytic model's, except a block's activations, which are the profile's
+  measured bytes where they apply (:mod:`hexicore.cost.measured_block`).
 
 Anything the profile lacks (a GPU type, a machine pair) falls back to the analytic model with a
 one-line warning naming what was extrapolated (logged once per item on the ``hexicore`` logger).
@@ -44,62 +45,14 @@ from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
+from hexicore.cost.base import GIB
 from hexicore.cost.measured_allreduce import allreduce_layer_s
+from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, interpolate,  # noqa: F401
+                                          own_shape, span, target_flops)
 from hexicore.cost.optimizer_step import optimizer_step_s
 from hexicore.cost.split import compute_forward_fraction
 
 log = logging.getLogger("hexicore")
-
-
-def own_shape(b: BlockTiming, model: ModelSpec) -> bool:
-    """Whether block ``b`` was measured at ``model``'s block shape (each of ``hidden``, ``ffn``,
-    ``heads``, ``kv_heads``, ``head_dim`` equal where the profile records it)."""
-    return all(getattr(b, k) in (0, getattr(model, k)) for k in ("hidden", "ffn", "heads", "kv_heads", "head_dim"))
-
-
-def block_flops(b: BlockTiming, model: ModelSpec) -> float:
-    """Forward FLOPs of the measured block, counted as ``model``'s own blocks are
-    (:meth:`ModelSpec.layer_flops_per_token`: its architecture's MLP, its head width), so a
-    block measured at the model's shape and the plan's micro-batch and sequence is priced at
-    exactly its measured time; a block of another shape (``hidden``, ``ffn``, ``heads``,
-    ``kv_heads``, ``head_dim`` where given) with that shape and ``model``'s architecture."""
-    h = b.hidden or model.hidden
-    heads = b.heads or model.heads
-    own = own_shape(b, model)
-    hd = model.head_dim if own else (b.head_dim or h // heads)
-    q = heads * hd
-    kv = (b.kv_heads or model.kv_heads) * hd
-    f = b.ffn or model.ffn
-    mlp = 3 if model.arch == "llama" else 2  # SwiGLU's three matrices, GPT's two
-    per_token = 2.0 * (2 * h * q + 2 * h * kv + mlp * h * f) + 4.0 * b.seq_len * q
-    return per_token * b.micro_batch * b.seq_len
-
-
-def target_flops(model: ModelSpec, train: TrainConfig) -> float:
-    return model.layer_flops_per_token(train.seq_len) * train.micro_batch * train.seq_len
-
-
-def block_seconds(b: BlockTiming, recompute: bool) -> float:
-    """Forward + backward (+ the recomputed forward under recomputation: its measured
-    ``recompute_s``, or where that was not measured (0) the measured forward, which it repeats)."""
-    return b.forward_s + b.backward_s + ((b.recompute_s or b.forward_s) if recompute else 0.0)
-
-
-def _span(values: Sequence[int]) -> str:
-    return f"{values[0]}" if len(values) == 1 else f"{values[0]}-{values[-1]}"
-
-
-def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Time at FLOPs ``x`` from measured ``(flops, seconds)``: affine through the bracketing pair,
-    proportional to the nearest point outside the range (or with one point)."""
-    pts = sorted(points)
-    if len(pts) == 1 or x <= pts[0][0] or x >= pts[-1][0]:
-        fx, ft = min(pts, key=lambda p: abs(p[0] - x))
-        return ft * x / fx
-    for (x0, t0), (x1, t1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return t0 + (t1 - t0) * (x - x0) / (x1 - x0) if x1 > x0 else t0
-    return pts[-1][1]  # unreachable: x lies inside the range
 
 
 def chunks_per_stage(schedule: Mapping[str, Any]) -> int:
@@ -238,7 +191,7 @@ class ProfiledCostModel(AnalyticCostModel):
         if not low * (1 - 1e-9) <= target <= high * (1 + 1e-9):
             mbs, seqs = sorted({b.micro_batch for b in blocks}), sorted({b.seq_len for b in blocks})
             self._note(f"{key}: micro-batch {train.micro_batch} x sequence {train.seq_len} lies outside the profiled "
-                       f"blocks (micro-batches {_span(mbs)}, sequences {_span(seqs)}); its time is extrapolated in "
+                       f"blocks (micro-batches {span(mbs)}, sequences {span(seqs)}); its time is extrapolated in "
                        f"proportion to FLOPs")
         return interpolate(pts, target) * scale
 
@@ -358,6 +311,47 @@ class ProfiledCostModel(AnalyticCostModel):
         """The slowest rank's measured optimizer step (0 where the profile has none)."""
         return optimizer_step_s(plan, lambda d: self._blocks(self._key(plan.cluster, d)), self.kept_params(plan),
                                 self.held)
+
+    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+                           n_layers: int, *, in_flight: float = 1, share_layers: int | None = None,
+                           **held: Any) -> dict[str, float]:
+        """The analytic parts (:meth:`AnalyticCostModel.stage_memory_parts`) with a block's
+        measured activation bytes (:meth:`activation_bytes`) in place of the formula's: kept
+        ``in_flight x share_layers`` times, or under recomputation as the workspace of the block
+        being recomputed (the kept block inputs stay the formula's ``B*S*H*B_type``)."""
+        out = super().stage_memory_parts(cluster, model, train, devices, n_layers, in_flight=in_flight,
+                                         share_layers=share_layers, **held)
+        per = self.activation_bytes(cluster, model, train, devices) if n_layers else None
+        if per is None:
+            return out
+        if train.recompute:
+            full = model.activation_bytes_per_layer(train.micro_batch, tp=len(devices), recompute=False,
+                                                    dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
+            out["workspace"] += (per - full) / GIB
+        else:
+            out["activations"] = in_flight * (n_layers if share_layers is None else share_layers) * per / GIB
+        return out
+
+    def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
+                         devices: Sequence[str]) -> float | None:
+        """One block's measured activation bytes for one micro-batch on a rank of ``devices``
+        (:func:`hexicore.cost.measured_memory.activation_bytes`), the largest of the group's
+        profile entries; None (the formula's, noted once) where one entry has none that applies
+        or the profile was measured in another dtype than the plan trains."""
+        dtype = self.profile.environment.get("dtype")
+        if dtype and train.dtype and str(dtype) != str(train.dtype):
+            self._note(f"{self.profile.source or 'profile'}: activation bytes measured in {dtype}, the plan trains "
+                       f"{train.dtype}; activation memory is the analytic model's")
+            return None
+        worst = 0.0
+        for key in self._keys(cluster, devices):
+            got, why = activation_bytes(self._blocks(key), model, train, len(devices))
+            if got is None:
+                if self._blocks(key):
+                    self._note(f"{key}: {why}; activation memory is the analytic model's")
+                return None
+            worst = max(worst, got)
+        return worst
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

@@ -67,12 +67,21 @@ def test_recomputation_keeps_block_inputs_and_recomputes_one_measured_block():
     assert got["workspace"] == pytest.approx(want["workspace"] + (3.0e6 - full) / GIB)
 
 
-@pytest.mark.parametrize("case, why", [("dtype", "measured in fp32"), ("tp", "TP degree 2"),
-                                       ("shape", "another block shape")])
+def test_a_tp_degree_not_profiled_scales_as_the_formula_does(caplog):
+    cost = ProfiledCostModel(profile=profile())
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
+    with caplog.at_level(logging.WARNING, logger="hexicore"):
+        got = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0", "A.1"], 2)["activations"]
+    f1, f2 = (MODEL.activation_bytes_per_layer(1, tp=k, recompute=False, dtype_bytes=2, seq_len=32) for k in (1, 2))
+    assert got == pytest.approx(2 * 3.0e6 * f2 / f1 / GIB)
+    assert any("TP degree 2" in r.getMessage() and "scaled from TP 1" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("case, why", [("dtype", "measured in fp32"), ("shape", "another block shape")])
 def test_what_does_not_apply_is_the_formula_with_a_note(case, why, caplog):
     cost = ProfiledCostModel(profile=profile(dtype="fp32" if case == "dtype" else "bf16",
                                              **({"ffn": 352} if case == "shape" else {})))
-    devices = ["A.0", "A.1"] if case == "tp" else ["A.0"]
+    devices = ["A.0"]
     t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = cost.stage_memory_parts(CLUSTER, MODEL, t, devices, 2)

@@ -13,10 +13,11 @@ casts of the fp32 weights it multiplied by (each micro-batch its own, as every f
 enters its own autocast region). One H200 run measured 1.28 GiB a Llama-2-7B block at 4,096
 tokens where the formula gives 0.53 (docs/results.md, "GPU figures").
 
-Measurements are taken where they apply as they are: the block's shape (:func:`own_shape`), the
-stage's TP degree and the plan's dtype must match; across micro-batch sizes and sequence
-lengths the bytes are interpolated in tokens (``micro_batch x seq_len``): affine through the
-two nearest measurements (the weight casts are a fixed part, the activations grow with the
+Measurements are taken where they apply: the block's shape (:func:`own_shape`) and the plan's
+dtype must match; a TP degree not measured is scaled from the nearest one measured as the
+formula scales between the two (its split parts ``/ tp``, the rest whole); across micro-batch
+sizes and sequence lengths the bytes are interpolated in tokens (``micro_batch x seq_len``):
+affine through the two nearest measurements (the weight casts are a fixed part, the activations grow with the
 tokens; attention through SDPA or flash-attn keeps no ``S x S`` scores), proportional with a
 single one. Anything else is the analytic formula's, with a one-line note.
 """
@@ -101,17 +102,23 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 
 def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: TrainConfig,
                      tp: int) -> tuple[float | None, str]:
-    """``(bytes, "")``: one block's activations for one micro-batch of ``train`` on one rank of
-    a TP group of ``tp``, from the profile entry's ``blocks``; ``(None, why)`` where the entry
-    has no measurement that applies (module docstring)."""
-    measured = [b for b in blocks if b.activation_bytes > 0]
+    """``(bytes, note)``: one block's activations for one micro-batch of ``train`` on one rank of
+    a TP group of ``tp``, from the profile entry's ``blocks`` (module docstring). A TP degree
+    that was not measured is scaled from the nearest measured one by the analytic formula's
+    ratio between the two degrees (``note`` says so); ``(None, why)`` where nothing applies."""
+    measured = [b for b in blocks if b.activation_bytes > 0 and own_shape(b, model)]
     if not measured:
-        return None, "no activation bytes were profiled"
-    same = [b for b in measured if b.tp == tp]
-    if not same:
-        return None, f"activation bytes were not profiled at TP degree {tp}"
-    same = [b for b in same if own_shape(b, model)]
-    if not same:
-        return None, "activation bytes were profiled for another block shape"
-    pts = [(float(b.micro_batch * b.seq_len), b.activation_bytes) for b in same]
-    return tokens_bytes(pts, float(train.micro_batch * train.seq_len)), ""
+        return None, ("activation bytes were profiled for another block shape"
+                      if any(b.activation_bytes > 0 for b in blocks) else "no activation bytes were profiled")
+    near = min({b.tp for b in measured}, key=lambda t: (abs(t - tp), t))
+    pts = [(float(b.micro_batch * b.seq_len), b.activation_bytes) for b in measured if b.tp == near]
+    got = tokens_bytes(pts, float(train.micro_batch * train.seq_len))
+    if near == tp:
+        return got, ""
+
+    def formula(t: int) -> float:
+        return model.activation_bytes_per_layer(train.micro_batch, tp=t, recompute=False,
+                                                dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
+
+    return got * formula(tp) / formula(near), (f"activation bytes were not profiled at TP degree {tp}; "
+                                               f"scaled from TP {near} as the analytic formula scales")

@@ -25,7 +25,8 @@ configured links comes from the profile where the profile has it:
   ``dp_s``, the step's part after the pipelines (as the runtime's measured ``dp_sync_s`` holds
   the DP reduction and the optimizer step).
 * **memory**: the analytic model's, except a block's activations, which are the profile's
-  measured bytes where they apply (:mod:`hexicore.cost.measured_block`).
+  measured bytes where they apply, another TP degree scaled as the formula scales
+  (:mod:`hexicore.cost.measured_block`).
 
 Anything the profile lacks (a GPU type, a machine pair) falls back to the analytic model with a
 one-line warning naming what was extrapolated (logged once per item on the ``hexicore`` logger).
@@ -346,9 +347,9 @@ class ProfiledCostModel(AnalyticCostModel):
         worst = 0.0
         for key in self._keys(cluster, devices):
             got, why = activation_bytes(self._blocks(key), model, train, len(devices))
+            if why and self._blocks(key):
+                self._note(f"{key}: {why}" + ("; activation memory is the analytic model's" if got is None else ""))
             if got is None:
-                if self._blocks(key):
-                    self._note(f"{key}: {why}; activation memory is the analytic model's")
                 return None
             worst = max(worst, got)
         return worst

@@ -9,7 +9,8 @@ type (achieved / peak, counting 3 x forward FLOPs, or 4 x with ``--recompute``).
 
 Then (``--loop``, the default) the closed loop of ``bench/gpu_loop.py`` on the same GPU:
 ``hexicore profile`` -> ``plan cost=profiled`` -> ``train`` of a ``--layers``-block model,
-predicted vs measured step time and peak memory. ``--results`` writes both tables, with the
+predicted vs measured step time and peak memory; then again from the same profile with
+micro-batch 2 and activation recomputation. ``--results`` writes both tables, with the
 date and the GPU's name, into the ``## GPU figures`` section of docs/results.md.
 
 Writes ``bench/out/gpu_calibrate.json`` and ``.md``. One prepared run, well under 8 minutes:
@@ -142,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
 
         loop = ["--device", args.device, "--model", args.model, "--layers", str(args.layers),
                 *(["--seq-len", str(args.seq_len)] if args.seq_len else [])]
-        code = gpu_loop.main(loop)
-        lines += ["", (OUT / "gpu_loop.md").read_text().strip()]
+        # the second loop checks another shape against the same profile: two micro-batches of two
+        # sequences each, with activation recomputation (the memory and time models' other branch)
+        again = ["--micro-batch", "2", "--global-batch", "8", "--recompute",
+                 "--profile-file", str(OUT / "gpu_loop" / "profile.yaml")]
+        for name, extra in (("gpu_loop", []), ("gpu_loop_mb2_recompute", again)):
+            code = max(code, gpu_loop.main([*loop, *extra, "--out", str(OUT / name)]))
+            lines += ["", (OUT / f"{name}.md").read_text().strip()]
     if args.results:
         from results import write_section
 

@@ -98,17 +98,22 @@ def run(args) -> dict:
     cuda = args.device.startswith("cuda")
     dtype = "bf16" if cuda else "fp32"
     hexi = [sys.executable, "-m", "hexicore.app.cli"]
-    common = [f"cluster_file={cluster}", f"model_file={model}", f"train.dtype={dtype}", "train.recompute=false",
+    recompute = f"train.recompute={str(args.recompute).lower()}"
+    common = [f"cluster_file={cluster}", f"model_file={model}", f"train.dtype={dtype}", recompute,
               f"hydra.run.dir={out / 'hydra'}"]
     rec: dict = {"gpu": name, "device": args.device, "dtype": dtype, "model": args.model, "layers": args.layers,
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     prof, plan, run_dir = out / "profile.yaml", out / "plan.json", out / "run"
-    ok = step(rec, "profile", [*hexi, "profile", *common, "profile.micro_batches=[1,2]", "profile.tp=[1]",
-                               f"profile.repeats={args.repeats}", f"out={prof}", "overwrite=true"], out / "profile.log")
+    rec.update(micro_batch=args.micro_batch, recompute=args.recompute, global_batch=args.global_batch)
+    if args.profile_file:  # an earlier loop's profile of this GPU and model
+        prof, ok = Path(args.profile_file), Path(args.profile_file).is_file()
+    else:
+        ok = step(rec, "profile", [*hexi, "profile", *common, "profile.micro_batches=[1,2]", "profile.tp=[1]",
+                                   f"profile.repeats={args.repeats}", f"out={prof}", "overwrite=true"], out / "profile.log")
     cost = ["cost=profiled", f"cost.profile_file={prof}"] if ok else ["cost=analytic"]
     rec["planned_with"] = cost[0]
     ok = step(rec, "plan", [*hexi, "plan", *common, *cost, f"train.global_batch={args.global_batch}",
-                            "train.micro_batch=1", "schedule=1f1b", f"out={plan}", "overwrite=true"],
+                            f"train.micro_batch={args.micro_batch}", "schedule=1f1b", f"out={plan}", "overwrite=true"],
               out / "plan.log")
     if not ok:
         return rec
@@ -117,7 +122,7 @@ def run(args) -> dict:
         rec["profiled_s"] = predicted_s(plan, ["cost=profiled", f"cost.profile_file={prof}"],
                                         out / "evaluate_profiled.log")
     if step(rec, "train", [*hexi, "train", f"plan_file={plan}", *cost, f"train.steps={args.steps}",
-                           f"train.dtype={dtype}", "train.recompute=false", "runtime.progress=false",
+                           f"train.dtype={dtype}", recompute, "runtime.progress=false",
                            f"out={run_dir}", "overwrite=true", f"hydra.run.dir={out / 'hydra'}"], out / "train.log"):
         metrics = json.loads((run_dir / "metrics.json").read_text())
         rec["step_s"] = metrics.get("step_s")
@@ -135,7 +140,8 @@ def table(rec: dict) -> str:
     meas = rec.get("measured") or {}
     pm, mm = (pred.get("peak_memory_gb") or [None])[0], (meas.get("peak_memory_gb") or [None])[0]
     lines = [f"Closed loop on {rec['gpu']} ({rec['date']}): {rec['model']}-shaped model with {rec['layers']} "
-             f"blocks, {rec['dtype']}, 1F1B on one device, planned with `{rec['planned_with']}`; "
+             f"blocks, {rec['dtype']}, global batch {rec.get('global_batch')} of micro-batch {rec.get('micro_batch')}, "
+             f"recompute={rec.get('recompute')}, 1F1B on one device, planned with `{rec['planned_with']}`; "
              f"profile {rec.get('profile_s', 'n/a')} s, train {rec.get('train_s', 'n/a')} s (whole commands).", "",
              "| quantity | analytic (catalog) | profiled | measured |", "|---|---|---|---|",
              f"| step s | {f(rec.get('analytic_s'))} | {f(rec.get('profiled_s'))} | {f(rec.get('measured_step_s'))} |",
@@ -154,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global-batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--recompute", action="store_true", help="train (and plan) with activation recomputation")
+    ap.add_argument("--profile-file", default=None, help="reuse this profile instead of profiling again")
     ap.add_argument("--out", default=str(HERE / "out" / "gpu_loop"))
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -17,9 +17,10 @@ Measurements are taken where they apply: the block's shape (:func:`own_shape`) a
 dtype must match; a TP degree not measured is scaled from the nearest one measured as the
 formula scales between the two (its split parts ``/ tp``, the rest whole); across micro-batch
 sizes and sequence lengths the bytes are interpolated in tokens (``micro_batch x seq_len``):
-affine through the two nearest measurements (the weight casts are a fixed part, the activations grow with the
-tokens; attention through SDPA or flash-attn keeps no ``S x S`` scores), proportional with a
-single one. Anything else is the analytic formula's, with a one-line note.
+affine through the two nearest measurements (the weight casts are a fixed part, the
+activations grow with the tokens; attention through SDPA or flash-attn keeps no ``S x S``
+scores), proportional with a single one. Anything else is the analytic formula's, with a
+one-line note.
 """
 
 from __future__ import annotations

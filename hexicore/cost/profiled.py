@@ -336,7 +336,7 @@ class ProfiledCostModel(AnalyticCostModel):
     def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
                          devices: Sequence[str]) -> float | None:
         """One block's measured activation bytes for one micro-batch on a rank of ``devices``
-        (:func:`hexicore.cost.measured_memory.activation_bytes`), the largest of the group's
+        (:func:`hexicore.cost.measured_block.activation_bytes`), the largest of the group's
         profile entries; None (the formula's, noted once) where one entry has none that applies
         or the profile was measured in another dtype than the plan trains."""
         dtype = self.profile.environment.get("dtype")

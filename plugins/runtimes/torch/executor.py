@@ -16,7 +16,10 @@ preceding send or receive, so it overlaps the compute in between (Hanayo's runti
 to the same peer comes first (NCCL orders a pair's operations, and a receive queued before that
 send could block it). Messages carry tags naming (kind, stage, micro-batch); on a TP stage the
 leader broadcasts what it received inside its TP group. Consecutive stages of a chain on the same
-rank hand tensors over directly. Every wait is bounded by ``timeout_s``.
+rank hand tensors over directly. Every wait is bounded by ``timeout_s``. Messages travel in the
+training dtype (``train.dtype``: bf16/fp16 under autocast, as Megatron-LM sends them; the cost
+model prices a hop at ``B_mb*S*H*B_type`` bytes) and are widened to fp32 on arrival, the dtype of
+the residual stream between blocks (the parameters are fp32 master weights).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Executor:
         self.acts: tuple[Action, ...] = self.al.actions[pipe_rank]
         self.optimizer, self.act_shape, self.device = optimizer, act_shape, device
         self.loss_scale, self.autocast_dtype = loss_scale, autocast_dtype
+        self.wire = autocast_dtype or torch.float32  # the dtype messages travel in (module docstring)
         self.timeout = timedelta(seconds=timeout_s)
         self.leader = groups.tp.rank == 0
         self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
@@ -130,7 +134,7 @@ class Executor:
             a = self.acts[i]
             if any(b.op in SENDS and b.peer == a.peer for b in self.acts[self.pos + 1:i]):
                 break
-            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.device)
+            buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
             self.buffers[i] = buf
             ops.append((dist.P2POp(dist.irecv, buf, self._peer(a.peer), tag=self._tag(KIND[a.op], a.stage, a.mb)),
                         ("recv", i)))
@@ -145,15 +149,15 @@ class Executor:
             buf = self.buffers.pop(i)
             self.consumed = k + 1
         else:
-            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.device)
+            buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
         if self.g.tp.size > 1:
             dist.broadcast(buf, src=self.g.tp_leader, group=self.g.tp.group)
-        return buf
+        return buf.to(torch.float32)
 
     def _send(self, i: int, a: Action, t: torch.Tensor, recv_stage: int) -> None:
         if not self.leader:
             return
-        t = t.detach().to(torch.float32).contiguous()
+        t = t.detach().to(self.wire).contiguous()
         op = dist.P2POp(dist.isend, t, self._peer(a.peer), tag=self._tag(KIND[a.op], recv_stage, a.mb))
         self.pending_sends.append(t)
         self._issue([(op, ("send", i))] + self._recv_ops(self.consumed + 1))

@@ -23,7 +23,7 @@ from tests.conftest import run_cli
 
 #: (cluster, model, global batch, extra overrides): the paper case through the allocation over
 #: sub-clusters (the final options run once, after it), hetero1 on all its devices (quicker)
-PRESETS = [("paper_case", "llama2_13b", 24, []), ("hetero1", "llama2_7b", 128, ["solver.use_all_devices=true"])]
+PRESETS = [("paper_case", "llama2_13b", 24, []), ("hetero1", "llama2_7b", 64, [])]
 
 
 def solve(over: list[str]) -> tuple[Plan, object]:

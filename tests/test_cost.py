@@ -104,10 +104,10 @@ def test_dp_under_tp_syncs_replicated_tensors_among_every_tp_rank():
     plan = Plan(MODEL, CLUSTER, TRAIN, (Pipeline(2, (Stage(("A.0", "A.1"), 2, (0, 4)),)),
                                         Pipeline(2, (Stage(("B.0", "B.1"), 2, (0, 4)),))))
     rep = 2 * H  # the llama block's two RMSNorm weights
-    split = 2 * (100e-6 + (LAYER_PARAMS - rep) * 2 / 2 / (2 * 1e9))
+    split = 2 * (100e-6 + (LAYER_PARAMS - rep) * 4 / 2 / (2 * 1e9))  # fp32 gradients: 4 B
 
     def ring(n_params):  # worst rank (A or B): its TP peer inside its machine + two across
-        return max(2 * ((lat + n_params * 2 / (4 * bw)) + 2 * (100e-6 + n_params * 2 / (4 * 1e9)))
+        return max(2 * ((lat + n_params * 4 / (4 * bw)) + 2 * (100e-6 + n_params * 4 / (4 * 1e9)))
                    for bw, lat in ((10e9, 10e-6), (5e9, 20e-6)))
 
     expect = 4 * (split + ring(rep)) + ring(V * H) + ring(V * H + H)
@@ -144,10 +144,11 @@ def test_estimate_iteration_and_mfu_by_hand():
     p_a = (s_a[0] + h_a + s_a[1]) + 1 * max(s_a[0] + h_a, s_a[1])
     p_b = (s_b[0] + h_b + s_b[1]) + 1 * max(s_b[0] + h_b, s_b[1])
     assert est.pipeline_s == pytest.approx((p_a, p_b))
-    # DP: each stage holds 2 layers synced A.i <-> B.i over 1 GB/s, plus embedding / head
-    per_layer = 2 * (100e-6 + LAYER_PARAMS * 2 / (2e9))
-    emb = 2 * (100e-6 + V * H * 2 / 2e9)
-    head = 2 * (100e-6 + (H + V * H) * 2 / 2e9)
+    # DP: each stage holds 2 layers synced A.i <-> B.i over 1 GB/s, plus embedding / head; the
+    # gradients travel in fp32 (4 B, the runtime's recipe) although the run is bf16
+    per_layer = 2 * (100e-6 + LAYER_PARAMS * 4 / (2e9))
+    emb = 2 * (100e-6 + V * H * 4 / 2e9)
+    head = 2 * (100e-6 + (H + V * H) * 4 / 2e9)
     assert est.dp_s == pytest.approx(2 * per_layer + max(emb, head))
     assert est.iteration_s == pytest.approx(max(p_a, p_b) + est.dp_s)
     flops = 3 * 4 * S * (4 * LAYER_FLOPS_TOKEN + 2 * H * V)

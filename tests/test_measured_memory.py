@@ -103,3 +103,39 @@ def test_the_recorded_h200_run_is_predicted_within_five_percent(tmp_path):
     assert got["step_s"] == pytest.approx(0.2644, rel=0.05)
     old = predictions(AnalyticCostModel().estimate(plan), plan.devices)["peak_memory_gb"][0]
     assert old < 22.90 * 0.85  # what the formula alone gives: the measured bytes are what moved it
+
+
+def test_bytes_below_the_block_input_are_no_reading(caplog):
+    prof = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
+        {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.01, "backward_s": 0.02,
+         "activation_bytes": 1e-300}]}}}, "p.yaml")
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
+    with caplog.at_level(logging.WARNING, logger="hexicore"):
+        got = ProfiledCostModel(profile=prof).stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
+    assert got == pytest.approx(AnalyticCostModel().stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2))
+    assert any("below the block's own input" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unmeasured_gpu_type_takes_the_measured_ones_bytes(caplog):
+    two = parse_cluster({"name": "two", "inter": {"bandwidth_gbs": 1.0}, "machines": [
+        {"name": "A", "gpu": "rtx4090", "count": 1, "bandwidth_gbs": 32},
+        {"name": "B", "gpu": "rtx3090", "count": 1, "bandwidth_gbs": 32}]}, "test")
+    measured = [{"micro_batch": mb, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.01 * mb, "backward_s": 0.02 * mb,
+                 "activation_bytes": act} for mb, act in ((1, 3.0e6), (2, 5.0e6))]
+    blocks = [{"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.02, "backward_s": 0.04}]
+    prof = parse_profile({"format": "hexicore.profile/1", "environment": {"dtype": "bf16"},
+                          "devices": {"rtx4090": {"blocks": measured}, "rtx3090": {"blocks": blocks}}}, "p.yaml")
+    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp16")  # 2 B like bf16
+    with caplog.at_level(logging.WARNING, logger="hexicore"):
+        got = ProfiledCostModel(profile=prof).stage_memory_parts(two, MODEL, t, ["B.0"], 2)["activations"]
+    assert got == pytest.approx(2 * 3.0e6 / GIB)
+    assert any("rtx3090" in r.getMessage() and "largest other profiled" in r.getMessage() for r in caplog.records)
+
+
+def test_the_console_prints_each_warning_once():
+    from hexicore.app.console_log import Once
+
+    once = Once()
+    rec = [logging.LogRecord("hexicore", logging.WARNING, "f", 1, "same %s", ("thing",), None) for _ in range(2)]
+    other = logging.LogRecord("hexicore", logging.WARNING, "f", 1, "other", (), None)
+    assert [once.filter(r) for r in (*rec, other)] == [True, False, True]

@@ -103,9 +103,9 @@ def test_zero_1_2_cost_the_same_as_all_reduce_and_3_per_micro_batch():
     # ZeRO-3: no step-end sync; each micro-batch pays all-gather (fwd) + all-gather (bwd) +
     # reduce-scatter, i.e. 1.5 x the stage's all-reduce term, stage by stage (by hand: A.i <-> B.i)
     assert e3.dp_s == 0.0
-    per_layer = 2 * (100e-6 + LAYER_PARAMS * 2 / (2 * 1e9))
-    emb = 2 * (100e-6 + V * H * 2 / (2 * 1e9))
-    head = 2 * (100e-6 + (V * H + H) * 2 / (2 * 1e9))  # lm_head + final norm
+    per_layer = 2 * (100e-6 + LAYER_PARAMS * 4 / (2 * 1e9))  # fp32 gradients and weights: 4 B
+    emb = 2 * (100e-6 + V * H * 4 / (2 * 1e9))
+    head = 2 * (100e-6 + (V * H + H) * 4 / (2 * 1e9))  # lm_head + final norm
     z3 = [1.5 * (2 * per_layer + emb), 1.5 * (2 * per_layer + head)]
     stages, hops = COST.pipeline_pieces(_plan(0), _plan(0).pipelines[0])
     s3 = [s + z for s, z in zip(stages, z3)]
@@ -185,8 +185,8 @@ def test_uneven_shards_follow_device_memory_by_hand():
     assert parts["B.0"]["optimizer"] == pytest.approx(8 * first * 16 / 56 / GIB)
     assert parts["B.0"]["weights"] == pytest.approx(4 * first / GIB)  # ZeRO-1 keeps whole weights
     # the ring's pieces are uneven: B.0 receives A.0's larger piece (40/56 of each chunk)
-    per_layer_b = 2 * (100e-6 + LAYER_PARAMS * 2 * 40 / 56 / 1e9)
-    emb_b = 2 * (100e-6 + V * H * 2 * 40 / 56 / 1e9)
+    per_layer_b = 2 * (100e-6 + LAYER_PARAMS * 4 * 40 / 56 / 1e9)  # fp32 gradients: 4 B
+    emb_b = 2 * (100e-6 + V * H * 4 * 40 / 56 / 1e9)
     assert COST.dp_stage_s(plan)[(1, 0)] == pytest.approx(2 * per_layer_b + emb_b)
     assert "zero_split" in plan.train.to_dict() and "zero_split" not in _plan(1).train.to_dict()
 
@@ -457,8 +457,8 @@ def test_hybrid_sharding_by_hand():
     for d in ("A.0", "B.1"):
         assert parts[d]["optimizer"] == pytest.approx(8 * total / 2 / GIB)
         assert parts[d]["weights"] == pytest.approx(4 * total / 2 / GIB)
-    inside_b = sum(2 * (20e-6 + p * 2 / (2 * 5e9)) for p in tensors)
-    across = sum(2 * (100e-6 + p / 2 * 2 / (2 * 1e9)) for p in tensors)
+    inside_b = sum(2 * (20e-6 + p * 4 / (2 * 5e9)) for p in tensors)  # fp32 gradients: 4 B
+    across = sum(2 * (100e-6 + p / 2 * 4 / (2 * 1e9)) for p in tensors)
     est = COST.estimate(plan)
     assert est.dp_s == pytest.approx(across)
     stage, _ = COST.pipeline_pieces(plan, plan.pipelines[2])

@@ -1,8 +1,9 @@
 """The terminal's view of the ``hexicore`` logger (conf/hydra/job_logging/hexicore.yaml).
 
 Every warning hexicore prints on stderr reads ``warning: ...`` (a command's own warnings, those
-of the cost model or a solver through the logger alike); the job's log file keeps the full
-``[time][logger][LEVEL]`` lines.
+of the cost model or a solver through the logger alike), each message once (:class:`Once`: a
+command may build its cost model twice, for the search and for the memory table); the job's log
+file keeps the full ``[time][logger][LEVEL]`` lines.
 """
 
 from __future__ import annotations
@@ -21,3 +22,18 @@ class ConsoleFormatter(logging.Formatter):
         shown = logging.makeLogRecord(record.__dict__)  # the file handler still sees the record as it is
         shown.levelname = record.levelname.lower()
         return super().format(shown)
+
+
+class Once(logging.Filter):
+    """Passes each ``(level, message)`` once per handler (per command run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True

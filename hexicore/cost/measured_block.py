@@ -106,20 +106,34 @@ def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: Tra
     """``(bytes, note)``: one block's activations for one micro-batch of ``train`` on one rank of
     a TP group of ``tp``, from the profile entry's ``blocks`` (module docstring). A TP degree
     that was not measured is scaled from the nearest measured one by the analytic formula's
-    ratio between the two degrees (``note`` says so); ``(None, why)`` where nothing applies."""
+    ratio between the two degrees, tokens outside the measured ones are extrapolated (``note``
+    says either); ``(None, why)`` where nothing applies, or where the bytes come out below the
+    block's own input (``B*S*H*B_type``, which every backward keeps): not a reading of this
+    runtime (a slipped exponent, an extrapolation through zero)."""
     measured = [b for b in blocks if b.activation_bytes > 0 and own_shape(b, model)]
     if not measured:
         return None, ("activation bytes were profiled for another block shape"
                       if any(b.activation_bytes > 0 for b in blocks) else "no activation bytes were profiled")
     near = min({b.tp for b in measured}, key=lambda t: (abs(t - tp), t))
     pts = [(float(b.micro_batch * b.seq_len), b.activation_bytes) for b in measured if b.tp == near]
-    got = tokens_bytes(pts, float(train.micro_batch * train.seq_len))
-    if near == tp:
-        return got, ""
+    tokens = float(train.micro_batch * train.seq_len)
+    got = tokens_bytes(pts, tokens)
 
-    def formula(t: int) -> float:
-        return model.activation_bytes_per_layer(train.micro_batch, tp=t, recompute=False,
+    def formula(t: int, recompute: bool = False) -> float:
+        return model.activation_bytes_per_layer(train.micro_batch, tp=t, recompute=recompute,
                                                 dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
 
-    return got * formula(tp) / formula(near), (f"activation bytes were not profiled at TP degree {tp}; "
-                                               f"scaled from TP {near} as the analytic formula scales")
+    notes = []
+    if near != tp:
+        got *= formula(tp) / formula(near)
+        notes.append(f"activation bytes were not profiled at TP degree {tp}; scaled from TP {near} as the "
+                     f"analytic formula scales")
+    lo, hi = min(x for x, _ in pts), max(x for x, _ in pts)
+    if not lo * (1 - 1e-9) <= tokens <= hi * (1 + 1e-9):
+        notes.append(f"activation bytes of {tokens:g} tokens a micro-batch extrapolated from the profiled "
+                     f"{lo:g}-{hi:g}")
+    floor = formula(tp, recompute=True)
+    if got < floor:
+        return None, (f"activation bytes of {tokens:g} tokens come out at {got:.4g} B, below the block's own "
+                      f"input ({floor:.4g} B)")
+    return got, "; ".join(notes)

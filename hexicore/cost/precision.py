@@ -20,6 +20,7 @@ groups of HexiScale §3.2, one holder per pipeline — so each keeps ``1/n`` of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 #: bytes per parameter the torch runtime keeps with AdamW: fp32 master weights, fp32 gradients,
 #: two fp32 Adam moments (the same for bf16/fp16 autocast and for plain fp32)
@@ -58,6 +59,17 @@ def state_bytes(dtype: str, override: float | None = None) -> StateBytes:
     if override is not None:
         return StateBytes(override / 4.0, override / 4.0, override / 2.0)
     return StateBytes(**RECIPE)
+
+
+def sync_bytes(cost: Any, train: Any) -> float:
+    """Bytes per parameter that data-parallel traffic moves — the gradient all-reduce, ZeRO's
+    reduce-scatter and all-gathers, a tied embedding's sum: the recipe's gradient bytes,
+    ``cost.state_bytes(train).gradients`` — 4 under the torch runtime's recipe, whose gradients
+    are fp32 whatever ``train.dtype`` (as Megatron-LM reduces bf16 runs' gradients in fp32), 2
+    under the paper's ``state_bytes_per_param = 8`` — or ``train.dtype_bytes`` for a cost model
+    without :meth:`state_bytes`. Pipeline and TP messages travel in ``train.dtype``."""
+    fn = getattr(cost, "state_bytes", None)
+    return fn(train).gradients if callable(fn) else train.dtype_bytes
 
 
 def sharded(per: StateBytes, zero: int, n: int) -> StateBytes:

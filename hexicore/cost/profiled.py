@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster, Link
 from hexicore.core.errors import HexicoreError
-from hexicore.core.model import ModelSpec
+from hexicore.core.model import DTYPE_BYTES, ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming, Profile
 from hexicore.cost.analytic import AnalyticCostModel
@@ -337,22 +337,36 @@ class ProfiledCostModel(AnalyticCostModel):
                          devices: Sequence[str]) -> float | None:
         """One block's measured activation bytes for one micro-batch on a rank of ``devices``
         (:func:`hexicore.cost.measured_block.activation_bytes`), the largest of the group's
-        profile entries; None (the formula's, noted once) where one entry has none that applies
-        or the profile was measured in another dtype than the plan trains."""
+        profile entries. An entry without bytes that apply takes the largest of the other
+        entries' (what a block keeps is the model's and the runtime's, not the GPU's: a GPU type
+        left unmeasured must not look roomier than a measured one), else the formula's; None
+        (the formula's, noted once) where no entry has any, or the profile was measured in a
+        dtype of another width than the plan's."""
         dtype = self.profile.environment.get("dtype")
-        if dtype and train.dtype and str(dtype) != str(train.dtype):
+        if dtype and train.dtype and DTYPE_BYTES.get(str(dtype)) != train.dtype_bytes:
             self._note(f"{self.profile.source or 'profile'}: activation bytes measured in {dtype}, the plan trains "
                        f"{train.dtype}; activation memory is the analytic model's")
             return None
-        worst = 0.0
+        tp = len(devices)
+        got, missing = [], []
         for key in self._keys(cluster, devices):
-            got, why = activation_bytes(self._blocks(key), model, train, len(devices))
-            if why and self._blocks(key):
-                self._note(f"{key}: {why}" + ("; activation memory is the analytic model's" if got is None else ""))
-            if got is None:
-                return None
-            worst = max(worst, got)
-        return worst
+            b, why = activation_bytes(self._blocks(key), model, train, tp)
+            if b is not None and why:
+                self._note(f"{key}: {why}")
+            (got if b is not None else missing).append(b if b is not None else (key, why))
+        if not missing:
+            return max(got)
+        others = [b for k, dev in self.profile.devices.items()
+                  if (b := activation_bytes(dev.blocks, model, train, tp)[0]) is not None]
+        for key, why in missing:
+            self._note(f"{key}: {why}; " + ("its activation memory is the largest other profiled entry's" if others
+                                             else "activation memory is the analytic model's"))
+        if others:
+            return max(got + others)
+        if not got:
+            return None
+        return max(got + [model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
+                                                           dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)])
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

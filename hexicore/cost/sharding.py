@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from hexicore.core.placement import Placement
 from hexicore.core.plan import Plan, Stage
-from hexicore.cost.precision import tied_whole, tp_replicated_layer_params
+from hexicore.cost.precision import sync_bytes, tied_whole, tp_replicated_layer_params
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
 #: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
@@ -143,7 +143,7 @@ def stage_holdings(cost: Any, plan: Plan, pipe: Any) -> list[dict[str, Any]]:
 def layer_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], n_params: float, links: dict,
                  w: dict[str, float] | None) -> tuple[float, float]:
     """``(intra, cross)`` seconds to sync one layer held by ``holders`` (module docstring)."""
-    c, bt = plan.cluster, plan.train.dtype_bytes
+    c, bt = plan.cluster, sync_bytes(cost, plan.train)
     if plan.train.zero_stage == 0 or plan.train.zero_scope != "machine":
         return cost.dp_layer_s(c, holders, n_params, bt, links, w), 0.0
     groups = peer_groups(plan, [s.devices[0] for s in holders])
@@ -199,7 +199,7 @@ def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, 
     t = plan.train
     # across plans of one cluster (a search prices thousands that share most holder sets): a
     # layer's sync depends only on its holders' devices and TP degrees (without uneven shards)
-    shared = plan.cluster.memo.setdefault(("layer_sync", id(cost), t.dtype_bytes, t.zero_stage, t.zero_scope), {}) \
+    shared = plan.cluster.memo.setdefault(("layer_sync", id(cost), sync_bytes(cost, t), t.zero_stage, t.zero_scope), {}) \
         if w is None else {}
 
     def layer_cost(k: int) -> tuple[float, float]:
@@ -264,7 +264,7 @@ def tied_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], links: dict) ->
     the ZeRO stage or scope (the copies are never sharded)."""
     c, m = plan.cluster, plan.model
     ranks = holders if all(s.tp == 1 for s in holders) else every_rank(holders)
-    return cost.dp_layer_s(c, ranks, m.vocab * m.hidden, plan.train.dtype_bytes, links, None)
+    return cost.dp_layer_s(c, ranks, m.vocab * m.hidden, sync_bytes(cost, plan.train), links, None)
 
 
 def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Stage]]) -> dict:

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
+from hexicore.cost.precision import sync_bytes
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.parallel import available_cores, fork_map
 from hexicore.planner.problem import Problem
@@ -53,7 +54,7 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
         if len(options) > 1 else 0.0
     params = max(m.layer_params(), m.embedding_params(), m.head_params())
     dp = max(problem.cost.dp_layer_s(c, [Stage(a.devices[:1], 1, (0, 1)), Stage(b.devices[-1:], 1, (0, 1))],
-                                     params, t.dtype_bytes) for a in options for b in options)
+                                     params, sync_bytes(problem.cost, t)) for a in options for b in options)
     extra = 2 if m.tied_embeddings else 0  # a tied embedding's group ring (:mod:`.tied`), n members
     top = (n_mb + L) * (stage + L * hop) + max_pipelines * (L + 2 + extra) * dp * max(o.tp for o in options)
     return 10.0 ** math.ceil(math.log10(max(top, 1e-300) / MAX_MAGNITUDE))
@@ -204,7 +205,7 @@ def _dp_pair(problem: Problem, pools: dict[str, list[str]], a: Option, b: Option
     db = _second_group(pools, Option(a.machine, 1, (da,)), Option(b.machine, 1, ()))[0]
     holders = [Stage((da,), 1, (0, 1)), Stage((db,), 1, (0, 1))]
     return to_us(problem.cost.dp_layer_s(problem.cluster, holders, 2.0 * n_params / (a.tp * v),
-                                         problem.train.dtype_bytes))
+                                         sync_bytes(problem.cost, problem.train)))
 
 
 def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int, max_stages: int,

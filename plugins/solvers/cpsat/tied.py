@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hexicore.core.plan import Stage
+from hexicore.cost.precision import sync_bytes
 
 from .ends import head_stage
 
@@ -42,7 +43,8 @@ def tied_pairs(problem: Any, options: Sequence[Any], pools: dict[str, list[str]]
             holders = [Stage((da,), 1, (0, 1)), Stage((db,), 1, (0, 1))]
             # dp_layer_s prices 2 (alpha + P'B / (2 beta)); P' = 2 V H / n gives one peer's g_n
             rows[a, b] = [0, 0] + [to_us(problem.cost.dp_layer_s(problem.cluster, holders, 2.0 * m.vocab * m.hidden / n,
-                                                                 problem.train.dtype_bytes)) for n in range(2, top + 1)]
+                                                                 sync_bytes(problem.cost, problem.train)))
+                            for n in range(2, top + 1)]
     opts = [None, *options]
     return tuple(tuple(tuple(0 if a is None or b is None else rows[a.machine, b.machine][n] for b in opts)
                        for a in opts) for n in range(top + 1))

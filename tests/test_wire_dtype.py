@@ -48,3 +48,21 @@ def test_receives_in_the_training_dtype_and_widens_to_fp32(monkeypatch):
     monkeypatch.setattr(ex.dist, "broadcast", broadcast)
     got = executor(torch.bfloat16, leader=False, tp=2)._receive(0, Action("RECV_F", 1, 0, peer=0))
     assert seen == [torch.bfloat16] and got.dtype == torch.float32 and torch.all(got == 1.5)
+
+
+def test_tp_backward_all_reduces_in_the_autocast_dtype(monkeypatch):
+    """Megatron's ``f`` under autocast: the gradient it all-reduces is bf16 (the cost model's
+    ``B_type``), and the projections' forward is what it was (they cast their input anyway)."""
+    from hexicore_plugins.runtimes.torch import tensor_parallel as tpm
+
+    seen = []
+    monkeypatch.setattr(tpm.torch.distributed, "all_reduce", lambda t, group=None: seen.append(t.dtype))
+    tp = tpm.TPGroup(0, 2, group=object())
+    w = torch.randn(8, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(tpm.copy_to(x, tp), w)
+        plain = torch.nn.functional.linear(x, w)
+    assert torch.equal(y, plain) and y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert seen == [torch.bfloat16] and x.grad.dtype == torch.float32

@@ -90,7 +90,14 @@ class _ReduceFrom(torch.autograd.Function):
 
 
 def copy_to(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    """Megatron ``f``: enter a TP region (identity forward, all-reduce backward)."""
+    """Megatron ``f``: enter a TP region (identity forward, all-reduce backward). Under autocast
+    the input is cast to the autocast dtype first — the projections it feeds would each cast it
+    anyway — so they share one low-precision copy for backward (not one each), and with TP the
+    backward all-reduces its gradient in bf16/fp16, as Megatron-LM does and as the cost model
+    prices TP messages (``B_type`` bytes), not in the fp32 of the residual stream."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind) and x.is_floating_point():
+        x = x.to(torch.get_autocast_dtype(kind))
     return x if tp.size == 1 else _CopyTo.apply(x, tp)
 
 

@@ -168,7 +168,7 @@ def _record(cls: type, d: Any, source: str, where: str, ints: tuple[str, ...], f
             kw[k] = v = schema.number(schema.get(m, k, source, where), source, f"{where}.{k}",
                                       allow_zero=k not in _POSITIVE)
             if k == "activation_bytes":
-                limits.quantity(v / 1e9, (0.0, limits.MEMORY_GB[1]), "GB", source, f"{where}.{k}")
+                limits.quantity(v, (0.0, limits.MEMORY_GB[1] * 1e9), "bytes", source, f"{where}.{k}")
             else:
                 limits.quantity(v, limits.PROFILED_S, "s", source, f"{where}.{k}")
     _shape(kw, source, where)

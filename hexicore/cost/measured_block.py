@@ -101,6 +101,14 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return pts[-1][1]  # unreachable: x lies inside the range
 
 
+def formula_bytes(model: ModelSpec, train: TrainConfig, tp: int, *, recompute: bool = False) -> float:
+    """The analytic formula's bytes of one block for one micro-batch of ``train`` on a rank of a
+    TP group of ``tp`` (:meth:`ModelSpec.activation_bytes_per_layer`; ``recompute``: the kept
+    block input alone)."""
+    return model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=recompute,
+                                            dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
+
+
 def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: TrainConfig,
                      tp: int) -> tuple[float | None, str]:
     """``(bytes, note)``: one block's activations for one micro-batch of ``train`` on one rank of
@@ -118,21 +126,16 @@ def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: Tra
     pts = [(float(b.micro_batch * b.seq_len), b.activation_bytes) for b in measured if b.tp == near]
     tokens = float(train.micro_batch * train.seq_len)
     got = tokens_bytes(pts, tokens)
-
-    def formula(t: int, recompute: bool = False) -> float:
-        return model.activation_bytes_per_layer(train.micro_batch, tp=t, recompute=recompute,
-                                                dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
-
     notes = []
     if near != tp:
-        got *= formula(tp) / formula(near)
+        got *= formula_bytes(model, train, tp) / formula_bytes(model, train, near)
         notes.append(f"activation bytes were not profiled at TP degree {tp}; scaled from TP {near} as the "
                      f"analytic formula scales")
     lo, hi = min(x for x, _ in pts), max(x for x, _ in pts)
     if not lo * (1 - 1e-9) <= tokens <= hi * (1 + 1e-9):
         notes.append(f"activation bytes of {tokens:g} tokens a micro-batch extrapolated from the profiled "
                      f"{lo:g}-{hi:g}")
-    floor = formula(tp, recompute=True)
+    floor = formula_bytes(model, train, tp, recompute=True)
     if got < floor:
         return None, (f"activation bytes of {tokens:g} tokens come out at {got:.4g} B, below the block's own "
                       f"input ({floor:.4g} B)")

@@ -48,8 +48,8 @@ from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
 from hexicore.cost.base import GIB
 from hexicore.cost.measured_allreduce import allreduce_layer_s
-from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, interpolate,  # noqa: F401
-                                          own_shape, span, target_flops)
+from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, formula_bytes,  # noqa: F401
+                                          interpolate, own_shape, span, target_flops)
 from hexicore.cost.optimizer_step import optimizer_step_s
 from hexicore.cost.split import compute_forward_fraction
 
@@ -326,9 +326,7 @@ class ProfiledCostModel(AnalyticCostModel):
         if per is None:
             return out
         if train.recompute:
-            full = model.activation_bytes_per_layer(train.micro_batch, tp=len(devices), recompute=False,
-                                                    dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
-            out["workspace"] += (per - full) / GIB
+            out["workspace"] += (per - formula_bytes(model, train, len(devices))) / GIB
         else:
             out["activations"] = in_flight * (n_layers if share_layers is None else share_layers) * per / GIB
         return out
@@ -365,8 +363,7 @@ class ProfiledCostModel(AnalyticCostModel):
             return max(got + others)
         if not got:
             return None
-        return max(got + [model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
-                                                           dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)])
+        return max(got + [formula_bytes(model, train, tp)])
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

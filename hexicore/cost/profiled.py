@@ -48,7 +48,7 @@ from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
 from hexicore.cost.base import GIB
 from hexicore.cost.measured_allreduce import allreduce_layer_s
-from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, formula_bytes,  # noqa: F401
+from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, formula_bytes,
                                           interpolate, own_shape, span, target_flops)
 from hexicore.cost.optimizer_step import optimizer_step_s
 from hexicore.cost.split import compute_forward_fraction

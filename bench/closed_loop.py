@@ -2,12 +2,17 @@
 train every plan, and compare the predicted step time with the measured one.
 
 The cluster is one CPU host standing for 6 devices: machine ``F`` with 2 "fast" devices and
-machine ``S`` with 4 devices ``--slowdown`` times slower (``emulate: {slowdown: K}``, the torch
-runtime's test aid: each compute action and optimizer step lasts K times its CPU seconds);
-``--base-slowdown B`` emulates the fast machine too, B times slower than the host, so each rank
-computes a 1/B share of its time and six ranks stop contending for a 2-core host — as devices
-with their own compute, real GPUs, do not; both GPU types get the same catalog TFLOP/s, so only
-the profile knows the difference. ``hexicore profile`` measures it (gloo, fp32, one torch thread
+machine ``S`` with 4 devices ``--slowdown`` times slower; both GPU types get the same catalog
+TFLOP/s, so only the profile knows the difference. The torch runtime's test aid ``emulate`` makes
+them so. By default (``--tflops X``, 0.012) each has a fixed speed (``emulate: {tflops: X}`` on
+``F``, ``X / slowdown`` on ``S``): each compute action lasts its counted FLOPs over that rate, so
+the host's speed and load do not move the devices' time, only what is not device compute
+(messages, the DP all-reduce, the optimizer step, Python between actions). ``--tflops 0``
+emulates devices slower than the host instead (``emulate: {slowdown: K}``: each compute action
+and optimizer step lasts K times its CPU seconds), the fast machine ``--base-slowdown B`` times
+and the slow one ``B x slowdown`` times, so each rank computes a 1/K share of its time and six
+ranks stop contending for a 2-core host, as devices with their own compute do not.
+``hexicore profile`` measures it (gloo, fp32, one torch thread
 per rank; ``--concurrent``: also every device at once); then each plan — one pipeline, two
 symmetric pipelines, two pipelines with TP-2 slow stages, interleaved 1F1B, Hanayo, three
 asymmetric pipelines with a TP-2 stage, and the plans of ``solver=megatron`` and
@@ -44,8 +49,19 @@ gpus:
 inter: {{bandwidth_gbs: 1.0, latency_us: 50}}
 machines:
   - {{name: F, gpu: fast, count: 2, bandwidth_gbs: 10.0, latency_us: 10{fast}}}
-  - {{name: S, gpu: slowed, count: 4, bandwidth_gbs: 10.0, latency_us: 10, emulate: {{slowdown: {k}}}}}
+  - {{name: S, gpu: slowed, count: 4, bandwidth_gbs: 10.0, latency_us: 10, emulate: {slow}}}
 """
+
+
+def cluster_yaml(args) -> str:
+    """The emulated cluster: ``S`` ``args.slowdown`` times slower than ``F``, both at a fixed speed
+    (``--tflops``) or slower than the host (``--base-slowdown``)."""
+    if args.tflops > 0:
+        return CLUSTER.format(fast=f", emulate: {{tflops: {args.tflops:g}}}",
+                              slow=f"{{tflops: {args.tflops / args.slowdown:g}}}")
+    base = args.base_slowdown
+    return CLUSTER.format(fast=f", emulate: {{slowdown: {base:g}}}" if base > 1 else "",
+                          slow=f"{{slowdown: {base * args.slowdown:g}}}")
 
 #: name -> (schedule, [(batch, [(devices, layers), ...]), ...]) over the 12-layer model
 HAND = {
@@ -155,9 +171,7 @@ def predict(plan_file: Path, cost_cfg: dict) -> float:
 def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     hexi = [sys.executable, "-m", "hexicore.app.cli"]
-    base = args.base_slowdown
-    fast = f", emulate: {{slowdown: {base:g}}}" if base > 1 else ""
-    (OUT / "cluster.yaml").write_text(CLUSTER.format(k=f"{base * args.slowdown:g}", fast=fast))
+    (OUT / "cluster.yaml").write_text(cluster_yaml(args))
     (OUT / "model.yaml").write_text(f"name: closed_loop\nlayers: 12\nhidden: {args.hidden}\nheads: 4\nkv_heads: 2\n"
                                     f"ffn: {args.hidden * 11 // 4}\nvocab: 512\nseq_len: {args.seq}\n")
     common = [f"cluster_file={OUT / 'cluster.yaml'}", f"model_file={OUT / 'model.yaml'}", "train.dtype=fp32",
@@ -198,7 +212,7 @@ def run(args) -> dict:
                     for m in modes}
         rows[name] = {"plan": name, "file": path.name, "analytic_s": predict(path, {"name": "analytic"}),
                       "profiled_s": profiled["sequential"], "concurrent_s": profiled.get("concurrent"),
-                      "cpu_bound_s": cpu_bound(path, prof, args.cores), "runs": []}
+                      "cpu_bound_s": cpu_bound(path, prof, args.cores) if args.tflops <= 0 else None, "runs": []}
     for rnd in range(args.rounds):  # interleaved: a slow spell of the host touches every plan alike
         now = prof if rnd == 0 or not args.profile_each_round else profile("sequential", f"round{rnd}")
         for name in (list(plans) if rnd % 2 == 0 else list(plans)[::-1]):
@@ -296,20 +310,21 @@ def summary(res: dict, key: str = "profiled_s") -> dict:
             "speedup_measured": m["measured_s"] / h["measured_s"] if m and h else None,
             "speedup_predicted": m[key] / h[key] if m and h else None,
             "acceptance_alike": (acceptance_order(rows, key) or (None,))[0],
-            "steps": res["args"]["steps"], "rounds": res["args"]["rounds"]}
+            "steps": res["args"]["steps"], "rounds": res["args"]["rounds"],
+            "emulate": emulation(res["args"]).split(", a fixed")[0].replace("`emulate`: ", "")}
 
 
 def history_lines(history: list[dict]) -> list[str]:
     out = ["Every run of this benchmark so far (first profile's predictions; `bench/out/closed_loop_history.json`):", "",
            "| run (UTC) | load average | plans within 10% | median / largest error | pairs ordered alike | "
-           "the five named plans: pairs ordered alike | hexiscale vs megatron measured / predicted | steps x rounds |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "the five named plans: pairs ordered alike | hexiscale vs megatron measured / predicted | steps x rounds "
+           "| emulate |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for h in history:
         sp = (f"{h['speedup_measured']:.2f}x / {h['speedup_predicted']:.2f}x" if h.get("speedup_measured") else "")
         five = "" if h.get("acceptance_alike") is None else f"{h['acceptance_alike']} of 10"
         out.append(f"| {h['date']} | {h['load']} | {h['within_10']} of {h['plans']} | {h['median_error']:.0%} / "
                    f"{h['largest_error']:.0%} | {h['alike']} of {h['pairs']} | {five} | {sp} | "
-                   f"{h['steps']} x {h['rounds']} |")
+                   f"{h['steps']} x {h['rounds']} | {h.get('emulate', 'slowdown 4 and 10')} |")
     return out
 
 
@@ -350,14 +365,47 @@ def verdicts(rows: list[dict], key: str = "profiled_s", label: str = "profiled")
     return out
 
 
+#: how the profiled model prices what the runtime does (every run's note)
+MODEL_NOTE = ("The profiled model adds the measured optimizer step (`hexicore/cost/optimizer_step.py`), prices the DP "
+              "sync from the measured all-reduce bus bandwidth (`hexicore/cost/measured_allreduce.py`) and counts an "
+              "action's fixed cost once per stage instead of once per block (`action_s`, from a chain of two "
+              "blocks). *per run* shows how far the host alone moves one plan's measured step between runs.")
+#: the emulation of devices slower than the host (``--tflops 0``), and what its runs showed
+SLOWDOWN_NOTE = (
+    "The emulation stretches each compute action and the optimizer step to K times its CPU seconds "
+    "(`plugins/runtimes/torch/emulate.py`), waits inside it included, so neither a wait for a core nor a TP "
+    "all-reduce inside a block is multiplied by the slowdown. The devices follow the host's speed, which drifts "
+    "20-35% on this shared host between a profile and runs minutes later: pairs whose predictions lie within a "
+    "few percent of each other cannot be ordered reliably by any single run. A TP stage is priced at its blocks' "
+    "measured time per block (its all-reduces wait for the group's slowest rank in every block): under load TP "
+    "stages did not amortise the fixed cost, on a quiet host they amortise part of it, and this rule over-predicts "
+    "them by up to 11%. Profiling again before every round (`--profile-each-round`, tried 2026-12-02 07:06) did "
+    "not help: one profile's own noise is as large as the host's drift over the half hour of training.")
+#: the emulation of devices of a fixed speed (``--tflops X``, the default)
+FIXED_NOTE = (
+    "Each compute action lasts its FLOPs (counted by torch's FLOP formulas as it runs) at the machine's emulated "
+    "TFLOP/s (`emulate: {tflops: X}`, `plugins/runtimes/torch/emulate.py`), well below the ~0.07 TFLOP/s a core "
+    "of this host computes, so the devices' time does not follow the host's speed or load; what is not device "
+    "compute (messages, the DP all-reduce, the optimizer step, Python between actions) runs at the host's speed "
+    "and carries its noise, a few per cent of a step. Runs in the older mode (`--tflops 0`: each action K times "
+    "its CPU seconds) are in the history below: their devices followed the host, whose speed drifts 20-35% "
+    "between a profile and runs minutes later, and pairs of plans predicted a few per cent apart swapped.")
+
+
+def emulation(a: dict) -> str:
+    """How the run emulated its devices, in words."""
+    if a.get("tflops", 0) > 0:
+        return f"`emulate`: tflops {a['tflops']:g} and {a['tflops'] / a['slowdown']:g}, a fixed speed"
+    return f"`emulate`: slowdown {a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host"
+
+
 def section(res: dict, history: list[dict] | None = None) -> str:
     a = res["args"]
     conc = "concurrent" in res["profile_s"]
     each = bool(a.get("profile_each_round")) and all("round_profiled_s" in r for r in res["rows"])
     lines = [f"Measured {res['date']} by `python bench/closed_loop.py --steps {a['steps']} --rounds {a['rounds']}` "
              f"on this CPU host (`{res['uptime']}`; the host is shared, so every time includes other processes' "
-             f"load). Cluster: 2 devices + 4 devices {a['slowdown']}x slower (`emulate`: slowdown "
-             f"{a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host), same catalog "
+             f"load). Cluster: 2 devices + 4 devices {a['slowdown']}x slower ({emulation(a)}), same catalog "
              f"TFLOP/s; model: 12 Llama blocks, hidden {a['hidden']}, seq {a['seq']}, global batch "
              f"{a['global_batch']}, micro-batch 1, fp32, gloo, one torch thread per rank; scheduler group "
              f"`{res.get('group') or 'none'}`. Profile "
@@ -386,26 +434,13 @@ def section(res: dict, history: list[dict] | None = None) -> str:
                      + (f" {r['round_profiled_s']:.4f} ({r['round_profiled_s'] / r['measured_s'] - 1:+.0%}) |"
                         if each else "")
                      + (f" {r['concurrent_s']:.4f} ({r['concurrent_s'] / r['measured_s'] - 1:+.0%}) |" if conc else "")
-                     + f" {r['cpu_bound_s']:.3f} |")
+                     + (f" {r['cpu_bound_s']:.3f} |" if r.get("cpu_bound_s") is not None else " n/a |"))
     same = [f"{k} made the same plan as {v} (trained once)" for k, v in res.get("same", {}).items()]
     note = ("How to read it: the analytic model prices catalog GPUs (50 TFLOP/s), not this CPU, so its absolute "
             "error is expected; it is the contrast. The six emulated devices are six processes on this host's "
-            f"{a['cores']} cores, which other work shares: *host compute s* is the step's unstretched compute "
-            "(from the profile) divided by the cores. The emulation stretches each compute action and the "
-            "optimizer step to K times its CPU seconds (`plugins/runtimes/torch/emulate.py`), waits inside it "
-            "included, so neither a wait for a core nor a TP all-reduce inside a block is multiplied by the "
-            "slowdown. The profiled model adds the measured optimizer step (`hexicore/cost/optimizer_step.py`), "
-            "prices the DP sync from the measured all-reduce bus bandwidth (`hexicore/cost/measured_allreduce.py`) "
-            "and counts an action's fixed cost once per stage instead of once per block (`action_s`, from a "
-            "chain of two blocks). A TP stage is priced at its blocks' measured time per block (its all-reduces "
-            "wait for the group's slowest rank in every block): under load (runs at load 12-25) TP stages did not "
-            "amortise the fixed cost and pricing them as if they did under-predicted the TP rows by 7-12%; on a "
-            "quiet host they amortise part of it, and this rule over-predicts them by up to 11%. *per run* shows "
-            "how far the host's load alone moves one plan's measured step between runs: pairs whose predictions "
-            "lie within a few percent of each other cannot be ordered reliably by any single run here. Profiling "
-            "again before every round (`--profile-each-round`, tried 2026-12-02 07:06) did not help: 8 of 9 "
-            "plans within 10% and 32 of 36 pairs ordered alike against 9 and 33 with the first profile, so one "
-            "profile's own noise is as large as the host's drift over the half hour of training.")
+            f"{a['cores']} cores, which other work shares. " + (FIXED_NOTE if a.get("tflops", 0) > 0 else
+            "*host compute s* is the step's unstretched compute (from the profile) divided by the cores. "
+            + SLOWDOWN_NOTE) + " " + MODEL_NOTE)
     out = lines + [""] + verdicts(res["rows"], "profiled_s", "profiled")
     if each:
         out += verdicts(res["rows"], "round_profiled_s", "profiled each round")
@@ -426,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulate the fast machine too, this many times slower than the host (the slow one: "
                          "base x slowdown): each rank then computes a 1/K share of the time and sleeps the rest, "
                          "so six emulated devices stop contending for a 2-core host as real GPUs would not")
+    ap.add_argument("--tflops", type=float, default=0.012,
+                    help="emulate devices of a fixed speed: F at this many TFLOP/s, S at it / --slowdown (0: "
+                         "devices slower than the host instead, --base-slowdown)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--rounds", type=int, default=3, help="trainings of every plan, interleaved")
     ap.add_argument("--concurrent", action="store_true", help="also profile every device at once and price with it")

@@ -18,6 +18,7 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.zones import fill_zone_links, parse_inter, parse_links, parse_zones
 from hexicore.core.device_list import check_devices, machines_from_devices
+from hexicore.core.emulation import Emulation, parse_emulation
 from hexicore.core.fleet import synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
@@ -31,18 +32,23 @@ GB = 1e9  # bandwidths are GB/s of bytes, decimal (1 GB = 1e9 bytes)
 class Machine:
     """A host with ``count`` GPUs of one type; bandwidth/latency are intra-machine.
 
-    ``slowdown`` (the cluster file's ``emulate: {slowdown: K}``) is a test aid, never a default:
-    the runtime stretches every compute action of this machine's ranks to K times its measured
-    duration, so one host can stand for devices of different speeds (docs/runtime.md). The
-    analytic cost model does not see it; ``hexicore profile`` measures it like any device."""
+    ``emulate`` (the cluster file's ``emulate: {slowdown: K}`` or ``{tflops: X}``) is a test aid,
+    never a default: the runtime makes this machine's devices slower than the host
+    (:mod:`hexicore.core.emulation`), so one host can stand for devices of different speeds
+    (docs/runtime.md). The analytic cost model does not see it; ``hexicore profile`` measures it
+    like any device."""
 
     name: str
     gpu: GpuType
     count: int
     bandwidth_gbs: float
     latency_us: float
-    slowdown: float = 1.0
+    emulate: Emulation = Emulation()
     zone: str | None = None  # the zone/region it stands in (None: the cluster's single default zone)
+
+    @property
+    def slowdown(self) -> float:
+        return self.emulate.slowdown
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,10 @@ class Cluster:
     def slowdown(self, device_id: str) -> float:
         """The emulated slowdown of a device's machine (1.0 unless the cluster file says ``emulate``)."""
         return self._machines[self.device(device_id).machine].slowdown
+
+    def emulation(self, device_id: str) -> Emulation:
+        """How a device's machine is emulated (nothing unless the cluster file says ``emulate``)."""
+        return self._machines[self.device(device_id).machine].emulate
 
     # ------------------------------------------------------------------ links
     @cached_property
@@ -263,7 +273,7 @@ class Cluster:
             "machines": [
                 {"name": m.name, "gpu": m.gpu.name, "count": m.count,
                  "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us,
-                 **({"emulate": {"slowdown": m.slowdown}} if m.slowdown != 1.0 else {}),
+                 **({"emulate": m.emulate.to_dict()} if m.emulate.active else {}),
                  **({"zone": m.zone} if m.zone is not None else {})}
                 for m in self.machines
             ],
@@ -316,18 +326,6 @@ CLUSTER_KEYS = frozenset({"name", "machines", "inter", "links", "gpus", "exclude
 MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate", "zone"})
 
 
-def _slowdown(raw: Any, source: str | None, fp: str) -> float:
-    """``emulate: {slowdown: K}`` (K >= 1; absent = 1): a test aid, see :class:`Machine`."""
-    if raw is None:
-        return 1.0
-    e = schema.as_mapping(raw, source, fp)
-    schema.known_keys(e, {"slowdown"}, source, fp)
-    k = schema.number(schema.get(e, "slowdown", source, fp), source, schema.dotted(fp, "slowdown"))
-    if not 1.0 <= k <= 1000.0:
-        raise HexicoreError(f"must be between 1 and 1000, got {k}", source=source, field=schema.dotted(fp, "slowdown"))
-    return float(k)
-
-
 def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
     """Validate a cluster mapping (the cluster YAML contract) into a :class:`Cluster`.
 
@@ -371,7 +369,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
             limits.bandwidth(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
             limits.latency(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us")),
-            _slowdown(m.get("emulate"), source, schema.dotted(fp, "emulate")),
+            parse_emulation(m.get("emulate"), source, schema.dotted(fp, "emulate")),
             None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
         ))
     limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,

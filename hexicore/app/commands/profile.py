@@ -6,7 +6,7 @@ The runtime plugin (``runtime=torch``) launches one process per device of the cl
 processes here; under torchrun this process is one of them, as for ``train``) and measures
 what ``profile.*`` asks (docs/cli.md): a transformer block of the model at each micro-batch x TP
 degree per GPU type, embedding + head, point-to-point links per machine and machine pair,
-all-reduce per group size. Seconds are wall seconds, ``emulate: {slowdown: K}`` included.
+all-reduce per group size. Seconds are wall seconds, ``emulate:`` included.
 """
 
 from __future__ import annotations

@@ -33,16 +33,18 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
+from hexicore.core.emulation import Emulation
 from hexicore.pipeline.actions import Action, Op
 
 from . import grad_norm
-from .emulate import clock, settle, stretch
+from .emulate import emulated, settle
 from .groups import Groups
 from .layout import PipelinePart
 from .stage import Stage
 
 KIND = {Op.SEND_F: 0, Op.RECV_F: 0, Op.SEND_B: 1, Op.RECV_B: 1}  # message tag kinds: activation, gradient
 SENDS, RECVS = frozenset((Op.SEND_F, Op.SEND_B)), frozenset((Op.RECV_F, Op.RECV_B))
+NOT_EMULATED = Emulation()  # a communication action runs at the host's speed
 
 
 class ExecutionError(RuntimeError):
@@ -59,7 +61,7 @@ class Executor:
     def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
                  loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0,
-                 slowdown: float = 1.0):
+                 emulation: Emulation = Emulation()):
         self.part, self.q, self.stages, self.g = part, pipe_rank, stages, groups
         self.al = part.actions
         self.acts: tuple[Action, ...] = self.al.actions[pipe_rank]
@@ -70,7 +72,7 @@ class Executor:
         self.leader = groups.tp.rank == 0
         self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
         self.explicit_step = any(a.op is Op.STEP for a in self.acts)
-        self.slowdown = slowdown  # emulated device speed (test aid, emulate.py)
+        self.emulation = emulation  # emulated device speed (test aid, emulate.py)
         sharded = groups.dp.sharded if groups.dp is not None else None
         self.shards = sharded if hasattr(sharded, "before") else None
         self.params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
@@ -277,7 +279,7 @@ class Executor:
     def _update(self) -> None:
         """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.grad_norm`),
         then every optimizer's update at this step's ``lr``, gradients scaled by the clip
-        coefficient; the plain AdamW's step is device compute, stretched like an action."""
+        coefficient; the plain AdamW's step is device compute, emulated like an action."""
         sharded = self.g.dp.sharded if self.g.dp is not None else None
         local = grad_norm.squares(grad_norm.counted(self.stages, self.g.tp.rank, self.part.index, self.skip),
                                   self.device)
@@ -288,9 +290,8 @@ class Executor:
         if sharded is not None:
             sharded.apply(self.params, self._wait, lr=self.lr, coef=coef)
         if self.optimizer is not None:
-            wall, cpu = clock()
-            grad_norm.step_plain(self.optimizer, self.lr, coef)
-            stretch(self.slowdown, wall, self.device, cpu)
+            with emulated(self.emulation, self.device):
+                grad_norm.step_plain(self.optimizer, self.lr, coef)
 
     # ----------------------------------------------------------------- run
     def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -310,17 +311,16 @@ class Executor:
         t0 = time.perf_counter()
         for i, a in enumerate(self.acts):
             self.pos = i
-            start, cpu = time.perf_counter() - t0, time.thread_time()
+            start = time.perf_counter() - t0
             if a.is_compute and self.device.type == "cuda":
                 events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 events[-1][0].record()
             try:
-                self._execute(i, a)
+                with emulated(self.emulation if a.is_compute else NOT_EMULATED, self.device):
+                    self._execute(i, a)
             except ExecutionError as exc:
                 raise ExecutionError(f"action {i} ({a}): {exc}") from None
             if a.is_compute:
-                if self.slowdown > 1.0:
-                    stretch(self.slowdown, t0 + start, self.device, cpu)
                 if events:
                     events[-1][1].record()
                 self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))

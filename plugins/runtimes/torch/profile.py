@@ -4,8 +4,8 @@ One worker per device of the cluster (launched as ``train`` launches: :mod:`.lau
 processes or the ranks torchrun started). Every rank walks the same list of measurements
 (:func:`tasks`); one measurement runs at a time (the others wait at a barrier), so devices
 sharing a host do not disturb each other. Each rank is its device: rank ``r`` is
-``cluster.devices[r]``, and compute on a machine with ``emulate: {slowdown: K}`` goes through
-:func:`.emulate.stretch` exactly as the executor stretches a compute action, so every second
+``cluster.devices[r]``, and compute on a machine with ``emulate:`` goes through
+:func:`.emulate.emulated` exactly as the executor's compute actions do, so every second
 recorded is a wall second as training will see it.
 
 * **block** (per GPU type, or per device): :class:`.model.Block` — the runtime's own block —
@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from hexicore.core.emulation import Emulation
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
@@ -61,7 +62,7 @@ class Task:
 class ProfileJob:
     """What every worker needs (picklable; :func:`.launch.worker_main` calls :meth:`execute`)."""
 
-    devices: tuple[tuple[str, str, str, float], ...]  # (id, machine, gpu type, slowdown) per rank
+    devices: tuple[tuple[str, str, str, Emulation], ...]  # (id, machine, gpu type, emulate) per rank
     model: ModelSpec
     micro_batches: tuple[int, ...]
     tp: tuple[int, ...]
@@ -285,7 +286,7 @@ NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the mo
 
 def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob:
     c = request.cluster
-    devices = tuple((d.id, d.machine, d.gpu.name, float(c.slowdown(d.id))) for d in c.devices)
+    devices = tuple((d.id, d.machine, d.gpu.name, c.emulation(d.id)) for d in c.devices)
     job = ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
                  int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                  int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),

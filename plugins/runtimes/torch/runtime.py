@@ -138,10 +138,10 @@ class TorchRuntime:
         extras = final_extras(spec, settings, layout, init_from or t.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
-        slowdown, predicted = (), None
+        emulation, predicted = (), None
         if isinstance(spec.layout, PlanLayout):  # ranks are the plan's devices in order
             pl = spec.layout.plan
-            slowdown = tuple(pl.cluster.slowdown(d) for d in pl.devices)
+            emulation = tuple(pl.cluster.emulation(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
         return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout,
                           steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out, resume=resume,
@@ -152,7 +152,7 @@ class TorchRuntime:
                           init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
                           data_checked=True,
                           final_extras=extras,
-                          slowdown=slowdown if any(k != 1.0 for k in slowdown) else (), predicted=predicted)
+                          emulation=emulation if any(e.active for e in emulation) else (), predicted=predicted)
 
     def profile(self, request: Any) -> Any:
         """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own

@@ -2,7 +2,7 @@
 
 Each ``*_samples`` function is a generator: it builds what it times once, then yields one sample
 per ``next()``, so :func:`.profile.run_worker` can interleave the repeats of every measurement.
-Compute goes through :func:`.emulate.stretch` as the executor's compute actions do.
+Compute goes through :func:`.emulate.emulated` as the executor's compute actions do.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from .emulate import settle, stretch
+from hexicore.core.emulation import Emulation
+
+from .emulate import emulated, settle
 from .model import Block, LlamaChunk, rope_tables
 from .tensor_parallel import TPGroup
 
@@ -36,12 +38,12 @@ def _autocast(job: Any, device: torch.device):
     return contextlib.nullcontext() if dt is None else torch.autocast(device.type, dtype=dt)
 
 
-def _timed(fn: Any, slowdown: float, device: torch.device) -> tuple[Any, float]:
-    """``fn()`` stretched as the executor stretches a compute action; (result, wall seconds)."""
+def _timed(fn: Any, emulation: Emulation, device: torch.device) -> tuple[Any, float]:
+    """``fn()`` emulated as the executor emulates a compute action; (result, wall seconds)."""
     settle(device)
-    t0, cpu = time.perf_counter(), time.thread_time()
-    out = fn()
-    stretch(slowdown, t0, device, cpu)
+    t0 = time.perf_counter()
+    with emulated(emulation, device):
+        out = fn()
     settle(device)
     return out, time.perf_counter() - t0
 
@@ -123,7 +125,7 @@ def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
     return sum(seen.values())
 
 
-def head_samples(job: Any, micro_batch: int, slowdown: float, device: torch.device) -> Iterator[tuple]:
+def head_samples(job: Any, micro_batch: int, emulation: Emulation, device: torch.device) -> Iterator[tuple]:
     """(forward, backward seconds) of embedding + norm + head + loss on one micro-batch, per step."""
     spec = job.model
     chunk = LlamaChunk(spec, 0, 0, first=True, last=True).to(device)
@@ -132,8 +134,8 @@ def head_samples(job: Any, micro_batch: int, slowdown: float, device: torch.devi
     tokens = torch.randint(0, spec.vocab, (micro_batch, job.seq_len + 1), generator=gen).to(device)
     while True:
         with _autocast(job, device):
-            loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), slowdown, device)
-        _, bwd = _timed(loss.backward, slowdown, device)
+            loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), emulation, device)
+        _, bwd = _timed(loss.backward, emulation, device)
         chunk.zero_grad(set_to_none=True)
         yield fwd, bwd
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hexicore.core import schema
+from hexicore.core.emulation import Emulation
 
 from . import checkpoint, measure, sharded_checkpoint
 from .data import make_source
@@ -69,7 +70,7 @@ class WorkerSpec:
     plan: str | None = None
     fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
     return_state: bool = False  # tests: rank 0 also returns the final state_dict
-    slowdown: tuple[float, ...] = ()  # per global rank, the cluster file's emulate.slowdown (test aid)
+    emulation: tuple[Emulation, ...] = ()  # per global rank, the cluster file's emulate (test aid)
     zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
     shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
     machines: tuple[str, ...] | None = None  # per global rank, its machine: hybrid sharding (zero_scope=machine)
@@ -241,7 +242,7 @@ def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
                             autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s,
-                            slowdown=spec.slowdown[rank] if rank < len(spec.slowdown) else 1.0)
+                            emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation())
         if any(st.first or st.last for st in stages.values()):  # only ends of a chain read token rows
             rows = (part.offset, part.offset + part.batch)
         else:

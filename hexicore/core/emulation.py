@@ -1,0 +1,72 @@
+"""Emulated device speed on one host (a cluster file's ``emulate:``), a test aid, never a default.
+
+One CPU host can stand for a heterogeneous cluster: each machine's ranks are local processes,
+and ``emulate`` makes that machine's devices slower than the host. Two modes, one per machine:
+
+* ``emulate: {slowdown: K}`` (1 <= K <= 1000): every compute action and optimizer step lasts
+  ``K`` times the host's own work on it (the rank's CPU seconds; CUDA: synchronised seconds). It
+  follows the host: a busy or throttled host makes the emulated device slower too.
+* ``emulate: {tflops: X}`` (0 < X <= 10000): a device of a fixed speed. Every compute action
+  lasts its counted FLOPs (matrix products and attention, counted by torch's FLOP formulas as it
+  runs: recomputation and a TP shard's own share included) divided by ``X`` TFLOP/s, or its own
+  duration if the host needs longer. With ``X`` well below what the host sustains per rank, an
+  action's time no longer depends on the host's load, so profile-plan-train checks on a shared
+  CPU host repeat from run to run. An action without counted FLOPs (the optimizer step, an
+  embedding) lasts its own duration.
+
+The runtime enforces it (the torch runtime's ``emulate.py``); ``hexicore profile`` measures it
+like any device; the analytic cost model does not see it (it prices the catalog GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hexicore.core import schema
+from hexicore.core.errors import HexicoreError
+
+__all__ = ["Emulation", "parse_emulation"]
+
+#: the accepted range of each mode's number
+RANGES = {"slowdown": (1.0, 1000.0), "tflops": (1e-9, 10000.0)}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """A machine's emulated speed: ``slowdown`` times the host's work, or a fixed ``tflops``
+    (0: not emulated at a fixed rate). The default emulates nothing."""
+
+    slowdown: float = 1.0
+    tflops: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.slowdown > 1.0 or self.tflops > 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        """The cluster file's ``emulate`` mapping ({} when nothing is emulated)."""
+        if self.tflops > 0.0:
+            return {"tflops": self.tflops}
+        return {"slowdown": self.slowdown} if self.slowdown != 1.0 else {}
+
+    def describe(self) -> str:
+        return f"{self.tflops:g} TFLOP/s" if self.tflops > 0.0 else f"{self.slowdown:g}x the host"
+
+
+def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
+    """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (absent: :class:`Emulation`())."""
+    if raw is None:
+        return Emulation()
+    e = schema.as_mapping(raw, source, fp)
+    schema.known_keys(e, set(RANGES), source, fp)
+    if len(e) != 1:
+        raise HexicoreError("give one of slowdown (times the host's work) or tflops (a fixed speed)",
+                            source=source, field=fp)
+    (key, value), = e.items()
+    k = schema.number(value, source, schema.dotted(fp, key))
+    lo, hi = RANGES[key]
+    if not lo <= k <= hi:
+        low = "above 0" if key == "tflops" else f"at least {lo:g}"
+        raise HexicoreError(f"must be {low} and at most {hi:g}, got {k}", source=source, field=schema.dotted(fp, key))
+    return Emulation(**{key: float(k)})

@@ -1,6 +1,6 @@
-"""The closed loop, small: profile an emulated two-speed cluster, train two clearly different
-plans, and hold the profiled predictions (``metrics.json`` ``predicted``, ``cost=profiled``)
-against the measured steps. The full acceptance (nine plans, ten per cent, the order of all of
+"""The closed loop, small: profile an emulated two-speed cluster (devices of a fixed speed,
+``emulate: {tflops: X}``), train two clearly different plans, and hold the profiled predictions
+(``metrics.json`` ``predicted``, ``cost=profiled``) against the measured steps. The full acceptance (nine plans, ten per cent, the order of all of
 them, hexiscale vs megatron) is the benchmark ``bench/closed_loop.py`` (docs/results.md)."""
 
 from __future__ import annotations
@@ -17,24 +17,26 @@ gpus:
   slowgpu: {tflops: 50, memory_gb: 16}
 inter: {bandwidth_gbs: 1.0, latency_us: 50}
 machines:
-  - {name: F, gpu: fastgpu, count: 1, bandwidth_gbs: 10.0, emulate: {slowdown: 8}}
-  - {name: S, gpu: slowgpu, count: 1, bandwidth_gbs: 10.0, emulate: {slowdown: 24}}
+  - {name: F, gpu: fastgpu, count: 1, bandwidth_gbs: 10.0, emulate: {tflops: 0.003}}
+  - {name: S, gpu: slowgpu, count: 1, bandwidth_gbs: 10.0, emulate: {tflops: 0.001}}
 """
 MODEL = "name: small\nlayers: 4\nhidden: 192\nheads: 4\nkv_heads: 2\nffn: 512\nvocab: 256\nseq_len: 64\n"
 
 
 @pytest.mark.slow
 def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monkeypatch):
-    """Both devices emulated (8x and 24x the host's time), so the two ranks leave the host idle
-    most of the time as devices with their own compute would. The wiring is held, not the
-    accuracy (the benchmark's): the profile, cost=profiled and metrics.json's predicted step
-    within 50% of the measured one, and the order of two plans ~2x apart. A slowdown not seen,
-    a stage or pipeline priced twice or not at all is off by more. On this 2-core host one
-    profile's own noise (an emulated block's CPU time moves 10-40% between profiles, an action's
-    fixed cost 0-50% of a block) put single runs 32% off at worst in nine runs: 25% flaked in CI."""
+    """Both devices emulated at a fixed speed (3 and 1 GFLOP/s, some 20-70x below what a core of
+    this host computes), so the two ranks leave the host idle most of the time, as devices with
+    their own compute would, and the host's load does not move their time: the profile measures a
+    block at its FLOPs over the rate, and metrics.json's predicted step is within 20% of the
+    measured one (the benchmark's runs: within 5%; Python between actions and the messages run
+    at the host's speed, which a loaded CI host slows). A rate not seen, a stage or pipeline
+    priced twice or not at all is off by more; the order of two plans ~2x apart holds."""
     from hexicore.core.cluster import Cluster
     from hexicore.core.model import ModelSpec
     from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.profile import Profile
+    from hexicore.cost.measured_block import block_flops
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (tmp_path / "c.yaml").write_text(CLUSTER)
@@ -45,6 +47,10 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
                     "profile.repeats=5", "profile.link_bytes=[4096,65536,1048576]", f"out={prof}", hydra])
     assert code == 0, capsys.readouterr().err
     cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+    for gpu, rate in (("fastgpu", 0.003e12), ("slowgpu", 0.001e12)):
+        block = Profile.load(prof).devices[gpu].blocks[0]
+        assert block.forward_s == pytest.approx(block_flops(block, model) / rate, rel=0.1), (gpu, block)
+        assert block.backward_s == pytest.approx(2 * block.forward_s, rel=0.1), (gpu, block)
     train = TrainConfig(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
     # the slow device's blocks cost ~3 fast ones: ~15 vs ~39 fast blocks a step
     shapes = {"fast": [(("F.0",), 3), (("S.0",), 1)], "slow": [(("S.0",), 3), (("F.0",), 1)]}
@@ -63,5 +69,5 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
         m = json.loads((tmp_path / name / "metrics.json").read_text())
         got[name] = (m["predicted"]["step_s"], m["measured"]["step_s"])
     for name, (pred, meas) in got.items():
-        assert abs(pred / meas - 1) <= 0.5, (name, got)
+        assert abs(pred / meas - 1) <= 0.2, (name, got)
     assert got["fast"][0] < got["slow"][0] / 1.5 and got["fast"][1] < got["slow"][1], got

@@ -22,8 +22,10 @@ from hexicore.registry import Registry
 from tests.conftest import run_cli
 
 #: (cluster, model, global batch, extra overrides): the paper case through the allocation over
-#: sub-clusters (the final options run once, after it), hetero1 on all its devices (quicker)
-PRESETS = [("paper_case", "llama2_13b", 24, []), ("hetero1", "llama2_7b", 64, [])]
+#: sub-clusters (the final options run once, after it), hetero1 on all its devices (quicker); batches
+#: at which the final options have the memory to beat the plain options (at 24 and 64 the kept fp32
+#: block inputs leave them none: the plain 1F1B-family choice stands)
+PRESETS = [("paper_case", "llama2_13b", 16, []), ("hetero1", "llama2_7b", 48, [])]
 
 
 def solve(over: list[str]) -> tuple[Plan, object]:
@@ -94,8 +96,10 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
         fastest = p.schedule.name in finals and tried[p.schedule.name] == min(tried.values())
         assert fastest or p.schedule.name == q.schedule.name
         assert set(tried) >= finals - {"dualpipe_v"}  # every final option priced (DualPipeV needs M >= 2P)
-        if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps
-            assert list(p.schedule["memory"]) == list(memory_caps(problem.cost, plan, p))
+        if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps, as it
+            # stood before synth chose its layout (a V layout then moves the head to rank 0; the
+            # plan's fit check, est.fits above, holds the result)
+            assert list(p.schedule["memory"]) == list(memory_caps(problem.cost, before, q))
         assert rebuilt_time(plan, p, problem.cost) == pytest.approx(tried[p.schedule.name], abs=1e-6)
     assert any(p.schedule.name in finals for p in plan.pipelines)
     again = evaluate(Plan.from_dict(json.loads(json.dumps(plan.to_dict()))), problem.cost.__class__(),

@@ -12,6 +12,10 @@ import pytest
 from tests.conftest import run_cli
 
 PLAN = Path(__file__).parent / "data" / "plan_v1.json"  # one pipeline of 5 stages, 24 micro-batches
+#: the fixture was planned when the kept block inputs under recomputation were priced at 2 bytes; at
+#: today's 4 (the runtime's fp32 residual stream) its TP-2 RTX 4090 stage needs 24.4 of 24 GB with the
+#: default 1 GB reserve, so these format checks evaluate it with half of that reserve
+RESERVE = "cost.reserve_gb=0.5"
 
 
 def _evaluate(tmp_path, capsys, change):
@@ -20,7 +24,7 @@ def _evaluate(tmp_path, capsys, change):
     change(data)
     path, out = tmp_path / "bad.json", tmp_path / "e.json"
     path.write_text(json.dumps(data))
-    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", RESERVE, f"hydra.run.dir={tmp_path / 'h'}"])
     return code, capsys.readouterr().err.strip(), out
 
 
@@ -109,7 +113,7 @@ def test_an_integer_of_too_many_digits_is_malformed_json(tmp_path, capsys):
     assert text != PLAN.read_text()
     path, out = tmp_path / "bad.json", tmp_path / "e.json"
     path.write_text(text)
-    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", f"hydra.run.dir={tmp_path / 'h'}"])
+    code = run_cli(["evaluate", f"plan_file={path}", f"out={out}", RESERVE, f"hydra.run.dir={tmp_path / 'h'}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "bad.json: malformed JSON" in err and "set_int_max_str_digits" not in err, err

@@ -122,13 +122,18 @@ def test_single_pipeline_has_no_dp_cost():
 def test_memory_by_hand():
     # first stage, 2 layers, tp=1, 3 micro-batches in flight, recompute:
     # state 16 bytes/param (the runtime's recipe: fp32 weights 4 + fp32 gradients 4 + two fp32
-    # Adam moments 8) x (2 layers + embedding) + 3 x 2 x B*S*H*2 + one layer's full activations
+    # Adam moments 8) x (2 layers + embedding) + 3 x 2 x B*S*H*4 (the kept block inputs are the
+    # residual stream, in the fp32 weights' dtype under autocast) + one layer's full activations
     # (flash: S*B*H*(10+24) bytes)
     state = 16 * (2 * LAYER_PARAMS + V * H)
-    act = 3 * 2 * B * S * H * 2
+    act = 3 * 2 * B * S * H * 4
     work = S * B * H * 34
     gb = COST.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)
     assert gb == pytest.approx((state + act + work) / 2**30)
+    # the paper's 8 bytes of state a parameter (bf16 weights): the kept block inputs in bf16 too
+    paper = AnalyticCostModel(default_efficiency=0.5, reserve_gb=0.0, state_bytes_per_param=8)
+    gb = paper.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)
+    assert gb == pytest.approx((state / 2 + act / 2 + work) / 2**30)
 
 
 def test_estimate_iteration_and_mfu_by_hand():

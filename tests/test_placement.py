@@ -238,7 +238,7 @@ def test_chimera_copies_sum_their_gradients():
 
 
 
-@pytest.mark.parametrize("memory_gb", [12.5, 13.0, 14.0])
+@pytest.mark.parametrize("memory_gb", [12.5, 13.5, 14.0])
 def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
     """GPT-3 1.3B ties its embeddings: Chimera's ranks 0 and P-1 each keep an embedding and the
     other chain's head with its own copy of it. The search's caps count that copy (they once
@@ -257,7 +257,7 @@ def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
     lay = layout_pipeline(StageTable(c, m, train, cost, sched), [(f"A.{i}",) for i in range(4)], 8)
     if lay is not None:
         assert cost.estimate(Plan(m, c, train, (lay.pipeline(8, ScheduleRef.from_mapping(sched)),))).fits
-    assert memory_gb < 13.0 or lay is not None
+    assert memory_gb < 13.5 or lay is not None  # the smallest card it fits: 13.1 GB (fp32 block inputs kept)
 
 
 def test_chunk_counts_are_a_ranks_chunks_of_one_chain():

@@ -154,8 +154,8 @@ class AnalyticCostModel:
           :func:`~hexicore.cost.precision.tied_whole`), or kept for ``kept`` parameters
           (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
           ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
-        * ``activations``: ``in_flight`` micro-batches x per-layer bytes (``B_mb*S*H*B_type``
-          with recomputation, App. A) — the schedule decides ``in_flight`` (:meth:`in_flight`);
+        * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes; under
+          recomputation App. A's ``B_mb*S*H*B_type``, in the weights' dtype (the residual stream);
         * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
           replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
@@ -177,8 +177,9 @@ class AnalyticCostModel:
             for k in split:
                 out[k] = full.parts()[k] * kept / GIB
         share = n_layers if share_layers is None else share_layers
+        kept_bytes = max(full.weights, train.dtype_bytes) if train.recompute else train.dtype_bytes
         out["activations"] = in_flight * share * model.activation_bytes_per_layer(
-            train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=train.dtype_bytes,
+            train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=kept_bytes,
             seq_len=train.seq_len) / GIB
         work = model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
                                                 dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \

@@ -88,8 +88,8 @@ def test_in_flight_rows_are_the_cost_models_and_kept_per_cost_model():
     for P in range(1, 4):
         pipe = Pipeline(1, tuple(Stage((), 0, (0, 0)) for _ in range(P)), dict(fresh.schedule))
         for j in range(P):
-            assert [tab.in_flight[P][j][n] for n in range(1, 5)] == \
-                [int(fresh.cost.in_flight(pipe, j, n)) for n in range(1, 5)]
+            assert [tab.flights[tab.in_flight[P][j][n]] for n in range(1, 5)] == \
+                [fresh.cost.in_flight(pipe, j, n) for n in range(1, 5)]
     asked = []
     real = tables_mod.in_flight_rows.__globals__["fork_map"]
     tables_mod.in_flight_rows.__globals__["fork_map"] = lambda fn, items, w: asked.extend(items) or real(fn, items, w)
@@ -98,4 +98,45 @@ def test_in_flight_rows_are_the_cost_models_and_kept_per_cost_model():
         again = build_tables(sub, stage_options(sub), 2, 2)
     finally:
         tables_mod.in_flight_rows.__globals__["fork_map"] = real
-    assert asked == [] and again.in_flight[2] == tab.in_flight[2][:3]
+    assert asked == [] and [[again.flights[f] for f in r] for r in again.in_flight[2]] == \
+        [[tab.flights[f] for f in r] for r in tab.in_flight[2][:3]]
+
+
+@pytest.mark.parametrize("schedule", [{"name": "zb_v"}, {"name": "hanayo", "waves": 2}, {"name": "interleaved_1f1b"},
+                                      {"name": "1f1b"}])
+def test_memory_caps_price_the_cost_models_own_in_flight_counts(schedule):
+    """Every cap entry the model reads for (P, j, n) is the largest block count whose
+    ``stage_memory_gb`` at the cost model's in-flight count fits, that count fractional or not
+    (zb_v's 3.5 at stage 2 of 4). (Before, the tables truncated it to 3: one RTX 4090 took 7
+    blocks of a 28-block 7B model the estimate prices at 24.17 GB, and CP-SAT returned that plan.)"""
+    from hexicore.core.plan import Pipeline, Stage
+
+    c = cluster(UNEVEN, inter_gbs=1.5, gpus={"slow": {"tflops": 50, "memory_gb": 12}})
+    p = priced(c, small_llama(28, seq_len=4096), 8, schedule)
+    options = stage_options(p)
+    tab = build_tables(p, options, 2, 4)
+    mem = [c.device(o.devices[0]).memory_gb for o in options]
+    for P in range(1, 5):
+        pipe = Pipeline(1, tuple(Stage((), 0, (0, 0)) for _ in range(P)), dict(p.schedule))
+        for j in range(P):
+            for n in (1, 4, 8):
+                flight = p.cost.in_flight(pipe, j, n)
+                if flight == float("inf"):
+                    continue
+                assert tab.flights[tab.in_flight[P][j][n]] == flight
+                for o, opt in enumerate(options, 1):
+                    for fi, la in ((j == 0, False), (j == 0, True)):
+                        cap = tab.cap[o][fi][la][tab.in_flight[P][j][n]]
+                        gb = [p.cost.stage_memory_gb(c, p.model, p.train, opt.devices, k, first=fi, last=la,
+                                                     in_flight=flight) for k in (cap, cap + 1)]
+                        assert (cap == 0 or gb[0] <= mem[o - 1]) and (cap == 28 or gb[1] > mem[o - 1])
+
+
+@pytest.mark.parametrize("schedule, layers", [({"name": "zb_v"}, 28), ({"name": "interleaved_1f1b"}, 28)])
+def test_plans_fit_under_fractional_in_flight_counts(schedule, layers):
+    """The plans CP-SAT returns fit by the cost model's own estimate where the schedule's peaks
+    hold fractions of a micro-batch (zb_v, interleaved 1F1B on 28 blocks at sequences of 4,096)."""
+    c = cluster(UNEVEN, inter_gbs=1.5, gpus={"slow": {"tflops": 50, "memory_gb": 12}})
+    p = priced(c, small_llama(layers, seq_len=4096), 8, schedule)
+    plan = solve(p, time_limit=3, use_all_devices=True)
+    assert p.cost.estimate(plan).fits, p.cost.estimate(plan).oom

@@ -10,8 +10,10 @@ Decisions
   ``n[i]``      micro-batches of pipeline i (``sum_i n[i] = global_batch / micro_batch``).
 Constraints
   devices:  ``sum_{i,j,o: machine(o)=m} tp(o) x[i,j,o] <= |m|`` (counts, not ids: symmetry breaking);
-  memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraint; for
-            1F1B ``in_flight = min(n_i, P_i - j)`` by AddMinEquality, else an element table);
+  memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraint;
+            ``in_flight`` indexes the schedule's in-flight counts ``flights``, fractional ones
+            priced as they are; for 1F1B ``in_flight = min(n_i, P_i - j)`` by AddMinEquality,
+            else an element table);
   chunks:   ``l[i,j] >= least[P_i][j]``, a block per chunk the schedule runs on that rank (Hanayo's
             2W, the V schedules' 2; element constraint, only where some entry exceeds 1);
   symmetry: pipelines ordered by (stages, micro-batches) non-increasing.

@@ -130,8 +130,12 @@ class Tables:
 
     ``stage[o][first][last][l]``  STAGE time of option o holding l blocks (o = 0: unused slot);
     ``hop[o][o2]``                HOP time from a stage of option o to one of o2 (0 if o2 = 0);
-    ``cap[o][first][last][f]``    most blocks a stage of o can hold with f micro-batches in flight;
-    ``in_flight[P][j][n]``        micro-batches stage j of a P-stage pipeline holds (n per pipeline);
+    ``cap[o][first][last][f]``    most blocks a stage of o can hold with ``flights[f]`` micro-batches
+                                  in flight (``f = len(flights)``: none, 0 blocks);
+    ``in_flight[P][j][n]``        the index ``f`` into ``flights`` of the micro-batches stage j of a
+                                  P-stage pipeline holds (n per pipeline);
+    ``flights``                   every in-flight count the schedule meets, ascending, from 0 (the
+                                  cost model's values, fractional ones included: zb_v's 2.5);
     ``least[P][j]``               fewest blocks stage j of a P-stage pipeline may hold: a block per
                                   chunk the schedule runs on that rank (0 past the last stage);
     ``dp_pair[v][o][o2]``         one peer's share of COMM-DP-LAYER (v pipelines), blocks;
@@ -162,6 +166,7 @@ class Tables:
     tied_pair: tuple | None = None  # ``[n][o][o2]``: a tied embedding group's peer term (:mod:`.tied`)
     head: tuple | None = None  # ``[P][j]``: 1 where stage j keeps the head (:mod:`.ends`; None: the last)
     least: tuple | None = None  # ``[P][j]``, see above (None: one block per stage)
+    flights: tuple = ()  # see above (empty: ``in_flight`` holds the counts themselves, ``flights[f] = f``)
 
 
 def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
@@ -172,21 +177,24 @@ def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
               for n in range(L + 1)] for la in (0, 1)] for fi in (0, 1)]
 
 
-def _cap_table(problem: Problem, opt: Option | None, max_flight: int, extra: int = 0) -> list:
-    """Largest l such that every l' in 1..l fits (memory grows with l in the analytic model);
-    ``extra`` entries past ``max_flight`` hold 0 (in-flight counts of pipelines the schedule
+def _cap_table(problem: Problem, opt: Option | None, flights: Sequence[float], extra: int = 0) -> list:
+    """``cap[first][last][f]``: the largest l such that every l' in 1..l fits with ``flights[f]``
+    micro-batches in flight, i.e. ``stage_memory_gb(l', in_flight=flights[f]) <= memory_gb``
+    (memory grows with l in the analytic model), at the cost model's own in-flight value (never
+    rounded: a fractional count prices its fraction of a micro-batch's activations); ``flights[0]
+    = 0`` and ``extra`` entries past the last hold 0 (in-flight counts of pipelines the schedule
     does not run)."""
     c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    out = [[[0] * (len(flights) + extra) for _ in (0, 1)] for _ in (0, 1)]
     if opt is None:
-        return [[[0] * (max_flight + 1 + extra) for _ in (0, 1)] for _ in (0, 1)]
+        return out
     mem = c.device(opt.devices[0]).memory_gb
-    out = [[[0] * (max_flight + 1 + extra) for _ in (0, 1)] for _ in (0, 1)]
     for fi in (0, 1):
         for la in (0, 1):
-            for f in range(1, max_flight + 1):
+            for f in range(1, len(flights)):
                 n = 0
                 while n < L and problem.cost.stage_memory_gb(c, m, t, opt.devices, n + 1, first=bool(fi),
-                                                             last=bool(la), in_flight=f) <= mem:
+                                                             last=bool(la), in_flight=flights[f]) <= mem:
                     n += 1
                 out[fi][la][f] = n
     return out
@@ -234,19 +242,8 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
 
     n_mb = t.global_batch // t.micro_batch
     rows = in_flight_rows(problem, max_stages, n_mb)
-    in_flight = [[[0] * (n_mb + 1) for _ in range(max_stages + 1)] for _ in range(max_stages + 1)]
-    blocked = []  # (P, j, n) the schedule does not run (too few micro-batches: DualPipeV's M >= 2P)
-    for p in range(1, max_stages + 1):
-        for j in range(p):
-            for n in range(1, n_mb + 1):
-                f = rows[p, n][j]
-                if math.isfinite(f):
-                    in_flight[p][j][n] = int(f)
-                else:
-                    blocked.append((p, j, n))
-    max_flight = max(max(max(r) for r in row) for row in in_flight) or 1
-    for p, j, n in blocked:  # one entry past the largest real one, whose cap is 0 layers: no stage fits
-        in_flight[p][j][n] = max_flight + 1
+    flights, in_flight = flight_index(rows, max_stages, n_mb)
+    blocked = any(len(flights) in row for rows_p in in_flight for row in rows_p)
     hop = [[0] * len(opts) for _ in opts]
     for a in range(1, len(opts)):
         for b in range(1, len(opts)):
@@ -264,7 +261,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         options=tuple(options), unit=unit, layers=L, max_pipelines=max_pipelines, max_stages=max_stages,
         stage=tuple(_stage_table(problem, o, to_us) for o in opts),
         hop=tuple(tuple(r) for r in hop),
-        cap=tuple(_cap_table(problem, o, max_flight, extra=1 if blocked else 0) for o in opts),
+        cap=tuple(_cap_table(problem, o, flights, extra=1 if blocked else 0) for o in opts), flights=flights,
         in_flight=tuple(tuple(tuple(r) for r in rows) for rows in in_flight),
         dp_pair=pair(m.layer_params()), dp_pair_head=pair(m.head_params()),
         dp_pair_emb=pair(own) if own else pair(0.0)[:1] * (max_pipelines + 1),  # none left: no ring at all
@@ -272,6 +269,25 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         ceiling=ceiling, tied_pair=tied_pairs(problem, options, pools, max_pipelines, to_us), least=least,
         head=head_rows(problem, max_stages, n_mb),
     )
+
+
+def flight_index(rows: dict[tuple[int, int], tuple[float, ...]], max_stages: int,
+                 n_mb: int) -> tuple[tuple[float, ...], list]:
+    """``(flights, in_flight)`` of :class:`Tables` from :func:`in_flight_rows`: ``flights`` =
+    ``(0, *sorted distinct finite values)`` (with whole counts only, ``1 .. max`` where every one
+    occurs, so that ``flights[f] = f`` for 1F1B's closed rule), ``in_flight[P][j][n]`` the index of
+    ``rows[P, n][j]`` there; a pair the schedule does not run (an infinite value: too few
+    micro-batches, DualPipeV's ``M >= 2P``) gets ``len(flights)``, whose cap is 0 blocks."""
+    seen = {f for r in rows.values() for f in r if math.isfinite(f) and f > 0}
+    flights = (0.0, *sorted(seen)) if seen else (0.0, 1.0)
+    index = {f: k for k, f in enumerate(flights)}
+    in_flight = [[[0] * (n_mb + 1) for _ in range(max_stages + 1)] for _ in range(max_stages + 1)]
+    for p in range(1, max_stages + 1):
+        for j in range(p):
+            for n in range(1, n_mb + 1):
+                f = rows[p, n][j]
+                in_flight[p][j][n] = index[f] if math.isfinite(f) else len(flights)
+    return flights, in_flight
 
 
 #: per cost model (by identity, while it lives): ``{(schedule, micro-batch, P, n): in-flight row}``

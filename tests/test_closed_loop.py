@@ -51,6 +51,9 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
         block = Profile.load(prof).devices[gpu].blocks[0]
         assert block.forward_s == pytest.approx(block_flops(block, model) / rate, rel=0.1), (gpu, block)
         assert block.backward_s == pytest.approx(2 * block.forward_s, rel=0.1), (gpu, block)
+        # recomputation, as the runtime's checkpoint runs it, stops before the MLP's down projection
+        down = 2 * model.hidden * model.ffn * block.micro_batch * block.seq_len
+        assert block.recompute_s == pytest.approx((block_flops(block, model) - down) / rate, rel=0.1), (gpu, block)
     train = TrainConfig(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
     # the slow device's blocks cost ~3 fast ones: ~15 vs ~39 fast blocks a step
     shapes = {"fast": [(("F.0",), 3), (("S.0",), 1)], "slow": [(("S.0",), 3), (("F.0",), 1)]}

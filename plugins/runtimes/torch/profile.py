@@ -9,8 +9,9 @@ sharing a host do not disturb each other. Each rank is its device: rank ``r`` is
 recorded is a wall second as training will see it.
 
 * **block** (per GPU type, or per device): :class:`.model.Block` — the runtime's own block —
-  at each micro-batch x TP degree: forward, backward, and recompute (the forward again with
-  autograd recording, what activation recomputation re-runs); the median (or minimum) of
+  at each micro-batch x TP degree: forward, backward, and recompute (what recomputation adds to
+  the backward of the block under ``torch.utils.checkpoint``, as the runtime runs it: the
+  checkpointed backward minus the plain one, :func:`.samplers.block_samples`); the median (or minimum) of
   ``repeats`` samples after one warm-up, the repeats interleaved across measurements
   (:func:`run_worker`). TP > 1 runs on that many devices of the type on one machine (the TP
   all-reduces are inside the times, as inside a compute action); a TP degree the cluster cannot

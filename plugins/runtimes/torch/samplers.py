@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.emulation import Emulation
 
@@ -50,7 +51,11 @@ def _timed(fn: Any, emulation: Emulation, device: torch.device) -> tuple[Any, fl
 
 def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any) -> Iterator[tuple]:
     """(forward, backward, recompute seconds, activation bytes, optimizer-step seconds, the
-    action share) of one block, one sample per step. The optimizer step is the trainer's AdamW +
+    action share) of one block, one sample per step. Recompute is what activation recomputation
+    adds to a backward as the runtime runs it: the backward of the block under
+    ``torch.utils.checkpoint`` minus the plain backward (the recomputation stops once the saved
+    tensors backward needs are rebuilt, so it skips the block's last products, e.g. the MLP's
+    down projection: less than a forward). The optimizer step is the trainer's AdamW +
     ``zero_grad`` over the block's parameters on this rank; the action share, from a chain of two
     blocks in one action timed right after the single block, gives one action's fixed cost
     (:func:`action_share`)."""
@@ -75,8 +80,11 @@ def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any)
         with _autocast(job, device):
             y, fwd = _timed(lambda: block(x, cos, sin), slow, device)
         _, bwd = _timed(lambda: y.backward(grad), slow, device)
+        with _autocast(job, device):  # as the runtime recomputes: the block checkpointed, untimed forward
+            again = checkpoint(block, x, cos, sin, use_reentrant=False)
+        _, bwd_again = _timed(lambda: again.backward(grad), slow, device)
+        rec = max(bwd_again - bwd, 0.0)  # what recomputation adds to a backward
         with _autocast(job, device):
-            again, rec = _timed(lambda: block(x, cos, sin), slow, device)
             two, fwd2 = _timed(lambda: second(block(x, cos, sin), cos, sin), slow, device)
         _, bwd2 = _timed(lambda: two.backward(grad), slow, device)
         del y, again, two

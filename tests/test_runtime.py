@@ -261,9 +261,9 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
 
 
 # ------------------------------------------- emulated heterogeneity (test aid)
-def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
-    """``emulate: {slowdown: K}``: each F/B/I/W and the optimizer step lasts K x its work (a
-    sleep follows it); a wait inside it is not work, and the numbers are unchanged."""
+def _emulated_runs(tiny, monkeypatch, emulation):
+    """Two steps of F, F, I, B, W, STEP on one rank, plain and under ``emulation`` with its
+    sleeps recorded, not slept: (plain result, emulated result, the sleeps)."""
     from hexicore_plugins.runtimes.torch import emulate
 
     A = Action
@@ -273,8 +273,17 @@ def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(
     plain = _run(layout, steps=2)
     slept: list[float] = []
     monkeypatch.setattr(emulate.time, "sleep", slept.append)
-    slow = _run(layout, steps=2, emulation=(Emulation(slowdown=50.0),))  # sleeps are recorded, not slept: a large K keeps
-    # some sleep positive even on a loaded host, where an action's wall time may exceed 3x its CPU time
+    return plain, _run(layout, steps=2, emulation=(emulation,)), slept
+
+
+def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
+    """``emulate: {slowdown: K}``: each F/B/I/W and the optimizer step lasts K x its work (a
+    sleep follows it); a wait inside it is not work, and the numbers are unchanged."""
+    from hexicore_plugins.runtimes.torch import emulate
+
+    # a large K keeps some sleep positive even on a loaded host, where an action's wall time may
+    # exceed 3x its CPU time
+    plain, slow, slept = _emulated_runs(tiny, monkeypatch, Emulation(slowdown=50.0))
     assert len(slept) == 2 * 6 and any(s > 0 for s in slept)  # 5 compute actions + the step, 2 steps
     assert slow["metrics"]["losses"] == plain["metrics"]["losses"]
     cpu = __import__("torch").device("cpu")
@@ -289,23 +298,14 @@ def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(
     assert emulate.stretch(3.0, wall - 0.1, cpu) >= 0.1 and slept[-1] == pytest.approx(0.2, abs=0.01)
 
 
-
 def test_emulated_tflops_holds_each_compute_action_to_its_flops_and_changes_no_number(tiny, monkeypatch):
     """``emulate: {tflops: X}``: each F/B/I/W lasts its counted FLOPs over X (a sleep follows
     it); the optimizer step, with no counted FLOPs, its own time; the numbers are unchanged."""
-    from hexicore_plugins.runtimes.torch import emulate
-
-    A = Action
-    acts = (A("F", 0, 0), A("F", 1, 0), A("I", 1, 0), A("B", 0, 0), A("W", 1, 0), A("STEP"))
-    al = ActionList({"name": "hand"}, 1, 2, 1, (0, 0), (acts,))
-    layout = build_layout(tiny, [(4, [StageGroup((0,), 8)], al)], global_batch=4, micro_batch=4, seq_len=32)
-    plain = _run(layout, steps=2)
-    slept: list[float] = []
-    monkeypatch.setattr(emulate.time, "sleep", slept.append)
-    held = _run(layout, steps=2, emulation=(Emulation(tflops=1e-6),))  # 1 MFLOP/s: every action sleeps
+    plain, held, slept = _emulated_runs(tiny, monkeypatch, Emulation(tflops=1e-6))  # 1 MFLOP/s: every action sleeps
     assert len(slept) == 2 * 6 and all(s > 0 for i, s in enumerate(slept) if i % 6 != 5)
     assert all(slept[i] == 0.0 for i in (5, 11))  # the optimizer step: nothing counted, nothing added
     assert held["metrics"]["losses"] == plain["metrics"]["losses"]
+
 
 def test_emulate_in_a_cluster_file_round_trips_and_bad_values_are_refused(tmp_path):
     from hexicore.core.cluster import parse_cluster

@@ -50,9 +50,6 @@ class Emulation:
             return {"tflops": self.tflops}
         return {"slowdown": self.slowdown} if self.slowdown != 1.0 else {}
 
-    def describe(self) -> str:
-        return f"{self.tflops:g} TFLOP/s" if self.tflops > 0.0 else f"{self.slowdown:g}x the host"
-
 
 def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
     """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (absent: :class:`Emulation`())."""

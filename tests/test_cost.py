@@ -123,16 +123,20 @@ def test_memory_by_hand():
     # first stage, 2 layers, tp=1, 3 micro-batches in flight, recompute:
     # state 16 bytes/param (the runtime's recipe: fp32 weights 4 + fp32 gradients 4 + two fp32
     # Adam moments 8) x (2 layers + embedding) + 3 x 2 x B*S*H*4 (the kept block inputs are the
-    # residual stream, in the fp32 weights' dtype under autocast) + one layer's full activations
-    # (flash: S*B*H*(10+24) bytes)
+    # residual stream, in the fp32 weights' dtype under autocast) + the saved tensors of the block
+    # being recomputed (the runtime's Llama block, hexicore/cost/block_memory.py): per token fp32
+    # x, x*rstd, h1, h1*rstd (16 H), bf16 normed inputs, q, k, v, attention out, gate, up,
+    # silu(gate), their product (2 x (2 H + 4 H + 4 F)), two rstd and 8 heads' log-sum-exp (4 x 10);
+    # per forward the bf16 casts of the rotary tables (4 x S x 128) and of the block's matrices
     state = 16 * (2 * LAYER_PARAMS + V * H)
     act = 3 * 2 * B * S * H * 4
-    work = S * B * H * 34
+    work = S * B * (16 * H + 2 * (6 * H + 4 * F) + 40) + 2 * (4 * S * 128 + 4 * H * H + 3 * H * F)
     gb = COST.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)
     assert gb == pytest.approx((state + act + work) / 2**30)
     # the paper's 8 bytes of state a parameter (bf16 weights): the kept block inputs in bf16 too
     paper = AnalyticCostModel(default_efficiency=0.5, reserve_gb=0.0, state_bytes_per_param=8)
     gb = paper.stage_memory_gb(CLUSTER, MODEL, TRAIN, ["A.0"], 2, first=True, in_flight=3)
+    work = S * B * (8 * H + 2 * (6 * H + 4 * F) + 40) + 2 * 4 * S * 128  # 16-bit residual stream, no weight casts
     assert gb == pytest.approx((state / 2 + act / 2 + work) / 2**30)
 
 

@@ -16,6 +16,7 @@ from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import Profile, parse_profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.base import GIB
+from hexicore.cost.block_memory import block_bytes
 from hexicore.cost.measured_block import tokens_bytes
 from hexicore.cost.profiled import ProfiledCostModel
 
@@ -62,7 +63,7 @@ def test_recomputation_keeps_block_inputs_and_recomputes_one_measured_block():
     t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=True, dtype="bf16")
     got = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
     want = ana.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
-    full = MODEL.activation_bytes_per_layer(1, tp=1, recompute=False, dtype_bytes=2, seq_len=32)
+    full = block_bytes(MODEL, 1, 32, 1, 2)  # the analytic workspace: the runtime's count of one block
     assert got["activations"] == pytest.approx(want["activations"])
     assert got["workspace"] == pytest.approx(want["workspace"] + (3.0e6 - full) / GIB)
 
@@ -72,7 +73,7 @@ def test_a_tp_degree_not_profiled_scales_as_the_formula_does(caplog):
     t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0", "A.1"], 2)["activations"]
-    f1, f2 = (MODEL.activation_bytes_per_layer(1, tp=k, recompute=False, dtype_bytes=2, seq_len=32) for k in (1, 2))
+    f1, f2 = (block_bytes(MODEL, 1, 32, k, 2) for k in (1, 2))
     assert got == pytest.approx(2 * 3.0e6 * f2 / f1 / GIB)
     assert any("TP degree 2" in r.getMessage() and "scaled from TP 1" in r.getMessage() for r in caplog.records)
 
@@ -92,7 +93,8 @@ def test_what_does_not_apply_is_the_formula_with_a_note(case, why, caplog):
 def test_the_recorded_h200_run_is_predicted_within_five_percent(tmp_path):
     """The H200 profile and run of docs/results.md: a 4-block Llama-2-7B-shaped model, bf16,
     global batch 4 of micro-batch 1 on one GPU, measured peak 22.90 GiB (allocator); the
-    analytic activation formula predicted 19.07 GiB (-16.7%)."""
+    paper's activation formula predicted 19.07 GiB (-16.7%), the analytic model's count of the
+    runtime's saved tensors gives 21.57 (-5.8%: CUDA's attention kernel and allocator keep more)."""
     from hexicore.app.api import load_plan
     from hexicore.core.prediction import predictions
 
@@ -101,8 +103,8 @@ def test_the_recorded_h200_run_is_predicted_within_five_percent(tmp_path):
     got = predictions(ProfiledCostModel(profile=prof).estimate(plan), plan.devices)
     assert got["peak_memory_gb"][0] == pytest.approx(22.90, rel=0.05)
     assert got["step_s"] == pytest.approx(0.2644, rel=0.05)
-    old = predictions(AnalyticCostModel().estimate(plan), plan.devices)["peak_memory_gb"][0]
-    assert old < 22.90 * 0.85  # what the formula alone gives: the measured bytes are what moved it
+    analytic = predictions(AnalyticCostModel().estimate(plan), plan.devices)["peak_memory_gb"][0]
+    assert analytic == pytest.approx(22.90, rel=0.1) and analytic < got["peak_memory_gb"][0]
 
 
 def test_bytes_below_the_block_input_are_no_reading(caplog):

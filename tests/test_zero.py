@@ -498,8 +498,11 @@ def test_tp_replicated_tensors_are_whole_on_every_tp_rank_by_hand():
                                  in_flight=1, dp=2)
     total = 4 * LAYER_PARAMS + V * H + (V * H + H)
     assert z1["optimizer"] == pytest.approx(8 * total / 4 / GIB) and z1["weights"] == parts["weights"]
-    # workspace: one block's full activations / tp + the whole logits and their gradient (fp32) + reserve 0
-    act = MODEL.activation_bytes_per_layer(1, tp=2, recompute=False, dtype_bytes=2, seq_len=512)
+    # workspace: one block's saved tensors on a TP rank (fp32 residual stream and normed bf16 inputs
+    # whole, q/k/v/out, the MLP's four, the log-sum-exp and the weights' casts / 2; rotary casts
+    # whole) + the whole logits and their gradient (fp32) + reserve 0
+    act = 512 * (16 * H + 2 * (2 * H + 2 * H + 2 * 4 * H) + 4 * (2 + 4)) + 2 * (4 * 512 * 128 + 8 * H * H)
+    assert MODEL.ffn == 4 * H  # 3 H F = 12 H^2: the block's matrices 4 H^2 + 12 H^2 = 16 H^2, / 2 on a rank
     assert parts["workspace"] == pytest.approx((act + 2 * 512 * V * 4) / GIB)
     # the head's FLOPs run on every TP rank: they are divided by one GPU's FLOP/s, not two
     blocks = 4 * 512 * LAYER_FLOPS_TOKEN / (2 * 100e12 * 0.5)

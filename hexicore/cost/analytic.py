@@ -21,6 +21,7 @@ from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, PlacementFn, default_in_flight
 from hexicore.cost import sharding
+from hexicore.cost.block_memory import block_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
                                      state_bytes, tied_copies, tied_whole)
@@ -148,15 +149,16 @@ class AnalyticCostModel:
           ``/ tp`` and, whole, what TP replicates — norms, row-parallel biases, the embedding on
           the first stage, the head on the last (:func:`hexicore.cost.precision.device_params`;
           App. A's ``48 H^2 B_type / |d_ij|`` per layer splits everything); under ``train.zero``
-          (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element, replicated ones
-          included, is split among all ``tp x dp`` ranks holding it,
-          :func:`hexicore.cost.precision.sharded`; a tied embedding's copies stay whole,
+          (``dp > 1``) the sharded parts are ``params / tp / dp`` (every element split among all
+          ``tp x dp`` holders, :func:`hexicore.cost.precision.sharded`; a tied embedding's stay whole,
           :func:`~hexicore.cost.precision.tied_whole`), or kept for ``kept`` parameters
           (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
           ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
-        * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes; under
-          recomputation App. A's ``B_mb*S*H*B_type``, in the weights' dtype (the residual stream);
-        * ``workspace``: one layer's full activations / tp (the block being recomputed), on the
+        * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes: a
+          block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`: the runtime's
+          count, casts included), under recomputation App. A's ``B_mb*S*H*B_type`` in the
+          residual stream's (the weights') dtype;
+        * ``workspace``: one block's saved tensors (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
           replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
           the stage's largest unit (summed and freed unit by unit) and under ZeRO-3 also its
@@ -177,13 +179,11 @@ class AnalyticCostModel:
             for k in split:
                 out[k] = full.parts()[k] * kept / GIB
         share = n_layers if share_layers is None else share_layers
-        kept_bytes = max(full.weights, train.dtype_bytes) if train.recompute else train.dtype_bytes
-        out["activations"] = in_flight * share * model.activation_bytes_per_layer(
-            train.micro_batch, tp=tp, recompute=train.recompute, dtype_bytes=kept_bytes,
-            seq_len=train.seq_len) / GIB
-        work = model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=False,
-                                                dtype_bytes=train.dtype_bytes, seq_len=train.seq_len) \
-            if train.recompute and n_layers else 0.0
+        whole = block_bytes(model, train.micro_batch, train.seq_len, tp, train.dtype_bytes, full.weights)
+        kept = model.activation_bytes_per_layer(train.micro_batch, tp=tp, seq_len=train.seq_len,  # block input:
+                                                dtype_bytes=max(full.weights, train.dtype_bytes))  # residual stream
+        out["activations"] = in_flight * share * (kept if train.recompute else whole) / GIB
+        work = whole if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
         if "gradients" in split:

@@ -30,6 +30,7 @@ from typing import Sequence
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.core.profile import BlockTiming
+from hexicore.cost.block_memory import block_bytes
 
 
 def own_shape(b: BlockTiming, model: ModelSpec) -> bool:
@@ -101,12 +102,16 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return pts[-1][1]  # unreachable: x lies inside the range
 
 
-def formula_bytes(model: ModelSpec, train: TrainConfig, tp: int, *, recompute: bool = False) -> float:
-    """The analytic formula's bytes of one block for one micro-batch of ``train`` on a rank of a
-    TP group of ``tp`` (:meth:`ModelSpec.activation_bytes_per_layer`; ``recompute``: the kept
-    block input alone)."""
-    return model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=recompute,
-                                            dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
+def formula_bytes(model: ModelSpec, train: TrainConfig, tp: int, *, recompute: bool = False,
+                  weight_bytes: float = 4.0) -> float:
+    """The analytic model's bytes of one block for one micro-batch of ``train`` on a rank of a TP
+    group of ``tp``: the block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`,
+    weights of ``weight_bytes``), or with ``recompute`` the kept block input alone
+    (:meth:`ModelSpec.activation_bytes_per_layer`)."""
+    if recompute:
+        return model.activation_bytes_per_layer(train.micro_batch, tp=tp, recompute=True,
+                                                dtype_bytes=train.dtype_bytes, seq_len=train.seq_len)
+    return block_bytes(model, train.micro_batch, train.seq_len, tp, train.dtype_bytes, weight_bytes)
 
 
 def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: TrainConfig,

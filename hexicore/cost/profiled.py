@@ -326,7 +326,8 @@ class ProfiledCostModel(AnalyticCostModel):
         if per is None:
             return out
         if train.recompute:
-            out["workspace"] += (per - formula_bytes(model, train, len(devices))) / GIB
+            wide = self.state_bytes(train).weights
+            out["workspace"] += (per - formula_bytes(model, train, len(devices), weight_bytes=wide)) / GIB
         else:
             out["activations"] = in_flight * (n_layers if share_layers is None else share_layers) * per / GIB
         return out
@@ -363,7 +364,7 @@ class ProfiledCostModel(AnalyticCostModel):
             return max(got + others)
         if not got:
             return None
-        return max(got + [formula_bytes(model, train, tp)])
+        return max(got + [formula_bytes(model, train, tp, weight_bytes=self.state_bytes(train).weights)])
 
     def estimate(self, plan: Any) -> Any:
         """The analytic estimate of ``plan`` on its measured cluster (every link-priced term)."""

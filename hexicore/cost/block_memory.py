@@ -1,0 +1,66 @@
+"""What one transformer block of the torch runtime keeps for its backward, counted tensor by tensor.
+
+The analytic formula of App. A / Korthikanti et al. (2022, eq. 2: ``S*B*H*(10 + 24/t)`` bytes)
+is written for GPT blocks whose every tensor is 16-bit. The torch runtime (``plugins/runtimes/
+torch/model.py``) trains Llama blocks in fp32 weights under autocast, and keeps per token, on a
+rank of a TP group of ``t`` (``q`` the query width ``heads * head_dim``, ``f`` the FFN width):
+
+* in fp32 whatever ``train.dtype`` — the residual stream and the RMSNorms' math: the block input
+  ``x``, ``x * rstd``, the residual ``h1`` after attention and ``h1 * rstd``: ``4 x hidden x 4 B``;
+* in ``train.dtype`` — the two normed inputs of the projections (whole: TP copies them):
+  ``2 x hidden``; the attention's q, k, v (k and v repeated to the query heads) and its output:
+  ``4 x q / t``; the MLP's gate, up, ``silu(gate)`` and their product: ``4 x f / t``;
+* in fp32, per row: two ``rstd`` and the attention's log-sum-exp per head (``heads / t``).
+
+Per forward, not per token: under autocast (bf16/fp16) the rotary tables' casts, ``4 x S x
+head_dim`` in ``train.dtype``, and the cast of every weight a projection multiplies (``2 B x`` the
+block's matrices ``/ t``): each forward action enters its own autocast region, so each in-flight
+micro-batch keeps its own copy of them. A recipe of 16-bit weights (the paper's 8 B of state a
+parameter) keeps its residual stream in 16 bits and casts nothing.
+
+``hexicore profile`` records the same bytes as ``activation_bytes`` (CPU: the distinct saved
+tensors; CUDA: the allocator's growth); ``tests/test_block_memory.py`` holds this count against
+that measurement. Other blocks (GPT, LayerNorm) keep the paper's formula.
+"""
+
+from __future__ import annotations
+
+from hexicore.core.model import ModelSpec
+
+__all__ = ["block_bytes", "counted", "runtime_block_bytes"]
+
+
+def counted(model: ModelSpec) -> bool:
+    """Whether :func:`runtime_block_bytes` counts this block (the runtime's Llama block: arch
+    llama with RMSNorm)."""
+    return model.arch == "llama" and model.norm == "rmsnorm"
+
+
+def runtime_block_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype_bytes: float,
+                        weight_bytes: float = 4.0) -> float:
+    """Bytes one forward of one micro-batch through one block leaves for its backward on a rank
+    of a TP group of ``tp`` (module docstring), computing in ``dtype_bytes`` with weights of
+    ``weight_bytes`` (the state recipe's: 4, fp32 under autocast; 2 under the paper's 8 B of
+    state a parameter). The residual stream and the norms keep the wider of the two; the weights'
+    casts are kept only where the weights are wider than the compute dtype."""
+    tokens = micro_batch * seq_len
+    h, q, f = model.hidden, model.q_dim, model.ffn
+    wide = max(weight_bytes, dtype_bytes)
+    per_token = 4 * wide * h + dtype_bytes * (2 * h + 4 * q / tp + 4 * f / tp) + 4 * (2 + model.heads / tp)
+    per_forward = 0.0
+    if dtype_bytes < 4:  # the fp32 rotary tables' casts
+        per_forward += dtype_bytes * 4 * seq_len * model.head_dim
+    if weight_bytes > dtype_bytes:  # autocast: each forward's casts of the block's matrices
+        per_forward += dtype_bytes * (h * (2 * q + 2 * model.kv_dim) + 3 * h * f) / tp
+    return tokens * per_token + per_forward
+
+
+def block_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype_bytes: float,
+                weight_bytes: float = 4.0) -> float:
+    """One block's saved bytes for one micro-batch without recomputation: the runtime's count
+    (:func:`runtime_block_bytes`) for the blocks it counts, else App. A's formula
+    (:meth:`ModelSpec.activation_bytes_per_layer`)."""
+    if counted(model):
+        return runtime_block_bytes(model, micro_batch, seq_len, tp, dtype_bytes, weight_bytes)
+    return model.activation_bytes_per_layer(micro_batch, tp=tp, recompute=False, dtype_bytes=int(dtype_bytes),
+                                            seq_len=seq_len)

@@ -115,10 +115,10 @@ def test_cli_schedule_auto_records_schedules(tmp_path, capsys):
 
 
 def test_auto_keeps_the_seed_plans(tmp_path):
-    """The seed solvers (megatron) see the first option, not 'auto': on hetero1 with one
+    """The seed solvers (megatron) see the first option, not 'auto': on hetero2 with one
     iteration the 1F1B search's best is megatron's re-laid-out plan, and auto must not lose it."""
     reg = Registry.default()
-    over = ["cluster=hetero1", "model=llama2_7b", "train.global_batch=128"]
+    over = ["cluster=hetero2", "model=llama2_7b", "train.global_batch=128"]
     one = build_problem(config_from_overrides(over + ["schedule=1f1b"]), reg)
     from dataclasses import replace
 

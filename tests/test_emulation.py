@@ -26,8 +26,10 @@ def test_tflops_in_a_cluster_file_round_trips_and_bad_values_are_refused():
     assert [c.slowdown(d.id) for d in c.devices] == [1.0, 1.0, 1.0]
     assert c.to_dict()["machines"][1]["emulate"] == {"tflops": 0.004}
     assert parse_cluster(c.to_dict(), "plan.json", "cluster") == c
-    for bad, field in (({"tflops": 0}, "emulate.tflops"), ({"tflops": 1e5}, "emulate.tflops"),
-                       ({"tflops": "fast"}, "emulate.tflops"), ({"tflops": 1, "slowdown": 2}, "emulate"), ({}, "emulate")):
+    bad_values = (({"tflops": 0}, "emulate.tflops"), ({"tflops": 1e5}, "emulate.tflops"),
+                  ({"tflops": 1e-9}, "emulate.tflops"), ({"tflops": "fast"}, "emulate.tflops"),
+                  ({"tflops": 1, "slowdown": 2}, "emulate"), ({}, "emulate"))
+    for bad, field in bad_values:
         base["machines"][1]["emulate"] = bad
         with pytest.raises(HexicoreError) as e:
             parse_cluster(base, "c.yaml")

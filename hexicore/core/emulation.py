@@ -6,7 +6,7 @@ and ``emulate`` makes that machine's devices slower than the host. Two modes, on
 * ``emulate: {slowdown: K}`` (1 <= K <= 1000): every compute action and optimizer step lasts
   ``K`` times the host's own work on it (the rank's CPU seconds; CUDA: synchronised seconds). It
   follows the host: a busy or throttled host makes the emulated device slower too.
-* ``emulate: {tflops: X}`` (0 < X <= 10000): a device of a fixed speed. Every compute action
+* ``emulate: {tflops: X}`` (1e-6 <= X <= 10000): a device of a fixed speed. Every compute action
   lasts its counted FLOPs (matrix products and attention, counted by torch's FLOP formulas as it
   runs: recomputation and a TP shard's own share included) divided by ``X`` TFLOP/s, or its own
   duration if the host needs longer. With ``X`` well below what the host sustains per rank, an
@@ -29,7 +29,7 @@ from hexicore.core.errors import HexicoreError
 __all__ = ["Emulation", "parse_emulation"]
 
 #: the accepted range of each mode's number
-RANGES = {"slowdown": (1.0, 1000.0), "tflops": (1e-9, 10000.0)}
+RANGES = {"slowdown": (1.0, 1000.0), "tflops": (1e-6, 10000.0)}
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,6 @@ def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
     k = schema.number(value, source, schema.dotted(fp, key))
     lo, hi = RANGES[key]
     if not lo <= k <= hi:
-        low = "above 0" if key == "tflops" else f"at least {lo:g}"
-        raise HexicoreError(f"must be {low} and at most {hi:g}, got {k}", source=source, field=schema.dotted(fp, key))
+        raise HexicoreError(f"must be at least {lo:g} and at most {hi:g}, got {k}", source=source,
+                            field=schema.dotted(fp, key))
     return Emulation(**{key: float(k)})

@@ -87,10 +87,9 @@ def stretch(factor: float, started: float, device: torch.device, cpu_started: fl
     if factor <= 1.0:
         return time.perf_counter() - started
     settle(device)
-    took = time.perf_counter() - started
-    work = took if cpu_started is None or device.type == "cuda" else time.thread_time() - cpu_started
-    time.sleep(max(factor * max(work, 0.0) - took, 0.0))
-    return took
+    cpu = cpu_started is not None and device.type != "cuda"
+    work = time.thread_time() - cpu_started if cpu else time.perf_counter() - started
+    return hold(factor * max(work, 0.0), started, device)
 
 
 def hold(seconds: float, started: float, device: torch.device) -> float:

@@ -1,5 +1,6 @@
-"""The shape of the code: no import circle, imports one way between the sub-packages, no module
-over 400 lines, no function over 80 lines without a stated reason.
+"""The shape of the code: no import circle, imports one way between the sub-packages, no function
+over 80 lines without a stated reason. Modules have no size cap: a module holds one concept and
+its size follows the concept.
 
 Imports are read with :mod:`ast` from every ``.py`` file under ``hexicore/`` and ``plugins/``
 (installed as ``hexicore_plugins``), wherever they sit: module level, inside functions, under
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MODULE, MAX_FUNCTION = 400, 80
+MAX_FUNCTION = 80
 LONG_REASON = re.compile(r"\blong:\s*\S")
 
 #: sub-package (or top-level module) of hexicore -> the parts of hexicore it may import
@@ -152,12 +153,6 @@ def test_plugins_stay_out_of_the_app_layer_and_of_each_other():
             if wrong:
                 bad.append(f"{module} imports {t}")
     assert not bad, "\n".join(sorted(bad))
-
-
-def test_no_module_over_400_lines():
-    big = [(str(p.relative_to(ROOT)), n) for p in python_files()
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE]
-    assert not big, big
 
 
 def test_no_function_over_80_lines_without_a_reason():

@@ -14,8 +14,8 @@ import pytest
 from hexicore.app.compose import config_from_overrides
 from hexicore.app.training import build_run_spec
 from hexicore.core.errors import HexicoreError, PlanError
-from hexicore.core.run_spec import (PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings,
-                                    TrainSettings)
+from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings
+from hexicore.core.settings import TrainSettings
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.registry import Registry
@@ -59,9 +59,9 @@ def test_spec_per_parallel_mode(tmp_path):
     ref = spec_of([*TRAIN, "parallel=none", "seed=4", "train.steps=3", f"resume={tmp_path}"], reg)
     assert isinstance(ref.layout, ReferenceLayout) and ref.schedules == () and ref.estimate is None
     assert ref.train == TrainSettings(steps=3, global_batch=4, micro_batch=1, seq_len=ref.model.seq_len, dtype="fp32",
-                                      recompute=False, seed=4, resume=str(tmp_path))
+                                      recompute=False, seed=4) and ref.checkpoint.resume == str(tmp_path)
     pipe = spec_of([*TRAIN, "schedule=hanayo", "schedule.waves=1", "pipeline.ranks=2"], reg, out="o")
-    assert pipe.layout == PipelineLayout(2) and pipe.train.out == "o"
+    assert pipe.layout == PipelineLayout(2) and pipe.output.out == "o"
     assert [dict(s) for s in pipe.schedules] == [{"name": "hanayo", "waves": 1, "max_waves": 8, "memory": None}]
     assert pipe.runtime.name == "torch" and pipe.runtime.params["timeout_s"] == 120
     with pytest.raises(TypeError):
@@ -119,7 +119,7 @@ def test_bad_settings_are_one_line_errors():
         spec_of([*TRAIN, "train.dtype=fp8"], reg)
     with pytest.raises(HexicoreError, match="1 schedules for 0 pipelines"):
         RunSpec(ReferenceLayout(), model_preset("tiny"), ({"name": "gpipe"},),
-                TrainSettings(1, 4, 1, 32), RuntimeSettings("torch"))
+                TrainSettings(4, 1, 32, steps=1), RuntimeSettings("torch"))
     from hexicore_plugins.runtimes.torch.runtime import TorchSettings
 
     with pytest.raises(HexicoreError, match="unknown runtime key 'lr_max'") as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,7 +17,8 @@ from hexicore.cost import CostModel, Estimate
 from hexicore.core.errors import HexicoreError
 from hexicore.core.hf_config import is_hf_config, load_hf_config
 from hexicore.core.model import ModelSpec, parse_model
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import CheckpointSettings, TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
 from hexicore.planner.objective import Objective
@@ -114,14 +116,36 @@ def load_model(cfg: DictConfig) -> ModelSpec:
     return parse_model(_plain(cfg.model), _choice(cfg, "model"), "model")
 
 
-def train_config(cfg: DictConfig, model: ModelSpec) -> TrainConfig:
-    t = dict(_plain(cfg.get("train")) or {})
-    t.pop("steps", None)
-    if t.get("seq_len") is None:
-        t["seq_len"] = model.seq_len
-    train = TrainConfig.from_dict(t, "command line")
+def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, *, run: bool = False) -> TrainSettings:
+    """The ``train`` section (and, for a ``run``, ``train.steps`` and ``seed``) as
+    :class:`TrainSettings`; what is not given takes the class's defaults, the sequence length the
+    model's. Beside a plan, the plan's batch sizes and sharding win over the config's, and its
+    sequence length, dtype and recomputation are the defaults of ``train.seq_len``,
+    ``train.dtype`` and ``train.recompute`` (``null`` in the schema), so a plan trains as it was
+    planned unless they are given. Planning ignores ``train.steps``."""
+    given = {k: v for k, v in (_plain(cfg.get("train")) or {}).items() if v is not None}
+    given.pop("checkpoint_every", None)  # a checkpoint setting: checkpoint_settings()
+    if not run:
+        given.pop("steps", None)
+    if plan is not None:
+        for key in ("global_batch", "micro_batch", "zero", "zero_split", "zero_scope"):
+            given.pop(key, None)
+    section = {**(plan.train.to_dict() if plan is not None else {"seq_len": model.seq_len}), **given}
+    train = TrainSettings.from_dict(section, "command line")
     model.check_seq_len(train.seq_len, "command line")
+    if run:
+        train = replace(train, seed=schema.integer(cfg.get("seed") or 0, "command line", "seed", minimum=None))
     return train
+
+
+def checkpoint_settings(cfg: DictConfig) -> CheckpointSettings:
+    """``train.checkpoint_every``, ``resume=`` and ``init_from=`` (the runtime section's
+    ``shard_mb`` is the runtime's to read)."""
+    every = (cfg.get("train") or {}).get("checkpoint_every")
+    resume, init_from = cfg.get("resume"), cfg.get("init_from")
+    return CheckpointSettings(
+        every=schema.integer(every, "command line", "train.checkpoint_every", minimum=0) if every else 0,
+        resume=str(resume) if resume else None, init_from=str(init_from) if init_from else None)
 
 
 #: Schedule keys every schedule config declares (null where unused) so that one sweep can vary
@@ -180,7 +204,7 @@ def check_cost_cluster(cost: CostModel, cluster: Cluster) -> None:
 def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None = None) -> Problem:
     cluster = load_cluster(cfg)
     model = load_model(cfg)
-    train = train_config(cfg, model)
+    train = train_settings(cfg, model)
     if warm_start is None and cfg.get("warm_start"):
         warm_start = Plan.load(str(cfg.warm_start))
     usable = {d.id for d in cluster.devices}

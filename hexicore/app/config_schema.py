@@ -17,19 +17,41 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from hexicore.core.settings import (DTYPE_BYTES, ZERO_SCOPES, ZERO_SPLITS, ZERO_STAGES, CheckpointSettings,
+                                    TrainSettings)
 
-@dataclass
-class TrainSection:
-    global_batch: int = 24
-    micro_batch: int = 1
-    seq_len: Optional[int] = None
-    dtype: Optional[str] = None  # bf16, or a trained plan's
-    recompute: Optional[bool] = None  # true, or a trained plan's
-    zero: str = "0"
-    zero_split: str = "even"
-    zero_scope: str = "all"
-    steps: int = 10
-    checkpoint_every: int = 0
+
+#: ``train`` keys whose schema default is null: "the plan's, else the model's or the class default"
+#: (:func:`hexicore.app.compose.train_settings`)
+INHERITED = ("seq_len", "dtype", "recompute")
+
+
+def config_section(section: str, *settings: type, inherited: tuple[str, ...] = ()) -> type:
+    """The Hydra structured-config class of config section ``section``, composed from the
+    settings classes (:mod:`hexicore.core.settings`) whose fields live there: each field whose
+    config key is ``<section>.<name>`` (a field's ``key`` metadata, else its class's section
+    name) with the class's default; ``inherited`` fields are optional with a null default. A
+    ``int | str`` field (``train.zero``: 0-3 or ``auto``) is typed ``str``, as text on the
+    command line."""
+    from dataclasses import MISSING as NO_DEFAULT, fields, make_dataclass
+
+    columns = []
+    for cls in settings:
+        for f in fields(cls):
+            key = f.metadata.get("key") or f"{section}.{f.name}"
+            prefix, _, name = key.rpartition(".")
+            if prefix != section or f.default is NO_DEFAULT:
+                continue
+            kind = str if ("str" in str(f.type) and "int" in str(f.type)) else type(f.default)
+            default = str(f.default) if kind is str and f.default is not None else f.default
+            if name in inherited:
+                columns.append((name, Optional[kind], field(default=None)))
+            else:
+                columns.append((name, kind, field(default=default)))
+    return make_dataclass(f"{section.title()}Section", columns)
+
+
+TrainSection = config_section("train", TrainSettings, CheckpointSettings, inherited=INHERITED)
 
 
 @dataclass
@@ -121,9 +143,9 @@ def store_schema() -> None:
 #: the config groups (``cluster=NAME``); every config holds each of them
 GROUPS = ("cluster", "model", "solver", "schedule", "cost", "runtime")
 #: allowed values of the string keys the schema types as ``str``
-CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": ("bf16", "fp16", "fp32"),
-           "train.zero": ("0", "1", "2", "3", "auto"),
-           "train.zero_split": ("even", "memory"), "train.zero_scope": ("all", "machine"),
+CHOICES = {"parallel": ("pipeline", "none"), "train.dtype": tuple(DTYPE_BYTES),
+           "train.zero": tuple(str(stage) for stage in ZERO_STAGES),
+           "train.zero_split": ZERO_SPLITS, "train.zero_scope": ZERO_SCOPES,
            "profile.statistic": ("median", "min")}
 _SECTIONS = {"": HexicoreConfig, "train": TrainSection, "pipeline": PipelineSection, "timing": TimingSection,
              "prepare": PrepareSection, "profile": ProfileSection}

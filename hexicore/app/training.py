@@ -21,8 +21,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.hf_config import is_hf_config
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan
-from hexicore.core.run_spec import (PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings,
-                                    TrainSettings)
+from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec, RuntimeSettings
+from hexicore.core.settings import OutputSettings, TrainSettings
 from hexicore.registry import Registry
 
 SRC = "command line"
@@ -35,28 +35,13 @@ def runtime_settings(cfg: DictConfig) -> RuntimeSettings:
     return RuntimeSettings(str(params.pop("name", "torch")), params)
 
 
-def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, out: str | None = None) -> TrainSettings:
-    """``train.*``, ``seed``, ``resume``, ``init_from`` and ``out``; a plan's batch sizes and sequence length
-    win over the config's (``train.seq_len`` given explicitly still overrides the plan's); its
-    ``dtype`` and ``recompute`` are the defaults (``null``) of ``train.dtype``/``train.recompute``
-    (else bf16 with recompute), so a plan trains as it was planned unless they are given."""
-    t = cfg.get("train") or {}
-
-    def whole(key: str, minimum: int | None = 1) -> int:
-        return schema.integer(t.get(key), SRC, f"train.{key}", minimum=minimum)
-
-    seq_len = whole("seq_len") if t.get("seq_len") is not None else (plan.train.seq_len if plan else model.seq_len)
-    model.check_seq_len(seq_len, SRC)
-    gb, mb = (plan.train.global_batch, plan.train.micro_batch) if plan else (whole("global_batch"), whole("micro_batch"))
-    resume, init_from = cfg.get("resume"), cfg.get("init_from")
-    return TrainSettings(steps=whole("steps"), global_batch=gb, micro_batch=mb, seq_len=seq_len,
-                         dtype=str(t.get("dtype") or (plan.train.dtype if plan else "bf16")),
-                         recompute=bool(t.get("recompute") if t.get("recompute") is not None
-                                        else (plan.train.recompute if plan else True)),
-                         seed=schema.integer(cfg.get("seed") or 0, SRC, "seed", minimum=None),
-                         checkpoint_every=whole("checkpoint_every", 0) if t.get("checkpoint_every") else 0,
-                         resume=str(resume) if resume else None, out=out,
-                         init_from=str(init_from) if init_from else None, overwrite=cfg.get("overwrite"))
+def run_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None,
+                 out: str | None = None) -> dict[str, Any]:
+    """The run's ``train``, ``checkpoint`` and ``output`` settings (:mod:`hexicore.core.settings`)
+    as :class:`RunSpec` keywords; a plan's batch sizes and sequence length win over the config's
+    (:func:`hexicore.app.compose.train_settings`)."""
+    return {"train": app.train_settings(cfg, model, plan, run=True), "checkpoint": app.checkpoint_settings(cfg),
+            "output": OutputSettings(out=out, overwrite=cfg.get("overwrite"))}
 
 
 def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) -> RunSpec:
@@ -71,12 +56,12 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
         app.build_cost_model(cfg, registry)
     if parallel == "none":
         model = app.load_model(cfg)
-        return RunSpec(ReferenceLayout(), model, (), train_settings(cfg, model, out=out), runtime,
-                       model_source=model_source(cfg))
+        return RunSpec(ReferenceLayout(), model, (), runtime=runtime, model_source=model_source(cfg),
+                       **run_settings(cfg, model, out=out))
     schedule = app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict()
     if cfg.get("plan_file"):
         plan, path = app.load_plan_file(cfg)  # parse + hexicore.core.plan.check_structure
-        plan = as_trained(plan, train_settings(cfg, plan.model, plan, out))
+        plan = as_trained(plan, app.train_settings(cfg, plan.model, plan, run=True))
         plan, est, warnings = app.evaluate(plan, app.build_cost_model(cfg, registry), source=path, registry=registry)
         return plan_run_spec(cfg, plan, schedule, runtime, source=path, out=out, estimate=est, warnings=warnings)
     app.one_schedule(str(schedule.get("name")), "train pipeline.ranks=P", registry)
@@ -84,8 +69,8 @@ def build_run_spec(cfg: DictConfig, registry: Registry, out: str | None = None) 
     ranks = schema.integer((cfg.get("pipeline") or {}).get("ranks"), SRC, "pipeline.ranks", minimum=None)
     if ranks < 1:
         raise HexicoreError(f"pipeline.ranks must be at least 1, got {ranks}", field="pipeline.ranks")
-    return RunSpec(PipelineLayout(ranks), model, (schedule,), train_settings(cfg, model, out=out), runtime,
-                   model_source=model_source(cfg))
+    return RunSpec(PipelineLayout(ranks), model, (schedule,), runtime=runtime, model_source=model_source(cfg),
+                   **run_settings(cfg, model, out=out))
 
 
 def model_source(cfg: DictConfig) -> str | None:
@@ -108,8 +93,8 @@ def plan_run_spec(cfg: DictConfig, plan: Plan, schedule: Mapping[str, Any], runt
                   warnings: list[str] | tuple[str, ...] = ()) -> RunSpec:
     """A plan run; each pipeline runs its own schedule section, ``schedule`` where it has none."""
     schedules = tuple(dict(p.schedule) if p.schedule else dict(schedule) for p in plan.pipelines)
-    return RunSpec(PlanLayout(plan, source), plan.model, schedules, train_settings(cfg, plan.model, plan, out),
-                   runtime, cluster=plan.cluster, estimate=estimate, warnings=tuple(warnings))
+    return RunSpec(PlanLayout(plan, source), plan.model, schedules, runtime=runtime,
+                   **run_settings(cfg, plan.model, plan, out), cluster=plan.cluster, estimate=estimate, warnings=tuple(warnings))
 
 
 def create_runtime(spec: RunSpec, registry: Registry) -> Any:

@@ -17,114 +17,16 @@ from hexicore.core import limits, schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.estimate import Estimate
-from hexicore.core.model import DTYPE_BYTES, ModelSpec, parse_model
+from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.core.settings import TrainSettings
 from hexicore.core.solver_info import parse_solver
 
 FORMAT = "hexicore.plan/1"
 
 
-#: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
-ZERO_STAGES = (0, 1, 2, 3, "auto")
-ZERO_SPLITS = ("even", "memory")
-#: ``train.zero_scope``: shard among all holders of a chunk, or only among those in the same
-#: machine, replicating across machines (hybrid sharding, PyTorch's HSDP)
-ZERO_SCOPES = ("all", "machine")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Global batch (sequences), micro-batch, sequence length, dtype, recomputation, and the
-    sharded-state stage ``zero`` (ZeRO, Rajbhandari et al. 2020: 0 = every data-parallel holder
-    keeps the full state, 1 = optimizer state sharded among the holders of a layer chunk, 2 = +
-    gradients, 3 = + weights; ``"auto"`` only in a planning problem: the planner chooses).
-    ``zero_split``: ``even`` shards among a chunk's holders, or ``memory`` = each holder's share
-    proportional to its device's memory (Cephalo-style). ``zero_scope``: ``all`` holders share
-    the shards, or ``machine`` = shards among the holders in one machine, replicated across
-    machines (hybrid sharding). All three are written to the plan JSON only when not the
-    default (0, even, all)."""
-
-    global_batch: int = 24
-    micro_batch: int = 1
-    seq_len: int = 4096
-    dtype: str = "bf16"
-    recompute: bool = True
-    zero: int | str = 0
-    zero_split: str = "even"
-    zero_scope: str = "all"
-
-    def __post_init__(self) -> None:
-        for f in ("global_batch", "micro_batch", "seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise HexicoreError(f"must be a positive integer, got {v!r}", field=f"train.{f}")
-        limits.check(self.global_batch, limits.MAX_GLOBAL_BATCH, "sequences", field="train.global_batch")
-        limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
-        limits.check(self.global_batch // self.micro_batch, limits.MAX_MICRO_BATCHES, "micro-batches",
-                     field="train.micro_batch")
-        if self.global_batch % self.micro_batch:
-            raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
-                                f"{self.micro_batch}", field="train.global_batch")
-        if self.dtype not in DTYPE_BYTES:
-            raise HexicoreError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}",
-                                field="train.dtype")
-        if self.zero not in ZERO_STAGES:
-            raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
-        if self.zero_split not in ZERO_SPLITS:
-            raise HexicoreError(f"zero_split must be one of {', '.join(ZERO_SPLITS)}; got {self.zero_split!r}",
-                                field="train.zero_split")
-        if self.zero_scope not in ZERO_SCOPES:
-            raise HexicoreError(f"zero_scope must be one of {', '.join(ZERO_SCOPES)}; got {self.zero_scope!r}",
-                                field="train.zero_scope")
-
-    @property
-    def zero_stage(self) -> int:
-        """The sharded-state stage as a number (``auto``, unresolved: 0)."""
-        return self.zero if isinstance(self.zero, int) else 0
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"global_batch": self.global_batch, "micro_batch": self.micro_batch,
-                               "seq_len": self.seq_len, "dtype": self.dtype, "recompute": self.recompute}
-        if self.zero != 0:
-            out["zero"] = self.zero
-        if self.zero_split != "even":
-            out["zero_split"] = self.zero_split
-        if self.zero_scope != "all":
-            out["zero_scope"] = self.zero_scope
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str | None = None, prefix: str = "train") -> "TrainConfig":
-        d = schema.as_mapping(data, source, prefix)
-        kw: dict[str, Any] = {}
-        for k in ("global_batch", "micro_batch", "seq_len"):
-            if d.get(k) is not None:
-                kw[k] = schema.integer(d[k], source, f"{prefix}.{k}")
-        if d.get("dtype") is not None:
-            kw["dtype"] = schema.string(d["dtype"], source, f"{prefix}.dtype")
-        if d.get("recompute") is not None:
-            if not isinstance(d["recompute"], bool):
-                raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
-            kw["recompute"] = d["recompute"]
-        if d.get("zero") is not None:
-            z = d["zero"]
-            if isinstance(z, str) and z.strip().isdigit():
-                z = int(z)
-            if isinstance(z, bool) or z not in ZERO_STAGES:
-                raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {z!r}", source=source, field=f"{prefix}.zero")
-            kw["zero"] = z
-        if d.get("zero_split") is not None:
-            kw["zero_split"] = schema.string(d["zero_split"], source, f"{prefix}.zero_split")
-        if d.get("zero_scope") is not None:
-            kw["zero_scope"] = schema.string(d["zero_scope"], source, f"{prefix}.zero_scope")
-        try:
-            return cls(**kw)
-        except HexicoreError as exc:
-            raise HexicoreError(exc.message, source=source, field=exc.field) from None
+#: a plan's ``train`` section is :class:`~hexicore.core.settings.TrainSettings` (its planning fields)
+TrainConfig = TrainSettings
 
 
 @dataclass(frozen=True)
@@ -191,7 +93,7 @@ class Plan:
 
     model: ModelSpec
     cluster: Cluster
-    train: TrainConfig
+    train: TrainSettings
     pipelines: tuple[Pipeline, ...]
     estimate: Estimate | None = None
     solver: Mapping[str, Any] | None = None
@@ -283,7 +185,7 @@ def parse_plan(data: Any, source: str | None = None) -> Plan:
     cluster = parse_cluster(schema.get(d, "cluster", source, None), source, "cluster")
     raw_train = schema.optional_mapping(d, "train", source, "train")
     schema.known_keys(raw_train, TRAIN_KEYS, source, "train")
-    train = TrainConfig.from_dict(raw_train, source)
+    train = TrainSettings.from_dict(raw_train, source)
     if train.zero == "auto":  # a plan records the stage it was priced at
         raise HexicoreError("a plan records a ZeRO stage (0, 1, 2 or 3); auto is the planner's choice: plan with "
                             "train.zero=auto to resolve it", source=source, field="train.zero")

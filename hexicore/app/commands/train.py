@@ -40,8 +40,8 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     out = str(cfg.out) if cfg.get("out") else str(output_dir(cfg))
     try:
         spec = build_run_spec(cfg, registry, out)
-        folders = ("final", *(("checkpoints",) if spec.train.checkpoint_every else ()),
-                   *(("reads",) if spec.train.init_from else ()))
+        folders = ("final", *(("checkpoints",) if spec.checkpoint.every else ()),
+                   *(("reads",) if spec.checkpoint.init_from else ()))
         prepare_out(out, cfg.get("resume"), cfg.get("overwrite"), folders)
         runtime = create_runtime(spec, registry)
         metrics = runtime.run(spec, registry=registry)

@@ -116,7 +116,7 @@ class TorchRuntime:
         settings = TorchSettings.parse(spec.runtime.params)
         layout = self.layout(spec, registry=registry)
         t = spec.train
-        resume = t.resume
+        resume = spec.checkpoint.resume
         if resume:
             from . import checkpoint
 
@@ -130,12 +130,12 @@ class TorchRuntime:
         check_steps(settings.warmup_steps, t.steps)
         data_id = check_data(settings, layout)
         init_from = None
-        if t.init_from and not resume:
-            init_from = check_init_from(t.init_from, layout)
+        if spec.checkpoint.init_from and not resume:
+            init_from = check_init_from(spec.checkpoint.init_from, layout)
         check_fault(settings.fault, layout.world, t.steps,
                     _check_resume(resume, layout, t.seed, data_id, t.steps, settings) if resume else 0)
         # on resume init_from gives no weights, but still its ids, generation config and tokenizer
-        extras = final_extras(spec, settings, layout, init_from or t.init_from)  # last check: warnings follow no error
+        extras = final_extras(spec, settings, layout, init_from or spec.checkpoint.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         emulation, predicted = (), None
@@ -144,8 +144,8 @@ class TorchRuntime:
             emulation = tuple(pl.cluster.emulation(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
         return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout,
-                          steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=t.out, resume=resume,
-                          checkpoint_every=t.checkpoint_every, plan=plan, lr=settings.lr, **optim_settings(settings),
+                          steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=spec.output.out, resume=resume,
+                          checkpoint_every=spec.checkpoint.every, plan=plan, lr=settings.lr, **optim_settings(settings),
                           eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
                           data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
                           progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
@@ -229,8 +229,8 @@ def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_fr
     if settings.data == "tokens" and settings.data_file:
         found, notes = hf_export.data_tokenizer(TokenFile.open(settings.data_file))
     extras, more = hf_export.resolve(sources, found, layout.model.vocab)
-    if spec.train.out:
-        check_final_extras(Path(spec.train.out) / "final", extras.names(), overwrite=spec.train.overwrite)
+    if spec.output.out:
+        check_final_extras(Path(spec.output.out) / "final", extras.names(), overwrite=spec.output.overwrite)
     for line in notes + more:
         print(line, file=sys.stderr)
     return extras

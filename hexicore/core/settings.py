@@ -1,0 +1,299 @@
+"""The run's settings: one frozen dataclass per concept, its defaults defined here and nowhere else.
+
+Every layer composes these classes rather than copying their fields:
+
+* :class:`TrainSettings` — what is trained (the ``train`` config section): batch, sequence
+  length, precision, recomputation, sharded state (ZeRO), steps and seed. A plan's ``train``
+  section (plan JSON ``hexicore.plan/1``) is its planning fields (:data:`TrainSettings.PLAN_FIELDS`);
+* :class:`CheckpointSettings` — where a run starts from and what it saves (``train.checkpoint_every``,
+  ``resume=``, ``init_from=``, ``runtime.shard_mb``);
+* :class:`OptimizerSettings` — AdamW and its learning-rate schedule (``runtime.lr``, ``runtime.eps``, ...);
+* :class:`DataSettings` — what the model reads (``runtime.data``, ``runtime.data_file``);
+* :class:`OutputSettings` — where results go (``out=``, ``overwrite=``).
+
+The Hydra schema (:mod:`hexicore.app.config_schema`) builds its ``train`` section from
+:class:`TrainSettings`'s fields and defaults; the run spec (:mod:`hexicore.core.run_spec`) holds
+these objects; a runtime's worker spec holds them again (the same objects, not copies of their
+fields).
+
+Validation is declared on the fields (:func:`rule`): each field's check runs in the class's
+``__post_init__`` through :func:`check_fields`, so a bad value is one line naming its config key
+(``train.global_batch: must be a positive integer, got 0``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
+
+from hexicore.core import limits
+from hexicore.core.errors import HexicoreError
+from hexicore.core.model import DTYPE_BYTES
+
+#: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
+ZERO_STAGES = (0, 1, 2, 3, "auto")
+ZERO_SPLITS = ("even", "memory")
+#: ``train.zero_scope``: shard among all holders of a chunk, or only among those in the same
+#: machine, replicating across machines (hybrid sharding, PyTorch's HSDP)
+ZERO_SCOPES = ("all", "machine")
+#: ``runtime.lr_schedule``: how the learning rate moves after the warmup
+LR_SCHEDULES = ("constant", "linear", "cosine")
+#: ``runtime.data``: a seeded synthetic token stream, byte-level text, or a token file
+DATA_KINDS = ("synthetic", "text", "tokens")
+
+
+# ----------------------------------------------------------------------------- field rules
+Check = Callable[[Any, str], None]
+
+
+def is_whole(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (``True`` is an int to Python, never a count here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A finite ``int`` or ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def whole(minimum: int | None = 1, maximum: int | None = None) -> Check:
+    """An integer in ``[minimum, maximum]`` (``None``: unbounded)."""
+    def check(value: Any, name: str) -> None:
+        if not is_whole(value) or (minimum is not None and value < minimum) \
+                or (maximum is not None and value > maximum):
+            what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, "an integer") \
+                if maximum is None else f"an integer in [{minimum}, {maximum}]"
+            raise HexicoreError(f"must be {what}, got {value!r}", field=name)
+    return check
+
+
+def real(*, minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+         optional: bool = False) -> Check:
+    """A finite number ``>= minimum`` / ``> above`` / ``<= maximum``; ``optional``: None passes."""
+    def check(value: Any, name: str) -> None:
+        if optional and value is None:
+            return
+        bad = not is_real(value) or (minimum is not None and value < minimum) \
+            or (above is not None and value <= above) or (maximum is not None and value > maximum)
+        if bad:
+            bounds = [b for b in (f">= {minimum:g}" if minimum is not None else None,
+                                  f"> {above:g}" if above is not None else None,
+                                  f"<= {maximum:g}" if maximum is not None else None) if b]
+            raise HexicoreError(f"must be a finite number {' and '.join(bounds)}".rstrip() + f", got {value!r}",
+                                field=name)
+    return check
+
+
+def one_of(choices: tuple, noun: str = "") -> Check:
+    """One of ``choices`` (compared as values: ``True`` is not ``1`` here)."""
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices) or value not in choices:
+            label = f"{noun} " if noun else ""
+            raise HexicoreError(f"unknown {label}{value!r}; choose one of: {', '.join(str(c) for c in choices)}",
+                                field=name)
+    return check
+
+
+def flag(value: Any, name: str) -> None:
+    """``true`` or ``false``."""
+    if not isinstance(value, bool):
+        raise HexicoreError(f"expected true or false, got {value!r}", field=name)
+
+
+def text(*, optional: bool = True) -> Check:
+    """A non-empty string (``optional``: or None)."""
+    def check(value: Any, name: str) -> None:
+        if optional and value is None:
+            return
+        if not isinstance(value, str) or not value.strip():
+            raise HexicoreError(f"expected a non-empty string, got {value!r}", field=name)
+    return check
+
+
+def rule(default: Any, check: Check | None, key: str | None = None) -> Any:
+    """A dataclass field with ``default`` whose value :func:`check_fields` checks with ``check``;
+    ``key`` is its config key when that is not ``<section>.<field name>``."""
+    return field(default=default, metadata={"check": check, "key": key})
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Run every field's declared check; errors name the config key (``train.global_batch``)."""
+    for f in fields(obj):
+        check = f.metadata.get("check")
+        if check is not None:
+            check(getattr(obj, f.name), f.metadata.get("key") or f"{section}.{f.name}")
+
+
+# ----------------------------------------------------------------------------- the settings
+@dataclass(frozen=True)
+class TrainSettings:
+    """What is trained, the ``train`` config section. Global batch (sequences), micro-batch,
+    sequence length, dtype, recomputation, and the sharded-state stage ``zero`` (ZeRO,
+    Rajbhandari et al. 2020: 0 = every data-parallel holder keeps the full state, 1 = optimizer
+    state sharded among the holders of a layer chunk, 2 = + gradients, 3 = + weights; ``"auto"``
+    only in a planning problem: the planner chooses). ``zero_split``: ``even`` shards among a
+    chunk's holders, or ``memory`` = each holder's share proportional to its device's memory
+    (Cephalo-style). ``zero_scope``: ``all`` holders share the shards, or ``machine`` = shards
+    among the holders in one machine, replicated across machines (hybrid sharding). ``steps``
+    and ``seed`` concern a training run only: a plan's ``train`` section is
+    :data:`PLAN_FIELDS`, and writes ``zero*`` only when not the default (0, even, all)."""
+
+    global_batch: int = rule(24, whole())
+    micro_batch: int = rule(1, whole())
+    seq_len: int = rule(4096, whole())
+    dtype: str = rule("bf16", one_of(tuple(DTYPE_BYTES), "dtype"))
+    recompute: bool = rule(True, flag)
+    zero: int | str = rule(0, None)  # checked with its own message below
+    zero_split: str = rule("even", one_of(ZERO_SPLITS, "zero_split"))
+    zero_scope: str = rule("all", one_of(ZERO_SCOPES, "zero_scope"))
+    steps: int = rule(10, whole())
+    seed: int = rule(0, whole(minimum=None), key="seed")
+
+    #: the fields a plan records (plan JSON ``train``), in their order there
+    PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "train")
+        limits.check(self.global_batch, limits.MAX_GLOBAL_BATCH, "sequences", field="train.global_batch")
+        limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
+        limits.check(self.global_batch // self.micro_batch, limits.MAX_MICRO_BATCHES, "micro-batches",
+                     field="train.micro_batch")
+        if self.global_batch % self.micro_batch:
+            raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
+                                f"{self.micro_batch}", field="train.micro_batch")
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
+
+    @property
+    def zero_stage(self) -> int:
+        """The sharded-state stage as a number (``auto``, unresolved: 0)."""
+        return self.zero if isinstance(self.zero, int) else 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step over the whole run (global batch / micro-batch)."""
+        return self.global_batch // self.micro_batch
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan JSON's ``train`` section: the planning fields, ``zero*`` only when not default."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.PLAN_FIELDS[:5]}
+        defaults = {f.name: f.default for f in fields(self)}
+        for k in self.PLAN_FIELDS[5:]:
+            if getattr(self, k) != defaults[k]:
+                out[k] = getattr(self, k)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None = None, prefix: str = "train") -> "TrainSettings":
+        """A plan JSON's (or the command line's) ``train`` section; absent or null keys take the
+        defaults. Values are read as :mod:`hexicore.core.schema` reads files (``'2e3'`` is 2000)."""
+        from hexicore.core import schema
+
+        d = schema.as_mapping(data, source, prefix)
+        kw: dict[str, Any] = {}
+        for k in ("global_batch", "micro_batch", "seq_len", "steps"):
+            if d.get(k) is not None:
+                kw[k] = schema.integer(d[k], source, f"{prefix}.{k}")
+        for k in ("dtype", "zero_split", "zero_scope"):
+            if d.get(k) is not None:
+                kw[k] = schema.string(d[k], source, f"{prefix}.{k}")
+        if d.get("recompute") is not None:
+            if not isinstance(d["recompute"], bool):
+                raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
+            kw["recompute"] = d["recompute"]
+        if d.get("zero") is not None:
+            z = d["zero"]
+            if isinstance(z, str) and z.strip().isdigit():
+                z = int(z)
+            if isinstance(z, bool) or z not in ZERO_STAGES:
+                raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {z!r}", source=source, field=f"{prefix}.zero")
+            kw["zero"] = z
+        try:
+            return cls(**kw)
+        except HexicoreError as exc:
+            raise HexicoreError(exc.message, source=source, field=exc.field) from None
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Where a run starts from and what it saves: a checkpoint every ``every`` steps and after
+    the last (``train.checkpoint_every``; 0: none), ``resume`` from a checkpoint folder
+    (``step_N/``) or a directory holding them, ``init_from`` a Hugging Face checkpoint directory
+    (not with ``resume``), and ``final/`` as one safetensors file up to ``shard_mb`` MiB, else
+    one shard per stage (``runtime.shard_mb``)."""
+
+    every: int = rule(0, whole(minimum=0), key="train.checkpoint_every")
+    resume: str | None = rule(None, text(), key="resume")
+    init_from: str | None = rule(None, text(), key="init_from")
+    shard_mb: float = rule(5120.0, real(above=0), key="runtime.shard_mb")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "checkpoint")
+
+    @property
+    def shard_bytes(self) -> int:
+        return int(self.shard_mb * 2**20)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW as Llama trains (Touvron et al. 2023, §2.2): betas (0.9, 0.95), ``eps`` 1e-5,
+    weight decay 0.1; the learning rate ``lr`` after a linear warmup of ``warmup_steps`` steps
+    (step k < warmup runs at lr (k + 1) / warmup) stays (``constant``) or decays to ``min_lr``
+    over the remaining steps (``linear``, ``cosine``); ``clip_grad`` clips the global gradient
+    L2 norm (None: no clipping). The config keys are ``runtime.<field>``."""
+
+    lr: float = rule(3e-4, real(above=0), key="runtime.lr")
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = rule(1e-5, real(above=0), key="runtime.eps")
+    weight_decay: float = rule(0.1, real(minimum=0), key="runtime.weight_decay")
+    lr_schedule: str = rule("constant", one_of(LR_SCHEDULES, "lr schedule"), key="runtime.lr_schedule")
+    warmup_steps: int = rule(0, whole(minimum=0), key="runtime.warmup_steps")
+    min_lr: float = rule(0.0, real(minimum=0), key="runtime.min_lr")
+    clip_grad: float | None = rule(None, real(above=0, optional=True), key="runtime.clip_grad")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "runtime")
+        if self.min_lr > self.lr:
+            raise HexicoreError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the schedule decays from lr to min_lr",
+                                field="runtime.min_lr")
+
+    #: what a checkpoint records of these settings, to refuse resuming under other ones
+    RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay")
+
+    def recorded(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.RECORDED}
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What the model reads: ``synthetic`` (a seeded token stream), ``text`` (byte-level, from
+    ``file`` or the shipped demo text) or ``tokens`` (``file`` written by ``hexicore prepare-data``)."""
+
+    kind: str = rule("synthetic", one_of(DATA_KINDS, "data"), key="runtime.data")
+    file: str | None = rule(None, text(), key="runtime.data_file")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "runtime")
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Where a run's results go (``out=``: metrics.json, final/, checkpoints/) and whether it may
+    replace files there that are not its own (``overwrite=``; None: not said)."""
+
+    out: str | None = rule(None, text(), key="out")
+    overwrite: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+
+
+def field_defaults(cls: type) -> Mapping[str, Any]:
+    """``{field: default}`` of a settings class (what a schema or a config file shows)."""
+    return {f.name: f.default for f in fields(cls)}

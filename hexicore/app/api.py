@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hexicore.app.results import SimulationResult
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import is_number, is_whole
 from hexicore.core.plan import Plan
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE
 
@@ -112,8 +113,7 @@ def _path(value: Any, arg: str) -> Path | None:
 
 
 def _number(value: Any, arg: str, *, whole: bool = False) -> Any:
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if not (is_whole(value) if whole else is_number(value)):
         raise HexicoreError(f"expected {'an integer' if whole else 'a number'}, got {type(value).__name__} {value!r}",
                             field=arg)
     return value

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import is_number
 
 #: The keys every estimate carries (the plan JSON contract), in the order hexicore writes them.
 REQUIRED = ("iteration_s", "mfu", "tokens_per_s", "pipeline_s", "dp_s", "memory_gb")
@@ -105,7 +106,7 @@ class Estimate:
 
 def _number(value: Any, source: str | None, field_: str) -> float:
     """A JSON number, returned unchanged (an int stays an int so it is written back as one)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise HexicoreError(f"expected a number, got {value!r}", source=source, field=field_)
     return value
 

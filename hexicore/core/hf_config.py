@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import is_whole
 from hexicore.core.model import HF_ARCHITECTURES as ARCHITECTURES, ModelSpec, rope_scaling_pairs
 
 #: the spec's seq_len when the config allows more positions than this
@@ -204,7 +205,7 @@ def token_id(value: Any, source: str, field: str, vocab: int | None, *, several:
         if not value:
             raise HexicoreError("expected an id or a non-empty list of ids, got []", source=source, field=field)
         return tuple(token_id(v, source, field, vocab) for v in value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_whole(value):
         what = "an integer id or a list of them" if several else "an integer id or null"
         raise HexicoreError(f"expected {what}, got {value!r}"[:200], source=source, field=field)
     if vocab is not None and value >= vocab:

@@ -25,6 +25,7 @@ from typing import Any
 
 from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import whole
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: Hugging Face model types the torch runtime implements -> the architecture class name written
@@ -61,10 +62,9 @@ class ModelSpec:
     hf_model_type: str = ""  # "llama" | "mistral" | "qwen2" when read from a Hugging Face config
 
     def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise HexicoreError(f"must be a positive integer, got {v!r}", field=f)
+        positive = whole()
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
+            positive(getattr(self, name), name)
         limits.check(self.layers, limits.MAX_LAYERS, "layers", field="layers")
         limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="seq_len")
         if isinstance(self.rope_scaling, dict):
@@ -74,8 +74,8 @@ class ModelSpec:
             if self.hidden % self.heads:
                 raise HexicoreError(f"hidden {self.hidden} is not divisible by heads {self.heads}", field="heads")
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
-            raise HexicoreError(f"must be a positive integer, got {self.head_dim!r}", field="head_dim")
+        else:
+            positive(self.head_dim, "head_dim")
         if self.heads % self.kv_heads:
             raise HexicoreError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}", field="kv_heads")
         if self.arch not in ("llama", "gpt"):

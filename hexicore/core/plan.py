@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from hexicore.core import limits, schema
+from hexicore.core import schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.estimate import Estimate

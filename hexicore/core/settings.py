@@ -16,19 +16,19 @@ The Hydra schema (:mod:`hexicore.app.config_schema`) builds its ``train`` sectio
 these objects; a runtime's worker spec holds them again (the same objects, not copies of their
 fields).
 
-Validation is declared on the fields (:func:`rule`): each field's check runs in the class's
-``__post_init__`` through :func:`check_fields`, so a bad value is one line naming its config key
+Validation is declared on the fields (:func:`hexicore.core.fields.rule`): each field's check runs
+in the class's ``__post_init__`` through :func:`~hexicore.core.fields.check_fields`, so a bad value is one line naming its config key
 (``train.global_batch: must be a positive integer, got 0``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 from hexicore.core import limits
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import check_fields, flag, one_of, real, rule, text, whole
 from hexicore.core.model import DTYPE_BYTES
 
 #: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
@@ -41,88 +41,6 @@ ZERO_SCOPES = ("all", "machine")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 #: ``runtime.data``: a seeded synthetic token stream, byte-level text, or a token file
 DATA_KINDS = ("synthetic", "text", "tokens")
-
-
-# ----------------------------------------------------------------------------- field rules
-Check = Callable[[Any, str], None]
-
-
-def is_whole(value: Any) -> bool:
-    """An ``int`` that is not a ``bool`` (``True`` is an int to Python, never a count here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_real(value: Any) -> bool:
-    """A finite ``int`` or ``float`` that is not a ``bool``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def whole(minimum: int | None = 1, maximum: int | None = None) -> Check:
-    """An integer in ``[minimum, maximum]`` (``None``: unbounded)."""
-    def check(value: Any, name: str) -> None:
-        if not is_whole(value) or (minimum is not None and value < minimum) \
-                or (maximum is not None and value > maximum):
-            what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, "an integer") \
-                if maximum is None else f"an integer in [{minimum}, {maximum}]"
-            raise HexicoreError(f"must be {what}, got {value!r}", field=name)
-    return check
-
-
-def real(*, minimum: float | None = None, above: float | None = None, maximum: float | None = None,
-         optional: bool = False) -> Check:
-    """A finite number ``>= minimum`` / ``> above`` / ``<= maximum``; ``optional``: None passes."""
-    def check(value: Any, name: str) -> None:
-        if optional and value is None:
-            return
-        bad = not is_real(value) or (minimum is not None and value < minimum) \
-            or (above is not None and value <= above) or (maximum is not None and value > maximum)
-        if bad:
-            bounds = [b for b in (f">= {minimum:g}" if minimum is not None else None,
-                                  f"> {above:g}" if above is not None else None,
-                                  f"<= {maximum:g}" if maximum is not None else None) if b]
-            raise HexicoreError(f"must be a finite number {' and '.join(bounds)}".rstrip() + f", got {value!r}",
-                                field=name)
-    return check
-
-
-def one_of(choices: tuple, noun: str = "") -> Check:
-    """One of ``choices`` (compared as values: ``True`` is not ``1`` here)."""
-    def check(value: Any, name: str) -> None:
-        if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices) or value not in choices:
-            label = f"{noun} " if noun else ""
-            raise HexicoreError(f"unknown {label}{value!r}; choose one of: {', '.join(str(c) for c in choices)}",
-                                field=name)
-    return check
-
-
-def flag(value: Any, name: str) -> None:
-    """``true`` or ``false``."""
-    if not isinstance(value, bool):
-        raise HexicoreError(f"expected true or false, got {value!r}", field=name)
-
-
-def text(*, optional: bool = True) -> Check:
-    """A non-empty string (``optional``: or None)."""
-    def check(value: Any, name: str) -> None:
-        if optional and value is None:
-            return
-        if not isinstance(value, str) or not value.strip():
-            raise HexicoreError(f"expected a non-empty string, got {value!r}", field=name)
-    return check
-
-
-def rule(default: Any, check: Check | None, key: str | None = None) -> Any:
-    """A dataclass field with ``default`` whose value :func:`check_fields` checks with ``check``;
-    ``key`` is its config key when that is not ``<section>.<field name>``."""
-    return field(default=default, metadata={"check": check, "key": key})
-
-
-def check_fields(obj: Any, section: str) -> None:
-    """Run every field's declared check; errors name the config key (``train.global_batch``)."""
-    for f in fields(obj):
-        check = f.metadata.get("check")
-        if check is not None:
-            check(getattr(obj, f.name), f.metadata.get("key") or f"{section}.{f.name}")
 
 
 # ----------------------------------------------------------------------------- the settings

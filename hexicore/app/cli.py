@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = hydra_args(rest)
         store_schema()
         Registry.default().store_configs()
-        from hexicore.app.plugin_report import plugins_command, warn_broken_plugins
+        from hexicore.app.commands.plugins import plugins_command, warn_broken_plugins
 
         if command == "plugins":
             return plugins_command(argv[1:])

@@ -1,5 +1,6 @@
-"""``hexicore plugins`` and the warnings every other command prints about broken plugins
-(docs/plugins.md): the registry's rows, its broken plugins and its conflicting names."""
+"""``hexicore plugins`` (the one command without a Hydra config) and the warnings every other
+command prints about broken plugins (docs/plugins.md): the registry's rows, its broken plugins
+and its conflicting names."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from hexicore.cost import CostModel, Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.objective import Objective
+from hexicore.planner.allocation.objective import Objective
 
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
@@ -28,7 +28,7 @@ class Problem:
     :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
     ``cost`` (None when the cost model's own PIPELINE-TIME does;
     :func:`hexicore.planner.pricing.schedule_pricing` builds both). ``objective``: what the
-    allocation of devices optimises (:mod:`hexicore.planner.objective`; throughput by default)."""
+    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default)."""
 
     cluster: Cluster
     model: ModelSpec

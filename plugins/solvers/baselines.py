@@ -12,7 +12,7 @@
 
 Each returns the fastest of its own candidates that fits, by the problem's cost model. The
 symmetric ones use every device where some (dp, tp, pp) of that count is legal, else the most
-devices that have one (:func:`~hexicore.planner.symmetric.layout_devices`, the slowest idle).
+devices that have one (:func:`~hexicore.planner.baselines.symmetric.layout_devices`, the slowest idle).
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ from dataclasses import dataclass, replace
 
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.planner.layers import layer_ranges
-from hexicore.planner.constrained import on_devices_for_objective
+from hexicore.planner.stage_layout.layers import layer_ranges
+from hexicore.planner.allocation.sub_clusters import on_devices_for_objective
 from hexicore.planner.fastest import priced_where_it_could_win
-from hexicore.planner.fit import holds_chunks
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.stages import StageTable
-from hexicore.planner.symmetric import (factorisations, layout_devices, least_layers, least_micro_batches, legal,
-                                        symmetric_plan)
-from hexicore.planner.zero import at_stage
+from hexicore.planner.stage_layout.stage_table import StageTable
+from hexicore.planner.baselines.symmetric import (factorisations, layout_devices, least_layers, least_micro_batches, legal, symmetric_plan)
+from hexicore.planner.zero_stage import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 
@@ -113,7 +112,7 @@ class MetisLikeSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 
@@ -183,7 +182,7 @@ class GalvatronLikeSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 
@@ -230,7 +229,7 @@ class FsdpSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 

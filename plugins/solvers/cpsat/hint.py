@@ -12,7 +12,7 @@ from typing import Sequence
 
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem
-from hexicore.planner.symmetric import least_layers
+from hexicore.planner.baselines.symmetric import least_layers
 
 from .formulation import Formulation
 from .tables import Option, machine_pools, tp_degrees

@@ -26,9 +26,9 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
 from hexicore.cost.precision import sync_bytes
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.parallel import available_cores, fork_map
+from hexicore.planner.search.workers import available_cores, fork_map
 from hexicore.planner.problem import Problem
-from hexicore.planner.symmetric import least_layers
+from hexicore.planner.baselines.symmetric import least_layers
 
 from .ends import head_rows
 from .tied import tied_pairs
@@ -299,7 +299,7 @@ def in_flight_rows(problem: Problem, max_stages: int, n_mb: int) -> dict[tuple[i
     problem's schedule, for every P <= ``max_stages`` and n <= ``n_mb``: one row (j = 0..P-1)
     per pair. A schedule that simulates its peaks makes these most of the tables' cost (synth:
     a synthesis per pair, about a second each), so the pairs not known yet run in forked
-    processes, one per core (:func:`~hexicore.planner.parallel.fork_map`: the plain loop's
+    processes, one per core (:func:`~hexicore.planner.search.workers.fork_map`: the plain loop's
     values), and the rows are kept for the cost model's life: the allocation's sub-clusters ask
     for the same ones (the rows depend on the cost model, schedule, micro-batch, P and n only)."""
     t, sched = problem.train, dict(problem.schedule)

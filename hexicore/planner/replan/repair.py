@@ -4,26 +4,30 @@ Start from the previous plan instead of a cold search:
 
 1. keep every pipeline that lost no device, with its stages and layers;
 2. repair each broken pipeline: drop its dead devices; a stage that lost part of its TP group
-   is re-cut into TP groups of allowed degrees (:func:`hexicore.planner.stages.tp_menus`, the cut with
+   is re-cut into TP groups of allowed degrees (:func:`hexicore.planner.stage_layout.tp_menus.tp_menus`, the cut with
    the fastest pipeline), a stage that lost all its devices disappears; that pipeline's layers
-   are re-allocated exactly (:func:`hexicore.planner.stages.layout_pipeline`); two more variants are
+   are re-allocated exactly (:func:`hexicore.planner.stage_layout.stage_table.layout_pipeline`); two more variants are
    tried: the broken pipeline keeping its other stages' layers (a re-cut stage's layers split
    among its pieces: the fewest weights to move), and dropping the broken pipelines altogether;
 3. batches are re-allocated over the pipelines, then a short search improves the result (the
    search's boundary polish and a few two-phase candidates, the caller's budget).
 
-:func:`plan_diff` says how the new plan differs from the previous one (devices moved, layers
-moved): what a runtime has to reload.
+How the new plan differs from the previous one: :mod:`hexicore.planner.replan.diff`.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any, Sequence
 
-from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
-from hexicore.planner.stages import Group, Layout, apply_menu, layout_pipeline, tp_menus
+from hexicore.planner.problem import Progress
+from hexicore.planner.search.candidate import assemble, relayout, two_phase
+from hexicore.planner.search.context import Candidate, SearchContext
+from hexicore.planner.stage_layout.stage_table import Layout, layout_pipeline
+from hexicore.planner.stage_layout.tp_menus import Group, apply_menu, tp_menus
 
 
 def check_warm_start(warm: Plan, problem: Any) -> None:
@@ -33,7 +37,7 @@ def check_warm_start(warm: Plan, problem: Any) -> None:
                             f"{problem.model.name!r} ({problem.model.layers} layers)", field="warm_start")
 
 
-def kept_layers(ctx: Any, stages: Sequence[Any], n_mb_max: int) -> Layout | None:
+def kept_layers(ctx: SearchContext, stages: Sequence[Any], n_mb_max: int) -> Layout | None:
     """The broken pipeline with every intact stage's layers kept: a stage that lost devices is
     re-cut by its first TP menu and its layers split evenly among the pieces; ``None`` when a
     whole stage died, a piece would get no layer, or memory does not allow it."""
@@ -53,7 +57,7 @@ def kept_layers(ctx: Any, stages: Sequence[Any], n_mb_max: int) -> Layout | None
     return layout_pipeline(ctx.table, groups, n_mb_max, layers)
 
 
-def repaired_stages(ctx: Any, stages: Sequence[Sequence[str]], n_mb_max: int) -> Layout | None:
+def repaired_stages(ctx: SearchContext, stages: Sequence[Sequence[str]], n_mb_max: int) -> Layout | None:
     """One broken pipeline's surviving stages, re-cut and re-laid out (module docstring, 2)."""
     cl = ctx.problem.cluster
     base: list[list[Group]] = []
@@ -80,7 +84,7 @@ def repaired_stages(ctx: Any, stages: Sequence[Sequence[str]], n_mb_max: int) ->
     return best
 
 
-def repair(ctx: Any, warm: Plan) -> tuple[list[tuple[str, list[Layout]]], list[int]]:
+def repair(ctx: SearchContext, warm: Plan) -> tuple[list[tuple[str, list[Layout]]], list[int]]:
     """Layout sets to try (label, layouts) and the indices of the broken pipelines."""
     cl = ctx.problem.cluster
     broken = [i for i, p in enumerate(warm.pipelines) if not all(cl.has_device(d) for d in p.devices)]
@@ -108,37 +112,23 @@ def repair(ctx: Any, warm: Plan) -> tuple[list[tuple[str, list[Layout]]], list[i
     return out, broken
 
 
-def placement(plan: Plan) -> dict[str, tuple]:
-    """Per device: (layer range, TP degree, rank in the TP group) — what it holds."""
-    return {d: (s.layers, s.tp, s.devices.index(d)) for p in plan.pipelines for s in p.stages for d in s.devices}
-
-
-def plan_diff(old: Plan, new: Plan, cluster: Cluster | None = None) -> dict[str, Any]:
-    """How ``new`` differs from ``old``: devices lost (gone from ``cluster``, the cluster the
-    replan was asked for, default ``new``'s; devices a machine allocation left idle are moved,
-    not lost), devices moved (their layer range, TP degree or TP rank changed, or they are newly
-    used or now idle: their weights change), and layers moved = sum over the new plan's devices
-    of the layers (as TP shards) that device did not hold before — the weights a runtime has to
-    load."""
-    cluster = new.cluster if cluster is None else cluster
-    a, b = placement(old), placement(new)
-    lost = sorted(d for d in a if not cluster.has_device(d))
-    moved = sorted(d for d in set(a) | set(b) if d not in lost and a.get(d) != b.get(d))
-
-    def shards(p: tuple | None) -> set:
-        return set() if p is None else {(k, p[1], p[2]) for k in range(*p[0])}
-
-    layers = sum(len(shards(b[d]) - shards(a.get(d))) for d in b)
-    same = sum(1 for p in new.pipelines if any(tuple(p.stages) == tuple(q.stages) for q in old.pipelines))
-    return {"excluded": list(cluster.excluded), "lost": lost, "pipelines_kept": same,
-            "pipelines_before": len(old.pipelines), "pipelines_after": len(new.pipelines),
-            "devices_moved": len(moved), "moved": moved[:32], "layers_moved": layers,
-            "previous_iteration_s": old.estimate.iteration_s if old.estimate else None}
-
-
-def describe(diff: dict[str, Any]) -> str:
-    """One line for ``hexicore plan``."""
-    ex = ", ".join(diff["excluded"]) or "none"
-    return (f"replan: excluded {ex}; {diff['pipelines_kept']}/{diff['pipelines_after']} pipelines unchanged "
-            f"(were {diff['pipelines_before']}); {diff['devices_moved']} devices moved, "
-            f"{diff['layers_moved']} layer shards to load")
+def replan_search(ctx: SearchContext, dps: list[int], rng: random.Random, deadline: float,
+                  progress: Progress) -> Candidate:
+    """Elastic replanning (module docstring): the repaired previous plan, then
+    ``replan_iterations`` two-phase candidates around its number of pipelines."""
+    warm = ctx.problem.warm_start
+    check_warm_start(warm, ctx.problem)
+    sets, broken = repair(ctx, warm)
+    progress(f"hexiscale: replanning ({len(broken)} broken pipelines)", 0.1)
+    cands = [assemble(ctx, lays, label, {"d_dp": len(lays), "repaired": broken}) for label, lays in sets]
+    cands += [relayout(ctx, warm, "warm_start +layers", keep_layers=False)]
+    best = min(cands, key=lambda c: c.score)
+    d0 = best.info.get("d_dp", len(warm.pipelines))
+    for it in range(ctx.cfg.replan_iterations):
+        if time.monotonic() > deadline:
+            break
+        d_dp = min(max(d0 + (0, -1, 1)[it % 3], dps[0]), dps[-1])
+        cand = two_phase(ctx, d_dp, ctx.choose_objective(rng), (0,), rng.randrange(2**31))
+        if cand.score < best.score:
+            best = cand
+    return best

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hexicore.planner.layers import allocate_layers
-from hexicore.planner.stages import Group, Layout, StageTable, layout_pipeline, stage_rows
+from hexicore.planner.stage_layout.layers import allocate_layers
+from hexicore.planner.stage_layout.stage_table import Layout, StageTable, layout_pipeline, stage_rows
+from hexicore.planner.stage_layout.tp_menus import Group
 
 
 def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:

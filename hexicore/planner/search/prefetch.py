@@ -1,18 +1,18 @@
 """Phase 2 of the search loop's first candidates computed ahead, on several cores.
 
-The loop of :func:`hexicore.planner.search.search_loop` starts with a sweep over ``D_dp`` whose
+The loop of :func:`hexicore.planner.search.loop.search_loop` starts with a sweep over ``D_dp`` whose
 cuts are fixed (both cuts for every ``D_dp`` when the iterations allow it) and whose seeds are
 the loop's random draws in order: those candidates do not depend on one another except through
 the caches. :func:`prefetch` partitions them (phase 1, cached in ``ctx.parts_cache``), lays out
-every part not laid out yet (phase 2, :func:`hexicore.planner.candidates.phase2`) in forked
-processes (:func:`hexicore.planner.parallel.fork_map`), then replays the loop's phase-2 calls in
+every part not laid out yet (phase 2, :func:`hexicore.planner.stage_layout.phase2.phase2`) in forked
+processes (:func:`hexicore.planner.search.workers.fork_map`), then replays the loop's phase-2 calls in
 order and stores exactly the layouts the loop would compute itself, with the seed it would use
 (``phase2_cache`` keeps the first layout computed per part). The loop then finds them cached:
 the plan is the one-process plan.
 
 :func:`walk_ahead` does the same for the walk that follows the sweep, by speculation: the
 loop's next candidates as they would be drawn if the best ``D_dp`` stays the same and the cut's
-moving averages do not flip (:func:`hexicore.planner.search.speculate`). Their phase 1 runs
+moving averages do not flip (:func:`hexicore.planner.search.loop.speculate`). Their phase 1 runs
 in parallel into ``ctx.parts_cache`` (keyed by every input, so it is what the loop computes),
 their phase 2 into ``ctx.ahead`` keyed by part *and seed*: the loop takes a layout from there
 only when it would lay out that part with that seed itself, so a wrong guess costs time, never
@@ -23,17 +23,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hexicore.planner.candidates import Context, _phase2, at_dp, phase2, split
-from hexicore.planner.parallel import fork_map
+from hexicore.planner.partition.phase1 import split
+from hexicore.planner.search.context import SearchContext
+from hexicore.planner.search.workers import fork_map
+from hexicore.planner.stage_layout.phase2 import lay_out_part, phase2
 
 
-def _phase2_task(ctx: Context, task: tuple) -> object:
+def _phase2_task(ctx: SearchContext, task: tuple) -> object:
     d_dp, part, k, n_mb_max, seed = task
-    at_dp(ctx, d_dp)
+    ctx.at_pipelines(d_dp)
     return phase2(ctx, list(part), k, n_mb_max, seed)
 
 
-def prefetch(ctx: Context, items: Sequence[tuple[int, str, int]], workers: int) -> int:
+def prefetch(ctx: SearchContext, items: Sequence[tuple[int, str, int]], workers: int) -> int:
     """``items``: the loop's first candidates in order as ``(D_dp, cut, seed)`` (shift 0).
     Returns how many layouts were stored."""
     if workers <= 1 or len(items) < 2:
@@ -42,7 +44,7 @@ def prefetch(ctx: Context, items: Sequence[tuple[int, str, int]], workers: int) 
     first: dict = {}  # phase-2 cache key -> index of its task
     plan = []
     for d_dp, objective, seed in items:
-        at_dp(ctx, d_dp)
+        ctx.at_pipelines(d_dp)
         parts, ks = split(ctx, d_dp, objective, (0,), seed)
         n_mb_max = ctx.micro_batches - (len(parts) - 1)
         entries = []
@@ -71,7 +73,7 @@ def prefetch(ctx: Context, items: Sequence[tuple[int, str, int]], workers: int) 
     return stored
 
 
-def walk_ahead(ctx: Context, items: Sequence[tuple[int, str, tuple[int, ...], int]], workers: int) -> int:
+def walk_ahead(ctx: SearchContext, items: Sequence[tuple[int, str, tuple[int, ...], int]], workers: int) -> int:
     """``items``: the loop's guessed next candidates ``(D_dp, cut, k shifts, seed)``; their
     phase 1 and the phase 2 of every part not laid out yet, in parallel (module docstring).
     Returns how many layouts were computed ahead."""
@@ -91,8 +93,8 @@ def walk_ahead(ctx: Context, items: Sequence[tuple[int, str, tuple[int, ...], in
                 tasks.setdefault((ck, seed + i), (d_dp, tuple(p), k, n_mb_max, seed + i))
 
     def lay_out(task: tuple) -> object:  # never through phase2: its cache keeps no seed
-        at_dp(ctx, task[0])
-        return _phase2(ctx, list(task[1]), *task[2:])
+        ctx.at_pipelines(task[0])
+        return lay_out_part(ctx, list(task[1]), *task[2:])
 
     for key, lay in zip(tasks, fork_map(lay_out, list(tasks.values()), workers)):
         ctx.ahead[key] = lay

@@ -9,12 +9,14 @@ whose size grows with the machines, not with the devices squared.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
+
+from hexicore.planner.search.context import SearchContext
 
 
-def split(ctx: Any, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> tuple[list, list[int]]:
+def split(ctx: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> tuple[list, list[int]]:
     """Phase 1 (§4.2): the parts (sorted) and each part's number of groups ``k_i``, cached in
-    the search context ``ctx`` (:class:`hexicore.planner.candidates.Context`)."""
+    the search context ``ctx`` (:class:`hexicore.planner.search.context.SearchContext`)."""
     key = (d_dp, objective, tuple(k_shift), seed)
     hit = ctx.parts_cache.get(key)
     if hit is None:

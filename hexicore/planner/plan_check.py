@@ -13,7 +13,7 @@ from hexicore.cost import CostModel, Estimate
 from hexicore.cost.base import check_estimate
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
-from hexicore.planner.fit import tp_split
+from hexicore.planner.stage_layout.pipeline_fit import tp_split
 from hexicore.planner.pricing import AUTO
 
 
@@ -88,7 +88,7 @@ def _check_micro_batches(book: Any, plan: Plan, pipe, i: int, source: str | None
 
 def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:
     """A schedule that keeps a copy of stage k's blocks on rank j (Chimera: stage P-1-k) needs
-    both at one TP degree (:func:`hexicore.planner.fit.tp_split`)."""
+    both at one TP degree (:func:`hexicore.planner.stage_layout.pipeline_fit.tp_split`)."""
     hit = tp_split(cost, pipe, pipe.n_micro_batches(plan.train.micro_batch))
     if hit is not None:
         j, k = hit

@@ -1,94 +1,32 @@
-"""Phase 2 of the HexiScale search for one pipeline (§4.3): intra-group strategies, cached
-stage costs and the layout of an ordered list of stages (exact layer allocation).
+"""The stage table and the layout of one pipeline (HexiScale §4.3, App. A): cached stage costs
+and the layout of an ordered list of stages (exact layer allocation).
 
-* :func:`tp_menus` — the local strategies of a group inside one machine: ways to cut its GPUs
-  into TP groups (TP degree and number of stages), e.g. 8 GPUs -> [8], [4, 4], [4, 2, 2], ...;
 * :class:`StageTable` — the cost model's STAGE/HOP/memory pieces cached per (devices, position)
-  so the search asks the cost model once per distinct stage (App. A);
-* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`."""
+  so the search asks the cost model once per distinct stage (App. A), also under a schedule's
+  placement (:func:`placed_rows`);
+* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`, a
+  :class:`Layout`. The TP menus a pipeline's stages come from: :mod:`hexicore.planner.stage_layout.tp_menus`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
-from itertools import accumulate, combinations
+from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
 
 from hexicore.core.cluster import Cluster
-from hexicore.planner.layers import allocate_layers, layer_ranges
-from hexicore.planner.placed import placed_rows
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import check_seconds, default_in_flight
+from hexicore.planner.stage_layout.layers import allocate_layers, layer_ranges
+from hexicore.planner.stage_layout.tp_menus import Group, apply_menu
 
-Group = tuple[str, ...]
 #: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
 ROWS_KEPT = 2048
 #: most units whose pieces :func:`unit_pieces` keeps (then it starts afresh)
 UNITS_KEPT = 16384
-
-
-@lru_cache(maxsize=4096)
-def tp_menus(n: int, degrees: tuple[int, ...], limit: int = 16) -> tuple[tuple[int, ...], ...]:
-    """Non-increasing splits of ``n`` GPUs into TP degrees from ``degrees`` (HexiScale's menu:
-    8 -> [8], [4,4], [4,2,2], ...). Splits with fewer distinct degrees come first, then those
-    with the larger top degree, then in tuple order; at most ``limit`` of them. ``degrees`` must
-    contain 1 so that a split always exists.
-
-    The splits are enumerated as counts per degree, one number of distinct degrees at a time,
-    and only the ``limit`` kept are spelt out: a machine of thousands of GPUs has a number of
-    splits that grows with the cube of its GPUs, each thousands of degrees long."""
-    ds = sorted(set(degrees), reverse=True)
-    out: list[tuple[int, ...]] = []
-    for k in range(1, len(ds) + 1):
-        level = [runs for combo in combinations(ds, k) for runs in _counts(n, combo)]
-        # a non-increasing split compares as its runs (degree, count): fewer of a degree is smaller
-        level.sort(key=lambda runs: (-runs[0][0], runs))
-        out.extend(tuple(d for d, c in runs for _ in range(c)) for runs in level[:limit - len(out)])
-        if len(out) >= limit:
-            break
-    return tuple(out)
-
-
-def _counts(n: int, combo: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
-    """Every way to write ``n`` as a sum using each degree of ``combo`` (descending) at least
-    once, as runs ``((degree, count), ...)``."""
-    found: list[tuple[tuple[int, int], ...]] = []
-    last, head = combo[-1], combo[:-1]
-    stack: list[tuple[int, tuple[tuple[int, int], ...]]] = [(n - sum(combo), ())]
-    while stack:  # (GPUs left beyond one of each degree, counts of the degrees placed so far)
-        left, runs = stack.pop()
-        i = len(runs)
-        if i == len(head):
-            if left % last == 0:
-                found.append(runs + ((last, 1 + left // last),))
-            continue
-        d = head[i]
-        stack.extend((left - extra * d, runs + ((d, 1 + extra),)) for extra in range(left // d + 1))
-    return found
-
-
-def split_by_machine(cluster: Cluster, devices: Sequence[str]) -> list[Group]:
-    """A group's devices per machine (TP stays inside a machine, §3.2), in cluster order."""
-    order = {d.id: i for i, d in enumerate(cluster.devices)}
-    by: dict[str, list[str]] = {}
-    for d in sorted(devices, key=order.__getitem__):
-        by.setdefault(cluster.device(d).machine, []).append(d)
-    return [tuple(v) for v in by.values()]
-
-
-def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
-    """Cut a machine's devices into consecutive TP groups of the menu's sizes."""
-    return [unit[end - t:end] for t, end in zip(menu, accumulate(menu))]
-
-
-@lru_cache(maxsize=4096)
-def uniform_choice(menus: tuple[tuple[int, ...], ...], d: int) -> int:
-    """The menu closest to "every group at TP degree ``d``" (first of the closest)."""
-    return min(range(len(menus)), key=lambda i: (sum(abs(t - d) for t in menus[i]), i))
 
 
 @dataclass
@@ -301,7 +239,7 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
 def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: Sequence[int]) -> tuple:
     """:func:`stage_rows` computed: the table's pieces looked up by the stages' signature codes
     (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss;
-    under a schedule's placement by :func:`hexicore.planner.placed.placed_rows`."""
+    under a schedule's placement by :func:`placed_rows`."""
     p = len(stages)
     pl = table.placement(p, n_mb_max)
     if pl is not None:
@@ -318,6 +256,29 @@ def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: 
         if not last:
             hop = hops_.get((k, codes[j + 1] >> 1, codes[j + 1] & 1))
             hops.append(hop if hop is not None else table.hop(g, stages[j + 1]))
+    out = np.array(rows)
+    out[:-1] += np.array(hops)[:, None]
+    return out, caps, hops
+
+
+def placed_rows(table: "StageTable", stages: Sequence[tuple[str, ...]], flights: Sequence[float], pl: Any) -> tuple:
+    """:func:`stage_rows` under a schedule's placement:
+    stage j's row ``sum_c traffic_c x STAGE(l, embedding_c, head_c)`` over the copies it runs,
+    each priced at its own l (the search's approximation: a copy of another stage's blocks as
+    many as its own; the final plan is priced exactly, :meth:`AnalyticCostModel.stage_terms`);
+    its cap the most l such that every stage keeping a copy of its blocks fits with each of
+    its copies at l (a bound the exact placement always meets: a stage's copies are each at
+    most l, so its memory is at most the one checked). Stages whose blocks would be kept at two
+    TP degrees (:meth:`Placement.split_tp`) get cap -1: no layout of them exists."""
+    rows, own, hops = [], [], []
+    for j, g in enumerate(stages):
+        rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in pl.ranks[j]))
+        own.append(table.cap(g, pl.embeddings(j), pl.heads(j), flights[j], pl.copies(j), pl.lone_heads(j)))
+        if j + 1 < len(stages):
+            hops.append(table.hop(g, stages[j + 1]))
+    caps = [min(own[r] for r in pl.holders(j)) for j in range(len(stages))]
+    if pl.split_tp([len(g) for g in stages]) is not None:
+        caps = [-1] * len(stages)
     out = np.array(rows)
     out[:-1] += np.array(hops)[:, None]
     return out, caps, hops

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from hexicore.core.cluster import Cluster
-from hexicore.cost import CostModel, Estimate
+from hexicore.cost import BoundCostModel, CostModel, Estimate, bind
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
@@ -46,6 +46,11 @@ class Problem:
 
     def evaluate(self, plan: Plan) -> Estimate:
         return self.cost.estimate(plan)
+
+    def bound_cost(self) -> BoundCostModel:
+        """The problem's cost model bound to its cluster, model and train
+        (:func:`hexicore.cost.base.bind`): stage, hop and memory pieces asked per stage only."""
+        return bind(self.cost, self.cluster, self.model, self.train)
 
 
 class Solver(Protocol):

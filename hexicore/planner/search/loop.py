@@ -40,16 +40,17 @@ from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
 def no_fit_error(problem: Problem) -> HexicoreError:
     """Nothing fits: say how much memory the model's state alone needs."""
-    c, m, t = problem.cluster, problem.model, problem.train
+    cluster, model, train = problem.cluster, problem.model, problem.train
     chunks = _chunk_limit(problem)
     if chunks:  # no depth gives every chunk a block: memory is not the reason
-        return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: {chunks}", field="model")
+        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}", field="model")
     gb = state_gb(problem)
     need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
-    return HexicoreError(f"model {m.name!r} fits on no plan of {c.name!r}: its training state alone needs "
-                         f"{need} GB plus activations (micro-batch {t.micro_batch}, sequence "
-                         f"{t.seq_len}); the cluster has {sum(d.memory_gb for d in c.devices):g} GB in all, at most "
-                         f"{max(d.memory_gb for d in c.devices):g} GB per GPU{_depth_limit(problem)}", field="model")
+    return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: its training state alone needs "
+                         f"{need} GB plus activations (micro-batch {train.micro_batch}, sequence "
+                         f"{train.seq_len}); the cluster has {sum(d.memory_gb for d in cluster.devices):g} GB in all, "
+                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}",
+                         field="model")
 
 
 def _chunk_limit(problem: Problem) -> str:

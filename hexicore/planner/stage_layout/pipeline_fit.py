@@ -11,19 +11,20 @@ from typing import Any
 
 from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.cost.base import BoundCostModel
 
 
 def fits(book: Any, cost: Any, plan: Any, pipe: Pipeline) -> bool:
     """Every stage of ``pipe`` fits its devices with the schedule's exact peak activations (and
     the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
-    c, m, t = plan.cluster, plan.model, plan.train
-    n = pipe.n_micro_batches(t.micro_batch)
+    priced = BoundCostModel.of_plan(cost, plan)
+    n = pipe.n_micro_batches(plan.train.micro_batch)
     if tp_split(cost, pipe, n) is not None or not holds_chunks(book, pipe):
         return False
     peaks = book.peaks(pipe.schedule, len(pipe.stages), n, pipe.stage_layers)
     for j, (s, held) in enumerate(zip(pipe.stages, stage_held(cost, pipe, n))):
-        gb = cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))
-        if gb > min(c.device(d).memory_gb for d in s.devices):
+        gb = priced.stage_memory_gb(s.devices, **held, in_flight=peaks[j], dp=len(plan.pipelines))
+        if gb > min(plan.cluster.device(d).memory_gb for d in s.devices):
             return False
     return True
 
@@ -40,15 +41,14 @@ def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tupl
     the pipeline's micro-batch count, at least ``step``) with which the stage's memory
     (``cost.stage_memory_gb``, the check of :func:`fits`) fits its
     smallest device. Bisection: the stage memory grows with the in-flight count."""
-    c, m, t = plan.cluster, plan.model, plan.train
-    n = pipe.n_micro_batches(t.micro_batch)
+    priced = BoundCostModel.of_plan(cost, plan)
+    n = pipe.n_micro_batches(plan.train.micro_batch)
     out = []
     for s, held in zip(pipe.stages, stage_held(cost, pipe, n)):
-        limit = min(c.device(d).memory_gb for d in s.devices)
+        limit = min(plan.cluster.device(d).memory_gb for d in s.devices)
 
         def ok(k: int) -> bool:
-            return cost.stage_memory_gb(c, m, t, s.devices, **held, in_flight=k * step,
-                                        dp=len(plan.pipelines)) <= limit
+            return priced.stage_memory_gb(s.devices, **held, in_flight=k * step, dp=len(plan.pipelines)) <= limit
 
         lo, hi = 1, max(1, int(round(n / step)))
         if ok(hi):

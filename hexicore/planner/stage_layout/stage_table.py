@@ -19,7 +19,7 @@ from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.cost.base import check_seconds, default_in_flight
+from hexicore.cost.base import BoundCostModel, bind, check_seconds, default_in_flight
 from hexicore.planner.stage_layout.layers import allocate_layers, layer_ranges
 from hexicore.planner.stage_layout.tp_menus import Group, apply_menu
 
@@ -63,6 +63,11 @@ class StageTable:
         return replace(self, **changes, _caps={}, _flight={}, _rows={}, _allocs={})
 
     @cached_property
+    def priced(self) -> BoundCostModel:
+        """The table's cost model bound to its cluster, model and train (:func:`hexicore.cost.base.bind`)."""
+        return bind(self.cost, self.cluster, self.model, self.train)
+
+    @cached_property
     def _classes(self) -> dict[str, Any] | None:
         """Per machine its class of interchangeable machines (same GPU type, intra-machine link and
         zone, no per-pair link override: a machine named by one is a class of its own), when
@@ -100,18 +105,18 @@ class StageTable:
         key = (self.signature(devices)[0], first, last)
         row = self._times.get(key)
         if row is None:
-            c, m, t = self.cluster, self.model, self.train
-            s0 = self.cost.stage_s(c, m, t, devices, 0, first=first, last=last)
-            s1 = self.cost.stage_s(c, m, t, devices, 1, first=first, last=last)
-            s2 = self.cost.stage_s(c, m, t, devices, 2, first=first, last=last)
-            ls = np.arange(m.layers + 1)
+            stage_s, layers = self.priced.stage_s, self.model.layers
+            s0 = stage_s(devices, 0, first=first, last=last)
+            s1 = stage_s(devices, 1, first=first, last=last)
+            s2 = stage_s(devices, 2, first=first, last=last)
+            ls = np.arange(layers + 1)
             if abs((s2 - s1) - (s1 - s0)) <= 1e-12 * max(1.0, abs(s2)):  # affine in l: 3 calls suffice
                 row = s0 + (s1 - s0) * ls
-                row[m.layers] = self.cost.stage_s(c, m, t, devices, m.layers, first=first, last=last)
-                if abs(row[m.layers] - (s0 + (s1 - s0) * m.layers)) > 1e-9 * max(1.0, row[m.layers]):
+                row[layers] = stage_s(devices, layers, first=first, last=last)
+                if abs(row[layers] - (s0 + (s1 - s0) * layers)) > 1e-9 * max(1.0, row[layers]):
                     row = None
             if row is None:
-                row = np.array([self.cost.stage_s(c, m, t, devices, int(l), first=first, last=last) for l in ls])
+                row = np.array([stage_s(devices, int(l), first=first, last=last) for l in ls])
             check_seconds(np.ravel(row).tolist(), self.cost, "stage_s")
             self._times[key] = row
         return row
@@ -119,7 +124,7 @@ class StageTable:
     def hop(self, src: Group, dst: Group) -> float:
         key = self._hop_key(src, dst)
         if key not in self._hops:
-            hop = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
+            hop = self.priced.hop_s(src, dst)
             check_seconds([hop], self.cost, "hop_s")
             self._hops[key] = hop
         return self._hops[key]
@@ -172,15 +177,14 @@ class StageTable:
             ((tied,) if tied is not None and not rule else ())
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
-            c, m, t = self.cluster, self.model, self.train
 
             def fits(l: int) -> bool:
                 more = {} if copies == 1 else {"share_layers": l}  # one in-flight micro-batch spans one copy
                 more.update({} if tied is None or rule else {"tied_heads": tied})
-                return self.cost.stage_memory_gb(c, m, t, devices, copies * l, first=first, last=last,
-                                                 in_flight=in_flight, dp=self.dp, **more) <= limit
+                return self.priced.stage_memory_gb(devices, copies * l, first=first, last=last,
+                                                   in_flight=in_flight, dp=self.dp, **more) <= limit
 
-            lo, hi = -1, m.layers  # largest l with fits(l); memory grows with l
+            lo, hi = -1, self.model.layers  # largest l with fits(l); memory grows with l
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if fits(mid):

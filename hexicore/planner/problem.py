@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from hexicore.core.cluster import Cluster
-from hexicore.cost import BoundCostModel, CostModel, Estimate, bind
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.cost import BoundCostModel, CostModel, Estimate, bind
 from hexicore.planner.allocation.objective import Objective
+from hexicore.planner.pricing import ScheduleBook
+from hexicore.registry import Registry
 
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
@@ -35,9 +37,9 @@ class Problem:
     train: TrainConfig
     cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
-    registry: Any = None
+    registry: Registry | None = None
     warm_start: Plan | None = None
-    pricing: Any = None
+    pricing: ScheduleBook | None = None
     objective: Objective = field(default_factory=Objective)
 
     def __post_init__(self) -> None:

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hexicore.core.errors import HexicoreError
-from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
+from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.allocation.sub_clusters import on_devices_for_objective
-from hexicore.planner.fastest import priced_where_it_could_win
-from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
-from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.baselines.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
+from hexicore.planner.fastest import priced_where_it_could_win
+from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 from hexicore.planner.zero_stage import at_stage
 
 __all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]

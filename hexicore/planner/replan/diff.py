@@ -10,7 +10,7 @@ from hexicore.core.cluster import Cluster
 from hexicore.core.plan import Plan
 
 
-def placement(plan: Plan) -> dict[str, tuple]:
+def device_holdings(plan: Plan) -> dict[str, tuple]:
     """Per device: (layer range, TP degree, rank in the TP group) — what it holds."""
     return {d: (s.layers, s.tp, s.devices.index(d)) for p in plan.pipelines for s in p.stages for d in s.devices}
 
@@ -23,7 +23,7 @@ def plan_diff(old: Plan, new: Plan, cluster: Cluster | None = None) -> dict[str,
     of the layers (as TP shards) that device did not hold before — the weights a runtime has to
     load."""
     cluster = new.cluster if cluster is None else cluster
-    a, b = placement(old), placement(new)
+    a, b = device_holdings(old), device_holdings(new)
     lost = sorted(d for d in a if not cluster.has_device(d))
     moved = sorted(d for d in set(a) | set(b) if d not in lost and a.get(d) != b.get(d))
 

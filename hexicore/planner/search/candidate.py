@@ -28,109 +28,111 @@ from hexicore.planner.search.context import INF, Candidate, SearchContext
 from hexicore.planner.stage_layout.alignment import align_to, machine_contiguous
 from hexicore.planner.stage_layout.batch import allocate_batch
 from hexicore.planner.stage_layout.phase2 import phase2
-from hexicore.planner.stage_layout.stage_table import Layout, layout_pipeline
+from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline
 
-def assemble(ctx: SearchContext, layouts: Sequence[Layout], origin: str, info: dict | None = None,
+def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str, info: dict | None = None,
              choose: bool = False) -> Candidate:
     """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
     With a schedule book each pipeline gets the option fastest at its micro-batches — among
     all options with ``choose`` (schedule=auto; such candidates leave the search's moving
     averages alone, so the first option's trajectory is the same as searching it alone)."""
-    p = ctx.problem
-    n_mb_max = ctx.micro_batches - (len(layouts) - 1)
-    counts = allocate_batch([ctx.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts],
-                            ctx.micro_batches, [ctx.least_micro_batches(lay, n_mb_max, choose) for lay in layouts])
+    p = context.problem
+    n_mb_max = context.micro_batches - (len(layouts) - 1)
+    counts = allocate_batch([context.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts],
+                            context.micro_batches,
+                            [context.least_micro_batches(lay, n_mb_max, choose) for lay in layouts])
     if counts is None:
         return Candidate(INF, None, None, origin)
     sections = [p.schedule] * len(layouts)
-    if ctx.book is not None:  # per pipeline the option that is fastest at its micro-batches
+    if context.book is not None:  # per pipeline the option that is fastest at its micro-batches
         picks = []
         for lay, n in zip(layouts, counts):
-            opts = [ol for ol in ctx.variants(lay, n_mb_max, choose) if ctx.book.runs(ol[0], len(lay.stages), n)]
+            opts = [ol for ol in context.variants(lay, n_mb_max, choose)
+                    if context.book.runs(ol[0], len(lay.stages), n)]
             if not opts:
                 return Candidate(INF, None, None, origin)
-            picks.append(min(opts, key=lambda ol: ctx.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
+            picks.append(min(opts, key=lambda ol: context.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
         sections, layouts = [o for o, _ in picks], [lay for _, lay in picks]
     pipes = tuple(lay.pipeline(n * p.train.micro_batch, sec) for lay, n, sec in zip(layouts, counts, sections))
     plan = Plan(p.model, p.cluster, p.train, pipes)
-    est = ctx.cost.estimate(plan)
-    ctx.evaluated += 1
+    est = context.cost.estimate(plan)
+    context.evaluated += 1
     score = est.iteration_s if est.fits else INF
     if est.fits and not choose:
         slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
-        ctx.update_averages(est.dp_s, counts[slow] * sum(layouts[slow].hop_s))
+        context.update_averages(est.dp_s, counts[slow] * sum(layouts[slow].hop_s))
     return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
 
 
-def two_phase(ctx: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
+def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
     origin = f"search D_dp={d_dp} {objective}"
-    ctx.at_pipelines(d_dp)
-    parts, ks = split(ctx, d_dp, objective, k_shift, seed)
+    context.at_pipelines(d_dp)
+    parts, ks = split(context, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
-    if key in ctx.seen:
-        return ctx.seen[key]
-    n_mb_max = ctx.micro_batches - (len(parts) - 1)
+    if key in context.seen:
+        return context.seen[key]
+    n_mb_max = context.micro_batches - (len(parts) - 1)
     layouts = []
     for i, (p, k) in enumerate(zip(parts, ks)):
-        lay = phase2(ctx, p, k, n_mb_max, seed + i)
+        lay = phase2(context, p, k, n_mb_max, seed + i)
         if lay is None:
-            ctx.seen[key] = Candidate(INF, None, None, origin)
-            return ctx.seen[key]
+            context.seen[key] = Candidate(INF, None, None, origin)
+            return context.seen[key]
         layouts.append(lay)
     info = {"d_dp": len(parts), "objective": objective, "k": ks}
-    cand = min([assemble(ctx, layouts, origin, info)] + aligned(ctx, layouts, n_mb_max, origin, info),
+    cand = min([assemble(context, layouts, origin, info)] + aligned(context, layouts, n_mb_max, origin, info),
                key=lambda c: c.score)
-    ctx.seen[key] = cand
-    if ctx.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
-        ctx.track_auto([assemble(ctx, layouts, origin, info, True)]
-                   + aligned(ctx, layouts, n_mb_max, origin, info, True))
+    context.seen[key] = cand
+    if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
+        context.track_auto([assemble(context, layouts, origin, info, True)]
+                   + aligned(context, layouts, n_mb_max, origin, info, True))
     return cand
 
 
 
 
-def aligned(ctx: SearchContext, layouts: Sequence[Layout], n_mb_max: int, origin: str, info: dict,
+def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int, origin: str, info: dict,
             choose: bool = False) -> list[Candidate]:
     """Variants where every pipeline copies one pipeline's machine order and per-machine layer
     ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
     partition) their DP sync then stays inside machines. Each pipeline serves as the template
-    once (at most ``ctx.cfg.align_templates``)."""
+    once (at most ``context.config.align_templates``)."""
     if len(layouts) < 2:
         return []
     out = []
-    for t, template in enumerate(layouts[:ctx.cfg.align_templates]):
-        template = machine_contiguous(ctx.table, template, n_mb_max)
+    for t, template in enumerate(layouts[:context.config.align_templates]):
+        template = machine_contiguous(context.table, template, n_mb_max)
         if template is None:
             continue
-        new = [template if i == t else align_to(ctx.table, template, lay.stages, n_mb_max)
+        new = [template if i == t else align_to(context.table, template, lay.stages, n_mb_max)
                for i, lay in enumerate(layouts)]
         if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
-            out.append(assemble(ctx, new, origin + " aligned", info, choose))
+            out.append(assemble(context, new, origin + " aligned", info, choose))
     return out
 
 
-def relayout(ctx: SearchContext, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
+def relayout(context: SearchContext, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
     """A given plan's stages (e.g. megatron's) as a candidate, with its own layers or with the
     exact layer allocation; batches re-allocated. Devices no longer in the cluster are dropped."""
-    cl = ctx.problem.cluster
+    cl = context.problem.cluster
     pipes = [[tuple(d for d in s.devices if cl.has_device(d)) for s in p.stages] for p in plan.pipelines]
     kept = [[g for g in p if g] for p in pipes]
     kept = [p for p in kept if p]
     same = all(len(a) == len(b.stages) for a, b in zip(kept, plan.pipelines)) and len(kept) == len(plan.pipelines)
-    n_mb_max = ctx.micro_batches - (len(kept) - 1)
-    ctx.at_pipelines(len(kept))
+    n_mb_max = context.micro_batches - (len(kept) - 1)
+    context.at_pipelines(len(kept))
     layouts = []
     for i, stages in enumerate(kept):
         layers = [s.n_layers for s in plan.pipelines[i].stages] if keep_layers and same else None
-        lay = layout_pipeline(ctx.table, stages, n_mb_max, layers)
+        lay = layout_pipeline(context.table, stages, n_mb_max, layers)
         if lay is None:
             return Candidate(INF, None, None, origin)
         layouts.append(lay)
-    return assemble(ctx, layouts, origin, {"d_dp": len(layouts)})
+    return assemble(context, layouts, origin, {"d_dp": len(layouts)})
 
 
-def polish(ctx: SearchContext, best: Candidate, deadline: float, only: Sequence[int] | None = None,
+def polish(context: SearchContext, best: Candidate, deadline: float, only: Sequence[int] | None = None,
            choose: bool = False) -> Candidate:
     """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
     ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
@@ -141,26 +143,26 @@ def polish(ctx: SearchContext, best: Candidate, deadline: float, only: Sequence[
     :func:`assemble`."""
     if best.plan is None or not best.layouts:
         return best
-    n_mb_max = ctx.micro_batches - (len(best.layouts) - 1)
-    ctx.at_pipelines(len(best.layouts))
-    budget = ctx.evaluated + ctx.cfg.polish_evals  # a count, not a clock: the result stays seeded
-    for _ in range(ctx.cfg.polish_rounds):
+    n_mb_max = context.micro_batches - (len(best.layouts) - 1)
+    context.at_pipelines(len(best.layouts))
+    budget = context.evaluated + context.config.polish_evals  # a count, not a clock: the result stays seeded
+    for _ in range(context.config.polish_rounds):
         improved = False
         for i, lay in enumerate(best.layouts):
             if only is not None and i not in only:
                 continue
             for j in range(len(lay.layers) - 1):
                 for delta in (1, -1):
-                    if time.monotonic() > deadline or ctx.evaluated >= budget:
+                    if time.monotonic() > deadline or context.evaluated >= budget:
                         return best
                     layers = list(lay.layers)
                     layers[j] += delta
                     layers[j + 1] -= delta
-                    new = layout_pipeline(ctx.table, lay.stages, n_mb_max, layers)
+                    new = layout_pipeline(context.table, lay.stages, n_mb_max, layers)
                     if new is None:
                         continue
                     layouts = best.layouts[:i] + (new,) + best.layouts[i + 1:]
-                    cand = assemble(ctx, layouts, best.origin + " +polish", best.info, choose)
+                    cand = assemble(context, layouts, best.origin + " +polish", best.info, choose)
                     if cand.score < best.score - 1e-9:
                         best, lay, improved = cand, new, True
         if not improved:

@@ -32,9 +32,9 @@ from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
 from hexicore.planner.replan.repair import replan_search
 from hexicore.planner.search.candidate import assemble, polish, relayout, two_phase
-from hexicore.planner.search.config import SearchConfig
 from hexicore.planner.search.context import INF, Candidate, SearchContext, make_context, state_gb
 from hexicore.planner.search.prefetch import prefetch, walk_ahead
+from hexicore.planner.search.settings import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
 
@@ -86,31 +86,31 @@ def _depth_limit(problem: Problem) -> str:
             f"{m} micro-batches allow at most {m // per_rank} stages in all pipelines together")
 
 
-def seed_candidates(ctx: SearchContext, seed: int) -> list[Candidate]:
+def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
     """The seeds' plans (as they are and re-laid out) and the warm start (§4.4). With schedule-priced
     pipelines the seed solvers rank their layouts by the search's modelled times, as the search
     ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
     simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
     out = []
-    p = replace(ctx.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
-    if ctx.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
-        p = replace(p, schedule=ctx.options[0], cost=ctx.cost)
-    for name in ctx.cfg.seeds:
+    p = replace(context.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
+    if context.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
+        p = replace(p, schedule=context.options[0], cost=context.cost)
+    for name in context.config.seeds:
         try:
             plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
         except HexicoreError:
             continue  # that solver finds nothing that fits: no seed from it
-        if ctx.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
-            plan = replace(plan, pipelines=tuple(replace(q, schedule=ctx.options[0]) for q in plan.pipelines))
-        est = ctx.cost.estimate(plan)  # the seed itself, exactly as its solver made it
-        runs = all(holds_chunks(ctx.book, q) for q in plan.pipelines)  # a layer per chunk of its schedule
+        if context.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
+            plan = replace(plan, pipelines=tuple(replace(q, schedule=context.options[0]) for q in plan.pipelines))
+        est = context.cost.estimate(plan)  # the seed itself, exactly as its solver made it
+        runs = all(holds_chunks(context.book, q) for q in plan.pipelines)  # a layer per chunk of its schedule
         out.append(Candidate(est.iteration_s if est.fits and runs else INF, plan.with_solver({}), est, f"seed:{name}",
                              info={"d_dp": len(plan.pipelines)}))
-        out.append(relayout(ctx, plan, f"seed:{name} +batches", keep_layers=True))
-        out.append(relayout(ctx, plan, f"seed:{name} +layers", keep_layers=False))
+        out.append(relayout(context, plan, f"seed:{name} +batches", keep_layers=True))
+        out.append(relayout(context, plan, f"seed:{name} +layers", keep_layers=False))
     if p.warm_start is not None:
-        out.append(relayout(ctx, p.warm_start, "warm_start", keep_layers=True))
-        out.append(relayout(ctx, p.warm_start, "warm_start +layers", keep_layers=False))
+        out.append(relayout(context, p.warm_start, "warm_start", keep_layers=True))
+        out.append(relayout(context, p.warm_start, "warm_start +layers", keep_layers=False))
     return out
 
 
@@ -131,39 +131,41 @@ def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None
 WALK_AHEAD_FROM = 128
 
 
-def walk_step(ctx: SearchContext, best: Candidate, rng: random.Random, dps: list[int]) -> tuple[int, str, tuple[int, ...]]:
+def walk_step(context: SearchContext, best: Candidate, rng: random.Random,
+              dps: list[int]) -> tuple[int, str, tuple[int, ...]]:
     """One step of the walk around the best (§4.4): ``D_dp`` next to the best's, the cut
     (:func:`choose_objective`) and a shift of every pipeline's number of groups ``k_i``."""
     base = best.info.get("d_dp", rng.choice(dps))  # (the default is drawn at every step)
     d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
-    objective = ctx.choose_objective(rng)
-    return d_dp, objective, tuple(rng.choice(ctx.cfg.k_shifts) for _ in range(d_dp))
+    objective = context.choose_objective(rng)
+    return d_dp, objective, tuple(rng.choice(context.config.k_shifts) for _ in range(d_dp))
 
 
-def speculate(ctx: SearchContext, best: Candidate, rng: random.Random, start: int, dps: list[int]) -> dict[int, tuple]:
+def speculate(context: SearchContext, best: Candidate, rng: random.Random, start: int,
+              dps: list[int]) -> dict[int, tuple]:
     """The walk's candidates from iteration ``start`` on as the loop will draw them if ``best``
     and the moving averages stay as they are (``rng`` untouched), computed ahead on the spare
     cores (:func:`hexicore.planner.search.prefetch.walk_ahead`): ``iteration -> (D_dp, cut, shifts, seed)``."""
     draws = random.Random()
     draws.setstate(rng.getstate())
     out = {}
-    for it in range(start, ctx.cfg.iterations):
-        step = walk_step(ctx, best, draws, dps)
+    for it in range(start, context.config.iterations):
+        step = walk_step(context, best, draws, dps)
         out[it] = (*step, draws.randrange(2**31))
-    walk_ahead(ctx, list(out.values()), ctx.workers)
+    walk_ahead(context, list(out.values()), context.workers)
     return out
 
 
-def search_loop(ctx: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
+def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
                 progress: Progress) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
     and no time limit the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
     is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
     most three times); the plan is the
     one-process plan either way."""
-    n = ctx.cfg.iterations
+    n = context.config.iterations
     sweep = initial_sweep(dps, n)
-    ahead = ctx.workers > 1 and deadline == INF and len(ctx.graph) <= ctx.cfg.machine_graph_above
+    ahead = context.workers > 1 and deadline == INF and len(context.graph) <= context.config.machine_graph_above
     guessed: dict[int, tuple] = {}
     guesses = 0
     if ahead:
@@ -171,22 +173,22 @@ def search_loop(ctx: SearchContext, dps: list[int], rng: random.Random, deadline
         fixed = list(itertools.takewhile(lambda s: s[1] is not None, sweep[:n]))
         draws = random.Random()
         draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate
-        prefetch(ctx, [(d, o, draws.randrange(2**31)) for d, o in fixed], ctx.workers)
+        prefetch(context, [(d, o, draws.randrange(2**31)) for d, o in fixed], context.workers)
     for it in range(n):
         if time.monotonic() > deadline:
             break
         if it < len(sweep):
             d_dp, objective = sweep[it]
-            objective = objective or ctx.choose_objective(rng)
+            objective = objective or context.choose_objective(rng)
             shifts: Sequence[int] = (0,)
         else:
-            if ahead and it not in guessed and guesses < 3 and n - it > 1 and len(ctx.graph) >= WALK_AHEAD_FROM:
-                guessed, guesses = speculate(ctx, best, rng, it, dps), guesses + 1
-            d_dp, objective, shifts = walk_step(ctx, best, rng, dps)
+            if ahead and it not in guessed and guesses < 3 and n - it > 1 and len(context.graph) >= WALK_AHEAD_FROM:
+                guessed, guesses = speculate(context, best, rng, it, dps), guesses + 1
+            d_dp, objective, shifts = walk_step(context, best, rng, dps)
         seed = rng.randrange(2**31)
         if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
             guessed = {}  # the walk left the guess: guess again from the next step
-        cand = two_phase(ctx, d_dp, objective, shifts, seed)
+        cand = two_phase(context, d_dp, objective, shifts, seed)
         if cand.score < best.score:
             best = cand
         shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
@@ -194,23 +196,23 @@ def search_loop(ctx: SearchContext, dps: list[int], rng: random.Random, deadline
     return best
 
 
-def finalize(ctx: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
+def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
     """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
     modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
     schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
     for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`)."""
-    if ctx.book is None:
+    if context.book is None:
         return cands[0].plan, {}
     out = []
     for c in cands:
         if c.plan is None:
             continue
-        if ctx.auto:
-            plan, tried = choose_exact(ctx.book, ctx.exact_cost, c.plan, ctx.options)
+        if context.auto:
+            plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options)
         else:
-            plan, tried = resolve_plan(ctx.book, ctx.exact_cost, c.plan), []
-        est = ctx.exact_cost.estimate(plan)
+            plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
+        est = context.exact_cost.estimate(plan)
         out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
     _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
     info = {"origin": origin, "schedules": [p.schedule.to_dict() for p in plan.pipelines]}
@@ -219,7 +221,7 @@ def finalize(ctx: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict
     return plan, info
 
 
-def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
+def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress, memo: dict | None = None) -> Plan:
     """The iterative two-phase search of §4.4; returns the best plan found (never worse than
     the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
@@ -234,33 +236,33 @@ def run_search(problem: Problem, cfg: SearchConfig, *, time_limit: float | None 
     option searched alone under the same cost model."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
-    ctx = make_context(problem, cfg, memo)
-    dps = ctx.dp_range()
+    context = make_context(problem, config, memo)
+    dps = context.dp_range()
     rng = random.Random(seed)
-    replanned = problem.warm_start is not None and cfg.replan_iterations is not None
+    replanned = problem.warm_start is not None and config.replan_iterations is not None
     if replanned:
-        best = replan_search(ctx, dps, rng, deadline, progress)
+        best = replan_search(context, dps, rng, deadline, progress)
         replanned = best.plan is not None  # nothing repaired fits: fall back to the full search
     if not replanned:
         progress("hexiscale: seeding with symmetric plans", 0.0)
-        seeds = [c for c in seed_candidates(ctx, seed) if c.plan is None or len(c.plan.pipelines) in dps]
-        best = search_loop(ctx, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
+        seeds = [c for c in seed_candidates(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+        best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
     if best.plan is None:
         raise no_fit_error(problem)
-    progress("hexiscale: polishing stage boundaries", cfg.iterations / (cfg.iterations + 1))
+    progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
-    best = polish(ctx, best, deadline, only)
+    best = polish(context, best, deadline, only)
     cands = [best]
-    if ctx.auto:
-        ctx.track_auto([assemble(ctx, best.layouts, best.origin, best.info, True)])
-        cands.insert(0, polish(ctx, ctx.auto_best, deadline, only, True))
-    plan, sched_info = finalize(ctx, cands)
+    if context.auto:
+        context.track_auto([assemble(context, best.layouts, best.origin, best.info, True)])
+        cands.insert(0, polish(context, context.auto_best, deadline, only, True))
+    plan, sched_info = finalize(context, cands)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
-            "candidates": ctx.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
+            "candidates": context.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
     if replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)

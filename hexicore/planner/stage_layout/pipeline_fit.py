@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hexicore.core.plan import Pipeline
+from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.cost.base import BoundCostModel
+from hexicore.cost.base import BoundCostModel, CostModel
 
 
-def fits(book: Any, cost: Any, plan: Any, pipe: Pipeline) -> bool:
+def fits(book: Any, cost: CostModel, plan: Plan, pipe: Pipeline) -> bool:
     """Every stage of ``pipe`` fits its devices with the schedule's exact peak activations (and
     the schedule keeps no stage's blocks at two TP degrees, :meth:`Placement.split_tp`)."""
     priced = BoundCostModel.of_plan(cost, plan)
@@ -36,7 +36,7 @@ def holds_chunks(book: Any, pipe: Pipeline) -> bool:
     return all(s.n_layers >= k for s, k in zip(pipe.stages, least))
 
 
-def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
+def memory_caps(cost: CostModel, plan: Plan, pipe: Pipeline, step: float = 0.5) -> tuple[float, ...]:
     """Per stage of ``pipe``: the most in-flight micro-batches (a multiple of ``step``, at most
     the pipeline's micro-batch count, at least ``step``) with which the stage's memory
     (``cost.stage_memory_gb``, the check of :func:`fits`) fits its
@@ -60,7 +60,7 @@ def memory_caps(cost: Any, plan: Any, pipe: Pipeline, step: float = 0.5) -> tupl
     return tuple(out)
 
 
-def capped(book: Any, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) -> ScheduleRef:
+def capped(book: Any, cost: CostModel | None, plan: Plan, pipe: Pipeline, ref: ScheduleRef) -> ScheduleRef:
     """``ref`` with the pipeline's own per-rank cap (:func:`memory_caps`) as ``memory`` when the
     schedule builds within one (``Pricing.memory_cap``) and none is set."""
     if book.schedule(ref).pricing.memory_cap and ref.get("memory") is None and cost is not None \
@@ -69,7 +69,7 @@ def capped(book: Any, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) ->
     return ref
 
 
-def tp_split(cost: Any, pipe: Pipeline, n: int) -> tuple[int, int] | None:
+def tp_split(cost: CostModel, pipe: Pipeline, n: int) -> tuple[int, int] | None:
     """Where the cost model's placement of ``pipe`` at ``n`` micro-batches (its
     ``pipeline_placement``) keeps a stage's blocks at two TP degrees:
     :meth:`hexicore.core.placement.Placement.split_tp`'s ``(rank, source stage)``, else None."""
@@ -78,7 +78,7 @@ def tp_split(cost: Any, pipe: Pipeline, n: int) -> tuple[int, int] | None:
     return None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
 
 
-def stage_held(cost: Any, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
+def stage_held(cost: CostModel, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
     """Per stage the ``stage_memory_gb`` keywords of what it keeps: the cost model's ``held``
     (its schedule's placement), else stage j's blocks with the embedding first, the head last."""
     held = getattr(cost, "held", None)

@@ -5,21 +5,22 @@ and the layout of an ordered list of stages (exact layer allocation).
   so the search asks the cost model once per distinct stage (App. A), also under a schedule's
   placement (:func:`placed_rows`);
 * :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`, a
-  :class:`Layout`. The TP menus a pipeline's stages come from: :mod:`hexicore.planner.stage_layout.tp_menus`."""
+  :class:`StageLayout`. The TP menus a pipeline's stages come from: :mod:`hexicore.planner.stage_layout.tp_menus`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
+from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.cost.base import BoundCostModel, bind, check_seconds, default_in_flight
+from hexicore.cost.base import BoundCostModel, CostModel, bind, check_seconds, default_in_flight
 from hexicore.planner.stage_layout.layers import allocate_layers, layer_ranges
 from hexicore.planner.stage_layout.tp_menus import Group, apply_menu
 
@@ -38,12 +39,12 @@ class StageTable:
     cluster: Cluster
     model: ModelSpec
     train: TrainConfig
-    cost: Any
+    cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     dp: int = 1  # pipelines of the plan being built: the ZeRO shard count of the memory caps
     #: ``(schedule, ranks) -> per rank the fewest layers it may hold`` (its chunks, the pricing
     #: book's ``least``); None: one each
-    least_fn: Any = None
+    least_fn: Callable[[ScheduleRef, int], Sequence[int]] | None = None
     _times: dict = field(default_factory=dict)
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
@@ -155,7 +156,7 @@ class StageTable:
         it may hold (the runtime cuts a rank's layers among its chunks, one at least each)."""
         return (1,) * n_stages if self.least_fn is None else tuple(self.least_fn(self.schedule, n_stages))
 
-    def placement(self, n_stages: int, n_mb: int) -> Any:
+    def placement(self, n_stages: int, n_mb: int) -> Placement | None:
         """The table's schedule's placement of an ``n_stages``-stage pipeline (the cost model's
         ``pipeline_placement``; None: plain, or a cost model without one)."""
         key = ("placement", n_stages, n_mb)
@@ -196,7 +197,7 @@ class StageTable:
 
 
 @dataclass(frozen=True)
-class Layout:
+class StageLayout:
     """An ordered pipeline with its layer counts; ``stage_s``/``hop_s`` per micro-batch."""
 
     stages: tuple[Group, ...]
@@ -265,7 +266,7 @@ def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: 
     return out, caps, hops
 
 
-def placed_rows(table: "StageTable", stages: Sequence[tuple[str, ...]], flights: Sequence[float], pl: Any) -> tuple:
+def placed_rows(table: StageTable, stages: Sequence[Group], flights: Sequence[float], pl: Placement) -> tuple:
     """:func:`stage_rows` under a schedule's placement:
     stage j's row ``sum_c traffic_c x STAGE(l, embedding_c, head_c)`` over the copies it runs,
     each priced at its own l (the search's approximation: a copy of another stage's blocks as
@@ -324,7 +325,7 @@ def joined(pieces: list, choice: Sequence[int], n_mb_max: int) -> tuple[list[Gro
 
 
 def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
-                    layers: Sequence[int] | None = None, key: tuple | None = None) -> Layout | None:
+                    layers: Sequence[int] | None = None, key: tuple | None = None) -> StageLayout | None:
     """Lay out ordered ``stages``: the exact min-max layer allocation under the memory caps of
     :func:`stage_rows` (or the given ``layers``, checked against the caps). ``None``: OOM.
     ``key``: the stages' :func:`rows_key` when the caller has it."""
@@ -346,7 +347,7 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
         if sum(alloc) != L or any(not k <= a <= c for a, c, k in zip(alloc, caps, table.least(p))):
             return None
         stage_s = _stage_s(rows, hops, alloc)
-    return Layout(tuple(stages), alloc, stage_s, tuple(hops))
+    return StageLayout(tuple(stages), alloc, stage_s, tuple(hops))
 
 
 def _stage_s(rows: np.ndarray, hops: Sequence[float], alloc: Sequence[int]) -> tuple[float, ...]:

@@ -130,7 +130,7 @@ def lay_out_part(context: SearchContext, part: Sequence[str], k: int, n_mb_max: 
 def canonical(context: SearchContext, part: Sequence[str]) -> tuple[list[str], tuple] | None:
     """The part's devices in canonical order (machines by class, then name; devices by index)
     and its signature; None when the cost model is not ``class_priced``."""
-    classes = context.table._classes
+    classes = context.table.machine_class
     if classes is None:
         return None
     cl = context.problem.cluster

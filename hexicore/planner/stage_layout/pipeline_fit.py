@@ -69,20 +69,21 @@ def capped(book: Any, cost: CostModel | None, plan: Plan, pipe: Pipeline, ref: S
     return ref
 
 
-def tp_split(cost: CostModel, pipe: Pipeline, n: int) -> tuple[int, int] | None:
-    """Where the cost model's placement of ``pipe`` at ``n`` micro-batches (its
+def tp_split(cost: CostModel, pipe: Pipeline, n_mb: int) -> tuple[int, int] | None:
+    """Where the cost model's placement of ``pipe`` at ``n_mb`` micro-batches (its
     ``pipeline_placement``) keeps a stage's blocks at two TP degrees:
     :meth:`hexicore.core.placement.Placement.split_tp`'s ``(rank, source stage)``, else None."""
     placed = getattr(cost, "pipeline_placement", None)
-    pl = None if placed is None else placed(pipe, n)
-    return None if pl is None else pl.split_tp([s.tp for s in pipe.stages])
+    placement = None if placed is None else placed(pipe, n_mb)
+    return None if placement is None else placement.split_tp([s.tp for s in pipe.stages])
 
 
-def stage_held(cost: CostModel, pipe: Pipeline, n: int) -> list[dict[str, Any]]:
-    """Per stage the ``stage_memory_gb`` keywords of what it keeps: the cost model's ``held``
-    (its schedule's placement), else stage j's blocks with the embedding first, the head last."""
+def stage_held(cost: CostModel, pipe: Pipeline, n_mb: int) -> list[dict[str, Any]]:
+    """Per stage the ``stage_memory_gb`` keywords of what it keeps at ``n_mb`` micro-batches: the cost
+    model's ``held`` (its schedule's placement), else stage j's blocks with the embedding first, the
+    head last."""
     held = getattr(cost, "held", None)
     if held is not None:
-        return held(pipe, n)
+        return held(pipe, n_mb)
     last = len(pipe.stages) - 1
     return [{"n_layers": s.n_layers, "first": j == 0, "last": j == last} for j, s in enumerate(pipe.stages)]

@@ -69,7 +69,7 @@ class StageTable:
         return bind(self.cost, self.cluster, self.model, self.train)
 
     @cached_property
-    def _classes(self) -> dict[str, Any] | None:
+    def machine_class(self) -> dict[str, Any] | None:
         """Per machine its class of interchangeable machines (same GPU type, intra-machine link and
         zone, no per-pair link override: a machine named by one is a class of its own), when
         the cost model declares ``class_priced`` (prices a group of devices only through its
@@ -88,7 +88,7 @@ class StageTable:
         machine (None when it spans several), which with the keys decides a hop's link."""
         hit = self._sigs.get(devices)
         if hit is None:
-            classes, dev = self._classes, self.cluster.device
+            classes, dev = self.machine_class, self.cluster.device
             machines = {dev(d).machine for d in devices}
             one = next(iter(machines)) if len(machines) == 1 else None
             key = ("group", devices) if classes is None or one is None else ("class", classes[one], len(devices))
@@ -130,18 +130,18 @@ class StageTable:
             self._hops[key] = hop
         return self._hops[key]
 
-    def in_flight(self, n_stages: int, j: int, n_mb: int) -> int:
-        """Micro-batches stage j holds at its peak under the table's schedule (the cost model's
-        ``in_flight``; a cost model without one: :func:`hexicore.cost.base.default_in_flight`)."""
-        key = (n_stages, j, n_mb)
+    def in_flight(self, n_stages: int, stage_index: int, n_mb: int) -> int:
+        """Micro-batches stage ``stage_index`` holds at its peak under the table's schedule (the cost
+        model's ``in_flight``; a cost model without one: :func:`hexicore.cost.base.default_in_flight`)."""
+        key = (n_stages, stage_index, n_mb)
         if key not in self._flight:
             probe = getattr(self.cost, "in_flight", None)
             if probe is None:
-                self._flight[key] = default_in_flight(n_stages, j, n_mb)
+                self._flight[key] = default_in_flight(n_stages, stage_index, n_mb)
             else:
                 dummy = Pipeline(n_mb * self.train.micro_batch,
                                  tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), self.schedule)
-                self._flight[key] = probe(dummy, j, n_mb)
+                self._flight[key] = probe(dummy, stage_index, n_mb)
         return self._flight[key]
 
     def flights(self, n_stages: int, n_mb: int) -> list[int]:
@@ -246,9 +246,9 @@ def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: 
     (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss;
     under a schedule's placement by :func:`placed_rows`."""
     p = len(stages)
-    pl = table.placement(p, n_mb_max)
-    if pl is not None:
-        return placed_rows(table, stages, table.flights(p, n_mb_max), pl)
+    placement = table.placement(p, n_mb_max)
+    if placement is not None:
+        return placed_rows(table, stages, table.flights(p, n_mb_max), placement)
     flights = table.flights(p, n_mb_max)
     times, caps_, hops_ = table._times, table._caps, table._hops
     rows, caps, hops = [], [], []
@@ -266,7 +266,7 @@ def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: 
     return out, caps, hops
 
 
-def placed_rows(table: StageTable, stages: Sequence[Group], flights: Sequence[float], pl: Placement) -> tuple:
+def placed_rows(table: StageTable, stages: Sequence[Group], flights: Sequence[float], placement: Placement) -> tuple:
     """:func:`stage_rows` under a schedule's placement:
     stage j's row ``sum_c traffic_c x STAGE(l, embedding_c, head_c)`` over the copies it runs,
     each priced at its own l (the search's approximation: a copy of another stage's blocks as
@@ -277,12 +277,12 @@ def placed_rows(table: StageTable, stages: Sequence[Group], flights: Sequence[fl
     TP degrees (:meth:`Placement.split_tp`) get cap -1: no layout of them exists."""
     rows, own, hops = [], [], []
     for j, g in enumerate(stages):
-        rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in pl.ranks[j]))
-        own.append(table.cap(g, pl.embeddings(j), pl.heads(j), flights[j], pl.copies(j), pl.lone_heads(j)))
+        rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in placement.ranks[j]))
+        own.append(table.cap(g, placement.embeddings(j), placement.heads(j), flights[j], placement.copies(j), placement.lone_heads(j)))
         if j + 1 < len(stages):
             hops.append(table.hop(g, stages[j + 1]))
-    caps = [min(own[r] for r in pl.holders(j)) for j in range(len(stages))]
-    if pl.split_tp([len(g) for g in stages]) is not None:
+    caps = [min(own[r] for r in placement.holders(j)) for j in range(len(stages))]
+    if placement.split_tp([len(g) for g in stages]) is not None:
         caps = [-1] * len(stages)
     out = np.array(rows)
     out[:-1] += np.array(hops)[:, None]

@@ -68,6 +68,6 @@ def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
 
 
 @lru_cache(maxsize=4096)
-def uniform_choice(menus: tuple[tuple[int, ...], ...], d: int) -> int:
-    """The menu closest to "every group at TP degree ``d``" (first of the closest)."""
-    return min(range(len(menus)), key=lambda i: (sum(abs(t - d) for t in menus[i]), i))
+def uniform_choice(menus: tuple[tuple[int, ...], ...], degree: int) -> int:
+    """The menu closest to "every group at TP degree ``degree``" (first of the closest)."""
+    return min(range(len(menus)), key=lambda i: (sum(abs(t - degree) for t in menus[i]), i))

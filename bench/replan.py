@@ -23,9 +23,9 @@ from pathlib import Path
 from results import write_section
 
 from hexicore.app import compose as app
-from hexicore.registry import Registry
+from hexicore.planner.plan_check import validate_plan
 from hexicore.planner.pricing import ScheduleBook, timed_cost
-from hexicore.planner.validate import validate_plan
+from hexicore.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Schedule-aware planning and replanning"

@@ -11,7 +11,7 @@ from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.cost.analytic import AnalyticCostModel
-from hexicore.planner.allocation import machine_classes, sub_cluster
+from hexicore.planner.allocation.sub_clusters import machine_classes, sub_cluster
 from hexicore.planner.hexiscale import HexiScaleSolver
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
@@ -159,7 +159,7 @@ def test_a_sub_cluster_is_tried_when_nothing_fits_the_whole_cluster(exhaustive):
     """The whole cluster may hold no plan where a smaller one does (a schedule that needs more
     micro-batches than the pipelines over every device leave it): the allocation goes on to the
     sub-clusters, and raises the whole cluster's error only when nothing fits anywhere."""
-    from hexicore.planner.allocation import allocate
+    from hexicore.planner.allocation.sub_clusters import allocate
 
     c = cluster(FAST_MACHINES + [SLOW])
     p = problem(c)
@@ -185,7 +185,7 @@ def test_greedy_descent_steps_over_the_budget_to_reach_it():
     sub-cluster allowed) steps on through sub-clusters over the budget, by peak FLOPS per dollar,
     to those within it, and finds the plan the exhaustive search finds (it used to stop at the
     first step and report that no plan meets the budget)."""
-    from hexicore.planner.objective import Objective
+    from hexicore.planner.allocation.objective import Objective
 
     kinds = (("A", "h100-80g"), ("B", "a100-80g"), ("C", "rtx4090"), ("D", "rtx3090"))
     c = cluster([{"name": n, "gpu": g, "count": 2, "bandwidth_gbs": 32, "latency_us": 10} for n, g in kinds])
@@ -204,7 +204,7 @@ def test_a_sub_cluster_bound_is_no_bound_over_the_whole_cluster():
     sub-cluster found no plan in time, the plan's bound is the least over all of them (there the
     FLOPs bound) and its status FEASIBLE; it used to say OPTIMAL with the sub-cluster's bound,
     above a faster plan cpsat itself had not found on the whole cluster."""
-    from hexicore.planner.allocation import allocate
+    from hexicore.planner.allocation.sub_clusters import allocate
 
     p = problem(cluster(FAST_MACHINES), model=model_preset("tiny"), global_batch=8)
     inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
@@ -228,7 +228,7 @@ def test_a_budget_below_one_machine_uses_part_of_it():
     """One 8 x H100 machine (23.92 $/h) and budget_per_hour=8: no whole machine meets the budget,
     so the allocation also solves the first devices the budget pays for (two, 5.98 $/h); it used
     to report that no plan meets the budget. The idle devices' row names no plan of the part."""
-    from hexicore.planner.objective import Objective
+    from hexicore.planner.allocation.objective import Objective
 
     c = cluster([{"name": "H", "gpu": "h100-80g", "count": 8, "bandwidth_gbs": 450, "latency_us": 5}])
     plan = solve(problem(c, model=model_preset("tiny"), global_batch=8, objective=Objective(budget_per_hour=8.0)))
@@ -244,7 +244,7 @@ def test_time_shares_follow_the_devices_still_to_solve(exhaustive):
     one class) and a slow one: exhaustive, the five sub-clusters hold 12 + 8 + 8 + 4 + 4 devices,
     so the whole cluster gets 12/36; greedy, its three neighbours (8, 8, 4) and one step more
     (the largest, 8): 12/40; the last exhaustive sub-cluster gets all that is left."""
-    from hexicore.planner.allocation import TimeShares, allocate
+    from hexicore.planner.allocation.sub_clusters import TimeShares, allocate
 
     p = problem(cluster(FAST_MACHINES + [SLOW]), model=model_preset("tiny"), global_batch=8)
     inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)

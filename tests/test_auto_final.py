@@ -15,7 +15,7 @@ from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
 from hexicore.pipeline.synth import synthesize
 from hexicore.planner.final_schedules import final_options
-from hexicore.planner.fit import capped, fits, memory_caps
+from hexicore.planner.stage_layout.pipeline_fit import capped, fits, memory_caps
 from hexicore.planner.pricing import ScheduleBook, auto_defaults, options
 from hexicore.registry import Registry
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from hexicore.app.compose import build_problem, config_from_overrides
 from hexicore.registry import Registry
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.plan_check import validate_plan
 
 baselines = importlib.import_module("hexicore_plugins.solvers.baselines")
 

@@ -304,7 +304,7 @@ def test_time_limit_covers_the_whole_solve(monkeypatch):
     (one per sub-cluster solved, with or without a plan) gets a part of what is left, the first
     less than all of it, and the runs together search about the limit; the plan records the
     limit asked for."""
-    from hexicore.planner.time_shares import TimeShares
+    from hexicore.planner.allocation.sub_clusters import TimeShares
 
     asked = []
     seconds = TimeShares.seconds

@@ -13,7 +13,7 @@ import pytest
 
 from hexicore.core.errors import HexicoreError
 from hexicore.cost import AnalyticCostModel
-from hexicore.planner.fit import holds_chunks
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 from hexicore.planner.pricing import ScheduleBook, schedule_pricing
 from hexicore.registry import Registry
 from hexicore_plugins.runtimes.torch.layout import plan_layout

@@ -1,4 +1,4 @@
-"""Objectives: throughput, cost per token, budgets and throughput floors (hexicore.planner.objective)."""
+"""Objectives: throughput, cost per token, budgets and throughput floors (hexicore.planner.allocation.objective)."""
 
 import pytest
 
@@ -7,7 +7,7 @@ from hexicore.app.report import summary_lines
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.gpus import GPU_CATALOG
-from hexicore.planner.objective import Objective, rate
+from hexicore.planner.allocation.objective import Objective, rate
 
 from tests.conftest import run_cli
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hexicore.core.errors import HexicoreError
-from hexicore.planner.partition import balance_factor, cut_weight, objective_matrix
+from hexicore.planner.partition.cut import balance_factor, cut_weight, objective_matrix
 from hexicore.registry import Registry
 
 
@@ -168,7 +168,7 @@ def test_kl_skips_only_passes_that_change_nothing(reg, monkeypatch, intra):
     (32 and 200 GB/s; not 0.7 or 12.3, whose multiples round); the refined parts are exactly
     those of the refiner that runs every pass, on one and two machines."""
     import hexicore_plugins.solvers.kl as kl_mod
-    from hexicore.planner.partition import weight_matrix
+    from hexicore.planner.partition.cut import weight_matrix
 
     for counts in ((24,), (10, 14)):
         g = one_or_two_machines(counts, intra).graph()

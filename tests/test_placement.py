@@ -125,7 +125,7 @@ def test_planner_caps_keep_every_copy_within_memory():
     1F1B's layout of GPT-3 1.3B fits, Chimera's two copies of it do not, and the search says so."""
     from hexicore.core.cluster import parse_cluster
     from hexicore.core.plan import TrainConfig
-    from hexicore.planner.stages import StageTable, layout_pipeline
+    from hexicore.planner.stage_layout.stage_table import StageTable, layout_pipeline
     from tests.conftest import model_preset
 
     m, train = model_preset("gpt3_1.3b"), TrainConfig(global_batch=8, micro_batch=1, seq_len=2048)
@@ -150,7 +150,7 @@ def test_planner_caps_keep_every_copy_within_memory():
     pipe = lay.pipeline(8, ScheduleRef.from_mapping({"name": "chimera"}))
     assert not cost.estimate(Plan(m, small, train, (pipe,))).fits  # the copies overflow the plain layout
     from hexicore.core.errors import PlanError
-    from hexicore.planner.validate import validate_plan
+    from hexicore.planner.plan_check import validate_plan
 
     # GPT-3 ties its embeddings: rank 0 keeps chain 0's embedding and the up chain's head, whose
     # embedding is on rank 3, so a copy of it too
@@ -185,8 +185,8 @@ def test_chimera_keeps_a_mirrored_stage_at_its_tp_degree():
     search never lays it out, and hexiscale's Chimera plans on hetero1 keep the degrees equal."""
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore.core.errors import PlanError
-    from hexicore.planner.fit import fits
-    from hexicore.planner.validate import validate_plan
+    from hexicore.planner.stage_layout.pipeline_fit import fits
+    from hexicore.planner.plan_check import validate_plan
 
     chim = Registry.default().create("schedule", "chimera").placement(3, 4)
     assert chim.split_tp([1, 1, 1]) is None and chim.split_tp([2, 1, 2]) is None
@@ -245,7 +245,7 @@ def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
     used the rule heads - embeddings = 0 and laid out stages that did not fit at 12.5-14 GB)."""
     from hexicore.core.cluster import parse_cluster
     from hexicore.core.plan import TrainConfig
-    from hexicore.planner.stages import StageTable, layout_pipeline
+    from hexicore.planner.stage_layout.stage_table import StageTable, layout_pipeline
     from tests.conftest import model_preset
 
     m, train = model_preset("gpt3_1.3b"), TrainConfig(global_batch=8, micro_batch=1, seq_len=2048)

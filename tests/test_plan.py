@@ -7,7 +7,7 @@ import pytest
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig, check_structure
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.plan_check import validate_plan
 
 
 def make_plan(paper_case, llama13b, **train):

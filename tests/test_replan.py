@@ -11,8 +11,8 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import TrainConfig
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.planner.replan import describe, plan_diff
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.replan.diff import describe, plan_diff
+from hexicore.planner.plan_check import validate_plan
 
 from .conftest import CONF
 from .test_schedule_aware import FAST, random_cluster

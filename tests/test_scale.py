@@ -14,10 +14,10 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Stage
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost import dp_ring
-from hexicore.planner.layers import allocate_layers
-from hexicore.planner.parallel import fork_map, fork_start
-from hexicore.planner.partition import ordered_subgraph, weight_matrix
-from hexicore.planner.stages import layout_pipeline
+from hexicore.planner.stage_layout.layers import allocate_layers
+from hexicore.planner.search.workers import fork_map, fork_start
+from hexicore.planner.partition.cut import ordered_subgraph, weight_matrix
+from hexicore.planner.stage_layout.stage_table import layout_pipeline
 from hexicore.registry import Registry
 
 
@@ -160,7 +160,7 @@ def test_two_processes_plan_what_one_plans(monkeypatch):
     """The sweep's phase 2 ahead in a second process, the walk guessed and laid out ahead, and
     the allocation's screens in parallel (all forced on a small fleet) give the one-process
     plan, to the device."""
-    import hexicore.planner.search as search
+    import hexicore.planner.search.loop as search
 
     monkeypatch.setattr(search, "WALK_AHEAD_FROM", 1)
     guessed = []
@@ -184,8 +184,9 @@ def test_large_cluster_path_gives_valid_renamed_layouts():
     """machine_graph_above below the fleet: whole machines per pipeline, one layout per part
     signature renamed for the others — each renamed layout is what laying out its own stages
     with the same layers gives."""
-    from hexicore.planner.search import make_context, two_phase
-    from hexicore.planner.search_config import SearchConfig
+    from hexicore.planner.search.candidate import two_phase
+    from hexicore.planner.search.context import make_context
+    from hexicore.planner.search.settings import SearchConfig
 
     problem = app.build_problem(app.config_from_overrides(
         ["cluster=synthetic", "cluster.synthetic.gpus=32", "cluster.synthetic.per_machine=4", "model=tiny",

@@ -13,7 +13,7 @@ from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
 from hexicore.planner.pricing import ScheduleBook, auto_defaults, options, timed_cost
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.plan_check import validate_plan
 
 from .conftest import CONF
 from tests.conftest import run_cli
@@ -179,8 +179,8 @@ def test_schedule_pricing_keeps_the_cost_models_formula_only_where_the_schedule_
 
 def test_the_search_gets_its_book_from_the_problem():
     """No book is fished out of the cost model: ``Problem.pricing`` is the book the search uses."""
-    from hexicore.planner.search import make_context
-    from hexicore.planner.search_config import SearchConfig
+    from hexicore.planner.search.context import make_context
+    from hexicore.planner.search.settings import SearchConfig
 
     reg = Registry.default()
     problem = build_problem(config_from_overrides(["schedule=gpipe"]), reg)

@@ -21,10 +21,10 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost import AnalyticCostModel
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
-from hexicore.planner.fit import fits
+from hexicore.planner.stage_layout.pipeline_fit import fits
 from hexicore.planner.pricing import ScheduleBook, schedule_pricing
 from hexicore.planner.problem import Problem
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.plan_check import validate_plan
 from hexicore.registry import Registry
 from tests.conftest import CONF, run_cli
 

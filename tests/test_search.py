@@ -8,16 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hexicore.app.compose import build_problem, config_from_overrides
-from hexicore.planner.batch import affine_time, allocate_batch
+from hexicore.planner.stage_layout.batch import affine_time, allocate_batch
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
-from hexicore.planner.layers import allocate_layers
+from hexicore.planner.stage_layout.layers import allocate_layers
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
-from hexicore.planner.stages import tp_menus
-from hexicore.planner.validate import validate_plan
+from hexicore.planner.stage_layout.tp_menus import tp_menus
+from hexicore.planner.plan_check import validate_plan
 
 from .conftest import CONF
 from tests.conftest import run_cli

@@ -7,7 +7,7 @@ from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.cost.analytic import AnalyticCostModel
-from hexicore.planner.allocation import machine_classes
+from hexicore.planner.allocation.sub_clusters import machine_classes
 from hexicore.planner.hexiscale import HexiScaleSolver
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry

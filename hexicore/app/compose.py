@@ -21,11 +21,11 @@ from hexicore.core.plan import Plan
 from hexicore.core.settings import CheckpointSettings, TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
-from hexicore.planner.objective import Objective
+from hexicore.planner.allocation.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.zero import solve_zero
+from hexicore.planner.zero_stage import solve_zero
 from hexicore.registry import Registry, accepts
-from hexicore.planner.validate import check_schedules, validate_plan
+from hexicore.planner.plan_check import check_schedules, validate_plan
 
 
 def _plain(node: Any) -> Any:

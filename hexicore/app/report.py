@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hexicore.core.plan import Plan
-from hexicore.planner.objective import rate
+from hexicore.planner.allocation.objective import rate
 
 
 def _fmt_s(x: float) -> str:

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.schema import write_text_atomic
-from hexicore.planner.objective import rate as money
+from hexicore.planner.allocation.objective import rate as money
 
 #: this sweep's rows (``rows/job-N.json``) and output-directory claims (``dirs/``), in the sweep directory
 STATE = ".hexicore-sweep"

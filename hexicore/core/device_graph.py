@@ -76,7 +76,7 @@ class DeviceGraph:
     def view(self, nodes: Sequence[Hashable]) -> "DeviceGraph":
         """The sub-graph on ``nodes`` sharing this graph's weights. Node order follows
         networkx's ``subgraph_view`` with an order-keeping filter
-        (:func:`hexicore.planner.partition.ordered_subgraph`): ``nodes``' own order when they
+        (:func:`hexicore.planner.partition.cut.ordered_subgraph`): ``nodes``' own order when they
         are fewer than half the graph's nodes, else the graph's order."""
         keep = dict.fromkeys(nodes)
         if 2 * len(keep) < len(self.nodes):

@@ -20,7 +20,7 @@ class GpuType:
     ``intra_gbs`` is the typical intra-machine bandwidth for the synthetic-fleet generator
     (NVLink per direction, or PCIe 4.0 x16 ~ 32 GB/s); cluster files always state their own.
     ``price_per_hour``: on-demand US dollars per GPU-hour (None: unknown), used by
-    ``objective=cost`` and ``budget_per_hour`` (:mod:`hexicore.planner.objective`);
+    ``objective=cost`` and ``budget_per_hour`` (:mod:`hexicore.planner.allocation.objective`);
     ``price_source`` says where the number comes from.
     """
 

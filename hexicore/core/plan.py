@@ -3,7 +3,7 @@
 A plan is the HexiScale paper's asymmetric DP x PP x TP layout: any number of pipelines, each
 with its own batch share, stages, per-stage TP degree and layer range. This module holds
 the data and the structural checks; memory and cost live in :mod:`hexicore.cost` and the full
-check (structure + memory) in :func:`hexicore.planner.validate.validate_plan`.
+check (structure + memory) in :func:`hexicore.planner.plan_check.validate_plan`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
-from hexicore.cost.base import DEFAULT_EFFICIENCY, GIB, ActivationFn, PipelineTimer, PlacementFn, default_in_flight
+from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
+                                default_in_flight)
 from hexicore.cost import sharding
 from hexicore.cost.block_memory import block_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
@@ -250,15 +251,15 @@ class AnalyticCostModel:
     def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
         """STAGE and HOP times of one pipeline, one micro-batch each (under ZeRO-3 the stage
         time includes the weight gathers, :meth:`zero3_stage_s`, of the plan's pipeline on its stages)."""
-        c, m, t = plan.cluster, plan.model, plan.train
-        terms = self.stage_terms(pipeline, pipeline.n_micro_batches(t.micro_batch))
-        stages = [sum(w * self.stage_s(c, m, t, s.devices, n, first=f, last=h) for w, n, f, h in ts)
+        priced = BoundCostModel.of_plan(self, plan)
+        terms = self.stage_terms(pipeline, pipeline.n_micro_batches(plan.train.micro_batch))
+        stages = [sum(w * priced.stage_s(s.devices, n, first=f, last=h) for w, n, f, h in ts)
                   for s, ts in zip(pipeline.stages, terms)]
-        if t.zero_stage == 3 and len(plan.pipelines) > 1:
+        if plan.train.zero_stage == 3 and len(plan.pipelines) > 1:
             i = next(k for k, q in enumerate(plan.pipelines) if q.stages == pipeline.stages)  # any schedule priced
             z3 = self.zero3_stage_s(plan)
             stages = [x + z3[(i, j)] for j, x in enumerate(stages)]
-        hops = [self.hop_s(c, m, t, a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]
+        hops = [priced.hop_s(a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         return stages, hops
 
     # ------------------------------------------------------------------ DP
@@ -347,15 +348,15 @@ class AnalyticCostModel:
         """Peak memory per device (GiB) by part (:meth:`stage_memory_parts`), every device the
         plan uses."""
         out: dict[str, dict[str, float]] = {}
-        c, m, t = plan.cluster, plan.model, plan.train
+        cluster, model, train = plan.cluster, plan.model, plan.train
         kept = self.kept_params(plan)
         for p in plan.pipelines:
-            n_mb = p.n_micro_batches(t.micro_batch)
+            n_mb = p.n_micro_batches(train.micro_batch)
             for j, (s, held) in enumerate(zip(p.stages, self.held(p, n_mb))):
                 even = None  # even shares: one computation for the whole stage
                 for d in s.devices:
                     if even is None or kept is not None:
-                        even = self.stage_memory_parts(c, m, t, s.devices, **held,
+                        even = self.stage_memory_parts(cluster, model, train, s.devices, **held,
                                                        in_flight=self.in_flight(p, j, n_mb), dp=len(plan.pipelines),
                                                        kept=None if kept is None else kept[d])
                     out[d] = dict(even)

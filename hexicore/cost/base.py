@@ -1,13 +1,16 @@
 """The cost-model interface every cost plugin implements, and the units it shares.
 
 A cost model prices a whole plan (:meth:`CostModel.estimate`) and the pieces the planner
-combines thousands of times (stage time, hop time, stage memory). Schedule-aware pricing swaps in
+combines thousands of times (stage time, hop time, stage memory). The planner binds a cost model
+to one problem's cluster, model and training setup once (:func:`bind`, a
+:class:`BoundCostModel`) and asks for the pieces with what varies per stage only. Schedule-aware pricing swaps in
 a ``pipeline_timer`` and an ``activation`` function (see :mod:`hexicore.planner.pricing`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
 
 from hexicore.core.cluster import Cluster
@@ -56,6 +59,44 @@ class CostModel(Protocol):
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
                         n_layers: int, *, first: bool, last: bool, in_flight: int, dp: int = 1) -> float: ...
+
+
+@dataclass(frozen=True)
+class BoundCostModel:
+    """A cost model bound to one problem's cluster, model and training setup (:func:`bind`): its
+    per-stage pieces take only what varies between stages — the devices, the layers, the stage's
+    position and in-flight micro-batches — so ``(cluster, model, train)`` is given once, not at
+    every call. Works for any cost model that implements :class:`CostModel` (a plugin need not
+    know of it): each method calls the cost model's own with the bound ``(cluster, model, train)``."""
+
+    cost: Any
+    cluster: Cluster
+    model: ModelSpec
+    train: TrainConfig
+
+    @classmethod
+    def of_plan(cls, cost: Any, plan: Plan) -> "BoundCostModel":
+        """``cost`` bound to ``plan``'s cluster, model and training setup."""
+        return cls(cost, plan.cluster, plan.model, plan.train)
+
+    def stage_s(self, devices: Sequence[str], n_layers: int, *, first: bool = False, last: bool = False) -> float:
+        """STAGE(d_ij) of App. A: one micro-batch's forward + backward through ``n_layers`` blocks on
+        ``devices`` (:meth:`CostModel.stage_s`)."""
+        return self.cost.stage_s(self.cluster, self.model, self.train, devices, n_layers, first=first, last=last)
+
+    def hop_s(self, source: Sequence[str], destination: Sequence[str]) -> float:
+        """COMM-PP-HOP between two consecutive stages, one micro-batch (:meth:`CostModel.hop_s`)."""
+        return self.cost.hop_s(self.cluster, self.model, self.train, source, destination)
+
+    def stage_memory_gb(self, devices: Sequence[str], n_layers: int, **held: Any) -> float:
+        """Peak memory of each device of a stage in GiB (:meth:`CostModel.stage_memory_gb`; ``held``:
+        its keywords, ``first``, ``last``, ``in_flight``, ``dp``, ...)."""
+        return self.cost.stage_memory_gb(self.cluster, self.model, self.train, devices, n_layers, **held)
+
+
+def bind(cost: Any, cluster: Cluster, model: ModelSpec, train: TrainConfig) -> BoundCostModel:
+    """``cost`` bound to one problem (:class:`BoundCostModel`)."""
+    return BoundCostModel(cost, cluster, model, train)
 
 
 def cost_label(cost: Any) -> str:

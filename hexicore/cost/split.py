@@ -41,21 +41,22 @@ def forward_backward(cost: Any, plan: Plan, pipeline: Pipeline,
     ``cost`` is the analytic model or one built on it (``compute_s``, ``tp_comm_s``, and
     optionally ``forward_fraction(cluster, model, train, devices)`` and ``stage_terms``, the
     copies each stage runs under its schedule's placement, each weighted by its traffic)."""
-    c, m, t = plan.cluster, plan.model, plan.train
+    cluster, model, train = plan.cluster, plan.model, plan.train
     last = len(pipeline.stages) - 1
     terms_of = getattr(cost, "stage_terms", None)  # the copies each stage runs (its schedule's placement)
-    terms = terms_of(pipeline, pipeline.n_micro_batches(t.micro_batch)) if terms_of is not None else \
+    terms = terms_of(pipeline, pipeline.n_micro_batches(train.micro_batch)) if terms_of is not None else \
         [[(1.0, s.n_layers, j == 0, j == last)] for j, s in enumerate(pipeline.stages)]
     z3 = {}
-    if t.zero_stage == 3 and len(plan.pipelines) > 1:
+    if train.zero_stage == 3 and len(plan.pipelines) > 1:
         i = next(k for k, q in enumerate(plan.pipelines) if q.stages == pipeline.stages)  # any schedule priced
         z3 = {j: v for (p, j), v in cost.zero3_stage_s(plan).items() if p == i}
     share = getattr(cost, "forward_fraction", None)
     forward, backward = [], []
     for j, (s, total) in enumerate(zip(pipeline.stages, stage_times)):
-        frac = share(c, m, t, s.devices) if share is not None else compute_forward_fraction(t.recompute)
-        f = sum(w * (cost.compute_s(c, m, t, s.devices, n, last=h) * frac
-                     + cost.tp_comm_s(c, m, t, s.devices, n) * tp_forward_fraction(t.recompute))
+        frac = share(cluster, model, train, s.devices) if share is not None else \
+            compute_forward_fraction(train.recompute)
+        f = sum(w * (cost.compute_s(cluster, model, train, s.devices, n, last=h) * frac
+                     + cost.tp_comm_s(cluster, model, train, s.devices, n) * tp_forward_fraction(train.recompute))
                 for w, n, _, h in terms[j]) + z3.get(j, 0.0) / 3.0
         f = min(f, total)
         forward.append(f)

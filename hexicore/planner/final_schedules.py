@@ -8,10 +8,10 @@ returns (after the allocation over sub-clusters, so once per ``hexicore plan``).
 (layers, devices and batch fixed), each of ``final_options`` (conf/schedule/auto.yaml's by
 default) is built for the pipeline's own stage and hop times; a schedule whose ``Pricing``
 declares ``memory_cap`` gets the pipeline's own per-rank cap (the most in-flight
-micro-batches every stage's devices hold, :func:`hexicore.planner.fit.memory_caps`); an
+micro-batches every stage's devices hold, :func:`hexicore.planner.stage_layout.pipeline_fit.memory_caps`); an
 option that refuses the pipeline (e.g. too few micro-batches) is skipped. It replaces the pipeline's schedule only
 when it is faster and its exact peak activations fit every stage
-(:func:`hexicore.planner.fit.fits`); the new plan is kept only when its full estimate
+(:func:`hexicore.planner.stage_layout.pipeline_fit.fits`); the new plan is kept only when its full estimate
 fits and is not slower, else the new schedules are taken one pipeline at a time, each kept
 only so. So ``auto`` with final options is never slower than without them, and
 the plan records the chosen schedule of every pipeline (with what a runtime needs to rebuild it,
@@ -26,8 +26,8 @@ from typing import Any, Mapping
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.objective import rate
-from hexicore.planner.fit import capped, fits
+from hexicore.planner.allocation.objective import rate
+from hexicore.planner.stage_layout.pipeline_fit import capped, fits
 from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, resolve_placed, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 

@@ -13,13 +13,13 @@ import time
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
-from hexicore.planner.allocation import allocate
+from hexicore.planner.allocation.sub_clusters import allocate
 from hexicore.planner.final_schedules import reschedule
-from hexicore.planner.parallel import available_cores
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.replan import plan_diff
-from hexicore.planner.search import run_search
-from hexicore.planner.search_config import SearchConfig
+from hexicore.planner.replan.diff import plan_diff
+from hexicore.planner.search.loop import run_search
+from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.workers import available_cores
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import bad_number
-from hexicore.planner.fit import capped, fits
+from hexicore.planner.stage_layout.pipeline_fit import capped, fits
 from hexicore.pipeline.schedule import PRICED
 from hexicore.registry import accepts, require
 

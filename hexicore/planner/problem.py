@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from hexicore.core.cluster import Cluster
-from hexicore.cost import CostModel, Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.objective import Objective
+from hexicore.cost import BoundCostModel, CostModel, Estimate, bind
+from hexicore.planner.allocation.objective import Objective
+from hexicore.planner.pricing import ScheduleBook
+from hexicore.registry import Registry
 
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
@@ -28,16 +30,16 @@ class Problem:
     :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
     ``cost`` (None when the cost model's own PIPELINE-TIME does;
     :func:`hexicore.planner.pricing.schedule_pricing` builds both). ``objective``: what the
-    allocation of devices optimises (:mod:`hexicore.planner.objective`; throughput by default)."""
+    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default)."""
 
     cluster: Cluster
     model: ModelSpec
     train: TrainConfig
     cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
-    registry: Any = None
+    registry: Registry | None = None
     warm_start: Plan | None = None
-    pricing: Any = None
+    pricing: ScheduleBook | None = None
     objective: Objective = field(default_factory=Objective)
 
     def __post_init__(self) -> None:
@@ -46,6 +48,11 @@ class Problem:
 
     def evaluate(self, plan: Plan) -> Estimate:
         return self.cost.estimate(plan)
+
+    def bound_cost(self) -> BoundCostModel:
+        """The problem's cost model bound to its cluster, model and train
+        (:func:`hexicore.cost.base.bind`): stage, hop and memory pieces asked per stage only."""
+        return bind(self.cost, self.cluster, self.model, self.train)
 
 
 class Solver(Protocol):

@@ -12,7 +12,7 @@
 
 Each returns the fastest of its own candidates that fits, by the problem's cost model. The
 symmetric ones use every device where some (dp, tp, pp) of that count is legal, else the most
-devices that have one (:func:`~hexicore.planner.symmetric.layout_devices`, the slowest idle).
+devices that have one (:func:`~hexicore.planner.baselines.symmetric.layout_devices`, the slowest idle).
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ import math
 from dataclasses import dataclass, replace
 
 from hexicore.core.errors import HexicoreError
-from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.planner.layers import layer_ranges
-from hexicore.planner.constrained import on_devices_for_objective
-from hexicore.planner.fastest import priced_where_it_could_win
-from hexicore.planner.fit import holds_chunks
 from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.cost.base import BoundCostModel
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.planner.allocation.sub_clusters import on_devices_for_objective
+from hexicore.planner.baselines.symmetric import (factorisations, layout_devices, least_layers, least_micro_batches,
+                                                  legal, symmetric_plan)
+from hexicore.planner.fastest import priced_where_it_could_win
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.stages import StageTable
-from hexicore.planner.symmetric import (factorisations, layout_devices, least_layers, least_micro_batches, legal,
-                                        symmetric_plan)
-from hexicore.planner.zero import at_stage
+from hexicore.planner.stage_layout.layers import layer_ranges
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
+from hexicore.planner.stage_layout.stage_table import StageTable
+from hexicore.planner.zero_stage import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 
@@ -113,7 +114,7 @@ class MetisLikeSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 
@@ -143,16 +144,16 @@ def memory_balanced(table: StageTable, plan: Plan, least: list[int] | None = Non
     largest per-device stage memory (GB), every stage within its devices' capacity and holding
     at least ``least[j]`` layers (default 1)."""
     L, pp = plan.model.layers, len(plan.pipelines[0].stages)
-    c, m, t = plan.cluster, plan.model, plan.train
-    n_mb = plan.pipelines[0].n_micro_batches(t.micro_batch)
+    n_mb = plan.pipelines[0].n_micro_batches(plan.train.micro_batch)
+    priced = BoundCostModel.of_plan(table.cost, plan)
 
     def mem(j: int, l: int) -> float:
         worst = 0.0
         for p in plan.pipelines:
             s = p.stages[j]
-            gb = table.cost.stage_memory_gb(c, m, t, s.devices, l, first=j == 0, last=j == pp - 1,
-                                            in_flight=table.in_flight(pp, j, n_mb), dp=len(plan.pipelines))
-            if gb > min(c.device(d).memory_gb for d in s.devices):
+            gb = priced.stage_memory_gb(s.devices, l, first=j == 0, last=j == pp - 1,
+                                        in_flight=table.in_flight(pp, j, n_mb), dp=len(plan.pipelines))
+            if gb > min(plan.cluster.device(d).memory_gb for d in s.devices):
                 return float("inf")
             worst = max(worst, gb)
         return worst
@@ -183,7 +184,7 @@ class GalvatronLikeSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 
@@ -230,7 +231,7 @@ class FsdpSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 

@@ -3,7 +3,7 @@
 For every pair of parts (on many parts: each part with the few it is most connected to), one KL pass (best pair swap first, swapped vertices locked, the best
 prefix of the sequence kept if it gains) followed by FM single-vertex moves with positive gain;
 sweeps repeat while the cut improves. Every swap and move keeps every part's TFLOPS load within
-the balance limit (``balance`` x average, :func:`hexicore.planner.partition.balance_limit`) — or does not
+the balance limit (``balance`` x average, :func:`hexicore.planner.partition.cut.balance_limit`) — or does not
 make an already-violating pair worse — and no part is ever emptied.
 
 Objective: the gains are computed on ``sign * w`` with ``sign = +1`` for ``min_cut`` and ``-1``
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.planner.partition import Parts, balance_limit, check_objective, labels_of, parts_of, weight_matrix
+from hexicore.planner.partition.cut import Parts, balance_limit, check_objective, labels_of, parts_of, weight_matrix
 
 EPS = 1e-9
 

@@ -5,10 +5,10 @@ attention heads, KV heads and FFN width, PP stages with a layer per chunk of the
 layers for one chunk each), the global batch split equally over DP in whole micro-batches; ranks
 laid out in Megatron's order (TP innermost, then DP, then PP) over the cluster's device order
 (where no layout of every device is legal, over the most devices that have one, the slowest left
-idle: :func:`~hexicore.planner.symmetric.layout_devices`); equal layers per stage (the first
+idle: :func:`~hexicore.planner.baselines.symmetric.layout_devices`); equal layers per stage (the first
 ``L mod PP`` stages take one more);
 the best of them by the cost model, among those that fit in memory. The layouts themselves
-are built by :mod:`hexicore.planner.symmetric` (shared with ``plugins/solvers/baselines.py``).
+are built by :mod:`hexicore.planner.baselines.symmetric` (shared with ``plugins/solvers/baselines.py``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hexicore.core.errors import HexicoreError
-from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
-from hexicore.planner.constrained import on_devices_for_objective
+from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.planner.allocation.sub_clusters import on_devices_for_objective
+from hexicore.planner.baselines.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
 from hexicore.planner.fastest import priced_where_it_could_win
-from hexicore.planner.fit import holds_chunks
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.symmetric import even_layers, factorisations, layout_devices, legal, symmetric_plan
-from hexicore.planner.zero import at_stage
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
+from hexicore.planner.zero_stage import at_stage
 
 __all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]
 
@@ -56,7 +56,7 @@ class MegatronSolver:
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
         """:meth:`on_all` of the problem's devices, or of the sub-clusters that best meet its
-        objective (:func:`hexicore.planner.constrained.on_devices_for_objective`)."""
+        objective (:func:`hexicore.planner.allocation.sub_clusters.on_devices_for_objective`)."""
         return on_devices_for_objective(problem, lambda sub, report: self.on_all(sub, progress=report),
                                         progress=progress)
 

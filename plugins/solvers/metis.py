@@ -8,7 +8,7 @@ balance constraint, projection and Kernighan-Lin/FM refinement. The balance fact
 ``balance`` (>= 1) becomes METIS' ``ufactor`` (:func:`ufactor`).
 
 Max-cut: METIS only minimises. For ``objective="max_cut"`` it partitions the complemented graph
-(edge weight ``w_max + w_min - w``, see :func:`hexicore.planner.partition.objective_matrix`), which on a
+(edge weight ``w_max + w_min - w``, see :func:`hexicore.planner.partition.cut.objective_matrix`), which on a
 complete graph with fixed part sizes turns the minimum cut into the maximum bandwidth cut.
 """
 
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.planner.partition import (Parts, balance_limit, check_objective, check_parts, objective_matrix,
-                                parts_of, weight_matrix)
+from hexicore.planner.partition.cut import (Parts, balance_limit, check_objective, check_parts, objective_matrix, parts_of, weight_matrix)
 
 INT_LIMIT = 2**30  # METIS idx_t is 32-bit: keep the summed edge weights below this
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
-from hexicore.planner.partition import weight_matrix
+from hexicore.planner.partition.cut import weight_matrix
 
 
 def group_bandwidth(groups: Sequence[Sequence[Hashable]], graph) -> np.ndarray:

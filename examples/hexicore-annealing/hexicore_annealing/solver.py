@@ -8,8 +8,8 @@ accepted with probability ``exp(-delta / T)``, ``T`` cooling geometrically (Kirk
 1983). The best state seen is returned; the symmetric ``megatron`` plan is the starting point
 when it exists, so the result is never worse than it.
 
-Only hexicore's public pieces are used: :func:`hexicore.planner.search.make_context`, ``phase2`` and
-``assemble``, and :class:`hexicore.planner.search_config.SearchConfig` for their defaults.
+Only hexicore's public pieces are used: :func:`hexicore.planner.search.context.make_context`, ``phase2`` and
+``assemble``, and :class:`hexicore.planner.search.settings.SearchConfig` for their defaults.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Optional
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.search import INF, Candidate, assemble, make_context, phase2
-from hexicore.planner.search_config import SearchConfig
+from hexicore.planner.search.candidate import assemble
+from hexicore.planner.search.context import INF, Candidate, make_context
+from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.stage_layout.phase2 import phase2
 
 
 @dataclass

@@ -6,8 +6,8 @@ import pytest
 
 import hexicore
 from hexicore.app.cli import main
+from hexicore.planner.plan_check import validate_plan
 from hexicore.registry import Registry
-from hexicore.planner.validate import validate_plan
 
 
 def test_listed_by_hexicore_plugins(capsys):

@@ -44,7 +44,7 @@ def run(cfg: DictConfig) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if (plan.solver or {}).get("replan"):  # elastic replanning: how the plan differs from the previous one
-        from hexicore.planner.replan import describe
+        from hexicore.planner.replan.diff import describe
 
         print(describe(plan.solver["replan"]))
     print(f"plan written to {out} (picture: {picture})")

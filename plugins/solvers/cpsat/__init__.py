@@ -41,7 +41,7 @@ from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.plan import Plan
-from hexicore.planner.allocation import TimeShares, allocate
+from hexicore.planner.allocation.sub_clusters import TimeShares, allocate
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 from .tables import Option, build_tables, stage_options, uneven_machines
@@ -106,7 +106,7 @@ class CpSatSolver:
               progress: Progress = no_progress) -> Plan:
         """Unless ``use_all_devices`` (or ``fix_groups``), the model is solved on sub-clusters of
         whole machines too, and the best plan under the problem's objective is returned
-        (:func:`hexicore.planner.allocation.allocate`), its ``bound`` the least over the
+        (:func:`hexicore.planner.allocation.sub_clusters.allocate`), its ``bound`` the least over the
         sub-clusters and ``OPTIMAL`` only where no sub-cluster's bound is lower. ``time_limit``
         is CP-SAT's search time for the whole solve (building the models is not counted): the
         sub-clusters share it (:class:`TimeShares`); once it is spent no further sub-cluster is
@@ -223,7 +223,7 @@ class CpSatSolver:
         the greedy plan. Their estimates cap the model's tables, so they must be real plans."""
         from hexicore.core.plan import check_structure
 
-        from hexicore.planner.fit import holds_chunks
+        from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
         from .hint import greedy_plan, plan_rows
 

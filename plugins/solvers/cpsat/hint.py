@@ -12,7 +12,7 @@ from typing import Sequence
 
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.planner.problem import Problem
-from hexicore.planner.symmetric import least_layers
+from hexicore.planner.baselines.symmetric import least_layers
 
 from .formulation import Formulation
 from .tables import Option, machine_pools, tp_degrees
@@ -57,7 +57,8 @@ def _one_pipeline(problem: Problem, groups: Sequence[tuple[str, ...]]) -> Plan |
         groups.pop()
     if not groups:
         return None
-    speed = [1.0 / max(problem.cost.stage_s(c, m, t, g, 1), 1e-30) for g in groups]
+    priced = problem.bound_cost()
+    speed = [1.0 / max(priced.stage_s(g, 1), 1e-30) for g in groups]
     stages, lo = [], 0
     for g, n in zip(groups, _split(m.layers, speed, least)):
         stages.append(Stage(tuple(g), len(g), (lo, lo + n)))

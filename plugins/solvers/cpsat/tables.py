@@ -26,9 +26,9 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Stage
 from hexicore.cost.precision import sync_bytes
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.parallel import available_cores, fork_map
+from hexicore.planner.search.workers import available_cores, fork_map
 from hexicore.planner.problem import Problem
-from hexicore.planner.symmetric import least_layers
+from hexicore.planner.baselines.symmetric import least_layers
 
 from .ends import head_rows
 from .tied import tied_pairs
@@ -47,9 +47,10 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
     ``MAX_MAGNITUDE``. Real models get about 1-10 us, tiny test models picoseconds."""
     c, m, t = problem.cluster, problem.model, problem.train
     n_mb, L = t.global_batch // t.micro_batch, m.layers
-    stage = max(problem.cost.stage_s(c, m, t, o.devices, L, first=True, last=True) for o in options)
+    priced = problem.bound_cost()
+    stage = max(priced.stage_s(o.devices, L, first=True, last=True) for o in options)
     sizes = {name: len(devs) for name, devs in machine_pools(problem).items()}
-    hop = max(problem.cost.hop_s(c, m, t, a.devices, b.devices) for a in options for b in options
+    hop = max(priced.hop_s(a.devices, b.devices) for a in options for b in options
               if a.machine != b.machine or a.tp + b.tp <= sizes[a.machine]) \
         if len(options) > 1 else 0.0
     params = max(m.layer_params(), m.embedding_params(), m.head_params())
@@ -97,8 +98,8 @@ def machine_pools(problem: Problem) -> dict[str, list[str]]:
 def device_speeds(problem: Problem) -> dict[str, float]:
     """The cost model's time of one block on each device alone (its own profile entry, where it
     has one; the analytic model prices every device of a GPU type alike)."""
-    c, m, t = problem.cluster, problem.model, problem.train
-    return {d.id: problem.cost.stage_s(c, m, t, (d.id,), 1) for d in c.devices}
+    priced = problem.bound_cost()
+    return {d.id: priced.stage_s((d.id,), 1) for d in problem.cluster.devices}
 
 
 def uneven_machines(problem: Problem) -> list[str]:
@@ -170,10 +171,11 @@ class Tables:
 
 
 def _stage_table(problem: Problem, opt: Option | None, to_us) -> list:
-    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    L = problem.model.layers
     if opt is None:
         return [[[0] * (L + 1) for _ in (0, 1)] for _ in (0, 1)]
-    return [[[to_us(problem.cost.stage_s(c, m, t, opt.devices, n, first=bool(fi), last=bool(la)), False)
+    priced = problem.bound_cost()
+    return [[[to_us(priced.stage_s(opt.devices, n, first=bool(fi), last=bool(la)), False)
               for n in range(L + 1)] for la in (0, 1)] for fi in (0, 1)]
 
 
@@ -184,17 +186,18 @@ def _cap_table(problem: Problem, opt: Option | None, flights: Sequence[float], e
     rounded: a fractional count prices its fraction of a micro-batch's activations); ``flights[0]
     = 0`` and ``extra`` entries past the last hold 0 (in-flight counts of pipelines the schedule
     does not run)."""
-    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    L = problem.model.layers
     out = [[[0] * (len(flights) + extra) for _ in (0, 1)] for _ in (0, 1)]
     if opt is None:
         return out
-    mem = c.device(opt.devices[0]).memory_gb
+    priced = problem.bound_cost()
+    mem = problem.cluster.device(opt.devices[0]).memory_gb
     for fi in (0, 1):
         for la in (0, 1):
             for f in range(1, len(flights)):
                 n = 0
-                while n < L and problem.cost.stage_memory_gb(c, m, t, opt.devices, n + 1, first=bool(fi),
-                                                             last=bool(la), in_flight=flights[f]) <= mem:
+                while n < L and priced.stage_memory_gb(opt.devices, n + 1, first=bool(fi), last=bool(la),
+                                                       in_flight=flights[f]) <= mem:
                     n += 1
                 out[fi][la][f] = n
     return out
@@ -226,7 +229,8 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
     entries keeps the bound valid. Without it the unit comes from :func:`time_unit`."""
     if not hasattr(problem.cost, "dp_layer_s"):
         raise HexicoreError("solver cpsat needs a cost model with dp_layer_s (the analytic model)", field="cost")
-    c, m, t, L = problem.cluster, problem.model, problem.train, problem.model.layers
+    m, t, L = problem.model, problem.train, problem.model.layers
+    priced = problem.bound_cost()
     pools = machine_pools(problem)
     opts = [None, *options]
     if upper_s is not None and upper_s > 0:
@@ -248,7 +252,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
     for a in range(1, len(opts)):
         for b in range(1, len(opts)):
             dst = _second_group(pools, opts[a], opts[b])
-            hop[a][b] = to_us(problem.cost.hop_s(c, m, t, opts[a].devices, dst))
+            hop[a][b] = to_us(priced.hop_s(opts[a].devices, dst))
 
     def pair(params: float) -> tuple:
         return tuple(tuple(tuple(0 if (a == 0 or b == 0) else _dp_pair(problem, pools, opts[a], opts[b], v, params, to_us)
@@ -299,7 +303,7 @@ def in_flight_rows(problem: Problem, max_stages: int, n_mb: int) -> dict[tuple[i
     problem's schedule, for every P <= ``max_stages`` and n <= ``n_mb``: one row (j = 0..P-1)
     per pair. A schedule that simulates its peaks makes these most of the tables' cost (synth:
     a synthesis per pair, about a second each), so the pairs not known yet run in forked
-    processes, one per core (:func:`~hexicore.planner.parallel.fork_map`: the plain loop's
+    processes, one per core (:func:`~hexicore.planner.search.workers.fork_map`: the plain loop's
     values), and the rows are kept for the cost model's life: the allocation's sub-clusters ask
     for the same ones (the rows depend on the cost model, schedule, micro-batch, P and n only)."""
     t, sched = problem.train, dict(problem.schedule)

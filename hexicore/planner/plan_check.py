@@ -7,17 +7,15 @@ field; warnings (e.g. a TP group spanning machines) are returned for the caller 
 
 from __future__ import annotations
 
-from typing import Any
-
-from hexicore.cost import CostModel, Estimate
-from hexicore.cost.base import check_estimate
 from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Plan, check_structure
-from hexicore.planner.fit import tp_split
-from hexicore.planner.pricing import AUTO
+from hexicore.cost import CostModel, Estimate
+from hexicore.cost.base import check_estimate
+from hexicore.planner.pricing import AUTO, ScheduleBook
+from hexicore.planner.stage_layout.pipeline_fit import tp_split
 
 
-def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: Any = None) -> tuple[Estimate, list[str]]:
+def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: ScheduleBook | None = None) -> tuple[Estimate, list[str]]:
     """Check ``plan`` completely; return the cost model's estimate and the warnings. ``book``
     (a :class:`hexicore.planner.pricing.ScheduleBook`) checks each pipeline's micro-batches
     against what its schedule needs."""
@@ -39,7 +37,7 @@ def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: 
     return est, warnings
 
 
-def check_schedules(plan: Plan, book: Any, source: str | None = None) -> None:
+def check_schedules(plan: Plan, book: ScheduleBook, source: str | None = None) -> None:
     """Every pipeline's schedule builds from ``book`` (a :class:`hexicore.planner.pricing.ScheduleBook`)
     with its parameters and places its ranks (a schedule that records per-rank times checks
     their count there); else a one-line error naming ``source`` and ``pipelines[i].schedule...``.
@@ -72,7 +70,7 @@ def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:
             f"{int(h['last'])} head(s) on it")
 
 
-def _check_micro_batches(book: Any, plan: Plan, pipe, i: int, source: str | None) -> None:
+def _check_micro_batches(book: ScheduleBook, plan: Plan, pipe, i: int, source: str | None) -> None:
     """A schedule that needs more micro-batches than the pipeline runs (``Pricing.micro_batches_per_rank``:
     DualPipeV needs two per rank)."""
     n, ranks = pipe.n_micro_batches(plan.train.micro_batch), len(pipe.stages)
@@ -88,7 +86,7 @@ def _check_micro_batches(book: Any, plan: Plan, pipe, i: int, source: str | None
 
 def _check_placement(cost: CostModel, plan: Plan, pipe, i: int, source: str | None) -> None:
     """A schedule that keeps a copy of stage k's blocks on rank j (Chimera: stage P-1-k) needs
-    both at one TP degree (:func:`hexicore.planner.fit.tp_split`)."""
+    both at one TP degree (:func:`hexicore.planner.stage_layout.pipeline_fit.tp_split`)."""
     hit = tp_split(cost, pipe, pipe.n_micro_batches(plan.train.micro_batch))
     if hit is not None:
         j, k = hit

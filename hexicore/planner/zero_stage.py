@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
-from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.problem import Problem, Progress, Solver, no_progress
 
 STAGES = (0, 1, 2, 3)
 
@@ -34,7 +34,7 @@ def at_stage(problem: Problem, zero: int | None, *, field: str = "solver.zero") 
     return p
 
 
-def solved(solver: Any, problem: Problem, **kwargs: Any) -> Plan:
+def solved(solver: Solver, problem: Problem, **kwargs: Any) -> Plan:
     """``solver.solve(problem, **kwargs)``, which must return a :class:`Plan` (the solver
     interface, :class:`hexicore.planner.problem.Solver`); anything else (None, a plan's dict) is
     a one-line :class:`HexicoreError` about the solver, before anything reads it."""
@@ -49,7 +49,7 @@ def solved(solver: Any, problem: Problem, **kwargs: Any) -> Plan:
     return plan
 
 
-def solve_zero(solver: Any, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
+def solve_zero(solver: Solver, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress) -> Plan:
     """``solver.solve(problem)``; with ``train.zero=auto`` the best over :data:`STAGES` (each
     stage gets ``time_limit / 4``); the plan's solver info gets ``zero_s``: per stage the

@@ -3,7 +3,7 @@
 A solver that always uses every device of its cluster can be slowed down by adding hardware
 (a slow machine behind a slow link joins a pipeline or the DP sync). :func:`allocate` runs the
 same solver on sub-clusters made of whole machines and keeps the best plan under the problem's
-:class:`~hexicore.planner.objective.Objective`:
+:class:`~hexicore.planner.allocation.objective.Objective`:
 
 * machines are grouped into classes of interchangeable machines (same GPU type, usable device
   count, intra-machine link, no per-pair link override); a sub-cluster is a count per class (the
@@ -33,6 +33,19 @@ visited), and an ``OPTIMAL`` status stays only when no other sub-cluster's bound
 The returned plan lives on the problem's whole cluster (its JSON lists every device); devices
 no pipeline uses are idle, reported per left-out GPU type or machine by :func:`idle_groups`
 with the best plan found that uses them (the plan's ``solver.idle``, docs/formats.md).
+
+:class:`TimeShares`: a whole solve's search time divided among the sub-clusters :func:`allocate`
+solves, for a solver whose own runs take a time limit (cpsat, where the limit is CP-SAT's search
+time, as OR-Tools' ``max_time_in_seconds``; building each model is not counted). hexiscale's
+search instead runs each sub-cluster in the wall-clock time left before its deadline.
+
+:func:`on_devices_for_objective`: the baselines under an objective. A baseline solver (Megatron,
+Metis, Galvatron, FSDP) lays its plan out on every device it is given, as those systems do. Under
+the default objective (least iteration time, no budget, no throughput floor) that is what it
+returns; under ``objective=cost``, ``budget_per_hour`` or ``min_tokens_per_s`` it is given the
+sub-clusters of whole machines that :func:`allocate` tries, and the plan that best meets the
+objective is returned, so a sweep over solvers compares like with like and no baseline plan
+breaks a budget it was given.
 """
 
 from __future__ import annotations
@@ -46,17 +59,43 @@ from typing import Callable
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
-from hexicore.planner.idle import idle_groups
-from hexicore.planner.objective import Objective, plan_price, rate
-from hexicore.planner.parallel import Forked, fork_map, fork_start
+from hexicore.planner.allocation.objective import Objective, plan_price, rate
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.time_shares import TimeShares
+from hexicore.planner.search.workers import Forked, fork_map, fork_start
 
-__all__ = ["TimeShares", "Trial", "allocate", "idle_groups", "machine_classes", "sub_cluster"]
+__all__ = ["TimeShares", "Trial", "allocate", "idle_groups", "machine_classes", "on_devices_for_objective",
+           "sub_cluster"]
 
 INF = math.inf
 Solve = Callable[[Problem, Progress], Plan]  # (sub-problem, progress) -> plan
 Screen = Callable[[Problem, Plan], "Plan | None"]  # (sub-problem, best plan so far) -> a quick plan there
+
+
+@dataclass
+class TimeShares:
+    """``limit`` seconds of search shared among the sub-clusters ``allocate`` solves, in
+    proportion to their devices (a larger model takes longer to solve and to bound): before each
+    solve ``allocate`` sets ``part``, that sub-cluster's devices over the devices of those it
+    still means to solve, itself included (exhaustive mode: every one left that has memory for
+    the state; a greedy step: its neighbours left and the largest again for the next step);
+    :meth:`seconds` is that part of the seconds left, and the solver reports what its run took
+    (:meth:`spend`), so time a sub-cluster did not use (proven early, or skipped) passes on to
+    the others and a run that overran its share (presolve) leaves less. Once :attr:`spent`, no
+    further sub-cluster is solved."""
+
+    limit: float
+    used: float = 0.0
+    part: float = 1.0
+
+    def seconds(self) -> float:
+        return max(1e-3, self.limit - self.used) * self.part
+
+    def spend(self, seconds: float) -> None:
+        self.used += max(0.0, seconds)
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.limit
 
 
 @dataclass(frozen=True)
@@ -201,7 +240,7 @@ class _Search:
 
     def prescreen(self, vectors: list[tuple[int, ...]], workers: int) -> None:
         """Screen the neighbours ``vectors`` ahead, ``workers`` at a time in forked processes
-        (:mod:`hexicore.planner.parallel`); :meth:`promising` then uses these scores. Only
+        (:mod:`hexicore.planner.search.workers`); :meth:`promising` then uses these scores. Only
         for screens that do not look at the best plan (they get None): the scores are then the
         ones :meth:`promising` would compute itself, so the descent is the same."""
         todo = [v for v in vectors if self.machines(v) and self.machines(v) not in self.trials and v not in self.quick]
@@ -389,3 +428,54 @@ def _overall_bound(s: _Search, best: Trial, info: dict, complete: bool) -> dict:
     if info.get("status") == "OPTIMAL" and bound < info["bound"] * (1 - 1e-9):
         out["status"] = "FEASIBLE"
     return out
+
+
+def idle_groups(cluster: Cluster, plan: Plan, trials: list) -> list[dict]:
+    """Devices no pipeline of ``plan`` uses, per GPU type left out entirely, else per zone
+    left out entirely, else per machine
+    (else the single devices): ``{"kind", "name", "devices", "iteration_s", ...}`` where
+    ``iteration_s`` / ``tokens_per_s`` / ``usd_per_mtok`` describe the best plan found that uses
+    the group (null when no solved sub-cluster used it); ``trials``: the allocation's solved
+    sub-clusters (:class:`Trial`)."""
+    used = set(plan.devices)
+    idle = [d for d in cluster.devices if d.id not in used]
+    if not idle:
+        return []
+    groups: list[tuple[str, str, list[str]]] = []
+    types = {d.gpu.name for d in cluster.devices if d.id in used}
+    done: set[str] = set()
+    for d in idle:
+        if d.id in done:
+            continue
+        zone = cluster.machine(d.machine).zone
+        if d.gpu.name not in types:
+            members = [e.id for e in idle if e.gpu.name == d.gpu.name]
+            groups.append(("gpu", d.gpu.name, members))
+        elif zone is not None and all(e.id not in used for e in cluster.devices
+                                      if cluster.machine(e.machine).zone == zone):
+            members = [e.id for e in idle if cluster.machine(e.machine).zone == zone and e.id not in done]
+            groups.append(("zone", zone, members))
+        else:
+            members = [e.id for e in idle if e.machine == d.machine]
+            whole = all(e.id not in used for e in cluster.devices if e.machine == d.machine)
+            groups.append(("machine" if whole else "devices", d.machine, members))
+        done.update(members)
+    out = []
+    for kind, name, members in groups:
+        need = {cluster.device(m).machine for m in members}
+        using = [t for t in trials if t.plan is not None and need <= set(t.machines) and not t.part]
+        top = min(using, key=lambda t: t.score, default=None)
+        row = {"kind": kind, "name": name, "devices": members, "iteration_s": None}
+        if top is not None:
+            row.update({"iteration_s": top.plan.estimate.iteration_s, **rate(top.plan)})
+        out.append(row)
+    return out
+
+
+def on_devices_for_objective(problem: Problem, solve_all: Callable[[Problem, Progress], Plan], *,
+                             progress: Progress = no_progress) -> Plan:
+    """``solve_all(problem, progress)`` under the default objective; otherwise the best of it
+    over sub-clusters (module docstring)."""
+    if problem.objective == Objective():
+        return solve_all(problem, progress)
+    return allocate(problem, solve_all, progress=progress)

@@ -1,94 +1,33 @@
-"""Phase 2 of the HexiScale search for one pipeline (§4.3): intra-group strategies, cached
-stage costs and the layout of an ordered list of stages (exact layer allocation).
+"""The stage table and the layout of one pipeline (HexiScale §4.3, App. A): cached stage costs
+and the layout of an ordered list of stages (exact layer allocation).
 
-* :func:`tp_menus` — the local strategies of a group inside one machine: ways to cut its GPUs
-  into TP groups (TP degree and number of stages), e.g. 8 GPUs -> [8], [4, 4], [4, 2, 2], ...;
 * :class:`StageTable` — the cost model's STAGE/HOP/memory pieces cached per (devices, position)
-  so the search asks the cost model once per distinct stage (App. A);
-* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`."""
+  so the search asks the cost model once per distinct stage (App. A), also under a schedule's
+  placement (:func:`placed_rows`);
+* :func:`layout_pipeline` — stage times + hops + memory caps -> :func:`allocate_layers`, a
+  :class:`StageLayout`. The TP menus a pipeline's stages come from: :mod:`hexicore.planner.stage_layout.tp_menus`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
-from itertools import accumulate, combinations
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from hexicore.core.cluster import Cluster
-from hexicore.planner.layers import allocate_layers, layer_ranges
-from hexicore.planner.placed import placed_rows
 from hexicore.core.model import ModelSpec
+from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Stage, TrainConfig
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.cost.base import check_seconds, default_in_flight
+from hexicore.cost.base import BoundCostModel, CostModel, bind, check_seconds, default_in_flight
+from hexicore.planner.stage_layout.layers import allocate_layers, layer_ranges
+from hexicore.planner.stage_layout.tp_menus import Group, apply_menu
 
-Group = tuple[str, ...]
 #: most pipelines whose stage rows :func:`stage_rows` keeps (then it starts afresh)
 ROWS_KEPT = 2048
 #: most units whose pieces :func:`unit_pieces` keeps (then it starts afresh)
 UNITS_KEPT = 16384
-
-
-@lru_cache(maxsize=4096)
-def tp_menus(n: int, degrees: tuple[int, ...], limit: int = 16) -> tuple[tuple[int, ...], ...]:
-    """Non-increasing splits of ``n`` GPUs into TP degrees from ``degrees`` (HexiScale's menu:
-    8 -> [8], [4,4], [4,2,2], ...). Splits with fewer distinct degrees come first, then those
-    with the larger top degree, then in tuple order; at most ``limit`` of them. ``degrees`` must
-    contain 1 so that a split always exists.
-
-    The splits are enumerated as counts per degree, one number of distinct degrees at a time,
-    and only the ``limit`` kept are spelt out: a machine of thousands of GPUs has a number of
-    splits that grows with the cube of its GPUs, each thousands of degrees long."""
-    ds = sorted(set(degrees), reverse=True)
-    out: list[tuple[int, ...]] = []
-    for k in range(1, len(ds) + 1):
-        level = [runs for combo in combinations(ds, k) for runs in _counts(n, combo)]
-        # a non-increasing split compares as its runs (degree, count): fewer of a degree is smaller
-        level.sort(key=lambda runs: (-runs[0][0], runs))
-        out.extend(tuple(d for d, c in runs for _ in range(c)) for runs in level[:limit - len(out)])
-        if len(out) >= limit:
-            break
-    return tuple(out)
-
-
-def _counts(n: int, combo: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
-    """Every way to write ``n`` as a sum using each degree of ``combo`` (descending) at least
-    once, as runs ``((degree, count), ...)``."""
-    found: list[tuple[tuple[int, int], ...]] = []
-    last, head = combo[-1], combo[:-1]
-    stack: list[tuple[int, tuple[tuple[int, int], ...]]] = [(n - sum(combo), ())]
-    while stack:  # (GPUs left beyond one of each degree, counts of the degrees placed so far)
-        left, runs = stack.pop()
-        i = len(runs)
-        if i == len(head):
-            if left % last == 0:
-                found.append(runs + ((last, 1 + left // last),))
-            continue
-        d = head[i]
-        stack.extend((left - extra * d, runs + ((d, 1 + extra),)) for extra in range(left // d + 1))
-    return found
-
-
-def split_by_machine(cluster: Cluster, devices: Sequence[str]) -> list[Group]:
-    """A group's devices per machine (TP stays inside a machine, §3.2), in cluster order."""
-    order = {d.id: i for i, d in enumerate(cluster.devices)}
-    by: dict[str, list[str]] = {}
-    for d in sorted(devices, key=order.__getitem__):
-        by.setdefault(cluster.device(d).machine, []).append(d)
-    return [tuple(v) for v in by.values()]
-
-
-def apply_menu(unit: Group, menu: Sequence[int]) -> list[Group]:
-    """Cut a machine's devices into consecutive TP groups of the menu's sizes."""
-    return [unit[end - t:end] for t, end in zip(menu, accumulate(menu))]
-
-
-@lru_cache(maxsize=4096)
-def uniform_choice(menus: tuple[tuple[int, ...], ...], d: int) -> int:
-    """The menu closest to "every group at TP degree ``d``" (first of the closest)."""
-    return min(range(len(menus)), key=lambda i: (sum(abs(t - d) for t in menus[i]), i))
 
 
 @dataclass
@@ -100,12 +39,12 @@ class StageTable:
     cluster: Cluster
     model: ModelSpec
     train: TrainConfig
-    cost: Any
+    cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     dp: int = 1  # pipelines of the plan being built: the ZeRO shard count of the memory caps
     #: ``(schedule, ranks) -> per rank the fewest layers it may hold`` (its chunks, the pricing
     #: book's ``least``); None: one each
-    least_fn: Any = None
+    least_fn: Callable[[ScheduleRef, int], Sequence[int]] | None = None
     _times: dict = field(default_factory=dict)
     _caps: dict = field(default_factory=dict)
     _hops: dict = field(default_factory=dict)
@@ -125,7 +64,12 @@ class StageTable:
         return replace(self, **changes, _caps={}, _flight={}, _rows={}, _allocs={})
 
     @cached_property
-    def _classes(self) -> dict[str, Any] | None:
+    def priced(self) -> BoundCostModel:
+        """The table's cost model bound to its cluster, model and train (:func:`hexicore.cost.base.bind`)."""
+        return bind(self.cost, self.cluster, self.model, self.train)
+
+    @cached_property
+    def machine_class(self) -> dict[str, Any] | None:
         """Per machine its class of interchangeable machines (same GPU type, intra-machine link and
         zone, no per-pair link override: a machine named by one is a class of its own), when
         the cost model declares ``class_priced`` (prices a group of devices only through its
@@ -144,7 +88,7 @@ class StageTable:
         machine (None when it spans several), which with the keys decides a hop's link."""
         hit = self._sigs.get(devices)
         if hit is None:
-            classes, dev = self._classes, self.cluster.device
+            classes, dev = self.machine_class, self.cluster.device
             machines = {dev(d).machine for d in devices}
             one = next(iter(machines)) if len(machines) == 1 else None
             key = ("group", devices) if classes is None or one is None else ("class", classes[one], len(devices))
@@ -162,18 +106,18 @@ class StageTable:
         key = (self.signature(devices)[0], first, last)
         row = self._times.get(key)
         if row is None:
-            c, m, t = self.cluster, self.model, self.train
-            s0 = self.cost.stage_s(c, m, t, devices, 0, first=first, last=last)
-            s1 = self.cost.stage_s(c, m, t, devices, 1, first=first, last=last)
-            s2 = self.cost.stage_s(c, m, t, devices, 2, first=first, last=last)
-            ls = np.arange(m.layers + 1)
+            stage_s, layers = self.priced.stage_s, self.model.layers
+            s0 = stage_s(devices, 0, first=first, last=last)
+            s1 = stage_s(devices, 1, first=first, last=last)
+            s2 = stage_s(devices, 2, first=first, last=last)
+            ls = np.arange(layers + 1)
             if abs((s2 - s1) - (s1 - s0)) <= 1e-12 * max(1.0, abs(s2)):  # affine in l: 3 calls suffice
                 row = s0 + (s1 - s0) * ls
-                row[m.layers] = self.cost.stage_s(c, m, t, devices, m.layers, first=first, last=last)
-                if abs(row[m.layers] - (s0 + (s1 - s0) * m.layers)) > 1e-9 * max(1.0, row[m.layers]):
+                row[layers] = stage_s(devices, layers, first=first, last=last)
+                if abs(row[layers] - (s0 + (s1 - s0) * layers)) > 1e-9 * max(1.0, row[layers]):
                     row = None
             if row is None:
-                row = np.array([self.cost.stage_s(c, m, t, devices, int(l), first=first, last=last) for l in ls])
+                row = np.array([stage_s(devices, int(l), first=first, last=last) for l in ls])
             check_seconds(np.ravel(row).tolist(), self.cost, "stage_s")
             self._times[key] = row
         return row
@@ -181,23 +125,23 @@ class StageTable:
     def hop(self, src: Group, dst: Group) -> float:
         key = self._hop_key(src, dst)
         if key not in self._hops:
-            hop = self.cost.hop_s(self.cluster, self.model, self.train, src, dst)
+            hop = self.priced.hop_s(src, dst)
             check_seconds([hop], self.cost, "hop_s")
             self._hops[key] = hop
         return self._hops[key]
 
-    def in_flight(self, n_stages: int, j: int, n_mb: int) -> int:
-        """Micro-batches stage j holds at its peak under the table's schedule (the cost model's
-        ``in_flight``; a cost model without one: :func:`hexicore.cost.base.default_in_flight`)."""
-        key = (n_stages, j, n_mb)
+    def in_flight(self, n_stages: int, stage_index: int, n_mb: int) -> int:
+        """Micro-batches stage ``stage_index`` holds at its peak under the table's schedule (the cost
+        model's ``in_flight``; a cost model without one: :func:`hexicore.cost.base.default_in_flight`)."""
+        key = (n_stages, stage_index, n_mb)
         if key not in self._flight:
             probe = getattr(self.cost, "in_flight", None)
             if probe is None:
-                self._flight[key] = default_in_flight(n_stages, j, n_mb)
+                self._flight[key] = default_in_flight(n_stages, stage_index, n_mb)
             else:
                 dummy = Pipeline(n_mb * self.train.micro_batch,
                                  tuple(Stage(("?",), 1, (0, 1)) for _ in range(n_stages)), self.schedule)
-                self._flight[key] = probe(dummy, j, n_mb)
+                self._flight[key] = probe(dummy, stage_index, n_mb)
         return self._flight[key]
 
     def flights(self, n_stages: int, n_mb: int) -> list[int]:
@@ -212,7 +156,7 @@ class StageTable:
         it may hold (the runtime cuts a rank's layers among its chunks, one at least each)."""
         return (1,) * n_stages if self.least_fn is None else tuple(self.least_fn(self.schedule, n_stages))
 
-    def placement(self, n_stages: int, n_mb: int) -> Any:
+    def placement(self, n_stages: int, n_mb: int) -> Placement | None:
         """The table's schedule's placement of an ``n_stages``-stage pipeline (the cost model's
         ``pipeline_placement``; None: plain, or a cost model without one)."""
         key = ("placement", n_stages, n_mb)
@@ -234,15 +178,14 @@ class StageTable:
             ((tied,) if tied is not None and not rule else ())
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
-            c, m, t = self.cluster, self.model, self.train
 
             def fits(l: int) -> bool:
                 more = {} if copies == 1 else {"share_layers": l}  # one in-flight micro-batch spans one copy
                 more.update({} if tied is None or rule else {"tied_heads": tied})
-                return self.cost.stage_memory_gb(c, m, t, devices, copies * l, first=first, last=last,
-                                                 in_flight=in_flight, dp=self.dp, **more) <= limit
+                return self.priced.stage_memory_gb(devices, copies * l, first=first, last=last,
+                                                   in_flight=in_flight, dp=self.dp, **more) <= limit
 
-            lo, hi = -1, m.layers  # largest l with fits(l); memory grows with l
+            lo, hi = -1, self.model.layers  # largest l with fits(l); memory grows with l
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if fits(mid):
@@ -254,7 +197,7 @@ class StageTable:
 
 
 @dataclass(frozen=True)
-class Layout:
+class StageLayout:
     """An ordered pipeline with its layer counts; ``stage_s``/``hop_s`` per micro-batch."""
 
     stages: tuple[Group, ...]
@@ -301,11 +244,11 @@ def stage_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int,
 def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: Sequence[int]) -> tuple:
     """:func:`stage_rows` computed: the table's pieces looked up by the stages' signature codes
     (:func:`rows_key`: ``2 x key + shares the previous stage's machine``), asked by group on a miss;
-    under a schedule's placement by :func:`hexicore.planner.placed.placed_rows`."""
+    under a schedule's placement by :func:`placed_rows`."""
     p = len(stages)
-    pl = table.placement(p, n_mb_max)
-    if pl is not None:
-        return placed_rows(table, stages, table.flights(p, n_mb_max), pl)
+    placement = table.placement(p, n_mb_max)
+    if placement is not None:
+        return placed_rows(table, stages, table.flights(p, n_mb_max), placement)
     flights = table.flights(p, n_mb_max)
     times, caps_, hops_ = table._times, table._caps, table._hops
     rows, caps, hops = [], [], []
@@ -318,6 +261,29 @@ def _new_rows(table: StageTable, stages: Sequence[Group], n_mb_max: int, codes: 
         if not last:
             hop = hops_.get((k, codes[j + 1] >> 1, codes[j + 1] & 1))
             hops.append(hop if hop is not None else table.hop(g, stages[j + 1]))
+    out = np.array(rows)
+    out[:-1] += np.array(hops)[:, None]
+    return out, caps, hops
+
+
+def placed_rows(table: StageTable, stages: Sequence[Group], flights: Sequence[float], placement: Placement) -> tuple:
+    """:func:`stage_rows` under a schedule's placement:
+    stage j's row ``sum_c traffic_c x STAGE(l, embedding_c, head_c)`` over the copies it runs,
+    each priced at its own l (the search's approximation: a copy of another stage's blocks as
+    many as its own; the final plan is priced exactly, :meth:`AnalyticCostModel.stage_terms`);
+    its cap the most l such that every stage keeping a copy of its blocks fits with each of
+    its copies at l (a bound the exact placement always meets: a stage's copies are each at
+    most l, so its memory is at most the one checked). Stages whose blocks would be kept at two
+    TP degrees (:meth:`Placement.split_tp`) get cap -1: no layout of them exists."""
+    rows, own, hops = [], [], []
+    for j, g in enumerate(stages):
+        rows.append(sum(c.traffic * table.times(g, c.embedding, c.head) for c in placement.ranks[j]))
+        own.append(table.cap(g, placement.embeddings(j), placement.heads(j), flights[j], placement.copies(j), placement.lone_heads(j)))
+        if j + 1 < len(stages):
+            hops.append(table.hop(g, stages[j + 1]))
+    caps = [min(own[r] for r in placement.holders(j)) for j in range(len(stages))]
+    if placement.split_tp([len(g) for g in stages]) is not None:
+        caps = [-1] * len(stages)
     out = np.array(rows)
     out[:-1] += np.array(hops)[:, None]
     return out, caps, hops
@@ -359,7 +325,7 @@ def joined(pieces: list, choice: Sequence[int], n_mb_max: int) -> tuple[list[Gro
 
 
 def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
-                    layers: Sequence[int] | None = None, key: tuple | None = None) -> Layout | None:
+                    layers: Sequence[int] | None = None, key: tuple | None = None) -> StageLayout | None:
     """Lay out ordered ``stages``: the exact min-max layer allocation under the memory caps of
     :func:`stage_rows` (or the given ``layers``, checked against the caps). ``None``: OOM.
     ``key``: the stages' :func:`rows_key` when the caller has it."""
@@ -381,7 +347,7 @@ def layout_pipeline(table: StageTable, stages: Sequence[Group], n_mb_max: int,
         if sum(alloc) != L or any(not k <= a <= c for a, c, k in zip(alloc, caps, table.least(p))):
             return None
         stage_s = _stage_s(rows, hops, alloc)
-    return Layout(tuple(stages), alloc, stage_s, tuple(hops))
+    return StageLayout(tuple(stages), alloc, stage_s, tuple(hops))
 
 
 def _stage_s(rows: np.ndarray, hops: Sequence[float], alloc: Sequence[int]) -> tuple[float, ...]:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hexicore.planner.layers import allocate_layers
-from hexicore.planner.stages import Group, Layout, StageTable, layout_pipeline, stage_rows
+from hexicore.planner.stage_layout.layers import allocate_layers
+from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline, stage_rows
+from hexicore.planner.stage_layout.tp_menus import Group
 
 
 def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[str] = ()) -> list[tuple[str, list[Group]]]:
@@ -20,7 +21,7 @@ def by_machine(table: StageTable, stages: Sequence[Group], machines: Sequence[st
     return [(m, gs) for m, gs in out.items() if gs]
 
 
-def align_to(table: StageTable, template: Layout, stages: Sequence[Group], n_mb_max: int) -> Layout | None:
+def align_to(table: StageTable, template: StageLayout, stages: Sequence[Group], n_mb_max: int) -> StageLayout | None:
     """Lay ``stages`` out like ``template`` (whose stages must be contiguous per machine): the
     same machine order and the same layer range on every machine, split exactly (min-max) among
     this pipeline's stages on that machine. Layers held on one machine by every pipeline
@@ -46,7 +47,7 @@ def align_to(table: StageTable, template: Layout, stages: Sequence[Group], n_mb_
     return layout_pipeline(table, ordered, n_mb_max, counts)
 
 
-def machine_contiguous(table: StageTable, layout: Layout, n_mb_max: int) -> Layout | None:
+def machine_contiguous(table: StageTable, layout: StageLayout, n_mb_max: int) -> StageLayout | None:
     """``layout`` with its stages regrouped so that each machine's stages are consecutive
     (machines in order of first appearance), layers re-allocated; itself if already so."""
     ordered = [g for _, gs in by_machine(table, layout.stages) for g in gs]

@@ -1,0 +1,170 @@
+"""One candidate of the HexiScale two-phase planner (HexiScale §4.2-4.3): the scored plans
+(:class:`Candidate`) the loop of :mod:`hexicore.planner.search.loop` compares, and how one is made
+from the search's state (:class:`hexicore.planner.search.context.SearchContext`).
+
+The :class:`~hexicore.planner.search.context.Candidate` record lives with the search's state.
+
+1. phase 1 — partition the device graph into ``D_dp`` parts (one per pipeline) with the
+   configured partitioner, min-cut or max-cut, then the refiner
+   (:func:`hexicore.planner.partition.phase1.split`);
+2. phase 2, per part — partition it again into ``k_i`` groups of well-connected GPUs (min-cut),
+   order the groups with the stage orderer (top-tau), choose each group's local strategy (TP
+   degree and number of stages, inside one machine) by the cost model, and allocate layers
+   exactly (:func:`hexicore.planner.stage_layout.phase2.phase2`);
+3. allocate the global batch over the pipelines (:mod:`hexicore.planner.stage_layout.batch`,
+   gradient accumulation) and score the plan with the cost model, out of memory = infinity
+   (:func:`assemble`); variants: :func:`aligned` layer ranges, :func:`relayout` of a given
+   plan, :func:`polish` of stage boundaries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from hexicore.core.plan import Plan
+from hexicore.planner.partition.phase1 import split
+from hexicore.planner.search.context import INF, Candidate, SearchContext
+from hexicore.planner.stage_layout.alignment import align_to, machine_contiguous
+from hexicore.planner.stage_layout.batch import allocate_batch
+from hexicore.planner.stage_layout.phase2 import phase2
+from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline
+
+def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str, info: dict | None = None,
+             choose: bool = False) -> Candidate:
+    """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
+    With a schedule book each pipeline gets the option fastest at its micro-batches — among
+    all options with ``choose`` (schedule=auto; such candidates leave the search's moving
+    averages alone, so the first option's trajectory is the same as searching it alone)."""
+    p = context.problem
+    n_mb_max = context.micro_batches - (len(layouts) - 1)
+    counts = allocate_batch([context.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts],
+                            context.micro_batches,
+                            [context.least_micro_batches(lay, n_mb_max, choose) for lay in layouts])
+    if counts is None:
+        return Candidate(INF, None, None, origin)
+    sections = [p.schedule] * len(layouts)
+    if context.book is not None:  # per pipeline the option that is fastest at its micro-batches
+        picks = []
+        for lay, n in zip(layouts, counts):
+            opts = [ol for ol in context.variants(lay, n_mb_max, choose)
+                    if context.book.runs(ol[0], len(lay.stages), n)]
+            if not opts:
+                return Candidate(INF, None, None, origin)
+            picks.append(min(opts, key=lambda ol: context.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))
+        sections, layouts = [o for o, _ in picks], [lay for _, lay in picks]
+    pipes = tuple(lay.pipeline(n * p.train.micro_batch, sec) for lay, n, sec in zip(layouts, counts, sections))
+    plan = Plan(p.model, p.cluster, p.train, pipes)
+    est = context.cost.estimate(plan)
+    context.evaluated += 1
+    score = est.iteration_s if est.fits else INF
+    if est.fits and not choose:
+        slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
+        context.update_averages(est.dp_s, counts[slow] * sum(layouts[slow].hop_s))
+    return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
+
+
+def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
+    """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
+    origin = f"search D_dp={d_dp} {objective}"
+    context.at_pipelines(d_dp)
+    parts, ks = split(context, d_dp, objective, k_shift, seed)
+    key = (tuple(tuple(p) for p in parts), tuple(ks))
+    if key in context.seen:
+        return context.seen[key]
+    n_mb_max = context.micro_batches - (len(parts) - 1)
+    layouts = []
+    for i, (p, k) in enumerate(zip(parts, ks)):
+        lay = phase2(context, p, k, n_mb_max, seed + i)
+        if lay is None:
+            context.seen[key] = Candidate(INF, None, None, origin)
+            return context.seen[key]
+        layouts.append(lay)
+    info = {"d_dp": len(parts), "objective": objective, "k": ks}
+    cand = min([assemble(context, layouts, origin, info)] + aligned(context, layouts, n_mb_max, origin, info),
+               key=lambda c: c.score)
+    context.seen[key] = cand
+    if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
+        context.track_auto([assemble(context, layouts, origin, info, True)]
+                   + aligned(context, layouts, n_mb_max, origin, info, True))
+    return cand
+
+
+
+
+def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int, origin: str, info: dict,
+            choose: bool = False) -> list[Candidate]:
+    """Variants where every pipeline copies one pipeline's machine order and per-machine layer
+    ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
+    partition) their DP sync then stays inside machines. Each pipeline serves as the template
+    once (at most ``context.config.align_templates``)."""
+    if len(layouts) < 2:
+        return []
+    out = []
+    for t, template in enumerate(layouts[:context.config.align_templates]):
+        template = machine_contiguous(context.table, template, n_mb_max)
+        if template is None:
+            continue
+        new = [template if i == t else align_to(context.table, template, lay.stages, n_mb_max)
+               for i, lay in enumerate(layouts)]
+        if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
+            out.append(assemble(context, new, origin + " aligned", info, choose))
+    return out
+
+
+def relayout(context: SearchContext, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
+    """A given plan's stages (e.g. megatron's) as a candidate, with its own layers or with the
+    exact layer allocation; batches re-allocated. Devices no longer in the cluster are dropped."""
+    cl = context.problem.cluster
+    pipes = [[tuple(d for d in s.devices if cl.has_device(d)) for s in p.stages] for p in plan.pipelines]
+    kept = [[g for g in p if g] for p in pipes]
+    kept = [p for p in kept if p]
+    same = all(len(a) == len(b.stages) for a, b in zip(kept, plan.pipelines)) and len(kept) == len(plan.pipelines)
+    n_mb_max = context.micro_batches - (len(kept) - 1)
+    context.at_pipelines(len(kept))
+    layouts = []
+    for i, stages in enumerate(kept):
+        layers = [s.n_layers for s in plan.pipelines[i].stages] if keep_layers and same else None
+        lay = layout_pipeline(context.table, stages, n_mb_max, layers)
+        if lay is None:
+            return Candidate(INF, None, None, origin)
+        layouts.append(lay)
+    return assemble(context, layouts, origin, {"d_dp": len(layouts)})
+
+
+def polish(context: SearchContext, best: Candidate, deadline: float, only: Sequence[int] | None = None,
+           choose: bool = False) -> Candidate:
+    """Hill-climb stage boundaries one layer at a time under the full estimate, for at most
+    ``polish_rounds`` sweeps and ``polish_evals`` estimates (and the time limit) (the layer
+    allocation of phase 2 ignores DP sync; moving boundaries can align the pipelines' layers
+    with cheap DP links, as in the HexiScale paper's worked case where cross-machine DP on one
+    machine covers 5 layers).
+    ``only``: the pipelines whose boundaries may move (all by default); ``choose``: as in
+    :func:`assemble`."""
+    if best.plan is None or not best.layouts:
+        return best
+    n_mb_max = context.micro_batches - (len(best.layouts) - 1)
+    context.at_pipelines(len(best.layouts))
+    budget = context.evaluated + context.config.polish_evals  # a count, not a clock: the result stays seeded
+    for _ in range(context.config.polish_rounds):
+        improved = False
+        for i, lay in enumerate(best.layouts):
+            if only is not None and i not in only:
+                continue
+            for j in range(len(lay.layers) - 1):
+                for delta in (1, -1):
+                    if time.monotonic() > deadline or context.evaluated >= budget:
+                        return best
+                    layers = list(lay.layers)
+                    layers[j] += delta
+                    layers[j + 1] -= delta
+                    new = layout_pipeline(context.table, lay.stages, n_mb_max, layers)
+                    if new is None:
+                        continue
+                    layouts = best.layouts[:i] + (new,) + best.layouts[i + 1:]
+                    cand = assemble(context, layouts, best.origin + " +polish", best.info, choose)
+                    if cand.score < best.score - 1e-9:
+                        best, lay, improved = cand, new, True
+        if not improved:
+            break
+    return best

@@ -1,0 +1,246 @@
+"""The state of one HexiScale search (§4.4): the problem, the plugins built by name, the stage
+tables, the caches and the moving averages that steer the cut (:class:`SearchContext`), and the
+pieces of the search that read or update that state: the numbers of pipelines to try, the cut
+to try next, a layout's PIPELINE-TIME under the schedule options and the options it fits.
+:func:`make_context` builds it from a :class:`~hexicore.planner.problem.Problem`; a scored plan
+is a :class:`Candidate` (``INF``: one that does not fit)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Callable, Sequence
+
+from hexicore.core.device_graph import DeviceGraph
+from hexicore.core.errors import HexicoreError
+from hexicore.core.estimate import Estimate
+from hexicore.core.plan import Plan
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.cost import GIB, CostModel
+from hexicore.cost.precision import SHARDED_PARTS, state_bytes
+from hexicore.planner.partition.cut import Partitioner, Refiner, StageOrderer
+from hexicore.planner.pricing import ScheduleBook, is_auto, options, timed_cost
+from hexicore.planner.problem import Problem
+from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.workers import available_cores
+from hexicore.planner.stage_layout.batch import affine_time
+from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline
+
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A scored plan; ``origin`` says where it came from (``search``, ``seed:megatron``, ...)."""
+
+    score: float
+    plan: Plan | None
+    estimate: Estimate | None
+    origin: str
+    layouts: tuple[StageLayout, ...] = ()
+    info: dict = field(default_factory=dict, compare=False)
+
+
+def state_gb(problem: Problem, sharded_only: bool = False) -> float:
+    """Training state of the whole model (weights, gradients, optimizer) in GiB (the cost
+    model's precision recipe, :func:`hexicore.cost.precision.state_bytes`, if it has one);
+    ``sharded_only``: the parts ``train.zero`` shards."""
+    probe = getattr(problem.cost, "state_bytes", None)
+    per = probe(problem.train) if probe is not None else state_bytes(problem.train.dtype)
+    parts = per.parts()
+    keep = SHARDED_PARTS[problem.train.zero_stage] if sharded_only else tuple(parts)
+    return problem.model.total_params() * sum(parts[k] for k in keep) / GIB
+
+
+@dataclass
+class SearchContext:
+    """Per-solve state: the problem, plugins built by name, caches, the moving averages."""
+
+    problem: Problem
+    config: SearchConfig
+    table: StageTable
+    partitioner: Partitioner
+    refiner: Refiner | None
+    orderer: StageOrderer
+    graph: DeviceGraph
+    micro_batches: int
+    degrees: tuple[int, ...]
+    phase2_cache: dict = field(default_factory=dict)
+    layout_cache: dict = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)
+    ema_dp: float | None = None
+    ema_pp: float | None = None
+    evaluated: int = 0
+    book: ScheduleBook | None = None  # set when pipelines are priced by their schedules
+    exact_cost: CostModel | None = None  # the cost model the final plan is priced with (the search's is modelled)
+    options: tuple = ()  # ScheduleRefs a pipeline may get (schedule=auto: several)
+    tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
+    auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
+    dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
+    parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
+    class_ids: dict = field(default_factory=dict)  # machine class -> small id (shared_layouts)
+    workers: int = 1  # processes the search may use (hexicore.planner.search.prefetch)
+    ahead: dict = field(default_factory=dict)  # ((part key, seed) -> layout) computed ahead (prefetch.walk_ahead)
+
+    @cached_property
+    def machine_graph(self) -> DeviceGraph:
+        """Machines as nodes (:meth:`hexicore.core.device_graph.DeviceGraph.machines_of`)."""
+        return DeviceGraph.machines_of(self.problem.cluster)
+
+    @property
+    def auto(self) -> bool:
+        return len(self.options) > 1
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model the search prices with (the stage table's; modelled under a schedule book)."""
+        return self.table.cost
+
+    def at_pipelines(self, d_dp: int) -> "SearchContext":
+        """Under ``train.zero`` > 0 a stage's memory depends on the number of pipelines (the shard
+        count): point ``self``'s stage tables at ``d_dp`` (their caps; times and hops are shared).
+        Without ZeRO nothing changes. Caches keyed by ``n_mb_max`` already differ per ``d_dp``."""
+        if self.problem.train.zero_stage == 0 or self.table.dp == d_dp:
+            return self
+        self.dp_tables.setdefault(self.table.dp, self.tables)
+        if d_dp not in self.dp_tables:
+            self.dp_tables[d_dp] = {o: t.variant(dp=d_dp) for o, t in self.tables.items()}
+        self.tables = self.dp_tables[d_dp]
+        self.table = self.tables[self.options[0]] if self.options else self.table.variant(dp=d_dp)
+        return self
+
+    def pipeline_time(self, layout: StageLayout, n_mb_max: int | None = None, rank_only: bool = False,
+                      choose: bool = False) -> Callable[[int], float]:
+        """PIPELINE-TIME(n_mb) of a layout: with a schedule book the fastest option's modelled time
+        (:mod:`hexicore.planner.pricing`), else the cost model's timer if it has one, else App. A.
+        ``rank_only`` (phase 2 ranking orders and TP menus): App. A's closed form with a schedule
+        book too — thousands of layouts, cheap; :func:`hexicore.planner.search.candidate.assemble`
+        prices each candidate's pipelines by their schedules. ``choose``: the fastest of all options (schedule=auto), else the first."""
+        if self.book is not None and not rank_only:
+            opts = self.variants(layout, self.micro_batches if n_mb_max is None else n_mb_max, choose)
+            return lambda n: min((self.book.model(o, lay.stage_s, lay.hop_s, n) for o, lay in opts), default=INF)
+        timer = getattr(self.cost, "pipeline_timer", None)
+        if timer is None or self.book is not None:
+            return affine_time(*layout.fill_step())
+        sched, mb = self.problem.schedule, self.problem.train.micro_batch
+        return lambda n: timer(layout.pipeline(n * mb, sched), layout.stage_s, layout.hop_s, n)
+
+    def variants(self, layout: StageLayout, n_mb_max: int, choose: bool = False) -> list[tuple[ScheduleRef, StageLayout]]:
+        """The options a layout may run under, each with a layout that fits the option's memory:
+        the layout itself where its layers fit the option's peak activations, else its stages
+        re-laid out under the option's caps; options that fit no way are left out (cached).
+        ``choose``: every option, else the first only."""
+        key = ("variants", layout.stages, layout.layers, n_mb_max, choose)
+        if key not in self.layout_cache:
+            out = []
+            for o in self.options if choose else self.options[:1]:
+                if not self.book.usable(o, len(layout.stages)):
+                    continue
+                table = self.tables[o]
+                lay = layout_pipeline(table, layout.stages, n_mb_max, layout.layers) or \
+                    layout_pipeline(table, layout.stages, n_mb_max)
+                if lay is not None:
+                    out.append((o, lay))
+            self.layout_cache[key] = out
+        return self.layout_cache[key]
+
+    def least_micro_batches(self, layout: StageLayout, n_mb_max: int, choose: bool = False) -> int:
+        """The fewest micro-batches a layout's pipeline runs with under any of its options
+        (``Pricing.micro_batches_per_rank``; 1 without a schedule book)."""
+        if self.book is None:
+            return 1
+        ranks = len(layout.stages)
+        return min((self.book.min_micro_batches(o, ranks) for o, _ in self.variants(layout, n_mb_max, choose)),
+                   default=1)
+
+    def track_auto(self, candidates: Sequence[Candidate]) -> None:
+        """schedule=auto: remember the best candidate whose schedules were chosen."""
+        for c in candidates:
+            if self.auto_best is None or c.score < self.auto_best.score:
+                self.auto_best = c
+
+    def dp_range(self) -> list[int]:
+        """Candidate numbers of pipelines: ``dp_min..dp_max``, bounded by the devices, the
+        micro-batches and memory (every pipeline holds a whole model's training state)."""
+        p, config = self.problem, self.config
+        n = len(p.cluster.devices)
+        if config.dp_max is not None and config.dp_max > n:
+            raise HexicoreError(f"dp_max={config.dp_max} exceeds the cluster's {n} devices", field="solver.dp_max")
+        usable = sum(d.memory_gb - getattr(p.cost, "reserve_gb", 0.0) for d in p.cluster.devices)
+        by_memory = max(1, int(usable // state_gb(p)))
+        if p.train.zero_stage:  # sharded parts are held once in all, the rest once per pipeline
+            shared = state_gb(p, sharded_only=True)
+            copies = state_gb(p) - shared
+            by_memory = n if copies <= 0 else max(1, int((usable - shared) // copies))
+        hi = min(n, self.micro_batches, by_memory, config.dp_max or n)
+        lo = config.dp_min
+        if lo > hi:
+            raise HexicoreError(f"no number of pipelines in [{lo}, {config.dp_max or n}] is possible (at most {hi}: "
+                                f"{n} devices, {self.micro_batches} micro-batches, memory for {by_memory} model copies)",
+                                field="solver.dp_min")
+        return list(range(lo, hi + 1))
+
+    def choose_objective(self, rng: random.Random) -> str:
+        """§4.4: "at the end of each iteration we simulate the DP communication and pipeline
+        execution costs and update their moving averages; the next iteration's partition option
+        follows them". We compare the two communication terms the cut decides: the DP sync time
+        (``ema_dp``) and the slowest pipeline's hop time (``ema_pp``, micro-batches x hops). DP
+        dominating -> ``max_cut`` (DP gets the fast links), else ``min_cut`` (the pipelines get
+        them). With probability ``explore`` the other option is tried."""
+        pick = "max_cut" if (self.ema_dp or 0.0) > (self.ema_pp or 0.0) else "min_cut"
+        if rng.random() < self.config.explore:
+            pick = "min_cut" if pick == "max_cut" else "max_cut"
+        return pick
+
+    def update_averages(self, dp_s: float, pp_s: float) -> None:
+        """§4.4's moving averages of the DP sync time and the slowest pipeline's hop time (weight
+        ``config.ema`` on the newest), which steer the next cut (:meth:`choose_objective`)."""
+        a = self.config.ema
+        self.ema_dp = dp_s if self.ema_dp is None else a * dp_s + (1 - a) * self.ema_dp
+        self.ema_pp = pp_s if self.ema_pp is None else a * pp_s + (1 - a) * self.ema_pp
+
+
+def shared_table(memo: dict | None, table: StageTable) -> StageTable:
+    """``table`` with the caches of an earlier search's table in ``memo`` when both price the same
+    machines under the same model, train, cost model and schedule (a sub-cluster of whole
+    machines differs only in its excluded devices) and the cost model is ``class_priced``: every
+    cache key is then a machine class, a device group or a stage count, the same in both."""
+    if memo is None or not getattr(table.cost, "class_priced", False):
+        return table
+    key = (table.model, table.train, table.schedule, table.dp, table.cluster.machines, table.cluster.links)
+    old = memo.get(key)
+    if old is None or old.cost is not table.cost:
+        memo[key] = table
+        return table
+    return replace(old, cluster=table.cluster)
+
+
+def make_context(problem: Problem, config: SearchConfig, memo: dict | None = None) -> SearchContext:
+    """Build the plugins by name from the registry (docs/plugins.md) and the caches (``memo``:
+    stage tables shared across the searches of one allocation, :func:`shared_table`)."""
+    reg = problem.registry
+    if reg is None:
+        raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
+    cost = problem.cost if config.cost_model is None else reg.create("cost_model", config.cost_model)
+    refiner = reg.create("refiner", config.refiner) if config.refiner else None
+    orderer = reg.create("orderer", config.orderer, tau=config.tau)
+    m = problem.model
+    degrees = tuple(d for d in range(1, config.max_tp + 1) if m.tp_divides(d))
+    book = problem.pricing if config.cost_model is None else None  # the book problem.cost is priced with
+    if book is None and is_auto(problem.schedule):
+        book = ScheduleBook(reg)
+    exact, opts = cost, (problem.schedule,)
+    if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
+        opts = options(problem.schedule)
+        exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
+    table = shared_table(memo, StageTable(problem.cluster, m, problem.train, cost, opts[0],
+                                          least_fn=book.least if book is not None else None))
+    tables = {o: table if i == 0 else table.variant(schedule=o)
+              for i, o in enumerate(opts)}
+    return SearchContext(problem, config, table, reg.create("partitioner", config.partitioner), refiner, orderer,
+                         problem.cluster.device_graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
+                         book=book, exact_cost=exact, options=opts, tables=tables,
+                         workers=config.workers or available_cores())

@@ -1,0 +1,268 @@
+"""The HexiScale two-phase iterative planner (HexiScale §4), exposed as solver ``hexiscale``.
+
+One candidate (§4.2-4.3: phase 1 partitions the devices into pipelines, phase 2 lays out each
+pipeline, then the batch is allocated and the plan scored) is built by
+:mod:`hexicore.planner.search.candidate`; this module is the loop around it.
+
+The loop (§4.4) sweeps ``D_dp``, then walks around the best ``D_dp`` varying ``k_i`` and the
+partition seed; min-cut vs max-cut follows a moving average of the simulated DP sync time vs the
+pipelines' hop time (whichever communication dominates is given the fast links). The symmetric
+plans of the ``seeds`` solvers (``megatron``) and a warm-start plan are candidates too, so the
+result is never worse than they are under the same cost model. The best plan is finally polished
+by moving single stage boundaries under the full estimate (DP sync included).
+
+Everything pluggable comes from ``problem.registry`` by name; the core imports no plugin. The
+search's state is :class:`hexicore.planner.search.context.SearchContext`; one candidate is made
+by :mod:`hexicore.planner.search.candidate`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import asdict, replace
+from typing import Sequence
+
+from hexicore.core.errors import HexicoreError
+from hexicore.core.plan import Plan
+from hexicore.planner.allocation.objective import Objective
+from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, resolve_plan
+from hexicore.planner.problem import Problem, Progress, no_progress
+from hexicore.planner.replan.diff import plan_diff
+from hexicore.planner.replan.repair import replan_search
+from hexicore.planner.search.candidate import assemble, polish, relayout, two_phase
+from hexicore.planner.search.context import INF, Candidate, SearchContext, make_context, state_gb
+from hexicore.planner.search.prefetch import prefetch, walk_ahead
+from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
+
+
+def no_fit_error(problem: Problem) -> HexicoreError:
+    """Nothing fits: say how much memory the model's state alone needs."""
+    cluster, model, train = problem.cluster, problem.model, problem.train
+    chunks = _chunk_limit(problem)
+    if chunks:  # no depth gives every chunk a block: memory is not the reason
+        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}", field="model")
+    gb = state_gb(problem)
+    need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
+    return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: its training state alone needs "
+                         f"{need} GB plus activations (micro-batch {train.micro_batch}, sequence "
+                         f"{train.seq_len}); the cluster has {sum(d.memory_gb for d in cluster.devices):g} GB in all, "
+                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}",
+                         field="model")
+
+
+def _chunk_limit(problem: Problem) -> str:
+    """Where the schedule's chunks need more blocks than the model has at every pipeline depth
+    (a block per chunk, ``ScheduleBook.least``), why; else ''."""
+    book, ref = problem.pricing, dict(problem.schedule)
+    if book is None or is_auto(ref):
+        return ""
+    layers, depths = problem.model.layers, range(1, len(problem.cluster.devices) + 1)
+    try:
+        fewest = min(sum(book.least(ref, p)) for p in depths if book.usable(ref, p))
+    except (HexicoreError, ValueError):  # ValueError: no depth runs the schedule
+        return ""
+    if fewest <= layers:
+        return ""
+    return (f"schedule {ref['name']!r} cuts each pipeline rank's blocks into chunks of a block at least, which "
+            f"needs {fewest} blocks on its shortest pipeline, and the model has {layers}")
+
+
+def _depth_limit(problem: Problem) -> str:
+    """Where the schedule needs several micro-batches per rank (``Pricing.micro_batches_per_rank``),
+    the pipeline depth that leaves, as a clause; else ''."""
+    if is_auto(problem.schedule) or problem.registry is None:
+        return ""
+    try:
+        per_rank = ScheduleBook(problem.registry).schedule(problem.schedule).pricing.micro_batches_per_rank
+    except HexicoreError:
+        return ""
+    if per_rank <= 1:
+        return ""
+    m = problem.train.global_batch // problem.train.micro_batch
+    return (f"; schedule {problem.schedule['name']!r} needs {per_rank} micro-batches per pipeline rank, so "
+            f"{m} micro-batches allow at most {m // per_rank} stages in all pipelines together")
+
+
+def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
+    """The seeds' plans (as they are and re-laid out) and the warm start (§4.4). With schedule-priced
+    pipelines the seed solvers rank their layouts by the search's modelled times, as the search
+    ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
+    simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
+    out = []
+    p = replace(context.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
+    if context.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
+        p = replace(p, schedule=context.options[0], cost=context.cost)
+    for name in context.config.seeds:
+        try:
+            plan = p.registry.create("solver", name).solve(p, time_limit=None, seed=seed, progress=no_progress)
+        except HexicoreError:
+            continue  # that solver finds nothing that fits: no seed from it
+        if context.book is not None:  # priced under the first option (schedule=auto is no schedule itself)
+            plan = replace(plan, pipelines=tuple(replace(q, schedule=context.options[0]) for q in plan.pipelines))
+        est = context.cost.estimate(plan)  # the seed itself, exactly as its solver made it
+        runs = all(holds_chunks(context.book, q) for q in plan.pipelines)  # a layer per chunk of its schedule
+        out.append(Candidate(est.iteration_s if est.fits and runs else INF, plan.with_solver({}), est, f"seed:{name}",
+                             info={"d_dp": len(plan.pipelines)}))
+        out.append(relayout(context, plan, f"seed:{name} +batches", keep_layers=True))
+        out.append(relayout(context, plan, f"seed:{name} +layers", keep_layers=False))
+    if p.warm_start is not None:
+        out.append(relayout(context, p.warm_start, "warm_start", keep_layers=True))
+        out.append(relayout(context, p.warm_start, "warm_start +layers", keep_layers=False))
+    return out
+
+
+def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None]]:
+    """The loop's first candidates: every D_dp with both cuts when the iterations allow it,
+    else about half the iterations spread evenly over the D_dp range (cut chosen by the moving
+    averages, ``None``); the rest of the iterations walk around the best."""
+    if iterations >= 2 * len(dps):
+        return [(d, o) for d in dps for o in ("min_cut", "max_cut")]
+    m = max(1, iterations // 2)
+    if m == 1:
+        return [(dps[0], None)]
+    return [(d, None) for d in sorted({dps[round(i * (len(dps) - 1) / (m - 1))] for i in range(m)})]
+
+
+#: devices from which the walk is guessed and laid out ahead (:func:`speculate`): below, a
+#: candidate costs less than forking for it
+WALK_AHEAD_FROM = 128
+
+
+def walk_step(context: SearchContext, best: Candidate, rng: random.Random,
+              dps: list[int]) -> tuple[int, str, tuple[int, ...]]:
+    """One step of the walk around the best (§4.4): ``D_dp`` next to the best's, the cut
+    (:func:`choose_objective`) and a shift of every pipeline's number of groups ``k_i``."""
+    base = best.info.get("d_dp", rng.choice(dps))  # (the default is drawn at every step)
+    d_dp = min(max(base + rng.choice((-1, 0, 0, 1)), dps[0]), dps[-1])
+    objective = context.choose_objective(rng)
+    return d_dp, objective, tuple(rng.choice(context.config.k_shifts) for _ in range(d_dp))
+
+
+def speculate(context: SearchContext, best: Candidate, rng: random.Random, start: int,
+              dps: list[int]) -> dict[int, tuple]:
+    """The walk's candidates from iteration ``start`` on as the loop will draw them if ``best``
+    and the moving averages stay as they are (``rng`` untouched), computed ahead on the spare
+    cores (:func:`hexicore.planner.search.prefetch.walk_ahead`): ``iteration -> (D_dp, cut, shifts, seed)``."""
+    draws = random.Random()
+    draws.setstate(rng.getstate())
+    out = {}
+    for it in range(start, context.config.iterations):
+        step = walk_step(context, best, draws, dps)
+        out[it] = (*step, draws.randrange(2**31))
+    walk_ahead(context, list(out.values()), context.workers)
+    return out
+
+
+def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
+                progress: Progress) -> Candidate:
+    """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
+    and no time limit the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
+    is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
+    most three times); the plan is the
+    one-process plan either way."""
+    n = context.config.iterations
+    sweep = initial_sweep(dps, n)
+    ahead = context.workers > 1 and deadline == INF and len(context.graph) <= context.config.machine_graph_above
+    guessed: dict[int, tuple] = {}
+    guesses = 0
+    if ahead:
+        # the sweep's fixed cuts: their phase 2 ahead, in parallel
+        fixed = list(itertools.takewhile(lambda s: s[1] is not None, sweep[:n]))
+        draws = random.Random()
+        draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate
+        prefetch(context, [(d, o, draws.randrange(2**31)) for d, o in fixed], context.workers)
+    for it in range(n):
+        if time.monotonic() > deadline:
+            break
+        if it < len(sweep):
+            d_dp, objective = sweep[it]
+            objective = objective or context.choose_objective(rng)
+            shifts: Sequence[int] = (0,)
+        else:
+            if ahead and it not in guessed and guesses < 3 and n - it > 1 and len(context.graph) >= WALK_AHEAD_FROM:
+                guessed, guesses = speculate(context, best, rng, it, dps), guesses + 1
+            d_dp, objective, shifts = walk_step(context, best, rng, dps)
+        seed = rng.randrange(2**31)
+        if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
+            guessed = {}  # the walk left the guess: guess again from the next step
+        cand = two_phase(context, d_dp, objective, shifts, seed)
+        if cand.score < best.score:
+            best = cand
+        shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
+        progress(f"hexiscale: candidate {it + 1}/{n} (D_dp={d_dp}, {objective}), best {shown}", (it + 1) / (n + 1))
+    return best
+
+
+def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
+    """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
+    modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
+    schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
+    among the choices, so no pipeline gets slower), any other schedule records itself as resolved
+    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`)."""
+    if context.book is None:
+        return cands[0].plan, {}
+    out = []
+    for c in cands:
+        if c.plan is None:
+            continue
+        if context.auto:
+            plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options)
+        else:
+            plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
+        est = context.exact_cost.estimate(plan)
+        out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
+    _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    info = {"origin": origin, "schedules": [p.schedule.to_dict() for p in plan.pipelines]}
+    if tried:
+        info["schedule_s"] = tried
+    return plan, info
+
+
+def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
+               progress: Progress = no_progress, memo: dict | None = None) -> Plan:
+    """The iterative two-phase search of §4.4; returns the best plan found (never worse than
+    the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
+    stops the loop early; everything else is seeded. A ``warm_start`` plan is repaired and
+    improved (:func:`replan_search`) instead of a cold search.
+
+    ``schedule=auto``: the loop runs exactly as for its first option alone (that option prices
+    every candidate and steers the walk); each candidate's layouts are also assembled with every
+    pipeline's schedule chosen (:func:`assemble` ``choose``), the best of those is polished under
+    the choice, and the final plan is the exactly re-priced better of it and the first option's
+    own (polished) result, with schedules re-chosen — so auto is never worse than its first
+    option searched alone under the same cost model."""
+    t0 = time.monotonic()
+    deadline = t0 + time_limit if time_limit else INF
+    context = make_context(problem, config, memo)
+    dps = context.dp_range()
+    rng = random.Random(seed)
+    replanned = problem.warm_start is not None and config.replan_iterations is not None
+    if replanned:
+        best = replan_search(context, dps, rng, deadline, progress)
+        replanned = best.plan is not None  # nothing repaired fits: fall back to the full search
+    if not replanned:
+        progress("hexiscale: seeding with symmetric plans", 0.0)
+        seeds = [c for c in seed_candidates(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+        best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
+                                                        key=lambda c: c.score), progress)
+    if best.plan is None:
+        raise no_fit_error(problem)
+    progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
+    # a repaired plan: the kept pipelines were polished before; only the repaired ones move
+    only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
+    best = polish(context, best, deadline, only)
+    cands = [best]
+    if context.auto:
+        context.track_auto([assemble(context, best.layouts, best.origin, best.info, True)])
+        cands.insert(0, polish(context, context.auto_best, deadline, only, True))
+    plan, sched_info = finalize(context, cands)
+    progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+    info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
+            "candidates": context.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
+    if replanned:
+        info["replan"] = plan_diff(problem.warm_start, plan)
+    return plan.with_solver(info)

@@ -22,7 +22,7 @@ from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need
-from hexicore.pipeline.closed_forms import uniform_bubble, uniform_closed_form
+from hexicore.pipeline.pricer import uniform_bubble, uniform_closed_form
 
 
 def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = None) -> list[Action]:

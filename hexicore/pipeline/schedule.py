@@ -45,7 +45,7 @@ from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import HexicoreError
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
+from hexicore.pipeline.action_placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.pricer import BLOCKS, STEADY, SchedulePricer
 from hexicore.pipeline.simulate import SimResult, simulate
 from hexicore.pipeline.spec import ScheduleSpec

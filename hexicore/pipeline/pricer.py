@@ -6,8 +6,8 @@ Schedule plugins *generate* orders (:meth:`hexicore.pipeline.schedule.ActionSche
 memory cap) through these tiers:
 
 1. **closed form** (:meth:`SchedulePricer.closed_form`): the formula the schedule plugin declares
-   (the helpers below: fill-drain :func:`uniform_closed_form`, split backward
-   :func:`split_closed_form`). Exact where the plugin returns a number (it returns None where
+   (the helpers below: fill-drain :func:`uniform_closed_form`, looped :func:`looped_closed_form`,
+   split backward :func:`split_closed_form`). Exact where the plugin returns a number (it returns None where
    its formula does not hold: uneven stages, non-free links, too few micro-batches).
 2. **steady-state model** (:meth:`SchedulePricer.steady_state`): warm-up + cool-down +
    ``(M - k) / c x`` a steady-state period of ``c`` micro-batches, derived from short exact
@@ -68,6 +68,16 @@ def uniform_bubble(spec: Any) -> float | None:
     P, M = spec.ranks, spec.micro_batches
     if len(set(spec.forward)) == 1 and len(set(spec.backward)) == 1 and not any(spec.hops):
         return (P - 1) / (M + P - 1)
+    return None
+
+
+def looped_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                       chunks: int) -> float | None:
+    """Makespan ``(M + (P-1)/v)(T_F + T_B)`` of a looped schedule of ``v`` chunks per rank
+    (Megatron's interleaved 1F1B, looped BFS: a bubble of ``(P-1)/v`` stage-rounds) with equal
+    stages and free transfers, else None; each plugin states from which M on it holds."""
+    if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
+        return (n_mb + (len(stage_times) - 1) / chunks) * stage_times[0]
     return None
 
 

@@ -34,13 +34,13 @@ def test_steady_state_equals_exact_simulation_on_a_grid(name, params):
     for greedy orders built per M, within 1% (an order for one more period may differ)."""
     sched = REG.create("schedule", name, **params)
     rng = random.Random(name)
-    ranks = range(max(2, sched.pricing.min_ranks), 9, 1 if name != "hanayo" else 3)
+    ranks = (2, 5) if name == "hanayo" else range(2, 9, 3) if name == "chimera" else range(2, 9)  # the slow ones: fewer
     fitted = 0
     for P in ranks:
         for hops in (False, True):
             st, hop = times(rng, P, hops)
             fitted += sched.pricer.steady_fit(st, hop) is not None
-            for M in (10 * P + 1, 10 * P + P // 2, 97 + 4 * P, 400):
+            for M in (10 * P + 1, 97 + 4 * P, 400):
                 exact = sched.pricer.simulated(ScheduleSpec.from_pieces(st, hop, M))
                 rel = 1e-2 if name in GREEDY else 1e-9
                 assert sched.pricer.steady_state(st, hop, M) == pytest.approx(exact, rel=rel), (P, hops, M)

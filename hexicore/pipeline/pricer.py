@@ -117,8 +117,9 @@ def split_holds(ranks: int, n_mb: int, chunked: bool = False) -> bool:
 class SchedulePricer:
     """The tiers of the module docstring for one schedule object (an
     :class:`~hexicore.pipeline.schedule.ActionSchedule`: what it reads of it is ``name``,
-    ``pricing``, ``template``, ``closed_form``, ``price``, ``pipeline_time``, ``peak_rule`` and
-    ``peak_activations``). Caches are the schedule's (one solve builds each schedule once)."""
+    ``pricing``, ``template``, ``closed_form``, ``price``, ``pipeline_time``, ``peak_rule``,
+    ``peaks`` and ``peak_activations``). Caches are the schedule's (one solve builds each schedule
+    once)."""
 
     schedule: Any
     cache: dict = field(default_factory=dict, compare=False, repr=False)

@@ -52,7 +52,6 @@ from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed, check_built
 
 
-
 @dataclass(frozen=True)
 class Pricing:
     """How the planner prices a schedule: declared by each schedule plugin as the class

@@ -22,7 +22,7 @@ from pathlib import Path
 from results import write_section
 
 from hexicore.pipeline.schedule import ScheduleSpec
-from hexicore.pipeline.synth import lower_bound
+from hexicore.pipeline.synthesis import lower_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## schedule=auto with synthesised schedules"
@@ -70,7 +70,7 @@ def chosen(data: dict) -> str:
 
 def vs_bound(data: dict) -> str:
     """The largest ratio, over the pipelines that chose synth, of its time (``solver.schedule_s``)
-    to the lower bound of :func:`hexicore.pipeline.synth.lower_bound` for the stage and hop times
+    to the lower bound of :func:`hexicore.pipeline.synthesis.lower_bound` for the stage and hop times
     the plan records."""
     worst = None
     mb = data["train"]["micro_batch"]
@@ -107,7 +107,7 @@ plan's pipelines, each synthesised for the pipeline's own stage and hop times un
 pipeline's own per-rank memory cap, the in-flight micro-batches every stage's devices hold,
 `memory` in the table). A pipeline keeps synth only when it is faster and fits; the plan only
 when its full estimate is not slower (the script asserts it). *synth vs lower bound*: the
-slowest synth pipeline's time over `hexicore.pipeline.synth.lower_bound` (stated under
+slowest synth pipeline's time over `hexicore.pipeline.synthesis.lower_bound` (stated under
 "synth vs named schedules on uneven stage times" above; memory ignored) for the stage and hop
 times the plan records. Seconds: the whole command in a
 fresh process (Python start, Hydra, search, outputs), least of {repeat} runs, on this shared

@@ -13,15 +13,15 @@ import argparse
 import time
 from pathlib import Path
 
+from optimal_order import optimal_order
 from results import write_section
 
 from hexicore.app import api
 from hexicore.app.compose import build_cost_model
 from hexicore.pipeline.comm import insert_comm
-from hexicore.pipeline.exact import optimal_order
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
-from hexicore.pipeline.synth import lower_bound
+from hexicore.pipeline.synthesis import lower_bound
 from hexicore.pipeline.validate import validate_actions
 from hexicore.registry import Registry
 from hexicore_plugins.schedules.chimera import Chimera
@@ -163,7 +163,7 @@ def main() -> None:
         "Chimera's `(P-2)/(2M+P-2)` counts forward and backward slots of equal length: with T_F = T_B our order "
         "reaches it exactly. With T_B = 2 T_F no order of the same tasks reaches it under this simulator's "
         "rules (one computation at a time per rank, a backward after the next stage's): CP-SAT "
-        "(`hexicore.pipeline.exact`) proves the optimum, and our order meets it.", "", *chim, "",
+        "(`bench/optimal_order.py`) proves the optimum, and our order meets it.", "", *chim, "",
         "Chimera's order at P = M = 4, T_B = 2 T_F (two characters per T_F; the digit is the micro-batch, "
         "F/B down, f/b up, `.` idle): the first and last ranks wait for the opposite direction's first forward "
         "(3 T_F) at the start and for its last backward at the end; the paper's figure packs the same tasks "
@@ -171,7 +171,7 @@ def main() -> None:
         "### synth vs named schedules on uneven stage times", "",
         "Stage and hop times from the cost model (`pipeline_pieces`) of the hexiscale plans; T_F : T_I : T_W = "
         "1 : 1 : 1 of each stage time (HexiScale App. A's T_B = 2 T_F, split evenly). Lower bound "
-        "(`hexicore.pipeline.synth.lower_bound`): for each layout synth uses (linear, V, loop of 2 chunks), rank "
+        "(`hexicore.pipeline.synthesis.lower_bound`): for each layout synth uses (linear, V, loop of 2 chunks), rank "
         "r cannot start before micro-batch 0's forward reaches its first stage and then has M (T_F + T_I + T_W) "
         "of work; the bound is the smallest over layouts of the largest over ranks, memory ignored. Every "
         "named schedule is built for the same times (greedy ones use them).", "", *synth,

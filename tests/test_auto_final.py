@@ -13,7 +13,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
-from hexicore.pipeline.synth import synthesize
+from hexicore.pipeline.synthesis import synthesize
 from hexicore.planner.final_schedules import final_options
 from hexicore.planner.stage_layout.pipeline_fit import capped, fits, memory_caps
 from hexicore.planner.pricing import ScheduleBook, auto_defaults, options

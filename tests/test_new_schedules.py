@@ -12,7 +12,7 @@ import pytest
 from hexicore.core.errors import HexicoreError
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
-from hexicore.pipeline.torch_csv import save_torch_csv
+from hexicore.pipeline.actions import save_torch_csv
 from hexicore.pipeline.validate import validate_actions
 from hexicore.registry import Registry
 from hexicore_plugins.schedules.dualpipe_v import DualPipeV

@@ -8,7 +8,7 @@ from hexicore.core.placement import Copy, Placement
 from hexicore.core.plan import Plan
 from hexicore.cost import GIB, AnalyticCostModel
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.placement import placement
+from hexicore.pipeline.action_placement import placement
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.planner.pricing import ScheduleBook, timed_cost
 from hexicore.registry import Registry

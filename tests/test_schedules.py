@@ -77,9 +77,9 @@ def test_hanayo_meets_the_paper_closed_form():
 
 def test_hanayo_and_chimera_reach_the_exact_optimum_at_p4():
     """P = M = 4, T_B = 2 T_F, free transfers: Hanayo's wave order (W = 2, 4) and Chimera's order
-    are optimal — CP-SAT (hexicore.pipeline.exact) proves no order of the same tasks is shorter.
+    are optimal — CP-SAT (bench/optimal_order.py) proves no order of the same tasks is shorter.
     Chimera's optimum 16 is above the paper's (P-2)/(2M+P-2) (makespan 15): docs/results.md."""
-    from hexicore.pipeline.exact import optimal_order
+    from bench.optimal_order import optimal_order
 
     for sched in (Hanayo(waves=2), Hanayo(waves=4), Chimera()):
         al, r = sched.simulate(ScheduleSpec(4, 4))

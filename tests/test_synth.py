@@ -12,11 +12,10 @@ import pytest
 from hexicore.app import api
 from hexicore.app.compose import build_cost_model
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.actions import ActionList
-from hexicore.pipeline.exact import optimal_order
+from hexicore.pipeline.actions import ActionList, save_torch_csv
+from bench.optimal_order import optimal_order
 from hexicore.pipeline.schedule import ScheduleSpec
-from hexicore.pipeline.synth import LAYOUTS, layout_map, lower_bound, synthesize
-from hexicore.pipeline.torch_csv import save_torch_csv
+from hexicore.pipeline.synthesis import LAYOUTS, layout_map, lower_bound, synthesize
 from hexicore.pipeline.validate import validate_actions
 from hexicore.registry import Registry
 from hexicore_plugins.schedules.synth import Synth

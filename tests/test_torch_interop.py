@@ -9,7 +9,7 @@ import pytest
 
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
-from hexicore.pipeline.torch_csv import load_torch_csv, save_torch_csv
+from hexicore.pipeline.actions import load_torch_csv, save_torch_csv
 from hexicore.pipeline.validate import validate_actions
 from hexicore_plugins.schedules.gpipe import GPipe
 from hexicore_plugins.schedules.hanayo import Hanayo

@@ -10,7 +10,7 @@ a rank's chunks of it share the rank's layer count; a further chain of the same 
 the first chain's blocks position by position) — with the chain's embedding if the chain starts
 on the rank and its head if it ends there; ``traffic`` is the share of the micro-batches
 that run through the copy (the chains share them evenly). Built from an action list's stage map and chains by
-:func:`hexicore.pipeline.placement.placement`; the cost model prices memory and compute
+:func:`hexicore.pipeline.action_placement.placement`; the cost model prices memory and compute
 through it (docs/cost-model.md, "Placement").
 """
 

@@ -20,7 +20,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
 from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
 from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
-                                default_in_flight)
+                                default_in_flight, fill_drain_time)
 from hexicore.cost import sharding
 from hexicore.cost.block_memory import block_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
@@ -236,9 +236,9 @@ class AnalyticCostModel:
     # ------------------------------------------------------------ pipeline
     def pipeline_s(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """PIPELINE-TIME of App. A (the 1F1B/GPipe shape):
-        ``sum_j (STAGE_j + HOP_j) + (n_mb - 1) * max_j (STAGE_j + HOP_j)``; HOP of the last stage is 0."""
-        per = [s + h for s, h in zip(stage_times, list(hop_times) + [0.0])]
-        return sum(per) + (n_mb - 1) * max(per)
+        ``sum_j (STAGE_j + HOP_j) + (n_mb - 1) * max_j (STAGE_j + HOP_j)``; HOP of the last stage is 0
+        (:func:`hexicore.cost.base.fill_drain_time`)."""
+        return fill_drain_time(stage_times, hop_times, n_mb)
 
     def in_flight(self, pipeline: Pipeline, stage_index: int, n_mb: int) -> float:
         """Micro-batches whose activations a stage holds at its peak: the injected

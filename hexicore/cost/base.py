@@ -40,8 +40,18 @@ def default_in_flight(ranks: int, stage_index: int, n_mb: int) -> int:
     """In-flight micro-batches at stage j of a P-stage pipeline when no schedule supplies its
     peak activations (the cost model's default, HexiScale App. A's memory model): each stage
     holds the micro-batches that entered the pipeline before its first backward could run,
-    ``P - j``, at most ``n_mb`` (at least one). Schedules declare their own (``peaks``)."""
+    ``P - j``, at most ``n_mb`` (at least one). Schedules declare their own (``peaks``): 1F1B's
+    rule is this one."""
     return max(1, min(n_mb, ranks - stage_index))
+
+
+def fill_drain_time(stage_times: Sequence[Any], hop_times: Sequence[Any], n_mb: int) -> Any:
+    """PIPELINE-TIME of HexiScale App. A (the 1F1B/GPipe shape), the cost model's own closed form:
+    ``sum_j (STAGE_j + HOP_j) + (n_mb - 1) * max_j (STAGE_j + HOP_j)``, HOP of the last stage 0.
+    Exact for 1F1B with equal stages and free links; numbers of any kind (the CP-SAT solver's
+    integer tables too). Schedules priced otherwise: :mod:`hexicore.pipeline.pricer`."""
+    per = [s + h for s, h in zip(stage_times, list(hop_times) + [0])]
+    return sum(per) + (n_mb - 1) * max(per)
 
 
 class CostModel(Protocol):

@@ -3,7 +3,7 @@ Li & Willis, "An iterative scheduling technique for resource-constrained project
 EJOR 1992; Valls et al., "Justification and RCPSP", EJOR 2005).
 
 The tasks and precedences are the simulator's (:mod:`hexicore.pipeline.simulate`, compute only;
-:mod:`hexicore.pipeline.exact` states them): each rank runs one task at a time. One round:
+bench/optimal_order.py states them): each rank runs one task at a time. One round:
 
 1. backward pass: in decreasing order of end time, place each task as LATE as its successors
    (plus transfers) allow, in the latest gap of its rank that fits it (insertion);

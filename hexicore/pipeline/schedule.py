@@ -5,18 +5,22 @@ A schedule turns a :class:`ScheduleSpec` (P ranks, M micro-batches, optional per
 into per-rank action lists. Plugins implement :meth:`ActionSchedule.order` (compute only);
 :meth:`ActionSchedule.actions` runs the shared comm pass (:func:`hexicore.pipeline.comm.insert_comm`).
 
-Schedules price themselves; the planner (:mod:`hexicore.planner.pricing`) only asks:
+Schedules generate orders and declare how they are priced; the pricer prices them
+(:class:`hexicore.pipeline.pricer.SchedulePricer`, its tiers: closed form, steady-state model,
+exact simulation). The planner (:mod:`hexicore.planner.pricing`) asks a schedule through the
+methods below, whose defaults are the schedule's pricer and which a plugin overrides only where
+its lists depend on more than P and M (synth's on the times it was built for):
 
-* :meth:`ActionSchedule.pipeline_time` — exact PIPELINE-TIME: the schedule's closed form where it
-  is exact (:meth:`ActionSchedule.closed_form`), else the simulator
-  (:mod:`hexicore.pipeline.simulate`) run on the schedule's default-time order (built once per
-  P and M) under the given stage and link times; cached per input. Time-driven orders (greedy)
-  built for the actual times by :meth:`ActionSchedule.actions` may differ slightly from that;
+* :meth:`ActionSchedule.pipeline_time` — exact PIPELINE-TIME (:meth:`SchedulePricer.exact`: the
+  closed form, :meth:`ActionSchedule.closed_form`, where it is exact, else the simulated
+  default-time order, built once per P and M). Time-driven orders (greedy) built for the
+  actual times by :meth:`ActionSchedule.actions` may differ slightly from that;
 * :meth:`ActionSchedule.model_time` — the cheap model the search ranks thousands of candidates
-  with, shaped by the declared :class:`Pricing` (steady-state growth or blocks of P);
+  with, shaped by the declared :class:`Pricing` (:meth:`SchedulePricer.anchored`);
 * :meth:`ActionSchedule.peaks` / :meth:`ActionSchedule.model_peaks` — peak in-flight activations
-  per rank (a closed rule, :meth:`ActionSchedule.peak_rule`, or simulated);
-  :meth:`ActionSchedule.placement` — which blocks, embedding and head each rank holds;
+  per rank (the declared rule, :meth:`ActionSchedule.peak_rule`, or simulated:
+  :meth:`SchedulePricer.peaks`); :meth:`ActionSchedule.placement` — which blocks, embedding and
+  head each rank holds;
 * :meth:`ActionSchedule.resolve` — its own choice of free parameters for given times;
 * :attr:`ActionSchedule.pricing` — growth kind, fewest ranks and what fewer are priced as,
   whether the cost model's own PIPELINE-TIME formula is the schedule's.
@@ -32,7 +36,6 @@ so one transfer is half of it.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
@@ -42,14 +45,11 @@ from hexicore.pipeline.comm import insert_comm
 from hexicore.core.errors import HexicoreError
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.placement import built_placement, built_template, chunk_counts
-from hexicore.pipeline.simulate import SimResult, compile_lists, makespan, simulate
+from hexicore.pipeline.action_placement import built_placement, built_template, chunk_counts
+from hexicore.pipeline.pricer import BLOCKS, STEADY, SchedulePricer
+from hexicore.pipeline.simulate import SimResult, simulate
 from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed, check_built
-
-
-#: :attr:`Pricing.growth` kinds
-STEADY, BLOCKS = "steady", "blocks"
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,7 @@ class ActionSchedule(ABC):
     each schedule once per solve (:class:`hexicore.planner.pricing.ScheduleBook`)."""
 
     _cache: dict = field(default_factory=dict, compare=False, repr=False, init=False)
+    _pricer: Any = field(default=None, compare=False, repr=False, init=False)
 
     name = "abstract"
     pricing = Pricing()
@@ -232,8 +233,16 @@ class ActionSchedule(ABC):
         return insert_comm(self.ordered(spec))
 
     # --------------------------------------------------------------- time
+    @property
+    def pricer(self) -> SchedulePricer:
+        """This schedule's :class:`~hexicore.pipeline.pricer.SchedulePricer` (sharing its caches)."""
+        if self._pricer is None:
+            object.__setattr__(self, "_pricer", SchedulePricer(self, self._cache))
+        return self._pricer
+
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
-        """Exact makespan where a closed form exists for these inputs, else None (simulated)."""
+        """Exact makespan where a closed form exists for these inputs, else None (simulated): the
+        pricer's tier 1, declared by the plugin (helpers in :mod:`hexicore.pipeline.pricer`)."""
         return None
 
     def simulate(self, spec: ScheduleSpec, *, record: bool = False) -> tuple[ActionList, SimResult]:
@@ -250,43 +259,18 @@ class ActionSchedule(ABC):
         return self._cache[key]
 
     def price(self, spec: ScheduleSpec) -> float:
-        """Makespan of :meth:`template` under ``spec``'s times (:func:`hexicore.pipeline.simulate.makespan`)."""
-        al = self.template(spec.ranks, spec.micro_batches)
-        key = ("compiled", spec.ranks, spec.micro_batches)
-        with blamed(self.name):
-            if key not in self._cache:
-                self._cache[key] = compile_lists(al)
-            return makespan(al, spec.timing(al), self._cache[key])
+        """Makespan of :meth:`template` under ``spec``'s times (:meth:`SchedulePricer.simulated`);
+        a schedule choosing its free parameters per input overrides it (Hanayo's ``waves=auto``)."""
+        return self.pricer.simulated(spec)
 
     def pipeline_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        """Makespan of one pipeline iteration (planner units; module docstring): the closed form
-        where exact, else :meth:`price`; cached per input."""
-        key = ("time", tuple(map(float, stage_times)), tuple(map(float, hop_times)), int(n_mb))
-        if key not in self._cache:
-            t = self.closed_form(key[1], key[2], key[3])
-            if t is None:
-                t = self.price(ScheduleSpec.from_pieces(key[1], key[2], key[3]))
-            self._cache[key] = t
-        return self._cache[key]
+        """Makespan of one pipeline iteration (planner units; module docstring):
+        :meth:`SchedulePricer.exact`."""
+        return self.pricer.exact(stage_times, hop_times, n_mb)
 
     def model_time(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
-        """The search's PIPELINE-TIME model (:class:`Pricing`, ``growth``), from the exact times
-        at P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS); anchors cached. A
-        schedule that needs more than P micro-batches (``Pricing.min_micro_batches``, DualPipeV's
-        2P) is anchored there and at twice that."""
-        p, n = len(stage_times), int(n_mb)
-        p = max(p, self.pricing.min_micro_batches(p))  # the anchors: P and 2P, or the fewest it runs with
-        block = self.pricing.growth == BLOCKS
-        if n <= p and not block:
-            return self.pipeline_time(stage_times, hop_times, n)
-        key = ("model", tuple(stage_times), tuple(hop_times))
-        hit = self._cache.get(key)
-        if hit is None:
-            a = self.pipeline_time(stage_times, hop_times, p)
-            b = 2 * a if block else self.pipeline_time(stage_times, hop_times, 2 * p)
-            hit = self._cache[key] = (a, max(b - a, 0.0))
-        a, step = hit
-        return a + (max(math.ceil(n / p), 1) - 1 if block else (n - p) / p) * step
+        """The search's PIPELINE-TIME model (:class:`Pricing`, ``growth``): :meth:`SchedulePricer.anchored`."""
+        return self.pricer.anchored(stage_times, hop_times, n_mb)
 
     # ------------------------------------------------------------ memory
     def peak_activations(self, spec: ScheduleSpec) -> tuple[float, ...]:
@@ -300,23 +284,14 @@ class ActionSchedule(ABC):
         return None
 
     def peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
-        """Peak in-flight micro-batches per rank for default times: :meth:`peak_rule`, else
-        :meth:`peak_activations` of ``ScheduleSpec(ranks, n_mb)``; cached."""
-        key = ("peaks", int(ranks), int(n_mb))
-        if key not in self._cache:
-            rule = self.peak_rule(int(ranks), int(n_mb))
-            self._cache[key] = tuple(float(x) for x in (
-                rule if rule is not None else self.peak_activations(ScheduleSpec(int(ranks), int(n_mb)))))
-        return self._cache[key]
+        """Peak in-flight micro-batches per rank for default times: :meth:`SchedulePricer.peaks`
+        (:meth:`peak_rule`, else simulated)."""
+        return self.pricer.peaks(ranks, n_mb)
 
     def model_peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
-        """The search's peaks: at ``min(n, 2P - 1)`` (STEADY: exact below, the saturated value
-        above; 1F1B saturates at P, interleaved groups hold at most 2P - 1 micro-batches) or at
-        P (BLOCKS: the block it repeats), never below the micro-batches the schedule needs
-        (:meth:`Pricing.min_micro_batches`). The final plan is checked with :meth:`peaks`."""
-        if self.pricing.growth == BLOCKS:
-            return self.peaks(ranks, ranks)
-        return self.peaks(ranks, min(n_mb, max(2 * ranks - 1, self.pricing.min_micro_batches(ranks))))
+        """The search's peaks (:meth:`SchedulePricer.anchored_peaks`); the final plan is checked
+        with :meth:`peaks`."""
+        return self.pricer.anchored_peaks(ranks, n_mb)
 
     def placement(self, ranks: int, n_mb: int) -> Placement:
         """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and

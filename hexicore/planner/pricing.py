@@ -1,7 +1,13 @@
 """Schedule-aware pricing for the planner: each pipeline's PIPELINE-TIME and peak activations
-come from its own schedule, which prices itself (:mod:`hexicore.pipeline.schedule`: exact
-``pipeline_time``, the search's ``model_time``, ``peaks``/``model_peaks``, the declared
-``Pricing``, ``resolve``), and ``schedule=auto`` picks per pipeline the fastest schedule that fits.
+come from its own schedule's pricer (:class:`hexicore.pipeline.pricer.SchedulePricer`, through
+the schedule's ``pipeline_time`` — tier "exact": the declared closed form, else exact
+simulation —, ``model_time`` — the search's anchored model —, ``peaks``/``model_peaks``, which
+a plugin overrides only where its lists depend on more than P and M; the declared ``Pricing``,
+``resolve``), and ``schedule=auto`` picks per pipeline the fastest schedule that fits. A
+schedule whose ``Pricing.cost_model_time`` says so, configured alone, keeps the cost model's own
+PIPELINE-TIME (:func:`hexicore.cost.base.fill_drain_time`). The steady-state tier
+(:meth:`~hexicore.pipeline.pricer.SchedulePricer.steady_state`) is not used here yet: plans
+are priced as before, bit for bit.
 
 * :class:`ScheduleBook` builds schedules once per :class:`ScheduleRef` from the registry and asks
   them: ``exact`` times, ``model`` times (what the search calls thousands of times), ``peaks``
@@ -161,8 +167,8 @@ class ScheduleBook:
 
     def exact(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int,
               rank_layers: Sequence[int] = ()) -> float:
-        """The schedule's exact ``pipeline_time``; with ``rank_layers`` (each rank's blocks) for a
-        schedule whose ``pipeline_time`` takes them, so it prices the lists the runtime builds
+        """The schedule's exact ``pipeline_time`` (its pricer's tier "exact"); with ``rank_layers``
+        (each rank's blocks) for a schedule whose ``pipeline_time`` takes them, so it prices the lists the runtime builds
         for those blocks (synth leaves out layouts a rank's blocks cannot hold)."""
         if n < self.min_micro_batches(ref, len(stage_s)):
             return math.inf
@@ -170,7 +176,7 @@ class ScheduleBook:
         return _time(timed(stage_s, hop_s, int(n), **layers_for(timed, rank_layers)), ref, "pipeline_time")
 
     def model(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
-        """The search's PIPELINE-TIME (the schedule's ``model_time``)."""
+        """The search's PIPELINE-TIME (the schedule's ``model_time``: its pricer's anchored model)."""
         if n < self.min_micro_batches(ref, len(stage_s)):
             return math.inf
         return _time(self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n)), ref, "model_time")

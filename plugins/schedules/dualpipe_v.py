@@ -31,7 +31,7 @@ from typing import Sequence
 
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, wave_map
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form
+from hexicore.pipeline.pricer import split_bubble, split_closed_form
 
 
 class _Rank:

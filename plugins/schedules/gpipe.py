@@ -14,7 +14,7 @@ from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
-from hexicore.pipeline.closed_forms import uniform_bubble, uniform_closed_form
+from hexicore.pipeline.pricer import uniform_bubble, uniform_closed_form
 
 
 @dataclass(frozen=True)

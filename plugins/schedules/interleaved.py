@@ -20,6 +20,7 @@ from typing import Sequence
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
+from hexicore.pipeline.pricer import looped_closed_form
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
 
 
@@ -74,10 +75,8 @@ class Interleaved1F1B(ActionSchedule):
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         """Equal stages, free transfers, P dividing M: ``(M + (P-1)/v)(T_F + T_B)`` (Megatron's
         bubble ``(P-1)/v`` stage-rounds; checked against the simulator in the tests)."""
-        P = len(stage_times)
-        if len(set(stage_times)) == 1 and not any(hop_times) and n_mb % P == 0:
-            return (n_mb + (P - 1) / self.chunks) * stage_times[0]
-        return None
+        divides = bool(stage_times) and n_mb % len(stage_times) == 0
+        return looped_closed_form(stage_times, hop_times, n_mb, self.chunks) if divides else None
 
 
 @hookimpl

@@ -14,7 +14,7 @@ Memory: peak in-flight micro-batches (units of the rank's whole share) simulated
 ``2P - 1`` on the tested grid (P in {2, 4, 8}, M in {P, 2P, 4P}), ``min(memory, ...)`` with a cap.
 Bubble with T_F = T_I = T_W = T per rank (T/v per chunk), equal stages and free transfers:
 makespan ``(3M + (P - 1)/v) T``, bubble ``((P - 1)/v) / (3M + (P - 1)/v)`` at M = P and M >= 2P,
-elsewhere simulated (:func:`hexicore.pipeline.closed_forms.split_holds`) (the last rank's first
+elsewhere simulated (:func:`hexicore.pipeline.pricer.split_holds`) (the last rank's first
 forward arrives ``(P - 1) T/v`` late and every rank is busy afterwards).
 """
 
@@ -28,7 +28,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int, positive_memory
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
+from hexicore.pipeline.pricer import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)

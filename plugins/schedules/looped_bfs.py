@@ -20,6 +20,7 @@ from typing import Sequence
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.pricer import looped_closed_form
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
 
 
@@ -47,10 +48,7 @@ class LoopedBFS(ActionSchedule):
         return build(self.name, self.params(), spec, loop_map(P, v), [looped_bfs(r, P, M, v) for r in range(P)])
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
-        P = len(stage_times)
-        if len(set(stage_times)) == 1 and not any(hop_times) and n_mb >= P:
-            return (n_mb + (P - 1) / self.chunks) * stage_times[0]
-        return None
+        return looped_closed_form(stage_times, hop_times, n_mb, self.chunks) if n_mb >= len(stage_times) else None
 
     def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
         """Every rank holds all M micro-batches (module docstring)."""

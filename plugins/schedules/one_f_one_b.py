@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from hexicore.cost.base import default_in_flight
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need
-from hexicore.pipeline.closed_forms import uniform_bubble, uniform_closed_form
+from hexicore.pipeline.pricer import uniform_bubble, uniform_closed_form
 
 
 def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = None) -> list[Action]:
@@ -49,8 +50,9 @@ class OneFOneB(ActionSchedule):
         return uniform_closed_form(stage_times, hop_times, n_mb)
 
     def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
-        """Rank j holds ``min(P - j, M)`` micro-batches (module docstring)."""
-        return tuple(float(max(1, min(n_mb, ranks - j))) for j in range(ranks))
+        """Rank j holds ``min(P - j, M)`` micro-batches (module docstring): the cost model's
+        default rule, :func:`hexicore.cost.base.default_in_flight`."""
+        return tuple(float(default_in_flight(ranks, j, n_mb)) for j in range(ranks))
 
     def closed_bubble(self, spec: ScheduleSpec, chosen: ScheduleRef) -> float | None:
         return uniform_bubble(spec)

@@ -1,5 +1,5 @@
 """Schedule ``synth``: per-rank action lists synthesised for a pipeline's own stage times
-(:mod:`hexicore.pipeline.synth`: greedy list scheduling over three layouts and two rules, then
+(:mod:`hexicore.pipeline.synthesis`: greedy list scheduling over three layouts and two rules, then
 double justification), under a per-rank activation cap.
 
 Inputs: the spec's per-rank T_F, T_I, T_W and hop times (from the plan and the cost model, or a
@@ -20,7 +20,7 @@ gaps, cool-down), reshaped by justification around the slow ranks.
 Memory: at most ``memory`` per rank (the simulated peak is checked; if no candidate fits, the
 one with the lowest peak is kept and ``peaks`` reports it).
 Bubble: no closed form (it is built for uneven times); with equal times it matches the best
-zero-bubble order's ``(3M + (P-1)/2) T`` or better. ``hexicore.pipeline.synth.lower_bound``
+zero-bubble order's ``(3M + (P-1)/2) T`` or better. ``hexicore.pipeline.synthesis.lower_bound``
 gives the bound docs/results.md measures it against.
 Pricing: exact time simulated on the lists built for the given times (a synthesis, cached per
 input); the search's model (thousands of calls) prices two of its first candidates, built once
@@ -35,14 +35,14 @@ from typing import Any, Sequence
 
 from hexicore.core.placement import Placement
 from hexicore.pipeline.actions import ActionList
-from hexicore.pipeline.placement import placement
+from hexicore.pipeline.action_placement import placement
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, positive_memory
 from hexicore.pipeline.simulate import compile_lists, makespan
-from hexicore.pipeline.synth import LAYOUTS, candidate, caps_of, layout_map, synthesize
+from hexicore.pipeline.synthesis import LAYOUTS, candidate, caps_of, layout_map, synthesize
 
-#: ``effort`` -> :func:`hexicore.pipeline.synth.synthesize` settings
+#: ``effort`` -> :func:`hexicore.pipeline.synthesis.synthesize` settings
 EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
 
 
@@ -190,7 +190,7 @@ class Synth(ActionSchedule):
 
 
 def fitting_layouts(spec: ScheduleSpec) -> tuple[str, ...]:
-    """The layouts of :data:`~hexicore.pipeline.synth.LAYOUTS` whose chunks every rank can hold,
+    """The layouts of :data:`~hexicore.pipeline.synthesis.LAYOUTS` whose chunks every rank can hold,
     one block each at least (``spec.rank_layers``, where known): a rank holding one block gets
     one chunk, so ``v`` and ``loop2`` (two chunks a rank) are left out there; ``linear`` always fits."""
     if not spec.rank_layers:

@@ -28,7 +28,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
+from hexicore.pipeline.pricer import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ I's and the deferred W's.
 Memory: peak in-flight micro-batches ``min(P, M)`` (units of the rank's whole share).
 Bubble with T_F = T_I = T_W = T (per rank; T/2 per chunk), equal stages and free transfers:
 makespan ``(3M + (P - 1)/2) T``, bubble ``(P - 1) / (6M + P - 1)`` at M = P and M >= 2P
-(elsewhere simulated: :func:`hexicore.pipeline.closed_forms.split_holds`) — the last rank's first
+(elsewhere simulated: :func:`hexicore.pipeline.pricer.split_holds`) — the last rank's first
 forward arrives ``(P - 1) T/2`` late and every rank is busy afterwards (a lower bound under an
 iteration barrier; the paper's near-zero bubble counts steady state).
 """
@@ -28,7 +28,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, need, wave_map
-from hexicore.pipeline.closed_forms import split_bubble, split_closed_form, split_holds
+from hexicore.pipeline.pricer import split_bubble, split_closed_form, split_holds
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from hexicore.cost.base import fill_drain_time
+
 from .formulation import stage_slopes, throughput_bound
 from .ends import head_stage
 from .tables import Tables
@@ -38,13 +40,13 @@ def model_value(tab: Tables, machines: dict[str, int], n_mb: int, rows: Rows) ->
     """``T + DP`` of the formulation for the plan ``rows`` (integer time units)."""
     pipes = []
     for n, row in rows:
-        u, hj = [], head_stage(tab, len(row))
+        stages, hops, hj = [], [], head_stage(tab, len(row))
         for j, (o, blocks) in enumerate(row):
             per, fixed, fixed_last = stage_slopes(tab, o, 1 if j == 0 else 0)
-            stage = per * blocks + (fixed_last if j == hj else fixed)
-            hop = tab.hop[o][row[j + 1][0]] if j + 1 < len(row) else 0
-            u.append(stage + hop)
-        pipes.append(sum(u) + (n - 1) * max(u))
+            stages.append(per * blocks + (fixed_last if j == hj else fixed))
+            if j + 1 < len(row):
+                hops.append(tab.hop[o][row[j + 1][0]])
+        pipes.append(fill_drain_time(stages, hops, n))  # the cost model's PIPELINE-TIME, in table units
     T = max(max(pipes), throughput_bound(tab, machines, n_mb))
     v, tied = len(rows), tied_value(tab, rows)
     if v <= 1:

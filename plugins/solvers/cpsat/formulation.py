@@ -12,8 +12,9 @@ Constraints
   devices:  ``sum_{i,j,o: machine(o)=m} tp(o) x[i,j,o] <= |m|`` (counts, not ids: symmetry breaking);
   memory:   ``l[i,j] <= cap[o][first][last][in_flight(P_i, j, n_i)]`` (element constraint;
             ``in_flight`` indexes the schedule's in-flight counts ``flights``, fractional ones
-            priced as they are; for 1F1B ``in_flight = min(n_i, P_i - j)`` by AddMinEquality,
-            else an element table);
+            priced as they are; where the schedule's rows are the cost model's default rule,
+            1F1B's ``min(n_i, P_i - j)`` (:func:`hexicore.cost.base.default_in_flight`), by
+            AddMinEquality, else an element table);
   chunks:   ``l[i,j] >= least[P_i][j]``, a block per chunk the schedule runs on that rank (Hanayo's
             2W, the V schedules' 2; element constraint, only where some entry exceeds 1);
   symmetry: pipelines ordered by (stages, micro-batches) non-increasing.
@@ -21,7 +22,8 @@ Objective (integer time units, :mod:`.tables`), App. A ``max_i PIPELINE-TIME(i) 
   ``U[i,j] = STAGE + HOP``: STAGE as the linear form ``per_o * l + fixed_o (+ head_o if last)``
   read off the stage-time table (:func:`stage_slopes`), HOP an element constraint over the
   hop table indexed by the options of slots j and j + 1;
-  ``PIPE[i] = sum_j U[i,j] + (n[i] - 1) * max_j U[i,j]`` (AddMaxEquality + a product),
+  ``PIPE[i] = sum_j U[i,j] + (n[i] - 1) * max_j U[i,j]`` (AddMaxEquality + a product): the
+  cost model's PIPELINE-TIME :func:`hexicore.cost.base.fill_drain_time` written as constraints,
   ``T = max(max_i PIPE[i], throughput cut)`` (AddMaxEquality; the cut, :func:`throughput_bound`,
   is a lower bound of every plan's true time, so it only lifts the LP bound);
   ``D[k] >= 2 sum_{o'} N[k,o'] g_v[o,o'] - g_v[o,o]`` for every option o present at block k when
@@ -53,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ortools.sat.python import cp_model
+
+from hexicore.cost.base import default_in_flight
 
 from .ends import head_flags
 from .tables import Tables
@@ -138,7 +142,7 @@ def build(tab: Tables, machines: dict[str, int], n_mb: int, slots: Sequence[int]
     n_stages = {i: sum(used[i, j] for j in range(slots[i])) for i in range(P)}
     _devices_and_order(m, tab, f, machines, n_stages, fixed)
     head = head_flags(m, tab, f.slots, last, n_stages)  # the last stage, or where the schedule keeps the head
-    one_f_one_b = all(tab.in_flight[p][j][n] == min(n, p - j) for p in range(1, len(tab.in_flight))
+    one_f_one_b = all(tab.in_flight[p][j][n] == default_in_flight(p, j, n) for p in range(1, len(tab.in_flight))
                       for j in range(p) for n in range(1, n_mb + 1))
     pipe = [_pipeline_time(m, tab, f, i, (used, oid, head, n_stages), n_mb, (max_u, top_t), one_f_one_b)
             for i in range(P)]
@@ -213,7 +217,8 @@ def _devices_and_order(m, tab: Tables, f: Formulation, machines: dict[str, int],
 
 def _pipeline_time(m, tab: Tables, f: Formulation, i: int, slot_vars: tuple, n_mb: int, bounds: tuple[int, int],
                    one_f_one_b: bool):
-    """PIPE[i] (module docstring) and the memory constraint of each of pipeline i's slots."""
+    """PIPE[i] (module docstring: :func:`hexicore.cost.base.fill_drain_time` as constraints) and
+    the memory constraint of each of pipeline i's slots."""
     used, oid, head, n_stages = slot_vars
     max_u, top_t = bounds
     K, L, slots = len(tab.options), tab.layers, f.slots

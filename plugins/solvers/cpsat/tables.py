@@ -300,8 +300,9 @@ _FLIGHT: dict[int, tuple[weakref.ref, dict]] = {}
 
 def in_flight_rows(problem: Problem, max_stages: int, n_mb: int) -> dict[tuple[int, int], tuple[float, ...]]:
     """``problem.cost.in_flight(pipe, j, n)`` of a template ``pipe`` of P empty stages under the
-    problem's schedule, for every P <= ``max_stages`` and n <= ``n_mb``: one row (j = 0..P-1)
-    per pair. A schedule that simulates its peaks makes these most of the tables' cost (synth:
+    problem's schedule (the peaks of its schedule pricer, :meth:`hexicore.pipeline.pricer.SchedulePricer.peaks`,
+    injected by the planner; the cost model's default rule without one), for every P <=
+    ``max_stages`` and n <= ``n_mb``: one row (j = 0..P-1) per pair. A schedule that simulates its peaks makes these most of the tables' cost (synth:
     a synthesis per pair, about a second each), so the pairs not known yet run in forked
     processes, one per core (:func:`~hexicore.planner.search.workers.fork_map`: the plain loop's
     values), and the rows are kept for the cost model's life: the allocation's sub-clusters ask

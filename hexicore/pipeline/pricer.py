@@ -1,0 +1,248 @@
+"""The schedule pricer: what a pipeline costs under a schedule, in named tiers.
+
+Schedule plugins *generate* orders (:meth:`hexicore.pipeline.schedule.ActionSchedule.order`) and
+*declare* how they are priced (``pricing``, ``closed_form``, ``peak_rule``); one
+:class:`SchedulePricer` per schedule object prices a (stage times, hop times, micro-batches,
+memory cap) through these tiers:
+
+1. **closed form** (:meth:`SchedulePricer.closed_form`): the formula the schedule plugin declares
+   (the helpers below: fill-drain :func:`uniform_closed_form`, looped :func:`looped_closed_form`,
+   split backward :func:`split_closed_form`). Exact where the plugin returns a number (it returns None where
+   its formula does not hold: uneven stages, non-free links, too few micro-batches).
+2. **steady-state model** (:meth:`SchedulePricer.steady_state`): warm-up + cool-down +
+   ``(M - k) / c x`` a steady-state period of ``c`` micro-batches, derived from short exact
+   simulations of the same order under the same times (method docstring); exact from ``k``
+   micro-batches on where the order's makespan has become periodic-affine by then
+   (tests/test_pricer.py measures where, schedule by schedule).
+3. **exact simulation** (:meth:`SchedulePricer.simulated`): the makespan of the schedule's
+   default-time order for P and M (``template``) under the given stage and link times, run
+   by the simulator (:func:`hexicore.pipeline.simulate.makespan`). Exact for that order, always.
+
+:meth:`SchedulePricer.exact` is tier 1 where it holds, else tier 3 (the schedule's ``price``,
+which a schedule choosing its own free parameters overrides): the PIPELINE-TIME the planner's
+final plans are priced with. :meth:`SchedulePricer.anchored` is the search's cheap model
+(thousands of calls per plan): exact up to the anchor, then affine (``STEADY``) or in blocks
+(``BLOCKS``) through the exact times at the anchors, as the schedule's ``Pricing.growth``
+declares; exact where the schedule's growth is what it declares from the anchor on (the final
+plan is re-priced with :meth:`SchedulePricer.exact`).
+
+Memory, one path: :meth:`SchedulePricer.peaks` is the schedule's declared ``peak_rule`` where it
+gives one, else the peak in-flight activations the simulator counts on the default-time order;
+:meth:`SchedulePricer.anchored_peaks` the search's (at the saturating micro-batch count).
+
+The cost model's own closed PIPELINE-TIME (HexiScale App. A,
+:func:`hexicore.cost.base.fill_drain_time`) and its default in-flight rule
+(:func:`hexicore.cost.base.default_in_flight`) are 1F1B's; a plan configured with a schedule
+whose ``Pricing.cost_model_time`` says so keeps them (the CP-SAT solver's proven bound relies on
+that formula). Units: ``stage_times[j]`` is forward + backward of one micro-batch through rank j's
+whole share (``T_F : T_B = 1 : 2``), ``hop_times[j]`` the round trip between ranks j and j+1
+(:mod:`hexicore.pipeline.spec`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from hexicore.pipeline.simulate import compile_lists, makespan
+from hexicore.pipeline.spec import ScheduleSpec
+from hexicore.pipeline.validate import blamed
+
+#: ``Pricing.growth`` kinds: the search's model grows in steady state, or in blocks of P
+STEADY, BLOCKS = "steady", "blocks"
+
+
+# ------------------------------------------------------------------ tier 1: closed forms
+def uniform_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
+    """Makespan of a fill-drain-shaped schedule (every stage one F+B per micro-batch, no overlap
+    gain) with equal stages and free transfers: ``(M + P - 1)(T_F + T_B)`` (exact)."""
+    if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
+        return (n_mb + len(stage_times) - 1) * stage_times[0]
+    return None
+
+
+def uniform_bubble(spec: Any) -> float | None:
+    """The bubble ratio of :func:`uniform_closed_form`, ``(P-1)/(M+P-1)``, when ``spec`` has
+    equal stages and free transfers; else None."""
+    P, M = spec.ranks, spec.micro_batches
+    if len(set(spec.forward)) == 1 and len(set(spec.backward)) == 1 and not any(spec.hops):
+        return (P - 1) / (M + P - 1)
+    return None
+
+
+def looped_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                       chunks: int) -> float | None:
+    """Makespan ``(M + (P-1)/v)(T_F + T_B)`` of a looped schedule of ``v`` chunks per rank
+    (Megatron's interleaved 1F1B, looped BFS: a bubble of ``(P-1)/v`` stage-rounds) with equal
+    stages and free transfers, else None; each plugin states from which M on it holds."""
+    if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
+        return (n_mb + (len(stage_times) - 1) / chunks) * stage_times[0]
+    return None
+
+
+def split_closed_form(stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int,
+                      lag: float) -> float | None:
+    """Makespan ``(3M + lag) T`` of a split-backward schedule (ZB-H2, ZB-V, interleaved ZB,
+    DualPipeV) whose ranks stay busy after the last rank's first forward arrives ``lag``
+    forward-times late, with equal stages and free transfers (a stage time is ``T_F + T_B =
+    3T``, T_I = T_W = T); else None. It holds only from enough micro-batches on
+    (:func:`split_holds`); below that the schedules are simulated."""
+    if stage_times and len(set(stage_times)) == 1 and not any(hop_times):
+        return (n_mb + lag / 3.0) * stage_times[0]
+    return None
+
+
+def split_bubble(spec: Any, lag: float) -> float | None:
+    """The bubble ratio of :func:`split_closed_form`, ``lag / (3M + lag)``, when ``spec`` has
+    T_F = T_I = T_W on every rank and free transfers; else None."""
+    if spec.equal_split() is None:
+        return None
+    return lag / (3 * spec.micro_batches + lag)
+
+
+def split_holds(ranks: int, n_mb: int, chunked: bool = False) -> bool:
+    """Whether the split-backward greedy orders meet :func:`split_closed_form`: with one chunk
+    per rank (ZB-H2) from M >= P on; with chunks (ZB-V, interleaved ZB) at M = P and from
+    M >= 2P on. With fewer micro-batches the ranks idle after the last rank's first forward
+    (ZB-H2 at P = 4, M = 3: 13 T, not 12 T), and between P and 2P the chunked warm-up leaves
+    gaps (ZB-V at P = 5, M = 6); checked against the simulator."""
+    if n_mb < ranks:
+        return False
+    return not chunked or n_mb == ranks or n_mb >= 2 * ranks
+
+
+# ------------------------------------------------------------------ the pricer
+@dataclass(frozen=True)
+class SchedulePricer:
+    """The tiers of the module docstring for one schedule object (an
+    :class:`~hexicore.pipeline.schedule.ActionSchedule`: what it reads of it is ``name``,
+    ``pricing``, ``template``, ``closed_form``, ``price``, ``pipeline_time``, ``peak_rule``,
+    ``peaks`` and ``peak_activations``). Caches are the schedule's (one solve builds each schedule
+    once)."""
+
+    schedule: Any
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # --------------------------------------------------------------- time
+    def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
+        """Tier 1: the schedule's declared closed form where it is exact for these inputs, else None."""
+        return self.schedule.closed_form(stage_times, hop_times, n_mb)
+
+    def simulated(self, spec: ScheduleSpec) -> float:
+        """Tier 3: makespan of the schedule's ``template`` for ``spec``'s P and M under ``spec``'s
+        times (:func:`hexicore.pipeline.simulate.makespan`; the timing-free graph compiled once
+        per P and M)."""
+        al = self.schedule.template(spec.ranks, spec.micro_batches)
+        key = ("compiled", spec.ranks, spec.micro_batches)
+        with blamed(self.schedule.name):
+            if key not in self.cache:
+                self.cache[key] = compile_lists(al)
+            return makespan(al, spec.timing(al), self.cache[key])
+
+    def exact(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """PIPELINE-TIME: tier 1 where the closed form holds, else the schedule's ``price`` (tier 3,
+        or the schedule's own simulation where it chooses free parameters); cached per input."""
+        key = ("time", tuple(map(float, stage_times)), tuple(map(float, hop_times)), int(n_mb))
+        if key not in self.cache:
+            t = self.closed_form(key[1], key[2], key[3])
+            if t is None:
+                t = self.schedule.price(ScheduleSpec.from_pieces(key[1], key[2], key[3]))
+            self.cache[key] = t
+        return self.cache[key]
+
+    def anchored(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """The search's PIPELINE-TIME model (``Pricing.growth``), from the schedule's exact times at
+        P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS: ``ceil(n / P)`` times
+        the time at P); anchors cached. A schedule that needs more than P micro-batches
+        (``Pricing.min_micro_batches``, DualPipeV's 2P) is anchored there and at twice that."""
+        timed = self.schedule.pipeline_time
+        pricing = self.schedule.pricing
+        p, n = len(stage_times), int(n_mb)
+        p = max(p, pricing.min_micro_batches(p))  # the anchors: P and 2P, or the fewest it runs with
+        block = pricing.growth == BLOCKS
+        if n <= p and not block:
+            return timed(stage_times, hop_times, n)
+        key = ("model", tuple(stage_times), tuple(hop_times))
+        hit = self.cache.get(key)
+        if hit is None:
+            a = timed(stage_times, hop_times, p)
+            b = 2 * a if block else timed(stage_times, hop_times, 2 * p)
+            hit = self.cache[key] = (a, max(b - a, 0.0))
+        a, step = hit
+        return a + (max(math.ceil(n / p), 1) - 1 if block else (n - p) / p) * step
+
+    def steady_state(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """Tier 2: ``T(M) = T(k + r) + q (T(k + c) - T(k))`` — warm-up and cool-down ``T(k + r)``,
+        then ``q = (M - k - r) / c`` steady periods of ``c`` micro-batches each — with ``k`` the
+        warm-up anchor and ``c`` the period (:meth:`steady_fit`: found from short exact
+        simulations, tier 3, of the same order under the same stage and link times, a memory cap
+        among the schedule's parameters applied alike), ``r = (M - k) mod c``. Below ``k + c``
+        micro-batches, or where no period shows (:meth:`steady_fit` is None), it is tier 3.
+
+        Exact (to rounding) when the order's makespan is periodic-affine from ``k`` on:
+        ``T(m + c) = T(m) + c * lambda`` for every ``m >= k`` with ``c <= 2P``. A fixed order is a
+        max-plus linear system in its stage and link times, so its makespan becomes so
+        after a transient; :meth:`steady_fit` confirms the period on three of them before using
+        it, and refuses a period below the busiest rank's work. tests/test_pricer.py measures the
+        tier against exact simulation on a grid (P 2-8, M up to 400, uneven stage and hop times)
+        for the built-ins: exact for the fixed orders (1F1B, GPipe, interleaved 1F1B, looped BFS,
+        ZB-H1, Hanayo; Chimera's show no period in the window and are simulated); for the
+        greedy orders built per M (ZB-H2, ZB-V, interleaved ZB, DualPipeV) an order for M may
+        leave the period the window showed: within 1% there, exact in most cases. Not used by
+        the planner yet (its search keeps :meth:`anchored`, its final plans :meth:`exact`)."""
+        n = int(n_mb)
+        fit = self.steady_fit(stage_times, hop_times)
+        if fit is None or n < fit[0] + fit[1]:
+            return self.simulated(ScheduleSpec.from_pieces(stage_times, hop_times, n))
+        k, c, times = fit
+        r = (n - k) % c
+        return times[r] + (n - k - r) // c * (times[c] - times[0])
+
+    def steady_fit(self, stage_times: Sequence[float], hop_times: Sequence[float]) -> tuple | None:
+        """``(k, c, times)`` of :meth:`steady_state`: ``k`` = 3P micro-batches (at least twice the
+        fewest the schedule runs with), ``times[i]`` the exact makespan at ``k + i`` for i up to
+        ``6P``, and ``c`` the least period in 1..2P with ``T(m + c) - T(m)`` the same (relative
+        1e-9) for every ``m`` of the window; None where no such period shows, or where it is
+        below ``c`` times the busiest rank's work per micro-batch (``max(stage_times)``: every
+        rank runs its share of each micro-batch, so no order grows slower in the end; a window
+        that shows a slower growth has not left its transient). Cached per input."""
+        P = len(stage_times)
+        key = ("steady", tuple(map(float, stage_times)), tuple(map(float, hop_times)))
+        if key not in self.cache:
+            k = max(3 * P, 2 * self.schedule.pricing.min_micro_batches(P))
+            times = [self.simulated(ScheduleSpec.from_pieces(key[1], key[2], k + i)) for i in range(6 * P + 1)]
+            tol = 1e-9 * max(times[-1], 1.0)
+            fit = None
+            for c in range(1, 2 * P + 1):
+                steps = [times[i + c] - times[i] for i in range(len(times) - c)]
+                if max(steps) - min(steps) <= tol:
+                    # no period below the busiest rank's work per micro-batch: a path that only
+                    # leads for a while (it loses to that rank's from some M on)
+                    fit = (k, c, tuple(times)) if steps[0] >= c * max(stage_times) - tol else None
+                    break
+            self.cache[key] = fit
+        return self.cache[key]
+
+    # ------------------------------------------------------------ memory
+    def peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Peak in-flight micro-batches per rank for default times (units of a rank's whole
+        share): the schedule's ``peak_rule`` where it declares one, else the simulator's count
+        on ``ScheduleSpec(ranks, n_mb)`` (``peak_activations``); cached."""
+        key = ("peaks", int(ranks), int(n_mb))
+        if key not in self.cache:
+            rule = self.schedule.peak_rule(int(ranks), int(n_mb))
+            self.cache[key] = tuple(float(x) for x in (
+                rule if rule is not None else self.schedule.peak_activations(ScheduleSpec(int(ranks), int(n_mb)))))
+        return self.cache[key]
+
+    def anchored_peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """The search's peaks: the schedule's ``peaks`` at ``min(n, 2P - 1)`` (STEADY: exact below,
+        the saturated value above; 1F1B saturates at P, interleaved groups hold at most 2P - 1
+        micro-batches) or at P (BLOCKS: the block it repeats), never below the micro-batches the
+        schedule needs (``Pricing.min_micro_batches``). The final plan is checked with :meth:`peaks`."""
+        peaks = self.schedule.peaks
+        pricing = self.schedule.pricing
+        if pricing.growth == BLOCKS:
+            return peaks(ranks, ranks)
+        return peaks(ranks, min(n_mb, max(2 * ranks - 1, pricing.min_micro_batches(ranks))))

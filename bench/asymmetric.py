@@ -45,7 +45,7 @@ def _model(args):
 
 
 def _layout(args, plan, world):
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, schedule_actions
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, schedule_actions
 
     pipes, rank = [], 0
     for batch, sched, stages in plan:
@@ -65,10 +65,10 @@ def _profile(args, plan, rank, world, device):
     import torch.distributed as dist
 
     from hexicore.pipeline.simulate import Timing, simulate
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.executor import Executor
-    from hexicore_plugins.runtimes.torch.groups import build_groups
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import Executor
+    from hexicore_plugins.runtimes.torch.parallel.layout import build_groups
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
     from runtime import _hop_time  # bench/runtime.py: one activation transfer between ranks 0 and 1
 
     lay = _layout(args, plan, world)

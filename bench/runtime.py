@@ -31,8 +31,8 @@ def _model(args):
 
 
 def _ours(args, schedule, rank, world, device):
-    from hexicore_plugins.runtimes.torch.layout import build_layout, single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec, train
+    from hexicore_plugins.runtimes.torch.parallel.assignment import build_layout, single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec, train
 
     gb = args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
@@ -48,10 +48,10 @@ def _torch(args, schedule, rank, world, device):
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
-    from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.assignment import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
 
     model, gb = _model(args), args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(model, {"name": "gpipe"}, world, registry=Registry.default(), global_batch=gb,
@@ -125,11 +125,11 @@ def _predicted(args, schedule, rank, world, device):
     import torch.distributed as dist
 
     from hexicore.pipeline.simulate import Timing, simulate
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.executor import Executor
-    from hexicore_plugins.runtimes.torch.groups import build_groups
-    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import Executor
+    from hexicore_plugins.runtimes.torch.parallel.layout import build_groups
+    from hexicore_plugins.runtimes.torch.parallel.assignment import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
 
     gb = args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
@@ -163,7 +163,7 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from hexicore_plugins.runtimes.torch.trainer import choose_backend
+    from hexicore_plugins.runtimes.torch.train.trainer import choose_backend
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # no oversubscription on CPU

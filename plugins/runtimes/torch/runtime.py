@@ -20,12 +20,50 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 
-from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
-from .fault import check_fault, parse_fault
-from .lr_schedule import RECORDED, check_steps, parse as parse_optim
+from .parallel.assignment import Layout, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
+from .train.lr_schedule import RECORDED, check_steps, parse as parse_optim
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATA = ("synthetic", "text", "tokens")
+
+
+# ------------------------------------------------------------ the testing aid runtime.fault
+# a rank that dies, hangs or stops at a given step, to check that every other rank ends the run
+# within timeout_s (docs/runtime.md); the trainer injects it
+FAULT_KINDS = ("die", "hang", "stop")
+
+
+def parse_fault(raw: Any) -> dict[str, Any] | None:
+    """The testing aid ``runtime.fault``: ``{rank: R, step: K, kind: die|hang|stop}`` (``step``
+    counts from 0, absent = 0; null or ``{}``: no fault). Its rank and step are checked against
+    the run in :func:`check_fault`."""
+    if raw is None:
+        return None
+    f = schema.as_mapping(raw, None, "runtime.fault")
+    if not f:
+        return None
+    schema.known_keys(f, ("rank", "step", "kind"), None, "runtime.fault")
+    rank = schema.integer(schema.get(f, "rank", None, "runtime.fault"), None, "runtime.fault.rank", minimum=0)
+    step = schema.integer(f.get("step", 0), None, "runtime.fault.step", minimum=0)
+    kind = schema.get(f, "kind", None, "runtime.fault")
+    if kind not in FAULT_KINDS:
+        raise HexicoreError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}",
+                            field="runtime.fault.kind")
+    return {"rank": rank, "step": step, "kind": kind}
+
+
+def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int, start: int = 0) -> None:
+    """A fault must hit a rank of the run (``0 .. world-1``) at one of the steps it trains
+    (``start .. steps-1``; ``start``: the step a resumed run begins at)."""
+    if fault is None:
+        return
+    if fault["rank"] >= world:
+        raise HexicoreError(f"no rank {fault['rank']} in this run: its ranks are 0 to {world - 1}",
+                            field="runtime.fault.rank")
+    if not start <= fault["step"] < steps:
+        raise HexicoreError(f"step {fault['step']} is never reached: this run trains steps {start} to {steps - 1}"
+                            + (f" (resumed at step {start})" if start else f" (train.steps={steps})"),
+                            field="runtime.fault.step")
 
 
 @dataclass(frozen=True)
@@ -111,19 +149,19 @@ class TorchRuntime:
         if importlib.util.find_spec("torch") is None:
             raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install "
                                 "'hexicore[torch]' (the CPU build: pip install torch==2.13.0)", field="runtime")
-        from .trainer import WorkerSpec
+        from .train.trainer import WorkerSpec
 
         settings = TorchSettings.parse(spec.runtime.params)
         layout = self.layout(spec, registry=registry)
         t = spec.train
         resume = t.resume
         if resume:
-            from . import checkpoint
+            from .checkpoint import native as checkpoint
 
             resume = str(checkpoint.resolve(resume))
         check_memory(layout)
         if _nccl(settings.backend):
-            from .layout import check_fifo
+            from .parallel.assignment import check_fifo
 
             for p in layout.pipelines:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
@@ -164,7 +202,7 @@ class TorchRuntime:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
         process is one of them) and return the metrics (``metrics.json``) on the process that
         reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.LaunchError`."""
-        from .launch import launch
+        from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
         start_method = TorchSettings.parse(spec.runtime.params).start_method
@@ -179,8 +217,8 @@ def profile_cluster(request: Any) -> Any:
     if importlib.util.find_spec("torch") is None:
         raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install 'hexicore[torch]'",
                             field="runtime")
-    from .launch import launch
-    from .profile import job_from_request, to_profile
+    from .launch.launcher import launch
+    from .profile.profiler import job_from_request, to_profile
 
     settings = TorchSettings.parse(request.runtime)
     if request.dtype not in ("fp32", "bf16", "fp16"):
@@ -198,7 +236,7 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
 
     from hexicore.core.token_file import fingerprint
 
-    from .data import demo_text_path, make_source
+    from .train.data_source import demo_text_path, make_source
 
     if settings.data == "synthetic":
         return {"kind": "synthetic"}
@@ -242,8 +280,8 @@ def check_init_from(folder: str, layout: Layout) -> str:
     network; else one line naming the first bad tensor or the differing fields."""
     from pathlib import Path
 
-    from .dp_sync import full_shapes
-    from .hf_io import check_config, check_shapes
+    from .parallel.data.sync import full_shapes
+    from .checkpoint.hugging_face import check_config, check_shapes
 
     check_shapes(full_shapes(layout.model), folder, tied=layout.model.tied_embeddings)
     check_config(folder, layout.model)
@@ -262,8 +300,8 @@ def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any
     (headers only); the step the resumed run starts at."""
     import sys
 
-    from . import checkpoint
-    from .dp_sync import full_shapes
+    from .checkpoint import native as checkpoint
+    from .parallel.data.sync import full_shapes
 
     ck = checkpoint.load(resume)
     note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
@@ -335,8 +373,6 @@ def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
     pipeline) and one model copy each (:func:`.zero_units.zero3_runs`)."""
     from hexicore.core.errors import PlanError
 
-    from .zero_units import zero3_runs  # torch-free: plan and evaluate check plans without torch
-
     if train.zero_stage == 3 and len(layout.pipelines) > 1 and not zero3_runs(layout):
         raise PlanError("the torch runtime runs ZeRO-3 only on one-stage pipelines or on identical pipelines with "
                         "one model copy each; this plan's action lists differ between pipelines or keep model "
@@ -346,7 +382,7 @@ def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
 def check_memory(layout: Layout) -> None:
     """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
     parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
-    from .launch import in_torchrun
+    from .launch.launcher import in_torchrun
 
     if in_torchrun():
         return

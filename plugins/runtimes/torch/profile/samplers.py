@@ -16,9 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.emulation import Emulation
 
-from .emulate import emulated, settle
-from .model import Block, LlamaChunk, rope_tables
-from .tensor_parallel import TPGroup
+from ..launch.emulation import emulated, settle
+from ..model.llama import Block, LlamaChunk, rope_tables
+from ..parallel.tensor import TPGroup
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

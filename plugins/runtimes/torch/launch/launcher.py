@@ -130,7 +130,7 @@ def _stoppable() -> Iterator[None]:
 
 def stop_line(sig: int, specs: list) -> str:
     """One line for a stopped run: the signal and the last complete checkpoint to resume from."""
-    from . import checkpoint
+    from ..checkpoint import native as checkpoint
 
     last = None
     for spec in specs:
@@ -149,7 +149,7 @@ def worker_main(specs: list) -> list[Any] | None:
     import torch
     import torch.distributed as dist
 
-    from .trainer import choose_backend
+    from ..train.trainer import choose_backend
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -195,7 +195,7 @@ def run_one(spec, rank: int, world: int, device) -> Any:
     (e.g. :class:`~.profile.ProfileJob`) runs its own ``execute(rank, world, device)``."""
     if hasattr(spec, "execute"):
         return spec.execute(rank, world, device)
-    from .trainer import train
+    from ..train.trainer import train
 
     return train(spec, rank, world, device)
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import tied
-from .dp_sync import DPSync, full_shapes, sync_plan
-from .layout import Layout, Role
-from .tensor_parallel import TPGroup
-from .hybrid import communicators, machine_sets as hybrid_sets
-from .zero import zero3_runs
-from .zero_units import unit_sizes
+from . import tied_embedding as tied
+from .data.sync import DPSync, full_shapes, sync_plan
+from .assignment import Layout, Role
+from .tensor import TPGroup
+from .data.hybrid import communicators, machine_sets as hybrid_sets
+from .assignment import zero3_runs
+from .data.zero import unit_sizes
 
 
 @dataclass

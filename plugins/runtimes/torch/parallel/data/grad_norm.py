@@ -30,8 +30,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from .model import HEAD
-from .tensor_parallel import shard_dim
+from ...model.llama import HEAD
+from ..tensor import shard_dim
 
 #: torch.nn.utils.clip_grad_norm_'s guard against a zero norm
 EPS = 1e-6

@@ -29,10 +29,10 @@ import torch.distributed as dist
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
-from . import hf_io
-from .hf_io import EMBED, HEAD
-from .stage import Stage, canonical
-from .tensor_parallel import TPGroup, shard_dim, unshard
+from . import hugging_face as hf_io
+from .hugging_face import EMBED, HEAD
+from ..model.stage_module import Stage, canonical
+from ..parallel.tensor import TPGroup, shard_dim, unshard
 
 FORMAT = "hexicore.checkpoint/2"
 OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
@@ -265,7 +265,7 @@ def check_optim(ck: dict[str, Any], optim: dict[str, Any], steps: int | None) ->
     """Resuming continues the checkpoint's optimizer: every recorded ``runtime.*`` setting must
     be the run's, and a linear or cosine schedule decays over ``train.steps``, so another
     ``train.steps`` would change every later lr (refused; a constant schedule may be extended)."""
-    from .lr_schedule import decays
+    from ..train.lr_schedule import decays
 
     src = ck.get("dir")
     differ = [k for k, v in optim.items() if k in ck and ck[k] != v]

@@ -23,9 +23,9 @@ import torch
 
 from hexicore.core.model import ModelSpec
 
-from .layout import PipelinePart
-from .model import EMBED, HEAD, LlamaChunk
-from .tensor_parallel import TPGroup, shard, shard_dim
+from ..parallel.assignment import PipelinePart
+from .llama import EMBED, HEAD, LlamaChunk
+from ..parallel.tensor import TPGroup, shard, shard_dim
 
 INIT_STD = 0.02
 

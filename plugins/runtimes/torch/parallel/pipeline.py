@@ -36,11 +36,11 @@ import torch.distributed as dist
 from hexicore.core.emulation import Emulation
 from hexicore.pipeline.actions import Action, Op
 
-from . import grad_norm
-from .emulate import emulated, settle
-from .groups import Groups
-from .layout import PipelinePart
-from .stage import Stage
+from .data import grad_norm
+from ..launch.emulation import emulated, settle
+from .layout import Groups
+from .assignment import PipelinePart
+from ..model.stage_module import Stage
 
 KIND = {Op.SEND_F: 0, Op.RECV_F: 0, Op.SEND_B: 1, Op.RECV_B: 1}  # message tag kinds: activation, gradient
 SENDS, RECVS = frozenset((Op.SEND_F, Op.SEND_B)), frozenset((Op.RECV_F, Op.RECV_B))

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .zero_units import apportion, shard_bounds
+from .sync import apportion, shard_bounds
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.model import ModelSpec
 
-from .tensor_parallel import TPGroup, copy_to, reduce_from
+from ..parallel.tensor import TPGroup, copy_to, reduce_from
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5

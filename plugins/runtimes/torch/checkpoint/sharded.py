@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-from .checkpoint import OPTIM_KEYS, optim_source
-from .tensor_parallel import TPGroup, shard_dim
+from .native import OPTIM_KEYS, optim_source
+from ..parallel.tensor import TPGroup, shard_dim
 
 
 @dataclass(frozen=True)

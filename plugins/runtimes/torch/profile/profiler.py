@@ -225,7 +225,7 @@ def fit_link(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def environment(job: ProfileJob, device: torch.device) -> dict[str, Any]:
-    from .model import _flash_attn_func
+    from ..model.llama import _flash_attn_func
 
     half = job.dtype in ("bf16", "fp16")
     flash = _flash_attn_func is not None and device.type == "cuda" and half

@@ -326,3 +326,29 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
                                                         [g.layers for g in groups], fallback=True)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source)
+
+
+# ------------------------------------------------------------------ ZeRO-3
+def one_stage_per_pipeline(layout) -> bool:
+    """Whether every pipeline is one plan stage (one pipeline rank, TP group) with one model copy:
+    its ranks never wait on another pipeline's activations, however many chunks its schedule
+    gives that rank (interleaved 1F1B, Hanayo, V schedules on a one-stage pipeline)."""
+    return all(len(p.groups) == 1 and len(p.actions.chains) == 1 for p in layout.pipelines)
+
+
+def mirrored(layout) -> bool:
+    """Whether the pipelines mirror each other: the same stage chunks, TP degrees, batch and
+    action lists, one model copy each (no Chimera copies)."""
+    p0 = layout.pipelines[0]
+    return all(len(p.actions.chains) == 1 and p.batch == p0.batch and p.chunk_layers == p0.chunk_layers
+               and [g.tp for g in p.groups] == [g.tp for g in p0.groups] and p.actions.actions == p0.actions.actions
+               for p in layout.pipelines)
+
+
+def zero3_runs(layout) -> bool:
+    """Whether ZeRO-3 runs on ``layout`` (:mod:`.zero`): every pipeline one stage (any
+    schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
+    Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
+    on each other's activations, pairing the ``k``-th needs of ranks at different points of
+    different schedules could deadlock, so other multi-stage layouts are refused."""
+    return one_stage_per_pipeline(layout) or mirrored(layout)

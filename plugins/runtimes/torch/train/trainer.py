@@ -25,14 +25,15 @@ import torch.distributed as dist
 from hexicore.core import schema
 from hexicore.core.emulation import Emulation
 
-from . import checkpoint, measure, sharded_checkpoint
-from .data import make_source
-from .executor import Executor
-from .groups import build_groups
-from .layout import Layout
-from .hf_io import SafeTensors
+from ..checkpoint import native as checkpoint, sharded as sharded_checkpoint
+from ..profile import measure
+from .data_source import make_source
+from ..parallel.pipeline import Executor
+from ..parallel.layout import build_groups
+from ..parallel.assignment import Layout
+from ..checkpoint.hugging_face import SafeTensors
 from .lr_schedule import OptimSchedule
-from .stage import Seeded, build_stages
+from ..model.stage_module import Seeded, build_stages
 
 METRICS_FORMAT = "hexicore.metrics/1"
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -267,8 +268,8 @@ def _sharded(spec: WorkerSpec, groups, stages):
     mirrored pipelines (:func:`.zero.zero3_runs`; hybrid too: pieces inside each machine,
     summed across machines at the step), per micro-batch (:class:`.zero.ShardedState`);
     ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.dp_sync.ShardedAdamW`)."""
-    from .dp_sync import ShardedAdamW
-    from .zero import ShardedState, zero3_runs
+    from ..parallel.data.zero import ShardedAdamW, ShardedState
+    from ..parallel.assignment import zero3_runs
 
     adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
     if spec.zero == 3 and not zero3_runs(spec.layout):

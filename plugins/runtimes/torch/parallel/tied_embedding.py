@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from .layout import Layout
+from .assignment import Layout
 
 
 def members(layout: Layout) -> tuple[int, ...]:

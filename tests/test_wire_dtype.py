@@ -18,7 +18,7 @@ def executor(autocast, *, leader: bool = True, tp: int = 1):
     e.wire = autocast or torch.float32
     e.leader, e.pending_sends, e.consumed = leader, [], 0
     e.device, e.act_shape = torch.device("cpu"), (1, 2, 3)
-    e.g = SimpleNamespace(tp=SimpleNamespace(size=tp, group=None), tp_leader=0)
+    e.parallel = SimpleNamespace(tp=SimpleNamespace(size=tp, group=None), tp_leader=0)
     e._peer, e._tag = (lambda p: p), (lambda *a: 0)
     e._recv_ops = lambda upto: []
     e.sent = []

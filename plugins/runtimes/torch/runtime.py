@@ -20,7 +20,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 
-from .parallel.assignment import Layout, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
+from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
 from .train.lr_schedule import RECORDED, check_steps, parse as parse_optim
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -118,8 +118,8 @@ class TorchRuntime:
     """Executes action lists on torch.distributed (gloo on CPU, NCCL on CUDA). Stateless: the
     run, settings included, is the :class:`RunSpec`; the registry builds the schedules."""
 
-    def layout(self, spec: RunSpec, *, registry: Any) -> Layout:
-        """The runtime's :class:`~.layout.Layout` of ``spec`` (ranks, chunks, action lists from
+    def layout(self, spec: RunSpec, *, registry: Any) -> RankAssignment:
+        """The runtime's :class:`~.parallel.assignment.RankAssignment` of ``spec`` (ranks, chunks, action lists from
         ``registry``); raises ``PlanError`` for what it cannot run. Pure Python, no torch."""
         t, where = spec.train, spec.layout
         if isinstance(where, ReferenceLayout):
@@ -136,7 +136,7 @@ class TorchRuntime:
             return layout
         raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 
-    def check_plan(self, spec: RunSpec, *, registry: Any) -> Layout:
+    def check_plan(self, spec: RunSpec, *, registry: Any) -> RankAssignment:
         """What ``hexicore evaluate`` asks: would this runtime refuse the run's layout (TP divides
         heads, kv heads and FFN; every schedule chunk gets a layer; ...)? No torch needed, so
         ``evaluate`` and ``train`` agree on what a plan means on any machine."""
@@ -228,7 +228,7 @@ def profile_cluster(request: Any) -> Any:
     return to_profile(job, results[0]) if results and results[0] else None
 
 
-def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
+def check_data(settings: TorchSettings, layout: RankAssignment) -> dict[str, Any]:
     """Open the data source once here (a bad file, or ids >= the model's vocabulary in a token
     file, is one line before launch); returns what identifies it in checkpoints: kind, file
     name, size and a digest of sampled contents (:func:`hexicore.core.token_file.fingerprint`)."""
@@ -247,7 +247,7 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
     return {"kind": settings.data, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
 
 
-def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_from: str | None) -> Any:
+def final_extras(spec: RunSpec, settings: TorchSettings, layout: RankAssignment, init_from: str | None) -> Any:
     """What ``out/final/`` gets beside weights and config (:mod:`hexicore.core.hf_export`): from
     ``model_file``, then ``init_from`` (also when resuming: its weights are not read then, its
     config and tokenizer files are), and the token file's tokenizer; checked before launch (a
@@ -274,7 +274,7 @@ def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_fr
     return extras
 
 
-def check_init_from(folder: str, layout: Layout) -> str:
+def check_init_from(folder: str, layout: RankAssignment) -> str:
     """A Hugging Face checkpoint directory whose tensors (names and shapes, from the safetensors
     headers only) are exactly the model's, and whose ``config.json``, if any, describes the same
     network; else one line naming the first bad tensor or the differing fields."""
@@ -293,7 +293,7 @@ def optim_settings(settings: TorchSettings) -> dict[str, Any]:
     return {k: getattr(settings, k) for k in ("lr_schedule", "warmup_steps", "min_lr", "clip_grad")}
 
 
-def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int,
+def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[str, Any], steps: int,
                   settings: TorchSettings) -> int:
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
     sequence length, optimizer settings; steps left to train) and its tensors are the model's
@@ -368,7 +368,7 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
                         field="train.zero")
 
 
-def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
+def check_zero_layout(train: Any, layout: RankAssignment, source: str | None) -> None:
     """ZeRO-3 also needs the schedules to keep the pipelines mirrored (or one stage chunk per
     pipeline) and one model copy each (:func:`.zero_units.zero3_runs`)."""
     from hexicore.core.errors import PlanError
@@ -379,7 +379,7 @@ def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
                         "copies (use schedule=1f1b or gpipe)", source=source, field="train.zero")
 
 
-def check_memory(layout: Layout) -> None:
+def check_memory(layout: RankAssignment) -> None:
     """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
     parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
     from .launch.launcher import in_torchrun

@@ -36,11 +36,11 @@ import torch.distributed as dist
 from hexicore.core.emulation import Emulation
 from hexicore.pipeline.actions import Action, Op
 
-from .data import grad_norm
 from ..launch.emulation import emulated, settle
-from .layout import Groups
-from .assignment import PipelinePart
-from ..model.stage_module import Stage
+from ..model.stage_module import StageModule
+from .data import grad_norm
+from .data.zero import ShardedOptimizer
+from .layout import ParallelLayout
 
 KIND = {Op.SEND_F: 0, Op.RECV_F: 0, Op.SEND_B: 1, Op.RECV_B: 1}  # message tag kinds: activation, gradient
 SENDS, RECVS = frozenset((Op.SEND_F, Op.SEND_B)), frozenset((Op.RECV_F, Op.RECV_B))
@@ -54,29 +54,30 @@ class ExecutionError(RuntimeError):
 class Executor:
     """One rank's stages of one pipeline plus the state of the step being executed."""
 
-    #: ZeRO-2/3 per micro-batch (:class:`.zero.ShardedState`): told before a compute action which
-    #: pass runs (its hooks gather and free ZeRO-3's units), sums a finished gradient after it; None without
-    shards: Any = None
+    #: the ZeRO-sharded training state of this rank (:class:`~.data.zero.ShardedOptimizer`): told
+    #: before and after each compute action (ZeRO-2/3 gather and free units, sum finished
+    #: gradients), it steps the tensors it shards; None without ZeRO
+    sharded: ShardedOptimizer | None = None
 
-    def __init__(self, part: PipelinePart, pipe_rank: int, stages: dict[int, Stage], groups: Groups, *,
+    def __init__(self, parallel: ParallelLayout, stages: dict[int, StageModule], *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
                  loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0,
                  emulation: Emulation = Emulation()):
-        self.part, self.q, self.stages, self.g = part, pipe_rank, stages, groups
-        self.al = part.actions
-        self.acts: tuple[Action, ...] = self.al.actions[pipe_rank]
+        self.parallel, self.stages = parallel, stages
+        self.pipeline, self.pipe_rank = parallel.pipeline, parallel.pipe_rank
+        self.action_list = self.pipeline.actions
+        self.actions: tuple[Action, ...] = self.action_list.actions[self.pipe_rank]
         self.optimizer, self.act_shape, self.device = optimizer, act_shape, device
         self.loss_scale, self.autocast_dtype = loss_scale, autocast_dtype
         self.wire = autocast_dtype or torch.float32  # the dtype messages travel in (module docstring)
         self.timeout = timedelta(seconds=timeout_s)
-        self.leader = groups.tp.rank == 0
-        self.recv_queue = [i for i, a in enumerate(self.acts) if a.op in RECVS] if self.leader else []
-        self.explicit_step = any(a.op is Op.STEP for a in self.acts)
-        self.emulation = emulation  # emulated device speed (test aid, emulate.py)
-        sharded = groups.dp.sharded if groups.dp is not None else None
-        self.shards = sharded if hasattr(sharded, "before") else None
+        self.leader = parallel.is_tp_leader
+        self.recv_queue = [i for i, a in enumerate(self.actions) if a.op in RECVS] if self.leader else []
+        self.explicit_step = any(a.op is Op.STEP for a in self.actions)
+        self.emulation = emulation  # emulated device speed (test aid, launch/emulation.py)
+        self.sharded = parallel.data.sharded if parallel.data is not None else None
         self.params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
-        self.skip = sharded.synced() if sharded is not None else set()  # ZeRO-sharded: counted by pieces
+        self.skip = self.sharded.synced() if self.sharded is not None else set()  # ZeRO-sharded: counted by pieces
         #: this step's learning rate (None: the optimizers' own) and max global gradient norm (None: no
         #: clipping), set by the trainer; the step's pre-clip global gradient norm after it
         self.lr: float | None = None
@@ -85,20 +86,20 @@ class Executor:
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:
-        return (kind * self.al.stages + stage) * (self.al.micro_batches + 1) + mb
+        return (kind * self.action_list.stages + stage) * (self.action_list.micro_batches + 1) + mb
 
     def _local(self, stage: int | None) -> bool:
-        return stage is not None and self.al.stage_rank[stage] == self.q
+        return stage is not None and self.action_list.stage_rank[stage] == self.pipe_rank
 
     def _peer(self, pipe_rank: int) -> int:
         """Global rank of the same TP index (REDUCE) or the leader (P2P) of a pipeline rank."""
-        return self.part.groups[pipe_rank].leader
+        return self.pipeline.groups[pipe_rank].leader
 
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         # ZeRO-3 frees each unit after its forward: autocast's cache would keep every weight's cast
-        cache = self.shards is None or self.shards.stage != 3
+        cache = self.sharded is None or not self.sharded.frees_weights
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     def _wait(self, works: list, what: str) -> None:
@@ -133,8 +134,8 @@ class Executor:
         ops = []
         while self.next_post < min(upto, len(self.recv_queue)):
             i = self.recv_queue[self.next_post]
-            a = self.acts[i]
-            if any(b.op in SENDS and b.peer == a.peer for b in self.acts[self.pos + 1:i]):
+            a = self.actions[i]
+            if any(b.op in SENDS and b.peer == a.peer for b in self.actions[self.pos + 1:i]):
                 break
             buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
             self.buffers[i] = buf
@@ -152,8 +153,8 @@ class Executor:
             self.consumed = k + 1
         else:
             buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
-        if self.g.tp.size > 1:
-            dist.broadcast(buf, src=self.g.tp_leader, group=self.g.tp.group)
+        if self.parallel.tp.size > 1:
+            dist.broadcast(buf, src=self.parallel.tp_leader, group=self.parallel.tp.group)
         return buf.to(torch.float32)
 
     def _send(self, i: int, a: Action, t: torch.Tensor, recv_stage: int) -> None:
@@ -166,111 +167,112 @@ class Executor:
 
     # -------------------------------------------------------------- compute
     def _micro(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        off = 0 if self.tokens.shape[0] == self.part.batch else self.part.offset  # own rows, or the global batch
-        lo = off + mb * self.part.batch // self.al.micro_batches
-        rows = self.tokens[lo: lo + self.part.batch // self.al.micro_batches]
+        off = 0 if self.tokens.shape[0] == self.pipeline.batch else self.pipeline.offset  # own rows, or the global batch
+        lo = off + mb * self.pipeline.batch // self.action_list.micro_batches
+        rows = self.tokens[lo: lo + self.pipeline.batch // self.action_list.micro_batches]
         return rows[:, :-1], rows[:, 1:]
 
-    def _forward(self, st: Stage, mb: int) -> None:
-        s = st.index
-        if st.first:
+    def _forward(self, stage: StageModule, mb: int) -> None:
+        index = stage.index
+        if stage.first:
             x = self._micro(mb)[0]
         else:
-            prev = self.al.prev_stage(s, mb)
+            prev = self.action_list.prev_stage(index, mb)
             if self._local(prev):
                 x = self.outputs[(prev, mb)].detach().requires_grad_()
-            elif (s, mb) in self.inputs:
-                x = self.inputs[(s, mb)]
+            elif (index, mb) in self.inputs:
+                x = self.inputs[(index, mb)]
             else:
-                raise ExecutionError(f"F{mb} of stage {s} has no input: no RECV_F before it")
-        self.inputs[(s, mb)] = x
+                raise ExecutionError(f"F{mb} of stage {index} has no input: no RECV_F before it")
+        self.inputs[(index, mb)] = x
         with self._autocast():
-            out = st.module(x, self._micro(mb)[1] if st.last else None, self.loss_scale)
-        self.outputs[(s, mb)] = out
-        if st.last:
+            out = stage.module(x, self._micro(mb)[1] if stage.last else None, self.loss_scale)
+        self.outputs[(index, mb)] = out
+        if stage.last:
             self.loss += out.detach().float()
 
-    def _out_grad(self, st: Stage, mb: int) -> torch.Tensor | None:
-        if st.last:
+    def _out_grad(self, stage: StageModule, mb: int) -> torch.Tensor | None:
+        if stage.last:
             return None
-        nxt = self.al.next_stage(st.index, mb)
+        nxt = self.action_list.next_stage(stage.index, mb)
         store = self.in_grads if self._local(nxt) else self.out_grads
-        key = (nxt, mb) if self._local(nxt) else (st.index, mb)
+        key = (nxt, mb) if self._local(nxt) else (stage.index, mb)
         if key not in store:
-            raise ExecutionError(f"backward of stage {st.index} mb {mb} has no output gradient "
+            raise ExecutionError(f"backward of stage {stage.index} mb {mb} has no output gradient "
                                  f"({'B/I of stage ' + str(nxt) if self._local(nxt) else 'RECV_B'} missing before it)")
         return store.pop(key)
 
-    def _backward(self, st: Stage, mb: int, op: str) -> None:
-        key = (st.index, mb)
+    def _backward(self, stage: StageModule, mb: int, op: str) -> None:
+        key = (stage.index, mb)
         if op is Op.W and key in self.deferred:
             out, grad = self.deferred.pop(key)
         else:
             if key not in self.outputs:
-                raise ExecutionError(f"{op}{mb} of stage {st.index} before its forward")
-            out, grad = self.outputs.pop(key), self._out_grad(st, mb)
+                raise ExecutionError(f"{op}{mb} of stage {stage.index} before its forward")
+            out, grad = self.outputs.pop(key), self._out_grad(stage, mb)
         if op is Op.B:
             torch.autograd.backward(out, grad)
             x = self.inputs.pop(key)
-            if not st.first:
+            if not stage.first:
                 self.in_grads[key] = x.grad
         elif op is Op.I:
             x = self.inputs.pop(key)
-            if not st.first:
+            if not stage.first:
                 (self.in_grads[key],) = torch.autograd.grad(out, x, grad, retain_graph=True)
             self.deferred[key] = (out, grad)
         else:  # W
             self.inputs.pop(key, None)
-            params = [p for p in st.module.parameters() if p.requires_grad]
+            params = [p for p in stage.module.parameters() if p.requires_grad]
             torch.autograd.backward(out, grad, inputs=params)
 
     # ---------------------------------------------------------- grad syncs
-    def _flat_grads(self, st: Stage) -> torch.Tensor:
+    def _flat_grads(self, stage: StageModule) -> torch.Tensor:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in st.module.parameters()])
+                          for p in stage.module.parameters()])
 
-    def _set_grads(self, st: Stage, flat: torch.Tensor) -> None:
+    def _set_grads(self, stage: StageModule, flat: torch.Tensor) -> None:
         i = 0
-        for p in st.module.parameters():
+        for p in stage.module.parameters():
             n = p.numel()
             p.grad = flat[i: i + n].view_as(p).clone()
             i += n
 
-    def _reduce(self, s: int) -> None:
-        """Sum the gradients of ``s``'s replicas, in chain order, identically on every holder."""
-        reps = self.part.replicas(s)
-        if len(reps) == 1 or s in self.reduced:
+    def _reduce(self, stage: int) -> None:
+        """Sum the gradients of ``stage``'s replicas, in chain order, identically on every holder."""
+        replicas = self.pipeline.replicas(stage)
+        if len(replicas) == 1 or stage in self.reduced:
             return
-        local = {r: self._flat_grads(self.stages[r]) for r in reps if self._local(r)}
-        t = self.g.tp.rank
+        local = {replica: self._flat_grads(self.stages[replica]) for replica in replicas if self._local(replica)}
+        tp_rank = self.parallel.tp.rank
         ops, remote = [], {}
-        for r in reps:
-            if self._local(r):
+        for replica in replicas:
+            if self._local(replica):
                 continue
-            peer = self.part.groups[self.al.stage_rank[r]].ranks[t]
-            remote[r] = torch.empty_like(next(iter(local.values())))
-            ops.append(dist.P2POp(dist.irecv, remote[r], peer, tag=self._tag(2, r, self.al.micro_batches)))
-            for mine, g in local.items():
-                ops.append(dist.P2POp(dist.isend, g, peer, tag=self._tag(2, mine, self.al.micro_batches)))
+            peer = self.pipeline.groups[self.action_list.stage_rank[replica]].ranks[tp_rank]
+            remote[replica] = torch.empty_like(next(iter(local.values())))
+            ops.append(dist.P2POp(dist.irecv, remote[replica], peer,
+                                  tag=self._tag(2, replica, self.action_list.micro_batches)))
+            for mine, grad in local.items():
+                ops.append(dist.P2POp(dist.isend, grad, peer, tag=self._tag(2, mine, self.action_list.micro_batches)))
         if ops:
-            self._wait(dist.batch_isend_irecv(ops) or [], f"REDUCE of stage {s} with replicas {list(reps)}")
+            self._wait(dist.batch_isend_irecv(ops) or [], f"REDUCE of stage {stage} with replicas {list(replicas)}")
         total = None
-        for r in reps:
-            g = local[r] if r in local else remote[r]
-            total = g.clone() if total is None else total + g
-        for r in local:
-            self._set_grads(self.stages[r], total)
-            self.reduced.add(r)
+        for replica in replicas:
+            grad = local[replica] if replica in local else remote[replica]
+            total = grad.clone() if total is None else total + grad
+        for replica in local:
+            self._set_grads(self.stages[replica], total)
+            self.reduced.add(replica)
 
     def _step(self) -> None:
         settle(self.device)  # the step's queued compute is not the sync's
         t0 = time.perf_counter()
-        for s in sorted(self.stages):
-            self._reduce(s)
-        if self.g.dp is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)
-            self.g.dp.run(self.params, self._wait)
-        if self.g.tied is not None:  # tied embedding copies on other ranks: one summed gradient (after
-            self.g.tied.run(self.stages, self._wait)  # the DP sync, whose ZeRO-3 rounds may still need this rank)
+        for stage in sorted(self.stages):
+            self._reduce(stage)
+        if self.parallel.data is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)
+            self.parallel.data.run(self.params, self._wait)
+        if self.parallel.tied is not None:  # tied embedding copies on other ranks: one summed gradient (after
+            self.parallel.tied.run(self.stages, self._wait)  # the DP sync, whose ZeRO-3 rounds may still need this rank)
         self._update()
         self.stepped = True
         settle(self.device)
@@ -280,12 +282,12 @@ class Executor:
         """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.grad_norm`),
         then every optimizer's update at this step's ``lr``, gradients scaled by the clip
         coefficient; the plain AdamW's step is device compute, emulated like an action."""
-        sharded = self.g.dp.sharded if self.g.dp is not None else None
-        local = grad_norm.squares(grad_norm.counted(self.stages, self.g.tp.rank, self.part.index, self.skip),
+        sharded = self.sharded
+        local = grad_norm.squares(grad_norm.counted(self.stages, self.parallel.tp.rank, self.pipeline.index, self.skip),
                                   self.device)
         if sharded is not None:
             local += sharded.sq_norm(self.device)
-        self.grad_norm = grad_norm.global_norm(local, self.g.norm_ranks, self.g.norm)
+        self.grad_norm = grad_norm.global_norm(local, self.parallel.norm_ranks, self.parallel.norm_group)
         coef = grad_norm.coefficient(self.grad_norm, self.clip_grad)
         if sharded is not None:
             sharded.apply(self.params, self._wait, lr=self.lr, coef=coef)
@@ -309,7 +311,7 @@ class Executor:
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
         self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
         t0 = time.perf_counter()
-        for i, a in enumerate(self.acts):
+        for i, a in enumerate(self.actions):
             self.pos = i
             start = time.perf_counter() - t0
             if a.is_compute and self.device.type == "cuda":
@@ -334,8 +336,8 @@ class Executor:
         #: this step's wall seconds without the DP sync and optimizer step (the schedule's part)
         self.schedule_s = time.perf_counter() - t0 - self.sync_s
         #: (op, stage, mb, seconds) of each compute action: device time on CUDA, wall time on CPU
-        self.passes = [(op, st, mb, (ev[0].elapsed_time(ev[1]) / 1e3) if events else end - start)
-                       for (op, st, mb, start, end), ev in zip(self.timeline, events or [()] * len(self.timeline))]
+        self.passes = [(op, stage, mb, (ev[0].elapsed_time(ev[1]) / 1e3) if events else end - start)
+                       for (op, stage, mb, start, end), ev in zip(self.timeline, events or [()] * len(self.timeline))]
         self.tokens = None
         return self.loss
 
@@ -347,20 +349,20 @@ class Executor:
 
     # ------------------------------------------------------------ handlers
     def _on_forward(self, i: int, a: Action) -> None:
-        shards = self.shards
-        if shards is not None:
-            shards.before(a, self._wait)
+        sharded = self.sharded
+        if sharded is not None:
+            sharded.before(a, self._wait)
         self._forward(self.stages[a.stage], a.mb)
-        if shards is not None:
-            shards.after(a, self._wait)
+        if sharded is not None:
+            sharded.after(a, self._wait)
 
     def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
-        shards = self.shards
-        if shards is not None:
-            shards.before(a, self._wait)
+        sharded = self.sharded
+        if sharded is not None:
+            sharded.before(a, self._wait)
         self._backward(self.stages[a.stage], a.mb, a.op)
-        if shards is not None:
-            shards.after(a, self._wait)
+        if sharded is not None:
+            sharded.after(a, self._wait)
 
     def _on_recv_f(self, i: int, a: Action) -> None:
         self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()
@@ -369,12 +371,12 @@ class Executor:
         self.out_grads[(a.stage, a.mb)] = self._receive(i, a)
 
     def _on_send_f(self, i: int, a: Action) -> None:
-        self._send(i, a, self.outputs[(a.stage, a.mb)], self.al.next_stage(a.stage, a.mb))
+        self._send(i, a, self.outputs[(a.stage, a.mb)], self.action_list.next_stage(a.stage, a.mb))
 
     def _on_send_b(self, i: int, a: Action) -> None:
         if (a.stage, a.mb) not in self.in_grads:
             raise ExecutionError("SEND_B before the input gradient was computed (B or I)")
-        self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.al.prev_stage(a.stage, a.mb))
+        self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.action_list.prev_stage(a.stage, a.mb))
 
     def _on_reduce(self, i: int, a: Action) -> None:
         self._reduce(a.stage)

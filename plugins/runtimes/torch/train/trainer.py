@@ -26,14 +26,15 @@ from hexicore.core import schema
 from hexicore.core.emulation import Emulation
 
 from ..checkpoint import native as checkpoint, sharded as sharded_checkpoint
+from ..checkpoint.hugging_face import SafeTensors
+from ..model.stage_module import Seeded
+from ..parallel.assignment import RankAssignment
+from ..parallel.layout import ParallelLayout
+from ..parallel.parallelize import parallelize
+from ..parallel.pipeline import Executor
 from ..profile import measure
 from .data_source import make_source
-from ..parallel.pipeline import Executor
-from ..parallel.layout import build_groups
-from ..parallel.assignment import Layout
-from ..checkpoint.hugging_face import SafeTensors
 from .lr_schedule import OptimSchedule
-from ..model.stage_module import Seeded, build_stages
 
 METRICS_FORMAT = "hexicore.metrics/1"
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,7 +44,7 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 class WorkerSpec:
     """Everything a worker needs for one run (picklable; no config, no registry)."""
 
-    layout: Layout
+    layout: RankAssignment
     steps: int
     seed: int = 0
     dtype: str = "fp32"
@@ -131,79 +132,158 @@ def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
     return Seeded(spec.seed)
 
 
+@dataclass
+class TrainState:
+    """What one rank's run has done and carries from step to step (and into checkpoints):
+    ``step``, the steps done; per step the summed ``losses``, wall seconds (``step_s``) and global
+    gradient norms (``grad_norms``; None on an idle rank); the plain AdamW's ``optimizer`` (None
+    where every tensor is ZeRO-sharded or the rank is idle). The data position is the step:
+    step ``k`` reads batch ``k`` of the data source (:meth:`.data_source.SyntheticTokens.batch`)."""
+
+    step: int
+    losses: list[float]
+    step_s: list[float]
+    grad_norms: list[float | None]
+    optimizer: torch.optim.Optimizer | None
+
+    @property
+    def data_position(self) -> int:
+        """The batch the next step reads."""
+        return self.step
+
+    @classmethod
+    def begin(cls, ck: dict[str, Any] | None, optimizer: torch.optim.Optimizer | None) -> "TrainState":
+        """A fresh run at step 0, or the state a checkpoint ``ck`` (:func:`.checkpoint.native.load`) recorded."""
+        if not ck:
+            return cls(0, [], [], [], optimizer)
+        start = int(ck["step"])
+        return cls(start, [float(x) for x in ck["losses"]][:start], [float(x) for x in ck.get("step_s", [])][:start],
+                   list(ck.get("grad_norms") or [None] * start)[:start], optimizer)
+
+
+class Trainer:
+    """The training loop of one rank: its :class:`~..parallel.layout.ParallelLayout` (built once),
+    its parallelised stage chunks and executor (:func:`~..parallel.parallelize.parallelize`), the
+    data source, and the :class:`TrainState` it advances; :meth:`run` trains and reports."""
+
+    def __init__(self, spec: WorkerSpec, rank: int, world: int, device: torch.device):
+        self.spec, self.rank, self.world, self.device = spec, rank, world, device
+        layout = spec.layout
+        self.parallel = ParallelLayout.build(layout, rank, world, zero=spec.zero, machines=spec.machines,
+                                             shard_weights=spec.shard_weights)
+        ck = checkpoint.load(spec.resume) if spec.resume else None
+        weights = _weights(spec, ck)
+        self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights, ck,
+                                                                                   device)
+        _record_reads(spec, weights, rank)
+        self.source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
+                                  global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
+                                  check_ids=not spec.data_checked)
+        self.state = TrainState.begin(ck, optimizer)
+        self.start = self.state.step
+        self.schedule = optim_schedule(spec)
+        if self.executor is not None:
+            self.executor.clip_grad = spec.clip_grad
+        self.tokens = layout.global_batch * layout.seq_len
+        self.out = Path(spec.out) if spec.out else None
+
+    def run(self) -> dict[str, Any] | None:
+        """Train the steps left; rank 0 returns ``{"metrics": ..., "state": ...}``."""
+        spec, state = self.spec, self.state
+        bar = _Progress(spec.progress and self.rank == 0 and sys.stderr.isatty(), spec.steps, self.start,
+                        spec.layout.schedule_name)
+        recorder = measure.Recorder()
+        measure.reset_peak(self.device)
+        try:
+            for step in range(self.start, spec.steps):
+                self.train_step(step)
+                recorder.record(self.executor)
+                bar.update(state.losses[-1], self.tokens / state.step_s[-1])
+                if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        return self._finish(recorder)
+
+    def train_step(self, step: int) -> None:
+        """One step: the executor runs the action list (an idle rank adds nothing); the loss is
+        summed over the ranks; the state records loss, wall seconds and gradient norm."""
+        spec, state, executor = self.spec, self.state, self.executor
+        _inject_fault(spec, self.rank, step)
+        started = time.perf_counter()
+        if executor is None:
+            local = torch.zeros((), device=self.device)
+            state.grad_norms.append(None)  # an idle rank takes no part in the gradient norm
+        else:
+            executor.lr = self.schedule.lr_at(step)
+            local = executor.run_step(self.source.batch(step, *self.rows) if self.rows else self.blank)
+            state.grad_norms.append(executor.grad_norm)
+        reports = self.parallel.role is not None and self.parallel.tp.rank == 0
+        loss = local.detach().clone() if reports else torch.zeros_like(local)
+        if self.world > 1:
+            dist.all_reduce(loss)
+        state.losses.append(float(loss))
+        state.step_s.append(time.perf_counter() - started)
+        state.step = step + 1
+
+    def _finish(self, recorder: Any) -> dict[str, Any] | None:
+        """After the last step (collective): sharded-state sizes, measurements, the final state and
+        ``final/``; rank 0 returns the metrics (``metrics.json``)."""
+        spec, state, parallel, world = self.spec, self.state, self.parallel, self.world
+        layout = spec.layout
+        kept, state_bytes = _sharded_state(spec, parallel, self.stages, state.optimizer, self.executor, world)
+        summaries = measure.gather(recorder.summary(parallel.role, self.device), world)
+        final = None
+        if spec.return_state:
+            got = checkpoint.gather(self.stages, parallel.tp, state.optimizer,
+                                    parallel.role.pipeline if parallel.role else -1, rank=self.rank, world=world)
+            final = got[0] if got else None
+        if self.out is not None:
+            checkpoint.write_final(self.out / "final", self.stages, parallel, shard_bytes=spec.shard_bytes,
+                                   extras=spec.final_extras)
+        if self.rank != 0:
+            return None
+        step_s = state.step_s
+        mine = step_s[self.start:]  # this process's steps: its first pays one-off costs (allocator, lazy imports)
+        steady = mine[1:] or mine
+        metrics = {"format": METRICS_FORMAT, "losses": state.losses,
+                   "tokens_per_s": self.tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
+                   "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
+                   "lr": [self.schedule.lr_at(k) for k in range(spec.steps)], "grad_norm": state.grad_norms}
+        if state_bytes is not None:
+            metrics["optimizer_state_bytes"] = state_bytes
+        if kept is not None and any(k is not None for k in kept):
+            metrics["state_bytes"] = kept
+        metrics["predicted"] = spec.predicted
+        metrics["measured"] = measure.measured(summaries, step_s[self.start:], [len(p.groups) for p in layout.pipelines],
+                                               "cuda" if self.device.type == "cuda" else "rss")
+        if self.out is not None:
+            schema.write_text_atomic(self.out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        return {"metrics": metrics, "state": final}
+
+    def save_checkpoint(self) -> None:
+        """``out/checkpoints/step_K`` of the state (collective): ZeRO pieces are gathered into full
+        local tensors first (:func:`..checkpoint.sharded.full_local`), so the files do not depend on
+        the stage."""
+        spec, state, parallel = self.spec, self.state, self.parallel
+        rank, world = parallel.rank, parallel.world
+        sharded = parallel.data.sharded if parallel.data is not None else None
+        full = sharded_checkpoint.full_local(sharded, self.stages, self.executor._wait) if sharded is not None else None
+        got = checkpoint.gather(self.stages, parallel.tp, state.optimizer, parallel.role.pipeline if parallel.role else -1,
+                                rank=rank, world=world, sharded=full)
+        if rank == 0 and self.out is not None:
+            model, optim = got
+            meta = {"step": state.step, "losses": list(state.losses), "step_s": list(state.step_s), "seed": spec.seed,
+                    "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
+                    "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
+                    "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len,
+                    "grad_norms": list(state.grad_norms), "train_steps": spec.steps, **optim_meta(spec)}
+            checkpoint.save(self.out / "checkpoints" / f"step_{state.step}", model, optim, meta)
+
+
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
-    """Run ``spec`` on this rank; rank 0 returns ``{"metrics": ..., "state": ...}``."""
-    layout = spec.layout
-    groups = build_groups(layout, rank, world, zero=spec.zero, machines=spec.machines, weights=spec.shard_weights)
-    role = groups.role
-    ck = checkpoint.load(spec.resume) if spec.resume else None
-    weights = _weights(spec, ck)
-    stages, executor, optimizer, rows, blank = _build_rank(spec, groups, weights, ck, rank, device)
-    _record_reads(spec, weights, rank)
-    source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
-                         global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
-                         check_ids=not spec.data_checked)
-    start = int(ck["step"]) if ck else 0
-    losses = [float(x) for x in ck["losses"]][:start] if ck else []
-    sched = optim_schedule(spec)
-    norms = list(ck.get("grad_norms") or [None] * start)[:start] if ck else []
-    if executor is not None:
-        executor.clip_grad = spec.clip_grad
-    step_s = [float(x) for x in ck.get("step_s", [])][:start] if ck else []
-    tokens = layout.global_batch * layout.seq_len
-    out = Path(spec.out) if spec.out else None
-    bar = _Progress(spec.progress and rank == 0 and sys.stderr.isatty(), spec.steps, start, layout.schedule_name)
-    recorder = measure.Recorder()
-    measure.reset_peak(device)
-    try:
-        for step in range(start, spec.steps):
-            _inject_fault(spec, rank, step)
-            t0 = time.perf_counter()
-            if executor is None:
-                local = torch.zeros((), device=device)
-                norms.append(None)  # an idle rank takes no part in the gradient norm
-            else:
-                executor.lr = sched.lr_at(step)
-                local = executor.run_step(source.batch(step, *rows) if rows else blank)
-                norms.append(executor.grad_norm)
-            loss = local.detach().clone() if role is not None and groups.tp.rank == 0 else torch.zeros_like(local)
-            if world > 1:
-                dist.all_reduce(loss)
-            losses.append(float(loss))
-            step_s.append(time.perf_counter() - t0)
-            recorder.record(executor)
-            bar.update(losses[-1], tokens / step_s[-1])
-            if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
-                _save_checkpoint(spec, stages, groups, optimizer, executor, step + 1, losses, step_s, out, norms)
-    finally:
-        bar.close()
-    kept, state_bytes = _sharded_state(spec, groups, stages, optimizer, executor, world)
-    summaries = measure.gather(recorder.summary(role, device), world)
-    state = None
-    if spec.return_state:
-        got = checkpoint.gather(stages, groups.tp, optimizer, role.pipeline if role else -1, rank=rank, world=world)
-        state = got[0] if got else None
-    if out is not None:
-        checkpoint.write_final(out / "final", stages, groups, layout, rank=rank, world=world,
-                               shard_bytes=spec.shard_bytes, extras=spec.final_extras)
-    if rank != 0:
-        return None
-    mine = step_s[start:]  # this process's steps: its first pays one-off costs (allocator, lazy imports)
-    steady = mine[1:] or mine
-    metrics = {"format": METRICS_FORMAT, "losses": losses,
-               "tokens_per_s": tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s, "ranks": world,
-               "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
-               "lr": [sched.lr_at(k) for k in range(spec.steps)], "grad_norm": norms}
-    if state_bytes is not None:
-        metrics["optimizer_state_bytes"] = state_bytes
-    if kept is not None and any(k is not None for k in kept):
-        metrics["state_bytes"] = kept
-    metrics["predicted"] = spec.predicted
-    metrics["measured"] = measure.measured(summaries, step_s[start:], [len(p.groups) for p in layout.pipelines],
-                                           "cuda" if device.type == "cuda" else "rss")
-    if out is not None:
-        schema.write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    return {"metrics": metrics, "state": state}
+    """Run ``spec`` on this rank (:class:`Trainer`); rank 0 returns ``{"metrics": ..., "state": ...}``."""
+    return Trainer(spec, rank, world, device).run()
 
 
 def optim_schedule(spec: WorkerSpec) -> OptimSchedule:
@@ -218,68 +298,48 @@ def optim_meta(spec: WorkerSpec) -> dict[str, Any]:
             "clip_grad": spec.clip_grad, "eps": spec.eps, "weight_decay": spec.weight_decay}
 
 
-def _build_rank(spec: WorkerSpec, groups, weights, ck, rank: int, device: torch.device):
-    """This rank's stages, executor, optimizer, and which token rows it reads (or a blank batch)."""
+def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, ck, device: torch.device):
+    """This rank's stages (:func:`~..parallel.parallelize.parallelize`), executor, plain AdamW over
+    the tensors ZeRO does not shard (restored from ``ck``, as the sharded state), and which token
+    rows it reads (or a blank batch)."""
     stages, executor, optimizer, rows, blank = {}, None, None, None, None
-    layout, role = spec.layout, groups.role
-    if role is not None:
-        part = layout.pipelines[role.pipeline]
-        stages = build_stages(layout.model, part, role.pipe_rank, groups.tp, full=weights, recompute=spec.recompute,
-                              device=device)
-        params = list({id(p): p for s in sorted(stages) for p in stages[s].module.parameters()}.values())
-        if spec.zero and groups.dp is not None:  # ZeRO: the DP-synced tensors step sharded
-            groups.dp.sharded = _sharded(spec, groups, stages)
-            skip = groups.dp.sharded.synced()
-            params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
-                           if (s, n) not in skip}.values())
+    layout, part = spec.layout, parallel.pipeline
+    if part is not None:
+        stages, sharded = parallelize(parallel, weights=weights, recompute=spec.recompute, device=device,
+                                      lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
+        skip = sharded.synced() if sharded is not None else set()
+        params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
+                       if (s, n) not in skip}.values())
         optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
                                       weight_decay=spec.weight_decay) if params else None
         if ck:
-            checkpoint.restore_optimizer(optimizer, stages, groups.tp, ck)
-            if groups.dp is not None and groups.dp.sharded is not None:
-                sharded_checkpoint.restore(groups.dp.sharded, stages, groups.tp, ck)
+            checkpoint.restore_optimizer(optimizer, stages, parallel.tp, ck)
+            if sharded is not None:
+                sharded_checkpoint.restore(sharded, stages, parallel.tp, ck)
         mb_rows = part.batch // part.actions.micro_batches
-        executor = Executor(part, role.pipe_rank, stages, groups, optimizer=optimizer,
+        rank = parallel.rank
+        executor = Executor(parallel, stages, optimizer=optimizer,
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
                             autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s,
                             emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation())
-        if any(st.first or st.last for st in stages.values()):  # only ends of a chain read token rows
+        if any(stage.first or stage.last for stage in stages.values()):  # only ends of a chain read token rows
             rows = (part.offset, part.offset + part.batch)
         else:
             blank = torch.zeros((part.batch, layout.seq_len + 1), dtype=torch.long)
     return stages, executor, optimizer, rows, blank
 
 
-def _sharded_state(spec: WorkerSpec, groups, stages, optimizer, executor, world: int) -> tuple[Any, Any]:
+def _sharded_state(spec: WorkerSpec, parallel: ParallelLayout, stages, optimizer, executor,
+                   world: int) -> tuple[Any, Any]:
     """After the last step, collectively: every rank's kept state bytes (ZeRO-2/3 per micro-batch)
     and optimizer-state bytes (any ZeRO stage); ZeRO-3 then gathers the full weights back for
     the results (state, ``final/``)."""
-    sharded = groups.dp.sharded if groups.dp is not None else None
-    kept = _every(sharded.kept_bytes(stages) if hasattr(sharded, "kept_bytes") else None, world) \
-        if spec.zero >= 2 else None
-    if hasattr(sharded, "materialize"):
+    sharded = parallel.data.sharded if parallel.data is not None else None
+    kept = _every(sharded.kept_bytes(stages) if sharded is not None else None, world) if spec.zero >= 2 else None
+    if sharded is not None:
         sharded.materialize(executor._wait)
-    return kept, _optimizer_bytes(groups, optimizer, world) if spec.zero else None
-
-
-def _sharded(spec: WorkerSpec, groups, stages):
-    """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 on one-stage or
-    mirrored pipelines (:func:`.zero.zero3_runs`; hybrid too: pieces inside each machine,
-    summed across machines at the step), per micro-batch (:class:`.zero.ShardedState`);
-    ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.dp_sync.ShardedAdamW`)."""
-    from ..parallel.data.zero import ShardedAdamW, ShardedState
-    from ..parallel.assignment import zero3_runs
-
-    adam = {"lr": spec.lr, "betas": (0.9, 0.95), "eps": spec.eps, "weight_decay": spec.weight_decay}
-    if spec.zero == 3 and not zero3_runs(spec.layout):
-        raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero.zero3_runs)")
-    if spec.zero == 3 or (spec.zero == 2 and spec.machines is None):
-        params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
-        return ShardedState(groups.dp, params, stage=spec.zero, weights=spec.shard_weights, layout=spec.layout,
-                            stages=stages, machines=spec.machines if spec.zero == 3 else None, **adam)
-    device = next(p.device for st in stages.values() for p in st.module.parameters())
-    return ShardedAdamW(groups.dp, weights=spec.shard_weights, machines=spec.machines, device=device, **adam)
+    return kept, _optimizer_bytes(parallel, optimizer, world) if spec.zero else None
 
 
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
@@ -295,9 +355,10 @@ def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     weights.close()
 
 
-def _optimizer_bytes(groups, optimizer, world: int) -> list[int]:
+def _optimizer_bytes(parallel: ParallelLayout, optimizer, world: int) -> list[int]:
     """Per rank, the bytes of optimizer state it keeps (AdamW moments, sharded or not)."""
-    mine = groups.dp.sharded.state_bytes() if groups.dp is not None and groups.dp.sharded is not None else 0
+    sharded = parallel.data.sharded if parallel.data is not None else None
+    mine = sharded.state_bytes() if sharded is not None else 0
     if optimizer is not None:
         mine += sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
                     if torch.is_tensor(v) and v.dim() > 0)
@@ -311,21 +372,3 @@ def _every(mine: Any, world: int) -> list:
     every: list = [None] * world
     dist.all_gather_object(every, mine)
     return every
-
-
-def _save_checkpoint(spec, stages, groups, optimizer, executor, step, losses, step_s, out, norms) -> None:
-    """``out/checkpoints/step_K`` (collective): ZeRO pieces are gathered into full local tensors
-    first (:func:`.sharded_checkpoint.full_local`), so the files do not depend on the stage."""
-    rank, world = groups.rank, groups.world
-    sharded = groups.dp.sharded if groups.dp is not None else None
-    full = sharded_checkpoint.full_local(sharded, stages, executor._wait) if sharded is not None else None
-    got = checkpoint.gather(stages, groups.tp, optimizer, groups.role.pipeline if groups.role else -1,
-                            rank=rank, world=world, sharded=full)
-    if rank == 0 and out is not None:
-        model, optim = got
-        meta = {"step": step, "losses": list(losses), "step_s": list(step_s), "seed": spec.seed,
-                "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
-                "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
-                "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len,
-                "grad_norms": list(norms), "train_steps": spec.steps, **optim_meta(spec)}
-        checkpoint.save(out / "checkpoints" / f"step_{step}", model, optim, meta)

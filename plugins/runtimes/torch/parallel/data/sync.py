@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from ..assignment import Layout
+from ..assignment import RankAssignment
 from ..tensor import shard_dim
 
 
@@ -92,7 +92,7 @@ def _held(name: str, start: int, end: int, first: bool, last: bool) -> bool:
     return last  # model.norm, lm_head
 
 
-def holders(layout: Layout, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
+def holders(layout: RankAssignment, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
     """Parameter name -> every (rank, stage) holding (a shard of) it, in every pipeline."""
     out: dict[str, list[Holder]] = {n: [] for n in shapes}
     for part in layout.pipelines:
@@ -113,7 +113,7 @@ def _bounds(h: Holder, full: int) -> tuple[int, int]:
     return h.tp_rank * n, (h.tp_rank + 1) * n
 
 
-def sync_plan(layout: Layout, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
+def sync_plan(layout: RankAssignment, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
     """Cut every parameter at all holders' shard boundaries; group chunks by their holder sets."""
     shapes = shapes if shapes is not None else full_shapes(layout.model)
     plan = SyncPlan()
@@ -142,7 +142,7 @@ class DPSync:
 
     def __init__(self, plan: SyncPlan, rank: int, pipeline: int, handles: dict[tuple[int, ...], object]):
         self.rank, self.pipeline = rank, pipeline
-        self.sharded = None  # ZeRO: a ShardedAdamW or a .zero.ShardedState, set by the trainer
+        self.sharded = None  # ZeRO: a .zero.ShardedOptimizer, set by parallelize()
         self.gather_handles: dict[tuple[int, ...], object] = {}  # ZeRO-2/3 per micro-batch: weight gathers
         self.handles = handles  # chunk group members -> its communicator (this rank's groups)
         self.hybrid_handles: dict[tuple[int, ...], object] = {}  # zero_scope=machine: :mod:`.hybrid`

@@ -303,7 +303,51 @@ def sum_piece(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle,
     return read()
 
 
-class ShardedAdamW:
+class ShardedOptimizer:
+    """What the executor, the data-parallel sync and the trainer call on a rank's ZeRO-sharded
+    training state: :class:`ShardedAdamW` (ZeRO-1, hybrid ZeRO-2: at the step) and
+    :class:`ShardedState` (ZeRO-2/3: per micro-batch). The step has two phases
+    (:mod:`.grad_norm`): :meth:`prepare` sums the gradient pieces, :meth:`apply` updates once the
+    global gradient norm is known. The defaults are what a kind with nothing to do does."""
+
+    #: whether weights are freed between their uses (ZeRO-3): autocast must not cache their casts
+    frees_weights = False
+
+    def synced(self) -> set[tuple[int, str]]:
+        """``(stage, name)`` of every local tensor this object updates (the rest: plain AdamW)."""
+        raise NotImplementedError
+
+    def before(self, action, wait: Callable) -> None:
+        """Before a compute action (F, B, I, W): nothing unless sharded per micro-batch."""
+
+    def after(self, action, wait: Callable) -> None:
+        """After a compute action: nothing unless sharded per micro-batch."""
+
+    def prepare(self, params: dict, wait: Callable) -> None:
+        """Phase 1 of the step: the summed gradient pieces of every group."""
+        raise NotImplementedError
+
+    def sq_norm(self, device: torch.device) -> torch.Tensor:
+        """Sum of squares of the summed gradient pieces this rank counts (:func:`.hybrid.counted`)."""
+        raise NotImplementedError
+
+    def apply(self, params: dict, wait: Callable, *, lr: float | None = None, coef: float | None = None) -> None:
+        """Phase 2 of the step: AdamW on the pieces, the updated weights where they are used."""
+        raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        """Bytes of AdamW moments this rank keeps."""
+        raise NotImplementedError
+
+    def kept_bytes(self, stages: dict) -> dict[str, int] | None:
+        """Measured bytes kept between compute actions, by part (None: not measured for this kind)."""
+        return None
+
+    def materialize(self, wait: Callable) -> None:
+        """After training: full weights back where the kind freed them (ZeRO-3); else nothing."""
+
+
+class ShardedAdamW(ShardedOptimizer):
     """ZeRO-1/2 (Rajbhandari et al., SC'20) over the chunk groups of :class:`DPSync`, for every
     plan shape: at the step, per group, the gradient bucket is summed among the chunk's holders
     and this rank keeps only its piece of it (:func:`.zero.shard_bounds`: even, or proportional
@@ -426,7 +470,7 @@ def _contributes(c, h) -> bool:
     return c.dim is not None or h.tp_rank == 0
 
 
-class ShardedState:
+class ShardedState(ShardedOptimizer):
     """ZeRO-2 (``stage=2``, every layout) or ZeRO-3 (``stage=3``, :func:`zero3_runs` layouts)
     for one rank (module docstring). ``params[(stage, name)]`` are the rank's
     parameters, full and initialised; ``weights`` the shard weight of every global rank (None:
@@ -492,6 +536,10 @@ class ShardedState:
             self.gathered = False
             for st in (stages or {}).values():
                 self._hook(st.module)
+
+    @property
+    def frees_weights(self) -> bool:
+        return self.stage == 3
 
     def synced(self) -> set[tuple[int, str]]:
         """``(stage, name)`` of the local tensors this object updates (the rest: plain AdamW)."""

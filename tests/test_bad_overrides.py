@@ -1,6 +1,6 @@
 """Every bad override is one line and exit 2 before any work (the solver, cost and runtime
 sections validate their parameters and name ``solver.time_limit`` etc.), and the torch runtime's
-thread setting follows the machine (plugins/runtimes/torch/launch.py)."""
+thread setting follows the machine (plugins/runtimes/torch/launch/launcher.py)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ The app layer hands over the run (layout, schedules, train settings, this runtim
 section; a plan already checked by the cost model) and the registry. Everything this runtime can
 find wrong with it — an unknown schedule, TP not dividing the heads, more stages than layers, a
 missing checkpoint, a model too big for this machine — is found here, in the launching process,
-before any worker starts (one line, exit 2). Then the workers are launched (:mod:`.launch`) with a
-:class:`~.trainer.WorkerSpec` that holds the built action lists, so no worker needs a registry.
+before any worker starts (one line, exit 2). Then the workers are launched (:mod:`.launch.launcher`) with a
+:class:`~.train.trainer.WorkerSpec` that holds the built action lists, so no worker needs a registry.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class TorchRuntime:
         return self.layout(spec, registry=registry)
 
     def prepare(self, spec: RunSpec, *, registry: Any):
-        """The :class:`~.trainer.WorkerSpec` of ``spec``, fully checked; nothing launched."""
+        """The :class:`~.train.trainer.WorkerSpec` of ``spec``, fully checked; nothing launched."""
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
@@ -194,14 +194,14 @@ class TorchRuntime:
 
     def profile(self, request: Any) -> Any:
         """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own
-        devices (:mod:`.profile`); the :class:`~hexicore.core.profile.Profile` on rank 0, None
+        devices (:mod:`.profile.profiler`); the :class:`~hexicore.core.profile.Profile` on rank 0, None
         on the other ranks under torchrun."""
         return profile_cluster(request)
 
     def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
         process is one of them) and return the metrics (``metrics.json``) on the process that
-        reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.LaunchError`."""
+        reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.launcher.LaunchError`."""
         from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
@@ -328,7 +328,7 @@ def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
 
 def machines(spec: RunSpec) -> tuple[str, ...] | None:
     """Per global rank, the machine of its device under hybrid sharding (``zero_scope=machine``,
-    :mod:`.hybrid`); None otherwise."""
+    :mod:`.parallel.data.hybrid`); None otherwise."""
     if not isinstance(spec.layout, PlanLayout):
         return None
     plan = spec.layout.plan
@@ -346,11 +346,11 @@ def _mirrored_plan(pipelines: Any) -> bool:
 
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (ZeRO-1 at the step, :class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per
-    micro-batch, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one stage or the
+    uneven shards (ZeRO-1 at the step, :class:`~.parallel.data.zero.ShardedAdamW`; ZeRO-2 per
+    micro-batch, :class:`~.parallel.data.zero.ShardedState`), ZeRO-3 where every pipeline is one stage or the
     pipelines mirror each other (``pipelines``: the plan's pipelines, or their count), each also
-    hybrid (``zero_scope=machine``, :mod:`.hybrid`); checkpoints of any stage
-    (:mod:`.sharded_checkpoint`). Not yet ZeRO-3 for other multi-stage plans.
+    hybrid (``zero_scope=machine``, :mod:`.parallel.data.hybrid`); checkpoints of any stage
+    (:mod:`.checkpoint.sharded`). Not yet ZeRO-3 for other multi-stage plans.
     Refused before launch (a plan relying on sharding would not fit unsharded); ``settings`` is
     unused (kept for callers)."""
     from hexicore.core.errors import PlanError

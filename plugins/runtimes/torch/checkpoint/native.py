@@ -8,7 +8,7 @@ schedule, also the optimizer settings, ``train_steps`` and the per-step gradient
 contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are identical — and
 replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along their shard
 dimension and writes. The result is layout-free: resuming reads, on every rank, only the TP slices
-of its own chunks (:class:`~.hf_io.SafeTensors`), exactly as initialisation slices, so a run can
+of its own chunks (:class:`~.hugging_face.SafeTensors`), exactly as initialisation slices, so a run can
 resume under any plan. Loading never unpickles. With tied embeddings only the embedding is stored.
 
 The final model (``out/final/``) is a Hugging Face directory (:func:`write_final`):
@@ -43,7 +43,7 @@ def local_pieces(stages: dict[int, StageModule], tp: TPGroup, optimizer: torch.o
                  pipeline: int, sharded: dict[tuple[int, str], dict[str, torch.Tensor]] | None = None
                  ) -> list[tuple[str, int | None, int, dict[str, torch.Tensor]]]:
     """``(name, shard dim, tp rank, {"param", "exp_avg", "exp_avg_sq"})`` this rank reports;
-    ``sharded[(stage, name)]`` (ZeRO: :func:`.sharded_checkpoint.full_local`) replaces what the
+    ``sharded[(stage, name)]`` (ZeRO: :func:`.sharded.full_local`) replaces what the
     optimizer and, under ZeRO-3, the parameter hold."""
     if pipeline != 0:
         return []
@@ -230,7 +230,7 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
                  optim: dict[str, Any] | None = None) -> str | None:
     """Refuse resuming with another seed, model, data, global batch or sequence length (one line
     naming the difference), another optimizer setting the checkpoint records (``optim``: the
-    run's ``runtime.*`` values of :data:`.lr_schedule.RECORDED`; older checkpoints record none)
+    run's ``runtime.*`` values of :data:`..train.lr_schedule.RECORDED`; older checkpoints record none)
     or, under a decaying lr schedule, another ``train.steps`` (:func:`check_optim`), or at a step
     with nothing left to train (``steps``: ``train.steps``); a different plan or schedule is
     allowed: returns the line that says so (None when the same)."""
@@ -306,7 +306,7 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, StageModule], tp: TPGroup,
                       ck: dict[str, Any]) -> None:
     """Give every parameter of ``optimizer`` its shard of the stored AdamW state (read slice by
-    slice); ZeRO-sharded tensors are not the optimizer's (:func:`.sharded_checkpoint.restore`)."""
+    slice); ZeRO-sharded tensors are not the optimizer's (:func:`.sharded.restore`)."""
     if ck.get("adam_step") is None or optimizer is None:
         return
     mine = {id(p) for g in optimizer.param_groups for p in g["params"]}

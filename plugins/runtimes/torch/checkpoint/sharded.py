@@ -1,30 +1,30 @@
 """Checkpoints of sharded training state (ZeRO-1/2/3): the same files as unsharded training.
 
-A checkpoint (:mod:`.checkpoint`: ``checkpoints/step_K/``, ``out/final/``) stores full tensors
+A checkpoint (:mod:`.native`: ``checkpoints/step_K/``, ``out/final/``) stores full tensors
 under standard names, whatever the plan, so it must not depend on the ZeRO stage either. Under
 ZeRO a chunk group's AdamW moments (and, ZeRO-3, its fp32 weights) live as pieces of the group's
-flat bucket (:mod:`.zero`, :mod:`.dp_sync`): member ``i`` of the ranks that tile the bucket
-(all holders, or, hybrid, the holders in its machine: :mod:`.hybrid`) keeps ``bounds[i]``.
+flat bucket (:mod:`..parallel.data.zero`, :mod:`..parallel.data.sync`): member ``i`` of the ranks that tile the bucket
+(all holders, or, hybrid, the holders in its machine: :mod:`..parallel.data.hybrid`) keeps ``bounds[i]``.
 
 Saving (:func:`full_local`, collective over each group): the pieces are all-gathered among the
 ranks that tile the bucket, and every holder cuts the whole bucket back into the chunks of its
-local tensors — exactly what an unsharded rank holds — so :func:`.checkpoint.local_pieces`
+local tensors — exactly what an unsharded rank holds — so :func:`.native.local_pieces`
 reports them like unsharded state and rank 0 consolidates and writes as before. The gathered
 tensors exist only while the checkpoint is written (every holder gathers, not only the
 writers: one collective per group, no point-to-point bookkeeping).
 
 Resuming (:func:`restore`): each rank reads, slice by slice, the TP slices of its local tensors
-from ``optim.safetensors`` (as :func:`.checkpoint.restore_optimizer` does), concatenates the
+from ``optim.safetensors`` (as :func:`.native.restore_optimizer` does), concatenates the
 chunks of each group in bucket order and keeps its piece ``bounds[i]``; the AdamW step count
 comes from ``meta.json``. ZeRO-3 weights need nothing: the parameters are initialised from the
 checkpoint's model before the sharded state takes its pieces of them. So a checkpoint written
 under any stage and plan resumes under any other.
 
-The sharded objects are read through their pieces per group only: :class:`.dp_sync.ShardedAdamW`
+The sharded objects are read through their pieces per group only: :class:`..parallel.data.zero.ShardedAdamW`
 (``splits``, ``moments``: one contiguous range of the bucket per member) and
-:class:`.zero.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
+:class:`..parallel.data.zero.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
 ``bounds``, ``i``; ``pieces``: weights, gradient, moments — a member's piece is its slice of
-every unit, :func:`.zero_units.apportion`) — both with the step count ``t``.
+every unit, :func:`..parallel.data.sync.apportion`) — both with the step count ``t``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class Shard:
 
 
 def shards(sharded: Any) -> list[Shard]:
-    """The :class:`Shard` of every chunk group of a :class:`.dp_sync.ShardedAdamW` or a
-    :class:`.zero.ShardedState` (module docstring)."""
+    """The :class:`Shard` of every chunk group of a :class:`..parallel.data.zero.ShardedAdamW` or a
+    :class:`..parallel.data.zero.ShardedState` (module docstring)."""
     if hasattr(sharded, "splits"):
         out = []
         for members, _, chunks in sharded.sync.items:
@@ -116,7 +116,7 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
         for key, piece in sh.tensors.items():
             flat = gather(sh, piece, wait, f"checkpoint gather of ZeRO {key} pieces")
             if sharded.sync.pipeline != 0:
-                continue  # only pipeline 0 reports tensors (:func:`.checkpoint.local_pieces`)
+                continue  # only pipeline 0 reports tensors (:func:`.native.local_pieces`)
             k = 0
             for c, mine, _ in sh.chunks:
                 for h in mine:

@@ -7,7 +7,7 @@ from bit-identical models, and no rank ever materialises more than one full tens
 Norm weights start at 1, biases at 0, every matrix at N(0, 0.02). A :class:`TensorSource`
 abstracts where tensors come from: the seed (:class:`Seeded`), or safetensors files — a Hugging
 Face checkpoint (``init_from``) or a resumable checkpoint — read slice by slice
-(:class:`~.hf_io.SafeTensors`), so a rank reads only its own chunks' tensors and its TP shard.
+(:class:`~..checkpoint.hugging_face.SafeTensors`), so a rank reads only its own chunks' tensors and its TP shard.
 A tied head (``tied_embeddings``) is stored as the embedding (:func:`canonical`); chunks that
 hold both share one Parameter, and so do chunks of one chain on the same rank
 (:func:`build_stages`).

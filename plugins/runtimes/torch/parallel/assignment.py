@@ -15,7 +15,7 @@ these *replicas* start from the same weights and REDUCE sums their gradients.
 
 Pipelines may differ in everything (HexiScale's asymmetric plans): batch share, number of
 stages, layer cuts, TP degree per stage, schedule. Gradients are synced per layer and parameter
-among whoever holds them (:mod:`.dp_sync`), so no shape has to match across pipelines.
+among whoever holds them (:mod:`.data.sync`), so no shape has to match across pipelines.
 """
 
 from __future__ import annotations
@@ -329,6 +329,8 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
 
 
 # ------------------------------------------------------------------ ZeRO-3
+# which assignments ZeRO-3 (parallel/data/zero.py) runs on: structural facts of the assignment,
+# torch-free here because `plan` and `evaluate` check plans without torch
 def one_stage_per_pipeline(layout) -> bool:
     """Whether every pipeline is one plan stage (one pipeline rank, TP group) with one model copy:
     its ranks never wait on another pipeline's activations, however many chunks its schedule
@@ -346,7 +348,7 @@ def mirrored(layout) -> bool:
 
 
 def zero3_runs(layout) -> bool:
-    """Whether ZeRO-3 runs on ``layout`` (:mod:`.zero`): every pipeline one stage (any
+    """Whether ZeRO-3 runs on ``layout`` (:mod:`.data.zero`): every pipeline one stage (any
     schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
     Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
     on each other's activations, pairing the ``k``-th needs of ranks at different points of

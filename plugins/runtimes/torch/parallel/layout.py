@@ -2,13 +2,15 @@
 chunks, its TP group, its data-parallel chunk groups and ZeRO settings, the tied-embedding group.
 
 Built once per rank from the run's :class:`~.assignment.RankAssignment`
-(:meth:`ParallelLayout.build`). ``torch.distributed.new_group`` is collective over the whole world, so every rank creates every group in the same order, members or not, and keeps the
+(:meth:`ParallelLayout.build`). ``torch.distributed.new_group`` is collective over the whole
+world, so every rank creates every group in the same order, members or not, and keeps the
 handles of the groups it belongs to: first a TP group per stage (pipeline by pipeline), then one
 group per set of ranks that hold the same gradient chunks across pipelines (:mod:`.data.sync`:
-chunks of the smallest shard size, grouped by layer and parameter, not by stage), then, for a
-tied embedding, the embedding group of every rank holding a copy (:mod:`.tied_embedding`), and, when some
-ranks stay idle, the group of the used ranks (:mod:`.data.grad_norm`'s all-reduce). P2P between
-consecutive stages uses the default group (leader to leader, HexiScale §3.2).
+chunks of the smallest shard size, grouped by layer and parameter, not by stage), ZeRO-3's
+gather groups and hybrid sharding's communicators, then, for a tied embedding, the embedding
+group of every rank holding a copy (:mod:`.tied_embedding`), and, when some ranks stay idle, the
+group of the used ranks (:mod:`.data.grad_norm`'s all-reduce). P2P between consecutive stages
+uses the default group (leader to leader, HexiScale §3.2).
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ class ParallelLayout:
             handle = dist.new_group(list(embedding))
             if rank in embedding:
                 tied_sync = tied_embedding.TiedSync(handle, role.tp_rank)
-        used = sorted({r for part in assignment.pipelines for group in part.groups for r in group.ranks})  # idle ranks stay out
+        # idle ranks stay out of the gradient norm's all-reduce
+        used = sorted({r for part in assignment.pipelines for group in part.groups for r in group.ranks})
         norm = dist.new_group(used) if 1 < len(used) < world else None
         return cls(rank, world, assignment, role, tp, leader, data or None, tied_sync, norm, len(used), zero,
                    machines, shard_weights)

@@ -6,7 +6,7 @@ each action's kind (:class:`~hexicore.pipeline.actions.Op`) selects its handler 
 runtime. ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``/``W`` split the
 backward into input-gradient and weight-gradient passes (zero-bubble family), ``SEND_*``/``RECV_*``
 move activations and their gradients between ranks, ``REDUCE`` sums the gradients of a stage's
-replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.dp_sync`) and steps the optimizer.
+replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.data.sync`) and steps the optimizer.
 Gradients accumulate across micro-batches in ``.grad``; the loss of a micro-batch is scaled by
 ``1 / tokens of the global batch`` so the sum over micro-batches and pipelines is the global mean.
 
@@ -72,11 +72,13 @@ class Executor:
         self.wire = autocast_dtype or torch.float32  # the dtype messages travel in (module docstring)
         self.timeout = timedelta(seconds=timeout_s)
         self.leader = parallel.is_tp_leader
-        self.recv_queue = [i for i, a in enumerate(self.actions) if a.op in RECVS] if self.leader else []
-        self.explicit_step = any(a.op is Op.STEP for a in self.actions)
+        self.recv_queue = [index for index, action in enumerate(self.actions)
+                           if action.op in RECVS] if self.leader else []
+        self.explicit_step = any(action.op is Op.STEP for action in self.actions)
         self.emulation = emulation  # emulated device speed (test aid, launch/emulation.py)
         self.sharded = parallel.data.sharded if parallel.data is not None else None
-        self.params = {(s, n): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()}
+        self.params = {(stage, name): param for stage in sorted(stages)
+                       for name, param in stages[stage].module.named_parameters()}
         self.skip = self.sharded.synced() if self.sharded is not None else set()  # ZeRO-sharded: counted by pieces
         #: this step's learning rate (None: the optimizers' own) and max global gradient norm (None: no
         #: clipping), set by the trainer; the step's pre-clip global gradient norm after it
@@ -104,9 +106,9 @@ class Executor:
 
     def _wait(self, works: list, what: str) -> None:
         limit = f"{self.timeout.total_seconds():g} s"
-        for w in works:
+        for work in works:
             try:
-                ok = w.wait(self.timeout)
+                ok = work.wait(self.timeout)
             except RuntimeError as exc:
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 text = text.split("] ", 1)[-1] if text.startswith("[") else text
@@ -123,8 +125,8 @@ class Executor:
             return
         works = dist.batch_isend_irecv([op for op, _ in ops]) or []
         if len(works) == len(ops):
-            for (_, key), w in zip(ops, works):
-                self.works[key] = [w]
+            for (_, key), work in zip(ops, works):
+                self.works[key] = [work]
         else:  # coalesced into one handle: waiting for any op waits for the batch
             for _, key in ops:
                 self.works[key] = list(works)
@@ -133,60 +135,62 @@ class Executor:
         """irecv ops for receive-queue entries ``[next_post, upto)`` (stops before a send to that peer)."""
         ops = []
         while self.next_post < min(upto, len(self.recv_queue)):
-            i = self.recv_queue[self.next_post]
-            a = self.actions[i]
-            if any(b.op in SENDS and b.peer == a.peer for b in self.actions[self.pos + 1:i]):
+            index = self.recv_queue[self.next_post]
+            action = self.actions[index]
+            if any(later.op in SENDS and later.peer == action.peer for later in self.actions[self.pos + 1:index]):
                 break
-            buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
-            self.buffers[i] = buf
-            ops.append((dist.P2POp(dist.irecv, buf, self._peer(a.peer), tag=self._tag(KIND[a.op], a.stage, a.mb)),
-                        ("recv", i)))
+            buffer = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
+            self.buffers[index] = buffer
+            tag = self._tag(KIND[action.op], action.stage, action.mb)
+            ops.append((dist.P2POp(dist.irecv, buffer, self._peer(action.peer), tag=tag), ("recv", index)))
             self.next_post += 1
         return ops
 
-    def _receive(self, i: int, a: Action) -> torch.Tensor:
+    def _receive(self, index: int, action: Action) -> torch.Tensor:
         if self.leader:
-            k = self.recv_queue.index(i, self.consumed)
-            self._issue(self._recv_ops(k + 2))
-            self._wait(self.works.pop(("recv", i)), f"{a} from rank {self._peer(a.peer)}")
-            buf = self.buffers.pop(i)
-            self.consumed = k + 1
+            position = self.recv_queue.index(index, self.consumed)
+            self._issue(self._recv_ops(position + 2))
+            self._wait(self.works.pop(("recv", index)), f"{action} from rank {self._peer(action.peer)}")
+            buffer = self.buffers.pop(index)
+            self.consumed = position + 1
         else:
-            buf = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
+            buffer = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
         if self.parallel.tp.size > 1:
-            dist.broadcast(buf, src=self.parallel.tp_leader, group=self.parallel.tp.group)
-        return buf.to(torch.float32)
+            dist.broadcast(buffer, src=self.parallel.tp_leader, group=self.parallel.tp.group)
+        return buffer.to(torch.float32)
 
-    def _send(self, i: int, a: Action, t: torch.Tensor, recv_stage: int) -> None:
+    def _send(self, index: int, action: Action, tensor: torch.Tensor, recv_stage: int) -> None:
         if not self.leader:
             return
-        t = t.detach().to(self.wire).contiguous()
-        op = dist.P2POp(dist.isend, t, self._peer(a.peer), tag=self._tag(KIND[a.op], recv_stage, a.mb))
-        self.pending_sends.append(t)
-        self._issue([(op, ("send", i))] + self._recv_ops(self.consumed + 1))
+        tensor = tensor.detach().to(self.wire).contiguous()
+        tag = self._tag(KIND[action.op], recv_stage, action.mb)
+        op = dist.P2POp(dist.isend, tensor, self._peer(action.peer), tag=tag)
+        self.pending_sends.append(tensor)
+        self._issue([(op, ("send", index))] + self._recv_ops(self.consumed + 1))
 
     # -------------------------------------------------------------- compute
     def _micro(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        off = 0 if self.tokens.shape[0] == self.pipeline.batch else self.pipeline.offset  # own rows, or the global batch
-        lo = off + mb * self.pipeline.batch // self.action_list.micro_batches
-        rows = self.tokens[lo: lo + self.pipeline.batch // self.action_list.micro_batches]
+        # this pipeline's own rows, or the global batch
+        offset = 0 if self.tokens.shape[0] == self.pipeline.batch else self.pipeline.offset
+        first_row = offset + mb * self.pipeline.batch // self.action_list.micro_batches
+        rows = self.tokens[first_row: first_row + self.pipeline.batch // self.action_list.micro_batches]
         return rows[:, :-1], rows[:, 1:]
 
     def _forward(self, stage: StageModule, mb: int) -> None:
         index = stage.index
         if stage.first:
-            x = self._micro(mb)[0]
+            activation = self._micro(mb)[0]
         else:
             prev = self.action_list.prev_stage(index, mb)
             if self._local(prev):
-                x = self.outputs[(prev, mb)].detach().requires_grad_()
+                activation = self.outputs[(prev, mb)].detach().requires_grad_()
             elif (index, mb) in self.inputs:
-                x = self.inputs[(index, mb)]
+                activation = self.inputs[(index, mb)]
             else:
                 raise ExecutionError(f"F{mb} of stage {index} has no input: no RECV_F before it")
-        self.inputs[(index, mb)] = x
+        self.inputs[(index, mb)] = activation
         with self._autocast():
-            out = stage.module(x, self._micro(mb)[1] if stage.last else None, self.loss_scale)
+            out = stage.module(activation, self._micro(mb)[1] if stage.last else None, self.loss_scale)
         self.outputs[(index, mb)] = out
         if stage.last:
             self.loss += out.detach().float()
@@ -194,12 +198,13 @@ class Executor:
     def _out_grad(self, stage: StageModule, mb: int) -> torch.Tensor | None:
         if stage.last:
             return None
-        nxt = self.action_list.next_stage(stage.index, mb)
-        store = self.in_grads if self._local(nxt) else self.out_grads
-        key = (nxt, mb) if self._local(nxt) else (stage.index, mb)
+        following = self.action_list.next_stage(stage.index, mb)
+        store = self.in_grads if self._local(following) else self.out_grads
+        key = (following, mb) if self._local(following) else (stage.index, mb)
         if key not in store:
             raise ExecutionError(f"backward of stage {stage.index} mb {mb} has no output gradient "
-                                 f"({'B/I of stage ' + str(nxt) if self._local(nxt) else 'RECV_B'} missing before it)")
+                                 f"({'B/I of stage ' + str(following) if self._local(following) else 'RECV_B'} "
+                                 "missing before it)")
         return store.pop(key)
 
     def _backward(self, stage: StageModule, mb: int, op: str) -> None:
@@ -212,30 +217,30 @@ class Executor:
             out, grad = self.outputs.pop(key), self._out_grad(stage, mb)
         if op is Op.B:
             torch.autograd.backward(out, grad)
-            x = self.inputs.pop(key)
+            activation = self.inputs.pop(key)
             if not stage.first:
-                self.in_grads[key] = x.grad
+                self.in_grads[key] = activation.grad
         elif op is Op.I:
-            x = self.inputs.pop(key)
+            activation = self.inputs.pop(key)
             if not stage.first:
-                (self.in_grads[key],) = torch.autograd.grad(out, x, grad, retain_graph=True)
+                (self.in_grads[key],) = torch.autograd.grad(out, activation, grad, retain_graph=True)
             self.deferred[key] = (out, grad)
         else:  # W
             self.inputs.pop(key, None)
-            params = [p for p in stage.module.parameters() if p.requires_grad]
+            params = [param for param in stage.module.parameters() if param.requires_grad]
             torch.autograd.backward(out, grad, inputs=params)
 
     # ---------------------------------------------------------- grad syncs
     def _flat_grads(self, stage: StageModule) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in stage.module.parameters()])
+        return torch.cat([(param.grad if param.grad is not None else torch.zeros_like(param)).reshape(-1)
+                          for param in stage.module.parameters()])
 
     def _set_grads(self, stage: StageModule, flat: torch.Tensor) -> None:
-        i = 0
-        for p in stage.module.parameters():
-            n = p.numel()
-            p.grad = flat[i: i + n].view_as(p).clone()
-            i += n
+        at = 0
+        for param in stage.module.parameters():
+            count = param.numel()
+            param.grad = flat[at: at + count].view_as(param).clone()
+            at += count
 
     def _reduce(self, stage: int) -> None:
         """Sum the gradients of ``stage``'s replicas, in chain order, identically on every holder."""
@@ -266,20 +271,23 @@ class Executor:
 
     def _step(self) -> None:
         settle(self.device)  # the step's queued compute is not the sync's
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         for stage in sorted(self.stages):
             self._reduce(stage)
-        if self.parallel.data is not None:  # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)
+        # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)
+        if self.parallel.data is not None:
             self.parallel.data.run(self.params, self._wait)
-        if self.parallel.tied is not None:  # tied embedding copies on other ranks: one summed gradient (after
-            self.parallel.tied.run(self.stages, self._wait)  # the DP sync, whose ZeRO-3 rounds may still need this rank)
+        # tied embedding copies on other ranks: one summed gradient (after the DP sync, whose ZeRO-3
+        # rounds may still need this rank)
+        if self.parallel.tied is not None:
+            self.parallel.tied.run(self.stages, self._wait)
         self._update()
         self.stepped = True
         settle(self.device)
-        self.sync_s += time.perf_counter() - t0
+        self.sync_s += time.perf_counter() - started
 
     def _update(self) -> None:
-        """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.grad_norm`),
+        """The global gradient norm (one scalar all-reduce over the used ranks, :mod:`.data.grad_norm`),
         then every optimizer's update at this step's ``lr``, gradients scaled by the clip
         coefficient; the plain AdamW's step is device compute, emulated like an action."""
         sharded = self.sharded
@@ -310,78 +318,82 @@ class Executor:
         self._issue(self._recv_ops(1))
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
         self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
-        t0 = time.perf_counter()
-        for i, a in enumerate(self.actions):
-            self.pos = i
-            start = time.perf_counter() - t0
-            if a.is_compute and self.device.type == "cuda":
+        started = time.perf_counter()
+        for index, action in enumerate(self.actions):
+            self.pos = index
+            begin = time.perf_counter() - started
+            if action.is_compute and self.device.type == "cuda":
                 events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 events[-1][0].record()
             try:
-                with emulated(self.emulation if a.is_compute else NOT_EMULATED, self.device):
-                    self._execute(i, a)
+                with emulated(self.emulation if action.is_compute else NOT_EMULATED, self.device):
+                    self._execute(index, action)
             except ExecutionError as exc:
-                raise ExecutionError(f"action {i} ({a}): {exc}") from None
-            if a.is_compute:
+                raise ExecutionError(f"action {index} ({action}): {exc}") from None
+            if action.is_compute:
                 if events:
                     events[-1][1].record()
-                self.timeline.append((a.op, a.stage, a.mb, start, time.perf_counter() - t0))
-        self._wait([w for k, ws in list(self.works.items()) if k[0] == "send" for w in ws], "outstanding sends")
-        leftovers = [k for k in self.works if k[0] == "recv"] + list(self.outputs) + list(self.deferred)
+                self.timeline.append((action.op, action.stage, action.mb, begin, time.perf_counter() - started))
+        self._wait([work for key, pending in list(self.works.items()) if key[0] == "send" for work in pending],
+                   "outstanding sends")
+        leftovers = [key for key in self.works if key[0] == "recv"] + list(self.outputs) + list(self.deferred)
         if leftovers:
             raise ExecutionError(f"the action list left work undone: {leftovers[:4]}")
         if not self.explicit_step:
             self._step()
         settle(self.device)
         #: this step's wall seconds without the DP sync and optimizer step (the schedule's part)
-        self.schedule_s = time.perf_counter() - t0 - self.sync_s
+        self.schedule_s = time.perf_counter() - started - self.sync_s
         #: (op, stage, mb, seconds) of each compute action: device time on CUDA, wall time on CPU
-        self.passes = [(op, stage, mb, (ev[0].elapsed_time(ev[1]) / 1e3) if events else end - start)
-                       for (op, stage, mb, start, end), ev in zip(self.timeline, events or [()] * len(self.timeline))]
+        self.passes = [(op, stage, mb, (event_pair[0].elapsed_time(event_pair[1]) / 1e3) if events else end - begin)
+                       for (op, stage, mb, begin, end), event_pair
+                       in zip(self.timeline, events or [()] * len(self.timeline))]
         self.tokens = None
         return self.loss
 
-    def _execute(self, i: int, a: Action) -> None:
-        handler = HANDLERS.get(a.op)
+    def _execute(self, index: int, action: Action) -> None:
+        handler = HANDLERS.get(action.op)
         if handler is None:
-            raise ExecutionError(f"this runtime has no handler for {a.op.value!r} actions")
-        handler(self, i, a)
+            raise ExecutionError(f"this runtime has no handler for {action.op.value!r} actions")
+        handler(self, index, action)
 
     # ------------------------------------------------------------ handlers
-    def _on_forward(self, i: int, a: Action) -> None:
+    def _on_forward(self, index: int, action: Action) -> None:
         sharded = self.sharded
         if sharded is not None:
-            sharded.before(a, self._wait)
-        self._forward(self.stages[a.stage], a.mb)
+            sharded.before(action, self._wait)
+        self._forward(self.stages[action.stage], action.mb)
         if sharded is not None:
-            sharded.after(a, self._wait)
+            sharded.after(action, self._wait)
 
-    def _on_backward(self, i: int, a: Action) -> None:  # B, I, W
+    def _on_backward(self, index: int, action: Action) -> None:  # B, I, W
         sharded = self.sharded
         if sharded is not None:
-            sharded.before(a, self._wait)
-        self._backward(self.stages[a.stage], a.mb, a.op)
+            sharded.before(action, self._wait)
+        self._backward(self.stages[action.stage], action.mb, action.op)
         if sharded is not None:
-            sharded.after(a, self._wait)
+            sharded.after(action, self._wait)
 
-    def _on_recv_f(self, i: int, a: Action) -> None:
-        self.inputs[(a.stage, a.mb)] = self._receive(i, a).requires_grad_()
+    def _on_recv_f(self, index: int, action: Action) -> None:
+        self.inputs[(action.stage, action.mb)] = self._receive(index, action).requires_grad_()
 
-    def _on_recv_b(self, i: int, a: Action) -> None:
-        self.out_grads[(a.stage, a.mb)] = self._receive(i, a)
+    def _on_recv_b(self, index: int, action: Action) -> None:
+        self.out_grads[(action.stage, action.mb)] = self._receive(index, action)
 
-    def _on_send_f(self, i: int, a: Action) -> None:
-        self._send(i, a, self.outputs[(a.stage, a.mb)], self.action_list.next_stage(a.stage, a.mb))
+    def _on_send_f(self, index: int, action: Action) -> None:
+        receiver = self.action_list.next_stage(action.stage, action.mb)
+        self._send(index, action, self.outputs[(action.stage, action.mb)], receiver)
 
-    def _on_send_b(self, i: int, a: Action) -> None:
-        if (a.stage, a.mb) not in self.in_grads:
+    def _on_send_b(self, index: int, action: Action) -> None:
+        if (action.stage, action.mb) not in self.in_grads:
             raise ExecutionError("SEND_B before the input gradient was computed (B or I)")
-        self._send(i, a, self.in_grads.pop((a.stage, a.mb)), self.action_list.prev_stage(a.stage, a.mb))
+        receiver = self.action_list.prev_stage(action.stage, action.mb)
+        self._send(index, action, self.in_grads.pop((action.stage, action.mb)), receiver)
 
-    def _on_reduce(self, i: int, a: Action) -> None:
-        self._reduce(a.stage)
+    def _on_reduce(self, index: int, action: Action) -> None:
+        self._reduce(action.stage)
 
-    def _on_step(self, i: int, a: Action) -> None:
+    def _on_step(self, index: int, action: Action) -> None:
         self._step()
 
 

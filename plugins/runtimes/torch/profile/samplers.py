@@ -1,8 +1,8 @@
-"""One sample at a time of each ``hexicore profile`` measurement (:mod:`.profile` drives them).
+"""One sample at a time of each ``hexicore profile`` measurement (:mod:`.profiler` drives them).
 
 Each ``*_samples`` function is a generator: it builds what it times once, then yields one sample
-per ``next()``, so :func:`.profile.run_worker` can interleave the repeats of every measurement.
-Compute goes through :func:`.emulate.emulated` as the executor's compute actions do.
+per ``next()``, so :func:`.profiler.run_worker` can interleave the repeats of every measurement.
+Compute goes through :func:`..launch.emulation.emulated` as the executor's compute actions do.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The training loop of one rank: build its stages, run the steps, checkpoint, report.
 
+A :class:`Trainer` builds the rank's :class:`~..parallel.layout.ParallelLayout` once, its
+parallelised stage chunks and executor (:func:`~..parallel.parallelize.parallelize`), and advances
+a :class:`TrainState` (step, losses, step times, gradient norms, optimizer) that checkpoints record.
 One :class:`WorkerSpec` is one training run as a worker sees it (the layout with its built
 action lists, plus settings); the runtime derives it from the app's
 :class:`~hexicore.core.run_spec.RunSpec`. It is plain data, so the launcher hands it to spawned
@@ -87,15 +90,15 @@ def choose_backend(requested: str) -> str:
 
 
 def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
-    f = spec.fault or {}
-    if f.get("rank") == rank and f.get("step", 0) == step:
-        if f.get("kind") == "die":
+    fault = spec.fault or {}
+    if fault.get("rank") == rank and fault.get("step", 0) == step:
+        if fault.get("kind") == "die":
             print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
             os._exit(13)
-        if f.get("kind") == "stop":  # stopped by the OS: ignores SIGTERM, only SIGKILL ends it
+        if fault.get("kind") == "stop":  # stopped by the OS: ignores SIGTERM, only SIGKILL ends it
             print(f"hexicore: rank {rank}: injected fault: SIGSTOP at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
-        if f.get("kind") == "hang":
+        if fault.get("kind") == "hang":
             print(f"hexicore: rank {rank}: injected fault: hanging at step {step}", file=sys.stderr, flush=True)
             time.sleep(10**6)
 
@@ -124,9 +127,9 @@ class _Progress:
             self.bar.stop()
 
 
-def _weights(spec: WorkerSpec, ck: dict[str, Any] | None):
-    if ck:
-        return checkpoint.model_source(ck)
+def _weights(spec: WorkerSpec, resumed: dict[str, Any] | None):
+    if resumed:
+        return checkpoint.model_source(resumed)
     if spec.init_from:
         return SafeTensors.directory(spec.init_from)
     return Seeded(spec.seed)
@@ -152,13 +155,15 @@ class TrainState:
         return self.step
 
     @classmethod
-    def begin(cls, ck: dict[str, Any] | None, optimizer: torch.optim.Optimizer | None) -> "TrainState":
-        """A fresh run at step 0, or the state a checkpoint ``ck`` (:func:`.checkpoint.native.load`) recorded."""
-        if not ck:
+    def begin(cls, resumed: dict[str, Any] | None, optimizer: torch.optim.Optimizer | None) -> "TrainState":
+        """A fresh run at step 0, or the state a checkpoint ``resumed``
+        (:func:`..checkpoint.native.load`) recorded."""
+        if not resumed:
             return cls(0, [], [], [], optimizer)
-        start = int(ck["step"])
-        return cls(start, [float(x) for x in ck["losses"]][:start], [float(x) for x in ck.get("step_s", [])][:start],
-                   list(ck.get("grad_norms") or [None] * start)[:start], optimizer)
+        start = int(resumed["step"])
+        losses = [float(value) for value in resumed["losses"]][:start]
+        step_s = [float(value) for value in resumed.get("step_s", [])][:start]
+        return cls(start, losses, step_s, list(resumed.get("grad_norms") or [None] * start)[:start], optimizer)
 
 
 class Trainer:
@@ -171,15 +176,15 @@ class Trainer:
         layout = spec.layout
         self.parallel = ParallelLayout.build(layout, rank, world, zero=spec.zero, machines=spec.machines,
                                              shard_weights=spec.shard_weights)
-        ck = checkpoint.load(spec.resume) if spec.resume else None
-        weights = _weights(spec, ck)
-        self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights, ck,
-                                                                                   device)
+        resumed = checkpoint.load(spec.resume) if spec.resume else None
+        weights = _weights(spec, resumed)
+        self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights,
+                                                                                   resumed, device)
         _record_reads(spec, weights, rank)
         self.source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
                                   global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
                                   check_ids=not spec.data_checked)
-        self.state = TrainState.begin(ck, optimizer)
+        self.state = TrainState.begin(resumed, optimizer)
         self.start = self.state.step
         self.schedule = optim_schedule(spec)
         if self.executor is not None:
@@ -249,13 +254,14 @@ class Trainer:
         metrics = {"format": METRICS_FORMAT, "losses": state.losses,
                    "tokens_per_s": self.tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
                    "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
-                   "lr": [self.schedule.lr_at(k) for k in range(spec.steps)], "grad_norm": state.grad_norms}
+                   "lr": [self.schedule.lr_at(step) for step in range(spec.steps)], "grad_norm": state.grad_norms}
         if state_bytes is not None:
             metrics["optimizer_state_bytes"] = state_bytes
-        if kept is not None and any(k is not None for k in kept):
+        if kept is not None and any(kept_by_rank is not None for kept_by_rank in kept):
             metrics["state_bytes"] = kept
         metrics["predicted"] = spec.predicted
-        metrics["measured"] = measure.measured(summaries, step_s[self.start:], [len(p.groups) for p in layout.pipelines],
+        metrics["measured"] = measure.measured(summaries, step_s[self.start:],
+                                               [len(part.groups) for part in layout.pipelines],
                                                "cuda" if self.device.type == "cuda" else "rss")
         if self.out is not None:
             schema.write_text_atomic(self.out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
@@ -269,8 +275,9 @@ class Trainer:
         rank, world = parallel.rank, parallel.world
         sharded = parallel.data.sharded if parallel.data is not None else None
         full = sharded_checkpoint.full_local(sharded, self.stages, self.executor._wait) if sharded is not None else None
-        got = checkpoint.gather(self.stages, parallel.tp, state.optimizer, parallel.role.pipeline if parallel.role else -1,
-                                rank=rank, world=world, sharded=full)
+        pipeline = parallel.role.pipeline if parallel.role else -1
+        got = checkpoint.gather(self.stages, parallel.tp, state.optimizer, pipeline, rank=rank, world=world,
+                                sharded=full)
         if rank == 0 and self.out is not None:
             model, optim = got
             meta = {"step": state.step, "losses": list(state.losses), "step_s": list(state.step_s), "seed": spec.seed,
@@ -298,7 +305,7 @@ def optim_meta(spec: WorkerSpec) -> dict[str, Any]:
             "clip_grad": spec.clip_grad, "eps": spec.eps, "weight_decay": spec.weight_decay}
 
 
-def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, ck, device: torch.device):
+def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, device: torch.device):
     """This rank's stages (:func:`~..parallel.parallelize.parallelize`), executor, plain AdamW over
     the tensors ZeRO does not shard (restored from ``ck``, as the sharded state), and which token
     rows it reads (or a blank batch)."""
@@ -308,14 +315,15 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, ck, device:
         stages, sharded = parallelize(parallel, weights=weights, recompute=spec.recompute, device=device,
                                       lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
         skip = sharded.synced() if sharded is not None else set()
-        params = list({id(p): p for s in sorted(stages) for n, p in stages[s].module.named_parameters()
-                       if (s, n) not in skip}.values())
+        params = list({id(param): param for index in sorted(stages)
+                       for name, param in stages[index].module.named_parameters()
+                       if (index, name) not in skip}.values())
         optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
                                       weight_decay=spec.weight_decay) if params else None
-        if ck:
-            checkpoint.restore_optimizer(optimizer, stages, parallel.tp, ck)
+        if resumed:
+            checkpoint.restore_optimizer(optimizer, stages, parallel.tp, resumed)
             if sharded is not None:
-                sharded_checkpoint.restore(sharded, stages, parallel.tp, ck)
+                sharded_checkpoint.restore(sharded, stages, parallel.tp, resumed)
         mb_rows = part.batch // part.actions.micro_batches
         rank = parallel.rank
         executor = Executor(parallel, stages, optimizer=optimizer,
@@ -347,11 +355,11 @@ def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     reads = getattr(weights, "reads", None)
     if reads is None or not spec.out:
         return
-    d = Path(spec.out) / "reads"
-    d.mkdir(parents=True, exist_ok=True)
+    folder = Path(spec.out) / "reads"
+    folder.mkdir(parents=True, exist_ok=True)
     doc = {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
            "bytes": sum(b for _, b in reads)}
-    schema.write_text_atomic(d / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
+    schema.write_text_atomic(folder / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
     weights.close()
 
 
@@ -360,8 +368,9 @@ def _optimizer_bytes(parallel: ParallelLayout, optimizer, world: int) -> list[in
     sharded = parallel.data.sharded if parallel.data is not None else None
     mine = sharded.state_bytes() if sharded is not None else 0
     if optimizer is not None:
-        mine += sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
-                    if torch.is_tensor(v) and v.dim() > 0)
+        mine += sum(value.numel() * value.element_size() for moments in optimizer.state.values()
+                    for value in moments.values()
+                    if torch.is_tensor(value) and value.dim() > 0)
     return [int(x) for x in _every(mine, world)]
 
 

@@ -15,7 +15,7 @@ Chimera's model copies after ``REDUCE``); those copies are equal, so one of them
 holder receives the sum. Chunk groups whose holders all belong to one pipeline need no sync.
 
 Batch weighting: each micro-batch loss is ``sum(cross-entropy) / tokens of the global batch``
-(:mod:`.executor`), so a pipeline's accumulated gradient is already weighted by its batch share
+(:mod:`..pipeline`), so a pipeline's accumulated gradient is already weighted by its batch share
 and the plain sum over pipelines is the full-batch gradient (loss = mean over the global batch).
 
 Every rank derives the same :class:`SyncPlan` from the layout; groups are created once, in the

@@ -2,10 +2,10 @@
 pipeline shape, ZeRO-3 where every pipeline is one stage or the pipelines mirror each other,
 :func:`zero3_runs`).
 
-ZeRO (Rajbhandari et al., SC'20) over the chunk groups of :mod:`.dp_sync` (the ranks that hold
+ZeRO (Rajbhandari et al., SC'20) over the chunk groups of :mod:`.sync` (the ranks that hold
 the same chunks of the same parameters, HexiScale §3.2). A group's flat bucket is cut into units
 (:mod:`.zero_units`: the embedding, each block, the final norm with the head) and member ``i``
-owns a slice of every unit (:func:`.zero_units.apportion`): even, or (``zero_split=memory``,
+owns a slice of every unit (:func:`.sync.apportion`): even, or (``zero_split=memory``,
 Cephalo-style) proportional to its device memory, within one element of the cost model's
 ``n * w_i / sum w``. At the step each member updates its slices with AdamW; ZeRO-2 then
 all-gathers the updated weights unit by unit.
@@ -17,7 +17,7 @@ the latest before the optimizer step) and each member adds its piece to a persis
 shard; the unit's local gradients are freed. So about one unit's full gradient exists at a time,
 and between micro-batches a rank holds ``1/n`` of the gradients, whatever its chunks (Chimera's
 copies each add their own micro-batches'). Units are summed in the order the layout predicts
-(:func:`.zero_units.reduce_needs`); what is left is summed when the action ends.
+(:func:`reduce_needs`); what is left is summed when the action ends.
 
 Stage 3 also keeps only its piece of the fp32 weights and gathers them unit by unit, as FSDP
 wraps a transformer: a forward pre-hook gathers a unit just before its forward and a forward hook
@@ -350,15 +350,15 @@ class ShardedOptimizer:
 class ShardedAdamW(ShardedOptimizer):
     """ZeRO-1/2 (Rajbhandari et al., SC'20) over the chunk groups of :class:`DPSync`, for every
     plan shape: at the step, per group, the gradient bucket is summed among the chunk's holders
-    and this rank keeps only its piece of it (:func:`.zero.shard_bounds`: even, or proportional
+    and this rank keeps only its piece of it (:func:`.sync.shard_bounds`: even, or proportional
     to ``weights``, the shard weight of every global rank), updates its piece of the weights
-    with AdamW (:func:`.zero.adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
+    with AdamW (:func:`adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
     two moments of that piece only, then all-gathers the updated weights into every local copy.
     The step has two phases (:mod:`.grad_norm`): every group's summed piece (:meth:`prepare`),
     then, with the global gradient norm known, the updates (:meth:`apply`).
     Gradients accumulate in full over a step's micro-batches and are freed after the step (the
     torch runtime runs ZeRO-1 here, and hybrid ZeRO-2; ZeRO-2 shards the gradients per
-    micro-batch otherwise, :class:`.zero.ShardedState`).
+    micro-batch otherwise, :class:`ShardedState`).
 
     Hybrid sharding (``machines``: the machine of every global rank, ``zero_scope=machine``):
     the pieces are cut among the holders inside each machine and summed across machines
@@ -692,7 +692,7 @@ class ShardedState(ShardedOptimizer):
 
     def _arrived(self, key: tuple[int, int], p) -> None:
         """A parameter's gradient of this backward is accumulated; a unit with all of them in
-        is summed, in the order the layout predicts (:func:`.zero_units.reduce_needs`)."""
+        is summed, in the order the layout predicts (:func:`reduce_needs`)."""
         if key[0] != self.cur:
             return
         got = self.arrived.setdefault(key, set())

@@ -264,7 +264,7 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
 def _emulated_runs(tiny, monkeypatch, emulation):
     """Two steps of F, F, I, B, W, STEP on one rank, plain and under ``emulation`` with its
     sleeps recorded, not slept: (plain result, emulated result, the sleeps)."""
-    from hexicore_plugins.runtimes.torch.launch import emulation as emulate
+    from hexicore_plugins.runtimes.torch.launch import emulated_device as emulate
 
     A = Action
     acts = (A("F", 0, 0), A("F", 1, 0), A("I", 1, 0), A("B", 0, 0), A("W", 1, 0), A("STEP"))
@@ -279,7 +279,7 @@ def _emulated_runs(tiny, monkeypatch, emulation):
 def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
     """``emulate: {slowdown: K}``: each F/B/I/W and the optimizer step lasts K x its work (a
     sleep follows it); a wait inside it is not work, and the numbers are unchanged."""
-    from hexicore_plugins.runtimes.torch.launch import emulation as emulate
+    from hexicore_plugins.runtimes.torch.launch import emulated_device as emulate
 
     # a large K keeps some sleep positive even on a loaded host, where an action's wall time may
     # exceed 3x its CPU time

@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 from hexicore.core.plan import Plan, TrainConfig  # noqa: E402
 from hexicore.cost import AnalyticCostModel  # noqa: E402
 from hexicore_plugins.runtimes.torch.parallel.data.sync import apportion  # noqa: E402
-from hexicore_plugins.runtimes.torch.parallel.data.zero import gather_needs, reduce_needs, rounds  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel.data.zero_state import gather_needs, reduce_needs, rounds  # noqa: E402
 
 GIB = 2**30
 

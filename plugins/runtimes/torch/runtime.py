@@ -346,8 +346,8 @@ def _mirrored_plan(pipelines: Any) -> bool:
 
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (ZeRO-1 at the step, :class:`~.parallel.data.zero.ShardedAdamW`; ZeRO-2 per
-    micro-batch, :class:`~.parallel.data.zero.ShardedState`), ZeRO-3 where every pipeline is one stage or the
+    uneven shards (ZeRO-1 at the step, :class:`~.parallel.data.zero_state.ShardedAdamW`; ZeRO-2 per
+    micro-batch, :class:`~.parallel.data.zero_state.ShardedState`), ZeRO-3 where every pipeline is one stage or the
     pipelines mirror each other (``pipelines``: the plan's pipelines, or their count), each also
     hybrid (``zero_scope=machine``, :mod:`.parallel.data.hybrid`); checkpoints of any stage
     (:mod:`.checkpoint.sharded`). Not yet ZeRO-3 for other multi-stage plans.

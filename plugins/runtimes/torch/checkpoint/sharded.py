@@ -3,7 +3,7 @@
 A checkpoint (:mod:`.native`: ``checkpoints/step_K/``, ``out/final/``) stores full tensors
 under standard names, whatever the plan, so it must not depend on the ZeRO stage either. Under
 ZeRO a chunk group's AdamW moments (and, ZeRO-3, its fp32 weights) live as pieces of the group's
-flat bucket (:mod:`..parallel.data.zero`, :mod:`..parallel.data.sync`): member ``i`` of the ranks that tile the bucket
+flat bucket (:mod:`..parallel.data.zero_state`, :mod:`..parallel.data.sync`): member ``i`` of the ranks that tile the bucket
 (all holders, or, hybrid, the holders in its machine: :mod:`..parallel.data.hybrid`) keeps ``bounds[i]``.
 
 Saving (:func:`full_local`, collective over each group): the pieces are all-gathered among the
@@ -20,9 +20,9 @@ comes from ``meta.json``. ZeRO-3 weights need nothing: the parameters are initia
 checkpoint's model before the sharded state takes its pieces of them. So a checkpoint written
 under any stage and plan resumes under any other.
 
-The sharded objects are read through their pieces per group only: :class:`..parallel.data.zero.ShardedAdamW`
+The sharded objects are read through their pieces per group only: :class:`..parallel.data.zero_state.ShardedAdamW`
 (``splits``, ``moments``: one contiguous range of the bucket per member) and
-:class:`..parallel.data.zero.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
+:class:`..parallel.data.zero_state.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
 ``bounds``, ``i``; ``pieces``: weights, gradient, moments — a member's piece is its slice of
 every unit, :func:`..parallel.data.sync.apportion`) — both with the step count ``t``.
 """
@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .native import OPTIM_KEYS, optim_source
+from ..parallel.data.zero_state import ShardedAdamW, ShardedOptimizer
 from ..parallel.tensor import TPGroup, shard_dim
 
 
@@ -60,10 +61,10 @@ class Shard:
         return torch.cat([flat[lo:hi] for lo, hi in self.slices[self.i]])
 
 
-def shards(sharded: Any) -> list[Shard]:
-    """The :class:`Shard` of every chunk group of a :class:`..parallel.data.zero.ShardedAdamW` or a
-    :class:`..parallel.data.zero.ShardedState` (module docstring)."""
-    if hasattr(sharded, "splits"):
+def shards(sharded: ShardedOptimizer) -> list[Shard]:
+    """The :class:`Shard` of every chunk group of a :class:`..parallel.data.zero_state.ShardedAdamW` or a
+    :class:`..parallel.data.zero_state.ShardedState` (module docstring)."""
+    if isinstance(sharded, ShardedAdamW):
         out = []
         for members, _, chunks in sharded.sync.items:
             sp = sharded.splits[members]
@@ -74,7 +75,7 @@ def shards(sharded: Any) -> list[Shard]:
     out = []
     for b, (weights, _, avg, sq) in zip(sharded.buckets, sharded.pieces):
         tensors = {"exp_avg": avg, "exp_avg_sq": sq}
-        if getattr(sharded, "stage", 0) == 3:
+        if sharded.frees_weights:  # ZeRO-3 keeps only its piece of the weights
             tensors["param"] = weights
         slices = [[(start + lo, start + hi) for (start, _), bounds in zip(b.span, b.bounds)
                    for lo, hi in [bounds[j]]] for j in range(len(b.members))]
@@ -105,7 +106,7 @@ def _params(stages: dict) -> dict[tuple[int, str], torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+def full_local(sharded: ShardedOptimizer, stages: dict, wait: Callable) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
     """Collective over every chunk group: ``(stage, name) -> {"exp_avg", "exp_avg_sq", "step"
     (, "param")}``, full local tensors (this rank's TP slice) on the CPU, for every tensor the
     sharded state covers (empty outside pipeline 0, which alone reports)."""
@@ -132,7 +133,7 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
 
 
 @torch.no_grad()
-def restore(sharded: Any, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None:
+def restore(sharded: ShardedOptimizer, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None:
     """Give every chunk group's pieces their values from checkpoint ``ck`` (module docstring)."""
     if ck.get("adam_step") is None:
         return

@@ -1,3 +1,3 @@
 """Starting the workers: :mod:`.launcher` (torch's elastic launch or torchrun; clean stops), and
-:mod:`.emulation` (emulated device speeds on one host, a test aid).
+:mod:`.emulated_device` (emulated device speeds on one host, a test aid).
 """

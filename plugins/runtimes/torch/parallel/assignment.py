@@ -329,7 +329,7 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
 
 
 # ------------------------------------------------------------------ ZeRO-3
-# which assignments ZeRO-3 (parallel/data/zero.py) runs on: structural facts of the assignment,
+# which assignments ZeRO-3 (parallel/data/zero_state.py) runs on: structural facts of the assignment,
 # torch-free here because `plan` and `evaluate` check plans without torch
 def one_stage_per_pipeline(layout) -> bool:
     """Whether every pipeline is one plan stage (one pipeline rank, TP group) with one model copy:
@@ -348,7 +348,7 @@ def mirrored(layout) -> bool:
 
 
 def zero3_runs(layout) -> bool:
-    """Whether ZeRO-3 runs on ``layout`` (:mod:`.data.zero`): every pipeline one stage (any
+    """Whether ZeRO-3 runs on ``layout`` (:mod:`.data.zero_state`): every pipeline one stage (any
     schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
     Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
     on each other's activations, pairing the ``k``-th needs of ranks at different points of

@@ -24,7 +24,7 @@ from . import tied_embedding
 from .assignment import PipelinePart, RankAssignment, Role, zero3_runs
 from .data.hybrid import communicators, machine_sets as hybrid_sets
 from .data.sync import DPSync, full_shapes, sync_plan
-from .data.zero import unit_sizes
+from .data.zero_state import unit_sizes
 from .tensor import TPGroup
 
 
@@ -76,13 +76,13 @@ class ParallelLayout:
               machines: tuple[str, ...] | None = None, shard_weights: tuple[float, ...] | None = None
               ) -> "ParallelLayout":
         """Create (collectively) every TP and DP group of ``assignment``; return this rank's
-        layout. ZeRO-3 (:mod:`.data.zero`) gets a second group per member set for the weight
+        layout. ZeRO-3 (:mod:`.data.zero_state`) gets a second group per member set for the weight
         gathers, so gathers and gradient sums pair up in order on their own communicators
         (hybrid: per machine subset of a chunk group, :func:`.data.hybrid.machine_sets`). Hybrid
         sharding (``machines``: the machine of every global rank; ``shard_weights``: shard weights
         or None) adds the machine subsets and cross-machine segments of every chunk group
         (:func:`.data.hybrid.communicators`; ZeRO-3 cuts them unit by unit,
-        :func:`.data.zero.unit_sizes`)."""
+        :func:`.data.zero_state.unit_sizes`)."""
         role = assignment.role(rank)
         tp, leader = TPGroup(), rank
         for part in assignment.pipelines:

@@ -7,7 +7,7 @@ parallelisms one after the other to a model).
    shard of the initial weights; a tied head and embedding on one rank share one Parameter
    (:func:`~..model.stage_module.build_stages`);
 2. **data**: with ``zero`` > 0, the sharded training state over the data-parallel chunk groups
-   (:mod:`.data.zero`), attached to this rank's gradient sync (:mod:`.data.sync`), which then
+   (:mod:`.data.zero_state`), attached to this rank's gradient sync (:mod:`.data.sync`), which then
    delegates the step to it. Plain data parallelism needs nothing here: the chunk groups exist
    since :meth:`~.layout.ParallelLayout.build`.
 
@@ -20,7 +20,7 @@ import torch
 
 from ..model.stage_module import StageModule, TensorSource, build_stages
 from .assignment import zero3_runs
-from .data.zero import ShardedAdamW, ShardedOptimizer, ShardedState
+from .data.zero_state import ShardedAdamW, ShardedOptimizer, ShardedState
 from .layout import ParallelLayout
 
 
@@ -44,8 +44,8 @@ def parallelize(parallel: ParallelLayout, *, weights: TensorSource, recompute: b
 def _sharded(parallel: ParallelLayout, stages: dict[int, StageModule], **adam) -> ShardedOptimizer:
     """The sharded optimizer of this rank: ZeRO-2 for every layout and ZeRO-3 on one-stage or
     mirrored pipelines (:func:`.assignment.zero3_runs`; hybrid too: pieces inside each machine,
-    summed across machines at the step), per micro-batch (:class:`.data.zero.ShardedState`);
-    ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.data.zero.ShardedAdamW`)."""
+    summed across machines at the step), per micro-batch (:class:`.data.zero_state.ShardedState`);
+    ZeRO-1, and ZeRO-2 under hybrid sharding, at the step (:class:`.data.zero_state.ShardedAdamW`)."""
     zero, machines = parallel.zero, parallel.machines
     if zero == 3 and not zero3_runs(parallel.assignment):
         raise ValueError("ZeRO-3 runs only on one-stage or mirrored pipelines (zero3_runs)")

@@ -36,10 +36,10 @@ import torch.distributed as dist
 from hexicore.core.emulation import Emulation
 from hexicore.pipeline.actions import Action, Op
 
-from ..launch.emulation import emulated, settle
+from ..launch.emulated_device import emulated, settle
 from ..model.stage_module import StageModule
 from .data import grad_norm
-from .data.zero import ShardedOptimizer
+from .data.zero_state import ShardedOptimizer
 from .layout import ParallelLayout
 
 KIND = {Op.SEND_F: 0, Op.RECV_F: 0, Op.SEND_B: 1, Op.RECV_B: 1}  # message tag kinds: activation, gradient
@@ -54,7 +54,7 @@ class ExecutionError(RuntimeError):
 class Executor:
     """One rank's stages of one pipeline plus the state of the step being executed."""
 
-    #: the ZeRO-sharded training state of this rank (:class:`~.data.zero.ShardedOptimizer`): told
+    #: the ZeRO-sharded training state of this rank (:class:`~.data.zero_state.ShardedOptimizer`): told
     #: before and after each compute action (ZeRO-2/3 gather and free units, sum finished
     #: gradients), it steps the tensors it shards; None without ZeRO
     sharded: ShardedOptimizer | None = None
@@ -75,7 +75,7 @@ class Executor:
         self.recv_queue = [index for index, action in enumerate(self.actions)
                            if action.op in RECVS] if self.leader else []
         self.explicit_step = any(action.op is Op.STEP for action in self.actions)
-        self.emulation = emulation  # emulated device speed (test aid, launch/emulation.py)
+        self.emulation = emulation  # emulated device speed (test aid, launch/emulated_device.py)
         self.sharded = parallel.data.sharded if parallel.data is not None else None
         self.params = {(stage, name): param for stage in sorted(stages)
                        for name, param in stages[stage].module.named_parameters()}

@@ -5,7 +5,7 @@ processes or the ranks torchrun started). Every rank walks the same list of meas
 (:func:`tasks`); one measurement runs at a time (the others wait at a barrier), so devices
 sharing a host do not disturb each other. Each rank is its device: rank ``r`` is
 ``cluster.devices[r]``, and compute on a machine with ``emulate:`` goes through
-:func:`..launch.emulation.emulated` exactly as the executor's compute actions do, so every second
+:func:`..launch.emulated_device.emulated` exactly as the executor's compute actions do, so every second
 recorded is a wall second as training will see it.
 
 * **block** (per GPU type, or per device): :class:`..model.llama.Block` — the runtime's own block —

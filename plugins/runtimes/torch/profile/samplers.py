@@ -2,7 +2,7 @@
 
 Each ``*_samples`` function is a generator: it builds what it times once, then yields one sample
 per ``next()``, so :func:`.profiler.run_worker` can interleave the repeats of every measurement.
-Compute goes through :func:`..launch.emulation.emulated` as the executor's compute actions do.
+Compute goes through :func:`..launch.emulated_device.emulated` as the executor's compute actions do.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.emulation import Emulation
 
-from ..launch.emulation import emulated, settle
+from ..launch.emulated_device import emulated, settle
 from ..model.llama import Block, LlamaChunk, rope_tables
 from ..parallel.tensor import TPGroup
 

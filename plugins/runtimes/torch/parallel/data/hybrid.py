@@ -20,7 +20,7 @@ machine). A step, per chunk group: reduce-scatter inside the machine, all-reduce
 segment across machines, AdamW on the piece (identical on every machine: same sum, same
 moments), all-gather inside the machine.
 
-ZeRO-3 (:class:`.zero.ShardedState`, the cost model's ``1.5 x intra`` per micro-batch plus
+ZeRO-3 (:class:`.zero_state.ShardedState`, the cost model's ``1.5 x intra`` per micro-batch plus
 ``cross`` at the step): a bucket is cut unit by unit (:func:`.sync.apportion` among the
 machine's holders), so the segments are cut per unit too (:func:`atom_segments`); gathers and
 per-micro-batch gradient reduce-scatters run among the machine's holders only, and at the step,
@@ -162,7 +162,7 @@ def communicators(groups: dict[tuple[int, ...], int], weights: Sequence[float] |
 
 def sum_across(b, g: torch.Tensor, handle: Callable, wait: Callable) -> None:
     """ZeRO-3 at the step: sum, in place, every cross segment (``b.cross``) of this rank's
-    gradient piece ``g`` of bucket ``b`` (:class:`.zero.Bucket`, its slices atom after
+    gradient piece ``g`` of bucket ``b`` (:class:`.zero_state.Bucket`, its slices atom after
     atom) with the other machines' holders of it; the segments shared with the same ranks go
     in one all-reduce on ``handle(ranks)``, posted in sorted order of ``ranks`` (the same on
     every rank, so no two ranks wait on each other's later sum)."""

@@ -46,7 +46,7 @@ of a chunk group's flat bucket, sharded on its own (a unit is gathered and its g
 alone): member ``j`` owns a slice of every atom (:func:`apportion`), its *piece* is those slices,
 atom after atom.
 
-Pairing (the module docstring of :mod:`.zero`): every rank knows, from the layout, every rank's
+Pairing (the module docstring of :mod:`.zero_state`): every rank knows, from the layout, every rank's
 *needs* in step order — the units each compute action gathers (:func:`gather_needs`) and the
 units whose gradient each backward finishes, one by one (:func:`reduce_needs`). Round ``k`` of a group carries the
 union of its members' ``k``-th needs (:func:`rounds`): ranks whose schedules differ (a forward

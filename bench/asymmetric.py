@@ -45,7 +45,7 @@ def _model(args):
 
 
 def _layout(args, plan, world):
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, schedule_actions
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, schedule_actions
 
     pipes, rank = [], 0
     for batch, sched, stages in plan:
@@ -65,20 +65,21 @@ def _profile(args, plan, rank, world, device):
     import torch.distributed as dist
 
     from hexicore.pipeline.simulate import Timing, simulate
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.executor import Executor
-    from hexicore_plugins.runtimes.torch.groups import build_groups
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import Executor
+    from hexicore_plugins.runtimes.torch.parallel.layout import ParallelLayout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
     from runtime import _hop_time  # bench/runtime.py: one activation transfer between ranks 0 and 1
 
     lay = _layout(args, plan, world)
-    g = build_groups(lay, rank, world)
+    parallel = ParallelLayout.build(lay, rank, world)
     ex, tail = None, []
-    if g.role is not None:
-        part = lay.pipelines[g.role.pipeline]
-        stages = build_stages(lay.model, part, g.role.pipe_rank, g.tp, full=seeded(0), recompute=False, device=device)
+    if parallel.role is not None:
+        part = parallel.pipeline
+        stages = build_stages(lay.model, part, parallel.pipe_rank, parallel.tp, full=seeded(0), recompute=False,
+                              device=device)
         opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=3e-4)
-        ex = Executor(part, g.role.pipe_rank, stages, g, optimizer=opt, device=device,
+        ex = Executor(parallel, stages, optimizer=opt, device=device,
                       act_shape=(args.micro_batch, args.seq, lay.model.hidden),
                       loss_scale=1.0 / (lay.global_batch * args.seq))
         _timed(opt, "step", tail)
@@ -99,13 +100,13 @@ def _profile(args, plan, rank, world, device):
     for _ in range(3):
         dist.barrier()
         t0 = time.perf_counter()
-        if ex is not None and g.dp is not None:
-            g.dp.run({(s, n): p for s in sorted(ex.stages) for n, p in ex.stages[s].module.named_parameters()},
-                     ex._wait)
+        if ex is not None and parallel.data is not None:
+            parallel.data.run({(s, n): p for s in sorted(ex.stages) for n, p in ex.stages[s].module.named_parameters()},
+                           ex._wait)
         sync.append(time.perf_counter() - t0)
     update = [u + statistics.median(sync) for u in update]
     every = [None] * world
-    dist.all_gather_object(every, (g.role, spans, statistics.median(update or [0.0])))
+    dist.all_gather_object(every, (parallel.role, spans, statistics.median(update or [0.0])))
     if rank != 0:
         return None
     makespans = []

@@ -382,7 +382,7 @@ MODEL_NOTE = ("The profiled model adds the measured optimizer step (`hexicore/co
 #: the emulation of devices slower than the host (``--tflops 0``), and what its runs showed
 SLOWDOWN_NOTE = (
     "The emulation stretches each compute action and the optimizer step to K times its CPU seconds "
-    "(`plugins/runtimes/torch/emulate.py`), waits inside it included, so neither a wait for a core nor a TP "
+    "(`plugins/runtimes/torch/launch/emulated_device.py`), waits inside it included, so neither a wait for a core nor a TP "
     "all-reduce inside a block is multiplied by the slowdown. The devices follow the host's speed, which drifts "
     "20-35% on this shared host between a profile and runs minutes later: pairs whose predictions lie within a "
     "few percent of each other cannot be ordered reliably by any single run. A TP stage is priced at its blocks' "
@@ -393,7 +393,7 @@ SLOWDOWN_NOTE = (
 #: the emulation of devices of a fixed speed (``--tflops X``, the default)
 FIXED_NOTE = (
     "Each compute action lasts its FLOPs (counted by torch's FLOP formulas as it runs) at the machine's emulated "
-    "TFLOP/s (`emulate: {tflops: X}`, `plugins/runtimes/torch/emulate.py`), well below the ~0.07 TFLOP/s a core "
+    "TFLOP/s (`emulate: {tflops: X}`, `plugins/runtimes/torch/launch/emulated_device.py`), well below the ~0.07 TFLOP/s a core "
     "of this host computes, so the devices' time does not follow the host's speed or load; what is not device "
     "compute (messages, the DP all-reduce, the optimizer step, Python between actions) runs at the host's speed "
     "and carries its noise, a few per cent of a step. Runs in the older mode (`--tflops 0`: each action K times "

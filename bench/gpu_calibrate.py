@@ -47,7 +47,7 @@ def measure(args: argparse.Namespace, attn: str) -> dict:
     import torch
 
     from hexicore.core.model import ModelSpec
-    from hexicore_plugins.runtimes.torch import model as llama
+    from hexicore_plugins.runtimes.torch.model import llama
 
     spec = ModelSpec.load(ROOT / "conf" / "model" / f"{args.model}.yaml")
     seq = args.seq_len or spec.seq_len
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from hexicore.core.cluster import GPU_CATALOG
-    from hexicore_plugins.runtimes.torch import model as llama
+    from hexicore_plugins.runtimes.torch.model import llama
 
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     kind = gpu_type(name) if args.device.startswith("cuda") else None

@@ -10,7 +10,7 @@
    ``model.safetensors`` and once sharded (``max_shard_size``), is loaded the way ``hexicore train
    init_from=DIR`` loads it, for every rank of a 4-rank run (2 pipeline stages x TP 2): each rank
    in a fresh process builds its stage chunk and reads only its tensors' TP slices
-   (:class:`hexicore_plugins.runtimes.torch.hf_io.SafeTensors`). Reported per rank: load time, the
+   (:class:`hexicore_plugins.runtimes.torch.checkpoint.hugging_face.SafeTensors`). Reported per rank: load time, the
    bytes it read, and the growth of its peak resident memory (``ru_maxrss``) over the process
    after imports (peak RSS reset through ``/proc/self/clear_refs``) — its parameters plus what
    reading cost. The baseline row loads the whole file
@@ -115,10 +115,10 @@ def worker(folder: str, rank: int) -> None:
 
     from hexicore.core.hf_config import load_hf_config
     from hexicore.registry import Registry
-    from hexicore_plugins.runtimes.torch.hf_io import SafeTensors
-    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages
-    from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import SafeTensors
+    from hexicore_plugins.runtimes.torch.parallel.assignment import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages
+    from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
 
     model = load_hf_config(folder)
     lay = single_pipeline_layout(model, {"name": "1f1b"}, 2, registry=Registry.default(), global_batch=2,
@@ -211,7 +211,7 @@ def main() -> None:
         (d / "p").mkdir()
         prep = bench_prepare(d / "p", 1.0 if a.quick else 4.0)
         size, rows = bench_load(d / "ckpt", a.quick)
-        from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+        from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import checkpoint_shapes
 
         largest = max(4 * math.prod(s) for s in checkpoint_shapes(d / "ckpt" / "single").values()) / 2**20
     text = section(prep, size, rows, largest)

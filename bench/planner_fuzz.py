@@ -77,7 +77,7 @@ def check(c: dict, path: Path, tmp: Path) -> tuple[str, str]:
     import hexicore
     from hexicore.core.errors import HexicoreError
     from hexicore.registry import Registry
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 
     try:
         plan = hexicore.plan(model=c["model"], solver=c["solver"], schedule=c["schedule"], cluster_file=path,

@@ -31,8 +31,8 @@ def _model(args):
 
 
 def _ours(args, schedule, rank, world, device):
-    from hexicore_plugins.runtimes.torch.layout import build_layout, single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec, train
+    from hexicore_plugins.runtimes.torch.parallel.assignment import build_layout, single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec, train
 
     gb = args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
@@ -48,10 +48,10 @@ def _torch(args, schedule, rank, world, device):
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
-    from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.assignment import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
 
     model, gb = _model(args), args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(model, {"name": "gpipe"}, world, registry=Registry.default(), global_batch=gb,
@@ -125,19 +125,19 @@ def _predicted(args, schedule, rank, world, device):
     import torch.distributed as dist
 
     from hexicore.pipeline.simulate import Timing, simulate
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens
-    from hexicore_plugins.runtimes.torch.executor import Executor
-    from hexicore_plugins.runtimes.torch.groups import build_groups
-    from hexicore_plugins.runtimes.torch.layout import single_pipeline_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import Executor
+    from hexicore_plugins.runtimes.torch.parallel.layout import ParallelLayout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import single_pipeline_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
 
     gb = args.micro_batches * args.micro_batch
     lay = single_pipeline_layout(_model(args), {"name": schedule}, world, registry=Registry.default(), global_batch=gb,
                                  micro_batch=args.micro_batch, seq_len=args.seq)
-    part, g = lay.pipelines[0], build_groups(lay, rank, world)
-    stages = build_stages(lay.model, part, rank, g.tp, full=seeded(0), recompute=False, device=device)
+    part, parallel = lay.pipelines[0], ParallelLayout.build(lay, rank, world)
+    stages = build_stages(lay.model, part, rank, parallel.tp, full=seeded(0), recompute=False, device=device)
     opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=3e-4)
-    ex = Executor(part, rank, stages, g, optimizer=opt, act_shape=(args.micro_batch, args.seq, lay.model.hidden),
+    ex = Executor(parallel, stages, optimizer=opt, act_shape=(args.micro_batch, args.seq, lay.model.hidden),
                   device=device, loss_scale=1.0 / (gb * args.seq))
     data, measured, spans = SyntheticTokens(lay.model.vocab, args.seq, gb, 0), [], []
     for step in range(args.steps):
@@ -163,7 +163,7 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from hexicore_plugins.runtimes.torch.trainer import choose_backend
+    from hexicore_plugins.runtimes.torch.train.trainer import choose_backend
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # no oversubscription on CPU

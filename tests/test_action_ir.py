@@ -107,7 +107,7 @@ def test_array_codes_agree_with_the_enum():
 
 def test_executor_dispatches_every_kind_through_its_table():
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.executor import HANDLERS, Executor
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import HANDLERS, Executor
 
     assert set(HANDLERS) == set(Op)
     assert HANDLERS[Op.B] is HANDLERS[Op.I] is HANDLERS[Op.W] is Executor._on_backward

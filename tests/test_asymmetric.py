@@ -65,7 +65,7 @@ PLANS = {
 
 
 def layout_of(pipelines, **kw):
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 
     plan = plan_of(pipelines, **kw)
     return plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
@@ -73,7 +73,7 @@ def layout_of(pipelines, **kw):
 
 # ------------------------------------------------------------------ sync plan (no processes)
 def test_chunks_have_the_smallest_shard_size_and_exactly_their_holders():
-    from hexicore_plugins.runtimes.torch.dp_sync import full_shapes, sync_plan
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import full_shapes, sync_plan
 
     layout = layout_of(ACCEPTANCE)
     shapes = full_shapes(layout.model)
@@ -98,10 +98,10 @@ def test_chunks_have_the_smallest_shard_size_and_exactly_their_holders():
 
 
 def test_every_parameter_chunk_is_covered_once_per_pipeline():
-    from hexicore_plugins.runtimes.torch.dp_sync import full_shapes, sync_plan
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import full_shapes, sync_plan
 
     big = ModelSpec(name="t", layers=4, hidden=32, heads=8, kv_heads=4, ffn=64, vocab=64, seq_len=16)
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, schedule_actions
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, schedule_actions
 
     pipes = [(4, [StageGroup((0, 1, 2, 3), 1), StageGroup((4,), 3)]), (2, [StageGroup((5, 6), 2),
                                                                             StageGroup((7,), 2)]),
@@ -121,7 +121,7 @@ def test_every_parameter_chunk_is_covered_once_per_pipeline():
 
 # ------------------------------------------------------------------ evaluate and train agree
 def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_path, capsys, monkeypatch):
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     bad = plan_of([(8, {"name": "hanayo", "waves": 2}, [(1, 6), (1, 1), (1, 1)])])  # 4 chunks on 1 layer
@@ -189,9 +189,9 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     ``parallel=none`` on the same global batch (losses and final weights within 1e-5). Then a plan
     written by ``hexicore plan`` for a small synthetic cluster trains through ``hexicore train``."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,

@@ -1,6 +1,6 @@
 """Every bad override is one line and exit 2 before any work (the solver, cost and runtime
 sections validate their parameters and name ``solver.time_limit`` etc.), and the torch runtime's
-thread setting follows the machine (plugins/runtimes/torch/launch.py)."""
+thread setting follows the machine (plugins/runtimes/torch/launch/launcher.py)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_an_override_a_file_makes_void_is_refused(argv, field, beside, tmp_path,
 
 def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch import launch
+    from hexicore_plugins.runtimes.torch.launch import launcher as launch
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -10,9 +10,9 @@ import torch
 
 from hexicore.core.model import ModelSpec
 from hexicore.cost.block_memory import counted, runtime_block_bytes
-from hexicore_plugins.runtimes.torch.model import Block, rope_tables
-from hexicore_plugins.runtimes.torch.samplers import activation_bytes
-from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+from hexicore_plugins.runtimes.torch.model.llama import Block, rope_tables
+from hexicore_plugins.runtimes.torch.profile.samplers import activation_bytes
+from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
 
 
 @pytest.mark.parametrize("shape", [(128, 4, 2, 352, 64, 1), (256, 4, 4, 688, 128, 2), (192, 6, 2, 512, 32, 3)])

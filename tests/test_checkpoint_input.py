@@ -30,7 +30,7 @@ def ref(tmp_path_factory):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
 
@@ -124,7 +124,7 @@ def test_a_fault_before_the_resumed_step_is_refused(ref, tmp_path, capsys, no_la
 
 def test_model_difference_shows_every_field():
     from hexicore.core.errors import HexicoreError
-    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+    from hexicore_plugins.runtimes.torch.checkpoint.native import check_resume
 
     ck = {"dir": "ck", "step": 1, "seed": 0, "model": {"layers": 4, "hidden": 32}, "data": {}, "plan": "p"}
     with pytest.raises(HexicoreError) as e:
@@ -242,7 +242,7 @@ def test_init_from_refuses_a_config_of_another_model(ref, tmp_path, capsys, no_l
 def test_init_from_its_own_config_and_a_foreign_config_pass_the_check(ref, tmp_path):
     """The run's own final/ passes; a config the runtime does not read leaves the tensors to decide."""
     from hexicore.core.hf_config import load_hf_config
-    from hexicore_plugins.runtimes.torch.hf_io import check_config
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import check_config
 
     model = load_hf_config(ref / "final")
     check_config(ref / "final", model)
@@ -280,7 +280,7 @@ def test_resume_refuses_another_token_file_of_the_same_name_and_size(tmp_path, c
 
 def test_a_checkpoint_without_a_data_digest_resumes():
     """Checkpoints written before digests were recorded compare kind, file and size only."""
-    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+    from hexicore_plugins.runtimes.torch.checkpoint.native import check_resume
 
     ck = {"dir": "ck", "seed": 0, "model": {}, "step": 1, "plan": "p",
           "data": {"kind": "tokens", "file": "x.bin", "size": 9}}
@@ -303,7 +303,7 @@ def test_resumed_throughput_skips_the_first_step_of_the_process(ref, tmp_path, c
 
 
 def test_one_step_measures_nothing_steady():
-    from hexicore_plugins.runtimes.torch.measure import measured
+    from hexicore_plugins.runtimes.torch.profile.measure import measured
 
     summary = {"pipeline": 0, "stage": 0, "schedule_s": None, "sync_steps": [], "forward_s": None,
                "backward_s": None, "peak_memory_gb": 1.0}

@@ -1,4 +1,4 @@
-"""Clean stops of a launched run (plugins/runtimes/torch/launch.py), through the real CLI in a
+"""Clean stops of a launched run (plugins/runtimes/torch/launch/launcher.py), through the real CLI in a
 subprocess: a SIGSTOPped rank (it ignores SIGTERM) ends every rank within ``runtime.timeout_s``
 plus a few seconds; Ctrl-C on the launcher ends every worker within seconds with one line, no
 traceback, naming the last complete checkpoint; the launcher's temporary folder is gone."""

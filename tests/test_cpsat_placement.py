@@ -16,7 +16,7 @@ from hexicore.cost import AnalyticCostModel
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 from hexicore.planner.pricing import ScheduleBook, schedule_pricing
 from hexicore.registry import Registry
-from hexicore_plugins.runtimes.torch.layout import plan_layout
+from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 from hexicore_plugins.solvers.cpsat.ends import head_rows, plain_rows
 from hexicore_plugins.solvers.cpsat.tables import build_tables, stage_options
 from tests.test_cpsat import cluster, problem, small_llama, solve

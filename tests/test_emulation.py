@@ -11,7 +11,7 @@ import torch
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.emulation import Emulation
 from hexicore.core.errors import HexicoreError
-from hexicore_plugins.runtimes.torch import emulate
+from hexicore_plugins.runtimes.torch.launch import emulated_device as emulate
 
 CPU = torch.device("cpu")
 

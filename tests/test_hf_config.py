@@ -113,7 +113,7 @@ def test_hf_models_train_up_to_their_positions_and_windows():
     ``max_position_embeddings`` — before, a Llama 3 config of 8192 positions could not train at
     8192 — but never beyond a sliding window, where full attention would differ."""
     from hexicore.core.errors import PlanError
-    from hexicore_plugins.runtimes.torch.layout import reference_layout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import reference_layout
 
     llama = spec_from_hf({"model_type": "llama", **SMALL, "max_position_embeddings": 8192})
     assert llama.seq_len == 4096 and reference_layout(llama, global_batch=1, micro_batch=1, seq_len=8192).seq_len == 8192

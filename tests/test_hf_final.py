@@ -61,7 +61,7 @@ def train_argv(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def no_launch(monkeypatch):
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("a worker was launched"))
 

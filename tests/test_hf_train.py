@@ -76,7 +76,7 @@ def plan_of(spec: ModelSpec, pipelines, global_batch: int) -> Plan:
 def layout_of(spec, pipelines, global_batch):
     import dataclasses
 
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 
     plan = plan_of(spec, pipelines, global_batch)
     lay = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
@@ -118,8 +118,8 @@ def max_abs(a, b):
 
 def expected_reads(layout) -> dict[int, tuple[set[str], int]]:
     """Per rank: the tensors of its own chunks and the bytes of its TP slices of them."""
-    from hexicore_plugins.runtimes.torch.dp_sync import _held, full_shapes
-    from hexicore_plugins.runtimes.torch.tensor_parallel import shard_dim
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import _held, full_shapes
+    from hexicore_plugins.runtimes.torch.parallel.tensor import shard_dim
 
     shapes = full_shapes(layout.model)
     out: dict[int, tuple[set[str], int]] = {}
@@ -156,7 +156,7 @@ def corpus(tmp_path_factory):
 
 
 def test_init_from_refuses_a_mismatched_checkpoint_before_launch(tmp_path, corpus, capsys, monkeypatch):
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
     from safetensors.torch import load_file, save_file
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
@@ -186,9 +186,9 @@ def test_init_from_refuses_a_mismatched_checkpoint_before_launch(tmp_path, corpu
 
 @pytest.mark.slow
 def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_path, corpus):
-    from hexicore_plugins.runtimes.torch.data import SyntheticTokens, TokenData
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens, TokenData
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
 
     specs, cases = [], []
 
@@ -254,14 +254,14 @@ def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_p
 
 
 def loaded_names(folder: Path) -> set[str]:
-    from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import checkpoint_shapes
 
     return set(checkpoint_shapes(folder))
 
 
 def test_header_check_names_the_tensor(tmp_path):
-    from hexicore_plugins.runtimes.torch.dp_sync import full_shapes
-    from hexicore_plugins.runtimes.torch.hf_io import check_shapes
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import full_shapes
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import check_shapes
 
     spec = make_hf(tmp_path, "qwen2")
     check_shapes(full_shapes(spec), tmp_path, tied=True)
@@ -287,7 +287,7 @@ def test_a_malformed_header_entry_is_refused_before_any_worker(tmp_path, entry, 
     naming the file and the tensor; the total size still matches, so only the entry tells."""
     from safetensors.torch import save_file
 
-    from hexicore_plugins.runtimes.torch.hf_io import checkpoint_shapes
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import checkpoint_shapes
 
     save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(tmp_path / "model.safetensors"))
     raw = (tmp_path / "model.safetensors").read_bytes()
@@ -312,7 +312,7 @@ def test_gaps_and_bad_metadata_are_refused_before_and_in_a_worker(tmp_path):
     the check) is one line naming the file and the tensor too."""
     from safetensors.torch import save_file
 
-    from hexicore_plugins.runtimes.torch.hf_io import SafeTensors, checkpoint_shapes
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import SafeTensors, checkpoint_shapes
 
     path = tmp_path / "model.safetensors"
     save_file({"a": torch.zeros(4), "b": torch.ones(2)}, str(path), metadata={"format": "pt"})
@@ -343,7 +343,7 @@ def test_final_holds_one_layout_only(tmp_path, capsys):
     ``model.safetensors`` first) and hexicore's ``init_from`` (the index) loaded different runs."""
     from transformers import AutoModelForCausalLM
 
-    from hexicore_plugins.runtimes.torch.hf_io import INDEX, save_tensors, shard_name, write_index
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import INDEX, save_tensors, shard_name, write_index
 
     final = tmp_path / "out" / "final"
     final.mkdir(parents=True)
@@ -363,7 +363,7 @@ def test_a_directory_with_both_layouts_is_read_as_transformers_reads_it(tmp_path
     """A third-party directory holding ``model.safetensors`` and an index with shards: before,
     hexicore read the index and transformers the single file, so ``init_from`` and
     ``from_pretrained`` started from different weights."""
-    from hexicore_plugins.runtimes.torch.hf_io import SINGLE, save_tensors, shard_name, weight_files, write_index
+    from hexicore_plugins.runtimes.torch.checkpoint.hugging_face import SINGLE, save_tensors, shard_name, weight_files, write_index
 
     save_tensors(tmp_path / SINGLE, {"w": torch.ones(2)})
     save_tensors(tmp_path / shard_name(0, 1), {"w": torch.zeros(2), "old": torch.zeros(1)})
@@ -374,7 +374,7 @@ def test_a_directory_with_both_layouts_is_read_as_transformers_reads_it(tmp_path
 
 
 def test_resume_refuses_another_seed_model_or_data_and_states_another_plan():
-    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+    from hexicore_plugins.runtimes.torch.checkpoint.native import check_resume
 
     model = {"name": "m", "layers": 4}
     ck = {"dir": "ck/step_2", "step": 2, "seed": 1, "model": model, "data": {"kind": "tokens", "file": "x.bin",

@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hexicore_plugins.runtimes.torch.model import MLP, Attention, LlamaChunk, apply_rope, rope_tables  # noqa: E402
-from hexicore_plugins.runtimes.torch.stage import full_model, load_shards, seeded  # noqa: E402
-from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup, shard, shard_dim, unshard  # noqa: E402
+from hexicore_plugins.runtimes.torch.model.llama import MLP, Attention, LlamaChunk, apply_rope, rope_tables  # noqa: E402
+from hexicore_plugins.runtimes.torch.model.stage_module import full_model, load_shards, seeded  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup, shard, shard_dim, unshard  # noqa: E402
 
 
 def tokens(model, batch=2, seed=0):

@@ -260,7 +260,7 @@ def test_training_refuses_lists_that_deadlock_before_any_worker_starts(registry)
     """Without a plan (``hexicore train schedule=NAME``) nothing priced the lists: the workers
     started, deadlocked and the run failed (exit 1) instead of being refused (exit 2)."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.layout import schedule_actions
+    from hexicore_plugins.runtimes.torch.parallel.assignment import schedule_actions
 
     assert schedule_actions({"name": "badsched", "mode": "ok"}, 2, 4, registry).ranks == 2
     with pytest.raises(HexicoreError, match="backward before its forward") as info:

@@ -167,8 +167,8 @@ def test_runtime_trains_each_new_schedule_like_one_process():
     DualPipeV, interleaved ZB and synth (lists for recorded uneven times) on an asymmetric plan — losses and weights equal
     ``parallel=none``'s within 1e-5."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_layout
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_layout
     from tests.test_runtime_dist import GB, SEQ, TOL, WORLD, equal_stages, max_abs, max_rel, pipeline, spec, tiny
 
     m = tiny()

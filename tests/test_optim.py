@@ -12,7 +12,7 @@ import math
 import pytest
 
 from hexicore.core.errors import HexicoreError
-from hexicore_plugins.runtimes.torch.lr_schedule import lr_at
+from hexicore_plugins.runtimes.torch.train.lr_schedule import lr_at
 from tests.conftest import run_cli
 
 #: the distributed tests' optimizer: clipping active at every step (norms ~2), cosine with warmup
@@ -58,8 +58,8 @@ def test_bad_optimizer_settings_name_their_key(params, field, words):
 
 # ------------------------------------------------------------------ one process, in this process
 def _spec(steps=3, **kw):
-    from hexicore_plugins.runtimes.torch.layout import reference_layout
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.parallel.assignment import reference_layout
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import tiny
 
     layout = reference_layout(tiny(), global_batch=4, micro_batch=2, seq_len=16)
@@ -71,8 +71,8 @@ def _plain_torch(spec):
     by hand; per step (loss, pre-clip norm) and the final weights."""
     import torch
 
-    from hexicore_plugins.runtimes.torch.data import make_source
-    from hexicore_plugins.runtimes.torch.stage import Seeded, full_model
+    from hexicore_plugins.runtimes.torch.train.data_source import make_source
+    from hexicore_plugins.runtimes.torch.model.stage_module import Seeded, full_model
 
     lay = spec.layout
     model = full_model(lay.model, Seeded(spec.seed))
@@ -108,7 +108,7 @@ def test_one_process_norm_and_clipped_update_are_torchs(tmp_path):
     update and cosine lr the plain loop's; clipping (0.01, active: norms ~2) changes the weights."""
     import torch
 
-    from hexicore_plugins.runtimes.torch.trainer import train
+    from hexicore_plugins.runtimes.torch.train.trainer import train
 
     spec = _spec(**OPTIM)
     got = train(spec, 0, 1, torch.device("cpu"))
@@ -130,7 +130,7 @@ def test_resume_continues_the_schedule_and_refuses_other_settings(tmp_path, caps
     (the schedule decays over ``train.steps``) another ``train.steps`` is one line, exit 2."""
     import torch
 
-    from hexicore_plugins.runtimes.torch.trainer import train
+    from hexicore_plugins.runtimes.torch.train.trainer import train
 
     whole = train(_spec(steps=4, **OPTIM, checkpoint_every=2, out=str(tmp_path / "a")), 0, 1, torch.device("cpu"))
     step2 = tmp_path / "a" / "checkpoints" / "step_2"
@@ -154,7 +154,7 @@ def test_resume_continues_the_schedule_and_refuses_other_settings(tmp_path, caps
 
 
 def test_an_older_checkpoint_without_optimizer_keys_resumes():
-    from hexicore_plugins.runtimes.torch.checkpoint import check_resume
+    from hexicore_plugins.runtimes.torch.checkpoint.native import check_resume
 
     ck = {"dir": "ck", "step": 2, "seed": 0, "model": {}, "data": {}, "plan": "p"}
     assert check_resume(ck, model={}, seed=0, data={}, plan="p", steps=9, optim={"lr": 1.0, "clip_grad": 1.0}) is None
@@ -192,9 +192,9 @@ def test_tp_asymmetric_zero_1_2_and_stage_replicas_clip_like_one_process():
     (ShardedState) over its two pipelines, and Chimera's stage replicas (REDUCE) next to a TP-2
     pipeline and a zero-bubble one — each gives ``parallel=none``'s losses, norms and weights."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import ACCEPTANCE, PLANS, SEQ, layout_of, tiny
 
     m = tiny()
@@ -215,9 +215,9 @@ def test_hybrid_zero_3_and_tied_embeddings_clip_like_one_process():
     two two-stage pipelines under ZeRO-2 (the embedding group's copies counted once) — each gives
     its ``parallel=none`` reference's losses, norms and weights."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
     from tests.test_asymmetric import SEQ
     from tests.test_tied import TWO_BY_TWO, tied_plan

@@ -79,7 +79,7 @@ def test_final_directory_files_are_ours_only_when_marked(tmp_path):
 
     from hexicore.core.hf_config import write_hf_config
     from hexicore.core.ownership import check_final_dir
-    from hexicore_plugins.runtimes.torch import hf_io
+    from hexicore_plugins.runtimes.torch.checkpoint import hugging_face as hf_io
 
     final = tmp_path / "final"
     write_hf_config(model_preset("tiny"), final)

@@ -77,9 +77,9 @@ def test_weights_equal_the_runtimes_parameters_on_every_rank(name, tied):
     torch = pytest.importorskip("torch")
     from dataclasses import replace
 
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
-    from hexicore_plugins.runtimes.torch.stage import build_stages, seeded
-    from hexicore_plugins.runtimes.torch.tensor_parallel import TPGroup
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
+    from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
+    from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
     from tests.test_asymmetric import SEQ
 
     plan = plan_of(PLANS[name])
@@ -173,7 +173,7 @@ def test_data_parallel_sync_of_the_head_follows_the_placement():
     assert got[(0, 0)][0] == pytest.approx(plain[(0, 0)][0] + head)
     assert got[(0, 1)][0] == pytest.approx(plain[(0, 1)][0] - head)
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
 
     groups = sync_plan(layout_of(pipes)).groups
     assert [m for m, items in groups.items() if any(c.name == "lm_head.weight" for c, _, _ in items)] == [(0, 2)]

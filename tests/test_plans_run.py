@@ -10,7 +10,7 @@ import pytest
 import hexicore
 from hexicore.planner.pricing import ScheduleBook
 from hexicore.registry import Registry
-from hexicore_plugins.runtimes.torch.layout import plan_layout
+from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 
 CLUSTER = """name: uneven
 inter: {bandwidth_gbs: 1.5, latency_us: 60}

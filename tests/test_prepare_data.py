@@ -191,7 +191,7 @@ def test_only_the_launcher_scans_a_token_file_without_a_valid_max_id(tmp_path, m
     opening the file does not scan it again, and a spec made without that check still does."""
     pytest.importorskip("torch")
     from hexicore.core.token_file import write_sidecar
-    from hexicore_plugins.runtimes.torch.data import make_source
+    from hexicore_plugins.runtimes.torch.train.data_source import make_source
 
     path = tmp_path / "t.bin"
     np.array([1, 2, 3, 4] * 20, dtype=np.uint16).tofile(path)
@@ -203,7 +203,7 @@ def test_only_the_launcher_scans_a_token_file_without_a_valid_max_id(tmp_path, m
     assert len(scans) == 1
     src = make_source("tokens", **common, check_ids=False)
     assert len(scans) == 1 and src.batch(0).shape == (2, 9)
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     jobs = []
     monkeypatch.setattr(launch_mod, "launch", lambda specs, *a, **k: jobs.extend(specs) or [None])

@@ -27,7 +27,7 @@ MODEL = "name: small\nlayers: 4\nhidden: 192\nheads: 4\nkv_heads: 2\nffn: 512\nv
 
 
 def test_link_fit_recovers_latency_and_bandwidth():
-    from hexicore_plugins.runtimes.torch.profile import fit_link
+    from hexicore_plugins.runtimes.torch.profile.profiler import fit_link
 
     pts = [(b, 2e-5 + b / 3e9) for b in (4096, 65536, 1 << 20)]
     lat, bw = fit_link(pts)
@@ -36,7 +36,7 @@ def test_link_fit_recovers_latency_and_bandwidth():
 
 def test_tasks_cover_types_tp_groups_links_and_allreduce():
     """One block per (type, TP, micro-batch) the cluster can form; a link per machine and pair."""
-    from hexicore_plugins.runtimes.torch.profile import ProfileJob, tasks
+    from hexicore_plugins.runtimes.torch.profile.profiler import ProfileJob, tasks
 
     devs = (("A.0", "A", "x", 1.0), ("A.1", "A", "x", 1.0), ("B.0", "B", "y", 2.0))
     model = ModelSpec.from_dict(dict(name="m", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256, seq_len=32))
@@ -145,7 +145,7 @@ def test_default_allreduce_groups_are_trimmed_to_the_cluster(tmp_path):
 def test_tp_degrees_none_of_which_can_be_timed_are_refused_before_any_process(tmp_path, capsys, monkeypatch, tp):
     """This used to launch the workers, measure the links and only then say so (from the CLI two
     lines: the launcher's threads line and the error)."""
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     (tmp_path / "c.yaml").write_text("name: c\nmachines:\n  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32}\n")

@@ -277,7 +277,7 @@ def test_a_stage_pays_one_actions_fixed_cost_not_one_per_block():
     """n t - (n - 1) a: each measured block time t holds one action's fixed cost a; the head's own
     a comes off too. a / t(1) = 2 - t(2) / t(1) from a chain of two blocks (the profile's action
     share), kept in [0, 1]; a sample stretched by load alike in both timings gives the same share."""
-    from hexicore_plugins.runtimes.torch.samplers import action_share
+    from hexicore_plugins.runtimes.torch.profile.samplers import action_share
 
     assert action_share(0.030, 0.054) == pytest.approx(0.2) and action_share(0.030, 0.061) == 0.0
     assert action_share(0.045, 0.081) == pytest.approx(0.2) and action_share(0.030, 0.0) == 1.0

@@ -15,7 +15,7 @@ from hexicore.core.emulation import Emulation
 from hexicore.core.errors import HexicoreError
 from hexicore.registry import Registry
 from hexicore.pipeline.schedule import ScheduleSpec
-from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, chunk_layers, reference_layout,
+from hexicore_plugins.runtimes.torch.parallel.assignment import (StageGroup, build_layout, chunk_layers, reference_layout,
                                                     single_pipeline_layout)
 from hexicore_plugins.schedules.chimera import Chimera
 from hexicore_plugins.schedules.hanayo import Hanayo
@@ -58,7 +58,7 @@ def test_runtime_refuses_impossible_layouts(tiny):
 
 
 def test_fifo_check_for_untagged_p2p():
-    from hexicore_plugins.runtimes.torch.layout import check_fifo
+    from hexicore_plugins.runtimes.torch.parallel.assignment import check_fifo
 
     al = Hanayo(waves=1).actions(ScheduleSpec(2, 4))
     check_fifo(al)
@@ -101,7 +101,7 @@ def _plan_json(tmp_path, tp):
 ])
 def test_cli_errors_name_the_command_line_and_the_key(tmp_path, capsys, monkeypatch, args, needle):
     """A run without a plan: every value is the command line's, so its errors name it and the key as written."""
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     code, io = cli([*TRAIN, *args, f"out={tmp_path}"], capsys)
@@ -110,7 +110,7 @@ def test_cli_errors_name_the_command_line_and_the_key(tmp_path, capsys, monkeypa
 
 
 def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
-    import hexicore_plugins.runtimes.torch.launch as launch_mod
+    import hexicore_plugins.runtimes.torch.launch.launcher as launch_mod
 
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
     code, io = cli([*TRAIN, "schedule=1f1b", "pipeline.ranks=9", f"out={tmp_path}"], capsys)
@@ -126,7 +126,7 @@ def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
 
 def test_plan_layout_maps_devices_to_ranks(tmp_path):
     from hexicore.core.plan import Plan
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 
     layout = plan_layout(Plan.load(_plan_json(tmp_path, 2)), [{"name": "gpipe"}], registry=Registry.default(),
                          seq_len=32)
@@ -138,7 +138,7 @@ def test_plan_layout_maps_devices_to_ranks(tmp_path):
 def test_registry_and_plugin_import_do_not_import_torch():
     code = ("import sys; from hexicore.registry import Registry; r = Registry.default(); "
             "assert 'torch' in r.names('runtime'); r.create('runtime', 'torch'); "
-            "import hexicore_plugins.runtimes.torch.layout; assert 'torch' not in sys.modules, 'torch imported'")
+            "import hexicore_plugins.runtimes.torch.parallel.assignment; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -156,7 +156,7 @@ def test_plan_and_evaluate_check_the_runtime_without_importing_torch(tmp_path):
 
 # --------------------------------------------------------------------- data
 def test_data_is_a_pure_function_of_seed_and_step():
-    from hexicore_plugins.runtimes.torch.data import ByteText, SyntheticTokens, demo_text_path
+    from hexicore_plugins.runtimes.torch.train.data_source import ByteText, SyntheticTokens, demo_text_path
 
     a, b = SyntheticTokens(256, 32, 4, seed=1), SyntheticTokens(256, 32, 4, seed=1)
     assert a.batch(3).shape == (4, 33) and a.batch(3).equal(b.batch(3))
@@ -175,8 +175,8 @@ def test_data_is_a_pure_function_of_seed_and_step():
 def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
     import torch
 
-    from hexicore_plugins.runtimes.torch import checkpoint
-    from hexicore_plugins.runtimes.torch.tensor_parallel import shard
+    from hexicore_plugins.runtimes.torch.checkpoint import native as checkpoint
+    from hexicore_plugins.runtimes.torch.parallel.tensor import shard
 
     q = torch.randn(8, 4)
     norm = torch.ones(4)
@@ -201,8 +201,8 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
 
 # ------------------------------------------------- executor on one process
 def _run(layout, steps=3, **kw):
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
 
     return launch([WorkerSpec(layout=layout, steps=steps, seed=5, progress=False, return_state=True, **kw)], 1)[0]
 
@@ -222,7 +222,7 @@ def test_executor_local_handover_and_split_backward_match_reference(tiny):
 
 
 def test_executor_reports_an_unrunnable_list(tiny):
-    from hexicore_plugins.runtimes.torch.executor import ExecutionError
+    from hexicore_plugins.runtimes.torch.parallel.pipeline import ExecutionError
 
     al = ActionList({"name": "bad"}, 1, 1, 1, (0,), ((Action("B", 0, 0), Action("STEP")),))
     layout = build_layout(tiny, [(4, [StageGroup((0,), 8)], al)], global_batch=4, micro_batch=4, seq_len=32)
@@ -264,7 +264,7 @@ def test_train_parallel_none_writes_contract_outputs_and_resumes(tmp_path, capsy
 def _emulated_runs(tiny, monkeypatch, emulation):
     """Two steps of F, F, I, B, W, STEP on one rank, plain and under ``emulation`` with its
     sleeps recorded, not slept: (plain result, emulated result, the sleeps)."""
-    from hexicore_plugins.runtimes.torch import emulate
+    from hexicore_plugins.runtimes.torch.launch import emulated_device as emulate
 
     A = Action
     acts = (A("F", 0, 0), A("F", 1, 0), A("I", 1, 0), A("B", 0, 0), A("W", 1, 0), A("STEP"))
@@ -279,7 +279,7 @@ def _emulated_runs(tiny, monkeypatch, emulation):
 def test_emulated_slowdown_stretches_every_compute_action_and_changes_no_number(tiny, monkeypatch):
     """``emulate: {slowdown: K}``: each F/B/I/W and the optimizer step lasts K x its work (a
     sleep follows it); a wait inside it is not work, and the numbers are unchanged."""
-    from hexicore_plugins.runtimes.torch import emulate
+    from hexicore_plugins.runtimes.torch.launch import emulated_device as emulate
 
     # a large K keeps some sleep positive even on a loaded host, where an action's wall time may
     # exceed 3x its CPU time

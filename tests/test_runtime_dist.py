@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 
 from hexicore.pipeline.actions import Action, ActionList  # noqa: E402
 from hexicore.core.model import ModelSpec  # noqa: E402
-from hexicore_plugins.runtimes.torch.launch import LaunchError, launch  # noqa: E402
-from hexicore_plugins.runtimes.torch.layout import (StageGroup, build_layout, reference_layout,  # noqa: E402
+from hexicore_plugins.runtimes.torch.launch.launcher import LaunchError, launch  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel.assignment import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)
-from hexicore_plugins.runtimes.torch.trainer import WorkerSpec  # noqa: E402
+from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from hexicore.registry import Registry  # noqa: E402
 from tests.conftest import run_cli

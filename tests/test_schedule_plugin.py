@@ -154,9 +154,9 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     run on three gloo ranks: losses and final weights equal the single-process reference."""
     pytest.importorskip("torch")
     from hexicore.app.compose import config_from_overrides, solve
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
 
     reg = registry()
     cluster = tmp_path / "small3.yaml"

@@ -100,7 +100,7 @@ def test_synth_gives_no_rank_more_chunks_than_blocks(recorded):
     that rank two chunks (the runtime refused the plan: more stages than layers), so only layouts
     that fit the blocks of every rank are synthesised, with times recorded or not; ranks holding
     two blocks or more keep every layout."""
-    from hexicore_plugins.runtimes.torch.layout import chunk_layers
+    from hexicore_plugins.runtimes.torch.parallel.assignment import chunk_layers
 
     times = {"stage_times": [1.0, 1.0], "hop_times": [0.0]} if recorded else {}
     synth = Synth(**times)

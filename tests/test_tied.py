@@ -85,9 +85,9 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
     the tied copies whole, every Chimera copy a holder of its shard (priced as one holder per
     pipeline, Chimera's ranks kept twice their bytes)."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel
 
@@ -136,9 +136,9 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
     pytest.importorskip("torch")
     from hexicore.planner.pricing import ScheduleBook, timed_cost
     from hexicore.registry import Registry
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import SEQ, plan_of
     from tests.test_placement import PLANS
 
@@ -166,8 +166,8 @@ def test_the_priced_embedding_group_is_the_runtimes(count):
     from hexicore.cost import sharding
     from hexicore.planner.pricing import ScheduleBook, timed_cost
     from hexicore.registry import Registry
-    from hexicore_plugins.runtimes.torch import tied
-    from hexicore_plugins.runtimes.torch.layout import plan_layout
+    from hexicore_plugins.runtimes.torch.parallel import tied_embedding as tied
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
     from tests.test_asymmetric import SEQ, plan_of
     from tests.test_placement import PLANS
 

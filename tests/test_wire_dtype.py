@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hexicore.pipeline.actions import Action  # noqa: E402
-from hexicore_plugins.runtimes.torch import executor as ex  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel import pipeline as ex  # noqa: E402
 
 
 def executor(autocast, *, leader: bool = True, tp: int = 1):
@@ -18,7 +18,7 @@ def executor(autocast, *, leader: bool = True, tp: int = 1):
     e.wire = autocast or torch.float32
     e.leader, e.pending_sends, e.consumed = leader, [], 0
     e.device, e.act_shape = torch.device("cpu"), (1, 2, 3)
-    e.g = SimpleNamespace(tp=SimpleNamespace(size=tp, group=None), tp_leader=0)
+    e.parallel = SimpleNamespace(tp=SimpleNamespace(size=tp, group=None), tp_leader=0)
     e._peer, e._tag = (lambda p: p), (lambda *a: 0)
     e._recv_ops = lambda upto: []
     e.sent = []
@@ -53,7 +53,7 @@ def test_receives_in_the_training_dtype_and_widens_to_fp32(monkeypatch):
 def test_tp_backward_all_reduces_in_the_autocast_dtype(monkeypatch):
     """Megatron's ``f`` under autocast: the gradient it all-reduces is bf16 (the cost model's
     ``B_type``), and the projections' forward is what it was (they cast their input anyway)."""
-    from hexicore_plugins.runtimes.torch import tensor_parallel as tpm
+    from hexicore_plugins.runtimes.torch.parallel import tensor as tpm
 
     seen = []
     monkeypatch.setattr(tpm.torch.distributed, "all_reduce", lambda t, group=None: seen.append(t.dtype))

@@ -25,7 +25,7 @@ def test_runtime_keeps_what_the_recipe_says():
     """The torch runtime's stage parameters, gradients and AdamW state: 16 B per parameter."""
     torch = pytest.importorskip("torch")
     from hexicore.core.model import ModelSpec
-    from hexicore_plugins.runtimes.torch.model import LlamaChunk
+    from hexicore_plugins.runtimes.torch.model.llama import LlamaChunk
 
     m = ModelSpec("t", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=50, seq_len=8)
     chunk = LlamaChunk(m, 0, 2, first=True, last=True)
@@ -227,7 +227,7 @@ def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_iden
 
 def test_shard_bounds_even_and_by_memory_by_hand():
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.zero import shard_bounds
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import shard_bounds
 
     assert shard_bounds(10, None, 3) == [(0, 4), (4, 7), (7, 10)]
     # 24 : 80 GB of 1000 elements: 24/104 * 1000 = 230.77 -> cut at 231
@@ -251,10 +251,10 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
     import dataclasses
 
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import ACCEPTANCE, SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
 
     m = tiny()
@@ -347,9 +347,9 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
     import dataclasses
 
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
 

@@ -44,8 +44,8 @@ def test_zero_checkpoints_resume_under_any_stage_like_the_uninterrupted_run(tmp_
     pytest.importorskip("torch")
     from safetensors.torch import load_file
 
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import _max_abs, _max_rel, layout_of
 
     asym, flat = layout_of(ASYM), layout_of(FLAT)
@@ -80,10 +80,10 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     under ``zero_scope=all`` and hybrid again like the uninterrupted run (1e-6). The same for
     hybrid ZeRO-3 on :data:`HYBRID3` (even shards, and uneven ones inside machine M)."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel, tiny
 
@@ -132,7 +132,7 @@ def test_hybrid_segments_cut_at_every_machines_pieces_by_hand():
     N keeps all; the segments are M's pieces, each summed with rank 3; N's piece crosses three
     rings. With N split too (ranks 3, 4: 5 | 5) the cuts are 0, 4, 5, 7, 10."""
     pytest.importorskip("torch")
-    from hexicore_plugins.runtimes.torch.hybrid import atom_cross, atom_segments, communicators, peers_of, segments, split
+    from hexicore_plugins.runtimes.torch.parallel.data.hybrid import atom_cross, atom_segments, communicators, peers_of, segments, split
 
     machines = ("M", "M", "M", "N", "N")
     assert segments((0, 1, 2, 3), 10, None, machines) == [(0, 4, (0, 3)), (4, 7, (1, 3)), (7, 10, (2, 3))]

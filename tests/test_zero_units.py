@@ -8,7 +8,8 @@ pytest.importorskip("torch")
 
 from hexicore.core.plan import Plan, TrainConfig  # noqa: E402
 from hexicore.cost import AnalyticCostModel  # noqa: E402
-from hexicore_plugins.runtimes.torch.zero_units import apportion, gather_needs, reduce_needs, rounds  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel.data.sync import apportion  # noqa: E402
+from hexicore_plugins.runtimes.torch.parallel.data.zero_state import gather_needs, reduce_needs, rounds  # noqa: E402
 
 GIB = 2**30
 
@@ -72,10 +73,10 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
 
     from hexicore.planner.pricing import ScheduleBook, timed_cost
     from hexicore.registry import Registry
-    from hexicore_plugins.runtimes.torch.dp_sync import sync_plan
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
 
     m = tiny()
@@ -133,9 +134,9 @@ def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_k
     import dataclasses
 
     from hexicore.cost.precision import largest_unit_params
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
 
     m = tiny()
@@ -174,7 +175,7 @@ def test_zero_3_is_accepted_on_one_stage_pipelines_whatever_chunks_their_schedul
     rank holds two chunks; no rank waits on another pipeline's activations, so the runtime runs
     ZeRO-3 on them (it refused them before launch)."""
     from hexicore_plugins.runtimes.torch.runtime import check_zero_layout
-    from hexicore_plugins.runtimes.torch.zero_units import zero3_runs
+    from hexicore_plugins.runtimes.torch.parallel.assignment import zero3_runs
     from tests.test_asymmetric import layout_of
 
     layout = layout_of(ONE_STAGE_CHUNKS, global_batch=4)
@@ -191,9 +192,9 @@ def test_zero_3_on_one_stage_pipelines_with_several_chunks_trains_like_one_proce
     weights within 1e-5 of one process."""
     import dataclasses
 
-    from hexicore_plugins.runtimes.torch.launch import launch
-    from hexicore_plugins.runtimes.torch.layout import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.trainer import WorkerSpec
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
 
     m = tiny()

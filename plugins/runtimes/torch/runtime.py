@@ -4,8 +4,8 @@ The app layer hands over the run (layout, schedules, train settings, this runtim
 section; a plan already checked by the cost model) and the registry. Everything this runtime can
 find wrong with it — an unknown schedule, TP not dividing the heads, more stages than layers, a
 missing checkpoint, a model too big for this machine — is found here, in the launching process,
-before any worker starts (one line, exit 2). Then the workers are launched (:mod:`.launch`) with a
-:class:`~.trainer.WorkerSpec` that holds the built action lists, so no worker needs a registry.
+before any worker starts (one line, exit 2). Then the workers are launched (:mod:`.launch.launcher`) with a
+:class:`~.train.trainer.WorkerSpec` that holds the built action lists, so no worker needs a registry.
 """
 
 from __future__ import annotations
@@ -20,12 +20,50 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 
-from .layout import Layout, plan_layout, reference_layout, single_pipeline_layout
-from .fault import check_fault, parse_fault
-from .lr_schedule import RECORDED, check_steps, parse as parse_optim
+from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
+from .train.lr_schedule import RECORDED, check_steps, parse as parse_optim
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATA = ("synthetic", "text", "tokens")
+
+
+# ------------------------------------------------------------ the testing aid runtime.fault
+# a rank that dies, hangs or stops at a given step, to check that every other rank ends the run
+# within timeout_s (docs/runtime.md); the trainer injects it
+FAULT_KINDS = ("die", "hang", "stop")
+
+
+def parse_fault(raw: Any) -> dict[str, Any] | None:
+    """The testing aid ``runtime.fault``: ``{rank: R, step: K, kind: die|hang|stop}`` (``step``
+    counts from 0, absent = 0; null or ``{}``: no fault). Its rank and step are checked against
+    the run in :func:`check_fault`."""
+    if raw is None:
+        return None
+    f = schema.as_mapping(raw, None, "runtime.fault")
+    if not f:
+        return None
+    schema.known_keys(f, ("rank", "step", "kind"), None, "runtime.fault")
+    rank = schema.integer(schema.get(f, "rank", None, "runtime.fault"), None, "runtime.fault.rank", minimum=0)
+    step = schema.integer(f.get("step", 0), None, "runtime.fault.step", minimum=0)
+    kind = schema.get(f, "kind", None, "runtime.fault")
+    if kind not in FAULT_KINDS:
+        raise HexicoreError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}",
+                            field="runtime.fault.kind")
+    return {"rank": rank, "step": step, "kind": kind}
+
+
+def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int, start: int = 0) -> None:
+    """A fault must hit a rank of the run (``0 .. world-1``) at one of the steps it trains
+    (``start .. steps-1``; ``start``: the step a resumed run begins at)."""
+    if fault is None:
+        return
+    if fault["rank"] >= world:
+        raise HexicoreError(f"no rank {fault['rank']} in this run: its ranks are 0 to {world - 1}",
+                            field="runtime.fault.rank")
+    if not start <= fault["step"] < steps:
+        raise HexicoreError(f"step {fault['step']} is never reached: this run trains steps {start} to {steps - 1}"
+                            + (f" (resumed at step {start})" if start else f" (train.steps={steps})"),
+                            field="runtime.fault.step")
 
 
 @dataclass(frozen=True)
@@ -80,8 +118,8 @@ class TorchRuntime:
     """Executes action lists on torch.distributed (gloo on CPU, NCCL on CUDA). Stateless: the
     run, settings included, is the :class:`RunSpec`; the registry builds the schedules."""
 
-    def layout(self, spec: RunSpec, *, registry: Any) -> Layout:
-        """The runtime's :class:`~.layout.Layout` of ``spec`` (ranks, chunks, action lists from
+    def layout(self, spec: RunSpec, *, registry: Any) -> RankAssignment:
+        """The runtime's :class:`~.parallel.assignment.RankAssignment` of ``spec`` (ranks, chunks, action lists from
         ``registry``); raises ``PlanError`` for what it cannot run. Pure Python, no torch."""
         t, where = spec.train, spec.layout
         if isinstance(where, ReferenceLayout):
@@ -98,32 +136,32 @@ class TorchRuntime:
             return layout
         raise HexicoreError(f"runtime 'torch' cannot run a {type(where).__name__}", field="parallel")
 
-    def check_plan(self, spec: RunSpec, *, registry: Any) -> Layout:
+    def check_plan(self, spec: RunSpec, *, registry: Any) -> RankAssignment:
         """What ``hexicore evaluate`` asks: would this runtime refuse the run's layout (TP divides
         heads, kv heads and FFN; every schedule chunk gets a layer; ...)? No torch needed, so
         ``evaluate`` and ``train`` agree on what a plan means on any machine."""
         return self.layout(spec, registry=registry)
 
     def prepare(self, spec: RunSpec, *, registry: Any):
-        """The :class:`~.trainer.WorkerSpec` of ``spec``, fully checked; nothing launched."""
+        """The :class:`~.train.trainer.WorkerSpec` of ``spec``, fully checked; nothing launched."""
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
             raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install "
                                 "'hexicore[torch]' (the CPU build: pip install torch==2.13.0)", field="runtime")
-        from .trainer import WorkerSpec
+        from .train.trainer import WorkerSpec
 
         settings = TorchSettings.parse(spec.runtime.params)
         layout = self.layout(spec, registry=registry)
         t = spec.train
         resume = spec.checkpoint.resume
         if resume:
-            from . import checkpoint
+            from .checkpoint import native as checkpoint
 
             resume = str(checkpoint.resolve(resume))
         check_memory(layout)
         if _nccl(settings.backend):
-            from .layout import check_fifo
+            from .parallel.assignment import check_fifo
 
             for p in layout.pipelines:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
@@ -156,15 +194,15 @@ class TorchRuntime:
 
     def profile(self, request: Any) -> Any:
         """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own
-        devices (:mod:`.profile`); the :class:`~hexicore.core.profile.Profile` on rank 0, None
+        devices (:mod:`.profile.profiler`); the :class:`~hexicore.core.profile.Profile` on rank 0, None
         on the other ranks under torchrun."""
         return profile_cluster(request)
 
     def run(self, spec: RunSpec, *, registry: Any) -> dict[str, Any] | None:
         """Check ``spec``, launch its workers (``layout.world`` processes; under torchrun, this
         process is one of them) and return the metrics (``metrics.json``) on the process that
-        reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.LaunchError`."""
-        from .launch import launch
+        reports them (rank 0), None elsewhere. A worker that fails: :class:`~.launch.launcher.LaunchError`."""
+        from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
         start_method = TorchSettings.parse(spec.runtime.params).start_method
@@ -179,8 +217,8 @@ def profile_cluster(request: Any) -> Any:
     if importlib.util.find_spec("torch") is None:
         raise HexicoreError("runtime 'torch' needs PyTorch, which is not installed: pip install 'hexicore[torch]'",
                             field="runtime")
-    from .launch import launch
-    from .profile import job_from_request, to_profile
+    from .launch.launcher import launch
+    from .profile.profiler import job_from_request, to_profile
 
     settings = TorchSettings.parse(request.runtime)
     if request.dtype not in ("fp32", "bf16", "fp16"):
@@ -190,7 +228,7 @@ def profile_cluster(request: Any) -> Any:
     return to_profile(job, results[0]) if results and results[0] else None
 
 
-def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
+def check_data(settings: TorchSettings, layout: RankAssignment) -> dict[str, Any]:
     """Open the data source once here (a bad file, or ids >= the model's vocabulary in a token
     file, is one line before launch); returns what identifies it in checkpoints: kind, file
     name, size and a digest of sampled contents (:func:`hexicore.core.token_file.fingerprint`)."""
@@ -198,7 +236,7 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
 
     from hexicore.core.token_file import fingerprint
 
-    from .data import demo_text_path, make_source
+    from .train.data_source import demo_text_path, make_source
 
     if settings.data == "synthetic":
         return {"kind": "synthetic"}
@@ -209,7 +247,7 @@ def check_data(settings: TorchSettings, layout: Layout) -> dict[str, Any]:
     return {"kind": settings.data, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
 
 
-def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_from: str | None) -> Any:
+def final_extras(spec: RunSpec, settings: TorchSettings, layout: RankAssignment, init_from: str | None) -> Any:
     """What ``out/final/`` gets beside weights and config (:mod:`hexicore.core.hf_export`): from
     ``model_file``, then ``init_from`` (also when resuming: its weights are not read then, its
     config and tokenizer files are), and the token file's tokenizer; checked before launch (a
@@ -236,14 +274,14 @@ def final_extras(spec: RunSpec, settings: TorchSettings, layout: Layout, init_fr
     return extras
 
 
-def check_init_from(folder: str, layout: Layout) -> str:
+def check_init_from(folder: str, layout: RankAssignment) -> str:
     """A Hugging Face checkpoint directory whose tensors (names and shapes, from the safetensors
     headers only) are exactly the model's, and whose ``config.json``, if any, describes the same
     network; else one line naming the first bad tensor or the differing fields."""
     from pathlib import Path
 
-    from .dp_sync import full_shapes
-    from .hf_io import check_config, check_shapes
+    from .parallel.data.sync import full_shapes
+    from .checkpoint.hugging_face import check_config, check_shapes
 
     check_shapes(full_shapes(layout.model), folder, tied=layout.model.tied_embeddings)
     check_config(folder, layout.model)
@@ -255,15 +293,15 @@ def optim_settings(settings: TorchSettings) -> dict[str, Any]:
     return {k: getattr(settings, k) for k in ("lr_schedule", "warmup_steps", "min_lr", "clip_grad")}
 
 
-def _check_resume(resume: str, layout: Layout, seed: int, data_id: dict[str, Any], steps: int,
+def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[str, Any], steps: int,
                   settings: TorchSettings) -> int:
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
     sequence length, optimizer settings; steps left to train) and its tensors are the model's
     (headers only); the step the resumed run starts at."""
     import sys
 
-    from . import checkpoint
-    from .dp_sync import full_shapes
+    from .checkpoint import native as checkpoint
+    from .parallel.data.sync import full_shapes
 
     ck = checkpoint.load(resume)
     note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
@@ -290,7 +328,7 @@ def shard_weights(spec: RunSpec) -> tuple[float, ...] | None:
 
 def machines(spec: RunSpec) -> tuple[str, ...] | None:
     """Per global rank, the machine of its device under hybrid sharding (``zero_scope=machine``,
-    :mod:`.hybrid`); None otherwise."""
+    :mod:`.parallel.data.hybrid`); None otherwise."""
     if not isinstance(spec.layout, PlanLayout):
         return None
     plan = spec.layout.plan
@@ -308,11 +346,11 @@ def _mirrored_plan(pipelines: Any) -> bool:
 
 def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) -> None:
     """What of ``train.zero`` this runtime executes: ZeRO-1/2 for every plan shape, even or
-    uneven shards (ZeRO-1 at the step, :class:`~.dp_sync.ShardedAdamW`; ZeRO-2 per
-    micro-batch, :class:`~.zero.ShardedState`), ZeRO-3 where every pipeline is one stage or the
+    uneven shards (ZeRO-1 at the step, :class:`~.parallel.data.zero_state.ShardedAdamW`; ZeRO-2 per
+    micro-batch, :class:`~.parallel.data.zero_state.ShardedState`), ZeRO-3 where every pipeline is one stage or the
     pipelines mirror each other (``pipelines``: the plan's pipelines, or their count), each also
-    hybrid (``zero_scope=machine``, :mod:`.hybrid`); checkpoints of any stage
-    (:mod:`.sharded_checkpoint`). Not yet ZeRO-3 for other multi-stage plans.
+    hybrid (``zero_scope=machine``, :mod:`.parallel.data.hybrid`); checkpoints of any stage
+    (:mod:`.checkpoint.sharded`). Not yet ZeRO-3 for other multi-stage plans.
     Refused before launch (a plan relying on sharding would not fit unsharded); ``settings`` is
     unused (kept for callers)."""
     from hexicore.core.errors import PlanError
@@ -330,12 +368,10 @@ def check_zero(train: Any, pipelines: Any, settings: Any, source: str | None) ->
                         field="train.zero")
 
 
-def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
+def check_zero_layout(train: Any, layout: RankAssignment, source: str | None) -> None:
     """ZeRO-3 also needs the schedules to keep the pipelines mirrored (or one stage chunk per
     pipeline) and one model copy each (:func:`.zero_units.zero3_runs`)."""
     from hexicore.core.errors import PlanError
-
-    from .zero_units import zero3_runs  # torch-free: plan and evaluate check plans without torch
 
     if train.zero_stage == 3 and len(layout.pipelines) > 1 and not zero3_runs(layout):
         raise PlanError("the torch runtime runs ZeRO-3 only on one-stage pipelines or on identical pipelines with "
@@ -343,10 +379,10 @@ def check_zero_layout(train: Any, layout: Layout, source: str | None) -> None:
                         "copies (use schedule=1f1b or gpipe)", source=source, field="train.zero")
 
 
-def check_memory(layout: Layout) -> None:
+def check_memory(layout: RankAssignment) -> None:
     """Refuse a local run whose weights, gradients and AdamW state (16 bytes per fp32
     parameter, per model copy and pipeline) cannot fit this machine (activations not counted)."""
-    from .launch import in_torchrun
+    from .launch.launcher import in_torchrun
 
     if in_torchrun():
         return

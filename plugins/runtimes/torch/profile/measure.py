@@ -4,9 +4,9 @@
 Each rank records, for every step it runs after its first (the first pays one-off costs:
 allocator warm-up, lazy imports, communicator setup):
 
-* its schedule part: the step's wall time in :meth:`~.executor.Executor.run_step` minus the
+* its schedule part: the step's wall time in :meth:`~..parallel.pipeline.Executor.run_step` minus the
   DP sync (``Executor.sync_s``: replica and tied-embedding gradient sums, the data-parallel
-  reduction and the optimizer step, timed around :meth:`~.executor.Executor._step`);
+  reduction and the optimizer step, timed around :meth:`~..parallel.pipeline.Executor._step`);
 * the forward and backward seconds of each micro-batch through its stage (``Executor.passes``:
   ``F`` is the forward, ``B``, ``I`` and ``W`` the backward, summed over the rank's chunks, so an
   interleaved schedule's chunks count as one stage);

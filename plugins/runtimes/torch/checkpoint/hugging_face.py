@@ -216,7 +216,7 @@ def check_config(folder: str | Path, model: Any, field: str = "init_from") -> No
 
 
 class SafeTensors:
-    """A set of safetensors files read lazily, slice by slice (a :class:`~.stage.TensorSource`).
+    """A set of safetensors files read lazily, slice by slice (a :class:`~..model.stage_module.TensorSource`).
 
     ``prefix`` is prepended to names (optimizer moments live as ``exp_avg.NAME`` in a
     checkpoint). ``reads`` lists ``(name, bytes)`` of every read, in order."""

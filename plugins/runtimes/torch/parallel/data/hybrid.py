@@ -2,9 +2,9 @@
 pieces are summed across machines.
 
 PyTorch's HSDP ("shard inside a machine, replicate across"; hexicore/cost/sharding.py prices it)
-over the chunk groups of :mod:`.dp_sync`. The holders of one chunk group (its member ranks) are
+over the chunk groups of :mod:`.sync`. The holders of one chunk group (its member ranks) are
 split by machine; inside machine ``m`` the flat bucket of ``n`` elements is cut among that
-machine's holders exactly as :func:`.zero.shard_bounds` cuts it among all holders (even, or in
+machine's holders exactly as :func:`.sync.shard_bounds` cuts it among all holders (even, or in
 proportion to the members' shard weights) — so every holder keeps ``n * w_d / sum_{machine} w``
 elements of AdamW state, the cost model's
 :func:`hexicore.cost.sharding.kept_params` for ``zero_scope=machine``.
@@ -20,8 +20,8 @@ machine). A step, per chunk group: reduce-scatter inside the machine, all-reduce
 segment across machines, AdamW on the piece (identical on every machine: same sum, same
 moments), all-gather inside the machine.
 
-ZeRO-3 (:class:`.zero.ShardedState`, the cost model's ``1.5 x intra`` per micro-batch plus
-``cross`` at the step): a bucket is cut unit by unit (:func:`.zero_units.apportion` among the
+ZeRO-3 (:class:`.zero_state.ShardedState`, the cost model's ``1.5 x intra`` per micro-batch plus
+``cross`` at the step): a bucket is cut unit by unit (:func:`.sync.apportion` among the
 machine's holders), so the segments are cut per unit too (:func:`atom_segments`); gathers and
 per-micro-batch gradient reduce-scatters run among the machine's holders only, and at the step,
 before AdamW, :func:`sum_across` all-reduces each segment of the gradient piece with the other
@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .zero_units import apportion, shard_bounds
+from .sync import apportion, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def peers_of(members: Sequence[int], rank: int, machines: Sequence[str] | None) 
 def atom_segments(members: Sequence[int], sizes: Sequence[int], weights: Sequence[float] | None,
                   machines: Sequence[str]) -> list[tuple[int, int, tuple[int, ...]]]:
     """:func:`segments` of a bucket cut atom by atom (ZeRO-3: atoms of ``sizes`` elements, each
-    machine apportioning every atom among its holders, :func:`.zero_units.apportion`): every
+    machine apportioning every atom among its holders, :func:`.sync.apportion`): every
     non-empty ``(lo, hi, ranks)`` between the union of the machines' cuts inside each atom, in
     bucket offsets, with the one holder per machine whose slice contains it."""
     groups = by_machine(members, machines)
@@ -162,7 +162,7 @@ def communicators(groups: dict[tuple[int, ...], int], weights: Sequence[float] |
 
 def sum_across(b, g: torch.Tensor, handle: Callable, wait: Callable) -> None:
     """ZeRO-3 at the step: sum, in place, every cross segment (``b.cross``) of this rank's
-    gradient piece ``g`` of bucket ``b`` (:class:`.zero_units.Bucket`, its slices atom after
+    gradient piece ``g`` of bucket ``b`` (:class:`.zero_state.Bucket`, its slices atom after
     atom) with the other machines' holders of it; the segments shared with the same ranks go
     in one all-reduce on ``handle(ranks)``, posted in sorted order of ``ranks`` (the same on
     every rank, so no two ranks wait on each other's later sum)."""

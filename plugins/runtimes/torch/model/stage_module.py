@@ -1,4 +1,4 @@
-"""Stage chunks of one rank: build, initialise from the seed (or a checkpoint), name the shards.
+"""The stage chunks of one rank: build, initialise from the seed (or a checkpoint), name the shards.
 
 Every layout starts from identical weights: a parameter's *full* tensor is a pure function of
 the seed and its standard name (its own ``torch.Generator`` seeded from both), and each rank
@@ -7,7 +7,7 @@ from bit-identical models, and no rank ever materialises more than one full tens
 Norm weights start at 1, biases at 0, every matrix at N(0, 0.02). A :class:`TensorSource`
 abstracts where tensors come from: the seed (:class:`Seeded`), or safetensors files — a Hugging
 Face checkpoint (``init_from``) or a resumable checkpoint — read slice by slice
-(:class:`~.hf_io.SafeTensors`), so a rank reads only its own chunks' tensors and its TP shard.
+(:class:`~..checkpoint.hugging_face.SafeTensors`), so a rank reads only its own chunks' tensors and its TP shard.
 A tied head (``tied_embeddings``) is stored as the embedding (:func:`canonical`); chunks that
 hold both share one Parameter, and so do chunks of one chain on the same rank
 (:func:`build_stages`).
@@ -23,9 +23,9 @@ import torch
 
 from hexicore.core.model import ModelSpec
 
-from .layout import PipelinePart
-from .model import EMBED, HEAD, LlamaChunk
-from .tensor_parallel import TPGroup, shard, shard_dim
+from ..parallel.assignment import PipelinePart
+from .llama import EMBED, HEAD, LlamaChunk
+from ..parallel.tensor import TPGroup, shard, shard_dim
 
 INIT_STD = 0.02
 
@@ -85,7 +85,7 @@ def load_shards(module: LlamaChunk, source: TensorSource, tp: TPGroup) -> None:
 
 
 @dataclass
-class Stage:
+class StageModule:
     """A model chunk this rank executes: action-list stage id, chain, and its module."""
 
     index: int
@@ -101,7 +101,7 @@ class Stage:
 
 
 def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGroup, *, full: TensorSource,
-                 recompute: bool, device: torch.device) -> dict[int, Stage]:
+                 recompute: bool, device: torch.device) -> dict[int, StageModule]:
     """The chunks ``pipe_rank`` holds in ``part``, initialised from ``full`` and moved to
     ``device``. With tied embeddings, a head and an embedding of the same chain on this rank are
     one Parameter (so only one is read and updated)."""
@@ -111,7 +111,7 @@ def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGro
         first, last = part.first_of_chain(s), part.last_of_chain(s)
         module = LlamaChunk(model, start, end, first=first, last=last, tp=tp, recompute=recompute)
         load_shards(module, full, tp)
-        out[s] = Stage(s, part.chain_index(s), first, last, module.to(device))
+        out[s] = StageModule(s, part.chain_index(s), first, last, module.to(device))
     if model.tied_embeddings:
         for chain in range(len(part.actions.chains)):
             mine = [st for st in out.values() if st.chain == chain]

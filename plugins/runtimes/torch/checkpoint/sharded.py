@@ -1,30 +1,30 @@
 """Checkpoints of sharded training state (ZeRO-1/2/3): the same files as unsharded training.
 
-A checkpoint (:mod:`.checkpoint`: ``checkpoints/step_K/``, ``out/final/``) stores full tensors
+A checkpoint (:mod:`.native`: ``checkpoints/step_K/``, ``out/final/``) stores full tensors
 under standard names, whatever the plan, so it must not depend on the ZeRO stage either. Under
 ZeRO a chunk group's AdamW moments (and, ZeRO-3, its fp32 weights) live as pieces of the group's
-flat bucket (:mod:`.zero`, :mod:`.dp_sync`): member ``i`` of the ranks that tile the bucket
-(all holders, or, hybrid, the holders in its machine: :mod:`.hybrid`) keeps ``bounds[i]``.
+flat bucket (:mod:`..parallel.data.zero_state`, :mod:`..parallel.data.sync`): member ``i`` of the ranks that tile the bucket
+(all holders, or, hybrid, the holders in its machine: :mod:`..parallel.data.hybrid`) keeps ``bounds[i]``.
 
 Saving (:func:`full_local`, collective over each group): the pieces are all-gathered among the
 ranks that tile the bucket, and every holder cuts the whole bucket back into the chunks of its
-local tensors — exactly what an unsharded rank holds — so :func:`.checkpoint.local_pieces`
+local tensors — exactly what an unsharded rank holds — so :func:`.native.local_pieces`
 reports them like unsharded state and rank 0 consolidates and writes as before. The gathered
 tensors exist only while the checkpoint is written (every holder gathers, not only the
 writers: one collective per group, no point-to-point bookkeeping).
 
 Resuming (:func:`restore`): each rank reads, slice by slice, the TP slices of its local tensors
-from ``optim.safetensors`` (as :func:`.checkpoint.restore_optimizer` does), concatenates the
+from ``optim.safetensors`` (as :func:`.native.restore_optimizer` does), concatenates the
 chunks of each group in bucket order and keeps its piece ``bounds[i]``; the AdamW step count
 comes from ``meta.json``. ZeRO-3 weights need nothing: the parameters are initialised from the
 checkpoint's model before the sharded state takes its pieces of them. So a checkpoint written
 under any stage and plan resumes under any other.
 
-The sharded objects are read through their pieces per group only: :class:`.dp_sync.ShardedAdamW`
+The sharded objects are read through their pieces per group only: :class:`..parallel.data.zero_state.ShardedAdamW`
 (``splits``, ``moments``: one contiguous range of the bucket per member) and
-:class:`.zero.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
+:class:`..parallel.data.zero_state.ShardedState` (``buckets``: ``members``, ``handle``, ``chunks``, ``span``,
 ``bounds``, ``i``; ``pieces``: weights, gradient, moments — a member's piece is its slice of
-every unit, :func:`.zero_units.apportion`) — both with the step count ``t``.
+every unit, :func:`..parallel.data.sync.apportion`) — both with the step count ``t``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Any, Callable
 
 import torch
 
-from .checkpoint import OPTIM_KEYS, optim_source
-from .tensor_parallel import TPGroup, shard_dim
+from .native import OPTIM_KEYS, optim_source
+from ..parallel.data.zero_state import ShardedAdamW, ShardedOptimizer
+from ..parallel.tensor import TPGroup, shard_dim
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class Shard:
         return torch.cat([flat[lo:hi] for lo, hi in self.slices[self.i]])
 
 
-def shards(sharded: Any) -> list[Shard]:
-    """The :class:`Shard` of every chunk group of a :class:`.dp_sync.ShardedAdamW` or a
-    :class:`.zero.ShardedState` (module docstring)."""
-    if hasattr(sharded, "splits"):
+def shards(sharded: ShardedOptimizer) -> list[Shard]:
+    """The :class:`Shard` of every chunk group of a :class:`..parallel.data.zero_state.ShardedAdamW` or a
+    :class:`..parallel.data.zero_state.ShardedState` (module docstring)."""
+    if isinstance(sharded, ShardedAdamW):
         out = []
         for members, _, chunks in sharded.sync.items:
             sp = sharded.splits[members]
@@ -74,7 +75,7 @@ def shards(sharded: Any) -> list[Shard]:
     out = []
     for b, (weights, _, avg, sq) in zip(sharded.buckets, sharded.pieces):
         tensors = {"exp_avg": avg, "exp_avg_sq": sq}
-        if getattr(sharded, "stage", 0) == 3:
+        if sharded.frees_weights:  # ZeRO-3 keeps only its piece of the weights
             tensors["param"] = weights
         slices = [[(start + lo, start + hi) for (start, _), bounds in zip(b.span, b.bounds)
                    for lo, hi in [bounds[j]]] for j in range(len(b.members))]
@@ -105,7 +106,7 @@ def _params(stages: dict) -> dict[tuple[int, str], torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+def full_local(sharded: ShardedOptimizer, stages: dict, wait: Callable) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
     """Collective over every chunk group: ``(stage, name) -> {"exp_avg", "exp_avg_sq", "step"
     (, "param")}``, full local tensors (this rank's TP slice) on the CPU, for every tensor the
     sharded state covers (empty outside pipeline 0, which alone reports)."""
@@ -116,7 +117,7 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
         for key, piece in sh.tensors.items():
             flat = gather(sh, piece, wait, f"checkpoint gather of ZeRO {key} pieces")
             if sharded.sync.pipeline != 0:
-                continue  # only pipeline 0 reports tensors (:func:`.checkpoint.local_pieces`)
+                continue  # only pipeline 0 reports tensors (:func:`.native.local_pieces`)
             k = 0
             for c, mine, _ in sh.chunks:
                 for h in mine:
@@ -132,7 +133,7 @@ def full_local(sharded: Any, stages: dict, wait: Callable) -> dict[tuple[int, st
 
 
 @torch.no_grad()
-def restore(sharded: Any, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None:
+def restore(sharded: ShardedOptimizer, stages: dict, tp: TPGroup, ck: dict[str, Any]) -> None:
     """Give every chunk group's pieces their values from checkpoint ``ck`` (module docstring)."""
     if ck.get("adam_step") is None:
         return

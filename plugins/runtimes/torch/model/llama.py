@@ -7,14 +7,14 @@ SwiGLU MLP (``down(silu(gate(x)) * up(x))``) -> residual; final RMSNorm and the 
 q/k/v biases (``qkv_bias``, Qwen2) and an o bias (``o_bias``, Llama's ``attention_bias``),
 ``norm_eps``, ``rope_theta``, Llama 3's wavelength-band rope scaling (:func:`inv_frequencies`)
 and a head tied to the embedding (``tied_embeddings``: one Parameter when a chunk holds both;
-across chunks see :mod:`.tied`). Parameter names are the standard (Hugging Face Llama) ones —
+across chunks see :mod:`..parallel.tied_embedding`). Parameter names are the standard (Hugging Face Llama) ones —
 ``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``, ``model.norm.weight``,
 ``lm_head.weight`` — so a chunk's ``state_dict`` keys are already global names and the full
 model is just the chunk that covers everything.
 
 A :class:`LlamaChunk` holds blocks ``[start, end)``; the first chunk of a chain adds the
 embedding, the last adds norm + head + the loss. With a :class:`TPGroup` of size > 1 the
-attention and MLP are Megatron column/row parallel (see :mod:`.tensor_parallel`). Attention goes
+attention and MLP are Megatron column/row parallel (see :mod:`..parallel.tensor`). Attention goes
 through flash-attn when it imports and the tensors are half precision on CUDA, else through
 ``torch.nn.functional.scaled_dot_product_attention``. ``recompute=True`` wraps each block in
 ``torch.utils.checkpoint`` (activation recomputation).
@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.model import ModelSpec
 
-from .tensor_parallel import TPGroup, copy_to, reduce_from
+from ..parallel.tensor import TPGroup, copy_to, reduce_from
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5

@@ -15,7 +15,7 @@ Chimera's model copies after ``REDUCE``); those copies are equal, so one of them
 holder receives the sum. Chunk groups whose holders all belong to one pipeline need no sync.
 
 Batch weighting: each micro-batch loss is ``sum(cross-entropy) / tokens of the global batch``
-(:mod:`.executor`), so a pipeline's accumulated gradient is already weighted by its batch share
+(:mod:`..pipeline`), so a pipeline's accumulated gradient is already weighted by its batch share
 and the plain sum over pipelines is the full-batch gradient (loss = mean over the global batch).
 
 Every rank derives the same :class:`SyncPlan` from the layout; groups are created once, in the
@@ -31,10 +31,8 @@ from typing import Callable
 
 import torch
 
-from .grad_norm import squares
-from .layout import Layout
-from .tensor_parallel import shard_dim
-from .zero import adamw_, gather_pieces, sum_piece
+from ..assignment import RankAssignment
+from ..tensor import shard_dim
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class SyncPlan:
 
 def full_shapes(model) -> dict[str, tuple[int, ...]]:
     """Standard name -> full shape of every parameter of the whole model (built on the meta device)."""
-    from .model import LlamaChunk
+    from ...model.llama import LlamaChunk
 
     with torch.device("meta"):
         m = LlamaChunk(model, 0, model.layers, first=True, last=True)
@@ -94,7 +92,7 @@ def _held(name: str, start: int, end: int, first: bool, last: bool) -> bool:
     return last  # model.norm, lm_head
 
 
-def holders(layout: Layout, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
+def holders(layout: RankAssignment, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
     """Parameter name -> every (rank, stage) holding (a shard of) it, in every pipeline."""
     out: dict[str, list[Holder]] = {n: [] for n in shapes}
     for part in layout.pipelines:
@@ -115,7 +113,7 @@ def _bounds(h: Holder, full: int) -> tuple[int, int]:
     return h.tp_rank * n, (h.tp_rank + 1) * n
 
 
-def sync_plan(layout: Layout, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
+def sync_plan(layout: RankAssignment, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
     """Cut every parameter at all holders' shard boundaries; group chunks by their holder sets."""
     shapes = shapes if shapes is not None else full_shapes(layout.model)
     plan = SyncPlan()
@@ -144,7 +142,7 @@ class DPSync:
 
     def __init__(self, plan: SyncPlan, rank: int, pipeline: int, handles: dict[tuple[int, ...], object]):
         self.rank, self.pipeline = rank, pipeline
-        self.sharded = None  # ZeRO: a ShardedAdamW or a .zero.ShardedState, set by the trainer
+        self.sharded = None  # ZeRO: a .zero.ShardedOptimizer, set by parallelize()
         self.gather_handles: dict[tuple[int, ...], object] = {}  # ZeRO-2/3 per micro-batch: weight gathers
         self.handles = handles  # chunk group members -> its communicator (this rank's groups)
         self.hybrid_handles: dict[tuple[int, ...], object] = {}  # zero_scope=machine: :mod:`.hybrid`
@@ -205,112 +203,35 @@ class DPSync:
                 i += c.numel
 
 
-class ShardedAdamW:
-    """ZeRO-1/2 (Rajbhandari et al., SC'20) over the chunk groups of :class:`DPSync`, for every
-    plan shape: at the step, per group, the gradient bucket is summed among the chunk's holders
-    and this rank keeps only its piece of it (:func:`.zero.shard_bounds`: even, or proportional
-    to ``weights``, the shard weight of every global rank), updates its piece of the weights
-    with AdamW (:func:`.zero.adamw_`, the exact ``torch.optim.AdamW`` arithmetic) keeping the
-    two moments of that piece only, then all-gathers the updated weights into every local copy.
-    The step has two phases (:mod:`.grad_norm`): every group's summed piece (:meth:`prepare`),
-    then, with the global gradient norm known, the updates (:meth:`apply`).
-    Gradients accumulate in full over a step's micro-batches and are freed after the step (the
-    torch runtime runs ZeRO-1 here, and hybrid ZeRO-2; ZeRO-2 shards the gradients per
-    micro-batch otherwise, :class:`.zero.ShardedState`).
+def shard_bounds(n: int, weights: Sequence[float] | None, members: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of every member's piece of a bucket of ``n`` elements: even (``weights``
+    None; the first ``n % members`` get one more) or cut at ``round(n * sum(w[:i]) / sum(w))``."""
+    if weights is None:
+        base, extra = divmod(n, members)
+        los = [i * base + min(i, extra) for i in range(members)]
+        return [(lo, lo + base + (1 if i < extra else 0)) for i, lo in enumerate(los)]
+    total = float(sum(weights))
+    cuts = [round(n * sum(weights[:i]) / total) for i in range(members)] + [n]
+    return list(zip(cuts, cuts[1:]))
 
-    Hybrid sharding (``machines``: the machine of every global rank, ``zero_scope=machine``):
-    the pieces are cut among the holders inside each machine and summed across machines
-    segment by segment (:mod:`.hybrid`); the communicators are ``sync.hybrid_handles``."""
 
-    def __init__(self, sync: DPSync, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                 weights: tuple[float, ...] | None = None, machines: tuple[str, ...] | None = None,
-                 device: torch.device | None = None):
-        from .hybrid import counted, split
-
-        self.sync, self.weights = sync, weights
-        self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        self.splits, self.counted, self.grads = {}, {}, {}
-        self.moments: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-        for members, handle, chunks in sync.items:
-            n = sum(c.numel for c, _, _ in chunks)
-            sp = split(members, n, sync.rank, weights, machines)
-            self.splits[members] = sp
-            self.counted[members] = counted(members, sync.rank, machines)
-            lo, hi = sp.piece
-            self.moments[members] = (torch.zeros(hi - lo, device=device), torch.zeros(hi - lo, device=device))
-        self.t = 0
-
-    def handle(self, ranks: tuple[int, ...]):
-        """The communicator of ``ranks``: a chunk group's own, or one of hybrid sharding's."""
-        return self.sync.handles[ranks] if ranks in self.sync.handles else self.sync.hybrid_handles[ranks]
-
-    def synced(self) -> set[tuple[int, str]]:
-        """``(stage, name)`` of every local tensor this step updates (the rest: plain AdamW)."""
-        return {(h.stage, c.name) for _, _, chunks in self.sync.items for c, mine, _ in chunks for h in mine}
-
-    def state_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for pair in self.moments.values() for t in pair)
-
-    @torch.no_grad()
-    def prepare(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
-        """Phase 1 of the step: every group's gradient bucket summed, this rank's piece kept
-        (hybrid: summed across machines too); the update waits for the global norm (:meth:`apply`)."""
-        for p in params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.grads = {}
-        for members, _, chunks in self.sync.items:
-            sp = self.splits[members]
-            lo, hi = sp.piece
-            flat = self.sync.bucket(params, chunks)
-            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
-            g = flat[lo:hi] if peers is None else \
-                sum_piece(flat, list(sp.bounds), sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
-            self._cross(sp, g, wait)
-            self.grads[members] = g.clone() if g.numel() < flat.numel() else g  # not the whole bucket kept
-        for key in self.synced():
-            params[key].grad = None
-
-    def sq_norm(self, device: torch.device) -> torch.Tensor:
-        """Sum of squares of the summed gradient pieces this rank counts (:func:`.hybrid.counted`)."""
-        return squares([g for m, g in self.grads.items() if self.counted[m]], device)
-
-    @torch.no_grad()
-    def apply(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None], *,
-              lr: float | None = None, coef: float | None = None) -> None:
-        """Phase 2: AdamW on every piece (its gradient scaled by ``coef``, at ``lr``; None: the
-        constructor's), then the updated weights all-gathered into every local copy."""
-        self.t += 1
-        adam = {**self.adam, "lr": self.adam["lr"] if lr is None else lr}
-        for members, _, chunks in self.sync.items:
-            sp = self.splits[members]
-            lo, hi = sp.piece
-            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
-            g = self.grads.pop(members)
-            if coef is not None:
-                g.mul_(coef)
-            weights = torch.cat([self.sync._view(params[(mine[0].stage, c.name)], c, mine[0]).reshape(-1)
-                                 for c, mine, _ in chunks])
-            w = weights[lo:hi].clone()
-            adamw_(w, g, *self.moments[members], self.t, **adam)
-            new = w if peers is None else \
-                gather_pieces(w, list(sp.bounds), peers, wait, f"ZeRO weight all-gather with ranks {list(sp.peers)}")
-            k = 0
-            for c, mine, _ in chunks:
-                for h in mine:
-                    v = self.sync._view(params[(h.stage, c.name)], c, h)
-                    v.copy_(new[k: k + c.numel].view_as(v))
-                k += c.numel
-
-    def _cross(self, sp, g: torch.Tensor, wait: Callable) -> None:
-        """Hybrid: sum each segment of this rank's gradient piece ``g`` with the other machines'
-        holders of it (in place)."""
-        lo = sp.piece[0]
-        pending = []
-        for a, b, ranks in sp.cross:
-            seg = g[a - lo: b - lo].contiguous()
-            work = torch.distributed.all_reduce(seg, group=self.handle(ranks), async_op=True)
-            pending.append((a, b, ranks, seg, work))
-        for a, b, ranks, seg, work in pending:
-            wait([work], f"ZeRO gradient sum across machines with ranks {list(ranks)}")
-            g[a - lo: b - lo].copy_(seg)
+def apportion(sizes: Sequence[int], weights: Sequence[float] | None, members: int) -> list[list[tuple[int, int]]]:
+    """Every member's ``[lo, hi)`` of each atom of ``sizes`` elements, ``w_j / sum w`` of each
+    (even without ``weights``), rounded so that each member's total over the atoms stays within
+    one element of ``sum(sizes) * w_j / sum w`` (the cost model's share): largest remainders per
+    atom, each member's rounding error carried to the next atom."""
+    w = [1.0] * members if weights is None else [float(x) for x in weights]
+    total, carry, out = sum(w), [0.0] * members, []
+    for n in sizes:
+        target = [n * x / total + e for x, e in zip(w, carry)]
+        take = [max(0, math.floor(t)) for t in target]
+        for j in sorted(range(members), key=lambda j: (-(target[j] - math.floor(target[j])), j)):
+            if sum(take) >= n:
+                break
+            take[j] += 1
+        while sum(take) > n:  # only after clamping a negative target
+            take[max(range(members), key=lambda j: (take[j] - target[j], j))] -= 1
+        carry = [t - k for t, k in zip(target, take)]
+        cuts = [sum(take[:j]) for j in range(members + 1)]
+        out.append(list(zip(cuts, cuts[1:])))
+    return out

@@ -40,7 +40,7 @@ class SyntheticTokens:
 
 def demo_text_path() -> Path:
     """The small text file shipped with the runtime for the byte-level demo."""
-    return Path(str(resources.files("hexicore_plugins.runtimes.torch").joinpath("data", "demo.txt")))
+    return Path(str(resources.files("hexicore_plugins.runtimes.torch.train").joinpath("data", "demo.txt")))
 
 
 class ByteText:

@@ -14,7 +14,7 @@ the tied-embedding group — so every copy of an element holds the summed gradie
   ``REDUCE``), a TP-sharded tensor on every TP rank (each holds its own slice), a replicated one
   (norms, embedding, head, the o bias) on TP rank 0 only, a Parameter shared by two chunks of a
   rank once, and a tied head not at all (it is the embedding, which chain 0's first stage counts);
-* tensors ZeRO shards (:class:`.dp_sync.ShardedAdamW`, :class:`.zero.ShardedState`): each
+* tensors ZeRO shards (:class:`.zero_state.ShardedAdamW`, :class:`.zero_state.ShardedState`): each
   rank's piece of every chunk group's summed gradient bucket — the pieces tile the bucket and a
   bucket holds each chunk of each tensor once; under hybrid sharding every machine holds a
   tiling, and only the pieces of the group's first machine count (:func:`.hybrid.counted`).
@@ -30,8 +30,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from .model import HEAD
-from .tensor_parallel import shard_dim
+from ...model.llama import HEAD
+from ..tensor import shard_dim
 
 #: torch.nn.utils.clip_grad_norm_'s guard against a zero norm
 EPS = 1e-6

@@ -1,7 +1,7 @@
 """Who runs what: global ranks, pipelines, TP groups and the layer range of every stage chunk.
 
 Pure Python (no torch), so a plan the runtime cannot run fails with one line *before* any
-process starts. A :class:`Layout` is the runtime's view of a plan (docs/formats.md): each
+process starts. A :class:`RankAssignment` is the runtime's view of a plan (docs/formats.md): each
 pipeline is an action list (:mod:`hexicore.pipeline.actions`) whose pipeline rank ``q`` is a
 :class:`StageGroup` — the TP group of global ranks of plan stage ``q``, leader first
 (HexiScale §3.2: activations go leader -> leader, then the leader broadcasts in its TP group).
@@ -15,7 +15,7 @@ these *replicas* start from the same weights and REDUCE sums their gradients.
 
 Pipelines may differ in everything (HexiScale's asymmetric plans): batch share, number of
 stages, layer cuts, TP degree per stage, schedule. Gradients are synced per layer and parameter
-among whoever holds them (:mod:`.dp_sync`), so no shape has to match across pipelines.
+among whoever holds them (:mod:`.data.sync`), so no shape has to match across pipelines.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Role:
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankAssignment:
     """Every pipeline of a run over ``world`` global ranks (ranks beyond the pipelines idle)."""
 
     model: ModelSpec
@@ -212,7 +212,7 @@ def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup],
 
 def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], ActionList]], *,
                  global_batch: int, micro_batch: int, seq_len: int, world: int | None = None,
-                 source: str | None = None) -> Layout:
+                 source: str | None = None) -> RankAssignment:
     """Check and assemble a layout; ``pipelines`` are ``(batch, stage groups, action list)``."""
     if seq_len > model.longest_seq:
         raise PlanError(f"sequence length {seq_len} exceeds the model's {model.longest_seq}", source=source,
@@ -230,7 +230,7 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
     world = max(used) + 1 if world is None else world
     if max(used) >= world:
         raise PlanError(f"ranks up to {max(used)} need a world of {max(used) + 1}, got {world}", source=source)
-    return Layout(model, world, global_batch, micro_batch, seq_len, tuple(parts))
+    return RankAssignment(model, world, global_batch, micro_batch, seq_len, tuple(parts))
 
 
 def reference_actions(micro_batches: int) -> ActionList:
@@ -239,7 +239,7 @@ def reference_actions(micro_batches: int) -> ActionList:
     return ActionList({"name": "none"}, 1, 1, micro_batches, (0,), (tuple(acts) + (Action(Op.STEP),),))
 
 
-def reference_layout(model: ModelSpec, *, global_batch: int, micro_batch: int, seq_len: int) -> Layout:
+def reference_layout(model: ModelSpec, *, global_batch: int, micro_batch: int, seq_len: int) -> RankAssignment:
     """The single-process reference: the whole model on rank 0, same micro-batches."""
     mbs = _micro_batches(global_batch, micro_batch)
     return build_layout(model, [(global_batch, [StageGroup((0,), model.layers)], reference_actions(mbs))],
@@ -260,7 +260,7 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
     given: a schedule choosing its own chunk count stays within them). ``fallback``: a pipeline
     with fewer ranks than the schedule runs on runs its ``Pricing.fewer_ranks`` schedule, as the
     planner priced it (a one-rank Hanayo pipeline: 1F1B). They travel to the workers inside the
-    :class:`Layout`, so workers need no registry (a schedule registered only in the launching
+    :class:`RankAssignment`, so workers need no registry (a schedule registered only in the launching
     process runs too)."""
     from hexicore.core.errors import ScheduleError
     from hexicore.pipeline.comm import insert_comm
@@ -287,7 +287,7 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
 
 def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks: int, *, registry: Any,
                            global_batch: int, micro_batch: int, seq_len: int, tp: int = 1,
-                           actions: ActionList | None = None) -> Layout:
+                           actions: ActionList | None = None) -> RankAssignment:
     """One pipeline of ``ranks`` equal stages (``tp`` ranks each) under a schedule (no plan file);
     its actions are ``actions`` or else built by ``registry`` (:func:`schedule_actions`)."""
     if ranks < 1:
@@ -305,7 +305,7 @@ def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks:
 
 
 def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: Any, seq_len: int,
-                source: str | None = None) -> Layout:
+                source: str | None = None) -> RankAssignment:
     """A :class:`hexicore.core.plan.Plan` -> layout: devices numbered in plan order become global
     ranks; pipeline ``i`` runs ``schedules[i]`` (its own section, defaults resolved by the app),
     built by ``registry``."""
@@ -326,3 +326,31 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
                                                         [g.layers for g in groups], fallback=True)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source)
+
+
+# ------------------------------------------------------------------ ZeRO-3
+# which assignments ZeRO-3 (parallel/data/zero_state.py) runs on: structural facts of the assignment,
+# torch-free here because `plan` and `evaluate` check plans without torch
+def one_stage_per_pipeline(layout) -> bool:
+    """Whether every pipeline is one plan stage (one pipeline rank, TP group) with one model copy:
+    its ranks never wait on another pipeline's activations, however many chunks its schedule
+    gives that rank (interleaved 1F1B, Hanayo, V schedules on a one-stage pipeline)."""
+    return all(len(p.groups) == 1 and len(p.actions.chains) == 1 for p in layout.pipelines)
+
+
+def mirrored(layout) -> bool:
+    """Whether the pipelines mirror each other: the same stage chunks, TP degrees, batch and
+    action lists, one model copy each (no Chimera copies)."""
+    p0 = layout.pipelines[0]
+    return all(len(p.actions.chains) == 1 and p.batch == p0.batch and p.chunk_layers == p0.chunk_layers
+               and [g.tp for g in p.groups] == [g.tp for g in p0.groups] and p.actions.actions == p0.actions.actions
+               for p in layout.pipelines)
+
+
+def zero3_runs(layout) -> bool:
+    """Whether ZeRO-3 runs on ``layout`` (:mod:`.data.zero_state`): every pipeline one stage (any
+    schedules, batches, TP degrees), or pipelines that mirror each other (:func:`mirrored`).
+    Gathers are blocking and pair rank by rank; between pipelines whose stage ranks also wait
+    on each other's activations, pairing the ``k``-th needs of ranks at different points of
+    different schedules could deadlock, so other multi-stage layouts are refused."""
+    return one_stage_per_pipeline(layout) or mirrored(layout)

@@ -1,8 +1,8 @@
-"""One sample at a time of each ``hexicore profile`` measurement (:mod:`.profile` drives them).
+"""One sample at a time of each ``hexicore profile`` measurement (:mod:`.profiler` drives them).
 
 Each ``*_samples`` function is a generator: it builds what it times once, then yields one sample
-per ``next()``, so :func:`.profile.run_worker` can interleave the repeats of every measurement.
-Compute goes through :func:`.emulate.emulated` as the executor's compute actions do.
+per ``next()``, so :func:`.profiler.run_worker` can interleave the repeats of every measurement.
+Compute goes through :func:`..launch.emulated_device.emulated` as the executor's compute actions do.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.emulation import Emulation
 
-from .emulate import emulated, settle
-from .model import Block, LlamaChunk, rope_tables
-from .tensor_parallel import TPGroup
+from ..launch.emulated_device import emulated, settle
+from ..model.llama import Block, LlamaChunk, rope_tables
+from ..parallel.tensor import TPGroup
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

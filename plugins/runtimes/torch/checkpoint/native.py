@@ -8,7 +8,7 @@ schedule, also the optimizer settings, ``train_steps`` and the per-step gradient
 contributes the shards it owns (pipeline 0, chain 0 — replicas and DP copies are identical — and
 replicated tensors from TP rank 0 only); rank 0 concatenates TP shards along their shard
 dimension and writes. The result is layout-free: resuming reads, on every rank, only the TP slices
-of its own chunks (:class:`~.hf_io.SafeTensors`), exactly as initialisation slices, so a run can
+of its own chunks (:class:`~.hugging_face.SafeTensors`), exactly as initialisation slices, so a run can
 resume under any plan. Loading never unpickles. With tied embeddings only the embedding is stored.
 
 The final model (``out/final/``) is a Hugging Face directory (:func:`write_final`):
@@ -29,21 +29,21 @@ import torch.distributed as dist
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
-from . import hf_io
-from .hf_io import EMBED, HEAD
-from .stage import Stage, canonical
-from .tensor_parallel import TPGroup, shard_dim, unshard
+from . import hugging_face as hf_io
+from .hugging_face import EMBED, HEAD
+from ..model.stage_module import StageModule, canonical
+from ..parallel.tensor import TPGroup, shard_dim, unshard
 
 FORMAT = "hexicore.checkpoint/2"
 OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
 META, MODEL, OPTIM = "meta.json", "model.safetensors", "optim.safetensors"
 
 
-def local_pieces(stages: dict[int, Stage], tp: TPGroup, optimizer: torch.optim.Optimizer | None,
+def local_pieces(stages: dict[int, StageModule], tp: TPGroup, optimizer: torch.optim.Optimizer | None,
                  pipeline: int, sharded: dict[tuple[int, str], dict[str, torch.Tensor]] | None = None
                  ) -> list[tuple[str, int | None, int, dict[str, torch.Tensor]]]:
     """``(name, shard dim, tp rank, {"param", "exp_avg", "exp_avg_sq"})`` this rank reports;
-    ``sharded[(stage, name)]`` (ZeRO: :func:`.sharded_checkpoint.full_local`) replaces what the
+    ``sharded[(stage, name)]`` (ZeRO: :func:`.sharded.full_local`) replaces what the
     optimizer and, under ZeRO-3, the parameter hold."""
     if pipeline != 0:
         return []
@@ -101,7 +101,7 @@ def _order(name: str) -> tuple:
     return (2, 0 if parts[:2] == ["model", "norm"] else 1, name)
 
 
-def gather(stages: dict[int, Stage], tp: TPGroup, optimizer, pipeline: int, *, rank: int, world: int,
+def gather(stages: dict[int, StageModule], tp: TPGroup, optimizer, pipeline: int, *, rank: int, world: int,
            sharded: dict | None = None):
     """Collect the consolidated model and optimizer state on rank 0 (None elsewhere)."""
     mine = local_pieces(stages, tp, optimizer, pipeline, sharded)
@@ -230,7 +230,7 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
                  optim: dict[str, Any] | None = None) -> str | None:
     """Refuse resuming with another seed, model, data, global batch or sequence length (one line
     naming the difference), another optimizer setting the checkpoint records (``optim``: the
-    run's ``runtime.*`` values of :data:`.lr_schedule.RECORDED`; older checkpoints record none)
+    run's ``runtime.*`` values of :data:`..train.lr_schedule.RECORDED`; older checkpoints record none)
     or, under a decaying lr schedule, another ``train.steps`` (:func:`check_optim`), or at a step
     with nothing left to train (``steps``: ``train.steps``); a different plan or schedule is
     allowed: returns the line that says so (None when the same)."""
@@ -265,7 +265,7 @@ def check_optim(ck: dict[str, Any], optim: dict[str, Any], steps: int | None) ->
     """Resuming continues the checkpoint's optimizer: every recorded ``runtime.*`` setting must
     be the run's, and a linear or cosine schedule decays over ``train.steps``, so another
     ``train.steps`` would change every later lr (refused; a constant schedule may be extended)."""
-    from .lr_schedule import decays
+    from ..train.lr_schedule import decays
 
     src = ck.get("dir")
     differ = [k for k, v in optim.items() if k in ck and ck[k] != v]
@@ -303,10 +303,10 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, Stage], tp: TPGroup,
+def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, StageModule], tp: TPGroup,
                       ck: dict[str, Any]) -> None:
     """Give every parameter of ``optimizer`` its shard of the stored AdamW state (read slice by
-    slice); ZeRO-sharded tensors are not the optimizer's (:func:`.sharded_checkpoint.restore`)."""
+    slice); ZeRO-sharded tensors are not the optimizer's (:func:`.sharded.restore`)."""
     if ck.get("adam_step") is None or optimizer is None:
         return
     mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -327,17 +327,18 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, Stage]
 
 
 # ------------------------------------------------------------------ the final Hugging Face directory
-def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layout: Any, *, rank: int, world: int,
-                shard_bytes: int, extras: Any = None) -> None:
-    """``folder`` as a Hugging Face checkpoint directory (collective: every rank calls it);
+def write_final(folder: str | Path, stages: dict[int, StageModule], parallel: Any, *, shard_bytes: int,
+                extras: Any = None) -> None:
+    """``folder`` as a Hugging Face checkpoint directory (collective: every rank calls it; ``parallel``:
+    its :class:`~..parallel.layout.ParallelLayout`);
     ``extras`` (:class:`hexicore.core.hf_export.FinalExtras`): token ids, generation config and
     tokenizer files, written by rank 0 after the weights (:func:`_finish_final`)."""
     d = Path(folder)
+    rank, world, layout, role = parallel.rank, parallel.world, parallel.assignment, parallel.role
     model = layout.model
     total = 4 * model.total_params()
-    role = groups.role
     if total <= shard_bytes or world == 1:
-        got = gather(stages, groups.tp, None, role.pipeline if role else -1, rank=rank, world=world)
+        got = gather(stages, parallel.tp, None, role.pipeline if role else -1, rank=rank, world=world)
         if rank == 0:
             d.mkdir(parents=True, exist_ok=True)
             hf_io.save_tensors(d / hf_io.SINGLE, _drop_tied(got[0], model))
@@ -345,11 +346,11 @@ def write_final(folder: str | Path, stages: dict[int, Stage], groups: Any, layou
             _finish_final(d, model, extras)
         return
     part0 = layout.pipelines[0]
-    mine = local_pieces(stages, groups.tp, None, role.pipeline if role else -1)
-    tp = groups.tp
+    mine = local_pieces(stages, parallel.tp, None, role.pipeline if role else -1)
+    tp = parallel.tp
     if tp.size > 1:
         pieces = [None] * tp.size if tp.rank == 0 else None
-        dist.gather_object(mine, pieces, dst=groups.tp_leader, group=tp.group)
+        dist.gather_object(mine, pieces, dst=parallel.tp_leader, group=tp.group)
         mine = [x for ps in pieces for x in ps] if tp.rank == 0 else []
     written = []
     if mine and tp.rank == 0:

@@ -3,7 +3,7 @@ clipping by global norm (``runtime.lr_schedule``, ``warmup_steps``, ``min_lr``, 
 
 Torch-free: the launching process checks the keys (one line naming ``runtime.KEY``) and every
 rank computes the lr of a step from the same pure function, :func:`lr_at`. Clipping itself
-(the global norm over every rank) is :mod:`.grad_norm`.
+(the global norm over every rank) is :mod:`..parallel.data.grad_norm`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """``hexicore profile`` on torch.distributed: time the model's blocks and the cluster's links.
 
-One worker per device of the cluster (launched as ``train`` launches: :mod:`.launch`, local
+One worker per device of the cluster (launched as ``train`` launches: :mod:`..launch.launcher`, local
 processes or the ranks torchrun started). Every rank walks the same list of measurements
 (:func:`tasks`); one measurement runs at a time (the others wait at a barrier), so devices
 sharing a host do not disturb each other. Each rank is its device: rank ``r`` is
 ``cluster.devices[r]``, and compute on a machine with ``emulate:`` goes through
-:func:`.emulate.emulated` exactly as the executor's compute actions do, so every second
+:func:`..launch.emulated_device.emulated` exactly as the executor's compute actions do, so every second
 recorded is a wall second as training will see it.
 
-* **block** (per GPU type, or per device): :class:`.model.Block` — the runtime's own block —
+* **block** (per GPU type, or per device): :class:`..model.llama.Block` — the runtime's own block —
   at each micro-batch x TP degree: forward, backward, and recompute (what recomputation adds to
   the backward of the block under ``torch.utils.checkpoint``, as the runtime runs it: the
   checkpointed backward minus the plain one, :func:`.samplers.block_samples`); the median (or minimum) of
@@ -18,7 +18,7 @@ recorded is a wall second as training will see it.
   form is skipped. Activation bytes: CUDA allocator growth across the forward; on CPU the bytes
   of the distinct tensors autograd saves (``saved_tensors_hooks``), parameters excluded.
 * **head**: embedding + final norm + output projection + loss of one micro-batch
-  (:class:`.model.LlamaChunk` without blocks), forward and backward.
+  (:class:`..model.llama.LlamaChunk` without blocks), forward and backward.
 * **links**: per machine (devices 0 and 1) and per machine pair (device 0 of each), ping-pong
   of each size in ``link_bytes``; one-way time = half the round trip; ``t = latency + bytes /
   bandwidth`` fitted by least squares (:func:`fit_link`).
@@ -61,7 +61,7 @@ class Task:
 
 @dataclass(frozen=True)
 class ProfileJob:
-    """What every worker needs (picklable; :func:`.launch.worker_main` calls :meth:`execute`)."""
+    """What every worker needs (picklable; :func:`..launch.launcher.worker_main` calls :meth:`execute`)."""
 
     devices: tuple[tuple[str, str, str, Emulation], ...]  # (id, machine, gpu type, emulate) per rank
     model: ModelSpec
@@ -225,7 +225,7 @@ def fit_link(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def environment(job: ProfileJob, device: torch.device) -> dict[str, Any]:
-    from .model import _flash_attn_func
+    from ..model.llama import _flash_attn_func
 
     half = job.dtype in ("bf16", "fp16")
     flash = _flash_attn_func is not None and device.type == "cuda" and half

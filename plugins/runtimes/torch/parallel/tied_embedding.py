@@ -2,7 +2,7 @@
 ``embedding_group``; Narayanan et al. 2021, §4).
 
 With ``tied_embeddings`` the LM head *is* the token embedding. A chunk that holds both uses one
-Parameter, and so do chunks of one chain on the same rank (:func:`.stage.build_stages`). When the
+Parameter, and so do chunks of one chain on the same rank (:func:`..model.stage_module.build_stages`). When the
 embedding (first stage of a chain) and the head (last stage) sit on different ranks, both hold a
 copy, initialised from the same stored tensor; before each update the gradients of every copy —
 in every pipeline of the plan, so this also replaces the data-parallel sync of that tensor — are
@@ -13,7 +13,7 @@ both uses' gradients.
 Who contributes: per pipeline, chain 0 and TP rank 0 only (Chimera's chain copies were already
 summed into chain 0 by ``REDUCE``; TP ranks hold identical replicated gradients), each distinct
 Parameter once. One all-reduce over the ranks holding a copy (:func:`members`), created in
-:func:`.groups.build_groups` in the same order on every rank.
+:meth:`.layout.ParallelLayout.build` in the same order on every rank.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import torch
 
-from .layout import Layout
+from .assignment import RankAssignment
 
 
-def members(layout: Layout) -> tuple[int, ...]:
+def members(layout: RankAssignment) -> tuple[int, ...]:
     """Global ranks holding a copy of the tied embedding/head (empty unless tied, and when one
     stage's ranks hold the only copy: its TP ranks keep equal replicated gradients already)."""
     if not layout.model.tied_embeddings:

@@ -3,7 +3,7 @@
 ``hexicore train`` on one machine calls :func:`launch`, which starts ``world`` workers through
 ``torch.distributed.launcher.api.elastic_launch`` (the API behind ``torchrun --standalone``:
 c10d rendezvous on localhost, no restarts, the agent stops every worker as soon as one fails).
-Workers receive resolved :class:`~.trainer.WorkerSpec` objects whose layouts hold the action lists
+Workers receive resolved :class:`~..train.trainer.WorkerSpec` objects whose layouts hold the action lists
 already built by the launching process's registry: a worker reads no config and builds no
 schedule, so a schedule plugin registered only in the launching process (not installed as an
 entry point) runs as well as a built-in one.
@@ -14,7 +14,7 @@ node; docs/runtime.md ("Several machines: torchrun") gives the command.
 Inside torchrun (``TORCHELASTIC_RUN_ID`` and ``RANK`` are set) ``hexicore train`` runs as that
 worker directly; every rank composes the same config from the same command line (and builds
 its registry from the installed entry points, as ``hexicore train`` does), and rank 0's
-:class:`~.trainer.WorkerSpec` is broadcast so all ranks agree. ``out`` and ``resume`` must be
+:class:`~..train.trainer.WorkerSpec` is broadcast so all ranks agree. ``out`` and ``resume`` must be
 on a filesystem rank 0 can write (checkpoints are consolidated on rank 0) and every rank can
 read (resume).
 
@@ -130,7 +130,7 @@ def _stoppable() -> Iterator[None]:
 
 def stop_line(sig: int, specs: list) -> str:
     """One line for a stopped run: the signal and the last complete checkpoint to resume from."""
-    from . import checkpoint
+    from ..checkpoint import native as checkpoint
 
     last = None
     for spec in specs:
@@ -149,7 +149,7 @@ def worker_main(specs: list) -> list[Any] | None:
     import torch
     import torch.distributed as dist
 
-    from .trainer import choose_backend
+    from ..train.trainer import choose_backend
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -191,11 +191,11 @@ def worker_main(specs: list) -> list[Any] | None:
 
 
 def run_one(spec, rank: int, world: int, device) -> Any:
-    """One job on this rank: a :class:`~.trainer.WorkerSpec` trains; any other job object
-    (e.g. :class:`~.profile.ProfileJob`) runs its own ``execute(rank, world, device)``."""
+    """One job on this rank: a :class:`~..train.trainer.WorkerSpec` trains; any other job object
+    (e.g. :class:`~..profile.profiler.ProfileJob`) runs its own ``execute(rank, world, device)``."""
     if hasattr(spec, "execute"):
         return spec.execute(rank, world, device)
-    from .trainer import train
+    from ..train.trainer import train
 
     return train(spec, rank, world, device)
 

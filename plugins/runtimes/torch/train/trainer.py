@@ -1,0 +1,383 @@
+"""The training loop of one rank: build its stages, run the steps, checkpoint, report.
+
+A :class:`Trainer` builds the rank's :class:`~..parallel.layout.ParallelLayout` once, its
+parallelised stage chunks and executor (:func:`~..parallel.parallelize.parallelize`), and advances
+a :class:`TrainState` (step, losses, step times, gradient norms, optimizer) that checkpoints record.
+One :class:`WorkerSpec` is one training run as a worker sees it (the layout with its built
+action lists, plus settings); the runtime derives it from the app's
+:class:`~hexicore.core.run_spec.RunSpec`. It is plain data, so the launcher hands it to spawned
+workers (they read no config and need no registry) and one launched job can run several specs
+in sequence on the same process group (the tests do). ``parallel=none`` is the same loop on one
+process with no process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hexicore.core import schema
+from hexicore.core.emulation import Emulation
+
+from ..checkpoint import native as checkpoint, sharded as sharded_checkpoint
+from ..checkpoint.hugging_face import SafeTensors
+from ..model.stage_module import Seeded
+from ..parallel.assignment import RankAssignment
+from ..parallel.layout import ParallelLayout
+from ..parallel.parallelize import parallelize
+from ..parallel.pipeline import Executor
+from ..profile import measure
+from .data_source import make_source
+from .lr_schedule import OptimSchedule
+
+METRICS_FORMAT = "hexicore.metrics/1"
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs for one run (picklable; no config, no registry)."""
+
+    layout: RankAssignment
+    steps: int
+    seed: int = 0
+    dtype: str = "fp32"
+    recompute: bool = False
+    lr: float = 3e-4  # AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), eps 1e-5, decay 0.1
+    eps: float = 1e-5
+    weight_decay: float = 0.1
+    lr_schedule: str = "constant"  # constant | linear | cosine after warmup_steps (.lr_schedule.lr_at)
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip_grad: float | None = None  # max global gradient L2 norm (.grad_norm); None: no clipping
+    data: str = "synthetic"
+    data_file: str | None = None
+    out: str | None = None
+    resume: str | None = None
+    init_from: str | None = None  # a Hugging Face checkpoint directory (each rank reads its slices)
+    shard_bytes: int = 5 * 2**30  # final/ is sharded per stage above this many bytes
+    final_extras: Any = None  # hexicore.core.hf_export.FinalExtras: token ids, generation config, tokenizer
+    data_id: dict[str, Any] | None = None  # what resuming must match (data kind, file, size)
+    data_checked: bool = False  # the launcher checked the token file's ids: workers do not scan it again
+    checkpoint_every: int = 0
+    timeout_s: float = 120.0
+    backend: str = "auto"
+    progress: bool = True
+    plan: str | None = None
+    fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
+    return_state: bool = False  # tests: rank 0 also returns the final state_dict
+    emulation: tuple[Emulation, ...] = ()  # per global rank, the cluster file's emulate (test aid)
+    zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
+    shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
+    machines: tuple[str, ...] | None = None  # per global rank, its machine: hybrid sharding (zero_scope=machine)
+    predicted: dict[str, Any] | None = None  # metrics.json's "predicted" (hexicore.core.prediction), plan runs
+
+
+def choose_backend(requested: str) -> str:
+    """``auto``: NCCL when CUDA is available, else gloo."""
+    if requested in ("auto", None):
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    return requested
+
+
+def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
+    fault = spec.fault or {}
+    if fault.get("rank") == rank and fault.get("step", 0) == step:
+        if fault.get("kind") == "die":
+            print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
+            os._exit(13)
+        if fault.get("kind") == "stop":  # stopped by the OS: ignores SIGTERM, only SIGKILL ends it
+            print(f"hexicore: rank {rank}: injected fault: SIGSTOP at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if fault.get("kind") == "hang":
+            print(f"hexicore: rank {rank}: injected fault: hanging at step {step}", file=sys.stderr, flush=True)
+            time.sleep(10**6)
+
+
+class _Progress:
+    """Rich progress bar on rank 0 when stderr is a terminal: step, loss, tokens/s."""
+
+    def __init__(self, enabled: bool, total: int, done: int, label: str):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                                TimeElapsedColumn(), console=Console(stderr=True))
+            self.task = self.bar.add_task(label, total=total, completed=done, loss="-", tps="-")
+            self.bar.start()
+
+    def update(self, loss: float, tps: float) -> None:
+        if self.bar:
+            self.bar.update(self.task, advance=1, loss=f"{loss:.4f}", tps=f"{tps:,.0f}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def _weights(spec: WorkerSpec, resumed: dict[str, Any] | None):
+    if resumed:
+        return checkpoint.model_source(resumed)
+    if spec.init_from:
+        return SafeTensors.directory(spec.init_from)
+    return Seeded(spec.seed)
+
+
+@dataclass
+class TrainState:
+    """What one rank's run has done and carries from step to step (and into checkpoints):
+    ``step``, the steps done; per step the summed ``losses``, wall seconds (``step_s``) and global
+    gradient norms (``grad_norms``; None on an idle rank); the plain AdamW's ``optimizer`` (None
+    where every tensor is ZeRO-sharded or the rank is idle). The data position is the step:
+    step ``k`` reads batch ``k`` of the data source (:meth:`.data_source.SyntheticTokens.batch`)."""
+
+    step: int
+    losses: list[float]
+    step_s: list[float]
+    grad_norms: list[float | None]
+    optimizer: torch.optim.Optimizer | None
+
+    @property
+    def data_position(self) -> int:
+        """The batch the next step reads."""
+        return self.step
+
+    @classmethod
+    def begin(cls, resumed: dict[str, Any] | None, optimizer: torch.optim.Optimizer | None) -> "TrainState":
+        """A fresh run at step 0, or the state a checkpoint ``resumed``
+        (:func:`..checkpoint.native.load`) recorded."""
+        if not resumed:
+            return cls(0, [], [], [], optimizer)
+        start = int(resumed["step"])
+        losses = [float(value) for value in resumed["losses"]][:start]
+        step_s = [float(value) for value in resumed.get("step_s", [])][:start]
+        return cls(start, losses, step_s, list(resumed.get("grad_norms") or [None] * start)[:start], optimizer)
+
+
+class Trainer:
+    """The training loop of one rank: its :class:`~..parallel.layout.ParallelLayout` (built once),
+    its parallelised stage chunks and executor (:func:`~..parallel.parallelize.parallelize`), the
+    data source, and the :class:`TrainState` it advances; :meth:`run` trains and reports."""
+
+    def __init__(self, spec: WorkerSpec, rank: int, world: int, device: torch.device):
+        self.spec, self.rank, self.world, self.device = spec, rank, world, device
+        layout = spec.layout
+        self.parallel = ParallelLayout.build(layout, rank, world, zero=spec.zero, machines=spec.machines,
+                                             shard_weights=spec.shard_weights)
+        resumed = checkpoint.load(spec.resume) if spec.resume else None
+        weights = _weights(spec, resumed)
+        self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights,
+                                                                                   resumed, device)
+        _record_reads(spec, weights, rank)
+        self.source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
+                                  global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
+                                  check_ids=not spec.data_checked)
+        self.state = TrainState.begin(resumed, optimizer)
+        self.start = self.state.step
+        self.schedule = optim_schedule(spec)
+        if self.executor is not None:
+            self.executor.clip_grad = spec.clip_grad
+        self.tokens = layout.global_batch * layout.seq_len
+        self.out = Path(spec.out) if spec.out else None
+
+    def run(self) -> dict[str, Any] | None:
+        """Train the steps left; rank 0 returns ``{"metrics": ..., "state": ...}``."""
+        spec, state = self.spec, self.state
+        bar = _Progress(spec.progress and self.rank == 0 and sys.stderr.isatty(), spec.steps, self.start,
+                        spec.layout.schedule_name)
+        recorder = measure.Recorder()
+        measure.reset_peak(self.device)
+        try:
+            for step in range(self.start, spec.steps):
+                self.train_step(step)
+                recorder.record(self.executor)
+                bar.update(state.losses[-1], self.tokens / state.step_s[-1])
+                if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        return self._finish(recorder)
+
+    def train_step(self, step: int) -> None:
+        """One step: the executor runs the action list (an idle rank adds nothing); the loss is
+        summed over the ranks; the state records loss, wall seconds and gradient norm."""
+        spec, state, executor = self.spec, self.state, self.executor
+        _inject_fault(spec, self.rank, step)
+        started = time.perf_counter()
+        if executor is None:
+            local = torch.zeros((), device=self.device)
+            state.grad_norms.append(None)  # an idle rank takes no part in the gradient norm
+        else:
+            executor.lr = self.schedule.lr_at(step)
+            local = executor.run_step(self.source.batch(step, *self.rows) if self.rows else self.blank)
+            state.grad_norms.append(executor.grad_norm)
+        reports = self.parallel.role is not None and self.parallel.tp.rank == 0
+        loss = local.detach().clone() if reports else torch.zeros_like(local)
+        if self.world > 1:
+            dist.all_reduce(loss)
+        state.losses.append(float(loss))
+        state.step_s.append(time.perf_counter() - started)
+        state.step = step + 1
+
+    def _finish(self, recorder: Any) -> dict[str, Any] | None:
+        """After the last step (collective): sharded-state sizes, measurements, the final state and
+        ``final/``; rank 0 returns the metrics (``metrics.json``)."""
+        spec, state, parallel, world = self.spec, self.state, self.parallel, self.world
+        layout = spec.layout
+        kept, state_bytes = _sharded_state(spec, parallel, self.stages, state.optimizer, self.executor, world)
+        summaries = measure.gather(recorder.summary(parallel.role, self.device), world)
+        final = None
+        if spec.return_state:
+            got = checkpoint.gather(self.stages, parallel.tp, state.optimizer,
+                                    parallel.role.pipeline if parallel.role else -1, rank=self.rank, world=world)
+            final = got[0] if got else None
+        if self.out is not None:
+            checkpoint.write_final(self.out / "final", self.stages, parallel, shard_bytes=spec.shard_bytes,
+                                   extras=spec.final_extras)
+        if self.rank != 0:
+            return None
+        step_s = state.step_s
+        mine = step_s[self.start:]  # this process's steps: its first pays one-off costs (allocator, lazy imports)
+        steady = mine[1:] or mine
+        metrics = {"format": METRICS_FORMAT, "losses": state.losses,
+                   "tokens_per_s": self.tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
+                   "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
+                   "lr": [self.schedule.lr_at(step) for step in range(spec.steps)], "grad_norm": state.grad_norms}
+        if state_bytes is not None:
+            metrics["optimizer_state_bytes"] = state_bytes
+        if kept is not None and any(kept_by_rank is not None for kept_by_rank in kept):
+            metrics["state_bytes"] = kept
+        metrics["predicted"] = spec.predicted
+        metrics["measured"] = measure.measured(summaries, step_s[self.start:],
+                                               [len(part.groups) for part in layout.pipelines],
+                                               "cuda" if self.device.type == "cuda" else "rss")
+        if self.out is not None:
+            schema.write_text_atomic(self.out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        return {"metrics": metrics, "state": final}
+
+    def save_checkpoint(self) -> None:
+        """``out/checkpoints/step_K`` of the state (collective): ZeRO pieces are gathered into full
+        local tensors first (:func:`..checkpoint.sharded.full_local`), so the files do not depend on
+        the stage."""
+        spec, state, parallel = self.spec, self.state, self.parallel
+        rank, world = parallel.rank, parallel.world
+        sharded = parallel.data.sharded if parallel.data is not None else None
+        full = sharded_checkpoint.full_local(sharded, self.stages, self.executor._wait) if sharded is not None else None
+        pipeline = parallel.role.pipeline if parallel.role else -1
+        got = checkpoint.gather(self.stages, parallel.tp, state.optimizer, pipeline, rank=rank, world=world,
+                                sharded=full)
+        if rank == 0 and self.out is not None:
+            model, optim = got
+            meta = {"step": state.step, "losses": list(state.losses), "step_s": list(state.step_s), "seed": spec.seed,
+                    "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
+                    "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
+                    "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len,
+                    "grad_norms": list(state.grad_norms), "train_steps": spec.steps, **optim_meta(spec)}
+            checkpoint.save(self.out / "checkpoints" / f"step_{state.step}", model, optim, meta)
+
+
+def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
+    """Run ``spec`` on this rank (:class:`Trainer`); rank 0 returns ``{"metrics": ..., "state": ...}``."""
+    return Trainer(spec, rank, world, device).run()
+
+
+def optim_schedule(spec: WorkerSpec) -> OptimSchedule:
+    """The run's per-step lr and clipping (:mod:`.lr_schedule`)."""
+    return OptimSchedule(lr=spec.lr, steps=spec.steps, schedule=spec.lr_schedule, warmup_steps=spec.warmup_steps,
+                         min_lr=spec.min_lr, clip_grad=spec.clip_grad)
+
+
+def optim_meta(spec: WorkerSpec) -> dict[str, Any]:
+    """What a checkpoint records of the optimizer settings (:data:`.lr_schedule.RECORDED`)."""
+    return {"lr": spec.lr, "min_lr": spec.min_lr, "lr_schedule": spec.lr_schedule, "warmup_steps": spec.warmup_steps,
+            "clip_grad": spec.clip_grad, "eps": spec.eps, "weight_decay": spec.weight_decay}
+
+
+def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, device: torch.device):
+    """This rank's stages (:func:`~..parallel.parallelize.parallelize`), executor, plain AdamW over
+    the tensors ZeRO does not shard (restored from ``ck``, as the sharded state), and which token
+    rows it reads (or a blank batch)."""
+    stages, executor, optimizer, rows, blank = {}, None, None, None, None
+    layout, part = spec.layout, parallel.pipeline
+    if part is not None:
+        stages, sharded = parallelize(parallel, weights=weights, recompute=spec.recompute, device=device,
+                                      lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
+        skip = sharded.synced() if sharded is not None else set()
+        params = list({id(param): param for index in sorted(stages)
+                       for name, param in stages[index].module.named_parameters()
+                       if (index, name) not in skip}.values())
+        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
+                                      weight_decay=spec.weight_decay) if params else None
+        if resumed:
+            checkpoint.restore_optimizer(optimizer, stages, parallel.tp, resumed)
+            if sharded is not None:
+                sharded_checkpoint.restore(sharded, stages, parallel.tp, resumed)
+        mb_rows = part.batch // part.actions.micro_batches
+        rank = parallel.rank
+        executor = Executor(parallel, stages, optimizer=optimizer,
+                            act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
+                            loss_scale=1.0 / (layout.global_batch * layout.seq_len),
+                            autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s,
+                            emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation())
+        if any(stage.first or stage.last for stage in stages.values()):  # only ends of a chain read token rows
+            rows = (part.offset, part.offset + part.batch)
+        else:
+            blank = torch.zeros((part.batch, layout.seq_len + 1), dtype=torch.long)
+    return stages, executor, optimizer, rows, blank
+
+
+def _sharded_state(spec: WorkerSpec, parallel: ParallelLayout, stages, optimizer, executor,
+                   world: int) -> tuple[Any, Any]:
+    """After the last step, collectively: every rank's kept state bytes (ZeRO-2/3 per micro-batch)
+    and optimizer-state bytes (any ZeRO stage); ZeRO-3 then gathers the full weights back for
+    the results (state, ``final/``)."""
+    sharded = parallel.data.sharded if parallel.data is not None else None
+    kept = _every(sharded.kept_bytes(stages) if sharded is not None else None, world) if spec.zero >= 2 else None
+    if sharded is not None:
+        sharded.materialize(executor._wait)
+    return kept, _optimizer_bytes(parallel, optimizer, world) if spec.zero else None
+
+
+def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
+    """``out/reads/rank_R.json``: the tensors (name, bytes) this rank read to start (checkpoint runs)."""
+    reads = getattr(weights, "reads", None)
+    if reads is None or not spec.out:
+        return
+    folder = Path(spec.out) / "reads"
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
+           "bytes": sum(b for _, b in reads)}
+    schema.write_text_atomic(folder / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
+    weights.close()
+
+
+def _optimizer_bytes(parallel: ParallelLayout, optimizer, world: int) -> list[int]:
+    """Per rank, the bytes of optimizer state it keeps (AdamW moments, sharded or not)."""
+    sharded = parallel.data.sharded if parallel.data is not None else None
+    mine = sharded.state_bytes() if sharded is not None else 0
+    if optimizer is not None:
+        mine += sum(value.numel() * value.element_size() for moments in optimizer.state.values()
+                    for value in moments.values()
+                    if torch.is_tensor(value) and value.dim() > 0)
+    return [int(x) for x in _every(mine, world)]
+
+
+def _every(mine: Any, world: int) -> list:
+    """``mine`` of every rank, in rank order (a collective over the world)."""
+    if world == 1:
+        return [mine]
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    return every

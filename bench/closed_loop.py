@@ -147,7 +147,8 @@ def sh(cmd: list[str], log: Path) -> None:
 
 
 def hand_plan(name: str, args, cluster, model):
-    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
 
     sched, pipes = HAND[name]
     params = {"name": "hanayo" if sched == "hanayo1" else sched, **({"chunks": 2} if sched == "interleaved_1f1b" else {}),
@@ -159,7 +160,7 @@ def hand_plan(name: str, args, cluster, model):
             built.append(Stage(tuple(devs), len(devs), (start, start + n)))
             start += n
         out.append(Pipeline(round(args.global_batch * share), tuple(built), params))
-    train = TrainConfig(global_batch=args.global_batch, micro_batch=1, seq_len=args.seq, dtype="fp32", recompute=False)
+    train = TrainSettings(global_batch=args.global_batch, micro_batch=1, seq_len=args.seq, dtype="fp32", recompute=False)
     return Plan(model, cluster, train, tuple(out), solver={"name": "hand"})
 
 

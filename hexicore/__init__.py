@@ -29,14 +29,14 @@ _EXPORTS = {
     "simulate": "hexicore.app.api", "compose": "hexicore.app.api",
     "SimulationResult": "hexicore.app.results",
     "Plan": "hexicore.core.plan", "Pipeline": "hexicore.core.plan", "Stage": "hexicore.core.plan",
-    "TrainConfig": "hexicore.core.plan", "Estimate": "hexicore.core.estimate",
+    "TrainSettings": "hexicore.core.plan", "Estimate": "hexicore.core.estimate",
     "Cluster": "hexicore.core.cluster", "ModelSpec": "hexicore.core.model",
     "HexicoreError": "hexicore.core.errors",
     "Registry": "hexicore.registry", "PluginSpec": "hexicore.hookspecs", "hookimpl": "hexicore.hookspecs",
 }
 
 __all__ = ["plan", "evaluate", "load_plan", "simulate", "compose", "SimulationResult", "Plan", "Pipeline", "Stage",
-           "TrainConfig", "Estimate", "Cluster", "ModelSpec", "HexicoreError", "Registry", "PluginSpec", "hookimpl"]
+           "TrainSettings", "Estimate", "Cluster", "ModelSpec", "HexicoreError", "Registry", "PluginSpec", "hookimpl"]
 
 if TYPE_CHECKING:  # what static checkers and IDEs see
     from hexicore.app.api import compose, evaluate, load_plan, plan, simulate
@@ -45,7 +45,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see
     from hexicore.core.errors import HexicoreError
     from hexicore.core.estimate import Estimate
     from hexicore.core.model import ModelSpec
-    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
     from hexicore.hookspecs import PluginSpec, hookimpl
     from hexicore.registry import Registry
 

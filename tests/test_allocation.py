@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.planner.allocation.sub_clusters import machine_classes, sub_cluster
 from hexicore.planner.hexiscale import HexiScaleSolver
@@ -33,7 +34,7 @@ def cluster(machines, slow_gbs=None, inter=25.0):
 
 def problem(c, model=None, global_batch=32, **kw):
     m = model or model_preset("llama2_7b")
-    t = TrainConfig(global_batch=global_batch, micro_batch=1, seq_len=m.seq_len)
+    t = TrainSettings(global_batch=global_batch, micro_batch=1, seq_len=m.seq_len)
     return Problem(c, m, t, AnalyticCostModel(), {"name": "1f1b"}, Registry.default(), **kw)
 
 

@@ -34,7 +34,8 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
     priced twice or not at all is off by more; the order of two plans ~2x apart holds."""
     from hexicore.core.cluster import Cluster
     from hexicore.core.model import ModelSpec
-    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
     from hexicore.core.profile import Profile
     from hexicore.cost.measured_block import block_flops
 
@@ -54,7 +55,7 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
         # recomputation, as the runtime's checkpoint runs it, stops before the MLP's down projection
         down = 2 * model.hidden * model.ffn * block.micro_batch * block.seq_len
         assert block.recompute_s == pytest.approx((block_flops(block, model) - down) / rate, rel=0.1), (gpu, block)
-    train = TrainConfig(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
+    train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
     # the slow device's blocks cost ~3 fast ones: ~15 vs ~39 fast blocks a step
     shapes = {"fast": [(("F.0",), 3), (("S.0",), 1)], "slow": [(("S.0",), 3), (("F.0",), 1)]}
     got = {}

@@ -7,7 +7,8 @@ import pytest
 from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.settings import TrainSettings
 
 # Two machines: A has 2 GPUs of 100 TFLOPS (10 GB/s, 10 us), B has 2 of 50 TFLOPS (5 GB/s, 20 us);
 # 1 GB/s, 100 us between them. Round numbers so every term can be checked by hand.
@@ -18,7 +19,7 @@ CLUSTER = parse_cluster({
     "gpus": {"fast": {"tflops": 100, "memory_gb": 40}, "slow": {"tflops": 50, "memory_gb": 16}},
 }, "hand")
 MODEL = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=512)
-TRAIN = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, dtype="bf16", recompute=True)
+TRAIN = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, dtype="bf16", recompute=True)
 COST = AnalyticCostModel(default_efficiency=0.5, reserve_gb=0.0)
 
 H, S, F, V, B = 1024, 512, 4096, 1000, 1
@@ -46,7 +47,7 @@ def test_tp_comm_by_hand():
     assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0", "A.1"], 1) == pytest.approx(inside)
     assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0", "B.1"], 3) == pytest.approx(3 * across)
     assert COST.tp_comm_s(CLUSTER, MODEL, TRAIN, ["A.0"], 3) == 0.0
-    no_rc = TrainConfig(4, 1, 512, "bf16", recompute=False)
+    no_rc = TrainSettings(4, 1, 512, "bf16", recompute=False)
     assert COST.tp_comm_s(CLUSTER, MODEL, no_rc, ["A.0", "A.1"], 1) == pytest.approx(inside * 8 / 12)
 
 

@@ -18,7 +18,8 @@ from tests.conftest import cluster_preset, model_preset, run_cli
 from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.errors import HexicoreError
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.planner.problem import Problem
 from hexicore_plugins.solvers.cpsat import CpSatSolver
 from hexicore_plugins.solvers.cpsat.tables import tp_degrees
@@ -40,7 +41,7 @@ def small_llama(layers, seq_len=1024):
 
 
 def problem(c, m, global_batch, micro_batch=1, warm_start=None, schedule=None, cost=None):
-    t = TrainConfig(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
+    t = TrainSettings(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
     return Problem(c, m, t, cost or AnalyticCostModel(state_bytes_per_param=8), schedule or {"name": "1f1b"}, warm_start=warm_start)
 
 

@@ -14,7 +14,8 @@ from hexicore.core import limits
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.pipeline.actions import parse_actions
 from tests.conftest import run_cli
 
@@ -58,7 +59,7 @@ def test_files_with_huge_counts_are_refused_in_bounded_memory(tmp_path):
     with pytest.raises(HexicoreError, match="layers.*limit of 1,024"):
         ModelSpec(name="m", layers=HUGE, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100, seq_len=32)
     with pytest.raises(HexicoreError, match="train.global_batch.*limit"):
-        TrainConfig(global_batch=HUGE, micro_batch=1, seq_len=32)
+        TrainSettings(global_batch=HUGE, micro_batch=1, seq_len=32)
     actions = {"format": "hexicore.actions/1", "schedule": {"name": "x"}, "ranks": 1, "stages": 1,
                "micro_batches": HUGE, "stage_rank": [0], "actions": [[]]}
     with pytest.raises(HexicoreError, match="micro_batches.*limit"):

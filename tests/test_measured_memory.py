@@ -12,7 +12,7 @@ import pytest
 
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import Profile, parse_profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.base import GIB
@@ -48,19 +48,19 @@ def test_tokens_bytes_affine_through_the_nearest_two_proportional_with_one():
 
 def test_measured_bytes_replace_the_formula_per_in_flight_micro_batch():
     cost = ProfiledCostModel(profile=profile())
-    t = TrainConfig(global_batch=8, micro_batch=2, seq_len=32, recompute=False, dtype="bf16")
+    t = TrainSettings(global_batch=8, micro_batch=2, seq_len=32, recompute=False, dtype="bf16")
     parts = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 3, in_flight=2)
     assert parts["activations"] == pytest.approx(2 * 3 * 5.0e6 / GIB)
     ana = AnalyticCostModel().stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 3, in_flight=2)
     assert {k: v for k, v in parts.items() if k != "activations"} == pytest.approx(
         {k: v for k, v in ana.items() if k != "activations"})
-    t3 = TrainConfig(global_batch=9, micro_batch=3, seq_len=32, recompute=False, dtype="bf16")  # 7e6: affine
+    t3 = TrainSettings(global_batch=9, micro_batch=3, seq_len=32, recompute=False, dtype="bf16")  # 7e6: affine
     assert cost.stage_memory_parts(CLUSTER, MODEL, t3, ["A.0"], 1)["activations"] == pytest.approx(7.0e6 / GIB)
 
 
 def test_recomputation_keeps_block_inputs_and_recomputes_one_measured_block():
     cost, ana = ProfiledCostModel(profile=profile()), AnalyticCostModel()
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=True, dtype="bf16")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=True, dtype="bf16")
     got = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
     want = ana.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
     full = block_bytes(MODEL, 1, 32, 1, 2)  # the analytic workspace: the runtime's count of one block
@@ -70,7 +70,7 @@ def test_recomputation_keeps_block_inputs_and_recomputes_one_measured_block():
 
 def test_a_tp_degree_not_profiled_scales_as_the_formula_does(caplog):
     cost = ProfiledCostModel(profile=profile())
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = cost.stage_memory_parts(CLUSTER, MODEL, t, ["A.0", "A.1"], 2)["activations"]
     f1, f2 = (block_bytes(MODEL, 1, 32, k, 2) for k in (1, 2))
@@ -83,7 +83,7 @@ def test_what_does_not_apply_is_the_formula_with_a_note(case, why, caplog):
     cost = ProfiledCostModel(profile=profile(dtype="fp32" if case == "dtype" else "bf16",
                                              **({"ffn": 352} if case == "shape" else {})))
     devices = ["A.0"]
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = cost.stage_memory_parts(CLUSTER, MODEL, t, devices, 2)
     assert got == pytest.approx(AnalyticCostModel().stage_memory_parts(CLUSTER, MODEL, t, devices, 2))
@@ -111,7 +111,7 @@ def test_bytes_below_the_block_input_are_no_reading(caplog):
     prof = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
         {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.01, "backward_s": 0.02,
          "activation_bytes": 1e-300}]}}}, "p.yaml")
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="bf16")
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = ProfiledCostModel(profile=prof).stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2)
     assert got == pytest.approx(AnalyticCostModel().stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2))
@@ -127,7 +127,7 @@ def test_an_unmeasured_gpu_type_takes_the_measured_ones_bytes(caplog):
     blocks = [{"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.02, "backward_s": 0.04}]
     prof = parse_profile({"format": "hexicore.profile/1", "environment": {"dtype": "bf16"},
                           "devices": {"rtx4090": {"blocks": measured}, "rtx3090": {"blocks": blocks}}}, "p.yaml")
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp16")  # 2 B like bf16
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp16")  # 2 B like bf16
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = ProfiledCostModel(profile=prof).stage_memory_parts(two, MODEL, t, ["B.0"], 2)["activations"]
     assert got == pytest.approx(2 * 3.0e6 / GIB)

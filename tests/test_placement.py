@@ -124,11 +124,11 @@ def test_planner_caps_keep_every_copy_within_memory():
     with all its copies, so what the search lays out fits by the exact model; on 12 GB cards
     1F1B's layout of GPT-3 1.3B fits, Chimera's two copies of it do not, and the search says so."""
     from hexicore.core.cluster import parse_cluster
-    from hexicore.core.plan import TrainConfig
+    from hexicore.core.settings import TrainSettings
     from hexicore.planner.stage_layout.stage_table import StageTable, layout_pipeline
     from tests.conftest import model_preset
 
-    m, train = model_preset("gpt3_1.3b"), TrainConfig(global_batch=8, micro_batch=1, seq_len=2048)
+    m, train = model_preset("gpt3_1.3b"), TrainSettings(global_batch=8, micro_batch=1, seq_len=2048)
     cost, stages = priced(), [(f"A.{i}",) for i in range(4)]
 
     def on(gpu):
@@ -244,11 +244,11 @@ def test_chimera_caps_count_the_tied_copies_of_ranks_0_and_p_minus_1(memory_gb):
     other chain's head with its own copy of it. The search's caps count that copy (they once
     used the rule heads - embeddings = 0 and laid out stages that did not fit at 12.5-14 GB)."""
     from hexicore.core.cluster import parse_cluster
-    from hexicore.core.plan import TrainConfig
+    from hexicore.core.settings import TrainSettings
     from hexicore.planner.stage_layout.stage_table import StageTable, layout_pipeline
     from tests.conftest import model_preset
 
-    m, train = model_preset("gpt3_1.3b"), TrainConfig(global_batch=8, micro_batch=1, seq_len=2048)
+    m, train = model_preset("gpt3_1.3b"), TrainSettings(global_batch=8, micro_batch=1, seq_len=2048)
     c = parse_cluster({"name": "c", "gpus": {"g": {"tflops": 100, "memory_gb": memory_gb}},
                        "inter": {"bandwidth_gbs": 1, "latency_us": 50},
                        "machines": [{"name": "A", "gpu": "g", "count": 4, "bandwidth_gbs": 32, "latency_us": 10}]},

@@ -6,12 +6,13 @@ import pytest
 
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.errors import HexicoreError, PlanError
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig, check_structure
+from hexicore.core.plan import Pipeline, Plan, Stage, check_structure
+from hexicore.core.settings import TrainSettings
 from hexicore.planner.plan_check import validate_plan
 
 
 def make_plan(paper_case, llama13b, **train):
-    t = TrainConfig(**{"global_batch": 24, "micro_batch": 1, "seq_len": 4096, **train})
+    t = TrainSettings(**{"global_batch": 24, "micro_batch": 1, "seq_len": 4096, **train})
     return Plan(llama13b, paper_case, t, (
         Pipeline(14, (Stage(("A.0", "A.1"), 2, (0, 22)), Stage(("A.2",), 1, (22, 40)))),
         Pipeline(10, (Stage(("B.0",), 1, (0, 10)), Stage(("B.1",), 1, (10, 20)), Stage(("B.2",), 1, (20, 30)),
@@ -78,13 +79,13 @@ def test_layers_must_cover_model(paper_case, llama13b):
 
 def test_memory_over_capacity_is_refused(paper_case, llama13b):
     # all 40 layers of 13B on one 24 GB card
-    plan = Plan(llama13b, paper_case, TrainConfig(), (Pipeline(24, (Stage(("B.0",), 1, (0, 40)),)),))
+    plan = Plan(llama13b, paper_case, TrainSettings(), (Pipeline(24, (Stage(("B.0",), 1, (0, 40)),)),))
     with pytest.raises(PlanError, match=r"B\.0 needs .* GB but has 24 GB"):
         validate_plan(plan, AnalyticCostModel())
 
 
 def test_cross_machine_tp_is_legal_but_warned(paper_case, llama13b):
-    plan = Plan(llama13b, paper_case, TrainConfig(), (
+    plan = Plan(llama13b, paper_case, TrainSettings(), (
         Pipeline(24, (Stage(("A.0", "A.1"), 2, (0, 30)), Stage(("A.2", "B.0"), 2, (30, 40)))),))
     _, warnings = validate_plan(plan, AnalyticCostModel(state_bytes_per_param=8))
     assert any("spans machines A, B" in w for w in warnings)

@@ -11,7 +11,8 @@ import pytest
 
 from hexicore.core.estimate import Estimate
 from hexicore.core.prediction import comparison_rows, error_pct, predictions
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.profiled import ProfiledCostModel
 from tests.conftest import run_cli
@@ -47,8 +48,8 @@ def test_analytic_breakdown_splits_each_stage_into_forward_and_backward(recomput
 def test_profiled_forward_share_is_the_measured_blocks():
     """rtx4090 blocks at TP 1: forward 0.010 + 0.025 of forward + backward 0.090 (+ recompute 0.035)."""
     cost = ProfiledCostModel(profile=profile())
-    plain = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
-    re = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=True)
+    plain = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    re = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=True)
     assert cost.forward_fraction(PCLUSTER, PMODEL, plain, ["A.0"]) == pytest.approx(0.035 / 0.105)
     assert cost.forward_fraction(PCLUSTER, PMODEL, re, ["A.0"]) == pytest.approx(0.035 / 0.140)
     assert cost.forward_fraction(PCLUSTER, PMODEL, plain, ["A.0", "A.1"]) == pytest.approx(0.008 / 0.024)

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import run_cli
 from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import Profile
 from hexicore.cost.profiled import ProfiledCostModel
 
@@ -88,7 +88,7 @@ def test_profile_an_emulated_cluster_then_plan_from_it(tmp_path, capsys, monkeyp
     # the profiled cost model prices the slowed device slower, though the catalog says they are equal
     cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
     cost = ProfiledCostModel(profile=prof)
-    train = TrainConfig(global_batch=4, micro_batch=1, seq_len=64, recompute=False)
+    train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, recompute=False)
     assert cost.compute_s(cluster, model, train, ["S.0"], 2) > 2 * cost.compute_s(cluster, model, train, ["F.0"], 2)
     # and plans from the file; a second profile run may replace the file, a plan file may not be replaced
     code = run_cli(["plan", f"cluster_file={tmp_path / 'c.yaml'}", f"model_file={tmp_path / 'm.yaml'}",

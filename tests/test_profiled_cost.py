@@ -11,7 +11,7 @@ import pytest
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import Profile, parse_profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.profiled import ProfiledCostModel, block_flops, interpolate, profiled_from_config
@@ -53,9 +53,9 @@ def test_interpolation_is_affine_inside_and_proportional_outside():
 
 def test_block_time_measured_and_interpolated():
     cost = ProfiledCostModel(profile=profile())
-    t1 = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t1 = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     assert cost.compute_s(CLUSTER, MODEL, t1, ["A.0"], 3) == pytest.approx(3 * 0.030)
-    t2 = TrainConfig(global_batch=8, micro_batch=2, seq_len=32, recompute=True)
+    t2 = TrainSettings(global_batch=8, micro_batch=2, seq_len=32, recompute=True)
     # micro-batch 2 lies a third of the way (in FLOPs) from 1 to 4: 0.040 + (0.100 - 0.040) / 3
     assert cost.compute_s(CLUSTER, MODEL, t2, ["A.0"], 1) == pytest.approx(0.060)
     assert cost.tp_comm_s(CLUSTER, MODEL, t1, ["A.0", "A.1"], 2) == 0.0  # measured at TP 2: inside
@@ -67,7 +67,7 @@ def test_links_are_the_measured_ones():
     m = cost.measured(CLUSTER)
     assert m.beta("A.0", "B.0") == pytest.approx(0.5e9) and m.alpha("A.0", "B.0") == pytest.approx(1e-4)
     assert m.beta("A.0", "A.1") == pytest.approx(20e9) and m.beta("B.0", "B.1") == CLUSTER.beta("B.0", "B.1")
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     msg = 1 * 32 * 64 * t.dtype_bytes
     assert cost.hop_s(CLUSTER, MODEL, t, ["A.0"], ["B.0"]) == pytest.approx(2 * (1e-4 + msg / 0.5e9))
 
@@ -75,11 +75,11 @@ def test_links_are_the_measured_ones():
 def test_missing_pieces_fall_back_with_a_warning(caplog):
     cost = ProfiledCostModel(profile=profile())
     ana = AnalyticCostModel()
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32)
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         got = cost.compute_s(CLUSTER, MODEL, t, ["B.0"], 2)
         cost.compute_s(CLUSTER, MODEL, t, ["A.0", "A.1", "B.0", "B.1"][:2], 2)
-        cost.compute_s(CLUSTER, MODEL, TrainConfig(8, 1, 32), ["A.0"], 2)
+        cost.compute_s(CLUSTER, MODEL, TrainSettings(8, 1, 32), ["A.0"], 2)
     assert got == ana.compute_s(CLUSTER, MODEL, t, ["B.0"], 2)
     assert any("rtx3090 was not profiled" in r.message for r in caplog.records)
 
@@ -89,7 +89,7 @@ def test_a_profile_of_another_block_shape_is_scaled_by_flops_with_a_warning(capl
     a block of this model's shape (or one that records no shape) says nothing."""
     other = {"micro_batch": 1, "tp": 1, "seq_len": 32, "forward_s": 0.01, "backward_s": 0.02,
              "hidden": 128, "ffn": 352, "heads": 4, "kv_heads": 4}
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     for blk, warned in ((other, True), ({**other, **SHAPE}, False), ({k: v for k, v in other.items()
                                                                       if k not in SHAPE}, False)):
         cost = ProfiledCostModel(profile=parse_profile(
@@ -110,7 +110,7 @@ def test_a_block_of_another_head_width_is_not_taken_for_this_models(caplog):
     attention does ~9x the FLOPs, so it prices this model's block at its FLOPs' share, with the
     shape warning; the same block recording this model's width (16) is this model's, measured as is."""
     wide = {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "head_dim": 512, "forward_s": 0.01, "backward_s": 0.02}
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     for blk, own in ((wide, False), ({**wide, "head_dim": 16}, True)):
         prof = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [blk]}}}, "p")
         cost = ProfiledCostModel(profile=prof)
@@ -128,7 +128,7 @@ def test_a_block_of_another_head_width_is_not_taken_for_this_models(caplog):
 def test_a_head_the_profile_lacks_or_measured_for_another_vocabulary_is_said(caplog):
     """No head in the profile: the analytic head, with a warning; a head measured at another
     vocabulary: scaled by FLOPs, with a warning naming both sizes."""
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     head = {"micro_batch": 1, "seq_len": 32, "hidden": 64, "vocab": 32000, "forward_s": 0.5, "backward_s": 1.0}
     for extra, words in (({}, "no head was profiled"), ({"head": head}, "vocab 32000, this model's is 64 x 256")):
         raw = raw_profile()
@@ -146,7 +146,7 @@ def test_tp_not_measured_scales_by_flops_per_device():
     p = parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {"blocks": [
         {"micro_batch": 1, "tp": 1, "seq_len": 32, "forward_s": 0.01, "backward_s": 0.02}]}}}, "p")
     cost = ProfiledCostModel(profile=p)
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     assert cost.compute_s(CLUSTER, MODEL, t, ["A.0", "A.1"], 1) == pytest.approx(0.015)
     assert cost.tp_comm_s(CLUSTER, MODEL, t, ["A.0", "A.1"], 1) > 0  # priced on the measured link
 
@@ -227,7 +227,7 @@ def test_optimizer_step_is_the_slowest_ranks_measured_update_added_to_dp():
     from hexicore.core.plan import Pipeline, Plan, Stage
     from hexicore.cost.precision import tp_replicated_layer_params
 
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
     plan = Plan(MODEL, CLUSTER, t, (Pipeline(8, (Stage(("A.0",), 1, (0, 1)), Stage(("A.1",), 1, (1, 4))),
                                              {"name": "1f1b"}),), solver={"name": "hand"})
     rate = 0.004 / MODEL.layer_params()
@@ -287,7 +287,7 @@ def test_a_stage_pays_one_actions_fixed_cost_not_one_per_block():
         "head": {"micro_batch": 1, "seq_len": 32, "hidden": 64, "vocab": 256, "forward_s": 0.004,
                  "backward_s": 0.008}}}}, "p")
     cost = ProfiledCostModel(profile=p)
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False)
     assert cost.action_s(CLUSTER, ["A.0"]) == 0.006 and cost.action_s(CLUSTER, ["A.0", "A.1"]) == 0.0  # TP: per block
     assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 3) == pytest.approx(3 * 0.030 - 2 * 0.006)
     assert cost.compute_s(CLUSTER, MODEL, t, ["A.0"], 1) == pytest.approx(0.030)
@@ -305,7 +305,7 @@ def test_chunked_schedules_pay_the_fixed_cost_once_per_chunk():
     blk = {"seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020, "action_s": 0.006}
     cost = ProfiledCostModel(profile=parse_profile({"format": "hexicore.profile/1", "devices": {"rtx4090": {
         "blocks": [{"micro_batch": 1, "tp": 1, **blk}]}}}, "p"))
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
     stages = (Stage(("A.0",), 1, (0, 2)), Stage(("A.1",), 1, (2, 4)))
     one = Plan(MODEL, CLUSTER, t, (Pipeline(8, stages, ScheduleRef("1f1b", {})),), solver={"name": "hand"})
     two = Plan(MODEL, CLUSTER, t, (Pipeline(8, stages, ScheduleRef("interleaved_1f1b", {"chunks": 2})),),

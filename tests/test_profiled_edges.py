@@ -12,7 +12,8 @@ import yaml
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import parse_profile
 from hexicore.core.profile_request import ProfileRequest
 from hexicore.core.schedule_ref import ScheduleRef
@@ -61,7 +62,7 @@ def test_each_chunk_a_schedule_runs_on_a_rank_pays_the_fixed_cost(schedule, chun
     from hexicore.registry import Registry
 
     cost = with_placement(_acting_profile(), ScheduleBook(Registry.default()))
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
     stages = (Stage(("A.0",), 1, (0, 4)), Stage(("A.1",), 1, (4, 8)))
     model = ModelSpec("m", 8, 64, 4, 4, 176, 256, 32)
 
@@ -83,7 +84,7 @@ def test_a_block_measured_at_the_plans_size_is_priced_at_its_measured_time(arch)
     model = ModelSpec("m", 4, 64, 4, 4, 176, 256, 32, arch=arch, norm="layernorm" if arch == "gpt" else "rmsnorm")
     cost = ProfiledCostModel(profile=profile())
     for mb, want in ((1, 0.030), (4, 0.075)):
-        t = TrainConfig(global_batch=8, micro_batch=mb, seq_len=32, recompute=False)
+        t = TrainSettings(global_batch=8, micro_batch=mb, seq_len=32, recompute=False)
         assert cost.compute_s(CLUSTER, model, t, ["A.0"], 1) == pytest.approx(want, rel=1e-12)
 
 
@@ -91,10 +92,10 @@ def test_extrapolating_beyond_the_profiled_sizes_is_one_warning(caplog):
     cost = ProfiledCostModel(profile=profile())
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         for mb in (1, 2, 4):  # measured 1 and 4: inside the range
-            cost.compute_s(CLUSTER, MODEL, TrainConfig(global_batch=16, micro_batch=mb, seq_len=32), ["A.0"], 1)
+            cost.compute_s(CLUSTER, MODEL, TrainSettings(global_batch=16, micro_batch=mb, seq_len=32), ["A.0"], 1)
         assert not [r for r in caplog.records if "extrapolated" in r.getMessage()]
         for _ in range(2):
-            cost.compute_s(CLUSTER, MODEL, TrainConfig(global_batch=16, micro_batch=8, seq_len=32), ["A.0"], 1)
+            cost.compute_s(CLUSTER, MODEL, TrainSettings(global_batch=16, micro_batch=8, seq_len=32), ["A.0"], 1)
     got = [r.getMessage() for r in caplog.records if "extrapolated" in r.getMessage()]
     assert len(got) == 1 and "micro-batch 8" in got[0] and "micro-batches 1-4" in got[0], got
 
@@ -150,10 +151,10 @@ def test_one_message_size_is_refused_before_any_process(sizes, tmp_path, capsys)
 def test_a_profile_measured_in_another_dtype_is_one_warning(caplog):
     cost = ProfiledCostModel(profile=parse_profile(raw_profile(environment={"dtype": "fp32"}), "p.yaml"))
     with caplog.at_level(logging.WARNING, logger="hexicore"):
-        cost.compute_s(CLUSTER, MODEL, TrainConfig(global_batch=8, seq_len=32, dtype="fp32"), ["A.0"], 1)
+        cost.compute_s(CLUSTER, MODEL, TrainSettings(global_batch=8, seq_len=32, dtype="fp32"), ["A.0"], 1)
         assert not caplog.records
         for _ in range(2):
-            cost.compute_s(CLUSTER, MODEL, TrainConfig(global_batch=8, seq_len=32, dtype="bf16"), ["A.0"], 1)
+            cost.compute_s(CLUSTER, MODEL, TrainSettings(global_batch=8, seq_len=32, dtype="bf16"), ["A.0"], 1)
     got = [r.getMessage() for r in caplog.records]
     assert len(got) == 1 and "p.yaml: measured in fp32, the plan trains bf16" in got[0], got
 
@@ -167,7 +168,7 @@ def test_a_tp_stage_computes_the_whole_head_on_every_rank(measured):
     if measured:
         doc["devices"]["rtx4090"]["head"] = head
     cost = ProfiledCostModel(profile=parse_profile(doc, "p.yaml"))
-    t = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
     one, two = cost.head_s(CLUSTER, MODEL, t, ["A.0"]), cost.head_s(CLUSTER, MODEL, t, ["A.0", "A.1"])
     assert two == pytest.approx(one) and one == pytest.approx(0.012 if measured else one)
     if not measured:  # App. A's head on one member, as the analytic model's last stage
@@ -184,7 +185,7 @@ def test_an_unmeasured_recompute_is_priced_as_the_forward_with_a_warning(caplog)
     doc = raw_profile()
     del doc["devices"]["rtx4090"]["blocks"][0]["recompute_s"]
     cost = ProfiledCostModel(profile=parse_profile(doc, "p.yaml"))
-    re = TrainConfig(global_batch=8, micro_batch=1, seq_len=32, recompute=True)
+    re = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=True)
     with caplog.at_level(logging.WARNING, logger="hexicore"):
         assert cost.compute_s(CLUSTER, MODEL, re, ["A.0"], 1) == pytest.approx(0.010 + 0.020 + 0.010)
     assert any("recompute_s was not profiled" in r.getMessage() for r in caplog.records)

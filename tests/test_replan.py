@@ -8,7 +8,7 @@ import pytest
 
 from hexicore.app.compose import build_problem, config_from_overrides
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
 from hexicore.planner.replan.diff import describe, plan_diff
@@ -52,7 +52,7 @@ def test_replanned_plan_never_uses_an_excluded_device(seed):
     reg = Registry.default()
     cluster = random_cluster(rng)
     model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
-    problem = Problem(cluster, model, TrainConfig(global_batch=16, micro_batch=1, seq_len=2048),
+    problem = Problem(cluster, model, TrainSettings(global_batch=16, micro_batch=1, seq_len=2048),
                       reg.create("cost_model", "analytic"), {"name": "1f1b"}, reg)
     before = solve(problem, seed=seed)
     used = list(before.devices)

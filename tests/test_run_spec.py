@@ -74,14 +74,15 @@ def test_spec_per_parallel_mode(tmp_path):
 
 def _plan_file(tmp_path, schedule=None, memory_gb=24):
     from hexicore.core.cluster import parse_cluster
-    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
 
     cluster = parse_cluster({"name": "two", "gpus": {"x": {"tflops": 10, "memory_gb": memory_gb}},
                              "inter": {"bandwidth_gbs": 1, "latency_us": 50},
                              "machines": [{"name": "M", "gpu": "x", "count": 2, "bandwidth_gbs": 32,
                                            "latency_us": 10}]}, "test cluster")
     sched = {"schedule": schedule} if schedule else {}
-    plan = Plan(model_preset("tiny"), cluster, TrainConfig(4, 1, 32, "fp32", False),
+    plan = Plan(model_preset("tiny"), cluster, TrainSettings(4, 1, 32, "fp32", False),
                 (Pipeline(2, (Stage(("M.0",), 1, (0, 8)),), **sched), Pipeline(2, (Stage(("M.1",), 1, (0, 8)),))))
     path = tmp_path / "plan.json"
     plan.save(path)

@@ -75,11 +75,12 @@ def test_fifo_check_for_untagged_p2p():
 def _plan_json(tmp_path, tp):
     from hexicore.core.cluster import Cluster
     from hexicore.core.model import ModelSpec
-    from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
     model = ModelSpec.load(CONF / "model" / "tiny.yaml")
     cluster = Cluster.load(CONF / "cluster" / "paper_case.yaml")
     devs = tuple(f"A.{i}" for i in range(tp))
-    plan = Plan(model, cluster, TrainConfig(4, 1, 32, "fp32", False),
+    plan = Plan(model, cluster, TrainSettings(4, 1, 32, "fp32", False),
                 (Pipeline(4, (Stage(devs, tp, (0, 4)), Stage(("B.0",), 1, (4, 8)))),))
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())

@@ -9,7 +9,8 @@ from hexicore.app.compose import build_problem, config_from_overrides
 from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Pipeline, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
 from hexicore.planner.pricing import ScheduleBook, auto_defaults, options, timed_cost
@@ -42,7 +43,7 @@ def problems(cluster, batch, seq=2048):
     reg = Registry.default()
     cost = timed_cost(AnalyticCostModel(), ScheduleBook(reg))
     model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
-    train = TrainConfig(global_batch=batch, micro_batch=1, seq_len=seq)
+    train = TrainSettings(global_batch=batch, micro_batch=1, seq_len=seq)
     return (Problem(cluster, model, train, cost, {"name": "1f1b"}, reg),
             Problem(cluster, model, train, cost, AUTO, reg))
 
@@ -65,7 +66,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
     reg = Registry.default()
     book = ScheduleBook(reg)
     cost = timed_cost(AnalyticCostModel(), book)
-    train = TrainConfig(global_batch=8, micro_batch=1, seq_len=4096)
+    train = TrainSettings(global_batch=8, micro_batch=1, seq_len=4096)
     stages = tuple(Stage((d,), 1, (10 * k, 10 * k + 10)) for k, d in enumerate(["A.0", "A.1", "A.2", "B.0"]))
     from hexicore.core.plan import Plan
 

@@ -16,7 +16,8 @@ import pytest
 import tests.schedule_plugin_example as example
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost import AnalyticCostModel
 from hexicore.pipeline.schedule import ScheduleSpec
@@ -118,7 +119,7 @@ def small_cluster(memory_gb: float):
 
 def solve_auto(reg, memory_gb: float, opts: list[dict]) -> tuple[Plan, Problem]:
     model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
-    train = TrainConfig(global_batch=8, micro_batch=1, seq_len=2048, recompute=False)
+    train = TrainSettings(global_batch=8, micro_batch=1, seq_len=2048, recompute=False)
     schedule = {"name": "auto", "options": opts}
     cost, book = schedule_pricing(AnalyticCostModel(state_bytes_per_param=8), schedule, reg)  # sizes tuned to 8 B/param
     problem = Problem(small_cluster(memory_gb), model, train, cost, schedule, reg, pricing=book)

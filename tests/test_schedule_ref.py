@@ -70,10 +70,10 @@ def test_pickles_across_processes():
 
 
 def test_plan_and_action_list_json_are_unchanged(tmp_path, paper_case, llama13b):
-    from hexicore.core.plan import TrainConfig
+    from hexicore.core.settings import TrainSettings
 
     stages = (Stage(("A.0",), 1, (0, 20)), Stage(("A.1",), 1, (20, 40)))
-    plan = Plan(llama13b, paper_case, TrainConfig(),
+    plan = Plan(llama13b, paper_case, TrainSettings(),
                 (Pipeline(12, stages, {"name": "hanayo", "waves": 2}), Pipeline(12, (Stage(("B.0",), 1, (0, 40)),))))
     assert isinstance(plan.pipelines[0].schedule, ScheduleRef)
     assert plan.pipelines[1].schedule == ScheduleRef.default()

@@ -13,7 +13,8 @@ from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.planner.stage_layout.layers import allocate_layers
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
 from hexicore.planner.stage_layout.tp_menus import tp_menus
@@ -195,7 +196,7 @@ def clusters(draw):
 def test_never_worse_than_megatron_on_random_clusters(cluster, batch):
     reg = Registry.default()
     model = ModelSpec.load(CONF / "model" / "gpt3_1.3b.yaml")
-    train = TrainConfig(global_batch=batch, micro_batch=1, seq_len=2048)
+    train = TrainSettings(global_batch=batch, micro_batch=1, seq_len=2048)
     problem = Problem(cluster, model, train, reg.create("cost_model", "analytic"), {"name": "1f1b"}, reg)
     plan = solve(problem)
     est, _ = validate_plan(plan, problem.cost)

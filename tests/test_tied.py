@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+
+from hexicore.core.settings import TrainSettings
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import tied_whole
 
@@ -24,7 +26,7 @@ def tied_plan(pipelines, zero: int = 0, tied: bool = True) -> Plan:
 
     p = plan_of(pipelines)
     p = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=tied))
-    return Plan(p.model, p.cluster, TrainConfig(**{**p.train.to_dict(), "zero": zero}), p.pipelines)
+    return Plan(p.model, p.cluster, TrainSettings(**{**p.train.to_dict(), "zero": zero}), p.pipelines)
 
 
 def ring(plan: Plan, n: int, n_params: float) -> float:
@@ -146,7 +148,7 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
     for pipes in PLANS.values():
         p = plan_of(pipes * 2, global_batch=16)
         p = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=True))
-        plans.append(Plan(p.model, p.cluster, TrainConfig(**{**p.train.to_dict(), "zero": 2}), p.pipelines))
+        plans.append(Plan(p.model, p.cluster, TrainSettings(**{**p.train.to_dict(), "zero": 2}), p.pipelines))
     layouts = [dataclasses.replace(plan_layout(p, [q.schedule for q in p.pipelines], registry=Registry.default(),
                                                seq_len=SEQ), world=6) for p in plans]
     results = launch([WorkerSpec(layout=x, steps=1, seed=5, progress=False, zero=2) for x in layouts], 6)

@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from hexicore.core.errors import HexicoreError
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import StateBytes, sharded, state_bytes, largest_unit_params
 
@@ -53,7 +54,7 @@ def test_sharded_parts_per_stage():
 @pytest.mark.parametrize("zero,w,g,o", [(0, 4, 4, 8), (1, 4, 4, 4), (2, 4, 2, 4), (3, 2, 2, 4)])
 def test_stage_memory_parts_by_hand(zero, w, g, o):
     # first stage, 2 layers + embedding, tp 1, two holders (dp=2): the sharded parts halve
-    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=zero)
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=zero)
     parts = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 2, first=True, in_flight=3, dp=2)
     params = 2 * LAYER_PARAMS + V * H
     assert parts["weights"] == pytest.approx(w * params / GIB)
@@ -72,7 +73,7 @@ def test_stage_memory_parts_by_hand(zero, w, g, o):
 
 
 def _plan(zero):
-    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=zero)
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=zero)
     return Plan(MODEL, CLUSTER, t, (
         Pipeline(2, (Stage(("A.0",), 1, (0, 2)), Stage(("A.1",), 1, (2, 4)))),
         Pipeline(2, (Stage(("B.0",), 1, (0, 2)), Stage(("B.1",), 1, (2, 4)))),
@@ -114,13 +115,13 @@ def test_zero_1_2_cost_the_same_as_all_reduce_and_3_per_micro_batch():
 
 
 def test_plan_json_writes_zero_only_when_set():
-    assert "zero" not in TrainConfig().to_dict()
-    d = TrainConfig(zero=2).to_dict()
-    assert d["zero"] == 2 and TrainConfig.from_dict(d).zero == 2
-    assert TrainConfig.from_dict({"global_batch": 8}).zero == 0  # old plans: no field = 0
-    assert TrainConfig.from_dict({"zero": "3"}).zero == 3
+    assert "zero" not in TrainSettings().to_dict()
+    d = TrainSettings(zero=2).to_dict()
+    assert d["zero"] == 2 and TrainSettings.from_dict(d).zero == 2
+    assert TrainSettings.from_dict({"global_batch": 8}).zero == 0  # old plans: no field = 0
+    assert TrainSettings.from_dict({"zero": "3"}).zero == 3
     with pytest.raises(HexicoreError) as e:
-        TrainConfig.from_dict({"zero": 4}, "p.json")
+        TrainSettings.from_dict({"zero": 4}, "p.json")
     assert e.value.field == "train.zero"
 
 
@@ -177,7 +178,7 @@ def test_memory_breakdown_sums_to_the_estimate():
 def test_uneven_shards_follow_device_memory_by_hand():
     # A.* have 40 GB, B.* 16 GB: under zero_split=memory A keeps 40/56 of each chunk, B 16/56
     plan = _plan(1)
-    plan = Plan(plan.model, plan.cluster, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=1,
+    plan = Plan(plan.model, plan.cluster, TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=1,
                                                       zero_split="memory"), plan.pipelines)
     parts = COST.memory_parts(plan)
     first = 2 * LAYER_PARAMS + V * H
@@ -213,14 +214,14 @@ def test_the_torch_runtime_refuses_sharding_it_does_not_execute(tmp_path, capsys
 def test_the_torch_runtime_accepts_uneven_shards_and_zero_3_on_one_stage_or_identical_pipelines():
     from hexicore_plugins.runtimes.torch.runtime import check_zero
 
-    uneven = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=2,
+    uneven = Plan(MODEL, CLUSTER, TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=2,
                                               zero_split="memory"), _plan(2).pipelines)
     check_zero(uneven.train, uneven.pipelines, None, "p.json")
-    flat = Plan(MODEL, CLUSTER, TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3),
+    flat = Plan(MODEL, CLUSTER, TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=3),
                 tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "B.0")))
     check_zero(flat.train, flat.pipelines, None, "p.json")
     check_zero(_plan(3).train, _plan(3).pipelines, None, "p.json")  # two identical two-stage pipelines
-    hybrid = Plan(MODEL, CLUSTER, TrainConfig(global_batch=6, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
+    hybrid = Plan(MODEL, CLUSTER, TrainSettings(global_batch=6, micro_batch=1, seq_len=512, zero=3, zero_scope="machine"),
                   tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "A.1", "B.0")))
     check_zero(hybrid.train, hybrid.pipelines, None, "p.json")  # hybrid ZeRO-3 (HSDP) on one-stage pipelines
 
@@ -273,7 +274,7 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
     plan = plan_of(SAME_TP)
-    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
+    plan = Plan(plan.model, plan.cluster, TrainSettings(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)
     groups = sync_plan(same).members()
     measured = results[3]["metrics"]["optimizer_state_bytes"]
@@ -287,7 +288,7 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
         kept = results[3]["metrics"]["state_bytes"][r]  # ZeRO-2 per micro-batch: half of the gradients
         assert abs(kept["gradients"] - parts[f"M.{r}"]["gradients"] * GIB) <= slack / 2, r
     acc_plan = plan_of(ACCEPTANCE)  # mixed TP: replicated tensors shared by all their holders' TP ranks
-    acc_plan = Plan(acc_plan.model, acc_plan.cluster, TrainConfig(**{**acc_plan.train.to_dict(), "zero": 2}),
+    acc_plan = Plan(acc_plan.model, acc_plan.cluster, TrainSettings(**{**acc_plan.train.to_dict(), "zero": 2}),
                     acc_plan.pipelines)
     acc_parts = AnalyticCostModel().memory_parts(acc_plan)
     acc_groups = sync_plan(acc).members()
@@ -449,7 +450,7 @@ def test_hybrid_sharding_by_hand():
     device keeps half of the sharded parts (two holders in its machine); per micro-batch 1.5 x
     the ring inside the slower machine (B: 5 GB/s, 20 us), at the step the sum of the halves
     between the machines (1 GB/s, 100 us) of P/2 parameters per tensor."""
-    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine")
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=3, zero_scope="machine")
     plan = Plan(MODEL, CLUSTER, t, tuple(Pipeline(1, (Stage((d,), 1, (0, 4)),)) for d in ("A.0", "A.1", "B.0", "B.1")))
     tensors = [LAYER_PARAMS] * 4 + [V * H, V * H + H]
     total = sum(tensors)
@@ -462,10 +463,10 @@ def test_hybrid_sharding_by_hand():
     est = COST.estimate(plan)
     assert est.dp_s == pytest.approx(across)
     stage, _ = COST.pipeline_pieces(plan, plan.pipelines[2])
-    plain, _ = COST.pipeline_pieces(replace(plan, train=TrainConfig(global_batch=4, micro_batch=1, seq_len=512)),
+    plain, _ = COST.pipeline_pieces(replace(plan, train=TrainSettings(global_batch=4, micro_batch=1, seq_len=512)),
                                     plan.pipelines[2])
     assert stage[0] == pytest.approx(plain[0] + 1.5 * inside_b)
-    assert "zero_scope" in t.to_dict() and TrainConfig.from_dict(t.to_dict()).zero_scope == "machine"
+    assert "zero_scope" in t.to_dict() and TrainSettings.from_dict(t.to_dict()).zero_scope == "machine"
     # ZeRO-1 hybrid: the step pays the ring inside the machines and the halves across
     z1 = replace(plan, train=replace(t, zero=1))
     assert COST.estimate(z1).dp_s == pytest.approx(inside_b + across)
@@ -487,7 +488,7 @@ def test_fsdp_hybrid_option_shards_per_machine():
 def test_tp_replicated_tensors_are_whole_on_every_tp_rank_by_hand():
     """The runtime splits only the attention/MLP matrices across TP ranks; norms, the embedding and
     the head stay whole on each (and so do the logits, and the head's FLOPs)."""
-    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512)
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512)
     parts = COST.stage_memory_parts(CLUSTER, MODEL, t, ["A.0", "A.1"], 4, first=True, last=True, in_flight=1)
     rep = 2 * H  # two RMSNorms per block
     mine = 4 * ((LAYER_PARAMS - rep) / 2 + rep) + V * H + (V * H + H)
@@ -514,7 +515,7 @@ def test_kept_state_with_different_tp_degrees_by_hand():
     """Pipeline 0 on A.0+A.1 (tp 2), pipeline 1 on B.0 (tp 1), whole model each, ZeRO-1: a split
     matrix is cut in halves, each half shared by one A rank and B.0; a replicated tensor is
     shared by A.0, A.1 and B.0."""
-    t = TrainConfig(global_batch=4, micro_batch=1, seq_len=512, zero=1)
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=1)
     plan = Plan(MODEL, CLUSTER, t, (Pipeline(2, (Stage(("A.0", "A.1"), 2, (0, 4)),)),
                                     Pipeline(2, (Stage(("B.0",), 1, (0, 4)),))))
     split = 4 * (LAYER_PARAMS - 2 * H)

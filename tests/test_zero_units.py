@@ -6,7 +6,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hexicore.core.plan import Plan, TrainConfig  # noqa: E402
+from hexicore.core.plan import Plan  # noqa: E402
+
+from hexicore.core.settings import TrainSettings
 from hexicore.cost import AnalyticCostModel  # noqa: E402
 from hexicore_plugins.runtimes.torch.parallel.data.sync import apportion  # noqa: E402
 from hexicore_plugins.runtimes.torch.parallel.data.zero_state import gather_needs, reduce_needs, rounds  # noqa: E402
@@ -104,9 +106,9 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
         for r, kept in enumerate(got["metrics"]["state_bytes"]):
             assert kept["weights"] == pytest.approx(parts[f"M.{r}"]["weights"] * GIB, abs=0.5), (c[0][1], r)
     plan = plan_of(MULTI_CHUNK["interleaved"])
-    plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
+    plan = Plan(plan.model, plan.cluster, TrainSettings(**{**plan.train.to_dict(), "zero": 2}), plan.pipelines)
     parts = AnalyticCostModel().memory_parts(plan)
-    z1 = AnalyticCostModel().memory_parts(Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(),
+    z1 = AnalyticCostModel().memory_parts(Plan(plan.model, plan.cluster, TrainSettings(**{**plan.train.to_dict(),
                                                                                           "zero": 1}), plan.pipelines))
     for r, kept in enumerate(results[1]["metrics"]["state_bytes"]):
         for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
@@ -150,10 +152,10 @@ def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_k
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
         assert _max_abs(got["state"], results[0]["state"]) <= 1e-5
         plan = plan_of(c)
-        plan = Plan(plan.model, plan.cluster, TrainConfig(**{**plan.train.to_dict(), "zero": 3}), plan.pipelines)
+        plan = Plan(plan.model, plan.cluster, TrainSettings(**{**plan.train.to_dict(), "zero": 3}), plan.pipelines)
         parts = AnalyticCostModel().memory_parts(plan)
         z1 = AnalyticCostModel().memory_parts(Plan(plan.model, plan.cluster,
-                                                   TrainConfig(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines))
+                                                   TrainSettings(**{**plan.train.to_dict(), "zero": 1}), plan.pipelines))
         for r, kept in enumerate(got["metrics"]["state_bytes"]):
             dev, j = f"M.{r}", r % 2
             for part, size in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
@@ -181,7 +183,7 @@ def test_zero_3_is_accepted_on_one_stage_pipelines_whatever_chunks_their_schedul
     layout = layout_of(ONE_STAGE_CHUNKS, global_batch=4)
     assert [p.actions.stages for p in layout.pipelines] == [2, 2]
     assert zero3_runs(layout)
-    check_zero_layout(TrainConfig(global_batch=4, micro_batch=1, seq_len=32, zero=3), layout, "p.json")
+    check_zero_layout(TrainSettings(global_batch=4, micro_batch=1, seq_len=32, zero=3), layout, "p.json")
     differing = layout_of([(2, "1f1b", [(1, 3), (1, 5)]), (2, "gpipe", [(1, 8)])], global_batch=4)
     assert not zero3_runs(differing)  # a two-stage pipeline next to another shape: still refused
 

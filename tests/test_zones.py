@@ -5,7 +5,8 @@ import pytest
 
 from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.planner.allocation.sub_clusters import machine_classes
 from hexicore.planner.hexiscale import HexiScaleSolver
@@ -27,7 +28,7 @@ def zoned(inter_zone_gbs, latency_us=30000.0, east=("E0", "E1"), west=("W0",)):
 
 def solve(cluster):
     m = model_preset("llama2_7b")
-    p = Problem(cluster, m, TrainConfig(global_batch=32, micro_batch=1, seq_len=m.seq_len), AnalyticCostModel(),
+    p = Problem(cluster, m, TrainSettings(global_batch=32, micro_batch=1, seq_len=m.seq_len), AnalyticCostModel(),
                 {"name": "1f1b"}, Registry.default())
     return HexiScaleSolver.from_params(**FAST).solve(p, seed=0)
 

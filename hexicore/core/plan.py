@@ -25,10 +25,6 @@ from hexicore.core.solver_info import parse_solver
 FORMAT = "hexicore.plan/1"
 
 
-#: a plan's ``train`` section is :class:`~hexicore.core.settings.TrainSettings` (its planning fields)
-TrainConfig = TrainSettings
-
-
 @dataclass(frozen=True)
 class Stage:
     """A pipeline stage: ``tp`` devices running blocks ``[layers[0], layers[1])`` with TP.

@@ -18,7 +18,8 @@ from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
-from hexicore.core.plan import Pipeline, Plan, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Plan, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
                                 default_in_flight, fill_drain_time)
 from hexicore.cost import sharding
@@ -58,7 +59,7 @@ class AnalyticCostModel:
     class_priced: ClassVar[bool] = True
 
     # ------------------------------------------------------------- pieces
-    def state_bytes(self, train: TrainConfig) -> StateBytes:
+    def state_bytes(self, train: TrainSettings) -> StateBytes:
         """Per-parameter weights/gradients/optimizer bytes (:mod:`hexicore.cost.precision`)."""
         return state_bytes(train.dtype, self.state_bytes_per_param)
 
@@ -68,7 +69,7 @@ class AnalyticCostModel:
                   for d in devices)
         return per * 1e12 * len(devices)
 
-    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                   n_layers: int, *, last: bool = False) -> float:
         """Compute of one micro-batch through a stage (the paper omits this formula).
 
@@ -83,7 +84,7 @@ class AnalyticCostModel:
         head = model.head_flops_per_token() / (group / len(devices)) if last else 0.0
         return tokens * k * (n_layers * model.layer_flops_per_token(train.seq_len) / group + head)
 
-    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                   n_layers: int) -> float:
         """TP communication of one micro-batch, HexiScale App. A:
         ``c * max_d sum_{d' != d} (alpha + B_mb*S*H*B_type / (|d_ij| * beta))`` per layer, with
@@ -100,7 +101,7 @@ class AnalyticCostModel:
             cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
-    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                 n_layers: int, *, first: bool = False, last: bool = False) -> float:
         """STAGE(d_ij) of App. A: forward + backward of one micro-batch = compute + TP comm."""
         return self.compute_s(cluster, model, train, devices, n_layers, last=last) + \
@@ -111,7 +112,7 @@ class AnalyticCostModel:
         return min(((a, b) for a in src for b in dst),
                    key=lambda ab: (cluster.alpha(*ab) + 1.0 / cluster.beta(*ab), ab))
 
-    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, src: Sequence[str],
               dst: Sequence[str]) -> float:
         """COMM-PP-HOP (formula missing from the paper's digest): per micro-batch, the activation
         ``B_mb*S*H*B_type`` goes leader -> leader, then the receiving leader broadcasts it in its
@@ -133,7 +134,7 @@ class AnalyticCostModel:
             cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)
 
-    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,
                            dp: int = 1, kept: float | None = None, share_layers: int | None = None,
                            tied_heads: float | None = None) -> dict[str, float]:
@@ -193,7 +194,7 @@ class AnalyticCostModel:
         out["workspace"] = work / GIB + self.reserve_gb
         return out
 
-    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                         n_layers: int, **held: Any) -> float:
         """Peak memory of each device of a stage in GiB: the sum of :meth:`stage_memory_parts`
         (``held``: its keywords, ``first``, ``last``, ``in_flight``, ``dp``, ...)."""

@@ -18,7 +18,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.estimate import Estimate
 from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
-from hexicore.core.plan import Pipeline, Plan, TrainConfig
+from hexicore.core.plan import Pipeline, Plan
+from hexicore.core.settings import TrainSettings
 
 GIB = 2**30
 #: Achieved fraction of peak tensor FLOP/s in training kernels when a GPU type has no entry in
@@ -61,13 +62,13 @@ class CostModel(Protocol):
 
     def estimate(self, plan: Plan) -> Estimate: ...
 
-    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                 n_layers: int, *, first: bool, last: bool) -> float: ...
 
-    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, src: Sequence[str],
               dst: Sequence[str]) -> float: ...
 
-    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                         n_layers: int, *, first: bool, last: bool, in_flight: int, dp: int = 1) -> float: ...
 
 
@@ -82,7 +83,7 @@ class BoundCostModel:
     cost: Any
     cluster: Cluster
     model: ModelSpec
-    train: TrainConfig
+    train: TrainSettings
 
     @classmethod
     def of_plan(cls, cost: Any, plan: Plan) -> "BoundCostModel":
@@ -104,7 +105,7 @@ class BoundCostModel:
         return self.cost.stage_memory_gb(self.cluster, self.model, self.train, devices, n_layers, **held)
 
 
-def bind(cost: Any, cluster: Cluster, model: ModelSpec, train: TrainConfig) -> BoundCostModel:
+def bind(cost: Any, cluster: Cluster, model: ModelSpec, train: TrainSettings) -> BoundCostModel:
     """``cost`` bound to one problem (:class:`BoundCostModel`)."""
     return BoundCostModel(cost, cluster, model, train)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import BlockTiming
 from hexicore.cost.block_memory import block_bytes
 
@@ -75,7 +75,7 @@ def block_flops(b: BlockTiming, model: ModelSpec) -> float:
     return per_token * b.micro_batch * b.seq_len
 
 
-def target_flops(model: ModelSpec, train: TrainConfig) -> float:
+def target_flops(model: ModelSpec, train: TrainSettings) -> float:
     return model.layer_flops_per_token(train.seq_len) * train.micro_batch * train.seq_len
 
 
@@ -102,7 +102,7 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return pts[-1][1]  # unreachable: x lies inside the range
 
 
-def formula_bytes(model: ModelSpec, train: TrainConfig, tp: int, *, recompute: bool = False,
+def formula_bytes(model: ModelSpec, train: TrainSettings, tp: int, *, recompute: bool = False,
                   weight_bytes: float = 4.0) -> float:
     """The analytic model's bytes of one block for one micro-batch of ``train`` on a rank of a TP
     group of ``tp``: the block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`,
@@ -114,7 +114,7 @@ def formula_bytes(model: ModelSpec, train: TrainConfig, tp: int, *, recompute: b
     return block_bytes(model, train.micro_batch, train.seq_len, tp, train.dtype_bytes, weight_bytes)
 
 
-def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: TrainConfig,
+def activation_bytes(blocks: Sequence[BlockTiming], model: ModelSpec, train: TrainSettings,
                      tp: int) -> tuple[float | None, str]:
     """``(bytes, note)``: one block's activations for one micro-batch of ``train`` on one rank of
     a TP group of ``tp``, from the profile entry's ``blocks`` (module docstring). A TP degree

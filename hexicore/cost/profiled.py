@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from hexicore.core.cluster import Cluster, Link
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import DTYPE_BYTES, ModelSpec
-from hexicore.core.plan import TrainConfig
+from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import BlockTiming, Profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
@@ -154,7 +154,7 @@ class ProfiledCostModel(AnalyticCostModel):
         return sorted({self._key(cluster, d) for d in devices})
 
     def _slowest_gpu(self, cluster: Cluster, devices: Sequence[str], model: ModelSpec | None = None,
-                     train: TrainConfig | None = None) -> str:
+                     train: TrainSettings | None = None) -> str:
         """The entry that governs a group: where a device has its own entry (an ``all_devices``
         profile), the entry with the slowest measured block (TP waits for it); else the
         catalog's slowest GPU type."""
@@ -165,7 +165,7 @@ class ProfiledCostModel(AnalyticCostModel):
                 return max(timed)[1]
         return min((cluster.device(d) for d in devices), key=lambda dev: (dev.tflops, dev.id)).gpu.name
 
-    def _entry_block_s(self, key: str, model: ModelSpec, train: TrainConfig, tp: int) -> float | None:
+    def _entry_block_s(self, key: str, model: ModelSpec, train: TrainSettings, tp: int) -> float | None:
         """One block's interpolated seconds from profile entry ``key`` at TP ``tp`` (None: no blocks)."""
         blocks = self._blocks(key)
         if not blocks:
@@ -196,7 +196,7 @@ class ProfiledCostModel(AnalyticCostModel):
                        f"proportion to FLOPs")
         return interpolate(pts, target) * scale
 
-    def block_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float | None:
+    def block_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float | None:
         """Measured seconds of one block on ``devices`` (a TP group), interpolated: the slowest of
         the group's profile entries (each device's own, else its GPU type's); None when one of
         them was not profiled."""
@@ -210,7 +210,7 @@ class ProfiledCostModel(AnalyticCostModel):
             per_entry.append(t)
         return max(per_entry)
 
-    def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str]) -> float:
+    def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float:
         """The head of one micro-batch on a stage of ``devices``: the measured head (one device's
         forward + backward) scaled by FLOPs, else App. A's on one member; never divided by the TP
         degree, as every TP rank computes all the logits (the runtime replicates the head, and
@@ -256,7 +256,7 @@ class ProfiledCostModel(AnalyticCostModel):
         return [x + (k - 1) * self.action_s(plan.cluster, s.devices) if k > 1 else x
                 for x, s, k in zip(stages, pipeline.stages, chunks)], hops
 
-    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def compute_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                   n_layers: int, *, last: bool = False) -> float:
         """``n t - (n - 1) a`` (+ the head, less its own ``a``): ``t`` a block's measured seconds
         (:meth:`block_s`), each including one action's fixed cost ``a`` (:meth:`action_s`) that a
@@ -268,7 +268,7 @@ class ProfiledCostModel(AnalyticCostModel):
         head = max(self.head_s(cluster, model, train, devices) - fixed, 0.0) if last else 0.0
         return n_layers * blk - max(n_layers - 1, 0) * fixed + head
 
-    def forward_fraction(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
+    def forward_fraction(self, cluster: Cluster, model: ModelSpec, train: TrainSettings,
                          devices: Sequence[str]) -> float:
         """The forward's share of a stage's compute (:mod:`hexicore.cost.split`): measured, the
         blocks' forward seconds over forward + backward (+ recompute) of the slowest GPU type at
@@ -281,7 +281,7 @@ class ProfiledCostModel(AnalyticCostModel):
         total = sum(block_seconds(b, train.recompute) for b in same)
         return sum(b.forward_s for b in same) / total if total > 0 else compute_forward_fraction(train.recompute)
 
-    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                   n_layers: int) -> float:
         """Zero where the blocks were measured at this TP degree (inside their times), else App. A
         on the measured links."""
@@ -289,7 +289,7 @@ class ProfiledCostModel(AnalyticCostModel):
             return 0.0
         return super().tp_comm_s(self.measured(cluster), model, train, devices, n_layers)
 
-    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, src: Sequence[str],
+    def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, src: Sequence[str],
               dst: Sequence[str]) -> float:
         return super().hop_s(self.measured(cluster), model, train, src, dst)
 
@@ -313,7 +313,7 @@ class ProfiledCostModel(AnalyticCostModel):
         return optimizer_step_s(plan, lambda d: self._blocks(self._key(plan.cluster, d)), self.kept_params(plan),
                                 self.held)
 
-    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainConfig, devices: Sequence[str],
+    def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                            n_layers: int, *, in_flight: float = 1, share_layers: int | None = None,
                            **held: Any) -> dict[str, float]:
         """The analytic parts (:meth:`AnalyticCostModel.stage_memory_parts`) with a block's
@@ -332,7 +332,7 @@ class ProfiledCostModel(AnalyticCostModel):
             out["activations"] = in_flight * (n_layers if share_layers is None else share_layers) * per / GIB
         return out
 
-    def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainConfig,
+    def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainSettings,
                          devices: Sequence[str]) -> float | None:
         """One block's measured activation bytes for one micro-batch on a rank of ``devices``
         (:func:`hexicore.cost.measured_block.activation_bytes`), the largest of the group's

@@ -7,7 +7,8 @@ from typing import Callable, Protocol
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
-from hexicore.core.plan import Plan, TrainConfig
+from hexicore.core.plan import Plan
+from hexicore.core.settings import TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost import BoundCostModel, CostModel, Estimate, bind
 from hexicore.planner.allocation.objective import Objective
@@ -34,7 +35,7 @@ class Problem:
 
     cluster: Cluster
     model: ModelSpec
-    train: TrainConfig
+    train: TrainSettings
     cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     registry: Registry | None = None

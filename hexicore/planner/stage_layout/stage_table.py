@@ -18,7 +18,8 @@ import numpy as np
 from hexicore.core.cluster import Cluster
 from hexicore.core.model import ModelSpec
 from hexicore.core.placement import Placement
-from hexicore.core.plan import Pipeline, Stage, TrainConfig
+from hexicore.core.plan import Pipeline, Stage
+from hexicore.core.settings import TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import BoundCostModel, CostModel, bind, check_seconds, default_in_flight
 from hexicore.planner.stage_layout.layers import allocate_layers, layer_ranges
@@ -38,7 +39,7 @@ class StageTable:
 
     cluster: Cluster
     model: ModelSpec
-    train: TrainConfig
+    train: TrainSettings
     cost: CostModel
     schedule: ScheduleRef = field(default_factory=ScheduleRef.default)
     dp: int = 1  # pipelines of the plan being built: the ZeRO shard count of the memory caps

@@ -67,7 +67,7 @@ from hexicore.pipeline.actions import Op
 
 from .grad_norm import squares
 from .hybrid import atom_cross, counted, peers_of, split, sum_across
-from .sync import apportion
+from .sync import DPSync, apportion
 
 EMBED_UNIT = -1
 

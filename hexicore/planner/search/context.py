@@ -28,7 +28,6 @@ from hexicore.planner.search.workers import available_cores
 from hexicore.planner.stage_layout.batch import affine_time
 from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline
 
-
 INF = math.inf
 
 
@@ -76,12 +75,12 @@ class SearchContext:
     evaluated: int = 0
     book: ScheduleBook | None = None  # set when pipelines are priced by their schedules
     exact_cost: CostModel | None = None  # the cost model the final plan is priced with (the search's is modelled)
-    options: tuple = ()  # ScheduleRefs a pipeline may get (schedule=auto: several)
+    options: tuple[ScheduleRef, ...] = ()  # the schedules a pipeline may get (schedule=auto: several)
     tables: dict = field(default_factory=dict)  # per option: a StageTable with its memory caps
     auto_best: Candidate | None = None  # schedule=auto: best candidate with chosen schedules
     dp_tables: dict = field(default_factory=dict)  # train.zero > 0: per number of pipelines, its tables
     parts_cache: dict = field(default_factory=dict)  # phase 1 per (D_dp, cut, shifts, seed)
-    class_ids: dict = field(default_factory=dict)  # machine class -> small id (shared_layouts)
+    class_ids: dict = field(default_factory=dict)  # machine class -> small id (phase 2's shared_phase2)
     workers: int = 1  # processes the search may use (hexicore.planner.search.prefetch)
     ahead: dict = field(default_factory=dict)  # ((part key, seed) -> layout) computed ahead (prefetch.walk_ahead)
 
@@ -92,6 +91,7 @@ class SearchContext:
 
     @property
     def auto(self) -> bool:
+        """``schedule=auto``: several schedule options, chosen per pipeline."""
         return len(self.options) > 1
 
     @property

@@ -11,6 +11,7 @@ from typing import Any
 
 import time
 
+from hexicore.core.fields import is_number, is_whole
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.allocation.sub_clusters import allocate
@@ -35,11 +36,11 @@ class HexiScaleSolver:
 
     def solve(self, problem: Problem, *, time_limit: float | None = None, seed: int = 0,
               progress: Progress = no_progress) -> Plan:
-        if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+        if time_limit is not None and (not is_number(time_limit)
                                        or time_limit <= 0):
             raise HexicoreError(f"time_limit must be a positive number of seconds or null, got {time_limit!r}",
                                 field="solver.time_limit")
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_whole(seed):
             raise HexicoreError(f"seed must be an integer, got {seed!r}", field="solver.seed")
         for name in self.config.seeds:  # a seed solver that is not there is refused, not skipped
             try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hexicore.core.fields import is_whole
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.partition.cut import Parts, balance_limit, check_objective, labels_of, parts_of, weight_matrix
 
@@ -155,7 +156,7 @@ def _kl(max_sweeps: int = 2, max_steps: int = 16, max_partners: int = 3) -> Kern
     from hexicore.core.errors import HexicoreError
 
     for key, v in (("max_sweeps", max_sweeps), ("max_steps", max_steps), ("max_partners", max_partners)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_whole(v) or v < 1:
             raise HexicoreError(f"kl: {key} must be a positive integer, got {v!r}", field="solver.refiner")
     return KernighanLinRefiner(max_sweeps, max_steps, max_partners)
 

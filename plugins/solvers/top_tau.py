@@ -19,6 +19,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from hexicore.core.fields import is_whole
 from hexicore.core.errors import HexicoreError
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.planner.partition.cut import weight_matrix
@@ -103,7 +104,7 @@ class TopTauOrderer:
 
 def _top_tau(tau: int = 2, budget: int = 2_000) -> TopTauOrderer:
     for key, v in (("tau", tau), ("budget", budget)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_whole(v) or v < 1:
             raise HexicoreError(f"top_tau: {key} must be an integer >= 1, got {v!r}", field=f"solver.{key}")
     return TopTauOrderer(tau, budget)
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hexicore.core.fields import is_number
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
@@ -60,7 +61,7 @@ class Objective:
                                 field="objective")
         for key in ("budget_per_hour", "min_tokens_per_s"):
             v = getattr(self, key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            if v is not None and (not is_number(v) or not v > 0):
                 raise HexicoreError(f"{key} must be a positive number or null, got {v!r}", field=key)
 
     @property

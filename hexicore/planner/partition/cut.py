@@ -19,6 +19,7 @@ from typing import Hashable, Protocol, Sequence
 
 import numpy as np
 
+from hexicore.core.fields import is_whole
 from hexicore.core.errors import HexicoreError
 
 OBJECTIVES = ("min_cut", "max_cut")
@@ -46,7 +47,7 @@ def check_objective(objective: str) -> str:
 
 
 def check_parts(n_nodes: int, parts: int) -> None:
-    if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= n_nodes:
+    if not is_whole(parts) or not 1 <= parts <= n_nodes:
         raise HexicoreError(f"cannot split {n_nodes} devices into {parts!r} parts (need 1..{n_nodes})",
                             field="solver.parts")
 

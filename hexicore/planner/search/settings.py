@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from hexicore.core.fields import is_number, is_whole
 from hexicore.core.errors import HexicoreError
 
 
@@ -75,31 +76,30 @@ class SearchConfig:
                 raise bad(key, "a plugin name or null")
         for key in ("tau", "orders", "iterations", "dp_min", "max_tp", "strategy_passes"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_whole(v) or v < 1:
                 raise bad(key, "an integer >= 1")
         if not isinstance(self.use_all_devices, bool):
             raise bad("use_all_devices", "true or false")
         for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive",
                     "allocation_screen_above", "workers", "machine_graph_above"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not is_whole(v) or v < 0:
                 raise bad(key, "an integer >= 0")
-        if self.replan_iterations is not None and (isinstance(self.replan_iterations, bool) or
-                                                   not isinstance(self.replan_iterations, int)
+        if self.replan_iterations is not None and (not is_whole(self.replan_iterations)
                                                    or self.replan_iterations < 0):
             raise bad("replan_iterations", "an integer >= 0 or null")
-        if self.dp_max is not None and (isinstance(self.dp_max, bool) or not isinstance(self.dp_max, int)
+        if self.dp_max is not None and (not is_whole(self.dp_max)
                                         or self.dp_max < 1):
             raise bad("dp_max", "an integer >= 1 or null")
         for key in ("max_balance", "group_balance"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
+            if not is_number(v) or v < 1:
                 raise bad(key, "a number >= 1")
         for key in ("ema", "explore"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            if not is_number(v) or not 0 <= v <= 1:
                 raise bad(key, "a number in [0, 1]")
-        if not all(isinstance(k, int) and not isinstance(k, bool) for k in self.k_shifts) or not self.k_shifts:
+        if not all(is_whole(k) for k in self.k_shifts) or not self.k_shifts:
             raise bad("k_shifts", "a non-empty list of integers")
         if not all(isinstance(s, str) for s in self.seeds):
             raise bad("seeds", "a list of solver names")

@@ -14,7 +14,7 @@ and ``emulate`` makes that machine's devices slower than the host. Two modes, on
   CPU host repeat from run to run. An action without counted FLOPs (the optimizer step, an
   embedding) lasts its own duration.
 
-The runtime enforces it (the torch runtime's ``emulate.py``); ``hexicore profile`` measures it
+The runtime enforces it (the torch runtime's ``launch/emulated_device.py``); ``hexicore profile`` measures it
 like any device; the analytic cost model does not see it (it prices the catalog GPU).
 """
 

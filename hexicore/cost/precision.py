@@ -32,7 +32,7 @@ SHARDED_PARTS = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("o
 def sharded_parts(zero: int, scope: str = "all") -> tuple[str, ...]:
     """The parts of the state ZeRO stage ``zero`` shards as the torch runtime runs it: under
     hybrid sharding (``scope="machine"``) stage 2 sums the gradients at the step, so it keeps
-    them whole between micro-batches like stage 1 (``plugins/runtimes/torch/hybrid.py``)."""
+    them whole between micro-batches like stage 1 (``plugins/runtimes/torch/parallel/data/hybrid.py``)."""
     return SHARDED_PARTS[1 if zero == 2 and scope == "machine" else zero]
 
 
@@ -84,7 +84,7 @@ def sharded(per: StateBytes, zero: int, n: int) -> StateBytes:
 
 def tp_replicated_layer_params(model) -> int:
     """Parameters of one block that tensor parallelism does *not* split (Megatron's column/row
-    split, as the torch runtime does it, ``plugins/runtimes/torch/tensor_parallel.py``): the two
+    split, as the torch runtime does it, ``plugins/runtimes/torch/parallel/tensor.py``): the two
     norms and the biases added after a row-parallel all-reduce (o_proj's, and the MLP down
     projection's in the GPT layout). Every TP rank keeps a full copy of them, as of the
     embedding and the head (final norm + output projection), which the runtime replicates too."""
@@ -108,7 +108,7 @@ def tied_copies(model, first: bool | int, last: bool | int, tied_heads: float | 
 def tied_whole(model, first: bool | int, last: bool | int, tied_heads: float | None = None) -> float:
     """Parameters of the tied embedding a stage keeps whole under ZeRO: its embeddings' and its
     heads' own copies (:func:`tied_copies`) of ``vocab x hidden``; 0 when untied. The embedding
-    group sums these copies' gradients itself (``plugins/runtimes/torch/tied.py``), outside the
+    group sums these copies' gradients itself (``plugins/runtimes/torch/parallel/tied_embedding.py``), outside the
     sharded data-parallel state, so no ZeRO stage splits them."""
     if not model.tied_embeddings:
         return 0.0
@@ -132,7 +132,7 @@ def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: boo
                         tied_heads: float | None = None) -> float:
     """Parameters of a ``tp``-way stage's largest *unit* on one device: a block (its split part
     ``/ tp``, its replicated part whole), the embedding, or the final norm with the head. The
-    torch runtime (``plugins/runtimes/torch/zero.py``) handles sharded state unit by unit: ZeRO-3
+    torch runtime (``plugins/runtimes/torch/parallel/data/zero_state.py``) handles sharded state unit by unit: ZeRO-3
     gathers one unit's weights at a time, just before its forward or backward, and frees them
     after; ZeRO-2/3 sum each unit's gradient as soon as its backward has accumulated it and free
     it. So at its peak a device holds the largest unit's weights gathered (ZeRO-3) and its full

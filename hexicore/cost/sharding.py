@@ -157,7 +157,7 @@ def layer_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], n_params: floa
 def every_rank(holders: Sequence[Stage]) -> tuple[Stage, ...]:
     """The holders of a tensor TP replicates, one single-device holder per TP rank: the torch
     runtime all-reduces such a tensor among every rank of every holder stage (one copy per TP
-    rank, ``plugins/runtimes/torch/dp_sync.py``), so its ring has ``sum tp`` members, each
+    rank, ``plugins/runtimes/torch/parallel/data/sync.py``), so its ring has ``sum tp`` members, each
     moving the whole tensor, not ``1/tp`` of it."""
     return tuple(Stage((d,), 1, s.layers) for s in holders for d in s.devices)
 
@@ -259,7 +259,7 @@ def tied_holders(cost: Any, plan: Plan) -> tuple[tuple[int, int], ...]:
 
 def tied_sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], links: dict) -> float:
     """The embedding group's all-reduce of a tied embedding's gradient at the step
-    (Megatron-LM's ``embedding_group``; ``plugins/runtimes/torch/tied.py``): ``vocab x hidden``
+    (Megatron-LM's ``embedding_group``; ``plugins/runtimes/torch/parallel/tied_embedding.py``): ``vocab x hidden``
     summed among every rank of every holder stage (:func:`every_rank`), App. A's ring, whatever
     the ZeRO stage or scope (the copies are never sharded)."""
     c, m = plan.cluster, plan.model

@@ -1,6 +1,6 @@
 """An action list's :class:`hexicore.core.placement.Placement`: which blocks, embeddings and heads
 each pipeline rank holds, read from its stage map and chains the way the runtime lays out its
-chunks (``plugins/runtimes/torch/layout.py``, ``chunk_layers``; docs/formats.md):
+chunks (``plugins/runtimes/torch/parallel/assignment.py``, ``chunk_layers``; docs/formats.md):
 
 * a chain walks the model's blocks ``[0, L)`` once in data order, a rank's stages on it sharing
   the rank's plan layer count — the rank holds one copy of its own blocks (source = itself);

@@ -381,9 +381,9 @@ def _tied_plans():
 
 
 def test_model_value_prices_the_tied_embedding_group_like_the_cost_model():
-    """The model's value of a plan (:mod:`...cpsat.evaluate`, the objective CP-SAT minimises) is
+    """The model's value of a plan (:mod:`...cpsat.objective_value`, the objective CP-SAT minimises) is
     the cost model's estimate up to the tables' rounding, whoever holds the tied copies."""
-    from hexicore_plugins.solvers.cpsat.evaluate import model_value
+    from hexicore_plugins.solvers.cpsat.objective_value import model_value
     from hexicore_plugins.solvers.cpsat.hint import plan_rows
     from hexicore_plugins.solvers.cpsat.tables import build_tables, stage_options
 

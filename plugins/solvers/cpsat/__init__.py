@@ -137,7 +137,7 @@ class CpSatSolver:
         from ortools.sat.python import cp_model
 
         from .decode import decode
-        from .evaluate import model_value
+        from .objective_value import model_value
         from .hint import plan_rows
         from .formulation import build, slot_counts
 

@@ -186,7 +186,7 @@ def test_large_cluster_path_gives_valid_renamed_layouts():
     with the same layers gives."""
     from hexicore.planner.search.candidate import two_phase
     from hexicore.planner.search.context import make_context
-    from hexicore.planner.search.settings import SearchConfig
+    from hexicore.planner.search.search_config import SearchConfig
 
     problem = app.build_problem(app.config_from_overrides(
         ["cluster=synthetic", "cluster.synthetic.gpus=32", "cluster.synthetic.per_machine=4", "model=tiny",

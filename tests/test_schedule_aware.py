@@ -181,7 +181,7 @@ def test_schedule_pricing_keeps_the_cost_models_formula_only_where_the_schedule_
 def test_the_search_gets_its_book_from_the_problem():
     """No book is fished out of the cost model: ``Problem.pricing`` is the book the search uses."""
     from hexicore.planner.search.context import make_context
-    from hexicore.planner.search.settings import SearchConfig
+    from hexicore.planner.search.search_config import SearchConfig
 
     reg = Registry.default()
     problem = build_problem(config_from_overrides(["schedule=gpipe"]), reg)

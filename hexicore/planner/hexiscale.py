@@ -19,7 +19,7 @@ from hexicore.planner.final_schedules import reschedule
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
 from hexicore.planner.search.loop import run_search
-from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.search.workers import available_cores
 
 

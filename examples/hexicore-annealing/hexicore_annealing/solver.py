@@ -9,7 +9,7 @@ accepted with probability ``exp(-delta / T)``, ``T`` cooling geometrically (Kirk
 when it exists, so the result is never worse than it.
 
 Only hexicore's public pieces are used: :func:`hexicore.planner.search.context.make_context`, ``phase2`` and
-``assemble``, and :class:`hexicore.planner.search.settings.SearchConfig` for their defaults.
+``assemble``, and :class:`hexicore.planner.search.search_config.SearchConfig` for their defaults.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.search.candidate import assemble
 from hexicore.planner.search.context import INF, Candidate, make_context
-from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.phase2 import phase2
 
 

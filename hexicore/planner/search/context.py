@@ -23,7 +23,7 @@ from hexicore.cost.precision import SHARDED_PARTS, state_bytes
 from hexicore.planner.partition.cut import Partitioner, Refiner, StageOrderer
 from hexicore.planner.pricing import ScheduleBook, is_auto, options, timed_cost
 from hexicore.planner.problem import Problem
-from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.search.workers import available_cores
 from hexicore.planner.stage_layout.batch import affine_time
 from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline

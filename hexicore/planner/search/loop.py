@@ -34,7 +34,7 @@ from hexicore.planner.replan.repair import replan_search
 from hexicore.planner.search.candidate import assemble, polish, relayout, two_phase
 from hexicore.planner.search.context import INF, Candidate, SearchContext, make_context, state_gb
 from hexicore.planner.search.prefetch import prefetch, walk_ahead
-from hexicore.planner.search.settings import SearchConfig
+from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
 

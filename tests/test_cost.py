@@ -6,25 +6,11 @@ import pytest
 
 from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
-from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.core.settings import TrainSettings
-
-# Two machines: A has 2 GPUs of 100 TFLOPS (10 GB/s, 10 us), B has 2 of 50 TFLOPS (5 GB/s, 20 us);
-# 1 GB/s, 100 us between them. Round numbers so every term can be checked by hand.
-CLUSTER = parse_cluster({
-    "name": "hand", "inter": {"bandwidth_gbs": 1.0, "latency_us": 100},
-    "machines": [{"name": "A", "gpu": "fast", "count": 2, "bandwidth_gbs": 10, "latency_us": 10},
-                 {"name": "B", "gpu": "slow", "count": 2, "bandwidth_gbs": 5, "latency_us": 20}],
-    "gpus": {"fast": {"tflops": 100, "memory_gb": 40}, "slow": {"tflops": 50, "memory_gb": 16}},
-}, "hand")
-MODEL = ModelSpec("m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000, seq_len=512)
-TRAIN = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, dtype="bf16", recompute=True)
-COST = AnalyticCostModel(default_efficiency=0.5, reserve_gb=0.0)
-
-H, S, F, V, B = 1024, 512, 4096, 1000, 1
-LAYER_PARAMS = 4 * H * H + 3 * H * F + 2 * H        # llama block
-LAYER_FLOPS_TOKEN = 2 * (4 * H * H + 3 * H * F) + 4 * S * H
+from tests.helpers import (HAND_CLUSTER as CLUSTER, HAND_MODEL as MODEL, HAND_TRAIN as TRAIN, HAND_COST as COST,
+                           HAND_H as H, HAND_S as S, HAND_F as F, HAND_V as V, HAND_B as B,
+                           HAND_LAYER_PARAMS as LAYER_PARAMS, HAND_LAYER_FLOPS_TOKEN as LAYER_FLOPS_TOKEN)
 
 
 def test_compute_time_by_hand():

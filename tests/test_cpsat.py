@@ -15,38 +15,14 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import cluster_preset, model_preset, run_cli
-from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan, Stage
-from hexicore.core.settings import TrainSettings
-from hexicore.planner.problem import Problem
 from hexicore_plugins.solvers.cpsat import CpSatSolver
 from hexicore_plugins.solvers.cpsat.tables import tp_degrees
+from tests.helpers import (CPSAT_WORKERS as WORKERS, cpsat_cluster as cluster, cpsat_problem as problem,
+                           cpsat_small_llama as small_llama, cpsat_solve as solve)
 
-WORKERS = 2
-
-
-def cluster(machines, inter_gbs=1.0, gpus=None):
-    d = {"name": "t", "inter": {"bandwidth_gbs": inter_gbs, "latency_us": 50},
-         "machines": [{"name": n, "gpu": g, "count": c, "bandwidth_gbs": bw, "latency_us": 10}
-                      for n, g, c, bw in machines]}
-    if gpus:
-        d["gpus"] = gpus
-    return parse_cluster(d, "test")
-
-
-def small_llama(layers, seq_len=1024):
-    return replace(model_preset("llama2_7b"), layers=layers, seq_len=seq_len)
-
-
-def problem(c, m, global_batch, micro_batch=1, warm_start=None, schedule=None, cost=None):
-    t = TrainSettings(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
-    return Problem(c, m, t, cost or AnalyticCostModel(state_bytes_per_param=8), schedule or {"name": "1f1b"}, warm_start=warm_start)
-
-
-def solve(p, time_limit=20.0, **kw):
-    return CpSatSolver(workers=WORKERS, **kw).solve(p, time_limit=time_limit, seed=0)
 
 
 # ----------------------------------------------------------------------------- brute force

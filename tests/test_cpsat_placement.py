@@ -19,7 +19,9 @@ from hexicore.registry import Registry
 from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
 from hexicore_plugins.solvers.cpsat.ends import head_rows, plain_rows
 from hexicore_plugins.solvers.cpsat.tables import build_tables, stage_options
-from tests.test_cpsat import cluster, problem, small_llama, solve
+from tests.helpers import (cpsat_cluster as cluster, cpsat_problem as problem, cpsat_small_llama as small_llama,
+                           cpsat_solve as solve)
+
 
 REG = Registry.default()
 

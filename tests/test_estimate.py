@@ -70,7 +70,7 @@ def test_estimate_from_another_tool_round_trips_exactly():
 
 
 def test_fresh_estimate_writes_every_key_in_the_contract_order(paper_case, llama13b):
-    from tests.test_plan import make_plan
+    from tests.helpers import make_plan
 
     plan = make_plan(paper_case, llama13b)
     est = AnalyticCostModel().estimate(plan)

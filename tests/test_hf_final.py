@@ -18,40 +18,8 @@ from hexicore.core.hf_export import (FinalExtras, TokenizerFiles, data_tokenizer
 from hexicore.core.ownership import FINAL_MANIFEST, check_final_extras, written_by_us
 from hexicore.core.token_file import TokenFile
 from tests.conftest import model_preset, run_cli
-
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex the pipeline".split()
-IDS = dict(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=3)
-
-
-def make_tokenizer(vocab: int, specials=("<unk>", "<s>", "</s>", "<pad>"), seed_words=WORDS):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    docs = [" ".join(seed_words[i:] + seed_words[:i]) for i in range(len(seed_words))]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(specials)))
-    return tok
-
-
-def make_source(folder: Path, *, tokenizer: bool = True, generation: bool = True) -> Path:
-    """A tiny Llama saved as ``save_pretrained`` saves it: config with special ids (eos a list),
-    ``generation_config.json``, and a fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **IDS)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-    if generation:
-        model.generation_config = transformers.GenerationConfig(**IDS, do_sample=False, max_new_tokens=7)
-    model.save_pretrained(folder)
-    if not generation:
-        (folder / "generation_config.json").unlink(missing_ok=True)
-    if tokenizer:
-        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=make_tokenizer(60), bos_token="<s>",
-                                                    eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
-        fast.save_pretrained(folder)
-    return folder
+from tests.helpers import (HF_WORDS as WORDS, HF_IDS as IDS, hf_make_tokenizer as make_tokenizer,
+                           hf_make_source as make_source)
 
 
 def train_argv(tmp_path: Path, *extra: str) -> list[str]:

@@ -14,7 +14,9 @@ from hexicore.core.hf_config import SpecialTokens
 from hexicore.core.hf_export import TokenizerFiles, data_tokenizer, resolve, tokenizer_config, write_extras
 from hexicore.core.token_file import TokenFile
 from tests.conftest import run_cli
-from tests.test_hf_final import IDS, WORDS, make_source, make_tokenizer
+from tests.helpers import (HF_IDS as IDS, HF_WORDS as WORDS, hf_make_source as make_source,
+                           hf_make_tokenizer as make_tokenizer)
+
 
 CLUSTER = """name: one
 inter: {bandwidth_gbs: 1.0, latency_us: 50}

@@ -9,15 +9,7 @@ from hexicore.core.errors import HexicoreError, PlanError
 from hexicore.core.plan import Pipeline, Plan, Stage, check_structure
 from hexicore.core.settings import TrainSettings
 from hexicore.planner.plan_check import validate_plan
-
-
-def make_plan(paper_case, llama13b, **train):
-    t = TrainSettings(**{"global_batch": 24, "micro_batch": 1, "seq_len": 4096, **train})
-    return Plan(llama13b, paper_case, t, (
-        Pipeline(14, (Stage(("A.0", "A.1"), 2, (0, 22)), Stage(("A.2",), 1, (22, 40)))),
-        Pipeline(10, (Stage(("B.0",), 1, (0, 10)), Stage(("B.1",), 1, (10, 20)), Stage(("B.2",), 1, (20, 30)),
-                      Stage(("C.0", "C.1"), 2, (30, 40)))),
-    ))
+from tests.helpers import make_plan
 
 
 def test_json_round_trip(paper_case, llama13b, tmp_path):

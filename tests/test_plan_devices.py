@@ -17,7 +17,7 @@ from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from tests.conftest import CONF, run_cli
-from tests.test_plan import make_plan
+from tests.helpers import make_plan
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.profiled import ProfiledCostModel
 from tests.conftest import run_cli
 from tests.test_asymmetric import SEQ, plan_of, tiny
-from tests.test_profiled_cost import CLUSTER as PCLUSTER, MODEL as PMODEL, profile
+from tests.helpers import SAMPLE_CLUSTER as PCLUSTER, SAMPLE_MODEL as PMODEL, sample_profile as profile
 
 
 # ------------------------------------------------------------------ the cost model's split

@@ -8,39 +8,14 @@ import logging
 
 import pytest
 
-from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
-from hexicore.core.model import ModelSpec
 from hexicore.core.settings import TrainSettings
 from hexicore.core.profile import Profile, parse_profile
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.profiled import ProfiledCostModel, block_flops, interpolate, profiled_from_config
 from tests.conftest import run_cli
-
-CLUSTER = parse_cluster({"name": "two", "inter": {"bandwidth_gbs": 1.0, "latency_us": 50},
-                         "machines": [{"name": "A", "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32, "latency_us": 10},
-                                      {"name": "B", "gpu": "rtx3090", "count": 2, "bandwidth_gbs": 16,
-                                       "latency_us": 10}]}, "test")
-MODEL = ModelSpec("m", 4, 64, 4, 4, 176, 256, 32)
-SHAPE = {"hidden": 64, "ffn": 176, "heads": 4, "kv_heads": 4}
-
-
-def profile(**extra) -> Profile:
-    return parse_profile(raw_profile(**extra), "p.yaml")
-
-
-def raw_profile(**extra) -> dict:
-    return {
-        "format": "hexicore.profile/1",
-        "devices": {"rtx4090": {"blocks": [
-            {"micro_batch": 1, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.010, "backward_s": 0.020,
-             "recompute_s": 0.010},
-            {"micro_batch": 4, "tp": 1, "seq_len": 32, **SHAPE, "forward_s": 0.025, "backward_s": 0.050,
-             "recompute_s": 0.025},
-            {"micro_batch": 1, "tp": 2, "seq_len": 32, **SHAPE, "forward_s": 0.008, "backward_s": 0.016}]}},
-        "links": [{"between": ["A", "B"], "latency_s": 1e-4, "bandwidth_gbs": 0.5},
-                  {"between": ["A", "A"], "latency_s": 2e-5, "bandwidth_gbs": 20.0}],
-        **extra}
+from tests.helpers import (SAMPLE_CLUSTER as CLUSTER, SAMPLE_MODEL as MODEL, SAMPLE_SHAPE as SHAPE,
+                           sample_profile as profile, sample_raw_profile as raw_profile)
 
 
 def test_interpolation_is_affine_inside_and_proportional_outside():

@@ -19,7 +19,9 @@ from hexicore.core.profile_request import ProfileRequest
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.profiled import ProfiledCostModel
 from tests.conftest import run_cli
-from tests.test_profiled_cost import CLUSTER, MODEL, SHAPE, profile, raw_profile
+from tests.helpers import (SAMPLE_CLUSTER as CLUSTER, SAMPLE_MODEL as MODEL, SAMPLE_SHAPE as SHAPE,
+                           sample_profile as profile, sample_raw_profile as raw_profile)
+
 
 TWO = ("name: two\ninter: {bandwidth_gbs: 1.0, latency_us: 50}\nmachines:\n"
        "  - {name: A, gpu: rtx4090, count: 2, bandwidth_gbs: 32, latency_us: 10}\n"

@@ -15,7 +15,7 @@ from hexicore.planner.replan.diff import describe, plan_diff
 from hexicore.planner.plan_check import validate_plan
 
 from .conftest import CONF
-from .test_schedule_aware import FAST, random_cluster
+from tests.helpers import SEARCH_FAST as FAST, search_random_cluster as random_cluster
 from tests.conftest import run_cli
 
 

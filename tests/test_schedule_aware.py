@@ -6,7 +6,6 @@ import random
 import pytest
 
 from hexicore.app.compose import build_problem, config_from_overrides
-from hexicore.core.cluster import parse_cluster
 from hexicore.cost import AnalyticCostModel
 from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Pipeline, Stage
@@ -18,9 +17,9 @@ from hexicore.planner.plan_check import validate_plan
 
 from .conftest import CONF
 from tests.conftest import run_cli
+from tests.helpers import SEARCH_FAST as FAST, search_random_cluster as random_cluster
 
-FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
-GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
+
 DEFAULT_OPTIONS = auto_defaults()["options"]  # conf/schedule/auto.yaml
 AUTO = {"name": "auto", "options": [dict(o) for o in DEFAULT_OPTIONS]}
 
@@ -28,14 +27,6 @@ AUTO = {"name": "auto", "options": [dict(o) for o in DEFAULT_OPTIONS]}
 def solve(problem, seed=0):
     return Registry.default().create("solver", "hexiscale", **FAST).solve(
         problem, time_limit=None, seed=seed, progress=lambda m, f: None)
-
-
-def random_cluster(rng):
-    machines = [{"name": f"m{i}", "gpu": rng.choice(GPUS), "count": rng.randint(1, 4),
-                 "bandwidth_gbs": rng.choice([16.0, 32.0, 200.0]), "latency_us": 5}
-                for i in range(rng.randint(2, 4))]
-    return parse_cluster({"name": "r", "inter": {"bandwidth_gbs": rng.choice([0.7, 1.0, 10.0]), "latency_us": 50},
-                          "machines": machines}, "random")
 
 
 def problems(cluster, batch, seq=2048):

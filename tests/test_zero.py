@@ -11,7 +11,10 @@ from hexicore.core.settings import TrainSettings
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import StateBytes, sharded, state_bytes, largest_unit_params
 
-from tests.test_cost import CLUSTER, COST, LAYER_FLOPS_TOKEN, LAYER_PARAMS, MODEL, TRAIN, H, V
+from tests.helpers import (HAND_CLUSTER as CLUSTER, HAND_COST as COST, HAND_LAYER_FLOPS_TOKEN as LAYER_FLOPS_TOKEN,
+                           HAND_LAYER_PARAMS as LAYER_PARAMS, HAND_MODEL as MODEL, HAND_TRAIN as TRAIN, HAND_H as H,
+                           HAND_V as V)
+
 
 GIB = 2**30
 

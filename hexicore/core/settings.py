@@ -79,7 +79,8 @@ class TrainSettings:
                      field="train.micro_batch")
         if self.global_batch % self.micro_batch:
             raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
-                                f"{self.micro_batch}", field="train.micro_batch")
+                                f"{self.micro_batch}: give a train.global_batch that {self.micro_batch} divides, "
+                                f"or another train.micro_batch", field="train.micro_batch")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
 

@@ -38,9 +38,9 @@ def tiny() -> ModelSpec:
     return ModelSpec.load(CONF / "model" / "tiny.yaml")
 
 
-def spec(layout, steps=3, **kw):
-    return worker_spec(layout, steps=steps, seed=11, dtype="fp32", recompute=False, progress=False, return_state=True,
-                       **kw)
+def spec(layout, steps=3, recompute=False, **kw):
+    return worker_spec(layout, steps=steps, seed=11, dtype="fp32", recompute=recompute, progress=False,
+                       return_state=True, **kw)
 
 
 def pipeline(schedule: dict, groups: list[StageGroup], batch: int = GB, micro_batch: int = 1):

@@ -77,7 +77,7 @@ READERS = {
     "min_lr": lambda v: schema.number(v, None, "runtime.min_lr", allow_zero=True),
     "clip_grad": lambda v: None if v is None else schema.number(v, None, "runtime.clip_grad"),
     "data_file": lambda v: None if v is None else str(v),
-    "fault": lambda v: parse_fault(v),
+    "fault": parse_fault,
 }
 
 
@@ -221,7 +221,7 @@ class TorchRuntime:
         from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
-        results = launch([job], job.layout.world, start_method=job.launch.start_method)
+        results = launch([job], job.layout.world)
         return results[0]["metrics"] if results and results[0] else None
 
 
@@ -239,7 +239,7 @@ def profile_cluster(request: Any) -> Any:
     if request.dtype not in ("fp32", "bf16", "fp16"):
         raise HexicoreError(f"unknown dtype {request.dtype!r}; choose one of: fp32, bf16, fp16", field="train.dtype")
     job = job_from_request(request, settings.launch)
-    results = launch([job], job.world, start_method=settings.launch.start_method)
+    results = launch([job], job.world)
     return to_profile(job, results[0]) if results and results[0] else None
 
 

@@ -209,14 +209,15 @@ def _agree(spec, rank: int, world: int):
     return box[0]
 
 
-def launch(specs: list, nproc: int, *, start_method: str = "spawn") -> list[Any]:
-    """Run ``specs`` in sequence on ``nproc`` local workers; rank 0's results. A stop
-    (SIGINT/SIGTERM) is a :class:`LaunchError` naming the last complete checkpoint."""
+def launch(specs: list, nproc: int) -> list[Any]:
+    """Run ``specs`` in sequence on ``nproc`` local workers, started as the first spec's
+    :class:`~.settings.LaunchSettings` say; rank 0's results. A stop (SIGINT/SIGTERM) is a
+    :class:`LaunchError` naming the last complete checkpoint."""
     if in_torchrun():
         return worker_main(specs) or []
     try:
         with _stoppable():
-            return _launch(specs, nproc, start_method)
+            return _launch(specs, nproc, specs[0].launch.start_method)
     except (_Stop, KeyboardInterrupt) as exc:
         raise LaunchError(stop_line(getattr(exc, "sig", signal.SIGINT), specs)) from None
 

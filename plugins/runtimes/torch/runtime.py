@@ -81,6 +81,10 @@ READERS = {
 }
 
 
+#: the settings classes a :class:`TorchSettings` holds, by its field name
+PARTS = {"launch": LaunchSettings, "data": DataSettings, "optimizer": OptimizerSettings}
+
+
 @dataclass(frozen=True)
 class TorchSettings:
     """The ``runtime`` config section of ``runtime=torch`` (conf/runtime/torch.yaml), typed: the
@@ -115,10 +119,6 @@ class TorchSettings:
             part, name = keys[key]
             parts[part][name] = READERS[key](value) if key in READERS else value
         return cls(**{part: PARTS[part](**given) for part, given in parts.items() if part is not None}, **parts[None])
-
-
-#: the settings classes a :class:`TorchSettings` holds, by its field name
-PARTS = {"launch": LaunchSettings, "data": DataSettings, "optimizer": OptimizerSettings}
 
 
 def section_keys() -> dict[str, tuple[str | None, str]]:

@@ -22,7 +22,9 @@ import time
 import uuid
 from pathlib import Path
 
+from hexicore.core.settings import OptimizerSettings
 from hexicore.registry import Registry
+from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -78,10 +80,10 @@ def _profile(args, plan, rank, world, device):
         part = parallel.pipeline
         stages = build_stages(lay.model, part, parallel.pipe_rank, parallel.tp, full=seeded(0), recompute=False,
                               device=device)
-        opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=3e-4)
+        opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=OptimizerSettings().lr)
         ex = Executor(parallel, stages, optimizer=opt, device=device,
                       act_shape=(args.micro_batch, args.seq, lay.model.hidden),
-                      loss_scale=1.0 / (lay.global_batch * args.seq))
+                      loss_scale=1.0 / (lay.global_batch * args.seq), timeout_s=LaunchSettings().timeout_s)
         _timed(opt, "step", tail)
     data, measured, spans, update = SyntheticTokens(lay.model.vocab, args.seq, lay.global_batch, 0), [], [], []
     for step in range(args.steps):

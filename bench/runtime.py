@@ -18,7 +18,9 @@ import time
 import uuid
 from pathlib import Path
 
+from hexicore.core.settings import OptimizerSettings, TrainSettings
 from hexicore.registry import Registry
+from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -39,7 +41,9 @@ def _ours(args, schedule, rank, world, device):
                                  micro_batch=args.micro_batch, seq_len=args.seq)
     lay = build_layout(lay.model, [(gb, list(lay.pipelines[0].groups), lay.pipelines[0].actions)], global_batch=gb,
                        micro_batch=args.micro_batch, seq_len=args.seq, world=world)
-    out = train(WorkerSpec(layout=lay, steps=args.steps, progress=False), rank, world, device)
+    settings = TrainSettings(global_batch=gb, micro_batch=args.micro_batch, seq_len=args.seq, dtype="fp32",
+                             recompute=False, steps=args.steps)
+    out = train(WorkerSpec(layout=lay, train=settings, launch=LaunchSettings(progress=False)), rank, world, device)
     return out["metrics"]["step_s"] if out else None
 
 
@@ -80,7 +84,8 @@ def _torch(args, schedule, rank, world, device):
     stage = PipelineStage(wrap, rank, world, device)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
     sched = cls(stage, args.micro_batches, loss_fn=loss_fn, scale_grads=False)
-    opt = torch.optim.AdamW(wrap.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-5, weight_decay=0.1)
+    adam = OptimizerSettings()  # the executor's AdamW
+    opt = torch.optim.AdamW(wrap.parameters(), lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay)
     data = SyntheticTokens(model.vocab, args.seq, gb, 0)
     times = []
     for step in range(args.steps):
@@ -136,9 +141,9 @@ def _predicted(args, schedule, rank, world, device):
                                  micro_batch=args.micro_batch, seq_len=args.seq)
     part, parallel = lay.pipelines[0], ParallelLayout.build(lay, rank, world)
     stages = build_stages(lay.model, part, rank, parallel.tp, full=seeded(0), recompute=False, device=device)
-    opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=3e-4)
+    opt = torch.optim.AdamW([p for s in stages.values() for p in s.module.parameters()], lr=OptimizerSettings().lr)
     ex = Executor(parallel, stages, optimizer=opt, act_shape=(args.micro_batch, args.seq, lay.model.hidden),
-                  device=device, loss_scale=1.0 / (gb * args.seq))
+                  device=device, loss_scale=1.0 / (gb * args.seq), timeout_s=LaunchSettings().timeout_s)
     data, measured, spans = SyntheticTokens(lay.model.vocab, args.seq, gb, 0), [], []
     for step in range(args.steps):
         dist.barrier()

@@ -71,6 +71,33 @@ def layout_of(pipelines, **kw):
     return plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
 
 
+def worker_spec(layout, **settings):
+    """A ``WorkerSpec`` of ``layout`` from flat keywords: the worker's own fields (``zero``,
+    ``machines``, ``return_state``, ...) or a setting named as the last part of its config key
+    (``steps``, ``dtype``, ``lr``, ``data_file``, ``checkpoint_every``, ``out``, ``timeout_s``, ...),
+    each given to the settings object that holds it; the train settings' batch and sequence
+    length are the layout's, every other value is its class's default."""
+    from dataclasses import fields
+
+    from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerSettings, OutputSettings,
+                                        TrainSettings)
+    from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
+
+    parts = {"train": TrainSettings, "optimizer": OptimizerSettings, "data": DataSettings,
+             "checkpoint": CheckpointSettings, "output": OutputSettings, "launch": LaunchSettings}
+    own = {k: settings.pop(k) for k in [f.name for f in fields(WorkerSpec)] if k in settings and k not in parts}
+    given = {part: {} for part in parts}
+    given["train"] = {"global_batch": layout.global_batch, "micro_batch": layout.micro_batch, "seq_len": layout.seq_len}
+    for part, cls in parts.items():
+        for f in fields(cls):
+            key = (f.metadata.get("key") or f.name).rpartition(".")[2]
+            if key in settings:
+                given[part][f.name] = settings.pop(key)
+    assert not settings, f"no setting is named {sorted(settings)}"
+    return WorkerSpec(layout=layout, **{part: cls(**given[part]) for part, cls in parts.items()}, **own)
+
+
 # ------------------------------------------------------------------ sync plan (no processes)
 def test_chunks_have_the_smallest_shard_size_and_exactly_their_holders():
     from hexicore_plugins.runtimes.torch.parallel.data.sync import full_shapes, sync_plan
@@ -191,13 +218,13 @@ def test_asymmetric_plans_match_single_process_and_planner_plan_trains(tmp_path,
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=6)
     layouts = [dataclasses.replace(layout_of(p), world=6) for p in PLANS.values()]  # one 6-rank job
-    specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True) for x in [ref, *layouts]]
+    specs = [worker_spec(x, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True)
+             for x in [ref, *layouts]]
     results = launch(specs, 6)
     report = []
     for name, got in zip(PLANS, results[1:]):

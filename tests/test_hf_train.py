@@ -188,13 +188,14 @@ def test_init_from_refuses_a_mismatched_checkpoint_before_launch(tmp_path, corpu
 def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_path, corpus):
     from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens, TokenData
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
+    from tests.test_asymmetric import worker_spec
 
     specs, cases = [], []
 
     def add(name, folder, lay, rows, **kw):
-        specs.append(WorkerSpec(layout=lay, steps=kw.pop("steps", STEPS), seed=kw.pop("seed", 0), progress=False,
-                                init_from=str(folder), out=str(tmp_path / name), **kw))
+        specs.append(worker_spec(lay, steps=kw.pop("steps", STEPS), seed=kw.pop("seed", 0), dtype="fp32",
+                                 recompute=False, progress=False, init_from=str(folder), out=str(tmp_path / name),
+                                 **kw))
         cases.append((name, folder, lay, rows))
 
     # Llama (head_dim != hidden/heads, attention_bias, rope_theta) from a *sharded* HF checkpoint,
@@ -202,7 +203,7 @@ def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_p
     llama = make_hf(tmp_path / "llama", "llama", max_shard_size="40KB")
     assert (tmp_path / "llama" / "model.safetensors.index.json").is_file()
     lay = layout_of(llama, [(5, "1f1b", [(2, 3), (1, 1)]), (3, "gpipe", [(1, 1), (1, 2), (1, 1)])], 8)
-    add("llama", tmp_path / "llama", lay, SyntheticTokens(96, SEQ, 8, 0).batch, shard_bytes=1)
+    add("llama", tmp_path / "llama", lay, SyntheticTokens(96, SEQ, 8, 0).batch, shard_mb=2**-20)  # 1 byte
     # Qwen2 (q/k/v biases, tied embeddings; embedding and head on different ranks and pipelines)
     qwen = make_hf(tmp_path / "qwen2", "qwen2")
     lay = layout_of(qwen, [(4, "1f1b", [(1, 2), (1, 2)]), (2, "gpipe", [(2, 4)])], 6)
@@ -217,8 +218,9 @@ def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_p
     data = dict(data="tokens", data_file=str(corpus), data_id={"kind": "tokens", "file": "x.bin"})
     add("tokens", tmp_path / "qwen2", tok_lay, TokenData(corpus, 96, SEQ, 4, 7).batch, steps=4, seed=7,
         checkpoint_every=2, **data)
-    specs.append(WorkerSpec(layout=tok_lay, steps=4, seed=7, progress=False, out=str(tmp_path / "resumed"),
-                            resume=str(tmp_path / "tokens" / "checkpoints" / "step_2"), **data))
+    specs.append(worker_spec(tok_lay, steps=4, seed=7, dtype="fp32", recompute=False, progress=False,
+                             out=str(tmp_path / "resumed"), resume=str(tmp_path / "tokens" / "checkpoints" / "step_2"),
+                             **data))
 
     results = launch(specs, WORLD)
 

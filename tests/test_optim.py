@@ -51,19 +51,19 @@ def test_bad_optimizer_settings_name_their_key(params, field, words):
     with pytest.raises(HexicoreError) as e:
         TorchSettings.parse(params)
     assert e.value.field == field and words in str(e.value)
-    s = TorchSettings.parse({"lr_schedule": "linear", "warmup_steps": 3, "min_lr": 1e-5, "clip_grad": 1})
+    s = TorchSettings.parse({"lr_schedule": "linear", "warmup_steps": 3, "min_lr": 1e-5, "clip_grad": 1}).optimizer
     assert (s.lr_schedule, s.warmup_steps, s.min_lr, s.clip_grad) == ("linear", 3, 1e-5, 1.0)
-    assert TorchSettings.parse({}).clip_grad is None and TorchSettings.parse({}).lr_schedule == "constant"
+    assert TorchSettings.parse({}).optimizer.clip_grad is None and TorchSettings.parse({}).optimizer.lr_schedule == "constant"
 
 
 # ------------------------------------------------------------------ one process, in this process
 def _spec(steps=3, **kw):
     from hexicore_plugins.runtimes.torch.parallel.assignment import reference_layout
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import tiny
+    from tests.test_asymmetric import tiny, worker_spec
 
     layout = reference_layout(tiny(), global_batch=4, micro_batch=2, seq_len=16)
-    return WorkerSpec(layout=layout, steps=steps, seed=3, progress=False, return_state=True, **kw)
+    return worker_spec(layout, steps=steps, seed=3, dtype="fp32", recompute=False, progress=False, return_state=True,
+                       **kw)
 
 
 def _plain_torch(spec):
@@ -74,21 +74,21 @@ def _plain_torch(spec):
     from hexicore_plugins.runtimes.torch.train.data_source import make_source
     from hexicore_plugins.runtimes.torch.model.stage_module import Seeded, full_model
 
-    lay = spec.layout
-    model = full_model(lay.model, Seeded(spec.seed))
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                            weight_decay=spec.weight_decay)
+    lay, train, adam = spec.layout, spec.train, spec.optimizer
+    model = full_model(lay.model, Seeded(train.seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=adam.lr, betas=(0.9, 0.95), eps=adam.eps,
+                            weight_decay=adam.weight_decay)
     src = make_source("synthetic", vocab=lay.model.vocab, seq_len=lay.seq_len, global_batch=lay.global_batch,
-                      seed=spec.seed)
+                      seed=train.seed)
     out = []
-    for k in range(spec.steps):
+    for k in range(train.steps):
         rows = src.batch(k)
         loss = model(rows[:, :-1], rows[:, 1:], 1.0 / (lay.global_batch * lay.seq_len))
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad or math.inf)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), adam.clip_grad or math.inf)
         for g in opt.param_groups:
-            g["lr"] = lr_at(k, lr=spec.lr, schedule=spec.lr_schedule, warmup_steps=spec.warmup_steps,
-                            min_lr=spec.min_lr, steps=spec.steps)
+            g["lr"] = lr_at(k, lr=adam.lr, schedule=adam.lr_schedule, warmup_steps=adam.warmup_steps,
+                            min_lr=adam.min_lr, steps=train.steps)
         opt.step()
         opt.zero_grad()
         out.append((float(loss.detach()), float(norm)))
@@ -118,10 +118,11 @@ def test_one_process_norm_and_clipped_update_are_torchs(tmp_path):
     assert _rel(m["losses"], [x for x, _ in want]) <= 1e-5
     assert m["lr"] == [1e-3, 1e-3, pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)]  # t = 1/2: cos = 0
     assert _diff(got["state"], weights) <= 1e-6
-    unclipped = train(dataclasses.replace(spec, clip_grad=None), 0, 1, torch.device("cpu"))
+    no_clip = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, clip_grad=None))
+    unclipped = train(no_clip, 0, 1, torch.device("cpu"))
     assert unclipped["metrics"]["grad_norm"][0] == m["grad_norm"][0]  # logged whether or not clipping is on
     assert _diff(unclipped["state"], weights) > 100 * 1e-6
-    assert _diff(unclipped["state"], _plain_torch(dataclasses.replace(spec, clip_grad=None))[1]) <= 1e-6
+    assert _diff(unclipped["state"], _plain_torch(no_clip)[1]) <= 1e-6
 
 
 def test_resume_continues_the_schedule_and_refuses_other_settings(tmp_path, capsys):
@@ -194,8 +195,7 @@ def test_tp_asymmetric_zero_1_2_and_stage_replicas_clip_like_one_process():
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import ACCEPTANCE, PLANS, SEQ, layout_of, tiny
+    from tests.test_asymmetric import ACCEPTANCE, PLANS, SEQ, layout_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
@@ -203,8 +203,8 @@ def test_tp_asymmetric_zero_1_2_and_stage_replicas_clip_like_one_process():
     acc = dataclasses.replace(layout_of(ACCEPTANCE), world=6)
     chimera = layout_of(PLANS["chimera (copies, REDUCE) | tp2 whole model | zb_h1 (I/W split)"])
     runs = ((ref, 0), (acc, 0), (acc, 1), (acc, 2), (chimera, 0))
-    results = launch([WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z, **OPTIM)
-                      for x, z in runs], 6)
+    results = launch([worker_spec(x, steps=3, seed=5, dtype="fp32", recompute=False, progress=False,
+                                  return_state=True, zero=z, **OPTIM) for x, z in runs], 6)
     _equal_to_reference(results, [(i, 0) for i in range(1, len(runs))])
 
 
@@ -217,9 +217,8 @@ def test_hybrid_zero_3_and_tied_embeddings_clip_like_one_process():
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ
+    from tests.test_asymmetric import SEQ, worker_spec
     from tests.test_tied import TWO_BY_TWO, tied_plan
     from tests.test_zero_runtime_state import HYBRID3, _hybrid_plan
 
@@ -233,11 +232,12 @@ def test_hybrid_zero_3_and_tied_embeddings_clip_like_one_process():
 
     h1, h3, tied = _hybrid_plan(1), _hybrid_plan(3, pipelines=HYBRID3), tied_plan(TWO_BY_TWO, zero=2)
     machines = tuple(h1.cluster.device(d).machine for d in h1.devices)
-    base = {"steps": 3, "seed": 5, "progress": False, "return_state": True, **OPTIM}
-    specs = [WorkerSpec(layout=reference(h1.model), **base),
-             WorkerSpec(layout=layout(h1), zero=1, machines=machines, **base),
-             WorkerSpec(layout=layout(h3), zero=3, machines=machines, **base),
-             WorkerSpec(layout=reference(tied.model), **base),
-             WorkerSpec(layout=layout(tied), zero=2, **base)]
+    base = {"steps": 3, "seed": 5, "dtype": "fp32", "recompute": False, "progress": False, "return_state": True,
+            **OPTIM}
+    specs = [worker_spec(reference(h1.model), **base),
+             worker_spec(layout(h1), zero=1, machines=machines, **base),
+             worker_spec(layout(h3), zero=3, machines=machines, **base),
+             worker_spec(reference(tied.model), **base),
+             worker_spec(layout(tied), zero=2, **base)]
     results = launch(specs, 4)
     _equal_to_reference(results, [(1, 0), (2, 0), (4, 3)])

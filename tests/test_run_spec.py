@@ -128,7 +128,22 @@ def test_bad_settings_are_one_line_errors():
     assert err.value.field == "runtime.lr_max"
     with pytest.raises(HexicoreError, match="runtime.timeout_s"):
         TorchSettings.parse({"timeout_s": 0})
-    assert TorchSettings.parse({"lr": 1e-3, "fault": {"rank": 1, "kind": "die"}}).fault == {"rank": 1, "step": 0, "kind": "die"}
+    assert TorchSettings.parse({"lr": 1e-3, "fault": {"rank": 1, "kind": "die"}}).launch.fault == {"rank": 1, "step": 0, "kind": "die"}
+
+
+def test_the_runtime_config_file_lists_the_settings_defaults():
+    """conf/runtime/torch.yaml shows every ``runtime`` key with a value for users; each value is
+    its settings class's default (OptimizerSettings, DataSettings, LaunchSettings, CheckpointSettings's
+    shard_mb), which is defined there and nowhere else."""
+    from omegaconf import OmegaConf
+
+    from hexicore_plugins.runtimes.torch.runtime import TorchSettings, section_keys
+    from tests.conftest import CONF
+
+    listed = OmegaConf.to_container(OmegaConf.load(CONF / "runtime" / "torch.yaml"))
+    assert listed.pop("name") == "torch"
+    assert sorted(listed) == sorted(section_keys())
+    assert TorchSettings.parse(listed) == TorchSettings()
 
 
 def test_group_params_of_the_schedule_need_the_registry():

@@ -203,9 +203,10 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
 # ------------------------------------------------- executor on one process
 def _run(layout, steps=3, **kw):
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
+    from tests.test_asymmetric import worker_spec
 
-    return launch([WorkerSpec(layout=layout, steps=steps, seed=5, progress=False, return_state=True, **kw)], 1)[0]
+    return launch([worker_spec(layout, steps=steps, seed=5, dtype="fp32", recompute=False, progress=False,
+                               return_state=True, **kw)], 1)[0]
 
 
 def test_executor_local_handover_and_split_backward_match_reference(tiny):

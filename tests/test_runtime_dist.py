@@ -22,10 +22,10 @@ from hexicore.core.model import ModelSpec  # noqa: E402
 from hexicore_plugins.runtimes.torch.launch.launcher import LaunchError, launch  # noqa: E402
 from hexicore_plugins.runtimes.torch.parallel.assignment import (StageGroup, build_layout, reference_layout,  # noqa: E402
                                                     schedule_actions)
-from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from hexicore.registry import Registry  # noqa: E402
 from tests.conftest import run_cli
+from tests.test_asymmetric import worker_spec
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +38,9 @@ def tiny() -> ModelSpec:
     return ModelSpec.load(CONF / "model" / "tiny.yaml")
 
 
-def spec(layout, steps=3, **kw) -> WorkerSpec:
-    return WorkerSpec(layout=layout, steps=steps, seed=11, progress=False, return_state=True, **kw)
+def spec(layout, steps=3, recompute=False, **kw):
+    return worker_spec(layout, steps=steps, seed=11, dtype="fp32", recompute=recompute, progress=False,
+                       return_state=True, **kw)
 
 
 def pipeline(schedule: dict, groups: list[StageGroup], batch: int = GB, micro_batch: int = 1):
@@ -167,8 +168,8 @@ def test_dead_or_hung_rank_stops_every_rank_within_the_timeout(kind):
                           seq_len=SEQ)
     t0 = time.perf_counter()
     with pytest.raises(LaunchError) as err:
-        launch([WorkerSpec(layout=layout, steps=3, progress=False, timeout_s=2,
-                        fault={"rank": 1, "step": 1, "kind": kind})], 2)
+        launch([worker_spec(layout, steps=3, dtype="fp32", recompute=False, progress=False, timeout_s=2,
+                            fault={"rank": 1, "step": 1, "kind": kind})], 2)
     elapsed = time.perf_counter() - t0
     assert elapsed < 2 + 60, elapsed  # start-up of two ranks alone takes ~20 s on a loaded 2-core host
     if kind == "die":

@@ -157,7 +157,7 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
+    from tests.test_asymmetric import worker_spec
 
     reg = registry()
     cluster = tmp_path / "small3.yaml"
@@ -177,7 +177,8 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     m = plan.model
     ref = build_layout(m, [(6, [StageGroup((0,), m.layers)], reference_actions(6))], global_batch=6,
                        micro_batch=1, seq_len=32, world=layout.world)
-    specs = [WorkerSpec(layout=x, steps=3, seed=7, progress=False, return_state=True) for x in (ref, layout)]
+    specs = [worker_spec(x, steps=3, seed=7, dtype="fp32", recompute=False, progress=False, return_state=True)
+             for x in (ref, layout)]
     want, got = launch(specs, layout.world)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got["metrics"]["losses"], want["metrics"]["losses"]))
     weights = max((got["state"][k] - v).abs().max().item() for k, v in want["state"].items())

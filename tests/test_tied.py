@@ -89,9 +89,8 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, worker_spec
 
     from hexicore.planner.pricing import ScheduleBook, timed_cost
 
@@ -102,7 +101,7 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
                        micro_batch=1, seq_len=SEQ, world=4)
     layouts = [dataclasses.replace(plan_layout(p, [q.schedule for q in p.pipelines], registry=Registry.default(),
                                                seq_len=SEQ), world=4) for p in plans]
-    specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z)
+    specs = [worker_spec(x, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True, zero=z)
              for x, z in [(ref, 0)] + [(lay, z) for lay, (_, z) in zip(layouts, cases)]]
     results = launch(specs, 4)
     for got in results[1:]:
@@ -140,8 +139,7 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
     from hexicore.registry import Registry
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import SEQ, plan_of
+    from tests.test_asymmetric import SEQ, plan_of, worker_spec
     from tests.test_placement import PLANS
 
     plans = []
@@ -151,7 +149,8 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
         plans.append(Plan(p.model, p.cluster, TrainSettings(**{**p.train.to_dict(), "zero": 2}), p.pipelines))
     layouts = [dataclasses.replace(plan_layout(p, [q.schedule for q in p.pipelines], registry=Registry.default(),
                                                seq_len=SEQ), world=6) for p in plans]
-    results = launch([WorkerSpec(layout=x, steps=1, seed=5, progress=False, zero=2) for x in layouts], 6)
+    results = launch([worker_spec(x, steps=1, seed=5, dtype="fp32", recompute=False, progress=False, zero=2)
+                      for x in layouts], 6)
     cost = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default()))
     for name, plan, got in zip(PLANS, plans, results):
         parts = cost.memory_parts(plan)

@@ -258,20 +258,19 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
     from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import ACCEPTANCE, SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
+    from tests.test_asymmetric import ACCEPTANCE, SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=6)
     acc = dataclasses.replace(layout_of(ACCEPTANCE), world=6)
     same = dataclasses.replace(layout_of(SAME_TP), world=6)
-    specs = [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=z)
+    specs = [worker_spec(x, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True, zero=z)
              for x, z in ((ref, 0), (acc, 1), (acc, 2), (same, 2))]
     uneven = _on_two_gpus(plan_of(SAME_TP), 1)  # pipeline 1 on 80 GB cards, shards by memory
     weights = AnalyticCostModel().shard_weights(uneven)
-    specs.append(WorkerSpec(layout=same, steps=3, seed=5, progress=False, return_state=True, zero=1,
-                            shard_weights=tuple(weights[d] for d in uneven.devices)))
+    specs.append(worker_spec(same, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True,
+                             zero=1, shard_weights=tuple(weights[d] for d in uneven.devices)))
     results = launch(specs, 6)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
@@ -353,25 +352,24 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=3)
     cases = [(3, "even"), (3, "memory"), (2, "memory")]
     plans = [_flat_plan(z, split) for z, split in cases]
-    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
+    specs = [worker_spec(ref, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True)]
     for plan in plans:
         layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
         weights = AnalyticCostModel().shard_weights(plan)
-        specs.append(WorkerSpec(layout=dataclasses.replace(layout, world=3), steps=3, seed=5, progress=False,
-                                return_state=True, zero=plan.train.zero_stage,
-                                shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
+        specs.append(worker_spec(dataclasses.replace(layout, world=3), steps=3, seed=5, dtype="fp32", recompute=False,
+                                 progress=False, return_state=True, zero=plan.train.zero_stage,
+                                 shard_weights=None if weights is None else tuple(weights[d] for d in plan.devices)))
     mixed = layout_of([(4, "1f1b", [(2, 8)]), (4, "zb_h1", [(1, 8)])])
-    specs.append(WorkerSpec(layout=mixed, steps=3, seed=5, progress=False, return_state=True, zero=3,
-                            recompute=True))
+    specs.append(worker_spec(mixed, steps=3, seed=5, dtype="fp32", recompute=True, progress=False, return_state=True,
+                             zero=3))
     results = launch(specs, 3)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5

@@ -45,8 +45,7 @@ def test_zero_checkpoints_resume_under_any_stage_like_the_uninterrupted_run(tmp_
     from safetensors.torch import load_file
 
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import _max_abs, _max_rel, layout_of
+    from tests.test_asymmetric import _max_abs, _max_rel, layout_of, worker_spec
 
     asym, flat = layout_of(ASYM), layout_of(FLAT)
     inter = dataclasses.replace(layout_of(INTER), world=3)
@@ -54,7 +53,8 @@ def test_zero_checkpoints_resume_under_any_stage_like_the_uninterrupted_run(tmp_
     def run(layout, zero, *, save=None, resume=None):
         kw = {"checkpoint_every": 2, "out": str(tmp_path / save)} if save else \
             {"resume": str(tmp_path / resume / "checkpoints" / "step_2")}
-        return WorkerSpec(layout=layout, steps=3, seed=5, progress=False, return_state=True, zero=zero, **kw)
+        return worker_spec(layout, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True,
+                           zero=zero, **kw)
 
     runs = {"z0": run(asym, 0, save="z0"), "z1": run(asym, 1, save="z1"), "z1<z1": run(asym, 1, resume="z1"),
             "z0<z1": run(asym, 0, resume="z1"), "z1<z0": run(asym, 1, resume="z0"),
@@ -83,9 +83,8 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, tiny
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
@@ -94,18 +93,19 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     layout = plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
     machines = tuple(plan.cluster.device(d).machine for d in plan.devices)
     assert machines == ("M", "M", "M", "N")
-    base = {"layout": layout, "steps": 3, "seed": 5, "progress": False, "return_state": True}
+    base = {"layout": layout, "steps": 3, "seed": 5, "dtype": "fp32", "recompute": False, "progress": False,
+            "return_state": True}
     plan3 = _hybrid_plan(3, pipelines=HYBRID3)
     layout3 = plan_layout(plan3, [p.schedule for p in plan3.pipelines], registry=Registry.default(), seq_len=SEQ)
     base3, step2 = {**base, "layout": layout3, "zero": 3}, str(tmp_path / "h3" / "checkpoints" / "step_2")
-    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True),
-             WorkerSpec(**base, zero=1, machines=machines, checkpoint_every=2, out=str(tmp_path / "h1")),
-             WorkerSpec(**base, zero=2, machines=machines),
-             WorkerSpec(**base, zero=1, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
-             WorkerSpec(**base, zero=1, machines=machines, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
-             WorkerSpec(**base3, machines=machines, checkpoint_every=2, out=str(tmp_path / "h3")),
-             WorkerSpec(**base3, machines=machines, shard_weights=(1.0, 3.0, 2.0, 1.0)),
-             WorkerSpec(**base3, resume=step2), WorkerSpec(**base3, machines=machines, resume=step2)]
+    specs = [worker_spec(ref, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True),
+             worker_spec(**base, zero=1, machines=machines, checkpoint_every=2, out=str(tmp_path / "h1")),
+             worker_spec(**base, zero=2, machines=machines),
+             worker_spec(**base, zero=1, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
+             worker_spec(**base, zero=1, machines=machines, resume=str(tmp_path / "h1" / "checkpoints" / "step_2")),
+             worker_spec(**base3, machines=machines, checkpoint_every=2, out=str(tmp_path / "h3")),
+             worker_spec(**base3, machines=machines, shard_weights=(1.0, 3.0, 2.0, 1.0)),
+             worker_spec(**base3, resume=step2), worker_spec(**base3, machines=machines, resume=step2)]
     results = launch(specs, 4)
     for got in results[1:]:
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5

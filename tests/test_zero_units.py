@@ -78,15 +78,15 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
     from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=4)
     layouts = [dataclasses.replace(layout_of(c), world=4) for c in MULTI_CHUNK.values()]
-    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
-    specs += [WorkerSpec(layout=x, steps=3, seed=5, progress=False, return_state=True, zero=2) for x in layouts]
+    specs = [worker_spec(ref, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True)]
+    specs += [worker_spec(x, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True, zero=2)
+              for x in layouts]
     results = launch(specs, 4)
     for layout, got in zip(layouts, results[1:]):
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
@@ -138,15 +138,14 @@ def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_k
     from hexicore.cost.precision import largest_unit_params
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=4)
-    specs = [WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True)]
-    specs += [WorkerSpec(layout=dataclasses.replace(layout_of(c), world=4), steps=3, seed=5, progress=False,
-                         return_state=True, zero=3, recompute=rc) for c, rc in MIRRORED.values()]
+    specs = [worker_spec(ref, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True)]
+    specs += [worker_spec(dataclasses.replace(layout_of(c), world=4), steps=3, seed=5, dtype="fp32", recompute=rc,
+                          progress=False, return_state=True, zero=3) for c, rc in MIRRORED.values()]
     results = launch(specs, 4)
     for (c, _), got in zip(MIRRORED.values(), results[1:]):
         assert _max_rel(got["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
@@ -196,15 +195,15 @@ def test_zero_3_on_one_stage_pipelines_with_several_chunks_trains_like_one_proce
 
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny
+    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
 
     m = tiny()
     ref = build_layout(m, [(4, [StageGroup((0,), m.layers)], reference_actions(4))], global_batch=4,
                        micro_batch=1, seq_len=SEQ, world=2)
     layout = dataclasses.replace(layout_of(ONE_STAGE_CHUNKS, global_batch=4), world=2)
-    results = launch([WorkerSpec(layout=ref, steps=3, seed=5, progress=False, return_state=True),
-                      WorkerSpec(layout=layout, steps=3, seed=5, progress=False, return_state=True, zero=3)], 2)
+    results = launch([worker_spec(ref, steps=3, seed=5, dtype="fp32", recompute=False, progress=False, return_state=True),
+                      worker_spec(layout, steps=3, seed=5, dtype="fp32", recompute=False, progress=False,
+                                  return_state=True, zero=3)], 2)
     assert _max_rel(results[1]["metrics"]["losses"], results[0]["metrics"]["losses"]) <= 1e-5
     assert _max_abs(results[1]["state"], results[0]["state"]) <= 1e-5
     assert all(k["weights"] < 4 * m.total_params() for k in results[1]["metrics"]["state_bytes"])  # sharded

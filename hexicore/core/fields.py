@@ -95,6 +95,14 @@ def rule(default: Any, check: Check | None, key: str | None = None) -> Any:
     return field(default=default, metadata={"check": check, "key": key})
 
 
+def field_of(cls: type, name: str) -> Any:
+    """Field ``name`` of settings class ``cls`` again, its default and rule included, for a
+    section that holds that one field of another class (``runtime.shard_mb`` of
+    :class:`~hexicore.core.settings.CheckpointSettings`) rather than the whole class."""
+    found = {f.name: f for f in fields(cls)}[name]
+    return field(default=found.default, metadata=found.metadata)
+
+
 def check_fields(obj: Any, section: str) -> None:
     """Run every field's declared check; errors name the config key (``train.global_batch``;
     with an empty ``section``, the field's own name)."""

@@ -14,7 +14,8 @@ Laid out by parallelism (as torchtitan lays out its parallelisms), one concept p
 * :mod:`.train` — the :class:`~.train.trainer.Trainer` and its state, lr schedule, data sources;
 * :mod:`.checkpoint` — native (pickle-free) and sharded checkpoints, Hugging Face I/O;
 * :mod:`.profile` — ``hexicore profile`` and the measurements of a training run;
-* :mod:`.launch` — starting the workers (elastic launch / torchrun, clean stops), emulated devices.
+* :mod:`.launch` — starting the workers (their settings, elastic launch / torchrun, clean stops),
+  emulated devices.
 
 This module imports no torch, so registering the plugin is cheap.
 """

@@ -10,21 +10,20 @@ before any worker starts (one line, exit 2). Then the workers are launched (:mod
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.fields import check_fields, field_of
 from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
+from hexicore.core.settings import CheckpointSettings, DataSettings, OptimizerSettings
 
+from .launch.settings import LaunchSettings
 from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
-from .train.lr_schedule import RECORDED, check_steps, parse as parse_optim
-
-BACKENDS = ("auto", "gloo", "nccl")
-DATA = ("synthetic", "text", "tokens")
+from .train.lr_schedule import check_steps
 
 
 # ------------------------------------------------------------ the testing aid runtime.fault
@@ -66,52 +65,73 @@ def check_fault(fault: Mapping[str, Any] | None, world: int, steps: int, start: 
                             field="runtime.fault.step")
 
 
+#: how ``runtime.<key>`` is read from the config before its settings class checks it, as the
+#: config files are read (:mod:`hexicore.core.schema`: ``'1e-4'`` is a number, 120 is 120.0)
+READERS = {
+    "timeout_s": lambda v: schema.number(v, None, "runtime.timeout_s"),
+    "lr": lambda v: schema.number(v, None, "runtime.lr"),
+    "eps": lambda v: schema.number(v, None, "runtime.eps"),
+    "weight_decay": lambda v: schema.number(v, None, "runtime.weight_decay", allow_zero=True),
+    "shard_mb": lambda v: schema.number(v, None, "runtime.shard_mb"),
+    "warmup_steps": lambda v: schema.integer(v, None, "runtime.warmup_steps", minimum=0),
+    "min_lr": lambda v: schema.number(v, None, "runtime.min_lr", allow_zero=True),
+    "clip_grad": lambda v: None if v is None else schema.number(v, None, "runtime.clip_grad"),
+    "data_file": lambda v: None if v is None else str(v),
+    "fault": parse_fault,
+}
+
+
+#: the settings classes a :class:`TorchSettings` holds, by its field name
+PARTS = {"launch": LaunchSettings, "data": DataSettings, "optimizer": OptimizerSettings}
+
+
 @dataclass(frozen=True)
 class TorchSettings:
-    """The ``runtime`` config section of ``runtime=torch`` (conf/runtime/torch.yaml), typed.
-    AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), ``eps``, ``weight_decay``."""
+    """The ``runtime`` config section of ``runtime=torch`` (conf/runtime/torch.yaml), typed: the
+    optimizer (:class:`~hexicore.core.settings.OptimizerSettings`: ``runtime.lr``, ``eps``,
+    ``weight_decay``, ``lr_schedule``, ``warmup_steps``, ``min_lr``, ``clip_grad``), the data
+    (:class:`~hexicore.core.settings.DataSettings`: ``runtime.data``, ``data_file``), the launch
+    (:class:`~.launch.settings.LaunchSettings`: ``runtime.backend``, ``timeout_s``, ``progress``,
+    ``start_method``, ``fault``) and the checkpoint's ``runtime.shard_mb``
+    (:class:`~hexicore.core.settings.CheckpointSettings`). Each key's default and check are its
+    class's (:func:`section_keys`)."""
 
-    backend: str = "auto"
-    timeout_s: float = 120.0
-    lr: float = 3e-4
-    eps: float = 1e-5
-    weight_decay: float = 0.1
-    lr_schedule: str = "constant"  # constant | linear | cosine (.lr_schedule.lr_at)
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    clip_grad: float | None = None  # max global gradient norm; None: no clipping
-    data: str = "synthetic"
-    data_file: str | None = None
-    shard_mb: float = 5120.0  # out/final/ is one file up to this size, else one shard per stage
-    progress: bool = True
-    start_method: str = "spawn"
-    fault: Mapping[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
+    optimizer: OptimizerSettings = OptimizerSettings()
+    data: DataSettings = DataSettings()
+    launch: LaunchSettings = LaunchSettings()
+    shard_mb: float = field_of(CheckpointSettings, "shard_mb")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "runtime")
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> "TorchSettings":
-        """Check the section: unknown keys and bad values are one line naming ``runtime.KEY``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
+        """Check the section: unknown keys and bad values are one line naming ``runtime.KEY``.
+        Each value is read (:data:`READERS`), then checked by its settings class."""
+        keys = section_keys()
+        unknown = sorted(set(params) - set(keys))
         if unknown:
-            raise HexicoreError(f"unknown runtime key {unknown[0]!r}; choose from: {', '.join(sorted(known))}",
+            raise HexicoreError(f"unknown runtime key {unknown[0]!r}; choose from: {', '.join(sorted(keys))}",
                                 field=f"runtime.{unknown[0]}")
-        p = {**{f.name: f.default for f in fields(cls)}, **params}
-        if p["backend"] not in BACKENDS:
-            raise HexicoreError(f"unknown backend {p['backend']!r}; choose one of: {', '.join(BACKENDS)}",
-                                field="runtime.backend")
-        if p["data"] not in DATA:
-            raise HexicoreError(f"unknown data {p['data']!r}; choose one of: {', '.join(DATA)}", field="runtime.data")
-        nums = {k: schema.number(p[k], None, f"runtime.{k}", allow_zero=k == "weight_decay")
-                for k in ("timeout_s", "lr", "eps", "weight_decay", "shard_mb")}
-        if not isinstance(p["progress"], bool):
-            raise HexicoreError(f"expected true or false, got {p['progress']!r}", field="runtime.progress")
-        methods = multiprocessing.get_all_start_methods()
-        if p["start_method"] not in methods:
-            raise HexicoreError(f"unknown start method {p['start_method']!r}; this platform offers: {', '.join(methods)}",
-                                field="runtime.start_method")
-        return cls(backend=str(p["backend"]), data=str(p["data"]), progress=p["progress"], **parse_optim(p, nums["lr"]),
-                   data_file=None if p["data_file"] is None else str(p["data_file"]),
-                   start_method=str(p["start_method"]), fault=parse_fault(p["fault"]), **nums)
+        parts: dict[str | None, dict[str, Any]] = {part: {} for part in PARTS}
+        parts[None] = {}
+        for key, value in params.items():
+            part, name = keys[key]
+            parts[part][name] = READERS[key](value) if key in READERS else value
+        return cls(**{part: PARTS[part](**given) for part, given in parts.items() if part is not None}, **parts[None])
+
+
+def section_keys() -> dict[str, tuple[str | None, str]]:
+    """Every key of the ``runtime`` section -> (the :data:`PARTS` field that holds it, or None for
+    :class:`TorchSettings`'s own; its field there): the fields whose config key is
+    ``runtime.<key>``."""
+    found: dict[str, tuple[str | None, str]] = {}
+    for part, owner in [*PARTS.items(), (None, TorchSettings)]:
+        for f in fields(owner):
+            key = f.metadata.get("key") or ""
+            if key.startswith("runtime."):
+                found[key.removeprefix("runtime.")] = (part, f.name)
+    return found
 
 
 class TorchRuntime:
@@ -160,20 +180,20 @@ class TorchRuntime:
 
             resume = str(checkpoint.resolve(resume))
         check_memory(layout)
-        if _nccl(settings.backend):
+        if _nccl(settings.launch.backend):
             from .parallel.assignment import check_fifo
 
             for p in layout.pipelines:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
-        check_steps(settings.warmup_steps, t.steps)
-        data_id = check_data(settings, layout)
+        check_steps(settings.optimizer.warmup_steps, t.steps)
+        data_id = check_data(settings.data, layout)
         init_from = None
         if spec.checkpoint.init_from and not resume:
             init_from = check_init_from(spec.checkpoint.init_from, layout)
-        check_fault(settings.fault, layout.world, t.steps,
-                    _check_resume(resume, layout, t.seed, data_id, t.steps, settings) if resume else 0)
+        check_fault(settings.launch.fault, layout.world, t.steps,
+                    _check_resume(resume, layout, t.seed, data_id, t.steps, settings.optimizer) if resume else 0)
         # on resume init_from gives no weights, but still its ids, generation config and tokenizer
-        extras = final_extras(spec, settings, layout, init_from or spec.checkpoint.init_from)  # last check: warnings follow no error
+        extras = final_extras(spec, settings.data, layout, init_from or spec.checkpoint.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
         emulation, predicted = (), None
@@ -181,15 +201,11 @@ class TorchRuntime:
             pl = spec.layout.plan
             emulation = tuple(pl.cluster.emulation(d) for d in pl.devices)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
-        return WorkerSpec(zero=zero, shard_weights=shard_weights(spec), machines=machines(spec), layout=layout,
-                          steps=t.steps, seed=t.seed, dtype=t.dtype, recompute=t.recompute, out=spec.output.out, resume=resume,
-                          checkpoint_every=spec.checkpoint.every, plan=plan, lr=settings.lr, **optim_settings(settings),
-                          eps=settings.eps, weight_decay=settings.weight_decay, data=settings.data,
-                          data_file=settings.data_file, timeout_s=settings.timeout_s, backend=settings.backend,
-                          progress=settings.progress, fault=dict(settings.fault) if settings.fault else None,
-                          init_from=init_from, shard_bytes=int(settings.shard_mb * 2**20), data_id=data_id,
-                          data_checked=True,
-                          final_extras=extras,
+        checkpoint_settings = replace(spec.checkpoint, resume=resume, init_from=init_from, shard_mb=settings.shard_mb)
+        return WorkerSpec(layout=layout, train=t, optimizer=settings.optimizer, data=settings.data,
+                          checkpoint=checkpoint_settings, output=spec.output, launch=settings.launch,
+                          data_id=data_id, data_checked=True, final_extras=extras, plan=plan, zero=zero,
+                          shard_weights=shard_weights(spec), machines=machines(spec),
                           emulation=emulation if any(e.active for e in emulation) else (), predicted=predicted)
 
     def profile(self, request: Any) -> Any:
@@ -205,8 +221,7 @@ class TorchRuntime:
         from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
-        start_method = TorchSettings.parse(spec.runtime.params).start_method
-        results = launch([job], job.layout.world, start_method=start_method)
+        results = launch([job], job.layout.world)
         return results[0]["metrics"] if results and results[0] else None
 
 
@@ -223,12 +238,12 @@ def profile_cluster(request: Any) -> Any:
     settings = TorchSettings.parse(request.runtime)
     if request.dtype not in ("fp32", "bf16", "fp16"):
         raise HexicoreError(f"unknown dtype {request.dtype!r}; choose one of: fp32, bf16, fp16", field="train.dtype")
-    job = job_from_request(request, settings.backend, settings.timeout_s)
-    results = launch([job], job.world, start_method=settings.start_method)
+    job = job_from_request(request, settings.launch)
+    results = launch([job], job.world)
     return to_profile(job, results[0]) if results and results[0] else None
 
 
-def check_data(settings: TorchSettings, layout: RankAssignment) -> dict[str, Any]:
+def check_data(data: DataSettings, layout: RankAssignment) -> dict[str, Any]:
     """Open the data source once here (a bad file, or ids >= the model's vocabulary in a token
     file, is one line before launch); returns what identifies it in checkpoints: kind, file
     name, size and a digest of sampled contents (:func:`hexicore.core.token_file.fingerprint`)."""
@@ -238,16 +253,16 @@ def check_data(settings: TorchSettings, layout: RankAssignment) -> dict[str, Any
 
     from .train.data_source import demo_text_path, make_source
 
-    if settings.data == "synthetic":
+    if data.kind == "synthetic":
         return {"kind": "synthetic"}
-    src = make_source(settings.data, vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
-                      path=settings.data_file)
-    path = src.file.path if settings.data == "tokens" else (settings.data_file or demo_text_path())
-    size = src.file.tokens if settings.data == "tokens" else len(src.data)
-    return {"kind": settings.data, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
+    src = make_source(data.kind, vocab=layout.model.vocab, seq_len=layout.seq_len, global_batch=1, seed=0,
+                      path=data.file)
+    path = src.file.path if data.kind == "tokens" else (data.file or demo_text_path())
+    size = src.file.tokens if data.kind == "tokens" else len(src.data)
+    return {"kind": data.kind, "file": Path(path).name, "size": int(size), "digest": fingerprint(path)}
 
 
-def final_extras(spec: RunSpec, settings: TorchSettings, layout: RankAssignment, init_from: str | None) -> Any:
+def final_extras(spec: RunSpec, data: DataSettings, layout: RankAssignment, init_from: str | None) -> Any:
     """What ``out/final/`` gets beside weights and config (:mod:`hexicore.core.hf_export`): from
     ``model_file``, then ``init_from`` (also when resuming: its weights are not read then, its
     config and tokenizer files are), and the token file's tokenizer; checked before launch (a
@@ -264,8 +279,8 @@ def final_extras(spec: RunSpec, settings: TorchSettings, layout: RankAssignment,
         raise HexicoreError("no such directory", source=str(init_from), field="init_from")
     sources = [(label, p) for label, p in (("model_file", spec.model_source), ("init_from", init_from)) if p]
     found, notes = None, []
-    if settings.data == "tokens" and settings.data_file:
-        found, notes = hf_export.data_tokenizer(TokenFile.open(settings.data_file))
+    if data.kind == "tokens" and data.file:
+        found, notes = hf_export.data_tokenizer(TokenFile.open(data.file))
     extras, more = hf_export.resolve(sources, found, layout.model.vocab)
     if spec.output.out:
         check_final_extras(Path(spec.output.out) / "final", extras.names(), overwrite=spec.output.overwrite)
@@ -288,13 +303,8 @@ def check_init_from(folder: str, layout: RankAssignment) -> str:
     return str(Path(folder).resolve())
 
 
-def optim_settings(settings: TorchSettings) -> dict[str, Any]:
-    """The lr schedule and clipping keys of the settings, as the worker spec takes them."""
-    return {k: getattr(settings, k) for k in ("lr_schedule", "warmup_steps", "min_lr", "clip_grad")}
-
-
 def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[str, Any], steps: int,
-                  settings: TorchSettings) -> int:
+                  optimizer: OptimizerSettings) -> int:
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
     sequence length, optimizer settings; steps left to train) and its tensors are the model's
     (headers only); the step the resumed run starts at."""
@@ -306,7 +316,7 @@ def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[
     ck = checkpoint.load(resume)
     note = checkpoint.check_resume(ck, model=layout.model.to_dict(), seed=seed, data=data_id,
                                    plan=checkpoint.plan_fingerprint(layout), steps=steps,
-                                   optim={k: getattr(settings, k) for k in RECORDED},
+                                   optim=optimizer.recorded(),
                                    batch={"global_batch": layout.global_batch, "seq_len": layout.seq_len})
     checkpoint.check_tensors(ck, full_shapes(layout.model), tied=layout.model.tied_embeddings)
     if note:

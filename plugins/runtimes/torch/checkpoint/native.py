@@ -230,7 +230,7 @@ def check_resume(ck: dict[str, Any], *, model: dict[str, Any], seed: int, data: 
                  optim: dict[str, Any] | None = None) -> str | None:
     """Refuse resuming with another seed, model, data, global batch or sequence length (one line
     naming the difference), another optimizer setting the checkpoint records (``optim``: the
-    run's ``runtime.*`` values of :data:`..train.lr_schedule.RECORDED`; older checkpoints record none)
+    run's ``runtime.*`` values of :data:`hexicore.core.settings.OptimizerSettings.RECORDED`; older checkpoints record none)
     or, under a decaying lr schedule, another ``train.steps`` (:func:`check_optim`), or at a step
     with nothing left to train (``steps``: ``train.steps``); a different plan or schedule is
     allowed: returns the line that says so (None when the same)."""

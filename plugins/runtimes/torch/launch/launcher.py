@@ -134,9 +134,9 @@ def stop_line(sig: int, specs: list) -> str:
 
     last = None
     for spec in specs:
-        if spec.out:
+        if spec.output.out:
             try:
-                last = checkpoint.resolve(spec.out)
+                last = checkpoint.resolve(spec.output.out)
             except HexicoreError:
                 pass
     name = signal.Signals(sig).name
@@ -160,12 +160,12 @@ def worker_main(specs: list) -> list[Any] | None:
     if os.environ.get(ERROR_DIR):  # the launcher's watchdog kills what does not stop (docs above)
         with open(os.path.join(os.environ[ERROR_DIR], f"pid{rank}.txt"), "w", encoding="utf-8") as f:
             f.write(str(os.getpid()))
-    backend = choose_backend(specs[0].backend)
+    backend = choose_backend(specs[0].launch.backend)
     device = torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    dist.init_process_group(backend, timeout=timedelta(seconds=max(s.timeout_s for s in specs)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=max(s.launch.timeout_s for s in specs)))
     try:
         results = []
         for spec in specs:
@@ -209,14 +209,15 @@ def _agree(spec, rank: int, world: int):
     return box[0]
 
 
-def launch(specs: list, nproc: int, *, start_method: str = "spawn") -> list[Any]:
-    """Run ``specs`` in sequence on ``nproc`` local workers; rank 0's results. A stop
-    (SIGINT/SIGTERM) is a :class:`LaunchError` naming the last complete checkpoint."""
+def launch(specs: list, nproc: int) -> list[Any]:
+    """Run ``specs`` in sequence on ``nproc`` local workers, started as the first spec's
+    :class:`~.settings.LaunchSettings` say; rank 0's results. A stop (SIGINT/SIGTERM) is a
+    :class:`LaunchError` naming the last complete checkpoint."""
     if in_torchrun():
         return worker_main(specs) or []
     try:
         with _stoppable():
-            return _launch(specs, nproc, start_method)
+            return _launch(specs, nproc, specs[0].launch.start_method)
     except (_Stop, KeyboardInterrupt) as exc:
         raise LaunchError(stop_line(getattr(exc, "sig", signal.SIGINT), specs)) from None
 

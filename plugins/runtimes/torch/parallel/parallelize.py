@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from hexicore.core.settings import OptimizerSettings
+
 from ..model.stage_module import StageModule, TensorSource, build_stages
 from .assignment import zero3_runs
 from .data.zero_state import ShardedAdamW, ShardedOptimizer, ShardedState
@@ -25,10 +27,10 @@ from .layout import ParallelLayout
 
 
 def parallelize(parallel: ParallelLayout, *, weights: TensorSource, recompute: bool, device: torch.device,
-                lr: float, eps: float, weight_decay: float) -> tuple[dict[int, StageModule], ShardedOptimizer | None]:
+                optimizer: OptimizerSettings) -> tuple[dict[int, StageModule], ShardedOptimizer | None]:
     """This rank's stage chunks (index -> :class:`~..model.stage_module.StageModule`) and its
-    ZeRO-sharded state (None without ZeRO), in the order of the module docstring; AdamW as Llama
-    (Touvron et al. 2023, §2.2): betas (0.9, 0.95), ``eps``, ``weight_decay``."""
+    ZeRO-sharded state (None without ZeRO), in the order of the module docstring; the sharded
+    state steps AdamW under ``optimizer`` (lr, betas, ``eps``, ``weight_decay``)."""
     if parallel.role is None:
         return {}, None
     assignment = parallel.assignment
@@ -36,7 +38,8 @@ def parallelize(parallel: ParallelLayout, *, weights: TensorSource, recompute: b
                           recompute=recompute, device=device)
     sharded = None
     if parallel.zero and parallel.data is not None:  # ZeRO: the DP-synced tensors step sharded
-        sharded = _sharded(parallel, stages, lr=lr, betas=(0.9, 0.95), eps=eps, weight_decay=weight_decay)
+        sharded = _sharded(parallel, stages, lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+                           weight_decay=optimizer.weight_decay)
         parallel.data.sharded = sharded
     return stages, sharded
 

@@ -61,7 +61,7 @@ class Executor:
 
     def __init__(self, parallel: ParallelLayout, stages: dict[int, StageModule], *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
-                 loss_scale: float, autocast_dtype: torch.dtype | None = None, timeout_s: float = 120.0,
+                 loss_scale: float, timeout_s: float, autocast_dtype: torch.dtype | None = None,
                  emulation: Emulation = Emulation()):
         self.parallel, self.stages = parallel, stages
         self.pipeline, self.pipe_rank = parallel.pipeline, parallel.pipe_rank

@@ -42,7 +42,9 @@ from hexicore.core.emulation import Emulation
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
+from hexicore.core.settings import OutputSettings
 
+from ..launch.settings import LaunchSettings
 from .samplers import allreduce_samples, block_samples, head_samples, p2p_samples
 
 
@@ -77,9 +79,8 @@ class ProfileJob:
     seed: int = 0
     statistic: str = "median"
     concurrent: bool = False
-    backend: str = "auto"
-    timeout_s: float = 120.0
-    out: None = None  # no checkpoints (what the launcher's stop line looks for)
+    launch: LaunchSettings = LaunchSettings()
+    output: OutputSettings = OutputSettings()  # no out: no checkpoints (what the launcher's stop line looks for)
 
     @property
     def world(self) -> int:
@@ -285,14 +286,14 @@ NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the mo
          "and fit on one machine)")
 
 
-def job_from_request(request: Any, backend: str, timeout_s: float) -> ProfileJob:
+def job_from_request(request: Any, launch: LaunchSettings) -> ProfileJob:
     c = request.cluster
     devices = tuple((d.id, d.machine, d.gpu.name, c.emulation(d.id)) for d in c.devices)
     job = ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
                  int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                  int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
                  int(request.allreduce_bytes), int(request.seed), str(request.statistic),
-                 bool(getattr(request, "concurrent", False)), backend, timeout_s)
+                 bool(getattr(request, "concurrent", False)), launch)
     if not any(t.kind == "block" for t in tasks(job)):  # before any worker starts, not after measuring
         raise HexicoreError(NO_TP, source="command line", field="profile.tp")
     return job

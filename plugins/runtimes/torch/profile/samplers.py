@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from hexicore.core.emulation import Emulation
+from hexicore.core.settings import OptimizerSettings
 
 from ..launch.emulated_device import emulated, settle
 from ..model.llama import Block, LlamaChunk, rope_tables
@@ -70,7 +71,8 @@ def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any)
     act = activation_bytes(block, x, cos, sin, job, device)
     second = Block(spec, tp).to(device)  # a chain of two blocks: one action's fixed cost
     _init(second, job.seed + tp.rank + 1)
-    optim = torch.optim.AdamW(block.parameters(), lr=1e-12, betas=(0.9, 0.95), weight_decay=0.1)  # the trainer's
+    adam = OptimizerSettings()  # the trainer's AdamW, at an lr too small to move the weights
+    optim = torch.optim.AdamW(block.parameters(), lr=1e-12, betas=adam.betas, weight_decay=adam.weight_decay)
 
     def step() -> None:
         optim.step()

@@ -1,23 +1,19 @@
-"""The optimizer settings of a run beyond AdamW's own: the learning-rate schedule and gradient
-clipping by global norm (``runtime.lr_schedule``, ``warmup_steps``, ``min_lr``, ``clip_grad``).
+"""The learning-rate schedule of a run and its check against the run's length
+(``runtime.lr_schedule``, ``warmup_steps``, ``min_lr``; the settings and their checks are
+:class:`~hexicore.core.settings.OptimizerSettings`).
 
-Torch-free: the launching process checks the keys (one line naming ``runtime.KEY``) and every
-rank computes the lr of a step from the same pure function, :func:`lr_at`. Clipping itself
-(the global norm over every rank) is :mod:`..parallel.data.grad_norm`.
+Torch-free: every rank computes the lr of a step from the same pure function, :func:`lr_at`.
+Clipping by the global norm (``runtime.clip_grad``, over every rank) is
+:mod:`..parallel.data.grad_norm`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
 
-from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-
-SCHEDULES = ("constant", "linear", "cosine")
-#: what a checkpoint's ``meta.json`` records of the optimizer; resuming with another value is refused
-RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay")
+from hexicore.core.settings import OptimizerSettings
 
 
 def lr_at(step: int, *, lr: float, schedule: str = "constant", warmup_steps: int = 0, min_lr: float = 0.0,
@@ -54,34 +50,16 @@ def decays(schedule: str) -> bool:
 
 @dataclass(frozen=True)
 class OptimSchedule:
-    """The per-step optimizer settings of one run: :func:`lr_at` over ``steps`` steps, and the
-    largest global gradient norm (``clip_grad``; None: no clipping)."""
+    """The per-step optimizer settings of one run of ``steps`` steps: :func:`lr_at` under
+    ``optimizer``'s lr, schedule, warmup and ``min_lr``."""
 
-    lr: float
+    optimizer: OptimizerSettings
     steps: int
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    clip_grad: float | None = None
 
     def lr_at(self, step: int) -> float:
-        return lr_at(step, lr=self.lr, schedule=self.schedule, warmup_steps=self.warmup_steps, min_lr=self.min_lr,
+        o = self.optimizer
+        return lr_at(step, lr=o.lr, schedule=o.lr_schedule, warmup_steps=o.warmup_steps, min_lr=o.min_lr,
                      steps=self.steps)
-
-
-def parse(p: Mapping[str, Any], lr: float) -> dict[str, Any]:
-    """Check ``runtime.lr_schedule``, ``warmup_steps``, ``min_lr`` and ``clip_grad`` (``p``: the
-    section with its defaults; ``lr``: the checked ``runtime.lr``): one line naming the key."""
-    if p["lr_schedule"] not in SCHEDULES:
-        raise HexicoreError(f"unknown lr schedule {p['lr_schedule']!r}; choose one of: {', '.join(SCHEDULES)}",
-                            field="runtime.lr_schedule")
-    warmup = schema.integer(p["warmup_steps"], None, "runtime.warmup_steps", minimum=0)
-    min_lr = schema.number(p["min_lr"], None, "runtime.min_lr", allow_zero=True)
-    if min_lr > lr:
-        raise HexicoreError(f"min_lr {min_lr:g} is above lr {lr:g}: the schedule decays from lr to min_lr",
-                            field="runtime.min_lr")
-    clip = None if p["clip_grad"] is None else schema.number(p["clip_grad"], None, "runtime.clip_grad")
-    return {"lr_schedule": str(p["lr_schedule"]), "warmup_steps": warmup, "min_lr": min_lr, "clip_grad": clip}
 
 
 def check_steps(warmup_steps: int, steps: int) -> None:
@@ -91,4 +69,4 @@ def check_steps(warmup_steps: int, steps: int) -> None:
                             field="runtime.warmup_steps")
 
 
-__all__ = ["SCHEDULES", "RECORDED", "lr_at", "decays", "OptimSchedule", "parse", "check_steps"]
+__all__ = ["lr_at", "decays", "OptimSchedule", "check_steps"]

@@ -27,9 +27,12 @@ import torch.distributed as dist
 
 from hexicore.core import schema
 from hexicore.core.emulation import Emulation
+from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerSettings, OutputSettings,
+                                    TrainSettings)
 
 from ..checkpoint import native as checkpoint, sharded as sharded_checkpoint
 from ..checkpoint.hugging_face import SafeTensors
+from ..launch.settings import LaunchSettings
 from ..model.stage_module import Seeded
 from ..parallel.assignment import RankAssignment
 from ..parallel.layout import ParallelLayout
@@ -45,41 +48,39 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs for one run (picklable; no config, no registry)."""
+    """Everything a worker needs for one run (picklable; no config, no registry): the run's
+    settings objects as the app and the runtime resolved them — ``train``
+    (:class:`~hexicore.core.settings.TrainSettings`: steps, seed, dtype, recomputation; the
+    batch and sequence length that run are the layout's), ``optimizer``, ``data``,
+    ``checkpoint`` (``resume`` resolved to a checkpoint folder, ``init_from`` checked, None when
+    resuming), ``output`` and ``launch`` (:class:`~..launch.settings.LaunchSettings`) — and what
+    only the worker needs: the ``layout`` with its built action lists, the data source's
+    identity (``data_id``: what resuming must match; ``data_checked``: the launcher checked the
+    token file's ids, workers do not scan it again), ``final_extras`` (token ids, generation
+    config, tokenizer for ``final/``: :class:`hexicore.core.hf_export.FinalExtras`), the plan
+    file, the plan's ZeRO stage ``zero`` (1/2/3 shard the training state among each chunk's
+    holders), per global rank ``shard_weights`` (``zero_split=memory``; None: even shards),
+    ``machines`` (hybrid sharding, ``zero_scope=machine``) and ``emulation`` (the cluster
+    file's ``emulate``, a test aid), metrics.json's ``predicted``, and ``return_state`` (tests:
+    rank 0 also returns the final state_dict)."""
 
     layout: RankAssignment
-    steps: int
-    seed: int = 0
-    dtype: str = "fp32"
-    recompute: bool = False
-    lr: float = 3e-4  # AdamW as Llama (Touvron et al. 2023, §2.2): betas (0.9, 0.95), eps 1e-5, decay 0.1
-    eps: float = 1e-5
-    weight_decay: float = 0.1
-    lr_schedule: str = "constant"  # constant | linear | cosine after warmup_steps (.lr_schedule.lr_at)
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    clip_grad: float | None = None  # max global gradient L2 norm (.grad_norm); None: no clipping
-    data: str = "synthetic"
-    data_file: str | None = None
-    out: str | None = None
-    resume: str | None = None
-    init_from: str | None = None  # a Hugging Face checkpoint directory (each rank reads its slices)
-    shard_bytes: int = 5 * 2**30  # final/ is sharded per stage above this many bytes
-    final_extras: Any = None  # hexicore.core.hf_export.FinalExtras: token ids, generation config, tokenizer
-    data_id: dict[str, Any] | None = None  # what resuming must match (data kind, file, size)
-    data_checked: bool = False  # the launcher checked the token file's ids: workers do not scan it again
-    checkpoint_every: int = 0
-    timeout_s: float = 120.0
-    backend: str = "auto"
-    progress: bool = True
+    train: TrainSettings
+    optimizer: OptimizerSettings = OptimizerSettings()
+    data: DataSettings = DataSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    output: OutputSettings = OutputSettings()
+    launch: LaunchSettings = LaunchSettings()
+    data_id: dict[str, Any] | None = None
+    data_checked: bool = False
+    final_extras: Any = None
     plan: str | None = None
-    fault: dict[str, Any] | None = None  # testing aid: {"rank": r, "step": k, "kind": "die"|"hang"}
-    return_state: bool = False  # tests: rank 0 also returns the final state_dict
-    emulation: tuple[Emulation, ...] = ()  # per global rank, the cluster file's emulate (test aid)
-    zero: int = 0  # ZeRO stage of the plan: 1/2/3 shard the training state among each chunk's holders
-    shard_weights: tuple[float, ...] | None = None  # per global rank (zero_split=memory); None: even shards
-    machines: tuple[str, ...] | None = None  # per global rank, its machine: hybrid sharding (zero_scope=machine)
-    predicted: dict[str, Any] | None = None  # metrics.json's "predicted" (hexicore.core.prediction), plan runs
+    zero: int = 0
+    shard_weights: tuple[float, ...] | None = None
+    machines: tuple[str, ...] | None = None
+    emulation: tuple[Emulation, ...] = ()
+    predicted: dict[str, Any] | None = None
+    return_state: bool = False
 
 
 def choose_backend(requested: str) -> str:
@@ -90,7 +91,7 @@ def choose_backend(requested: str) -> str:
 
 
 def _inject_fault(spec: WorkerSpec, rank: int, step: int) -> None:
-    fault = spec.fault or {}
+    fault = spec.launch.fault or {}
     if fault.get("rank") == rank and fault.get("step", 0) == step:
         if fault.get("kind") == "die":
             print(f"hexicore: rank {rank}: injected fault: dying at step {step}", file=sys.stderr, flush=True)
@@ -130,9 +131,9 @@ class _Progress:
 def _weights(spec: WorkerSpec, resumed: dict[str, Any] | None):
     if resumed:
         return checkpoint.model_source(resumed)
-    if spec.init_from:
-        return SafeTensors.directory(spec.init_from)
-    return Seeded(spec.seed)
+    if spec.checkpoint.init_from:
+        return SafeTensors.directory(spec.checkpoint.init_from)
+    return Seeded(spec.train.seed)
 
 
 @dataclass
@@ -176,35 +177,36 @@ class Trainer:
         layout = spec.layout
         self.parallel = ParallelLayout.build(layout, rank, world, zero=spec.zero, machines=spec.machines,
                                              shard_weights=spec.shard_weights)
-        resumed = checkpoint.load(spec.resume) if spec.resume else None
+        resumed = checkpoint.load(spec.checkpoint.resume) if spec.checkpoint.resume else None
         weights = _weights(spec, resumed)
         self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights,
                                                                                    resumed, device)
         _record_reads(spec, weights, rank)
-        self.source = make_source(spec.data, vocab=layout.model.vocab, seq_len=layout.seq_len,
-                                  global_batch=layout.global_batch, seed=spec.seed, path=spec.data_file,
+        self.source = make_source(spec.data.kind, vocab=layout.model.vocab, seq_len=layout.seq_len,
+                                  global_batch=layout.global_batch, seed=spec.train.seed, path=spec.data.file,
                                   check_ids=not spec.data_checked)
         self.state = TrainState.begin(resumed, optimizer)
         self.start = self.state.step
-        self.schedule = optim_schedule(spec)
+        self.schedule = OptimSchedule(spec.optimizer, spec.train.steps)
         if self.executor is not None:
-            self.executor.clip_grad = spec.clip_grad
+            self.executor.clip_grad = spec.optimizer.clip_grad
         self.tokens = layout.global_batch * layout.seq_len
-        self.out = Path(spec.out) if spec.out else None
+        self.out = Path(spec.output.out) if spec.output.out else None
 
     def run(self) -> dict[str, Any] | None:
         """Train the steps left; rank 0 returns ``{"metrics": ..., "state": ...}``."""
         spec, state = self.spec, self.state
-        bar = _Progress(spec.progress and self.rank == 0 and sys.stderr.isatty(), spec.steps, self.start,
+        steps, every = spec.train.steps, spec.checkpoint.every
+        bar = _Progress(spec.launch.progress and self.rank == 0 and sys.stderr.isatty(), steps, self.start,
                         spec.layout.schedule_name)
         recorder = measure.Recorder()
         measure.reset_peak(self.device)
         try:
-            for step in range(self.start, spec.steps):
+            for step in range(self.start, steps):
                 self.train_step(step)
                 recorder.record(self.executor)
                 bar.update(state.losses[-1], self.tokens / state.step_s[-1])
-                if spec.checkpoint_every and ((step + 1) % spec.checkpoint_every == 0 or step + 1 == spec.steps):
+                if every and ((step + 1) % every == 0 or step + 1 == steps):
                     self.save_checkpoint()
         finally:
             bar.close()
@@ -244,7 +246,7 @@ class Trainer:
                                     parallel.role.pipeline if parallel.role else -1, rank=self.rank, world=world)
             final = got[0] if got else None
         if self.out is not None:
-            checkpoint.write_final(self.out / "final", self.stages, parallel, shard_bytes=spec.shard_bytes,
+            checkpoint.write_final(self.out / "final", self.stages, parallel, shard_bytes=spec.checkpoint.shard_bytes,
                                    extras=spec.final_extras)
         if self.rank != 0:
             return None
@@ -253,8 +255,9 @@ class Trainer:
         steady = mine[1:] or mine
         metrics = {"format": METRICS_FORMAT, "losses": state.losses,
                    "tokens_per_s": self.tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
-                   "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.seed,
-                   "lr": [self.schedule.lr_at(step) for step in range(spec.steps)], "grad_norm": state.grad_norms}
+                   "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.train.seed,
+                   "lr": [self.schedule.lr_at(step) for step in range(spec.train.steps)],
+                   "grad_norm": state.grad_norms}
         if state_bytes is not None:
             metrics["optimizer_state_bytes"] = state_bytes
         if kept is not None and any(kept_by_rank is not None for kept_by_rank in kept):
@@ -280,29 +283,18 @@ class Trainer:
                                 sharded=full)
         if rank == 0 and self.out is not None:
             model, optim = got
-            meta = {"step": state.step, "losses": list(state.losses), "step_s": list(state.step_s), "seed": spec.seed,
-                    "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
-                    "data": spec.data_id or {"kind": spec.data}, "plan": checkpoint.plan_fingerprint(spec.layout),
+            meta = {"step": state.step, "losses": list(state.losses), "step_s": list(state.step_s),
+                    "seed": spec.train.seed, "schedule": spec.layout.schedule_name, "model": spec.layout.model.to_dict(),
+                    "data": spec.data_id or {"kind": spec.data.kind}, "plan": checkpoint.plan_fingerprint(spec.layout),
                     "plan_file": spec.plan, "global_batch": spec.layout.global_batch, "seq_len": spec.layout.seq_len,
-                    "grad_norms": list(state.grad_norms), "train_steps": spec.steps, **optim_meta(spec)}
+                    "grad_norms": list(state.grad_norms), "train_steps": spec.train.steps,
+                    **spec.optimizer.recorded()}
             checkpoint.save(self.out / "checkpoints" / f"step_{state.step}", model, optim, meta)
 
 
 def train(spec: WorkerSpec, rank: int, world: int, device: torch.device) -> dict[str, Any] | None:
     """Run ``spec`` on this rank (:class:`Trainer`); rank 0 returns ``{"metrics": ..., "state": ...}``."""
     return Trainer(spec, rank, world, device).run()
-
-
-def optim_schedule(spec: WorkerSpec) -> OptimSchedule:
-    """The run's per-step lr and clipping (:mod:`.lr_schedule`)."""
-    return OptimSchedule(lr=spec.lr, steps=spec.steps, schedule=spec.lr_schedule, warmup_steps=spec.warmup_steps,
-                         min_lr=spec.min_lr, clip_grad=spec.clip_grad)
-
-
-def optim_meta(spec: WorkerSpec) -> dict[str, Any]:
-    """What a checkpoint records of the optimizer settings (:data:`.lr_schedule.RECORDED`)."""
-    return {"lr": spec.lr, "min_lr": spec.min_lr, "lr_schedule": spec.lr_schedule, "warmup_steps": spec.warmup_steps,
-            "clip_grad": spec.clip_grad, "eps": spec.eps, "weight_decay": spec.weight_decay}
 
 
 def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, device: torch.device):
@@ -312,14 +304,15 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, de
     stages, executor, optimizer, rows, blank = {}, None, None, None, None
     layout, part = spec.layout, parallel.pipeline
     if part is not None:
-        stages, sharded = parallelize(parallel, weights=weights, recompute=spec.recompute, device=device,
-                                      lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
+        adam = spec.optimizer
+        stages, sharded = parallelize(parallel, weights=weights, recompute=spec.train.recompute, device=device,
+                                      optimizer=adam)
         skip = sharded.synced() if sharded is not None else set()
         params = list({id(param): param for index in sorted(stages)
                        for name, param in stages[index].module.named_parameters()
                        if (index, name) not in skip}.values())
-        optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=spec.eps,
-                                      weight_decay=spec.weight_decay) if params else None
+        optimizer = torch.optim.AdamW(params, lr=adam.lr, betas=adam.betas, eps=adam.eps,
+                                      weight_decay=adam.weight_decay) if params else None
         if resumed:
             checkpoint.restore_optimizer(optimizer, stages, parallel.tp, resumed)
             if sharded is not None:
@@ -329,7 +322,7 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, de
         executor = Executor(parallel, stages, optimizer=optimizer,
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
-                            autocast_dtype=AUTOCAST[spec.dtype], timeout_s=spec.timeout_s,
+                            autocast_dtype=AUTOCAST[spec.train.dtype], timeout_s=spec.launch.timeout_s,
                             emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation())
         if any(stage.first or stage.last for stage in stages.values()):  # only ends of a chain read token rows
             rows = (part.offset, part.offset + part.batch)
@@ -353,9 +346,9 @@ def _sharded_state(spec: WorkerSpec, parallel: ParallelLayout, stages, optimizer
 def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
     """``out/reads/rank_R.json``: the tensors (name, bytes) this rank read to start (checkpoint runs)."""
     reads = getattr(weights, "reads", None)
-    if reads is None or not spec.out:
+    if reads is None or not spec.output.out:
         return
-    folder = Path(spec.out) / "reads"
+    folder = Path(spec.output.out) / "reads"
     folder.mkdir(parents=True, exist_ok=True)
     doc = {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
            "bytes": sum(b for _, b in reads)}

@@ -1,9 +1,11 @@
 """Builders that several test modules share: the hand-computed cost fixtures, a sample profile,
-plans, CP-SAT problems, random clusters, a tiny Hugging Face checkpoint (each section names the
-test module it serves first)."""
+plans, CP-SAT problems, random clusters, a tiny Hugging Face checkpoint, the 6-device CPU cluster's
+plans and worker specs, multi-process comparisons (each section names the test module it was
+first written for; those modules import the names back)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from hexicore.core.profile import Profile, parse_profile
 from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.planner.problem import Problem
+from hexicore.registry import Registry
+from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, schedule_actions
 from hexicore_plugins.solvers.cpsat import CpSatSolver
 from tests.conftest import model_preset
 
@@ -147,3 +151,157 @@ def hf_make_source(folder: Path, *, tokenizer: bool = True, generation: bool = T
                                                     eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
         fast.save_pretrained(folder)
     return folder
+
+
+# ------------------------------------------------------------ from test_asymmetric.py
+CPU6_SEQ, CPU6_TOL = 32, 1e-5
+CPU6_CLUSTER = {"name": "cpu6", "inter": {"bandwidth_gbs": 0.7, "latency_us": 50},
+           "machines": [{"name": "M", "gpu": "rtx4090", "count": 6, "bandwidth_gbs": 32, "latency_us": 10}]}
+
+
+#: the issue's acceptance plan: pipeline 1 = tp=2 [0,5) + tp=1 [5,8), batch 5; pipeline 2 = three tp=1 stages
+CPU6_ACCEPTANCE = [(5, "1f1b", [(2, 5), (1, 3)]), (3, "gpipe", [(1, 3), (1, 3), (1, 2)])]
+CPU6_PLANS = {
+    "acceptance: tp2+tp1 (1f1b, b=5) | 3 x tp1 (gpipe, b=3)": CPU6_ACCEPTANCE,
+    "3 pipelines: tp2 (gpipe) | 2 stages (hanayo) | tp1 whole model (1f1b)":
+        [(2, "gpipe", [(2, 8)]), (4, {"name": "hanayo", "waves": 1}, [(1, 6), (1, 2)]), (2, "1f1b", [(1, 8)])],
+    "chimera (copies, REDUCE) | tp2 whole model | zb_h1 (I/W split)":
+        [(4, "chimera", [(1, 4), (1, 4)]), (2, "1f1b", [(2, 8)]), (2, "zb_h1", [(1, 3), (1, 5)])],
+    "tp mixes at different cuts: interleaved 1f1b | 1f1b":
+        [(6, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 2), (2, 6)]), (2, "1f1b", [(2, 7), (1, 1)])],
+}
+
+
+# ------------------------------------------------------------ from test_asymmetric.py
+def tiny() -> ModelSpec:
+    return model_preset("tiny")
+
+
+def plan_of(pipelines: list[tuple[int, str | dict, list[tuple[int, int]]]], global_batch: int = 8) -> Plan:
+    """A plan JSON over devices M.0.. in order: ``(batch, schedule, [(tp, layers), ...])`` per pipeline."""
+    m, dev, out = tiny(), 0, []
+    for batch, sched, stages in pipelines:
+        ss, lo = [], 0
+        for tp, n in stages:
+            ss.append({"devices": [f"M.{dev + i}" for i in range(tp)], "tp": tp, "layers": [lo, lo + n]})
+            dev, lo = dev + tp, lo + n
+        out.append({"batch": batch, "schedule": sched if isinstance(sched, dict) else {"name": sched}, "stages": ss})
+    d = {"format": "hexicore.plan/1",
+         "model": {k: getattr(m, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
+                                              "seq_len")},
+         "cluster": CPU6_CLUSTER,
+         "train": {"global_batch": global_batch, "micro_batch": 1, "seq_len": CPU6_SEQ, "dtype": "fp32",
+                   "recompute": False},
+         "pipelines": out}
+    return Plan.from_dict(d, source="test plan")
+
+
+def layout_of(pipelines, **kw):
+    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
+
+    plan = plan_of(pipelines, **kw)
+    return plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=CPU6_SEQ)
+
+
+def worker_spec(layout, **settings):
+    """A ``WorkerSpec`` of ``layout`` from flat keywords: the worker's own fields (``zero``,
+    ``machines``, ``return_state``, ...) or a setting named as the last part of its config key
+    (``steps``, ``dtype``, ``lr``, ``data_file``, ``checkpoint_every``, ``out``, ``timeout_s``, ...),
+    each given to the settings object that holds it; the train settings' batch and sequence
+    length are the layout's, every other value is its class's default."""
+    from dataclasses import fields
+
+    from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerSettings, OutputSettings,
+                                        TrainSettings)
+    from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
+    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
+
+    parts = {"train": TrainSettings, "optimizer": OptimizerSettings, "data": DataSettings,
+             "checkpoint": CheckpointSettings, "output": OutputSettings, "launch": LaunchSettings}
+    own = {k: settings.pop(k) for k in [f.name for f in fields(WorkerSpec)] if k in settings and k not in parts}
+    given = {part: {} for part in parts}
+    given["train"] = {"global_batch": layout.global_batch, "micro_batch": layout.micro_batch, "seq_len": layout.seq_len}
+    for part, cls in parts.items():
+        for f in fields(cls):
+            key = (f.metadata.get("key") or f.name).rpartition(".")[2]
+            if key in settings:
+                given[part][f.name] = settings.pop(key)
+    assert not settings, f"no setting is named {sorted(settings)}"
+    return WorkerSpec(layout=layout, **{part: cls(**given[part]) for part, cls in parts.items()}, **own)
+
+
+# ------------------------------------------------------------------ multi-process
+def _max_rel(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def _max_abs(state, ref):
+    assert set(state) == set(ref)
+    return max((state[k] - ref[k]).abs().max().item() for k in ref)
+
+
+# ------------------------------------------------------------ from test_runtime_dist.py
+DIST_GB, DIST_SEQ, DIST_WORLD = 6, 32, 3
+DIST_TOL = 1e-5
+
+
+def dist_spec(layout, steps=3, recompute=False, **kw):
+    return worker_spec(layout, steps=steps, seed=11, dtype="fp32", recompute=recompute, progress=False,
+                       return_state=True, **kw)
+
+
+def dist_pipeline(schedule: dict, groups: list[StageGroup], batch: int = DIST_GB, micro_batch: int = 1):
+    return batch, groups, schedule_actions(schedule, len(groups), batch // micro_batch, Registry.default())
+
+
+def dist_equal_stages(ranks: int, tp: int = 1) -> list[StageGroup]:
+    n = tiny().layers // ranks
+    return [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n + (1 if q < tiny().layers % ranks else 0))
+            for q in range(ranks)]
+
+
+# ------------------------------------------------------------ from test_placement.py
+#: plans of the tiny model (8 blocks) on one pipeline: (batch, schedule, [(tp, layers), ...])
+PLACEMENT_PLANS = {
+    "chimera P=3": [(8, "chimera", [(1, 2), (1, 3), (1, 3)])],
+    "hanayo W=2": [(8, {"name": "hanayo", "waves": 2}, [(1, 4), (1, 4)])],
+    "hanayo W=1 P=3": [(8, {"name": "hanayo", "waves": 1}, [(1, 2), (1, 3), (1, 3)])],
+    "zb_v": [(8, "zb_v", [(1, 5), (1, 3)])],
+    "dualpipe_v": [(8, "dualpipe_v", [(1, 5), (1, 3)])],
+    "interleaved": [(8, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 4), (1, 4)])],
+    "looped_bfs": [(8, {"name": "looped_bfs", "chunks": 2}, [(1, 4), (1, 4)])],
+    "1f1b": [(8, "1f1b", [(1, 5), (1, 3)])],
+    "gpipe tp=2": [(8, "gpipe", [(2, 5), (1, 3)])],
+}
+
+
+# ------------------------------------------------------------ from test_tied.py
+#: two pipelines, two stages each (ZeRO-1/2 at the step)
+TWO_BY_TWO = [(5, "1f1b", [(1, 3), (1, 5)]), (3, "gpipe", [(1, 3), (1, 5)])]
+
+
+def tied_plan(pipelines, zero: int = 0, tied: bool = True) -> Plan:
+    from tests.helpers import plan_of
+    p = plan_of(pipelines)
+    p = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=tied))
+    return Plan(p.model, p.cluster, TrainSettings(**{**p.train.to_dict(), "zero": zero}), p.pipelines)
+
+
+# ------------------------------------------------------------ from test_zero_runtime_state.py
+#: hybrid: M.0 whole | M.1 [0,3) + M.2 [3,8) | N.0 whole — layer chunks held by two holders in
+#: machine M and one in machine N (different holder counts per machine)
+HYBRID = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 3), (1, 5)]), (2, "1f1b", [(1, 8)])]
+#: hybrid ZeRO-3 (one stage per pipeline): M.0 | M.1 + M.2 (TP 2) | N.0 — a TP half is held by
+#: two ranks in M and one in N, a replicated tensor by three in M and one in N
+HYBRID3 = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(2, 8)]), (2, "1f1b", [(1, 8)])]
+
+
+def _hybrid_plan(zero: int, scope: str = "machine", pipelines=HYBRID) -> Plan:
+    from tests.helpers import plan_of
+    d = plan_of(pipelines).to_dict()
+    d.pop("estimate", None)
+    d["cluster"] = {**CPU6_CLUSTER, "machines": [{"name": "M", "gpu": "rtx4090", "count": 3, "bandwidth_gbs": 32},
+                                            {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
+    d["pipelines"][2]["stages"][0]["devices"] = ["N.0"]
+    d["train"].update({"zero": zero, "zero_scope": scope})
+    return Plan.from_dict(d, "hybrid plan")

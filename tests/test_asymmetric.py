@@ -21,81 +21,11 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.plan import Plan
 from hexicore.registry import Registry
 from tests.conftest import run_cli
+from tests.helpers import (CPU6_SEQ as SEQ, CPU6_TOL as TOL, CPU6_ACCEPTANCE as ACCEPTANCE,
+                           CPU6_PLANS as PLANS)
+from tests.helpers import tiny, plan_of, layout_of, worker_spec, _max_rel, _max_abs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-SEQ, TOL = 32, 1e-5
-CLUSTER = {"name": "cpu6", "inter": {"bandwidth_gbs": 0.7, "latency_us": 50},
-           "machines": [{"name": "M", "gpu": "rtx4090", "count": 6, "bandwidth_gbs": 32, "latency_us": 10}]}
-
-
-def tiny() -> ModelSpec:
-    return ModelSpec.load(CONF / "model" / "tiny.yaml")
-
-
-def plan_of(pipelines: list[tuple[int, str | dict, list[tuple[int, int]]]], global_batch: int = 8) -> Plan:
-    """A plan JSON over devices M.0.. in order: ``(batch, schedule, [(tp, layers), ...])`` per pipeline."""
-    m, dev, out = tiny(), 0, []
-    for batch, sched, stages in pipelines:
-        ss, lo = [], 0
-        for tp, n in stages:
-            ss.append({"devices": [f"M.{dev + i}" for i in range(tp)], "tp": tp, "layers": [lo, lo + n]})
-            dev, lo = dev + tp, lo + n
-        out.append({"batch": batch, "schedule": sched if isinstance(sched, dict) else {"name": sched}, "stages": ss})
-    d = {"format": "hexicore.plan/1",
-         "model": {k: getattr(m, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
-                                              "seq_len")},
-         "cluster": CLUSTER,
-         "train": {"global_batch": global_batch, "micro_batch": 1, "seq_len": SEQ, "dtype": "fp32",
-                   "recompute": False},
-         "pipelines": out}
-    return Plan.from_dict(d, source="test plan")
-
-
-#: the issue's acceptance plan: pipeline 1 = tp=2 [0,5) + tp=1 [5,8), batch 5; pipeline 2 = three tp=1 stages
-ACCEPTANCE = [(5, "1f1b", [(2, 5), (1, 3)]), (3, "gpipe", [(1, 3), (1, 3), (1, 2)])]
-PLANS = {
-    "acceptance: tp2+tp1 (1f1b, b=5) | 3 x tp1 (gpipe, b=3)": ACCEPTANCE,
-    "3 pipelines: tp2 (gpipe) | 2 stages (hanayo) | tp1 whole model (1f1b)":
-        [(2, "gpipe", [(2, 8)]), (4, {"name": "hanayo", "waves": 1}, [(1, 6), (1, 2)]), (2, "1f1b", [(1, 8)])],
-    "chimera (copies, REDUCE) | tp2 whole model | zb_h1 (I/W split)":
-        [(4, "chimera", [(1, 4), (1, 4)]), (2, "1f1b", [(2, 8)]), (2, "zb_h1", [(1, 3), (1, 5)])],
-    "tp mixes at different cuts: interleaved 1f1b | 1f1b":
-        [(6, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 2), (2, 6)]), (2, "1f1b", [(2, 7), (1, 1)])],
-}
-
-
-def layout_of(pipelines, **kw):
-    from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
-
-    plan = plan_of(pipelines, **kw)
-    return plan_layout(plan, [p.schedule for p in plan.pipelines], registry=Registry.default(), seq_len=SEQ)
-
-
-def worker_spec(layout, **settings):
-    """A ``WorkerSpec`` of ``layout`` from flat keywords: the worker's own fields (``zero``,
-    ``machines``, ``return_state``, ...) or a setting named as the last part of its config key
-    (``steps``, ``dtype``, ``lr``, ``data_file``, ``checkpoint_every``, ``out``, ``timeout_s``, ...),
-    each given to the settings object that holds it; the train settings' batch and sequence
-    length are the layout's, every other value is its class's default."""
-    from dataclasses import fields
-
-    from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerSettings, OutputSettings,
-                                        TrainSettings)
-    from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
-    from hexicore_plugins.runtimes.torch.train.trainer import WorkerSpec
-
-    parts = {"train": TrainSettings, "optimizer": OptimizerSettings, "data": DataSettings,
-             "checkpoint": CheckpointSettings, "output": OutputSettings, "launch": LaunchSettings}
-    own = {k: settings.pop(k) for k in [f.name for f in fields(WorkerSpec)] if k in settings and k not in parts}
-    given = {part: {} for part in parts}
-    given["train"] = {"global_batch": layout.global_batch, "micro_batch": layout.micro_batch, "seq_len": layout.seq_len}
-    for part, cls in parts.items():
-        for f in fields(cls):
-            key = (f.metadata.get("key") or f.name).rpartition(".")[2]
-            if key in settings:
-                given[part][f.name] = settings.pop(key)
-    assert not settings, f"no setting is named {sorted(settings)}"
-    return WorkerSpec(layout=layout, **{part: cls(**given[part]) for part, cls in parts.items()}, **own)
 
 
 # ------------------------------------------------------------------ sync plan (no processes)
@@ -198,16 +128,6 @@ def test_plan_layout_runs_each_pipelines_own_schedule():
     assert layout.schedule_name == "gpipe+hanayo+1f1b"
     with pytest.raises(HexicoreError, match="does not divide"):
         layout_of([(8, "1f1b", [(3, 8)])])
-
-
-# ------------------------------------------------------------------ multi-process
-def _max_rel(a, b):
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
-
-
-def _max_abs(state, ref):
-    assert set(state) == set(ref)
-    return max((state[k] - ref[k]).abs().max().item() for k in ref)
 
 
 @pytest.mark.slow

@@ -188,8 +188,7 @@ def test_init_from_refuses_a_mismatched_checkpoint_before_launch(tmp_path, corpu
 def test_hf_models_train_like_transformers_and_come_back_as_hf_directories(tmp_path, corpus):
     from hexicore_plugins.runtimes.torch.train.data_source import SyntheticTokens, TokenData
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from tests.test_asymmetric import worker_spec
-
+    from tests.helpers import worker_spec
     specs, cases = [], []
 
     def add(name, folder, lay, rows, **kw):

@@ -169,7 +169,9 @@ def test_runtime_trains_each_new_schedule_like_one_process():
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_layout
-    from tests.test_runtime_dist import GB, SEQ, TOL, WORLD, equal_stages, max_abs, max_rel, pipeline, spec, tiny
+    from tests.helpers import (DIST_GB as GB, DIST_SEQ as SEQ, DIST_TOL as TOL, DIST_WORLD as WORLD,
+                               _max_abs as max_abs, _max_rel as max_rel, dist_equal_stages as equal_stages,
+                               dist_pipeline as pipeline, dist_spec as spec, tiny)
 
     m = tiny()
     (ref,) = launch([spec(reference_layout(m, global_batch=GB, micro_batch=1, seq_len=SEQ))], 1)

@@ -59,8 +59,7 @@ def test_bad_optimizer_settings_name_their_key(params, field, words):
 # ------------------------------------------------------------------ one process, in this process
 def _spec(steps=3, **kw):
     from hexicore_plugins.runtimes.torch.parallel.assignment import reference_layout
-    from tests.test_asymmetric import tiny, worker_spec
-
+    from tests.helpers import tiny, worker_spec
     layout = reference_layout(tiny(), global_batch=4, micro_batch=2, seq_len=16)
     return worker_spec(layout, steps=steps, seed=3, dtype="fp32", recompute=False, progress=False, return_state=True,
                        **kw)
@@ -195,8 +194,8 @@ def test_tp_asymmetric_zero_1_2_and_stage_replicas_clip_like_one_process():
     pytest.importorskip("torch")
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from tests.test_asymmetric import ACCEPTANCE, PLANS, SEQ, layout_of, tiny, worker_spec
-
+    from tests.helpers import (CPU6_ACCEPTANCE as ACCEPTANCE, CPU6_PLANS as PLANS, CPU6_SEQ as SEQ, layout_of, tiny,
+                               worker_spec)
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=6)
@@ -218,9 +217,9 @@ def test_hybrid_zero_3_and_tied_embeddings_clip_like_one_process():
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, worker_spec
-    from tests.test_tied import TWO_BY_TWO, tied_plan
-    from tests.test_zero_runtime_state import HYBRID3, _hybrid_plan
+    from tests.helpers import CPU6_SEQ as SEQ, worker_spec
+    from tests.helpers import TWO_BY_TWO, tied_plan
+    from tests.helpers import HYBRID3, _hybrid_plan
 
     def layout(plan):
         return dataclasses.replace(plan_layout(plan, [p.schedule for p in plan.pipelines],

@@ -12,20 +12,8 @@ from hexicore.pipeline.action_placement import placement
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.planner.pricing import ScheduleBook, timed_cost
 from hexicore.registry import Registry
-from tests.test_asymmetric import layout_of, plan_of, tiny
-
-#: plans of the tiny model (8 blocks) on one pipeline: (batch, schedule, [(tp, layers), ...])
-PLANS = {
-    "chimera P=3": [(8, "chimera", [(1, 2), (1, 3), (1, 3)])],
-    "hanayo W=2": [(8, {"name": "hanayo", "waves": 2}, [(1, 4), (1, 4)])],
-    "hanayo W=1 P=3": [(8, {"name": "hanayo", "waves": 1}, [(1, 2), (1, 3), (1, 3)])],
-    "zb_v": [(8, "zb_v", [(1, 5), (1, 3)])],
-    "dualpipe_v": [(8, "dualpipe_v", [(1, 5), (1, 3)])],
-    "interleaved": [(8, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 4), (1, 4)])],
-    "looped_bfs": [(8, {"name": "looped_bfs", "chunks": 2}, [(1, 4), (1, 4)])],
-    "1f1b": [(8, "1f1b", [(1, 5), (1, 3)])],
-    "gpipe tp=2": [(8, "gpipe", [(2, 5), (1, 3)])],
-}
+from tests.helpers import layout_of, plan_of, tiny
+from tests.helpers import PLACEMENT_PLANS as PLANS
 
 
 def priced() -> AnalyticCostModel:
@@ -80,7 +68,7 @@ def test_weights_equal_the_runtimes_parameters_on_every_rank(name, tied):
     from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
     from hexicore_plugins.runtimes.torch.model.stage_module import build_stages, seeded
     from hexicore_plugins.runtimes.torch.parallel.tensor import TPGroup
-    from tests.test_asymmetric import SEQ
+    from tests.helpers import CPU6_SEQ as SEQ
 
     plan = plan_of(PLANS[name])
     plan = replace(plan, model=replace(plan.model, tied_embeddings=tied))

@@ -16,7 +16,7 @@ from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.profiled import ProfiledCostModel
 from tests.conftest import run_cli
-from tests.test_asymmetric import SEQ, plan_of, tiny
+from tests.helpers import CPU6_SEQ as SEQ, plan_of, tiny
 from tests.helpers import SAMPLE_CLUSTER as PCLUSTER, SAMPLE_MODEL as PMODEL, sample_profile as profile
 
 

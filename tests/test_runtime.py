@@ -203,8 +203,7 @@ def test_consolidate_joins_tp_shards_in_standard_order(tmp_path):
 # ------------------------------------------------- executor on one process
 def _run(layout, steps=3, **kw):
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from tests.test_asymmetric import worker_spec
-
+    from tests.helpers import worker_spec
     return launch([worker_spec(layout, steps=steps, seed=5, dtype="fp32", recompute=False, progress=False,
                                return_state=True, **kw)], 1)[0]
 

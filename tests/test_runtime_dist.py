@@ -18,39 +18,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hexicore.pipeline.actions import Action, ActionList  # noqa: E402
-from hexicore.core.model import ModelSpec  # noqa: E402
 from hexicore_plugins.runtimes.torch.launch.launcher import LaunchError, launch  # noqa: E402
 from hexicore_plugins.runtimes.torch.parallel.assignment import (StageGroup, build_layout, reference_layout,  # noqa: E402
-                                                    schedule_actions)
+                                                    )
 from safetensors.torch import load_file  # noqa: E402
-from hexicore.registry import Registry  # noqa: E402
 from tests.conftest import run_cli
-from tests.test_asymmetric import worker_spec
+from tests.helpers import _max_abs as max_abs, _max_rel as max_rel, tiny, worker_spec
+from tests.helpers import (DIST_GB as GB, DIST_SEQ as SEQ, DIST_WORLD as WORLD, DIST_TOL as TOL, dist_spec as spec,
+                           dist_pipeline as pipeline, dist_equal_stages as equal_stages)
+
 
 pytestmark = pytest.mark.slow
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GB, SEQ, WORLD = 6, 32, 3
-TOL = 1e-5
 
-
-def tiny() -> ModelSpec:
-    return ModelSpec.load(CONF / "model" / "tiny.yaml")
-
-
-def spec(layout, steps=3, recompute=False, **kw):
-    return worker_spec(layout, steps=steps, seed=11, dtype="fp32", recompute=recompute, progress=False,
-                       return_state=True, **kw)
-
-
-def pipeline(schedule: dict, groups: list[StageGroup], batch: int = GB, micro_batch: int = 1):
-    return batch, groups, schedule_actions(schedule, len(groups), batch // micro_batch, Registry.default())
-
-
-def equal_stages(ranks: int, tp: int = 1) -> list[StageGroup]:
-    n = tiny().layers // ranks
-    return [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n + (1 if q < tiny().layers % ranks else 0))
-            for q in range(ranks)]
 
 
 def out_of_order_gpipe(M: int) -> ActionList:
@@ -74,13 +55,6 @@ CASES = {
 }
 
 
-def max_rel(a, b):
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
-
-
-def max_abs(state, ref):
-    assert set(state) == set(ref)
-    return max((state[k] - ref[k]).abs().max().item() for k in ref)
 
 
 def test_every_schedule_tp_dp_and_resume_match_single_process(tmp_path):

@@ -157,8 +157,7 @@ def test_the_runtime_trains_a_plan_made_with_it_like_one_process(tmp_path):
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
-    from tests.test_asymmetric import worker_spec
-
+    from tests.helpers import worker_spec
     reg = registry()
     cluster = tmp_path / "small3.yaml"
     cluster.write_text("name: small3\ninter: {bandwidth_gbs: 0.7, latency_us: 50}\nmachines:\n"

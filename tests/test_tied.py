@@ -11,22 +11,13 @@ from hexicore.core.plan import Plan
 from hexicore.core.settings import TrainSettings
 from hexicore.cost import AnalyticCostModel
 from hexicore.cost.precision import tied_whole
+from tests.helpers import TWO_BY_TWO, tied_plan
 
 GIB = 2**30
-#: two pipelines, two stages each (ZeRO-1/2 at the step)
-TWO_BY_TWO = [(5, "1f1b", [(1, 3), (1, 5)]), (3, "gpipe", [(1, 3), (1, 5)])]
 #: one stage per pipeline (what ZeRO-3 runs on); ranks 0-2, different micro-batch counts
 FLAT = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 8)]), (2, "1f1b", [(1, 8)])]
 #: Chimera's two copies per pipeline next to a plain 1F1B pipeline: a chunk has three holders
 MIX = [(4, "chimera", [(1, 3), (1, 5)]), (4, "1f1b", [(1, 3), (1, 5)])]
-
-
-def tied_plan(pipelines, zero: int = 0, tied: bool = True) -> Plan:
-    from tests.test_asymmetric import plan_of
-
-    p = plan_of(pipelines)
-    p = dataclasses.replace(p, model=dataclasses.replace(p.model, tied_embeddings=tied))
-    return Plan(p.model, p.cluster, TrainSettings(**{**p.train.to_dict(), "zero": zero}), p.pipelines)
 
 
 def ring(plan: Plan, n: int, n_params: float) -> float:
@@ -90,8 +81,7 @@ def test_tied_copies_train_like_one_process_under_zero_and_keep_the_predicted_by
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, worker_spec
     from hexicore.planner.pricing import ScheduleBook, timed_cost
 
     cases = [(TWO_BY_TWO, 1), (FLAT, 3), (MIX, 2)]
@@ -139,8 +129,8 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
     from hexicore.registry import Registry
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
-    from tests.test_asymmetric import SEQ, plan_of, worker_spec
-    from tests.test_placement import PLANS
+    from tests.helpers import CPU6_SEQ as SEQ, plan_of, worker_spec
+    from tests.helpers import PLACEMENT_PLANS as PLANS
 
     plans = []
     for pipes in PLANS.values():
@@ -169,8 +159,8 @@ def test_the_priced_embedding_group_is_the_runtimes(count):
     from hexicore.registry import Registry
     from hexicore_plugins.runtimes.torch.parallel import tied_embedding as tied
     from hexicore_plugins.runtimes.torch.parallel.assignment import plan_layout
-    from tests.test_asymmetric import SEQ, plan_of
-    from tests.test_placement import PLANS
+    from tests.helpers import CPU6_SEQ as SEQ, plan_of
+    from tests.helpers import PLACEMENT_PLANS as PLANS
 
     cost = timed_cost(AnalyticCostModel(), ScheduleBook(Registry.default()))
     for name, pipes in {**PLANS, "one stage": [(8, "1f1b", [(2, 8)])]}.items():

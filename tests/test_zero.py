@@ -258,8 +258,8 @@ def test_zero_1_and_2_train_like_one_process_and_keep_the_predicted_optimizer_by
     from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from tests.test_asymmetric import ACCEPTANCE, SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
-
+    from tests.helpers import (CPU6_ACCEPTANCE as ACCEPTANCE, CPU6_SEQ as SEQ, _max_abs, _max_rel, layout_of,
+                               plan_of, tiny, worker_spec)
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=6)
@@ -328,8 +328,7 @@ FLAT = [(5, "1f1b", "N.0"), (3, "gpipe", "M.0")]
 
 
 def _flat_plan(zero: int, split: str) -> Plan:
-    from tests.test_asymmetric import CLUSTER as CPU6, SEQ, plan_of
-
+    from tests.helpers import CPU6_CLUSTER as CPU6, CPU6_SEQ as SEQ, plan_of
     base = plan_of([(b, s, [(1, 8)]) for b, s, _ in FLAT]).to_dict()
     base["cluster"] = {**CPU6, "machines": [{"name": "M", "gpu": "rtx4090", "count": 2, "bandwidth_gbs": 32},
                                             {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
@@ -353,8 +352,7 @@ def test_zero_3_and_2_per_micro_batch_train_like_one_process_and_keep_the_predic
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=3)

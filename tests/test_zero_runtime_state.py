@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from hexicore.core.plan import Plan
 from hexicore.cost import AnalyticCostModel
+from tests.helpers import HYBRID, HYBRID3, _hybrid_plan
 
 GIB = 2**30
 #: two pipelines, different cuts, batches and schedules: 1f1b [0,3)+[3,8) | gpipe [0,8)
@@ -15,24 +15,6 @@ ASYM = [(5, "1f1b", [(1, 3), (1, 5)]), (3, "gpipe", [(1, 8)])]
 INTER = [(5, {"name": "interleaved_1f1b", "chunks": 2}, [(1, 4), (1, 4)]), (3, "gpipe", [(1, 8)])]
 #: one stage per pipeline: what ZeRO-3 runs on (:class:`ShardedState`)
 FLAT = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 8)]), (2, "1f1b", [(1, 8)])]
-#: hybrid: M.0 whole | M.1 [0,3) + M.2 [3,8) | N.0 whole — layer chunks held by two holders in
-#: machine M and one in machine N (different holder counts per machine)
-HYBRID = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(1, 3), (1, 5)]), (2, "1f1b", [(1, 8)])]
-#: hybrid ZeRO-3 (one stage per pipeline): M.0 | M.1 + M.2 (TP 2) | N.0 — a TP half is held by
-#: two ranks in M and one in N, a replicated tensor by three in M and one in N
-HYBRID3 = [(3, "1f1b", [(1, 8)]), (3, "gpipe", [(2, 8)]), (2, "1f1b", [(1, 8)])]
-
-
-def _hybrid_plan(zero: int, scope: str = "machine", pipelines=HYBRID) -> Plan:
-    from tests.test_asymmetric import CLUSTER, plan_of
-
-    d = plan_of(pipelines).to_dict()
-    d.pop("estimate", None)
-    d["cluster"] = {**CLUSTER, "machines": [{"name": "M", "gpu": "rtx4090", "count": 3, "bandwidth_gbs": 32},
-                                            {"name": "N", "gpu": "a100-80g", "count": 1, "bandwidth_gbs": 32}]}
-    d["pipelines"][2]["stages"][0]["devices"] = ["N.0"]
-    d["train"].update({"zero": zero, "zero_scope": scope})
-    return Plan.from_dict(d, "hybrid plan")
 
 
 @pytest.mark.slow
@@ -45,8 +27,7 @@ def test_zero_checkpoints_resume_under_any_stage_like_the_uninterrupted_run(tmp_
     from safetensors.torch import load_file
 
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
-    from tests.test_asymmetric import _max_abs, _max_rel, layout_of, worker_spec
-
+    from tests.helpers import _max_abs, _max_rel, layout_of, worker_spec
     asym, flat = layout_of(ASYM), layout_of(FLAT)
     inter = dataclasses.replace(layout_of(INTER), world=3)
 
@@ -84,8 +65,7 @@ def test_hybrid_sharding_trains_like_one_process_and_keeps_the_predicted_optimiz
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, plan_layout, reference_actions
     from hexicore.registry import Registry
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, tiny, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, tiny, worker_spec
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=4)

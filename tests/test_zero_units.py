@@ -36,8 +36,7 @@ def test_rounds_carry_every_members_kth_need_together():
 
 
 def test_needs_follow_the_action_list():
-    from tests.test_asymmetric import layout_of
-
+    from tests.helpers import layout_of
     layout = layout_of([(2, "1f1b", [(1, 8)]), (2, "zb_h1", [(1, 3), (1, 5)])], global_batch=4)
     last = layout.model.layers
     fwd, bwd = [(u,) for u in range(-1, last + 1)], [(u,) for u in range(last, -1, -1)]
@@ -78,8 +77,7 @@ def test_zero_2_per_micro_batch_on_multi_chunk_schedules_trains_like_one_process
     from hexicore_plugins.runtimes.torch.parallel.data.sync import sync_plan
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=4)
@@ -138,8 +136,7 @@ def test_zero_3_on_identical_multi_stage_pipelines_trains_like_one_process_and_k
     from hexicore.cost.precision import largest_unit_params
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, layout_of, plan_of, tiny, worker_spec
     m = tiny()
     ref = build_layout(m, [(8, [StageGroup((0,), m.layers)], reference_actions(8))], global_batch=8,
                        micro_batch=1, seq_len=SEQ, world=4)
@@ -177,8 +174,7 @@ def test_zero_3_is_accepted_on_one_stage_pipelines_whatever_chunks_their_schedul
     ZeRO-3 on them (it refused them before launch)."""
     from hexicore_plugins.runtimes.torch.runtime import check_zero_layout
     from hexicore_plugins.runtimes.torch.parallel.assignment import zero3_runs
-    from tests.test_asymmetric import layout_of
-
+    from tests.helpers import layout_of
     layout = layout_of(ONE_STAGE_CHUNKS, global_batch=4)
     assert [p.actions.stages for p in layout.pipelines] == [2, 2]
     assert zero3_runs(layout)
@@ -195,8 +191,7 @@ def test_zero_3_on_one_stage_pipelines_with_several_chunks_trains_like_one_proce
 
     from hexicore_plugins.runtimes.torch.launch.launcher import launch
     from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout, reference_actions
-    from tests.test_asymmetric import SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
-
+    from tests.helpers import CPU6_SEQ as SEQ, _max_abs, _max_rel, layout_of, tiny, worker_spec
     m = tiny()
     ref = build_layout(m, [(4, [StageGroup((0,), m.layers)], reference_actions(4))], global_batch=4,
                        micro_batch=1, seq_len=SEQ, world=2)

@@ -1,5 +1,5 @@
 """Exact compute-only schedules for small instances (CP-SAT): the optimum the heuristics are
-measured against (bench/schedules_zb.py; tests/test_schedules.py and tests/test_synth.py).
+measured against (bench/schedules_zb.py; tests/schedules/test_schedules.py and tests/pipeline/test_synth.py).
 
 The model is the simulator's (:mod:`hexicore.pipeline.simulate`, compute only): every task
 ``(op, stage, mb)`` is an interval of its :class:`hexicore.pipeline.timing.Timing` duration on its

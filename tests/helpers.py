@@ -172,7 +172,6 @@ CPU6_PLANS = {
 }
 
 
-# ------------------------------------------------------------ from test_asymmetric.py
 def tiny() -> ModelSpec:
     return model_preset("tiny")
 

@@ -19,7 +19,7 @@ micro-batch keeps its own copy of them. A recipe of 16-bit weights (the paper's 
 parameter) keeps its residual stream in 16 bits and casts nothing.
 
 ``hexicore profile`` records the same bytes as ``activation_bytes`` (CPU: the distinct saved
-tensors; CUDA: the allocator's growth); ``tests/test_block_memory.py`` holds this count against
+tensors; CUDA: the allocator's growth); ``tests/cost/test_block_memory.py`` holds this count against
 that measurement. Other blocks (GPT, LayerNorm) keep the paper's formula.
 """
 

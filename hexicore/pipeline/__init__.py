@@ -16,5 +16,5 @@ for: :mod:`~hexicore.pipeline.spec`), the placement an action list implies
 
 May import: :mod:`hexicore.core`. Never the planner, the cost model or the app layer. Inside:
 chains, arrays -> actions -> timing, comm -> fast_graph -> simulate_fast -> simulate -> validate
--> pricer -> schedule, greedy, synthesis (one way, no circle: tests/test_layout.py).
+-> pricer -> schedule, greedy, synthesis (one way, no circle: tests/repository/test_layout.py).
 """

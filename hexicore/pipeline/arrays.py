@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 #: array code of each op of the IR: its position in :data:`hexicore.pipeline.actions.OPS`
-#: (tests/test_fast_paths.py checks the two agree); keyed by the op's name
+#: (tests/pipeline/test_fast_paths.py checks the two agree); keyed by the op's name
 CODE = {op: i for i, op in enumerate(("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE", "STEP"))}
 F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE, STEP = CODE.values()
 

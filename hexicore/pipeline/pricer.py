@@ -13,7 +13,7 @@ memory cap) through these tiers:
    ``(M - k) / c x`` a steady-state period of ``c`` micro-batches, derived from short exact
    simulations of the same order under the same times (method docstring); exact from ``k``
    micro-batches on where the order's makespan has become periodic-affine by then
-   (tests/test_pricer.py measures where, schedule by schedule).
+   (tests/pipeline/test_pricer.py measures where, schedule by schedule).
 3. **exact simulation** (:meth:`SchedulePricer.simulated`): the makespan of the schedule's
    default-time order for P and M (``template``) under the given stage and link times, run
    by the simulator (:func:`hexicore.pipeline.simulate.makespan`). Exact for that order, always.
@@ -184,7 +184,7 @@ class SchedulePricer:
         ``T(m + c) = T(m) + c * lambda`` for every ``m >= k`` with ``c <= 2P``. A fixed order is a
         max-plus linear system in its stage and link times, so its makespan becomes so
         after a transient; :meth:`steady_fit` confirms the period on three of them before using
-        it, and refuses a period below the busiest rank's work. tests/test_pricer.py measures the
+        it, and refuses a period below the busiest rank's work. tests/pipeline/test_pricer.py measures the
         tier against exact simulation on a grid (P 2-8, M up to 400, uneven stage and hop times)
         for the built-ins: exact for the fixed orders (1F1B, GPipe, interleaved 1F1B, looped BFS,
         ZB-H1, Hanayo; Chimera's show no period in the window and are simulated); for the

@@ -28,7 +28,7 @@ from hexicore.core.plan import Plan  # noqa: E402
 from hexicore.pipeline.actions import ActionList  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=3000, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -29,7 +29,7 @@ from hexicore.planner.plan_check import validate_plan
 from hexicore.registry import Registry
 from tests.conftest import CONF, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "grouped_gpipe"
 FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
 

@@ -22,7 +22,7 @@ from hexicore_plugins.schedules.hanayo import Hanayo
 from hexicore_plugins.schedules.interleaved import Interleaved1F1B
 from tests.conftest import run_cli
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 TRAIN = ["model=tiny", "train.dtype=fp32", "train.recompute=false", "train.global_batch=4", "runtime.progress=false"]
 
 
@@ -150,7 +150,7 @@ def test_plan_and_evaluate_check_the_runtime_without_importing_torch(tmp_path):
             f"assert main(['plan', 'train.zero=3', 'out={tmp_path}/p.json', 'hydra.run.dir={tmp_path}/h']) in (0, None); "
             f"assert main(['evaluate', 'plan_file={tmp_path}/p.json', 'hydra.run.dir={tmp_path}/h2']) in (0, None); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
 

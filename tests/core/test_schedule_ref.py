@@ -15,7 +15,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.core.schedule_ref import DEFAULT_SCHEDULE, FrozenMap, ScheduleRef
 from hexicore.pipeline.actions import ActionList, parse_actions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_from_mapping_round_trips_in_order():

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tour() -> tuple[list[str], str, str]:

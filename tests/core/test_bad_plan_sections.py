@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-PLAN = Path(__file__).parent / "data" / "plan_v1.json"  # one pipeline of 5 stages, 24 micro-batches
+PLAN = Path(__file__).resolve().parents[1] / "data" / "plan_v1.json"  # one pipeline of 5 stages, 24 micro-batches
 #: the fixture was planned before the runtime's block memory was counted (fp32 block inputs kept
 #: under recomputation, the recomputed block's saved tensors and weight casts): its TP-2 RTX 4090
 #: stage now needs 24.4 of 24 GB with the default 1 GB reserve and 0.5 GB of them with none, so

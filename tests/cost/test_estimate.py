@@ -18,7 +18,7 @@ from hexicore.core.plan import Plan
 from hexicore.cost import AnalyticCostModel
 from tests.conftest import run_cli
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def test_plan_written_before_the_typed_estimate_saves_byte_identically(tmp_path):

@@ -25,7 +25,7 @@ from tests.helpers import (CPU6_SEQ as SEQ, CPU6_TOL as TOL, CPU6_ACCEPTANCE as 
                            CPU6_PLANS as PLANS)
 from tests.helpers import tiny, plan_of, layout_of, worker_spec, _max_rel, _max_abs
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 # ------------------------------------------------------------------ sync plan (no processes)

@@ -45,7 +45,7 @@ def test_array_codes_are_the_op_order():
 
 @pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}{s.params()}")
 def test_comm_pass_arrays_and_objects_are_the_same_lists(sched):
-    """``fast`` only chooses how the result is held (tests/test_comm.py checks the pass itself)."""
+    """``fast`` only chooses how the result is held (tests/pipeline/test_comm.py checks the pass itself)."""
     for P, M in GRID:
         al = sched.order(ScheduleSpec(P, M))
         fast, objects = insert_comm(al, fast=True), insert_comm(al, fast=False)

@@ -15,7 +15,7 @@ from hexicore.registry import Registry
 from hexicore.planner.pricing import ScheduleBook, auto_defaults, options, timed_cost
 from hexicore.planner.plan_check import validate_plan
 
-from .conftest import CONF
+from tests.conftest import CONF
 from tests.conftest import run_cli
 from tests.helpers import SEARCH_FAST as FAST, search_random_cluster as random_cluster
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FUNCTION = 80
 LONG_REASON = re.compile(r"\blong:\s*\S")
 

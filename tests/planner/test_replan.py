@@ -14,7 +14,7 @@ from hexicore.registry import Registry
 from hexicore.planner.replan.diff import describe, plan_diff
 from hexicore.planner.plan_check import validate_plan
 
-from .conftest import CONF
+from tests.conftest import CONF
 from tests.helpers import SEARCH_FAST as FAST, search_random_cluster as random_cluster
 from tests.conftest import run_cli
 

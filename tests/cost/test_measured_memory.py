@@ -20,7 +20,7 @@ from hexicore.cost.block_memory import block_bytes
 from hexicore.cost.measured_block import tokens_bytes
 from hexicore.cost.profiled import ProfiledCostModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = parse_cluster({"name": "one", "machines": [{"name": "A", "gpu": "rtx4090", "count": 2,
                                                       "bandwidth_gbs": 32, "latency_us": 10}]}, "test")
 MODEL = ModelSpec("m", 4, 64, 4, 4, 176, 256, 32)

@@ -30,7 +30,7 @@ from tests.helpers import (DIST_GB as GB, DIST_SEQ as SEQ, DIST_WORLD as WORLD, 
 
 pytestmark = pytest.mark.slow
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 

@@ -20,7 +20,7 @@ from hexicore.registry import Registry
 from hexicore.planner.stage_layout.tp_menus import tp_menus
 from hexicore.planner.plan_check import validate_plan
 
-from .conftest import CONF
+from tests.conftest import CONF
 from tests.conftest import run_cli
 
 FAST = {"iterations": 12, "polish_rounds": 3}

@@ -121,7 +121,7 @@ def test_chimera_copies_each_keep_a_shard_by_hand():
 
 @pytest.mark.slow
 def test_every_schedules_copies_keep_the_predicted_zero_bytes():
-    """One 6-rank job: two pipelines of each schedule plan of :mod:`tests.test_placement` (Chimera,
+    """One 6-rank job: two pipelines of each schedule plan of :mod:`tests.planner.test_placement` (Chimera,
     Hanayo, V shapes, interleaved, TP), tied, under ZeRO-2: each rank's AdamW state equals the
     cost model's under the schedule's placement (copies as holders, tied copies whole)."""
     pytest.importorskip("torch")
@@ -150,7 +150,7 @@ def test_every_schedules_copies_keep_the_predicted_zero_bytes():
 
 @pytest.mark.parametrize("count", [1, 2])
 def test_the_priced_embedding_group_is_the_runtimes(count):
-    """For every schedule plan of :mod:`tests.test_placement` (one or two pipelines): the stages
+    """For every schedule plan of :mod:`tests.planner.test_placement` (one or two pipelines): the stages
     whose tied-embedding all-reduce the cost model prices hold exactly the ranks of the runtime's
     embedding group (none where one stage holds the only copy)."""
     pytest.importorskip("torch")

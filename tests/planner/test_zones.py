@@ -13,7 +13,7 @@ from hexicore.planner.hexiscale import HexiScaleSolver
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
 
-from .conftest import model_preset
+from tests.conftest import model_preset
 
 FAST = {"iterations": 8, "polish_rounds": 2}
 

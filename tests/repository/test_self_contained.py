@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: built from pieces so that this file does not match itself
 FORBIDDEN = re.compile("|".join([r"DESIGN" + r"\.md", r"REFERENCE" + r"\.md", r"\.\./" + "shared",
                                  r"\bnotes/" + r"[a-z]+\.md", r"\b[Ii]ssues? #?\d+\b"]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.mark.slow

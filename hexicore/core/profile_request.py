@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hexicore.core.settings import TrainSettings
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
@@ -42,7 +43,7 @@ class ProfileRequest:
     micro_batches: tuple[int, ...] = (1,)
     tp: tuple[int, ...] = (1,)
     seq_len: int = 0
-    dtype: str = "bf16"
+    dtype: str = TrainSettings.dtype  # the training default (hexicore.core.settings)
     all_devices: bool = False
     repeats: int = 5
     link_bytes: tuple[int, ...] = (4096, 262144, 4194304)

@@ -23,10 +23,7 @@ from typing import Optional
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.search.candidate import assemble
-from hexicore.planner.search.context import INF, Candidate, make_context
-from hexicore.planner.search.search_config import SearchConfig
-from hexicore.planner.stage_layout.phase2 import phase2
+from hexicore.planner.search import INF, Candidate, SearchConfig, assemble, make_context, phase2
 
 
 @dataclass

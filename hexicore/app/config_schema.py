@@ -17,6 +17,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from hexicore.core.profile_request import ProfileRequest
 from hexicore.core.settings import (DTYPE_BYTES, ZERO_SCOPES, ZERO_SPLITS, ZERO_STAGES, CheckpointSettings,
                                     TrainSettings)
 
@@ -46,6 +47,8 @@ def config_section(section: str, *settings: type, inherited: tuple[str, ...] = (
             default = str(f.default) if kind is str and f.default is not None else f.default
             if name in inherited:
                 columns.append((name, Optional[kind], field(default=None)))
+            elif isinstance(default, tuple):  # a list on the command line: profile.tp=[1,2]
+                columns.append((name, List[type(default[0])], field(default_factory=lambda items=default: list(items))))
             else:
                 columns.append((name, kind, field(default=default)))
     return make_dataclass(f"{section.title()}Section", columns)
@@ -79,18 +82,9 @@ class PrepareSection:
     batch_docs: int = 1024
 
 
-@dataclass
-class ProfileSection:
-    micro_batches: List[int] = field(default_factory=lambda: [1, 2])
-    tp: List[int] = field(default_factory=lambda: [1, 2])
-    seq_len: Optional[int] = None
-    all_devices: bool = False
-    repeats: int = 5
-    statistic: str = "median"
-    concurrent: bool = False
-    link_bytes: List[int] = field(default_factory=lambda: [4096, 262144, 4194304])
-    allreduce_groups: List[int] = field(default_factory=lambda: [2, 4, 8])
-    allreduce_bytes: int = 4194304
+#: ``profile.*``: the fields of :class:`~hexicore.core.profile_request.ProfileRequest` (the
+#: sequence length is null: ``train.seq_len``, else the model's)
+ProfileSection = config_section("profile", ProfileRequest, inherited=("seq_len",))
 
 
 @dataclass

@@ -40,18 +40,18 @@ class ProfileRequest:
 
     cluster: Cluster
     model: ModelSpec
-    micro_batches: tuple[int, ...] = (1,)
-    tp: tuple[int, ...] = (1,)
+    micro_batches: tuple[int, ...] = (1, 2)
+    tp: tuple[int, ...] = (1, 2)
     seq_len: int = 0
-    dtype: str = TrainSettings.dtype  # the training default (hexicore.core.settings)
+    dtype: str = field(default=TrainSettings.dtype, metadata={"key": "train.dtype"})  # the training default
     all_devices: bool = False
     repeats: int = 5
+    statistic: str = "median"
+    concurrent: bool = False
     link_bytes: tuple[int, ...] = (4096, 262144, 4194304)
     allreduce_groups: tuple[int, ...] = (2, 4, 8)
     allreduce_bytes: int = 4194304
-    seed: int = 0
-    statistic: str = "median"
-    concurrent: bool = False
+    seed: int = field(default=0, metadata={"key": "seed"})
     runtime: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

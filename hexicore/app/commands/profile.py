@@ -28,6 +28,7 @@ from hexicore.core.ownership import check_writable
 from hexicore.core.profile import Profile
 from hexicore.core.cluster import Cluster
 from hexicore.core.profile_request import ProfileRequest
+from hexicore.core.settings import TrainSettings
 from hexicore.registry import Registry
 
 SRC = "command line"
@@ -92,7 +93,7 @@ def _request(cfg: DictConfig, p: Any, t: Any, model: Any, cluster: Cluster, seq_
         micro_batches=_ints(p.get("micro_batches"), "profile.micro_batches", limit=limits.MAX_GLOBAL_BATCH,
                             what="sequences"),
         tp=_ints(p.get("tp"), "profile.tp", limit=limits.MAX_DEVICES, what="GPUs"),
-        seq_len=seq_len, dtype=str(t.get("dtype") or "bf16"), all_devices=bool(p.get("all_devices")),
+        seq_len=seq_len, dtype=str(t.get("dtype") or TrainSettings.dtype), all_devices=bool(p.get("all_devices")),
         repeats=_int(p.get("repeats"), "profile.repeats", 1, limit=limits.MAX_REPEATS, what="repeats"),
         link_bytes=_ints(p.get("link_bytes"), "profile.link_bytes", 4, limit=limits.MAX_MESSAGE_BYTES, what="bytes"),
         allreduce_groups=allreduce_groups(p.get("allreduce_groups"), cluster),

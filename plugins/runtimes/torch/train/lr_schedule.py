@@ -16,7 +16,8 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.settings import OptimizerSettings
 
 
-def lr_at(step: int, *, lr: float, schedule: str = "constant", warmup_steps: int = 0, min_lr: float = 0.0,
+def lr_at(step: int, *, lr: float, schedule: str = OptimizerSettings.lr_schedule,
+          warmup_steps: int = OptimizerSettings.warmup_steps, min_lr: float = OptimizerSettings.min_lr,
           steps: int = 1) -> float:
     """The learning rate of step ``step`` (counted from 0) of a run of ``steps`` steps.
 

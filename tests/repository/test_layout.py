@@ -1,5 +1,6 @@
-"""The shape of the code: no import circle, imports one way between the sub-packages, no function
-over 80 lines without a stated reason. Modules have no size cap: a module holds one concept and
+"""The shape of the code: no import circle (in the import graph, and none that importing a module
+first would hit), imports one way between the sub-packages, no function over 80 lines without a
+stated reason. Modules have no size cap: a module holds one concept and
 its size follows the concept.
 
 Imports are read with :mod:`ast` from every ``.py`` file under ``hexicore/`` and ``plugins/``
@@ -125,6 +126,32 @@ def python_files() -> list[Path]:
 def test_no_import_circle():
     cycle = find_cycle({m: {t for t in ts} for m, ts in import_graph().items()})
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_every_module_imports_first():
+    """Each module imports on its own, as the first hexicore module a process loads: an import
+    circle through a package ``__init__`` (which the graph above does not see, since importing a
+    submodule runs its package first) fails here. One child process; hexicore's modules are
+    dropped from ``sys.modules`` before each import (third-party ones, torch included, stay)."""
+    import subprocess
+    import sys
+
+    names = sorted({**module_files(ROOT / "hexicore", "hexicore"), **module_files(ROOT / "plugins", "hexicore_plugins")})
+    code = (
+        "import importlib, sys\n"
+        f"names = {names!r}\n"
+        "bad = []\n"
+        "for name in names:\n"
+        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('hexicore', 'hexicore_plugins')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        bad.append(f'{name}: {type(exc).__name__}: {exc}')\n"
+        "print('\\n'.join(bad))\n"
+        "sys.exit(1 if bad else 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
 
 
 def test_imports_run_one_way_between_the_parts():

@@ -24,7 +24,7 @@ in the class's ``__post_init__`` through :func:`~hexicore.core.fields.check_fiel
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from hexicore.core import limits
 from hexicore.core.errors import HexicoreError
@@ -75,7 +75,7 @@ class TrainSettings:
         check_fields(self, "train")
         limits.check(self.global_batch, limits.MAX_GLOBAL_BATCH, "sequences", field="train.global_batch")
         limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
-        limits.check(self.global_batch // self.micro_batch, limits.MAX_MICRO_BATCHES, "micro-batches",
+        limits.check(self.micro_batches, limits.MAX_MICRO_BATCHES, "micro-batches",
                      field="train.micro_batch")
         if self.global_batch % self.micro_batch:
             raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
@@ -212,7 +212,3 @@ class OutputSettings:
     def __post_init__(self) -> None:
         check_fields(self, "")
 
-
-def field_defaults(cls: type) -> Mapping[str, Any]:
-    """``{field: default}`` of a settings class (what a schema or a config file shows)."""
-    return {f.name: f.default for f in fields(cls)}

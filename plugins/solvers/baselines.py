@@ -237,7 +237,7 @@ class FsdpSolver:
 
     def on_all(self, problem: Problem, *, progress: Progress = no_progress) -> Plan:
         t, L = problem.train, problem.model.layers
-        mbs = t.global_batch // t.micro_batch
+        mbs = t.micro_batches
         least = least_micro_batches(problem, 1)
         devs = sorted(problem.cluster.devices, key=lambda d: (-d.tflops, -d.memory_gb))[:max(1, mbs // least)]
         counts = speed_shares(mbs, [d.tflops for d in devs], least=min(least, mbs))

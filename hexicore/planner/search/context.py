@@ -241,6 +241,6 @@ def make_context(problem: Problem, config: SearchConfig, memo: dict | None = Non
     tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
     return SearchContext(problem, config, table, reg.create("partitioner", config.partitioner), refiner, orderer,
-                         problem.cluster.device_graph(), problem.train.global_batch // problem.train.micro_batch, degrees,
+                         problem.cluster.device_graph(), problem.train.micro_batches, degrees,
                          book=book, exact_cost=exact, options=opts, tables=tables,
                          workers=config.workers or available_cores())

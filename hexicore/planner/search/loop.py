@@ -81,7 +81,7 @@ def _depth_limit(problem: Problem) -> str:
         return ""
     if per_rank <= 1:
         return ""
-    m = problem.train.global_batch // problem.train.micro_batch
+    m = problem.train.micro_batches
     return (f"; schedule {problem.schedule['name']!r} needs {per_rank} micro-batches per pipeline rank, so "
             f"{m} micro-batches allow at most {m // per_rank} stages in all pipelines together")
 

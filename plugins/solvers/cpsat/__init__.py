@@ -142,7 +142,7 @@ class CpSatSolver:
         from .formulation import build, slot_counts
 
         t, L = problem.train, problem.model.layers
-        n_mb = t.global_batch // t.micro_batch
+        n_mb = t.micro_batches
         machines: dict[str, int] = {}
         for d in problem.cluster.devices:
             machines[d.machine] = machines.get(d.machine, 0) + 1

@@ -46,7 +46,7 @@ def time_unit(problem: Problem, options: Sequence["Option"], max_pipelines: int)
     block, the DP sync of every block over the slowest pair of options) stays under
     ``MAX_MAGNITUDE``. Real models get about 1-10 us, tiny test models picoseconds."""
     c, m, t = problem.cluster, problem.model, problem.train
-    n_mb, L = t.global_batch // t.micro_batch, m.layers
+    n_mb, L = t.micro_batches, m.layers
     priced = problem.bound_cost()
     stage = max(priced.stage_s(o.devices, L, first=True, last=True) for o in options)
     sizes = {name: len(devs) for name, devs in machine_pools(problem).items()}
@@ -244,7 +244,7 @@ def build_tables(problem: Problem, options: Sequence[Option], max_pipelines: int
         v = int(math.floor(seconds / unit))
         return min(v, ceiling) if (cap and ceiling is not None) else v
 
-    n_mb = t.global_batch // t.micro_batch
+    n_mb = t.micro_batches
     rows = in_flight_rows(problem, max_stages, n_mb)
     flights, in_flight = flight_index(rows, max_stages, n_mb)
     blocked = any(len(flights) in row for rows_p in in_flight for row in rows_p)

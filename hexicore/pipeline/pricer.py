@@ -112,6 +112,19 @@ def split_holds(ranks: int, n_mb: int, chunked: bool = False) -> bool:
     return not chunked or n_mb == ranks or n_mb >= 2 * ranks
 
 
+#: the least relative gain worth an exact pricing: a schedule whose lower bound is within this of
+#: the time already in hand is not priced (:func:`worth_pricing`)
+LEAST_GAIN = 1e-3
+
+
+def worth_pricing(bound: float, best: float) -> bool:
+    """Whether a schedule with lower bound ``bound`` may beat ``best`` seconds by more than
+    :data:`LEAST_GAIN` (relative): bounds first, so a schedule whose exact price grows with the
+    micro-batches (a synthesis, a justification over all of them) is not built where it cannot
+    pay. With many micro-batches every schedule's bubble shrinks towards the bound."""
+    return bound < best * (1.0 - LEAST_GAIN)
+
+
 # ------------------------------------------------------------------ the pricer
 @dataclass(frozen=True)
 class SchedulePricer:
@@ -125,6 +138,12 @@ class SchedulePricer:
     cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     # --------------------------------------------------------------- time
+    def lower_bound(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """Tier 0, a bound no order beats: the busiest rank's own work, ``M * max_j stage_times[j]``
+        (every rank runs its share of every micro-batch, one task at a time). The planner skips a
+        schedule whose bound leaves no room to beat the one it has (:func:`worth_pricing`)."""
+        return int(n_mb) * max(stage_times, default=0.0)
+
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         """Tier 1: the schedule's declared closed form where it is exact for these inputs, else None."""
         return self.schedule.closed_form(stage_times, hop_times, n_mb)

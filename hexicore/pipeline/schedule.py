@@ -272,6 +272,11 @@ class ActionSchedule(ABC):
         """The search's PIPELINE-TIME model (:class:`Pricing`, ``growth``): :meth:`SchedulePricer.anchored`."""
         return self.pricer.anchored(stage_times, hop_times, n_mb)
 
+    def time_bound(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """A lower bound on :meth:`pipeline_time` (:meth:`SchedulePricer.lower_bound`, the busiest
+        rank's work); a plugin with a tighter one overrides it."""
+        return self.pricer.lower_bound(stage_times, hop_times, n_mb)
+
     # ------------------------------------------------------------ memory
     def peak_activations(self, spec: ScheduleSpec) -> tuple[float, ...]:
         """Peak in-flight activations per rank (units of a rank's whole share) under ``spec``'s

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.pricer import worth_pricing
 from hexicore.planner.allocation.objective import rate
 from hexicore.planner.stage_layout.pipeline_fit import capped, fits
 from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, resolve_placed, timed_cost
@@ -125,11 +126,15 @@ def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tupl
 
 def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
             stage_s: list, hop_s: list, n: int) -> tuple[ScheduleRef, dict]:
-    """One pipeline: its schedule, or the fastest final option that is faster and fits."""
+    """One pipeline: its schedule, or the fastest final option that is faster and fits; an
+    option whose lower bound leaves no room to beat the best so far
+    (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built."""
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     seen = {}
     for ref in refs:
         if not book.runs(ref, len(p.stages), n):
+            continue
+        if not worth_pricing(book.bound(ref, stage_s, hop_s, n), best_s):
             continue
         ref = capped(book, cost, plan, p, ref)
         try:

@@ -39,9 +39,13 @@ from hexicore.core.plan import Pipeline
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.cost.base import bad_number
 from hexicore.planner.stage_layout.pipeline_fit import capped, fits
+from hexicore.pipeline.pricer import worth_pricing
 from hexicore.pipeline.schedule import PRICED
 from hexicore.registry import accepts, require
 
+#: a schedule's free parameters are chosen on at most this many of its periods of micro-batches
+#: (:meth:`ScheduleBook.choosing_micro_batches`)
+CHOOSE_PERIODS = 4
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
 AUTO = "auto"
 #: why a schedule book has no ``auto``: it is the hexiscale search's choice, not a schedule
@@ -181,6 +185,12 @@ class ScheduleBook:
             return math.inf
         return _time(self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n)), ref, "model_time")
 
+    def bound(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
+        """A lower bound on :meth:`exact` (the schedule's ``time_bound``; inf where it does not run)."""
+        if not self.runs(ref, len(stage_s), n):
+            return math.inf
+        return _time(self.priced(ref, len(stage_s)).time_bound(stage_s, hop_s, int(n)), ref, "time_bound")
+
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int, rank_layers: Sequence[int] = ()) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank (units of a rank's whole share), of the lists
         built for the ranks' blocks where the schedule takes them (as :meth:`exact`)."""
@@ -206,13 +216,29 @@ class ScheduleBook:
         if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)
-        chosen, secs = sched.resolve(ref, stage_s, hop_s, int(n), **layers_for(sched.resolve, rank_layers))
+        rep = self.choosing_micro_batches(ref, len(stage_s), n)
+        chosen, secs = sched.resolve(ref, stage_s, hop_s, rep, **layers_for(sched.resolve, rank_layers))
         _time(secs, ref, "resolve")
+        if rep != n:  # chosen on fewer micro-batches: priced exactly at n
+            secs = self.exact(chosen, stage_s, hop_s, n, rank_layers)
         if chosen != ref and chosen not in self._built:  # its work is reused (ActionSchedule.share)
             share = getattr(sched, "share", None)
             if share is not None:
                 share(self.schedule(chosen))
         return chosen, secs
+
+    def choosing_micro_batches(self, ref: Mapping[str, Any], ranks: int, n: int) -> int:
+        """The micro-batches a schedule's free parameters are chosen on (:meth:`resolve`): ``n`` up
+        to :data:`CHOOSE_PERIODS` times the schedule's period (``ranks``, or the fewest
+        micro-batches it runs with), else ``n`` reduced by whole periods to that range — the same
+        steady state and remainder, so a choice between orders that differ in their steady state
+        is made where it shows, for a cost that does not grow with ``n``."""
+        period = max(ranks, self.min_micro_batches(ref, ranks))
+        span = CHOOSE_PERIODS * period
+        if n <= span:
+            return int(n)
+        first = span - period + 1  # the last whole period below the span: n's remainder kept
+        return int(first + (n - first) % period)
 
     def timer(self, modelled: bool = False):
         """A ``hexicore.cost.PipelineTimer`` pricing each pipeline under its own schedule."""
@@ -306,14 +332,22 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
 def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[ScheduleRef]) -> tuple[Any, list]:
     """Per pipeline of ``plan`` (layers and batches fixed), the exactly fastest schedule among
     ``refs`` whose peak activations fit every stage's devices; the pipeline's own schedule
-    stays a candidate, so no pipeline gets slower. Returns the new plan and, per pipeline,
-    ``{schedule name: seconds}`` of the options tried."""
+    stays a candidate, so no pipeline gets slower. The others are priced in the order of the
+    search's modelled times, bounds first: one whose lower bound (:meth:`ScheduleBook.bound`)
+    cannot beat the best fitting time so far by more than
+    :data:`~hexicore.pipeline.pricer.LEAST_GAIN` is not priced. Returns the new plan and, per
+    pipeline, ``{schedule name: seconds}`` of the options priced."""
     pipes, tried = [], []
     for p in plan.pipelines:
         best, seen = None, {}
         n = p.n_micro_batches(plan.train.micro_batch)
-        for ref in [p.schedule] + [r for r in refs if r != p.schedule]:
+        pieces = cost.pipeline_pieces(plan, p)
+        others = [r for r in refs if r != p.schedule and book.runs(r, len(p.stages), n)]
+        others.sort(key=lambda r: book.model(r, *pieces, n))
+        for ref in [p.schedule] + others:
             if not book.runs(ref, len(p.stages), n):
+                continue
+            if best is not None and best[0] and not worth_pricing(book.bound(ref, *pieces, n), best[1]):
                 continue
             ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)

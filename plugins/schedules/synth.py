@@ -40,7 +40,7 @@ from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, need, positive_memory
 from hexicore.pipeline.simulate import compile_lists, makespan
-from hexicore.pipeline.synthesis import LAYOUTS, candidate, caps_of, layout_map, synthesize
+from hexicore.pipeline.synthesis import LAYOUTS, candidate, caps_of, layout_map, lower_bound, synthesize
 
 #: ``effort`` -> :func:`hexicore.pipeline.synthesis.synthesize` settings
 EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
@@ -167,6 +167,11 @@ class Synth(ActionSchedule):
                                 (candidate(base, name, False, None, caps)[2] for name in ("linear", "v"))]
         spec = ScheduleSpec.from_pieces(stage_times, hop_times, n)
         return min(makespan(al, spec.timing(al), c) for al, c in self._cache[key])
+
+    def time_bound(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
+        """:func:`hexicore.pipeline.synthesis.lower_bound` of its layouts: no synthesis beats it
+        (the planner synthesises only where it leaves room for a gain)."""
+        return lower_bound(ScheduleSpec.from_pieces(stage_times, hop_times, n_mb))
 
     def resolve(self, ref: ScheduleRef, stage_times: Sequence[float], hop_times: Sequence[float],
                 n_mb: int, rank_layers: Sequence[int] = ()) -> tuple[ScheduleRef, float]:

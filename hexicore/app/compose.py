@@ -23,7 +23,7 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
 from hexicore.planner.allocation.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
-from hexicore.planner.zero_stage import solve_zero
+from hexicore.planner.train_choice import solve_choices
 from hexicore.registry import Registry, accepts
 from hexicore.planner.plan_check import check_schedules, validate_plan
 
@@ -243,7 +243,7 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     solver = registry.create("solver", name, **params)
     t0 = time.perf_counter()
     try:
-        plan = solve_zero(solver, problem, time_limit=time_limit, seed=seed, progress=progress)
+        plan = solve_choices(solver, problem, time_limit=time_limit, seed=seed, progress=progress)
     except HexicoreError as exc:
         if exc.source:
             raise

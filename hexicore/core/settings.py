@@ -33,6 +33,8 @@ from hexicore.core.model import DTYPE_BYTES
 
 #: ``train.zero`` values: ZeRO stages and ``auto`` (the planner searches them)
 ZERO_STAGES = (0, 1, 2, 3, "auto")
+#: ``train.micro_batch``'s keyword for "the planner chooses the micro-batch size"
+AUTO = "auto"
 ZERO_SPLITS = ("even", "memory")
 #: ``train.zero_scope``: shard among all holders of a chunk, or only among those in the same
 #: machine, replicating across machines (hybrid sharding, PyTorch's HSDP)
@@ -50,7 +52,7 @@ class TrainSettings:
     sequence length, dtype, recomputation, and the sharded-state stage ``zero`` (ZeRO,
     Rajbhandari et al. 2020: 0 = every data-parallel holder keeps the full state, 1 = optimizer
     state sharded among the holders of a layer chunk, 2 = + gradients, 3 = + weights; ``"auto"``
-    only in a planning problem: the planner chooses). ``zero_split``: ``even`` shards among a
+    only in a planning problem: the planner chooses; so is ``micro_batch`` ``"auto"``). ``zero_split``: ``even`` shards among a
     chunk's holders, or ``memory`` = each holder's share proportional to its device's memory
     (Cephalo-style). ``zero_scope``: ``all`` holders share the shards, or ``machine`` = shards
     among the holders in one machine, replicated across machines (hybrid sharding). ``steps``
@@ -58,7 +60,7 @@ class TrainSettings:
     :data:`PLAN_FIELDS`, and writes ``zero*`` only when not the default (0, even, all)."""
 
     global_batch: int = rule(24, whole())
-    micro_batch: int = rule(1, whole())
+    micro_batch: int | str = rule(1, None)  # a whole number >= 1 or auto, checked below
     seq_len: int = rule(4096, whole())
     dtype: str = rule("bf16", one_of(tuple(DTYPE_BYTES), "dtype"))
     recompute: bool = rule(True, flag)
@@ -75,9 +77,13 @@ class TrainSettings:
         check_fields(self, "train")
         limits.check(self.global_batch, limits.MAX_GLOBAL_BATCH, "sequences", field="train.global_batch")
         limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
+        if self.micro_batch != AUTO and (not isinstance(self.micro_batch, int) or isinstance(self.micro_batch, bool)
+                                         or self.micro_batch < 1):
+            raise HexicoreError(f"micro_batch must be a whole number >= 1 or auto; got {self.micro_batch!r}",
+                                field="train.micro_batch")
         limits.check(self.micro_batches, limits.MAX_MICRO_BATCHES, "micro-batches",
                      field="train.micro_batch")
-        if self.global_batch % self.micro_batch:
+        if self.micro_batch != AUTO and self.global_batch % self.micro_batch:
             raise HexicoreError(f"global batch {self.global_batch} is not a multiple of micro-batch "
                                 f"{self.micro_batch}: give a train.global_batch that {self.micro_batch} divides, "
                                 f"or another train.micro_batch", field="train.micro_batch")
@@ -95,8 +101,9 @@ class TrainSettings:
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches per step over the whole run (global batch / micro-batch)."""
-        return self.global_batch // self.micro_batch
+        """Micro-batches per step over the whole run (global batch / micro-batch; ``auto``,
+        unresolved: as many as sequences)."""
+        return self.global_batch // (1 if self.micro_batch == AUTO else self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON's ``train`` section: the planning fields, ``zero*`` only when not default."""
@@ -116,8 +123,17 @@ class TrainSettings:
         d = schema.as_mapping(data, source, prefix)
         kw: dict[str, Any] = {}
         for k in ("global_batch", "micro_batch", "seq_len", "steps"):
-            if d.get(k) is not None:
-                kw[k] = schema.integer(d[k], source, f"{prefix}.{k}")
+            v = d.get(k)
+            if k == "micro_batch" and isinstance(v, str):  # the command line's text (a number or auto)
+                v = v.strip()
+                if v != AUTO:
+                    try:
+                        v = float(v)
+                    except ValueError:
+                        raise HexicoreError(f"expected a whole number or auto, got {v!r}", source=source,
+                                            field=f"{prefix}.{k}") from None
+            if v is not None:
+                kw[k] = AUTO if k == "micro_batch" and v == AUTO else schema.integer(v, source, f"{prefix}.{k}")
         for k in ("dtype", "zero_split", "zero_scope"):
             if d.get(k) is not None:
                 kw[k] = schema.string(d[k], source, f"{prefix}.{k}")

@@ -7,7 +7,7 @@ try ``final_options`` (:mod:`hexicore.planner.final_schedules`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import time
 
@@ -25,10 +25,13 @@ from hexicore.planner.search.workers import available_cores
 
 @dataclass(frozen=True)
 class HexiScaleSolver:
-    """``HexiScaleSolver(**params)`` with the keys of :class:`SearchConfig`."""
+    """``HexiScaleSolver(**params)`` with the keys of :class:`SearchConfig`. It prices every
+    training setting of the problem (``train_options``: ``train.zero=auto``,
+    ``train.micro_batch=auto``) inside its one search (``chooses_train``)."""
 
     config: SearchConfig
     name: str = "hexiscale"
+    chooses_train: ClassVar[bool] = True
 
     @classmethod
     def from_params(cls, **params: Any) -> "HexiScaleSolver":

@@ -31,7 +31,11 @@ class Problem:
     :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
     ``cost`` (None when the cost model's own PIPELINE-TIME does;
     :func:`hexicore.planner.pricing.schedule_pricing` builds both). ``objective``: what the
-    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default)."""
+    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default).
+    ``train_options``: other concrete training settings the solver may plan under instead of
+    ``train`` (``train.zero=auto``, ``train.micro_batch=auto``:
+    :func:`hexicore.planner.train_choice.solve_choices` fills them for a solver that declares
+    ``chooses_train``; empty for any other)."""
 
     cluster: Cluster
     model: ModelSpec
@@ -42,6 +46,7 @@ class Problem:
     warm_start: Plan | None = None
     pricing: ScheduleBook | None = None
     objective: Objective = field(default_factory=Objective)
+    train_options: tuple[TrainSettings, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, ScheduleRef):

@@ -33,7 +33,7 @@ from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stage_layout.layers import layer_ranges
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 from hexicore.planner.stage_layout.stage_table import StageTable
-from hexicore.planner.zero_stage import at_stage
+from hexicore.planner.train_choice import at_stage
 
 METIS_REPARTITIONS = 3  # Metis' LayerLoadBalancer re-partitions at most three times
 

@@ -24,7 +24,7 @@ from hexicore.planner.baselines.symmetric import even_layers, factorisations, la
 from hexicore.planner.fastest import priced_where_it_could_win
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
-from hexicore.planner.zero_stage import at_stage
+from hexicore.planner.train_choice import at_stage
 
 __all__ = ["MegatronSolver", "even_layers", "factorisations", "legal", "symmetric_plan"]
 

@@ -31,17 +31,20 @@ from hexicore.planner.stage_layout.phase2 import phase2
 from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline
 
 def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str, info: dict | None = None,
-             choose: bool = False) -> Candidate:
+             choose: bool = False, beat: float = INF) -> Candidate:
     """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
     With a schedule book each pipeline gets the option fastest at its micro-batches — among
     all options with ``choose`` (schedule=auto; such candidates leave the search's moving
-    averages alone, so the first option's trajectory is the same as searching it alone)."""
+    averages alone, so the first option's trajectory is the same as searching it alone).
+    ``beat``: bounds first — where the slowest pipeline's modelled time after the batch
+    allocation (what the iteration waits for at least) is already above it, no estimate is made
+    and the candidate scores inf."""
     p = context.problem
     n_mb_max = context.micro_batches - (len(layouts) - 1)
-    counts = allocate_batch([context.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts],
-                            context.micro_batches,
+    times = [context.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts]
+    counts = allocate_batch(times, context.micro_batches,
                             [context.least_micro_batches(lay, n_mb_max, choose) for lay in layouts])
-    if counts is None:
+    if counts is None or (beat < INF and max(t(n) for t, n in zip(times, counts)) > beat * (1 + 1e-9)):
         return Candidate(INF, None, None, origin)
     sections = [p.schedule] * len(layouts)
     if context.book is not None:  # per pipeline the option that is fastest at its micro-batches
@@ -61,35 +64,93 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
     if est.fits and not choose:
         slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
         context.update_averages(est.dp_s, counts[slow] * sum(layouts[slow].hop_s))
-    return Candidate(score, plan, est, origin, tuple(layouts), dict(info or {}))
+    context.best_score = min(context.best_score, score)
+    return Candidate(score, plan, est, origin, tuple(layouts), {**(info or {}), "choice": context.choice})
 
 
 def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
-    """One candidate of §4.2-4.3 for ``D_dp`` pipelines."""
+    """One candidate of §4.2-4.3 for ``D_dp`` pipelines; with other training settings
+    (``train.zero=auto``, ``train.micro_batch=auto``) the best of the same parts priced under
+    each (:func:`other_settings`)."""
     origin = f"search D_dp={d_dp} {objective}"
     context.at_pipelines(d_dp)
     parts, ks = split(context, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
     if key in context.seen:
         return context.seen[key]
+    info = {"d_dp": len(parts), "objective": objective, "k": ks}
+    layouts = lay_out_parts(context, parts, ks, seed)
+    cand = Candidate(INF, None, None, origin)
+    if layouts is not None:
+        n_mb_max = context.micro_batches - (len(parts) - 1)
+        cand = min([assemble(context, layouts, origin, info)] + aligned(context, layouts, n_mb_max, origin, info),
+                   key=lambda c: c.score)
+        if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
+            context.track_auto([assemble(context, layouts, origin, info, True)]
+                               + aligned(context, layouts, n_mb_max, origin, info, True))
+    if context.others:
+        cand = min([cand] + other_settings(context, parts, ks, layouts, seed, origin, info, cand.score),
+                   key=lambda c: c.score)
+    context.seen[key] = cand
+    return cand
+
+
+def lay_out_parts(context: SearchContext, parts: Sequence[Sequence[str]], ks: Sequence[int],
+                  seed: int) -> list[StageLayout] | None:
+    """Phase 2 of every part under ``context``'s training setting; None where one has no layout
+    (or there are fewer micro-batches than parts)."""
     n_mb_max = context.micro_batches - (len(parts) - 1)
+    if n_mb_max < 1:
+        return None
     layouts = []
     for i, (p, k) in enumerate(zip(parts, ks)):
         lay = phase2(context, p, k, n_mb_max, seed + i)
         if lay is None:
-            context.seen[key] = Candidate(INF, None, None, origin)
-            return context.seen[key]
+            return None
         layouts.append(lay)
-    info = {"d_dp": len(parts), "objective": objective, "k": ks}
-    cand = min([assemble(context, layouts, origin, info)] + aligned(context, layouts, n_mb_max, origin, info),
-               key=lambda c: c.score)
-    context.seen[key] = cand
-    if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
-        context.track_auto([assemble(context, layouts, origin, info, True)]
-                   + aligned(context, layouts, n_mb_max, origin, info, True))
-    return cand
+    return layouts
 
 
+def relaid(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int) -> list[StageLayout] | None:
+    """``layouts`` (laid out under another training setting) under ``context``'s: the same
+    stages, the layers allocated exactly under its stage times and memory caps; None where a
+    pipeline fits no way."""
+    out = []
+    for lay in layouts:
+        new = layout_pipeline(context.table, lay.stages, n_mb_max)
+        if new is None:
+            return None
+        out.append(new)
+    return out
+
+
+def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: Sequence[int],
+                   layouts: Sequence[StageLayout] | None, seed: int, origin: str, info: dict,
+                   beat: float) -> list[Candidate]:
+    """The lead's parts under each other training setting (``context.others``): the lead's
+    stages (or, where the lead's memory holds no layout of a part, those phase 2 finds under
+    the roomiest setting, :attr:`SearchContext.roomy`) re-laid out under the setting
+    (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``)."""
+    if layouts is None and context.roomy is not context:
+        context.roomy.at_pipelines(len(parts))
+        layouts = lay_out_parts(context.roomy, parts, ks, seed)
+    out: list[Candidate] = []
+    if layouts is None:
+        return out
+    for other in context.others:
+        n_mb_max = other.micro_batches - (len(parts) - 1)
+        if n_mb_max < 1:
+            continue
+        other.at_pipelines(len(parts))
+        mine = relaid(other, layouts, n_mb_max)
+        if mine is None:
+            continue
+        cand = assemble(other, mine, origin, info, beat=beat)
+        beat = min(beat, cand.score)
+        out.append(cand)
+        if other.auto:
+            other.track_auto([assemble(other, mine, origin, info, True)])
+    return out
 
 
 def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int, origin: str, info: dict,

@@ -83,6 +83,24 @@ class SearchContext:
     class_ids: dict = field(default_factory=dict)  # machine class -> small id (phase 2's shared_phase2)
     workers: int = 1  # processes the search may use (hexicore.planner.search.prefetch)
     ahead: dict = field(default_factory=dict)  # ((part key, seed) -> layout) computed ahead (prefetch.walk_ahead)
+    choice: int = 0  # which training setting this context prices: 0 = problem.train, i = train_options[i - 1]
+    others: tuple["SearchContext", ...] = ()  # the lead context's contexts for problem.train_options
+    best_score: float = INF  # the least score assembled under this context's training setting
+
+    def contexts(self) -> tuple["SearchContext", ...]:
+        """This (lead) context and those of the other training settings, by ``choice``."""
+        return (self,) + self.others
+
+    def of(self, candidate: Candidate) -> "SearchContext":
+        """The context whose training setting ``candidate`` was assembled under."""
+        return self.contexts()[candidate.info.get("choice", 0)]
+
+    @cached_property
+    def roomy(self) -> "SearchContext":
+        """The context whose setting leaves a stage the most memory (the highest ZeRO stage, then
+        the smallest micro-batch): phase 2 lays a part out there when the lead's memory holds
+        no layout of it."""
+        return min(self.contexts(), key=lambda c: (-c.problem.train.zero_stage, c.problem.train.micro_batch))
 
     @cached_property
     def machine_graph(self) -> DeviceGraph:
@@ -162,6 +180,20 @@ class SearchContext:
             if self.auto_best is None or c.score < self.auto_best.score:
                 self.auto_best = c
 
+    def pipeline_counts(self) -> list[int]:
+        """:meth:`dp_range` of every training setting's context together (the lead's error where
+        none has any)."""
+        found: set[int] = set()
+        error = None
+        for c in self.contexts():
+            try:
+                found.update(c.dp_range())
+            except HexicoreError as exc:
+                error = error or exc
+        if not found:
+            raise error
+        return sorted(found)
+
     def dp_range(self) -> list[int]:
         """Candidate numbers of pipelines: ``dp_min..dp_max``, bounded by the devices, the
         micro-batches and memory (every pipeline holds a whole model's training state)."""
@@ -240,7 +272,9 @@ def make_context(problem: Problem, config: SearchConfig, memo: dict | None = Non
                                           least_fn=book.least if book is not None else None))
     tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
+    others = tuple(replace(make_context(replace(problem, train=train, train_options=()), config, memo), choice=i + 1)
+                   for i, train in enumerate(problem.train_options))
     return SearchContext(problem, config, table, reg.create("partitioner", config.partitioner), refiner, orderer,
                          problem.cluster.device_graph(), problem.train.micro_batches, degrees,
                          book=book, exact_cost=exact, options=opts, tables=tables,
-                         workers=config.workers or available_cores())
+                         workers=config.workers or available_cores(), others=others)

@@ -237,7 +237,7 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     context = make_context(problem, config, memo)
-    dps = context.dp_range()
+    dps = context.pipeline_counts()
     rng = random.Random(seed)
     replanned = problem.warm_start is not None and config.replan_iterations is not None
     if replanned:
@@ -245,7 +245,7 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
         replanned = best.plan is not None  # nothing repaired fits: fall back to the full search
     if not replanned:
         progress("hexiscale: seeding with symmetric plans", 0.0)
-        seeds = [c for c in seed_candidates(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+        seeds = [c for c in all_seeds(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
         best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
     if best.plan is None:
@@ -253,16 +253,38 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
-    best = polish(context, best, deadline, only)
+    own = context.of(best)
+    best = polish(own, best, deadline, only)
     cands = [best]
     if context.auto:
-        context.track_auto([assemble(context, best.layouts, best.origin, best.info, True)])
-        cands.insert(0, polish(context, context.auto_best, deadline, only, True))
+        own.track_auto([assemble(own, best.layouts, best.origin, best.info, True)])
+        chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
+        cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
     plan, sched_info = finalize(context, cands)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
-            "candidates": context.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
+            "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines), "seed": seed,
+            **sched_info}
+    if context.others:  # per training setting the best the search found (the plan's own: exactly priced)
+        exact = context.exact_cost.estimate(plan)
+        info["train_s"] = [[c.problem.train.to_dict(),
+                            exact.iteration_s if c.problem.train == plan.train
+                            else (None if c.best_score == INF else c.best_score)] for c in context.contexts()]
     if replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)
+
+
+def all_seeds(context: SearchContext, seed: int) -> list[Candidate]:
+    """The seed candidates (:func:`seed_candidates`) of the lead training setting and of the
+    roomiest one (the seed solvers lay out under each); under every other setting the lead's
+    and the roomiest's seed plans re-laid out (:func:`relayout`)."""
+    seeds = seed_candidates(context, seed)
+    if context.roomy is not context:
+        seeds += seed_candidates(context.roomy, seed)
+    plans = [c for c in seeds if c.plan is not None]
+    for other in context.others:
+        if other is not context.roomy:
+            seeds += [relayout(other, c.plan, c.origin, keep_layers=False) for c in plans]
+    return seeds

@@ -18,7 +18,7 @@ from hexicore.planner.allocation.sub_clusters import allocate
 from hexicore.planner.final_schedules import reschedule
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
-from hexicore.planner.search.loop import run_search
+from hexicore.planner.search.loop import finish, run_search, search
 from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.search.workers import available_cores
 
@@ -55,20 +55,24 @@ class HexiScaleSolver:
             return reschedule(problem, plan, progress)
         deadline = None if time_limit is None else time.monotonic() + time_limit
         memo: dict = {}  # stage tables shared by the searches on sub-clusters (search.shared_table)
+        found: dict = {}  # (pipelines, train) of a searched plan -> the search, to price it exactly (finish)
 
         def one(sub: Problem, report: Progress) -> Plan:  # the same search on a sub-cluster, in the time left
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
-            return run_search(sub, self.config, time_limit=left, seed=seed, progress=report, memo=memo)
+            searched = search(sub, self.config, time_limit=left, seed=seed, progress=report, memo=memo)
+            plan = searched.plan
+            found[plan.pipelines, plan.train] = searched
+            return plan
 
         quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
 
         def screen(sub: Problem, plan: Plan | None) -> Plan | None:  # a short search (a tenth of the iterations; plan unused)
-            found = run_search(sub, quick, time_limit=None, seed=seed, progress=no_progress, memo=memo)
-            return found.with_estimate(sub.cost.estimate(found))
+            return search(sub, quick, time_limit=None, seed=seed, progress=no_progress, memo=memo).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,
-                        workers=self.config.workers or available_cores())
+                        workers=self.config.workers or available_cores(),
+                        finish=lambda p: finish(found[p.pipelines, p.train]))
         if problem.warm_start is not None and "replan" in plan.solver:  # against the cluster asked for
             plan = plan.with_solver({**plan.solver, "replan": plan_diff(problem.warm_start, plan, problem.cluster)})
         return reschedule(problem, plan, progress)

@@ -288,6 +288,21 @@ class _Search:
                 sub = replace(self.problem, cluster=cl.exclude([d.id for d in cl.devices if d.id not in keep]))
                 self.solved((cls[0], k), (cls[0],), sub, part=True)
 
+    def finished(self, finish: Callable[[Plan], Plan]) -> None:
+        """The :data:`FINISHED` best trials' plans priced exactly by ``finish``; the best of them
+        becomes :attr:`best`."""
+        top = sorted(((k, t) for k, t in self.trials.items() if t is not None and t.plan is not None
+                      and t.score[0] < INF), key=lambda kt: kt[1].score)[:FINISHED]
+        self.best = None
+        for key, t in top:
+            plan = finish(t.plan)
+            est = plan.estimate or self.problem.cost.estimate(plan)
+            plan = Plan(plan.model, self.problem.cluster, plan.train, plan.pipelines, est, plan.solver)
+            done = replace(t, plan=plan, score=self.objective.score(plan))
+            self.trials[key] = done
+            if self.best is None or done.score < self.best.score:
+                self.best = done
+
     def solved(self, key: tuple, machines: tuple, sub: Problem, first: bool = False, part: bool = False) -> Trial:
         """Solve ``sub`` (the devices of ``machines``, or some: ``part``), record it under ``key``."""
         try:
@@ -331,9 +346,14 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
     return out
 
 
+#: how many of the best sub-clusters' plans :func:`allocate` has priced exactly (``finish``)
+FINISHED = 2
+
+
 def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: Progress = no_progress,
              deadline: float | None = None, screen: Screen | None = None, screen_above: int = 128,
-             workers: int = 1, shares: TimeShares | None = None) -> Plan:
+             workers: int = 1, shares: TimeShares | None = None,
+             finish: Callable[[Plan], Plan] | None = None) -> Plan:
     """The best plan of ``solve`` over sub-clusters of whole machines (module docstring);
     past ``deadline`` (``time.monotonic()``) no further sub-cluster is solved (the whole cluster
     always is; where nothing fits it, the sub-clusters are still tried, and its error is raised
@@ -345,7 +365,10 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     that search (the scores are the same, so is the descent); ``shares``: told before each
     solve what part of the time left it gets; once spent, no further sub-cluster is solved;
     its ``solver`` section gains ``allocation`` (how many sub-clusters were solved, the mode,
-    the machines used) and ``idle`` (:func:`idle_groups`)."""
+    the machines used) and ``idle`` (:func:`idle_groups`). ``finish``: for a solver whose plans
+    are priced by a model while it searches (hexiscale), the exact pricing of a plan it returned:
+    the :data:`FINISHED` best sub-clusters' plans are finished and the best of those wins, so
+    only they are priced exactly."""
     objective = problem.objective
     objective.check_prices(problem.cluster)
     classes = machine_classes(problem.cluster)
@@ -391,6 +414,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     complete = len(s.trials) == total
     if objective.budget_per_hour is not None and (s.best is None or s.best.score[0] == INF):
         s.trimmed()
+    if finish is not None:
+        s.finished(finish)
     best = s.best
     if best is None or best.plan is None or best.score[0] == INF:
         raise s.whole_error if s.whole_error is not None else objective.unmet(problem, s.trials)

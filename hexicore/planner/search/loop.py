@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 from hexicore.core.errors import HexicoreError
@@ -221,19 +221,46 @@ def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, 
     return plan, info
 
 
+@dataclass(frozen=True)
+class Searched:
+    """What one search found, before the exact pricing (:func:`finish`): its context, the
+    polished candidates (the ``schedule=auto`` choice first) and the run's facts."""
+
+    context: SearchContext
+    candidates: tuple[Candidate, ...]
+    best: Candidate
+    seed: int
+    replanned: bool
+
+    @property
+    def plan(self) -> Plan:
+        """The best candidate's plan with its modelled estimate: what an allocation compares
+        sub-clusters by (the final plan is priced exactly, :func:`finish`)."""
+        top = min(self.candidates, key=lambda c: c.score)
+        return top.plan.with_estimate(top.estimate)
+
+
 def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
                progress: Progress = no_progress, memo: dict | None = None) -> Plan:
-    """The iterative two-phase search of §4.4; returns the best plan found (never worse than
-    the seeds' whose number of pipelines lies in the configured D_dp range). ``time_limit`` (s)
-    stops the loop early; everything else is seeded. A ``warm_start`` plan is repaired and
-    improved (:func:`replan_search`) instead of a cold search.
+    """The iterative two-phase search of §4.4 (:func:`search`), its best plan priced exactly
+    (:func:`finish`)."""
+    return finish(search(problem, config, time_limit=time_limit, seed=seed, progress=progress, memo=memo), progress)
+
+
+def search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
+           progress: Progress = no_progress, memo: dict | None = None) -> Searched:
+    """The iterative two-phase search of §4.4; returns the best candidates found (never worse
+    than the seeds' whose number of pipelines lies in the configured D_dp range), priced by the
+    search's model. ``time_limit`` (s) stops the loop early; everything else is seeded. A
+    ``warm_start`` plan is repaired and improved (:func:`replan_search`) instead of a cold search.
 
     ``schedule=auto``: the loop runs exactly as for its first option alone (that option prices
     every candidate and steers the walk); each candidate's layouts are also assembled with every
     pipeline's schedule chosen (:func:`assemble` ``choose``), the best of those is polished under
     the choice, and the final plan is the exactly re-priced better of it and the first option's
-    own (polished) result, with schedules re-chosen — so auto is never worse than its first
-    option searched alone under the same cost model."""
+    own (polished) result, with schedules re-chosen (:func:`finish`). Other training settings
+    (``problem.train_options``) are priced on the same candidates
+    (:func:`hexicore.planner.search.candidate.two_phase`); the best of all steers the walk."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     context = make_context(problem, config, memo)
@@ -260,18 +287,25 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
         own.track_auto([assemble(own, best.layouts, best.origin, best.info, True)])
         chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
         cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
-    plan, sched_info = finalize(context, cands)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), best, seed, replanned)
+
+
+def finish(found: Searched, progress: Progress = no_progress) -> Plan:
+    """The searched candidates priced exactly (:func:`finalize`), the best as a plan with the
+    search's solver info."""
+    context, best, problem = found.context, found.best, found.context.problem
+    plan, sched_info = finalize(context, found.candidates)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(context.config).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
-            "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines), "seed": seed,
-            **sched_info}
+            "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines),
+            "seed": found.seed, **sched_info}
     if context.others:  # per training setting the best the search found (the plan's own: exactly priced)
         exact = context.exact_cost.estimate(plan)
         info["train_s"] = [[c.problem.train.to_dict(),
                             exact.iteration_s if c.problem.train == plan.train
                             else (None if c.best_score == INF else c.best_score)] for c in context.contexts()]
-    if replanned:
+    if found.replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)
 

@@ -20,6 +20,7 @@ the schedule's ``resolve``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -73,11 +74,12 @@ def _pricing(problem: Problem) -> tuple[Any, ScheduleBook] | None:
     return timed_cost(problem.cost, book), book
 
 
-def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -> Plan:
+def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, deadline: float | None = None) -> Plan:
     """The module docstring's final re-pricing of ``plan`` (``problem.schedule`` is ``auto``
     with final options; otherwise ``plan`` is returned as it is). The solver section's
     ``schedules`` and ``schedule_s`` (seconds per option tried, per pipeline) and the rate
-    figures follow the new plan."""
+    figures follow the new plan. Past ``deadline`` (``time.monotonic()``, the solver's time
+    budget) no further option is tried (the options are tried in their listed order)."""
     refs = final_options(problem.schedule)
     priced = _pricing(problem) if refs and problem.registry is not None else None
     if priced is None:
@@ -91,7 +93,7 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress) -
         n = p.n_micro_batches(plan.train.micro_batch)
         key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
         if key not in shapes:
-            shapes[key] = _choose(book, cost, plan, p, refs, stage_s, hop_s, n)
+            shapes[key] = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline)
         ref, seen = shapes[key]
         pipes.append(Pipeline(p.batch, p.stages, ref))
         seen_all.append(seen)
@@ -125,13 +127,15 @@ def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tupl
 
 
 def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
-            stage_s: list, hop_s: list, n: int) -> tuple[ScheduleRef, dict]:
+            stage_s: list, hop_s: list, n: int, deadline: float | None = None) -> tuple[ScheduleRef, dict]:
     """One pipeline: its schedule, or the fastest final option that is faster and fits; an
     option whose lower bound leaves no room to beat the best so far
-    (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built."""
+    (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``."""
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     seen = {}
     for ref in refs:
+        if deadline is not None and time.monotonic() > deadline:
+            break
         if not book.runs(ref, len(p.stages), n):
             continue
         if not worth_pricing(book.bound(ref, stage_s, hop_s, n), best_s):

@@ -50,10 +50,12 @@ class HexiScaleSolver:
                 problem.registry.spec("solver", name)
             except HexicoreError as exc:
                 raise HexicoreError(exc.message, field="solver.seeds") from None
+        if time_limit is None:  # the search's own budget (anytime: the best plan found by then)
+            time_limit = self.config.budget(len(problem.cluster.devices))
+        deadline = None if time_limit is None else time.monotonic() + time_limit
         if self.config.use_all_devices:
             plan = run_search(problem, self.config, time_limit=time_limit, seed=seed, progress=progress)
-            return reschedule(problem, plan, progress)
-        deadline = None if time_limit is None else time.monotonic() + time_limit
+            return reschedule(problem, plan, progress, deadline)
         memo: dict = {}  # stage tables shared by the searches on sub-clusters (search.shared_table)
         found: dict = {}  # (pipelines, train) of a searched plan -> the search, to price it exactly (finish)
 
@@ -75,4 +77,4 @@ class HexiScaleSolver:
                         finish=lambda p: finish(found[p.pipelines, p.train]))
         if problem.warm_start is not None and "replan" in plan.solver:  # against the cluster asked for
             plan = plan.with_solver({**plan.solver, "replan": plan_diff(problem.warm_start, plan, problem.cluster)})
-        return reschedule(problem, plan, progress)
+        return reschedule(problem, plan, progress, deadline)

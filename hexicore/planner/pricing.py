@@ -46,6 +46,11 @@ from hexicore.registry import accepts, require
 #: a schedule's free parameters are chosen on at most this many of its periods of micro-batches
 #: (:meth:`ScheduleBook.choosing_micro_batches`)
 CHOOSE_PERIODS = 4
+#: :func:`choose_exact` prices at most this many options besides a pipeline's own exactly, in
+#: the order of their modelled times, and none modelled more than ``RANK_MARGIN`` (relative)
+#: above the best exact time found (the search's model errs by a few percent on uneven stages)
+RANKED = 2
+RANK_MARGIN = 0.03
 #: the planner's keyword for "choose per pipeline among ``options``" (no schedule plugin)
 AUTO = "auto"
 #: why a schedule book has no ``auto``: it is the hexiscale search's choice, not a schedule
@@ -332,22 +337,25 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
 def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[ScheduleRef]) -> tuple[Any, list]:
     """Per pipeline of ``plan`` (layers and batches fixed), the exactly fastest schedule among
     ``refs`` whose peak activations fit every stage's devices; the pipeline's own schedule
-    stays a candidate, so no pipeline gets slower. The others are priced in the order of the
-    search's modelled times, bounds first: one whose lower bound (:meth:`ScheduleBook.bound`)
-    cannot beat the best fitting time so far by more than
-    :data:`~hexicore.pipeline.pricer.LEAST_GAIN` is not priced. Returns the new plan and, per
-    pipeline, ``{schedule name: seconds}`` of the options priced."""
+    stays a candidate, so no pipeline gets slower. The others are priced exactly in the order of
+    the search's modelled times (:meth:`ScheduleBook.model`), bounds first: at most
+    :data:`RANKED` of them, none whose modelled time is more than :data:`RANK_MARGIN` above the
+    best fitting exact time so far, none whose lower bound (:meth:`ScheduleBook.bound`) leaves
+    no room for a gain of :data:`~hexicore.pipeline.pricer.LEAST_GAIN`. Returns the new plan
+    and, per pipeline, ``{schedule name: seconds}`` of the options priced."""
     pipes, tried = [], []
     for p in plan.pipelines:
         best, seen = None, {}
         n = p.n_micro_batches(plan.train.micro_batch)
         pieces = cost.pipeline_pieces(plan, p)
         others = [r for r in refs if r != p.schedule and book.runs(r, len(p.stages), n)]
-        others.sort(key=lambda r: book.model(r, *pieces, n))
-        for ref in [p.schedule] + others:
+        modelled = {r: book.model(r, *pieces, n) for r in others}
+        ranked = sorted(others, key=lambda r: modelled[r])
+        for i, ref in enumerate([p.schedule] + ranked):
             if not book.runs(ref, len(p.stages), n):
                 continue
-            if best is not None and best[0] and not worth_pricing(book.bound(ref, *pieces, n), best[1]):
+            if best is not None and best[0] and (i > RANKED or modelled[ref] > best[1] * (1 + RANK_MARGIN)
+                                                 or not worth_pricing(book.bound(ref, *pieces, n), best[1])):
                 continue
             ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)

@@ -159,13 +159,13 @@ def speculate(context: SearchContext, best: Candidate, rng: random.Random, start
 def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
                 progress: Progress) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
-    and no time limit the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
+    the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
     is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
     most three times); the plan is the
     one-process plan either way."""
     n = context.config.iterations
     sweep = initial_sweep(dps, n)
-    ahead = context.workers > 1 and deadline == INF and len(context.graph) <= context.config.machine_graph_above
+    ahead = context.workers > 1 and len(context.graph) <= context.config.machine_graph_above
     guessed: dict[int, tuple] = {}
     guesses = 0
     if ahead:
@@ -237,7 +237,7 @@ class Searched:
         """The best candidate's plan with its modelled estimate: what an allocation compares
         sub-clusters by (the final plan is priced exactly, :func:`finish`)."""
         top = min(self.candidates, key=lambda c: c.score)
-        return top.plan.with_estimate(top.estimate)
+        return top.plan.with_estimate(top.estimate).with_solver({"bound": flops_bound(top.plan)})
 
 
 def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
@@ -297,7 +297,8 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
     plan, sched_info = finalize(context, found.candidates)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(context.config).items()}
-    info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
+    info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": flops_bound(plan),
+            "origin": best.origin,
             "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines),
             "seed": found.seed, **sched_info}
     if context.others:  # per training setting the best the search found (the plan's own: exactly priced)
@@ -308,6 +309,15 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
     if found.replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)
+
+
+def flops_bound(plan: Plan) -> float:
+    """An iteration time no plan on ``plan``'s cluster beats: the model's FLOPs of one
+    iteration (forward and backward, ``3 x tokens x FLOPs a token``, the MFU's numerator) at
+    the cluster's peak rate (every MFU is at most 1); the gap beside a plan's time says how far
+    the search may be from the best plan."""
+    tokens = plan.train.global_batch * plan.train.seq_len
+    return 3.0 * tokens * plan.model.model_flops_per_token(plan.train.seq_len) / (plan.cluster.total_tflops * 1e12)
 
 
 def all_seeds(context: SearchContext, seed: int) -> list[Candidate]:

@@ -35,7 +35,11 @@ class SearchConfig:
     core this process may use, 1 = no other process; the plan is the same either way).
     ``machine_graph_above``: on clusters with more devices, phase 1 partitions the machines
     (whole machines per pipeline) instead of the devices, whose complete graph grows as
-    devices^2."""
+    devices^2. ``time_budget``: seconds the whole solve (allocation, search, exact pricing of
+    the final plan) may take when the caller gives no ``time_limit``: the search is anytime, it
+    returns the best plan found by then, with the FLOPs lower bound (``bound``, the gap beside
+    it); ``auto`` = :meth:`budget`'s rule by cluster size; null = no limit (every iteration runs:
+    the plan depends on the seed alone, not on the machine's speed)."""
 
     partitioner: str = "metis"
     refiner: str | None = "kl"
@@ -63,6 +67,23 @@ class SearchConfig:
     allocation_screen_above: int = 128
     workers: int = 0
     machine_graph_above: int = 512
+    time_budget: float | str | None = "auto"
+
+    #: ``time_budget=auto``: :data:`BUDGET_PER_DEVICE` seconds a device, within these bounds (s)
+    BUDGET_RANGE = (8.0, 25.0)
+    BUDGET_PER_DEVICE = 0.025
+
+    def budget(self, devices: int) -> float | None:
+        """The seconds of :attr:`time_budget` for a cluster of ``devices`` (None: no limit):
+        ``auto`` is 25 ms a device, at least 8 s and at most 25 s (up to 320 GPUs: 8 s; 1024:
+        25 s), so a large cluster's search stops in time and a small one's (a few seconds of
+        work) runs to its last iteration whatever the machine's load."""
+        if self.time_budget is None:
+            return None
+        if self.time_budget == "auto":
+            low, high = self.BUDGET_RANGE
+            return min(high, max(low, self.BUDGET_PER_DEVICE * devices))
+        return float(self.time_budget)
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> HexicoreError:
@@ -78,6 +99,9 @@ class SearchConfig:
             v = getattr(self, key)
             if not is_whole(v) or v < 1:
                 raise bad(key, "an integer >= 1")
+        if self.time_budget is not None and self.time_budget != "auto" and (
+                not is_number(self.time_budget) or self.time_budget <= 0):
+            raise bad("time_budget", "a positive number of seconds, auto or null")
         if not isinstance(self.use_all_devices, bool):
             raise bad("use_all_devices", "true or false")
         for key in ("polish_rounds", "polish_evals", "align_templates", "allocation_exhaustive",

@@ -69,7 +69,8 @@ class HexiScaleSolver:
         quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
 
         def screen(sub: Problem, plan: Plan | None) -> Plan | None:  # a short search (a tenth of the iterations; plan unused)
-            return search(sub, quick, time_limit=None, seed=seed, progress=no_progress, memo=memo).plan
+            left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+            return search(sub, quick, time_limit=left, seed=seed, progress=no_progress, memo=memo).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,

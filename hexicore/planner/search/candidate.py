@@ -68,10 +68,17 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
     return Candidate(score, plan, est, origin, tuple(layouts), {**(info or {}), "choice": context.choice})
 
 
+#: the other training settings are priced on a candidate whose lead-setting score is within this
+#: (relative) of the best so far, or that does not fit the lead's memory (bounds first: a
+#: micro-batch size or ZeRO stage moves an iteration by a few percent, rarely by a quarter)
+OTHERS_WITHIN = 0.25
+
+
 def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines; with other training settings
     (``train.zero=auto``, ``train.micro_batch=auto``) the best of the same parts priced under
-    each (:func:`other_settings`)."""
+    each (:func:`other_settings`) where the lead setting's candidate is within
+    :data:`OTHERS_WITHIN` of the best so far or does not fit."""
     origin = f"search D_dp={d_dp} {objective}"
     context.at_pipelines(d_dp)
     parts, ks = split(context, d_dp, objective, k_shift, seed)
@@ -88,7 +95,8 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
         if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
             context.track_auto([assemble(context, layouts, origin, info, True)]
                                + aligned(context, layouts, n_mb_max, origin, info, True))
-    if context.others:
+    incumbent = min(c.best_score for c in context.contexts())
+    if context.others and (cand.score == INF or cand.score <= incumbent * (1 + OTHERS_WITHIN)):
         cand = min([cand] + other_settings(context, parts, ks, layouts, seed, origin, info, cand.score),
                    key=lambda c: c.score)
     context.seen[key] = cand

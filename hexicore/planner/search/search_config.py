@@ -64,9 +64,9 @@ class SearchConfig:
     replan_iterations: int | None = 2
     use_all_devices: bool = False
     allocation_exhaustive: int = 8
-    allocation_screen_above: int = 128
+    allocation_screen_above: int = 16
     workers: int = 0
-    machine_graph_above: int = 512
+    machine_graph_above: int = 128
     time_budget: float | str | None = "auto"
 
     #: ``time_budget=auto``: :data:`BUDGET_PER_DEVICE` seconds a device, within these bounds (s)

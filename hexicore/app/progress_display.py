@@ -20,7 +20,7 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Callable, Iterator, TextIO
+from typing import Iterator, TextIO
 
 from hexicore.app.report import console
 from hexicore.planner.problem import Progress
@@ -40,11 +40,10 @@ class ProgressLines:
     seconds while it is open (a context manager; a daemon ticker thread, stopped and joined when
     the block ends, normally or by an exception). Ticks are due at ``k * interval_s`` after the
     start, so lines do not drift apart under load; a tick that found nothing new repeats the last
-    state with its new elapsed time. ``clock`` gives seconds (monotonic)."""
+    state with its new elapsed time."""
 
-    def __init__(self, label: str, message: str, stream: TextIO, *, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.label, self.stream, self.interval_s, self.clock = label, stream, interval_s, clock
+    def __init__(self, label: str, message: str, stream: TextIO, *, interval_s: float) -> None:
+        self.label, self.stream, self.interval_s = label, stream, interval_s
         self.state = (message, 0.0)  # replaced whole by the callback: one atomic assignment
         self.lines = 0
         self.stop = threading.Event()
@@ -55,7 +54,7 @@ class ProgressLines:
         self.state = (message, fraction)
 
     def __enter__(self) -> "ProgressLines":
-        self.start = self.clock()
+        self.start = time.monotonic()
         self.thread.start()
         return self
 
@@ -68,16 +67,16 @@ class ProgressLines:
 
     def _tick(self) -> None:
         due = self.start + self.interval_s
-        while not self.stop.wait(max(0.0, due - self.clock())):
+        while not self.stop.wait(max(0.0, due - time.monotonic())):
             if not self._print():
                 return
-            due += self.interval_s * (int((self.clock() - due) / self.interval_s) + 1)  # late ticks skipped
+            due += self.interval_s * (int((time.monotonic() - due) / self.interval_s) + 1)  # late ticks skipped
 
     def _print(self) -> bool:
         """Print the current state; False where the stream refuses it (closed, a broken pipe)."""
         state = self.state
         try:
-            self.stream.write(progress_line(self.label, self.clock() - self.start, *state) + "\n")
+            self.stream.write(progress_line(self.label, time.monotonic() - self.start, *state) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             return False

@@ -140,3 +140,27 @@ def test_on_a_terminal_the_bar_shows_and_no_lines(capsys, monkeypatch):
         time.sleep(0.3)
     assert "hexiscale: candidate 1/3" in screen.getvalue() and "\x1b[" in screen.getvalue()  # the live bar
     assert "[plan" not in screen.getvalue() and "[plan" not in capsys.readouterr().err
+
+
+def test_redirected_prepare_data_prints_its_share_of_bytes(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tokenizers")
+    from hexicore.app.commands import prepare_data
+    from tests.cli.test_prepare_data import make_tokenizer
+
+    def slow(*args, progress, **kwargs):  # ~0.1 s per batch of 7 documents: 9 batches
+        return real(*args, progress=lambda nbytes: (progress(nbytes), time.sleep(0.1)), **kwargs)
+
+    real = prepare_data.tokenize
+    monkeypatch.setattr(prepare_data, "tokenize", slow)
+    monkeypatch.setattr(progress_display, "INTERVAL_S", 0.2)
+    d, docs = tmp_path, [f"document {i} of the quick brown fox" for i in range(60)]
+    (d / "docs.jsonl").write_text("".join(f'{{"text": "{doc}"}}\n' for doc in docs))
+    make_tokenizer(d / "tokenizer.json", docs)
+    code = run_cli(["prepare-data", f"input={d / 'docs.jsonl'}", f"tokenizer={d / 'tokenizer.json'}",
+                    f"out={d / 'c.bin'}", "prepare.batch_docs=7", f"hydra.run.dir={d / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    parsed = [re.match(r"^\[prepare-data (\d+\.\d) s, (\d+)%\] (.*)$", line).groups() for line in err.splitlines()]
+    assert len(parsed) >= 4 and parsed[-1][1:] == ("100", "done")
+    shares = [int(p) for _, p, m in parsed[:-1]]
+    assert all(m == "tokenizing" for *_, m in parsed[:-1]) and shares == sorted(shares) and 0 < shares[-1] <= 100

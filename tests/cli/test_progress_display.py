@@ -41,7 +41,7 @@ def test_progress_line_is_plain_text():
 
 
 def test_lines_every_interval_with_heartbeat_and_a_final_line():
-    interval = 0.2
+    interval, slack = 0.25, 0.2  # slack: a thread's wake-up on a loaded machine
     stream = Stamped()
     with ProgressLines("plan", "planning ...", stream, interval_s=interval) as progress:
         start = time.monotonic()
@@ -54,12 +54,12 @@ def test_lines_every_interval_with_heartbeat_and_a_final_line():
     parsed = [LINE.match(line).groups() for line in lines]
     assert all(label == "plan" for label, *_ in parsed)
     assert parsed[-1][2:] == ("100", "done") and parsed[-2][3].startswith("hexiscale: candidate 1/3")
-    assert sum(m.startswith("hexiscale: candidate 1/3") for *_, m in parsed) >= 3  # heartbeats
-    assert 6 <= len(lines) - 1 <= 8  # 1.4 s at one line per 0.2 s, plus the final one
+    assert sum(m.startswith("hexiscale: candidate 1/3") for *_, m in parsed) >= 2  # heartbeats
+    assert 4 <= len(lines) - 1 <= 7  # 1.4 s at one line per 0.25 s: 5, plus the final one
     ticks = stream.times[:-1]
     assert ticks[0] - start >= interval - 0.02  # nothing before the first interval
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    assert max(gaps) <= interval + 0.15 and min(gaps) >= interval - 0.15, gaps
+    assert max(gaps) <= interval + slack and min(gaps) >= interval - slack, gaps
     elapsed = [float(e) for _, e, *_ in parsed]
     assert elapsed == sorted(elapsed) and elapsed[0] == pytest.approx(interval, abs=0.1)
 

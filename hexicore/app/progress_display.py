@@ -22,7 +22,10 @@ import threading
 import time
 from typing import Iterator, TextIO
 
+from rich.progress import Progress as Bar
+
 from hexicore.app.report import console
+from hexicore.app.sweep import job_number
 from hexicore.planner.problem import Progress
 
 #: seconds between two progress lines when stderr is not a terminal (the first comes after one)
@@ -87,8 +90,6 @@ class ProgressLines:
 def command_label(command: str) -> str:
     """``command``, or ``command #N`` in job N of a Hydra multirun sweep (its lines share one
     stderr with the other jobs')."""
-    from hexicore.app.sweep import job_number
-
     number = job_number()
     return command if number is None else f"{command} #{number}"
 
@@ -103,8 +104,6 @@ def shown_progress(command: str, description: str, *columns) -> Iterator[Progres
         with ProgressLines(command_label(command), description, sys.stderr, interval_s=INTERVAL_S) as lines:
             yield lines
         return
-    from rich.progress import Progress as Bar
-
     with Bar(*columns, console=err, transient=True) as bar:
         task = bar.add_task(description, total=1.0)
 

@@ -38,6 +38,27 @@ bubbles).
 """
 
 
+PROGRESS = """
+## Progress
+
+`plan` and `prepare-data` show their progress on stderr. On a terminal it is a bar. Anywhere else
+(a file, a pipe, a CI log, the jobs of a sweep) it is one plain line every 5 s, the elapsed time,
+the share done and the latest news of the work (for the planner: phase, candidates, best so far):
+
+```
+[plan 5.0 s, 25%] hexiscale: candidate 26/50 (D_dp=4, min_cut), best 37.228 s
+[plan 10.0 s, 49%] hexiscale: polishing stage boundaries
+[plan 15.0 s, 49%] hexiscale: polishing stage boundaries
+[plan 17.3 s, 100%] done
+```
+
+A line comes every 5 s whether or not anything new came in (the last news again, with the time
+advanced), so a redirected run is never silent for longer. A run shorter than 5 s prints no line
+(a quick failure is still its one error line); a longer one that succeeds ends with a `done` line.
+In a sweep each job labels its lines with its number (`[plan #3 5.0 s, ...]`). stdout (tables,
+the plan) is the same either way."""
+
+
 def render(registry: Registry | None = None) -> str:
     """The reference of ``registry``'s plugins (default: those hexicore ships,
     :meth:`Registry.shipped`, so that the file is the same whatever else is installed)."""
@@ -46,6 +67,7 @@ def render(registry: Registry | None = None) -> str:
     registry = registry if registry is not None else Registry.shipped()
     out = [HEADER]
     out += [f"- `hexicore {c}` — {d}" for c, d in COMMANDS.items()]
+    out.append(PROGRESS)
     out.append("\n## Config groups\n")
     for g in GROUPS:
         opts = _group_options(g, registry)

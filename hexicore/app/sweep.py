@@ -77,6 +77,12 @@ def _job() -> tuple[Path, int, str, Path] | None:
         return None
 
 
+def job_number() -> int | None:
+    """The number of the multirun job this process runs; None outside one."""
+    job = _job()
+    return None if job is None else job[1]
+
+
 def _row_file(sweep_dir: Path, job: int) -> Path:
     return sweep_dir / STATE / "rows" / f"job-{job}.json"
 

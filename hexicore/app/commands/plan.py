@@ -1,4 +1,5 @@
-"""``hexicore plan``: solve for a plan with a progress bar, print it as a table, write the plan
+"""``hexicore plan``: solve for a plan showing its progress (a bar on a terminal, a line every
+few seconds elsewhere: :mod:`hexicore.app.progress_display`), print it as a table, write the plan
 JSON and ``plan.png`` beside it (the cluster coloured by pipeline, a bar per pipeline); warn
 where the configured runtime would refuse the plan (as ``hexicore evaluate`` does)."""
 
@@ -9,10 +10,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from hexicore.app import compose as app
 from hexicore.app.picture import save_plan_picture
+from hexicore.app.progress_display import shown_progress
 from hexicore.registry import Registry
 from hexicore.app.report import console, memory_table, print_plan
 from hexicore.app.sweep import record, summary_row
@@ -21,18 +23,12 @@ from hexicore.core.ownership import check_all
 
 
 def run(cfg: DictConfig) -> int:
-    err = console(stderr=True)
     out = Path(cfg.out) if cfg.get("out") else app.output_dir(cfg) / "plan.json"
     check_all([(out, "hexicore.plan"), (out.with_suffix(".png"), "hexicore.png")], overwrite=cfg.get("overwrite"))
     registry = Registry.default()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("planning ...", total=1.0)
-
-        def progress(message: str, fraction: float) -> None:
-            bar.update(task, description=message, completed=max(0.0, min(1.0, fraction)))
-
+    with shown_progress("plan", "planning ...", *columns) as progress:
         plan, warnings = app.solve(cfg, registry, progress)
     warnings += runtime_refusal(cfg, plan, plan.estimate, str(out), registry)
     plan.save(out, overwrite=cfg.get("overwrite"))

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from hexicore.app.progress_display import shown_progress
 from hexicore.app.report import console, rows_table
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
@@ -231,14 +232,17 @@ def run(cfg: DictConfig) -> int:
     made = check_out(out, files, cfg.get("overwrite"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     total = sum(f.stat().st_size for f in files)
-    from rich.progress import Progress
-
     t0 = time.perf_counter()
+    done = 0  # bytes read
     try:
-        with Progress(transient=True, console=console()) as bar:
-            task = bar.add_task("tokenizing", total=total)
+        with shown_progress("prepare-data", "tokenizing") as progress:
+            def read(nbytes: int) -> None:
+                nonlocal done
+                done += nbytes
+                progress("tokenizing", done / total if total else 1.0)
+
             stats, skipped = tokenize(files, tok, eos, out, text_key=str(prep.get("text_key", "text")),
-                                      batch_docs=batch_docs, progress=lambda b: bar.advance(task, b))
+                                      batch_docs=batch_docs, progress=read)
     except BaseException:  # nothing written: the folders made for it go too
         for folder in made:
             with contextlib.suppress(OSError):

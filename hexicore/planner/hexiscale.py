@@ -23,6 +23,12 @@ from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.search.workers import available_cores
 
 
+def roomiest(options: tuple) -> tuple:
+    """Of training settings ``options``, the one leaving a stage the most memory (the highest
+    ZeRO stage, then the smallest micro-batch), alone; ``()`` for none."""
+    return (min(options, key=lambda t: (-t.zero_stage, t.micro_batch)),) if options else ()
+
+
 @dataclass(frozen=True)
 class HexiScaleSolver:
     """``HexiScaleSolver(**params)`` with the keys of :class:`SearchConfig`. It prices every
@@ -68,8 +74,11 @@ class HexiScaleSolver:
 
         quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
 
-        def screen(sub: Problem, plan: Plan | None) -> Plan | None:  # a short search (a tenth of the iterations; plan unused)
+        def screen(sub: Problem, plan: Plan | None) -> Plan | None:
+            """A short search (a tenth of the iterations; ``plan`` unused) under the lead training
+            setting and the roomiest other one (:func:`roomiest`): sub-clusters compare alike."""
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+            sub = replace(sub, train_options=roomiest(sub.train_options))
             return search(sub, quick, time_limit=left, seed=seed, progress=no_progress, memo=memo).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,

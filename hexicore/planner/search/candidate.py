@@ -138,13 +138,16 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
     """The lead's parts under each other training setting (``context.others``): the lead's
     stages (or, where the lead's memory holds no layout of a part, those phase 2 finds under
     the roomiest setting, :attr:`SearchContext.roomy`) re-laid out under the setting
-    (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``)."""
+    (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``), and not
+    where a lower ZeRO stage at the same micro-batch size gives the same layers: sharding only
+    adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses."""
     if layouts is None and context.roomy is not context:
         context.roomy.at_pipelines(len(parts))
         layouts = lay_out_parts(context.roomy, parts, ks, seed)
     out: list[Candidate] = []
     if layouts is None:
         return out
+    laid = {_size_stage(context): [lay.layers for lay in layouts]}  # (micro-batch, ZeRO stage) -> layers
     for other in context.others:
         n_mb_max = other.micro_batches - (len(parts) - 1)
         if n_mb_max < 1:
@@ -153,12 +156,22 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
         mine = relaid(other, layouts, n_mb_max)
         if mine is None:
             continue
+        size, stage = _size_stage(other)
+        layers = [lay.layers for lay in mine]
+        laid[size, stage] = layers
+        if any(laid.get((size, lower)) == layers for lower in range(stage)):
+            continue  # dominated: the same layers under a lower ZeRO stage, which only moves less
         cand = assemble(other, mine, origin, info, beat=beat)
         beat = min(beat, cand.score)
         out.append(cand)
         if other.auto:
             other.track_auto([assemble(other, mine, origin, info, True)])
     return out
+
+
+def _size_stage(context: SearchContext) -> tuple[int, int]:
+    """The micro-batch size and ZeRO stage a context prices."""
+    return context.problem.train.micro_batch, context.problem.train.zero_stage
 
 
 def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int, origin: str, info: dict,

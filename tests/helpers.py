@@ -105,7 +105,7 @@ def cpsat_solve(p, time_limit=20.0, **kw):
 
 
 # ------------------------------------------------------------ from test_schedule_aware.py
-SEARCH_FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
+SEARCH_FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30, "time_budget": None}  # complete searches
 SEARCH_GPUS = ["rtx4090", "rtx3090", "a100-80g", "rtx3080ti", "v100-32g"]
 
 

@@ -19,7 +19,7 @@ from hexicore.registry import Registry
 
 from tests.conftest import model_preset
 
-FAST = {"iterations": 8, "polish_rounds": 2}
+FAST = {"iterations": 8, "polish_rounds": 2, "time_budget": None}
 FAST_MACHINES = [{"name": "A", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10},
                  {"name": "B", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10}]
 SLOW = {"name": "S", "gpu": "rtx3090", "count": 4, "bandwidth_gbs": 16, "latency_us": 10}

@@ -32,7 +32,9 @@ def solve(over: list[str]) -> tuple[Plan, object]:
     reg = Registry.default()
     problem = build_problem(config_from_overrides(over), reg)
     every = any(o == "solver.use_all_devices=true" for o in over)
-    plan = reg.create("solver", "hexiscale", iterations=3, use_all_devices=every).solve(problem, seed=0)
+    # no time budget: the comparisons below are between complete searches, whatever the machine's load
+    plan = reg.create("solver", "hexiscale", iterations=3, use_all_devices=every,
+                      time_budget=None).solve(problem, seed=0)
     return plan, problem
 
 

@@ -23,7 +23,7 @@ from hexicore.planner.plan_check import validate_plan
 from tests.conftest import CONF
 from tests.conftest import run_cli
 
-FAST = {"iterations": 12, "polish_rounds": 3}
+FAST = {"iterations": 12, "polish_rounds": 3, "time_budget": None}
 
 
 def compositions(total, parts):
@@ -113,6 +113,42 @@ def test_batch_allocation_with_minimums_is_exact(pipes, m):
     best = min(max(fns[i](c[i]) for i in range(len(pipes))) for c in ok)
     assert sum(got) == m and all(x >= lo for x, lo in zip(got, least))
     assert max(fns[i](got[i]) for i in range(len(pipes))) == pytest.approx(best)
+
+
+def _greedy(times, m, least):
+    """Water-filling one micro-batch at a time (the module docstring's greedy, as it was written)."""
+    import heapq
+
+    counts = list(least)
+    heap = [(times[i](counts[i] + 1), i) for i in range(len(times))]
+    heapq.heapify(heap)
+    for _ in range(m - sum(counts)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (times[i](counts[i] + 1), i))
+    return tuple(counts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["affine", "steady", "blocks", "rounded"]), st.floats(0.0, 5.0),
+                          st.sampled_from([0.0, 0.01, 0.5, 1.0, 2.5]), st.integers(1, 8), st.integers(1, 3)),
+                min_size=1, max_size=6), st.integers(1, 3000))
+def test_batch_allocation_is_the_greedy_selection_at_any_batch(pipes, m):
+    """The allocation that does not walk every micro-batch hands out exactly what greedy
+    water-filling does (ties included: affine, exact-then-steady, blocks of P and rounded
+    times), up to thousands of micro-batches."""
+    import math
+
+    shapes = {"affine": lambda a, s, p: lambda n: a + (n - 1) * s,
+              "steady": lambda a, s, p: lambda n: a * n if n <= p else a * p + (n - p) * s,
+              "blocks": lambda a, s, p: lambda n: (a + s) * math.ceil(n / p),
+              "rounded": lambda a, s, p: lambda n: round(a + (n - 1) * s, 1)}
+    fns = [shapes[kind](a, s, p) for kind, a, s, p, _ in pipes]
+    least = [lo for *_, lo in pipes]
+    if m < sum(least):
+        assert allocate_batch(fns, m, least) is None
+        return
+    assert allocate_batch(fns, m, least) == _greedy(fns, m, least)
 
 
 def test_tp_menus():

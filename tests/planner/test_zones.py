@@ -15,7 +15,7 @@ from hexicore.registry import Registry
 
 from tests.conftest import model_preset
 
-FAST = {"iterations": 8, "polish_rounds": 2}
+FAST = {"iterations": 8, "polish_rounds": 2, "time_budget": None}
 
 
 def zoned(inter_zone_gbs, latency_us=30000.0, east=("E0", "E1"), west=("W0",)):

@@ -31,7 +31,7 @@ from tests.conftest import CONF, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "grouped_gpipe"
-FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30}
+FAST = {"iterations": 6, "polish_rounds": 2, "polish_evals": 30, "time_budget": None}
 
 
 def registry() -> Registry:

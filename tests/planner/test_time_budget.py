@@ -1,0 +1,35 @@
+"""The anytime search: ``solver.time_budget`` stops a solve in time with the best plan found,
+its FLOPs lower bound beside it; the budget rule by cluster size."""
+
+import time
+
+import pytest
+
+from hexicore.app.compose import config_from_overrides, solve
+from hexicore.core.errors import HexicoreError
+from hexicore.planner.search.search_config import SearchConfig
+from hexicore.registry import Registry
+
+
+def test_the_automatic_budget_grows_with_the_cluster_within_its_bounds():
+    config = SearchConfig()
+    assert config.budget(8) == 8.0 and config.budget(320) == 8.0 and config.budget(1024) == 25.0
+    assert config.budget(600) == pytest.approx(15.0)
+    assert SearchConfig(time_budget=None).budget(1024) is None and SearchConfig(time_budget=2).budget(8) == 2.0
+    for bad in (0, -1, "soon", True):
+        with pytest.raises(HexicoreError) as e:
+            SearchConfig(time_budget=bad)
+        assert e.value.field == "solver.time_budget"
+
+
+def test_a_short_budget_returns_a_plan_in_time_with_its_bound():
+    """A 64-GPU cluster whose full search takes several seconds: with a one-second budget the
+    solve returns within a few seconds more (the exact pricing of the plan found), and the plan
+    fits, with a FLOPs bound below its time."""
+    over = ["cluster=synthetic", "cluster.synthetic.gpus=64", "cluster.synthetic.per_machine=8", "model=llama2_7b",
+            "train.global_batch=64", "solver.time_budget=1"]
+    t0 = time.monotonic()
+    plan, _ = solve(config_from_overrides(over), Registry.default())
+    took = time.monotonic() - t0
+    assert plan.estimate.fits and took < 15.0
+    assert 0 < plan.solver["bound"] < plan.estimate.iteration_s

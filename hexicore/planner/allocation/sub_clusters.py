@@ -326,7 +326,10 @@ class _Search:
     def solved(self, key: tuple, machines: tuple, sub: Problem, first: bool = False, part: bool = False) -> Trial:
         """Solve ``sub`` (the devices of ``machines``, or some: ``part``), record it under ``key``."""
         try:
-            plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else no_progress)
+            gpus = len(sub.cluster.devices)
+            plan = self.solve(sub, (lambda m, f: self.progress(m, 0.5 * f)) if first else
+                              (lambda m, f: self.progress(f"allocation: {len(self.trials) + 1} sub-clusters, "
+                                                          f"now {gpus} GPUs: {m}", 0.75)))
         except HexicoreError as exc:
             if first:  # a smaller sub-cluster may still hold a plan (fewer stages, a schedule's limits)
                 self.whole_error = exc

@@ -192,7 +192,9 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         if cand.score < best.score:
             best = cand
         shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
-        progress(f"hexiscale: candidate {it + 1}/{n} (D_dp={d_dp}, {objective}), best {shown}", (it + 1) / (n + 1))
+        priced = sum(c.evaluated for c in context.contexts())
+        progress(f"hexiscale: candidate {it + 1}/{n} (D_dp={d_dp}, {objective}), {priced} priced, best {shown}",
+                 (it + 1) / (n + 1))
     return best
 
 

@@ -31,7 +31,9 @@ class Problem:
     :class:`hexicore.planner.pricing.ScheduleBook` whose schedules price the pipelines in
     ``cost`` (None when the cost model's own PIPELINE-TIME does;
     :func:`hexicore.planner.pricing.schedule_pricing` builds both). ``objective``: what the
-    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default)."""
+    allocation of devices optimises (:mod:`hexicore.planner.allocation.objective`; throughput by default).
+    ``max_tp``: the largest TP degree a plan may give a stage (None: any the model's shapes allow;
+    the hexiscale search passes its ``solver.max_tp`` to the solvers that seed it)."""
 
     cluster: Cluster
     model: ModelSpec
@@ -42,6 +44,7 @@ class Problem:
     warm_start: Plan | None = None
     pricing: ScheduleBook | None = None
     objective: Objective = field(default_factory=Objective)
+    max_tp: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, ScheduleRef):

@@ -27,6 +27,7 @@ from typing import Sequence
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.allocation.objective import Objective
+from hexicore.planner.plan_check import validate_plan
 from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, resolve_plan
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
@@ -38,19 +39,26 @@ from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
 
-def no_fit_error(problem: Problem) -> HexicoreError:
-    """Nothing fits: say how much memory the model's state alone needs."""
+def no_fit_error(problem: Problem, every_device: bool = False) -> HexicoreError:
+    """Nothing fits: say how much memory the model's state alone needs; ``every_device``
+    (``solver.use_all_devices``): also that every device had to hold a stage, and how to let
+    the planner leave some idle."""
     cluster, model, train = problem.cluster, problem.model, problem.train
+    every = ("; with solver.use_all_devices=true every device must hold a pipeline stage (each stage a block per "
+             "chunk of its schedule, at a TP degree dividing the model's heads, KV heads and FFN width, each pipeline "
+             "the micro-batches its schedule runs with): solver.use_all_devices=false lets the planner leave devices "
+             "idle") if every_device and len(cluster.devices) > 1 else ""
     chunks = _chunk_limit(problem)
     if chunks:  # no depth gives every chunk a block: memory is not the reason
-        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}", field="model")
+        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}{every}",
+                             field="model")
     gb = state_gb(problem)
     need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
     return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: its training state alone needs "
                          f"{need} GB plus activations (micro-batch {train.micro_batch}, sequence "
                          f"{train.seq_len}); the cluster has {sum(d.memory_gb for d in cluster.devices):g} GB in all, "
-                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}",
-                         field="model")
+                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}"
+                         f"{every}", field="model")
 
 
 def _chunk_limit(problem: Problem) -> str:
@@ -92,7 +100,8 @@ def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
     ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
     simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
     out = []
-    p = replace(context.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
+    # a seed lays out these devices (the allocation picks them), at TP degrees the search allows
+    p = replace(context.problem, objective=Objective(), max_tp=context.config.max_tp)
     if context.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
         p = replace(p, schedule=context.options[0], cost=context.cost)
     for name in context.config.seeds:
@@ -111,6 +120,10 @@ def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
     if p.warm_start is not None:
         out.append(relayout(context, p.warm_start, "warm_start", keep_layers=True))
         out.append(relayout(context, p.warm_start, "warm_start +layers", keep_layers=False))
+    if context.config.use_all_devices:  # a seed on fewer devices is no plan of all of them (megatron
+        # leaves the slowest idle where no symmetric layout of every device is legal)
+        everyone = {d.id for d in context.problem.cluster.devices}
+        out = [c for c in out if c.plan is not None and set(c.plan.devices) == everyone]
     return out
 
 
@@ -198,12 +211,17 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
 
 def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
     """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
-    modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
+    modelled times) and keep the best that fits under its schedules' exact peaks (the check
+    ``hexicore evaluate`` makes); ``schedule=auto`` first re-chooses each pipeline's
     schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
-    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`)."""
+    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`). A candidate that
+    does not fit exactly is never returned: none fitting is an error naming the device."""
     if context.book is None:
-        return cands[0].plan, {}
+        plan = cands[0].plan
+        if not context.exact_cost.estimate(plan).fits:
+            raise unfit_error(context, plan)
+        return plan, {}
     out = []
     for c in cands:
         if c.plan is None:
@@ -214,11 +232,26 @@ def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, 
             plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
         est = context.exact_cost.estimate(plan)
         out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
-    _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    if score == INF:
+        raise unfit_error(context, plan)
     info = {"origin": origin, "schedules": [p.schedule.to_dict() for p in plan.pipelines]}
     if tried:
         info["schedule_s"] = tried
     return plan, info
+
+
+def unfit_error(context: SearchContext, plan: Plan) -> HexicoreError:
+    """The search's best plan does not fit under its schedules' exact peaks (the modelled ones
+    it ranked by were lower): why, as the plan check says it (:func:`validate_plan`)."""
+    try:
+        validate_plan(plan, context.exact_cost)
+    except HexicoreError as exc:
+        why = str(exc)
+    else:
+        why = "it does not fit its devices' memory"
+    return HexicoreError(f"the search's best plan does not fit under its schedules' exact peak activations: {why}",
+                         field="schedule")
 
 
 def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
@@ -249,7 +282,7 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
         best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
     if best.plan is None:
-        raise no_fit_error(problem)
+        raise no_fit_error(problem, config.use_all_devices)
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None

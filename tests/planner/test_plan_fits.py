@@ -112,6 +112,19 @@ def test_use_all_devices_gives_every_device_a_stage(tmp_path, schedule):
     assert set(plan.devices) == {d.id for d in plan.cluster.devices}
 
 
+def test_use_all_devices_prices_one_rank_pipelines_as_the_schedule_says(tmp_path):
+    """2 + 2 + 1 GPUs, the tiny model under Hanayo (two waves: four chunks a rank, so at most two
+    ranks of its 8 blocks): every plan of all 5 devices has a one-rank pipeline, which Hanayo
+    prices as 1F1B (``Pricing.fewer_ranks``); the search used to leave such layouts out and
+    found no plan of every device. The plan validates and fits as evaluate checks it."""
+    cluster = write_cluster(tmp_path, [("a100-40g", 2), ("rtx4090", 2), ("rtx3090", 1)])
+    plan = api.plan(cluster_file=cluster, model="tiny", schedule="hanayo",
+                    overrides=["train.global_batch=8", "solver.use_all_devices=true", "solver.seeds=[]"])
+    assert set(plan.devices) == {d.id for d in plan.cluster.devices}
+    assert min(len(p.stages) for p in plan.pipelines) == 1
+    assert evaluated(plan).estimate.fits
+
+
 def test_use_all_devices_says_when_no_plan_uses_every_device(tmp_path):
     """DualPipeV needs 2 micro-batches per rank: 4 micro-batches on 2 + 2 + 1 GPUs leave no
     plan of every device; the error says use_all_devices asked for one."""

@@ -125,10 +125,16 @@ def test_use_all_devices_prices_one_rank_pipelines_as_the_schedule_says(tmp_path
     assert evaluated(plan).estimate.fits
 
 
-def test_use_all_devices_says_when_no_plan_uses_every_device(tmp_path):
+def test_use_all_devices_says_when_no_plan_uses_every_device(tmp_path, caplog):
     """DualPipeV needs 2 micro-batches per rank: 4 micro-batches on 2 + 2 + 1 GPUs leave no
-    plan of every device; the error says use_all_devices asked for one."""
+    plan of every device; the best plan on fewer is returned and says so (its solver section's
+    ``idle_devices`` and a warning naming them)."""
     cluster = write_cluster(tmp_path, [("a100-40g", 2), ("rtx4090", 2), ("rtx3090", 1)])
-    with pytest.raises(HexicoreError, match="use_all_devices=true every device must hold a pipeline stage"):
-        api.plan(cluster_file=cluster, model="tiny", schedule="dualpipe_v",
-                 overrides=["train.global_batch=4", "solver.use_all_devices=true"])
+    with caplog.at_level(logging.WARNING):
+        plan = api.plan(cluster_file=cluster, model="tiny", schedule="dualpipe_v",
+                        overrides=["train.global_batch=4", "solver.use_all_devices=true"])
+    idle = [d.id for d in plan.cluster.devices if d.id not in set(plan.devices)]
+    assert idle and plan.solver["idle_devices"] == idle
+    assert [r for r in caplog.records if "use_all_devices=true: no plan that gives every device" in r.getMessage()
+            and ", ".join(idle) in r.getMessage()]
+    assert evaluated(plan).estimate.fits

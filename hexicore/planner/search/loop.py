@@ -19,6 +19,7 @@ by :mod:`hexicore.planner.search.candidate`.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 from dataclasses import asdict, replace
@@ -38,16 +39,22 @@ from hexicore.planner.search.prefetch import prefetch, walk_ahead
 from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
+log = logging.getLogger("hexicore")
+
+
+#: what a stage needs, which can leave a device no stage under ``solver.use_all_devices``
+EVERY_STAGE = ("each stage a block per chunk of its schedule, at a TP degree dividing the model's heads, KV heads "
+               "and FFN width, each pipeline the micro-batches its schedule runs with")
+
 
 def no_fit_error(problem: Problem, every_device: bool = False) -> HexicoreError:
     """Nothing fits: say how much memory the model's state alone needs; ``every_device``
     (``solver.use_all_devices``): also that every device had to hold a stage, and how to let
     the planner leave some idle."""
     cluster, model, train = problem.cluster, problem.model, problem.train
-    every = ("; with solver.use_all_devices=true every device must hold a pipeline stage (each stage a block per "
-             "chunk of its schedule, at a TP degree dividing the model's heads, KV heads and FFN width, each pipeline "
-             "the micro-batches its schedule runs with): solver.use_all_devices=false lets the planner leave devices "
-             "idle") if every_device and len(cluster.devices) > 1 else ""
+    every = (f"; with solver.use_all_devices=true every device must hold a pipeline stage ({EVERY_STAGE}): "
+             "solver.use_all_devices=false lets the planner leave devices idle") \
+        if every_device and len(cluster.devices) > 1 else ""
     chunks = _chunk_limit(problem)
     if chunks:  # no depth gives every chunk a block: memory is not the reason
         return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}{every}",
@@ -120,11 +127,13 @@ def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
     if p.warm_start is not None:
         out.append(relayout(context, p.warm_start, "warm_start", keep_layers=True))
         out.append(relayout(context, p.warm_start, "warm_start +layers", keep_layers=False))
-    if context.config.use_all_devices:  # a seed on fewer devices is no plan of all of them (megatron
-        # leaves the slowest idle where no symmetric layout of every device is legal)
-        everyone = {d.id for d in context.problem.cluster.devices}
-        out = [c for c in out if c.plan is not None and set(c.plan.devices) == everyone]
     return out
+
+
+def idle_devices(problem: Problem, plan: Plan | None) -> list[str]:
+    """The devices of the problem's cluster that hold no stage of ``plan``, in cluster order."""
+    used = set(plan.devices) if plan is not None else set()
+    return [d.id for d in problem.cluster.devices if d.id not in used]
 
 
 def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None]]:
@@ -279,8 +288,16 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
     if not replanned:
         progress("hexiscale: seeding with symmetric plans", 0.0)
         seeds = [c for c in seed_candidates(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+        partial = []  # use_all_devices: a seed on fewer devices (megatron leaves the slowest idle where no
+        if config.use_all_devices:  # symmetric layout of every device is legal) only where no plan of all fits
+            partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
+            seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
+        if best.plan is None and partial and min(c.score for c in partial) < INF:
+            best = min(partial, key=lambda c: c.score)
+            log.warning("solver.use_all_devices=true: no plan that gives every device a pipeline stage fits (%s); "
+                        "devices %s are left idle", EVERY_STAGE, ", ".join(idle_devices(problem, best.plan)))
     if best.plan is None:
         raise no_fit_error(problem, config.use_all_devices)
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
@@ -296,6 +313,8 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": None, "origin": best.origin,
             "candidates": context.evaluated, "d_dp": len(plan.pipelines), "seed": seed, **sched_info}
+    if config.use_all_devices and idle_devices(problem, plan):  # no plan of every device fits: it says so
+        info["idle_devices"] = idle_devices(problem, plan)
     if replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)

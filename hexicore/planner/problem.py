@@ -35,7 +35,9 @@ class Problem:
     ``train_options``: other concrete training settings the solver may plan under instead of
     ``train`` (``train.zero=auto``, ``train.micro_batch=auto``:
     :func:`hexicore.planner.train_choice.solve_choices` fills them for a solver that declares
-    ``chooses_train``; empty for any other)."""
+    ``chooses_train``; empty for any other). ``max_tp``: the largest TP degree a plan may give a
+    stage (None: any the model's shapes allow; the hexiscale search passes its
+    ``solver.max_tp`` to the solvers that seed it)."""
 
     cluster: Cluster
     model: ModelSpec
@@ -47,6 +49,7 @@ class Problem:
     pricing: ScheduleBook | None = None
     objective: Objective = field(default_factory=Objective)
     train_options: tuple[TrainSettings, ...] = ()
+    max_tp: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, ScheduleRef):

@@ -79,3 +79,32 @@ def test_one_pricer_per_schedule_and_one_peak_path():
     assert sched.model_peaks(4, 20) == sched.pricer.anchored_peaks(4, 20) == sched.peaks(4, 7)
     one = REG.create("schedule", "1f1b")
     assert one.peaks(4, 2) == (2.0, 2.0, 2.0, 1.0) == tuple(map(float, one.peak_rule(4, 2)))
+
+
+#: (name, params, ranks, highest M / P): every built-in; synth and hanayo (slow) on fewer ranks
+PEAK_GRID = [(n, p, range(1, 7), 5) for n, p in GRID if n != "hanayo"] + \
+    [("hanayo", {"waves": 2}, range(1, 5), 5), ("synth", {}, range(1, 4), 5)]
+
+
+@pytest.mark.parametrize("name,params,ranks,most", PEAK_GRID)
+def test_model_peaks_never_below_exact_peaks(name, params, ranks, most):
+    """The search's peaks (``anchored_peaks``) are at least the exact ones per rank for every M
+    from 1 to past the simulated window (``peak_window``'s end, 4P): a plan the search keeps fits
+    under its schedule's real peak memory. GPipe and looped BFS hold all M (their rule, read at M);
+    Chimera's two directions reach 2P at M = 2P, interleaved ZB's greedy order more than at 2P - 1
+    (the anchor the search read them at before)."""
+    sched = REG.create("schedule", name, **params)
+    for P in (p for p in ranks if p >= sched.pricing.min_ranks):  # fewer: priced as another schedule
+        for M in range(max(1, sched.pricing.min_micro_batches(P)), most * P + 2):
+            exact, model = sched.peaks(P, M), sched.model_peaks(P, M)
+            assert all(m >= e - 1e-9 for m, e in zip(model, exact)), (name, P, M, exact, model)
+
+
+def test_model_peaks_of_fill_drain_grow_with_the_micro_batches():
+    """GPipe keeps every micro-batch's activations until its first backward: the search reads
+    its rule at M (12 on every rank at P = 3, M = 12), not at 2P - 1 = 5."""
+    gpipe = REG.create("schedule", "gpipe")
+    assert gpipe.model_peaks(3, 12) == gpipe.peaks(3, 12) == (12.0, 12.0, 12.0)
+    chimera = REG.create("schedule", "chimera")
+    assert chimera.pricer.peak_window(3) == (5, 12)
+    assert max(chimera.model_peaks(3, 40)) >= max(chimera.peaks(3, 6)) == 6.0

@@ -39,12 +39,15 @@ def factorisations(n: int) -> Iterator[tuple[int, int, int]]:
 
 
 def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
-    """Megatron's constraints: TP divides the heads, KV heads and FFN width, the global batch
+    """Megatron's constraints: TP divides the heads, KV heads and FFN width (and is at most the
+    problem's ``max_tp`` where it sets one), the global batch
     divides into DP equal shares of whole micro-batches, and the schedule runs the pipeline: the
     layers give each of the PP stages a layer per chunk its schedule runs there (PP <= layers for
     one chunk each, :func:`least_layers`) and each share has the micro-batches the schedule needs
     on PP ranks (:func:`least_micro_batches`; DualPipeV: 2 PP)."""
     m, t = problem.model, problem.train
+    if problem.max_tp is not None and tp > problem.max_tp:
+        return False
     if not (m.tp_divides(tp) and pp <= m.layers and t.global_batch % (dp * t.micro_batch) == 0):
         return False
     return sum(least_layers(problem, pp)) <= m.layers and \

@@ -50,8 +50,8 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
     if context.book is not None:  # per pipeline the option that is fastest at its micro-batches
         picks = []
         for lay, n in zip(layouts, counts):
-            opts = [ol for ol in context.variants(lay, n_mb_max, choose)
-                    if context.book.runs(ol[0], len(lay.stages), n)]
+            opts = [ol for ol in context.variants(lay, n_mb_max, choose)  # (the ranks: variants)
+                    if n >= context.book.min_micro_batches(ol[0], len(lay.stages))]
             if not opts:
                 return Candidate(INF, None, None, origin)
             picks.append(min(opts, key=lambda ol: context.book.model(ol[0], ol[1].stage_s, ol[1].hop_s, n)))

@@ -150,12 +150,16 @@ class SearchContext:
         """The options a layout may run under, each with a layout that fits the option's memory:
         the layout itself where its layers fit the option's peak activations, else its stages
         re-laid out under the option's caps; options that fit no way are left out (cached).
-        ``choose``: every option, else the first only."""
+        ``choose``: every option, else the first only. An option that needs more ranks than the
+        layout has is left out where it is one of several (``choose``) or names no schedule to
+        price fewer ranks as; else it stays, priced as that one (``Pricing.fewer_ranks``, as
+        every plan check prices it), so a one-rank pipeline is a candidate under Hanayo alone."""
         key = ("variants", layout.stages, layout.layers, n_mb_max, choose)
         if key not in self.layout_cache:
             out = []
             for o in self.options if choose else self.options[:1]:
-                if not self.book.usable(o, len(layout.stages)):
+                if not self.book.usable(o, len(layout.stages)) and \
+                        (choose or self.book.schedule(o).pricing.fewer_ranks is None):
                     continue
                 table = self.tables[o]
                 lay = layout_pipeline(table, layout.stages, n_mb_max, layout.layers) or \

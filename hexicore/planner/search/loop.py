@@ -19,6 +19,7 @@ by :mod:`hexicore.planner.search.candidate`.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 from dataclasses import asdict, dataclass, replace
@@ -27,6 +28,7 @@ from typing import Sequence
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.planner.allocation.objective import Objective
+from hexicore.planner.plan_check import validate_plan
 from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, resolve_plan
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
@@ -37,20 +39,33 @@ from hexicore.planner.search.prefetch import prefetch, walk_ahead
 from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
 
+log = logging.getLogger("hexicore")
 
-def no_fit_error(problem: Problem) -> HexicoreError:
-    """Nothing fits: say how much memory the model's state alone needs."""
+
+#: what a stage needs, which can leave a device no stage under ``solver.use_all_devices``
+EVERY_STAGE = ("each stage a block per chunk of its schedule, at a TP degree dividing the model's heads, KV heads "
+               "and FFN width, each pipeline the micro-batches its schedule runs with")
+
+
+def no_fit_error(problem: Problem, every_device: bool = False) -> HexicoreError:
+    """Nothing fits: say how much memory the model's state alone needs; ``every_device``
+    (``solver.use_all_devices``): also that every device had to hold a stage, and how to let
+    the planner leave some idle."""
     cluster, model, train = problem.cluster, problem.model, problem.train
+    every = (f"; with solver.use_all_devices=true every device must hold a pipeline stage ({EVERY_STAGE}): "
+             "solver.use_all_devices=false lets the planner leave devices idle") \
+        if every_device and len(cluster.devices) > 1 else ""
     chunks = _chunk_limit(problem)
     if chunks:  # no depth gives every chunk a block: memory is not the reason
-        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}", field="model")
+        return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: {chunks}{every}",
+                             field="model")
     gb = state_gb(problem)
     need = f"{gb:.1f}" if gb >= 0.05 else f"{gb:.2g}"  # a tiny model's state: not "0.0"
     return HexicoreError(f"model {model.name!r} fits on no plan of {cluster.name!r}: its training state alone needs "
                          f"{need} GB plus activations (micro-batch {train.micro_batch}, sequence "
                          f"{train.seq_len}); the cluster has {sum(d.memory_gb for d in cluster.devices):g} GB in all, "
-                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}",
-                         field="model")
+                         f"at most {max(d.memory_gb for d in cluster.devices):g} GB per GPU{_depth_limit(problem)}"
+                         f"{every}", field="model")
 
 
 def _chunk_limit(problem: Problem) -> str:
@@ -92,7 +107,8 @@ def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
     ranks its own candidates (the exact times of a simulated or synthesised schedule cost a
     simulation per layout); the final plan is re-priced exactly (:func:`finalize`)."""
     out = []
-    p = replace(context.problem, objective=Objective())  # a seed lays out these devices (the allocation picks them)
+    # a seed lays out these devices (the allocation picks them), at TP degrees the search allows
+    p = replace(context.problem, objective=Objective(), max_tp=context.config.max_tp)
     if context.book is not None:  # the seed solvers see the first option (schedule=auto is no schedule itself)
         p = replace(p, schedule=context.options[0], cost=context.cost)
     for name in context.config.seeds:
@@ -112,6 +128,12 @@ def seed_candidates(context: SearchContext, seed: int) -> list[Candidate]:
         out.append(relayout(context, p.warm_start, "warm_start", keep_layers=True))
         out.append(relayout(context, p.warm_start, "warm_start +layers", keep_layers=False))
     return out
+
+
+def idle_devices(problem: Problem, plan: Plan | None) -> list[str]:
+    """The devices of the problem's cluster that hold no stage of ``plan``, in cluster order."""
+    used = set(plan.devices) if plan is not None else set()
+    return [d.id for d in problem.cluster.devices if d.id not in used]
 
 
 def initial_sweep(dps: list[int], iterations: int) -> list[tuple[int, str | None]]:
@@ -200,12 +222,17 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
 
 def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
     """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
-    modelled times) and keep the best; ``schedule=auto`` first re-chooses each pipeline's
+    modelled times) and keep the best that fits under its schedules' exact peaks (the check
+    ``hexicore evaluate`` makes); ``schedule=auto`` first re-chooses each pipeline's
     schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
-    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`)."""
+    for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`). A candidate that
+    does not fit exactly is never returned: none fitting is an error naming the device."""
     if context.book is None:
-        return cands[0].plan, {}
+        plan = cands[0].plan
+        if not context.exact_cost.estimate(plan).fits:
+            raise unfit_error(context, plan)
+        return plan, {}
     out = []
     for c in cands:
         if c.plan is None:
@@ -216,7 +243,9 @@ def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, 
             plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
         est = context.exact_cost.estimate(plan)
         out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
-    _, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
+    if score == INF:
+        raise unfit_error(context, plan)
     info = {"origin": origin, "schedules": [p.schedule.to_dict() for p in plan.pipelines]}
     if tried:
         info["schedule_s"] = tried
@@ -240,6 +269,19 @@ class Searched:
         sub-clusters by (the final plan is priced exactly, :func:`finish`)."""
         top = min(self.candidates, key=lambda c: c.score)
         return top.plan.with_estimate(top.estimate).with_solver({"bound": flops_bound(top.plan)})
+
+
+def unfit_error(context: SearchContext, plan: Plan) -> HexicoreError:
+    """The search's best plan does not fit under its schedules' exact peaks (the modelled ones
+    it ranked by were lower): why, as the plan check says it (:func:`validate_plan`)."""
+    try:
+        validate_plan(plan, context.exact_cost)
+    except HexicoreError as exc:
+        why = str(exc)
+    else:
+        why = "it does not fit its devices' memory"
+    return HexicoreError(f"the search's best plan does not fit under its schedules' exact peak activations: {why}",
+                         field="schedule")
 
 
 def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
@@ -275,10 +317,18 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     if not replanned:
         progress("hexiscale: seeding with symmetric plans", 0.0)
         seeds = [c for c in all_seeds(context, seed) if c.plan is None or len(c.plan.pipelines) in dps]
+        partial = []  # use_all_devices: a seed on fewer devices (megatron leaves the slowest idle where no
+        if config.use_all_devices:  # symmetric layout of every device is legal) only where no plan of all fits
+            partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
+            seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
                                                         key=lambda c: c.score), progress)
+        if best.plan is None and partial and min(c.score for c in partial) < INF:
+            best = min(partial, key=lambda c: c.score)
+            log.warning("solver.use_all_devices=true: no plan that gives every device a pipeline stage fits (%s); "
+                        "devices %s are left idle", EVERY_STAGE, ", ".join(idle_devices(problem, best.plan)))
     if best.plan is None:
-        raise no_fit_error(problem)
+        raise no_fit_error(problem, config.use_all_devices)
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
@@ -298,7 +348,8 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
     context, best, problem = found.context, found.best, found.context.problem
     plan, sched_info = finalize(context, found.candidates)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(context.config).items()}
+    config = context.config
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     info = {"name": "hexiscale", "params": params, "status": "HEURISTIC", "bound": flops_bound(plan),
             "origin": best.origin,
             "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines),
@@ -308,6 +359,8 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
         info["train_s"] = [[c.problem.train.to_dict(),
                             exact.iteration_s if c.problem.train == plan.train
                             else (None if c.best_score == INF else c.best_score)] for c in context.contexts()]
+    if config.use_all_devices and idle_devices(problem, plan):  # no plan of every device fits: it says so
+        info["idle_devices"] = idle_devices(problem, plan)
     if found.replanned:
         info["replan"] = plan_diff(problem.warm_start, plan)
     return plan.with_solver(info)

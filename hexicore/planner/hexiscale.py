@@ -72,14 +72,23 @@ class HexiScaleSolver:
             found[plan.pipelines, plan.train] = searched
             return plan
 
-        quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0)
+        # a screen: a tenth of the iterations, no seed solvers (a symmetric plan of every device costs
+        # much on a large cluster and says little about which machines to leave out), no polishing
+        quick = replace(self.config, iterations=max(2, self.config.iterations // 10), polish_rounds=0, seeds=())
 
         def screen(sub: Problem, plan: Plan | None) -> Plan | None:
             """A short search (a tenth of the iterations; ``plan`` unused) under the lead training
-            setting and the roomiest other one (:func:`roomiest`): sub-clusters compare alike."""
+            setting alone, where nothing fits it under the roomiest (:func:`roomiest`):
+            sub-clusters compare alike, and cheaply."""
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
-            sub = replace(sub, train_options=roomiest(sub.train_options))
-            return search(sub, quick, time_limit=left, seed=seed, progress=no_progress, memo=memo).plan
+            try:
+                return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed,
+                              progress=no_progress, memo=memo).plan
+            except HexicoreError:
+                if not sub.train_options:
+                    raise
+            return search(replace(sub, train=roomiest(sub.train_options)[0], train_options=()), quick,
+                          time_limit=left, seed=seed, progress=no_progress, memo=memo).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,

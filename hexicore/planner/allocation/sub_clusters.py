@@ -267,6 +267,8 @@ class _Search:
         self.prescreen(todo, workers)
         best, best_score = prefixes[-1], None
         for v in reversed(todo):  # the whole cluster first: its screen calibrates the bound
+            if self.deadline is not None and time.monotonic() > self.deadline and best_score is not None:
+                break
             if best_score is not None and self.flops and \
                     _lower_bound(self.flops, self.problem.cluster, self.machines(v)) >= best_score[0]:
                 continue

@@ -194,7 +194,7 @@ def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: in
     return out
 
 
-def relayout(context: SearchContext, plan: Plan, origin: str, keep_layers: bool) -> Candidate:
+def relayout(context: SearchContext, plan: Plan, origin: str, keep_layers: bool, beat: float = INF) -> Candidate:
     """A given plan's stages (e.g. megatron's) as a candidate, with its own layers or with the
     exact layer allocation; batches re-allocated. Devices no longer in the cluster are dropped."""
     cl = context.problem.cluster
@@ -211,7 +211,7 @@ def relayout(context: SearchContext, plan: Plan, origin: str, keep_layers: bool)
         if lay is None:
             return Candidate(INF, None, None, origin)
         layouts.append(lay)
-    return assemble(context, layouts, origin, {"d_dp": len(layouts)})
+    return assemble(context, layouts, origin, {"d_dp": len(layouts)}, beat=beat)
 
 
 def polish(context: SearchContext, best: Candidate, deadline: float, only: Sequence[int] | None = None,

@@ -256,29 +256,49 @@ def shared_table(memo: dict | None, table: StageTable) -> StageTable:
 
 def make_context(problem: Problem, config: SearchConfig, memo: dict | None = None) -> SearchContext:
     """Build the plugins by name from the registry (docs/plugins.md) and the caches (``memo``:
-    stage tables shared across the searches of one allocation, :func:`shared_table`)."""
+    stage tables shared across the searches of one allocation, :func:`shared_table`); the
+    contexts of ``problem.train_options`` share the lead's device graph, plugins, schedule
+    book and phase-1 cache (none of them depends on the training setting)."""
     reg = problem.registry
     if reg is None:
         raise HexicoreError("the hexiscale search needs problem.registry to build its plugins", field="solver")
+    lead = _context(problem, config, memo, None)
+    others = tuple(replace(_context(replace(problem, train=train, train_options=()), config, memo, lead), choice=i + 1)
+                   for i, train in enumerate(problem.train_options))
+    lead.others = others
+    return lead
+
+
+def _context(problem: Problem, config: SearchConfig, memo: dict | None, lead: SearchContext | None) -> SearchContext:
+    """One training setting's context (the lead's graph, plugins and book where given)."""
+    reg = problem.registry
     cost = problem.cost if config.cost_model is None else reg.create("cost_model", config.cost_model)
-    refiner = reg.create("refiner", config.refiner) if config.refiner else None
-    orderer = reg.create("orderer", config.orderer, tau=config.tau)
-    m = problem.model
-    degrees = tuple(d for d in range(1, config.max_tp + 1) if m.tp_divides(d))
-    book = problem.pricing if config.cost_model is None else None  # the book problem.cost is priced with
-    if book is None and is_auto(problem.schedule):
-        book = ScheduleBook(reg)
+    if lead is None:
+        book = problem.pricing if config.cost_model is None else None  # the book problem.cost is priced with
+        if book is None and is_auto(problem.schedule):
+            book = ScheduleBook(reg)
+        m = problem.model
+        shared = {"partitioner": reg.create("partitioner", config.partitioner),
+                  "refiner": reg.create("refiner", config.refiner) if config.refiner else None,
+                  "orderer": reg.create("orderer", config.orderer, tau=config.tau),
+                  "graph": problem.cluster.device_graph(),
+                  "degrees": tuple(d for d in range(1, config.max_tp + 1) if m.tp_divides(d)),
+                  "workers": config.workers or available_cores()}
+    else:
+        book = lead.book
+        shared = {"partitioner": lead.partitioner, "refiner": lead.refiner, "orderer": lead.orderer,
+                  "graph": lead.graph, "degrees": lead.degrees, "workers": lead.workers,
+                  "parts_cache": lead.parts_cache, "class_ids": lead.class_ids}
     exact, opts = cost, (problem.schedule,)
     if book is not None:  # pipelines priced by their schedules: modelled in the search, exact at the end
         opts = options(problem.schedule)
         exact, cost = timed_cost(cost, book), timed_cost(cost, book, modelled=True)
-    table = shared_table(memo, StageTable(problem.cluster, m, problem.train, cost, opts[0],
+    table = shared_table(memo, StageTable(problem.cluster, problem.model, problem.train, cost, opts[0],
                                           least_fn=book.least if book is not None else None))
     tables = {o: table if i == 0 else table.variant(schedule=o)
               for i, o in enumerate(opts)}
-    others = tuple(replace(make_context(replace(problem, train=train, train_options=()), config, memo), choice=i + 1)
-                   for i, train in enumerate(problem.train_options))
-    return SearchContext(problem, config, table, reg.create("partitioner", config.partitioner), refiner, orderer,
-                         problem.cluster.device_graph(), problem.train.micro_batches, degrees,
-                         book=book, exact_cost=exact, options=opts, tables=tables,
-                         workers=config.workers or available_cores(), others=others)
+    context = SearchContext(problem, config, table, micro_batches=problem.train.micro_batches, book=book,
+                            exact_cost=exact, options=opts, tables=tables, **shared)
+    if lead is not None and "machine_graph" in lead.__dict__:
+        context.__dict__["machine_graph"] = lead.machine_graph
+    return context

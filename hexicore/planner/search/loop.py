@@ -376,14 +376,18 @@ def flops_bound(plan: Plan) -> float:
 
 
 def all_seeds(context: SearchContext, seed: int) -> list[Candidate]:
-    """The seed candidates (:func:`seed_candidates`) of the lead training setting and of the
-    roomiest one (the seed solvers lay out under each); under every other setting the lead's
-    and the roomiest's seed plans re-laid out (:func:`relayout`)."""
+    """The seed candidates (:func:`seed_candidates`) of the lead training setting — and of the
+    roomiest one where none of the lead's fits (the seed solvers lay out under each) —; under
+    every other setting the seed plans re-laid out (:func:`relayout`), bounds first against the
+    best seed."""
     seeds = seed_candidates(context, seed)
-    if context.roomy is not context:
+    own = [context]
+    if context.roomy is not context and min((c.score for c in seeds), default=INF) == INF:
         seeds += seed_candidates(context.roomy, seed)
-    plans = [c for c in seeds if c.plan is not None]
+        own.append(context.roomy)
+    plans = [c.plan for c in seeds if c.plan is not None]
+    beat = min((c.score for c in seeds), default=INF)
     for other in context.others:
-        if other is not context.roomy:
-            seeds += [relayout(other, c.plan, c.origin, keep_layers=False) for c in plans]
+        if not any(other is c for c in own):
+            seeds += [relayout(other, plan, "seed re-laid", keep_layers=False, beat=beat) for plan in plans]
     return seeds

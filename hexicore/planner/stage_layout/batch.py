@@ -48,7 +48,8 @@ def allocate_batch(times: Sequence[Callable[[int], float]], micro_batches: int,
     def key(i: int, c: int) -> tuple[float, int, int]:
         """Greedy's order of pipeline i's c-th extra micro-batch (c in 1..rest)."""
         if (i, c) not in seen:
-            seen[i, c] = times[i](lo[i] + c)
+            t = times[i](lo[i] + c)
+            seen[i, c] = math.inf if t != t else t  # a NaN (inf - inf of a cost model's inf) never wins
         return seen[i, c], i, c
 
     extra = _estimate([key(i, 1)[0] for i in range(k)], [key(i, rest)[0] for i in range(k)], rest)

@@ -20,11 +20,14 @@ in the first cells). A computation that runs past ``--cap`` CPU seconds is stopp
 whose exact price is predicted (from the smaller M of the same draw) to run past it is not
 started: both are reported as skipped, with the reason.
 
-    python bench/pricing_error.py            # the full grid (about 15 min on 2 shared cores)
-    python bench/pricing_error.py --quick    # P 2-4, M <= 64: a smoke run (< 60 s)
+    python bench/pricing_error.py            # the full grid: ~40 process-minutes on the shared
+                                             # 2-core host, in --jobs 2 processes
+    python bench/pricing_error.py --quick    # P 2 and 4, M <= 64: a smoke run (~40 s)
+    python bench/pricing_error.py --only synth hanayo --out a.json   # a part of the grid ...
+    python bench/pricing_error.py --render a.json b.json             # ... parts merged, tabulated
 
-Writes bench/out/pricing_error.json and the ``## Pricing error of the search's models`` section of
-docs/results.md (the quick run writes neither unless ``--write``).
+Writes bench/out/pricing_error.json (``--out``) and the ``## Pricing error of the search's
+models`` section of docs/results.md (the quick run writes neither unless ``--write``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import random
@@ -48,7 +52,7 @@ from hexicore.registry import Registry
 HERE = Path(__file__).resolve().parent
 SECTION = "## Pricing error of the search's models"
 RANKS = (2, 3, 4, 6, 8, 12, 16)
-QUICK_RANKS = (2, 3, 4)
+QUICK_RANKS = (2, 4)
 #: micro-batch counts: multiples of P, then fixed counts
 MULTIPLES, COUNTS = (1, 2, 4, 8), (64, 256, 1024, 4096)
 QUICK_COUNTS = (64,)
@@ -136,11 +140,11 @@ def predicted(history: list[tuple[int, float]], n_mb: int) -> float:
 def run_group(reg: Registry, grp: Group, fixed: tuple[int, ...], cap: float, log: Callable) -> list[dict]:
     """Every cell of ``grp``: exact, anchored, steady state and bound, each on its own object."""
     make = lambda: reg.create("schedule", grp.name, **grp.params)  # noqa: E731
-    exact_s, steady_s, anchor_s = make(), make(), make()
+    on_exact, on_steady, on_anchored = make(), make(), make()  # one object (and cache) per tier
     st, hop = grp.stages, grp.hop_times
-    least = exact_s.pricing.min_micro_batches(grp.ranks)
+    least = on_exact.pricing.min_micro_batches(grp.ranks)
     try:
-        fit, grp.fit_s, _ = timed(lambda: steady_s.pricer.steady_fit(st, hop), cap)
+        fit, grp.fit_s, _ = timed(lambda: on_steady.pricer.steady_fit(st, hop), cap)
         grp.fit = None if fit is None else (fit[0], fit[1])
     except OverCap:
         grp.fit, grp.fit_s = "over cap", cap
@@ -157,21 +161,21 @@ def run_group(reg: Registry, grp: Group, fixed: tuple[int, ...], cap: float, log
             stop = stop or f"exact over cap from M={M}"
             continue
         try:
-            cell["exact"], cell["exact_s"], cell["exact_cpu"] = timed(lambda: exact_s.pipeline_time(st, hop, M), cap)
+            cell["exact"], cell["exact_s"], cell["exact_cpu"] = timed(lambda: on_exact.pipeline_time(st, hop, M), cap)
         except OverCap:
             cell["skipped"] = stop = f"exact over cap {cap:.0f} s at M={M}"
             continue
         history.append((M, cell["exact_cpu"]))
-        cell["bound"] = exact_s.time_bound(st, hop, M)
+        cell["bound"] = on_exact.time_bound(st, hop, M)
         try:
-            cell["anchored"], cell["anchored_s"], _ = timed(lambda: anchor_s.model_time(st, hop, M), cap)
+            cell["anchored"], cell["anchored_s"], _ = timed(lambda: on_anchored.model_time(st, hop, M), cap)
         except OverCap:
             cell["anchored_skipped"] = f"over cap {cap:.0f} s"
         if grp.fit == "over cap":
             cell["steady_skipped"] = f"fit over cap {cap:.0f} s"
         else:
             try:
-                cell["steady"], cell["steady_s"], _ = timed(lambda: steady_s.pricer.steady_state(st, hop, M), cap)
+                cell["steady"], cell["steady_s"], _ = timed(lambda: on_steady.pricer.steady_state(st, hop, M), cap)
                 modelled = grp.fit is not None and M >= grp.fit[0] + grp.fit[1]
                 cell["steady_mode"] = "model" if modelled else "simulated" if grp.fit else "no period"
             except OverCap:
@@ -329,9 +333,10 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="P 2-4, M <= 64, a 3 s cap: a smoke run")
-    ap.add_argument("--cap", type=float, default=None, help="CPU seconds per tier per cell (default 12; quick 3)")
+    ap.add_argument("--quick", action="store_true", help="P 2 and 4, M <= 64, a 2 s cap: a smoke run")
+    ap.add_argument("--cap", type=float, default=None, help="CPU seconds per tier per cell (default 10; quick 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--only", nargs="*", help="schedule names to price (default: every installed one)")
     ap.add_argument("--write", action="store_true", help="with --quick: still write the JSON and docs/results.md")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "pricing_error.json", help="the JSON written")
@@ -340,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
                          "write them as one to --out and the section of docs/results.md")
     args = ap.parse_args(argv)
     write, out = not args.quick or args.write, args.out
+    installed = Registry.default().names("schedule")
+    bad = [n for n in args.only or () if n not in installed]
+    if bad or (args.cap is not None and args.cap <= 0) or args.jobs < 1:
+        what = f"--only {', '.join(bad)}: not installed (installed: {', '.join(installed)})" if bad else \
+            "--cap must be > 0" if args.cap is not None and args.cap <= 0 else "--jobs must be >= 1"
+        print(f"error: {what}", file=sys.stderr)
+        return 2
     if args.render:
         meta, cells, groups = {}, [], []
         for path in args.render:
@@ -350,13 +362,15 @@ def main(argv: list[str] | None = None) -> int:
                                                        "fit_s")}, fit=tuple(g["fit"]) if isinstance(g["fit"], list)
                                  else g["fit"]) for g in saved["groups"]]
                 wall = meta.get("wall_s", 0.0) + saved["meta"]["wall_s"]
-                meta = {**saved["meta"], "wall_s": wall}
+                meta = {**saved["meta"], "wall_s": wall, "runs": meta.get("runs", 0) + saved["meta"].get("runs", 1)}
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 print(f"error: {path}: not a JSON written by bench/pricing_error.py ({exc})", file=sys.stderr)
                 return 2
         write = True
     else:
         meta, cells, groups = measure(args, out if write else None)
+    cells.sort(key=lambda c: (ORDER.get(c["schedule"], len(ORDER)), c["schedule"], c["P"], c["hops"], c["M"]))
+    groups.sort(key=lambda g: (ORDER.get(label(g.name, g.params), len(ORDER)), g.name, g.ranks, g.hops))
     summary = [summarize(name, [c for c in cells if c["schedule"] == name],
                          [g for g in groups if label(g.name, g.params) == name])
                for name in sorted(dict.fromkeys(c["schedule"] for c in cells), key=lambda n: ORDER.get(n, len(ORDER)))]
@@ -373,43 +387,59 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if violations else 0
 
 
+def short(row: dict) -> dict:
+    """A row with its seconds to 4 significant digits, its errors to 6, its prices to 12."""
+    def cut(key: str, value: Any) -> Any:
+        if not isinstance(value, float):
+            return value
+        digits = 4 if key.endswith(("_s", "_cpu")) else 6 if key.endswith("_err") else 12
+        return float(f"{value:.{digits}g}")
+    return {k: cut(k, v) for k, v in row.items()}
+
+
 def save(path: Path, meta: dict, cells: list[dict], groups: list[Group], summary: list[dict] | None = None) -> None:
+    """The JSON of a run: meta and summary indented, one line per stage-time draw and per cell."""
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "summary": summary or [], "groups": [vars(g) for g in groups],
-                                "cells": cells}, indent=1) + "\n")
+    lines = lambda rows: ",\n".join(json.dumps(short(r), separators=(",", ":")) for r in rows)  # noqa: E731
+    head = json.dumps({"meta": meta, "summary": summary or []}, indent=1)[:-2]
+    path.write_text(f'{head},\n "groups": [\n{lines(vars(g) for g in groups)}\n],\n "cells": [\n{lines(cells)}\n]\n}}\n')
+
+
+def measure_unit(unit: tuple) -> tuple[list[dict], list[Group]]:
+    """One schedule at one P, links free and with hops (a worker's unit)."""
+    name, params, P, fixed, cap, seed = unit
+    reg, cells, groups = Registry.default(), [], []
+    for hops in (False, True):
+        grp = Group(name, params, P, hops, *draw(P, hops, seed))
+        cells += run_group(reg, grp, fixed, cap, lambda msg: print(msg, flush=True))
+        groups.append(grp)
+    return cells, groups
 
 
 def measure(args: argparse.Namespace, out: Path | None) -> tuple[dict, list[dict], list[Group]]:
-    """Every cell of the grid, schedule by schedule (saved to ``out`` after each, where given)."""
-    cap = args.cap or (3.0 if args.quick else 12.0)
+    """Every cell of the grid, in ``args.jobs`` processes (one schedule at one P a unit, the
+    largest P first); saved to ``out`` after each unit, where given."""
+    cap = args.cap or (2.0 if args.quick else 10.0)
     ranks, fixed = (QUICK_RANKS, QUICK_COUNTS) if args.quick else (RANKS, COUNTS)
     reg = Registry.default()
     chosen = list(SCHEDULES) + [(n, {}) for n in reg.names("schedule") if n not in {s for s, _ in SCHEDULES}]
     chosen = [(n, p) for n, p in chosen if not args.only or n in args.only]
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    units = [(n, p, P, fixed, cap, args.seed) for P in sorted(ranks, reverse=True) for n, p in chosen
+             if P >= reg.create("schedule", n, **p).pricing.min_ranks]
     wall0 = time.perf_counter()
-    meta = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cap_s": cap, "seed": args.seed,
+    meta = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cap_s": cap, "seed": args.seed, "jobs": args.jobs,
             "ranks": list(ranks), "counts": [list(MULTIPLES), list(fixed)], "quick": args.quick}
     cells, groups = [], []
-    for name, params in chosen:
-        mine, mine_groups = [], []
-        for P in ranks:
-            if P < reg.create("schedule", name, **params).pricing.min_ranks:
-                continue
-            for hops in (False, True):
-                grp = Group(name, params, P, hops, *draw(P, hops, args.seed))
-                mine += run_group(reg, grp, fixed, cap, log)
-                mine_groups.append(grp)
-        s = summarize(label(name, params), mine, mine_groups)
-        cells += mine
-        groups += mine_groups
-        log(f"{s['schedule']:<22} {s['cells']:>3} cells  anchored max {pct(s['anchored_max'])} median "
-            f"{pct(s['anchored_median'])}  steady max {pct(s['steady_max'])} median {pct(s['steady_median'])} "
-            f"exact {pct(s['steady_exact_share'], 0)}  bound violations {len(s['bound_violations'])}  "
-            f"skipped: {skipped_text(s['skipped'])}  [{time.perf_counter() - wall0:.0f} s]")
-        meta.update(wall_s=time.perf_counter() - wall0, machine=machine())
-        if out is not None:
-            save(out, meta, cells, groups)
+    with multiprocessing.Pool(args.jobs) as pool:
+        for done, (mine, mine_groups) in enumerate(pool.imap_unordered(measure_unit, units), 1):
+            cells += mine
+            groups += mine_groups
+            skipped = sum("skipped" in c and not c["skipped"].startswith("needs") for c in mine)
+            print(f"[{done}/{len(units)} {time.perf_counter() - wall0:4.0f} s] {mine[0]['schedule']:<18} "
+                  f"P={mine[0]['P']:<2} {len(mine) - skipped} cells, {skipped} skipped", flush=True)
+            meta.update(wall_s=time.perf_counter() - wall0, machine=machine())
+            if out is not None:
+                save(out, meta, cells, groups)
     return meta, cells, groups
 
 
@@ -421,8 +451,9 @@ def report(summary: list[dict], cells: list[dict], groups: list[Group], meta: di
     grid = "P in {" + ", ".join(map(str, ranks)) + "}, M in {P, 2P, 4P, 8P, " + \
         ", ".join(map(str, meta["counts"][1])) + "} (M >= P)"
     lines = [
-        f"Measured {meta['date']} by `python bench/pricing_error.py{' --quick' if meta['quick'] else ''}` on "
-        f"{meta['machine']} "
+        f"Measured {meta['date']} by `python bench/pricing_error.py{' --quick' if meta['quick'] else ''}`"
+        f"{' (' + str(meta['runs']) + ' runs split with --only, merged with --render)' if meta.get('runs', 1) > 1 else ''}"
+        f" on {meta['machine']} "
         f"(shared with other jobs: seconds are wall-clock and noisy; measuring took {wall / 60:.1f} min in all). "
         f"Grid: {grid}, stage times 0.7-1.3 with one slow rank 1.5-2x (seed {meta['seed']}), links free or "
         "hops of 0.05-0.2 of the mean stage time; every installed schedule (synth with `effort: quick`, as "

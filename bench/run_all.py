@@ -23,6 +23,7 @@ BENCHES = [
     ("planner.py", [], ["--quick", "--scale", "64"]),
     ("schedules.py", [], ["--big", "16", "4", "64"]),
     ("schedules_zb.py", [], ["--big", "16", "64", "--cpsat-limit", "10"]),
+    ("pricing_error.py", [], ["--quick", "--write"]),
     ("cpsat.py", [], ["--time-limit", "10", "--sizes", "2", "3", "4"]),
     ("replan.py", [], []),
     ("auto_final.py", [], ["--repeat", "1"]),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hexicore.pipeline.pricer import SchedulePricer
 from hexicore.pipeline.spec import ScheduleSpec
@@ -108,3 +110,23 @@ def test_model_peaks_of_fill_drain_grow_with_the_micro_batches():
     chimera = REG.create("schedule", "chimera")
     assert chimera.pricer.peak_window(3) == (5, 12)
     assert max(chimera.model_peaks(3, 40)) >= max(chimera.peaks(3, 6)) == 6.0
+
+
+#: the parameters a schedule is built with below, where its defaults are slow for a unit test
+FAST = {"synth": {"effort": "quick"}, "hanayo": {"waves": "auto", "max_waves": 3}}
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(P=st.integers(2, 4), extra=st.integers(0, 8), equal=st.booleans(), hops=st.booleans(), data=st.data())
+def test_time_bound_never_exceeds_the_exact_price(P, extra, equal, hops, data):
+    """Tier 0 is a lower bound for every installed schedule (synth's its own, the others the busiest
+    rank's work): ``time_bound <= pipeline_time`` on random stage and hop times, equal stages and
+    free links included (where the closed forms price), from the fewest micro-batches on."""
+    t = st.floats(0.2, 4.0, allow_nan=False)
+    stages = [data.draw(t)] * P if equal else data.draw(st.lists(t, min_size=P, max_size=P))
+    hop_times = data.draw(st.lists(st.floats(0.0, 1.0), min_size=P - 1, max_size=P - 1)) if hops else [0.0] * (P - 1)
+    for name in REG.names("schedule"):
+        sched = REG.create("schedule", name, **FAST.get(name, {}))
+        M = sched.pricing.min_micro_batches(P) + extra
+        exact = sched.pipeline_time(stages, hop_times, M)
+        assert sched.time_bound(stages, hop_times, M) <= exact * (1 + 1e-9), (name, stages, hop_times, M)

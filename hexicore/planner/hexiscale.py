@@ -80,7 +80,9 @@ class HexiScaleSolver:
             """A short search (a tenth of the iterations; ``plan`` unused) under the lead training
             setting alone, where nothing fits it under the roomiest (:func:`roomiest`):
             sub-clusters compare alike, and cheaply."""
-            left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None  # out of time: no screen (the sub-cluster is not searched)
             try:
                 return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed,
                               progress=no_progress, memo=memo).plan

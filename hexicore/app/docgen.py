@@ -59,6 +59,21 @@ In a sweep each job labels its lines with its number (`[plan #3 5.0 s, ...]`). s
 the plan) is the same either way."""
 
 
+PLANNING = """
+## What the planner chooses, and how long it takes
+
+`hexicore plan` (solver `hexiscale`) chooses the devices, pipelines, stages, TP degrees, layers
+and batch split; with `schedule=auto` each pipeline's schedule, with `train.zero=auto` the ZeRO
+stage and with `train.micro_batch=auto` the micro-batch size (1, 2, 4 or 8, those that divide
+the global batch). Every option is priced inside one search (docs/cost-model.md). The search is
+anytime: `solver.time_budget=S` returns the best plan found in S seconds (`auto`, the default:
+25 ms a GPU, at least 8 s and at most 25 s; `null`: no limit, every iteration runs, so the plan
+depends on the seed alone, not on the machine's speed or load; `solver.time_limit=S` overrides
+it for one run). The plan prints the FLOPs lower bound beside its time (`bound`, `gap`): no plan
+beats the iteration's FLOPs at the cluster's peak rate. docs/results.md ("Planner speed")
+measures search times and plan quality from 8 to 1024 GPUs."""
+
+
 def render(registry: Registry | None = None) -> str:
     """The reference of ``registry``'s plugins (default: those hexicore ships,
     :meth:`Registry.shipped`, so that the file is the same whatever else is installed)."""
@@ -68,6 +83,7 @@ def render(registry: Registry | None = None) -> str:
     out = [HEADER]
     out += [f"- `hexicore {c}` — {d}" for c, d in COMMANDS.items()]
     out.append(PROGRESS)
+    out.append(PLANNING)
     out.append("\n## Config groups\n")
     for g in GROUPS:
         opts = _group_options(g, registry)

@@ -10,7 +10,10 @@ revision ``REV`` (a temporary worktree; ``train.micro_batch=auto`` is left out t
 revision does not know it), each capped at ``--cap`` seconds, and the table shows both and their
 ratio. A second table plans the ``micro_batch=auto`` cases at fixed micro-batch 1, 2, 4 and 8.
 
-    python bench/planner_speed.py [--quick] [--reference d373b82] [--cap 240] [--out docs/results.md]
+    python bench/planner_speed.py [--quick] [--reference d373b82 [--reference-only]] [--cap 240] [--out docs/results.md]
+
+With ``--reference`` the reference's rows are kept in ``bench/out/planner_speed_reference.json``
+(``--reference-only``: only them); a later run without ``--reference`` reads them from there.
 
 Timings are wall-clock seconds on the machine it runs on (the table says which); run it on an
 otherwise idle machine.
@@ -120,6 +123,7 @@ except Exception as exc:  # the row says why
     print(json.dumps({"error": str(exc).splitlines()[0][:100]}))
     raise SystemExit(0)
 print(json.dumps({"seconds": plan.solver.get("seconds"), "iteration_s": plan.estimate.iteration_s,
+                  "modelled_s": plan.solver.get("modelled_s"),
                   "pipelines": len(plan.pipelines), "micro_batch": plan.train.micro_batch, "zero": plan.train.zero,
                   "gpus": len(plan.devices), "schedules": sorted({p.schedule.name for p in plan.pipelines})}))
 """
@@ -150,8 +154,10 @@ def reference_tree(rev: str) -> tuple[str, Path]:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True,
                    capture_output=True)
     path = base / "path"
-    path.mkdir()
-    (path / "hexicore").symlink_to(tree / "hexicore")
+    (path / "hexicore").mkdir(parents=True)  # the package with its config groups (conf/ is hexicore.conf)
+    for entry in (tree / "hexicore").iterdir():
+        (path / "hexicore" / entry.name).symlink_to(entry)
+    (path / "hexicore" / "conf").symlink_to(tree / "conf")
     (path / "hexicore_plugins").symlink_to(tree / "plugins")
     return str(path), tree
 
@@ -171,23 +177,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap", type=float, default=240.0, help="seconds a reference plan may take")
     ap.add_argument("--new-cap", type=float, default=120.0, help="seconds a plan of this tree may take")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--reference-json", type=Path, default=HERE / "out" / "planner_speed_reference.json",
+                    help="where the reference's rows are kept: written with --reference, read without it")
+    ap.add_argument("--reference-only", action="store_true", help="plan the reference's rows only, keep them")
     args = ap.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="planner-speed-"))
     ref = reference_tree(args.reference) if args.reference else None
+    kept = {} if ref is not None or not args.reference_json.exists() else \
+        json.loads(args.reference_json.read_text(encoding="utf-8"))
     rows, mb_rows = [], []
     try:
         for case in cases(args.quick):
             base = overrides(case, folder)
             for options, extra in (("1F1B", []), ("all on", ALL_ON)):
-                new = plan_one(base + extra, args.new_cap)
-                old = None
+                key = f"{case['label']} | {options}"
+                old = kept.get(key)
                 if ref is not None:
                     old_extra = [o for o in extra if not o.startswith("train.micro_batch")]
-                    old = plan_one(base + old_extra, args.cap, ref[0])
+                    old = kept[key] = plan_one(base + old_extra, args.cap, ref[0])
+                    kept["_rev"] = args.reference
+                    args.reference_json.parent.mkdir(parents=True, exist_ok=True)
+                    args.reference_json.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+                new = {"error": "not run"} if args.reference_only else plan_one(base + extra, args.new_cap)
                 rows.append((case, options, new, old))
                 print(f"{case['label']:<42} {options:<7} new {cell(new, 'seconds'):>8} s {cell(new):>9}   "
                       f"today {cell(old, 'seconds'):>8} s {cell(old):>9}", flush=True)
-            if case.get("batch", 0) >= 32 or case["label"].startswith("paper"):
+            size = sum(m["count"] for m in case["cluster"]["machines"]) if isinstance(case["cluster"], dict) else 0
+            if not args.reference_only and size <= 64:
                 fixed = {b: plan_one(base + ["schedule=auto", "train.zero=auto", f"train.micro_batch={b}"],
                                      args.new_cap) for b in (1, 2, 4, 8) if case["batch"] % b == 0}
                 auto = next(r[2] for r in rows[::-1] if r[0] is case and r[1] == "all on")
@@ -195,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ref is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref[1])], capture_output=True)
-    body = render(rows, mb_rows, args.reference)
+    body = render(rows, mb_rows, args.reference or (kept.get("_rev") if kept else None))
     print(body)
-    if args.out is not None or not args.quick:
+    if not args.reference_only and (args.out is not None or not args.quick):
         write_section(SECTION, body, **({"path": args.out} if args.out else {}))
     return 0
 
@@ -209,17 +225,21 @@ def render(rows: list, mb_rows: list, reference: str | None) -> str:
              f"(`{os.uname().machine}`). *search s*: the time the plan prints (`solver.seconds`, the CLI's "
              "start-up aside); *iteration s*: the plan's exactly priced iteration time. *all on*: "
              "`schedule=auto train.zero=auto train.micro_batch=auto` (the reference: without "
-             "`train.micro_batch=auto`, which it does not know). *ratio*: new iteration / today's.", "",
+             "`train.micro_batch=auto`, which it does not know). *ratio*: new iteration / today's. *model error*: "
+             "the search's modelled time of the plan it kept against that plan's exact time (schedules "
+             "re-chosen exactly in between).", "",
              "| case | GPUs | batch | options | today search s | today iteration s | new search s | "
-             "new iteration s | ratio | new plan |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "new iteration s | ratio | model error | new plan |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case, options, new, old in rows:
         gpus = new.get("gpus", "?") if "error" not in new else "?"
         ratio = (f"{new['iteration_s'] / old['iteration_s']:.4f}" if old and "error" not in old and "error" not in new
                  else "-")
         shape = ("-" if "error" in new else
                  f"D_dp={new['pipelines']}, mb {new['micro_batch']}, ZeRO {new['zero']}, {'/'.join(new['schedules'])}")
+        err = (f"{100 * (new['modelled_s'] - new['iteration_s']) / new['iteration_s']:+.2f}%"
+               if "error" not in new and new.get("modelled_s") else "-")
         lines.append(f"| {case['label']} | {gpus} | {case['batch']} | {options} | {cell(old, 'seconds')} | "
-                     f"{cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {shape} |")
+                     f"{cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {err} | {shape} |")
     lines += ["", "`train.micro_batch=auto` against the plans at a fixed micro-batch (every other option on; "
               "iteration seconds):", "", "| case | mb 1 | mb 2 | mb 4 | mb 8 | auto | auto chose |",
               "|---|---|---|---|---|---|---|"]

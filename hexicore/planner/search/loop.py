@@ -354,6 +354,9 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
             "origin": best.origin,
             "candidates": sum(c.evaluated for c in context.contexts()), "d_dp": len(plan.pipelines),
             "seed": found.seed, **sched_info}
+    modelled = [c.score for c in found.candidates if c.origin == sched_info.get("origin", best.origin)]
+    if modelled and modelled[0] < INF:  # the search's modelled time of the plan kept (before the exact pricing)
+        info["modelled_s"] = round(modelled[0], 6)
     if context.others:  # per training setting the best the search found (the plan's own: exactly priced)
         exact = context.exact_cost.estimate(plan)
         info["train_s"] = [[c.problem.train.to_dict(),

@@ -23,12 +23,6 @@ from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.search.workers import available_cores
 
 
-def roomiest(options: tuple) -> tuple:
-    """Of training settings ``options``, the one leaving a stage the most memory (the highest
-    ZeRO stage, then the smallest micro-batch), alone; ``()`` for none."""
-    return (min(options, key=lambda t: (-t.zero_stage, t.micro_batch)),) if options else ()
-
-
 @dataclass(frozen=True)
 class HexiScaleSolver:
     """``HexiScaleSolver(**params)`` with the keys of :class:`SearchConfig`. It prices every
@@ -78,19 +72,13 @@ class HexiScaleSolver:
 
         def screen(sub: Problem, plan: Plan | None) -> Plan | None:
             """A short search (a tenth of the iterations; ``plan`` unused) under the lead training
-            setting alone, where nothing fits it under the roomiest (:func:`roomiest`):
-            sub-clusters compare alike, and cheaply."""
+            setting alone: sub-clusters compare alike, and cheaply (where nothing fits the lead
+            setting the screen finds nothing, and the sub-cluster is left to the full searches)."""
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None  # out of time: no screen (the sub-cluster is not searched)
-            try:
-                return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed,
-                              progress=no_progress, memo=memo).plan
-            except HexicoreError:
-                if not sub.train_options:
-                    raise
-            return search(replace(sub, train=roomiest(sub.train_options)[0], train_options=()), quick,
-                          time_limit=left, seed=seed, progress=no_progress, memo=memo).plan
+            return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed, progress=no_progress,
+                          memo=memo).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,

@@ -54,7 +54,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Callable
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.errors import HexicoreError
@@ -256,28 +256,6 @@ class _Search:
             return None
         return fork_start(lambda v: (v, self.screen_score(v, None)), todo, workers)
 
-    def start_from(self, prefixes: list[tuple[int, ...]], workers: int) -> tuple[int, ...]:
-        """Where the greedy descent of a large cluster starts: among ``prefixes`` (the
-        fastest GPU types alone, then with the next type, ..., every type:
-        :func:`_type_prefixes`) those whose memory holds the state and whose FLOPs bound
-        (:func:`_lower_bound`, once a plan calibrates it) can beat the best screened so far,
-        the one whose screen (a short search) is best; the whole cluster where no screen finds
-        a plan. The screens run ``workers`` at a time."""
-        todo = [v for v in prefixes if self.holds_state(self.machines(v))]
-        self.prescreen(todo, workers)
-        best, best_score = prefixes[-1], None
-        for v in reversed(todo):  # the whole cluster first: its screen calibrates the bound
-            if self.deadline is not None and time.monotonic() > self.deadline and best_score is not None:
-                break
-            if best_score is not None and self.flops and \
-                    _lower_bound(self.flops, self.problem.cluster, self.machines(v)) >= best_score[0]:
-                continue
-            score = self.quick.pop(v) if v in self.quick else self.screen_score(v, None)
-            self.screened += 1
-            if score is not None and (best_score is None or score < best_score):
-                best, best_score = v, score
-        return best
-
     def trial(self, counts: tuple[int, ...], first: bool = False, ahead: int = 0) -> Trial | None:
         """Solve the sub-cluster of ``counts`` (memoised; skipped past the deadline or when
         :meth:`skip` prunes it); ``ahead``: the devices still to solve, :class:`TimeShares`."""
@@ -359,22 +337,6 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
             yield tuple(0 if i in members else n for i, n in enumerate(counts))
 
 
-def _type_prefixes(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple[int, ...]]:
-    """Sub-clusters of whole GPU types, dominance first: the types ordered by peak TFLOP/s, then
-    memory, then intra-machine bandwidth (a type better in all three is never left out while a
-    worse one is used), and the k first of them with every machine, k = 1..types."""
-    def rank(gpu: Any) -> tuple:
-        return (-gpu.tflops, -gpu.memory_gb, -max(m.bandwidth_gbs for m in cluster.machines if m.gpu.name == gpu.name))
-
-    gpus = sorted({cluster.machine(cls[0]).gpu.name: cluster.machine(cls[0]).gpu for cls in classes}.values(),
-                  key=rank)
-    out = []
-    for k in range(1, len(gpus) + 1):
-        keep = {g.name for g in gpus[:k]}
-        out.append(tuple(len(cls) if cluster.machine(cls[0]).gpu.name in keep else 0 for cls in classes))
-    return out
-
-
 def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple[int, ...]]:
     """The classes of each GPU type and of each zone (when there are several): the greedy
     descent's moves that leave a whole type or zone out."""
@@ -387,9 +349,6 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
     return out
 
 
-#: clusters of more devices start the greedy descent from the best screened prefix of GPU types
-#: (:meth:`_Search.start_from`) instead of a full search of every device
-PREFIX_START_ABOVE = 128
 #: how many of the best sub-clusters' plans :func:`allocate` has priced exactly (``finish``)
 FINISHED = 2
 
@@ -426,16 +385,10 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         if mode == "exhaustive" else []
     screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
     near = list(_neighbours(full, classes, types))
-    start = full
-    if screened and len(problem.cluster.devices) > PREFIX_START_ABOVE:
-        # bounds first: the fastest GPU types alone, then one type more at a time, screened
-        start = s.start_from(_type_prefixes(problem.cluster, classes), workers)
-        if start != full:
-            near = list(_neighbours(start, classes, types))
-    # the first step's screens run beside the start's search (they do not depend on it)
+    # the first step's screens run beside the whole cluster's search (they do not depend on it)
     early = s.prescreen_start(near, workers - 1) if screened and workers > 1 else None
     try:
-        s.trial(start, first=True, ahead=s.ahead(vectors) if vectors else s.ahead([start, *near]) + s.largest(near))
+        s.trial(full, first=True, ahead=s.ahead(vectors) if vectors else s.ahead([full, *near]) + s.largest(near))
         if early is not None:
             s.quick.update(early.result())
     finally:
@@ -446,7 +399,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
             s.trial(v, ahead=s.ahead(vectors[i:]))
     else:
-        cur = start
+        cur = full
         while True:
             here, near = s.best, list(_neighbours(cur, classes, types))
             if screened:

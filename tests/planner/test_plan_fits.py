@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from hexicore.core.settings import TrainSettings
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,7 +98,7 @@ def test_seeds_lay_out_within_max_tp(caplog, tmp_path):
 def test_max_tp_bounds_the_symmetric_layouts():
     """``Problem.max_tp`` is one of Megatron's constraints where set (the search's seeds)."""
     problem = Problem(cluster_preset("homo_a800_16"), model_preset("llama2_7b"),
-                      api.compose(["train.global_batch=16"]).train, AnalyticCostModel())
+                      TrainSettings(global_batch=16), AnalyticCostModel())
     assert legal(problem, 1, 16, 1)
     limited = Problem(problem.cluster, problem.model, problem.train, problem.cost, max_tp=8)
     assert not legal(limited, 1, 16, 1) and legal(limited, 2, 8, 1)

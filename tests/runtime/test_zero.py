@@ -132,7 +132,10 @@ def _solve(overrides, iterations: bool = True):
     from hexicore.app.compose import config_from_overrides, solve
     from hexicore.registry import Registry
 
-    plan, _ = solve(config_from_overrides(overrides + ["solver.iterations=12"] * iterations), Registry.default())
+    complete = [] if any(o.startswith("solver=") and o != "solver=hexiscale" for o in overrides) else \
+        ["solver.time_budget=null"]  # hexiscale's complete search: the comparisons hold whatever the load
+    plan, _ = solve(config_from_overrides(overrides + ["solver.iterations=12"] * iterations + complete),
+                    Registry.default())
     return plan
 
 

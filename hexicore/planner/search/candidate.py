@@ -74,16 +74,19 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
 OTHERS_WITHIN = 0.25
 
 
-def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int) -> Candidate:
-    """One candidate of §4.2-4.3 for ``D_dp`` pipelines; with other training settings
-    (``train.zero=auto``, ``train.micro_batch=auto``) the best of the same parts priced under
-    each (:func:`other_settings`) where the lead setting's candidate is within
-    :data:`OTHERS_WITHIN` of the best so far or does not fit."""
+def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int,
+              side: bool = False) -> Candidate:
+    """One candidate of §4.2-4.3 for ``D_dp`` pipelines (under the lead training setting); with
+    other training settings (``train.zero=auto``, ``train.micro_batch=auto``) the same parts
+    priced under each (:func:`other_settings`) where the lead setting's candidate is within
+    :data:`OTHERS_WITHIN` of the best so far or does not fit (always with ``side``: the walk
+    of the other settings), kept aside (:meth:`SearchContext.track_side`): the lead's walk is
+    the one it takes alone."""
     origin = f"search D_dp={d_dp} {objective}"
     context.at_pipelines(d_dp)
     parts, ks = split(context, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
-    if key in context.seen:
+    if key in context.seen and not side:
         return context.seen[key]
     info = {"d_dp": len(parts), "objective": objective, "k": ks}
     layouts = lay_out_parts(context, parts, ks, seed)
@@ -96,9 +99,9 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
             context.track_auto([assemble(context, layouts, origin, info, True)]
                                + aligned(context, layouts, n_mb_max, origin, info, True))
     incumbent = min(c.best_score for c in context.contexts())
-    if context.others and (cand.score == INF or cand.score <= incumbent * (1 + OTHERS_WITHIN)):
-        cand = min([cand] + other_settings(context, parts, ks, layouts, seed, origin, info, cand.score),
-                   key=lambda c: c.score)
+    if context.others and (side or cand.score == INF or cand.score <= incumbent * (1 + OTHERS_WITHIN)):
+        beat = min(cand.score, context.side_best.score if context.side_best is not None else INF)
+        context.track_side(other_settings(context, parts, ks, layouts, seed, origin, info, beat))
     context.seen[key] = cand
     return cand
 
@@ -136,24 +139,19 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
                    layouts: Sequence[StageLayout] | None, seed: int, origin: str, info: dict,
                    beat: float) -> list[Candidate]:
     """The lead's parts under each other training setting (``context.others``): the lead's
-    stages (or, where the lead's memory holds no layout of a part, those phase 2 finds under
-    the roomiest setting, :attr:`SearchContext.roomy`) re-laid out under the setting
+    stages re-laid out under the setting (or, where the lead's memory holds no layout of a
+    part, the setting's own phase 2)
     (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``), and not
     where a lower ZeRO stage at the same micro-batch size gives the same layers: sharding only
     adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses."""
-    if layouts is None and context.roomy is not context:
-        context.roomy.at_pipelines(len(parts))
-        layouts = lay_out_parts(context.roomy, parts, ks, seed)
     out: list[Candidate] = []
-    if layouts is None:
-        return out
-    laid = {_size_stage(context): [lay.layers for lay in layouts]}  # (micro-batch, ZeRO stage) -> layers
-    for other in context.others:
+    laid = {} if layouts is None else {_size_stage(context): [lay.layers for lay in layouts]}
+    for other in context.others:  # (micro-batch, ZeRO stage) -> layers, in ZeRO order per size
         n_mb_max = other.micro_batches - (len(parts) - 1)
         if n_mb_max < 1:
             continue
         other.at_pipelines(len(parts))
-        mine = relaid(other, layouts, n_mb_max)
+        mine = relaid(other, layouts, n_mb_max) if layouts is not None else lay_out_parts(other, parts, ks, seed)
         if mine is None:
             continue
         size, stage = _size_stage(other)

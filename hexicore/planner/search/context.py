@@ -86,6 +86,18 @@ class SearchContext:
     choice: int = 0  # which training setting this context prices: 0 = problem.train, i = train_options[i - 1]
     others: tuple["SearchContext", ...] = ()  # the lead context's contexts for problem.train_options
     best_score: float = INF  # the least score assembled under this context's training setting
+    side_best: Candidate | None = None  # the lead's best candidate under the other training settings
+
+    def track_side(self, candidates: Sequence[Candidate]) -> None:
+        """Other training settings: remember the best candidate (the lead's walk ignores them)."""
+        for c in candidates:
+            if c.plan is not None and (self.side_best is None or c.score < self.side_best.score):
+                self.side_best = c
+
+    def steering(self, best: Candidate) -> Candidate:
+        """The candidate the walk moves around: the lead setting's best, or where nothing fits
+        the lead setting yet, the best under the others."""
+        return best if best.score < INF or self.side_best is None else self.side_best
 
     def contexts(self) -> tuple["SearchContext", ...]:
         """This (lead) context and those of the other training settings, by ``choice``."""

@@ -205,8 +205,8 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
             shifts: Sequence[int] = (0,)
         else:
             if ahead and it not in guessed and guesses < 3 and n - it > 1 and len(context.graph) >= WALK_AHEAD_FROM:
-                guessed, guesses = speculate(context, best, rng, it, dps), guesses + 1
-            d_dp, objective, shifts = walk_step(context, best, rng, dps)
+                guessed, guesses = speculate(context, context.steering(best), rng, it, dps), guesses + 1
+            d_dp, objective, shifts = walk_step(context, context.steering(best), rng, dps)
         seed = rng.randrange(2**31)
         if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
             guessed = {}  # the walk left the guess: guess again from the next step
@@ -228,8 +228,8 @@ def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, 
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
     for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`). A candidate that
     does not fit exactly is never returned: none fitting is an error naming the device."""
-    if context.book is None:
-        plan = cands[0].plan
+    if context.book is None:  # priced exactly all along: the best candidate
+        plan = min((c for c in cands if c.plan is not None), key=lambda c: c.score).plan
         if not context.exact_cost.estimate(plan).fits:
             raise unfit_error(context, plan)
         return plan, {}
@@ -321,25 +321,33 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         if config.use_all_devices:  # symmetric layout of every device is legal) only where no plan of all fits
             partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
             seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
-        best = search_loop(context, dps, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
-                                                        key=lambda c: c.score), progress)
+        own = lead_pipeline_counts(context) or dps  # the lead setting's walk is the one it takes alone
+        best = search_loop(context, own, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
+                                                         key=lambda c: c.score), progress)
+        if context.others:
+            side_walk(context, own, dps, random.Random(seed + 1), deadline)
         if best.plan is None and partial and min(c.score for c in partial) < INF:
             best = min(partial, key=lambda c: c.score)
             log.warning("solver.use_all_devices=true: no plan that gives every device a pipeline stage fits (%s); "
                         "devices %s are left idle", EVERY_STAGE, ", ".join(idle_devices(problem, best.plan)))
-    if best.plan is None:
+    side = context.side_best if context.side_best is not None and context.side_best.score < INF else None
+    if best.plan is None and side is None:
         raise no_fit_error(problem, config.use_all_devices)
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
-    own = context.of(best)
-    best = polish(own, best, deadline, only)
-    cands = [best]
+    cands = []
+    for found in (best, side):  # the lead setting's best and the best under the others, each polished
+        if found is not None and found.plan is not None:
+            own = context.of(found)
+            cands.append(polish(own, found, deadline, only))
+            if context.auto:
+                own.track_auto([assemble(own, cands[-1].layouts, found.origin, found.info, True)])
     if context.auto:
-        own.track_auto([assemble(own, best.layouts, best.origin, best.info, True)])
         chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
         cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
-    return Searched(context, tuple(c for c in cands if c.plan is not None), best, seed, replanned)
+    top = min(cands, key=lambda c: c.score)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned)
 
 
 def finish(found: Searched, progress: Progress = no_progress) -> Plan:
@@ -378,19 +386,43 @@ def flops_bound(plan: Plan) -> float:
     return 3.0 * tokens * plan.model.model_flops_per_token(plan.train.seq_len) / (plan.cluster.total_tflops * 1e12)
 
 
+def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float) -> None:
+    """After the lead setting's loop, the other training settings' own part of the search: the
+    numbers of pipelines only they allow (both cuts), then half the loop's iterations walking
+    around their best (:func:`walk_step`); their candidates are kept aside as in the loop."""
+    for d_dp in (d for d in dps if d not in own):
+        for objective in ("min_cut", "max_cut"):
+            if time.monotonic() <= deadline:
+                two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
+    for _ in range(context.config.iterations // 2):
+        if time.monotonic() > deadline or context.side_best is None:
+            return
+        d_dp, objective, shifts = walk_step(context, context.side_best, rng, dps)
+        two_phase(context, d_dp, objective, shifts, rng.randrange(2**31), side=True)
+
+
+def lead_pipeline_counts(context: SearchContext) -> list[int]:
+    """The lead training setting's own numbers of pipelines (:meth:`SearchContext.dp_range`);
+    none where its memory allows none."""
+    try:
+        return context.dp_range()
+    except HexicoreError:
+        return []
+
+
 def all_seeds(context: SearchContext, seed: int) -> list[Candidate]:
-    """The seed candidates (:func:`seed_candidates`) of the lead training setting — and of the
-    roomiest one where none of the lead's fits (the seed solvers lay out under each) —; under
-    every other setting the seed plans re-laid out (:func:`relayout`), bounds first against the
-    best seed."""
+    """The seed candidates (:func:`seed_candidates`) of the lead training setting; those of the
+    roomiest one where none of the lead's fits (the seed solvers lay out under each) and, under
+    every other setting, the seed plans re-laid out (:func:`relayout`, bounds first against the
+    best seed) are kept aside (:meth:`SearchContext.track_side`)."""
     seeds = seed_candidates(context, seed)
-    own = [context]
+    side: list[Candidate] = []
     if context.roomy is not context and min((c.score for c in seeds), default=INF) == INF:
-        seeds += seed_candidates(context.roomy, seed)
-        own.append(context.roomy)
-    plans = [c.plan for c in seeds if c.plan is not None]
-    beat = min((c.score for c in seeds), default=INF)
+        side = seed_candidates(context.roomy, seed)
+    plans = [c.plan for c in seeds + side if c.plan is not None]
+    beat = min((c.score for c in seeds + side), default=INF)
     for other in context.others:
-        if not any(other is c for c in own):
-            seeds += [relayout(other, plan, "seed re-laid", keep_layers=False, beat=beat) for plan in plans]
+        if not (side and other is context.roomy):
+            side += [relayout(other, plan, "seed re-laid", keep_layers=False, beat=beat) for plan in plans]
+    context.track_side(side)
     return seeds

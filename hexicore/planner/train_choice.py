@@ -7,10 +7,11 @@ per-micro-batch efficiency, the number of micro-batches), so they are search dim
 * :func:`train_choices` lists the concrete settings a problem allows (the product of the two);
 * :func:`solve_choices` solves over them: a solver that declares ``chooses_train`` (hexiscale)
   gets them all in one problem (``Problem.train`` the first, ``Problem.train_options`` the rest)
-  and prices every candidate layout under each in one search; any other solver is run once per
-  choice (the time limit shared) and the fastest plan that fits is kept, ties to the earlier
-  choice (a lower ZeRO stage: less traffic, a simpler runtime). The first choice is ZeRO 0 at the
-  smallest size, so ``auto`` is never slower than that choice under the same cost model.
+  and prices every candidate layout under each in one search, the first's walk being the one
+  it takes alone; any other solver is run once per choice (the time limit shared) and the
+  fastest plan that fits is kept, ties to the earlier choice (a lower ZeRO stage: less traffic,
+  a simpler runtime). The first choice is ZeRO 0 at the smallest size, so ``auto`` is never
+  slower than that choice under the same cost model (a time budget aside).
 
 The plan's solver info records per dimension the best iteration seconds found for each value
 (``zero_s`` per stage, ``micro_batch_s`` per size; None: nothing fits).

@@ -86,9 +86,13 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
     context.at_pipelines(d_dp)
     parts, ks = split(context, d_dp, objective, k_shift, seed)
     key = (tuple(tuple(p) for p in parts), tuple(ks))
-    if key in context.seen and not side:
-        return context.seen[key]
     info = {"d_dp": len(parts), "objective": objective, "k": ks}
+    if key in context.seen:
+        cand = context.seen[key]
+        if side:  # the lead's candidate is known: only the other settings are priced
+            context.track_side(other_settings(context, parts, ks, list(cand.layouts) or None, seed, origin, info,
+                                              _side_beat(context, cand)))
+        return cand
     layouts = lay_out_parts(context, parts, ks, seed)
     cand = Candidate(INF, None, None, origin)
     if layouts is not None:
@@ -100,10 +104,14 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
                                + aligned(context, layouts, n_mb_max, origin, info, True))
     incumbent = min(c.best_score for c in context.contexts())
     if context.others and (side or cand.score == INF or cand.score <= incumbent * (1 + OTHERS_WITHIN)):
-        beat = min(cand.score, context.side_best.score if context.side_best is not None else INF)
-        context.track_side(other_settings(context, parts, ks, layouts, seed, origin, info, beat))
+        context.track_side(other_settings(context, parts, ks, layouts, seed, origin, info, _side_beat(context, cand)))
     context.seen[key] = cand
     return cand
+
+
+def _side_beat(context: SearchContext, cand: Candidate) -> float:
+    """What another setting's candidate must beat to count: the lead's and the best aside."""
+    return min(cand.score, context.side_best.score if context.side_best is not None else INF)
 
 
 def lay_out_parts(context: SearchContext, parts: Sequence[Sequence[str]], ks: Sequence[int],

@@ -388,13 +388,13 @@ def flops_bound(plan: Plan) -> float:
 
 def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float) -> None:
     """After the lead setting's loop, the other training settings' own part of the search: the
-    numbers of pipelines only they allow (both cuts), then half the loop's iterations walking
-    around their best (:func:`walk_step`); their candidates are kept aside as in the loop."""
+    numbers of pipelines only they allow (both cuts), then a fifth of the loop's iterations
+    walking around their best (:func:`walk_step`); their candidates are kept aside as in the loop."""
     for d_dp in (d for d in dps if d not in own):
         for objective in ("min_cut", "max_cut"):
             if time.monotonic() <= deadline:
                 two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
-    for _ in range(context.config.iterations // 2):
+    for _ in range(context.config.iterations // 5):
         if time.monotonic() > deadline or context.side_best is None:
             return
         d_dp, objective, shifts = walk_step(context, context.side_best, rng, dps)

@@ -197,8 +197,8 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate
         prefetch(context, [(d, o, draws.randrange(2**31)) for d, o in fixed], context.workers)
     for it in range(n):
-        if time.monotonic() > deadline:
-            break
+        if time.monotonic() > deadline and (best.score < INF or context.steering(best).score < INF):
+            break  # anytime: the best so far once anything fits; until then the search goes on
         if it < len(sweep):
             d_dp, objective = sweep[it]
             objective = objective or context.choose_objective(rng)

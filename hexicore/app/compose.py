@@ -132,6 +132,10 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
             given.pop(key, None)
     section = {**(plan.train.to_dict() if plan is not None else {"seq_len": model.seq_len}), **given}
     train = TrainSettings.from_dict(section, "command line")
+    if run and train.micro_batch == "auto":
+        raise HexicoreError("auto is the planner's choice (hexicore plan train.micro_batch=auto); a run needs a "
+                            "whole number, or plan_file= with the plan's", source="command line",
+                            field="train.micro_batch")
     model.check_seq_len(train.seq_len, "command line")
     if run:
         train = replace(train, seed=schema.integer(cfg.get("seed") or 0, "command line", "seed", minimum=None))

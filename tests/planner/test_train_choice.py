@@ -63,3 +63,12 @@ def test_one_search_chooses_the_micro_batch_and_records_every_size():
     assert auto.estimate.fits and auto.train.global_batch % auto.train.micro_batch == 0
     one = _plan("train.micro_batch=1")
     assert auto.estimate.iteration_s <= one.estimate.iteration_s * 1.001
+
+
+def test_a_run_refuses_micro_batch_auto_in_one_line(capsys, tmp_path):
+    """``auto`` is the planner's: ``hexicore train`` without a plan says so, exit 2, no run."""
+    code = run_cli(["train", "parallel=none", "model=tiny", "train.micro_batch=auto", "train.global_batch=8",
+                    "train.steps=1", f"out={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "train.micro_batch" in err
+    assert not (tmp_path / "run").exists()

@@ -33,3 +33,19 @@ def test_a_short_budget_returns_a_plan_in_time_with_its_bound():
     took = time.monotonic() - t0
     assert plan.estimate.fits and took < 15.0
     assert 0 < plan.solver["bound"] < plan.estimate.iteration_s
+
+
+def test_free_parameters_are_chosen_on_a_few_periods_with_the_remainder_kept():
+    """``ScheduleBook.choosing_micro_batches``: M itself up to four periods (P, or the fewest
+    micro-batches the schedule runs with), above that M less whole periods — same remainder,
+    never more than four periods — so choosing Hanayo's W costs the same at M = 4096 as at 4P."""
+    from hexicore.planner.pricing import CHOOSE_PERIODS, ScheduleBook
+
+    book = ScheduleBook(Registry.default())
+    for ref, ranks, period in (({"name": "hanayo", "waves": "auto"}, 4, 4), ({"name": "dualpipe_v"}, 3, 6)):
+        for n in range(1, 300):
+            rep = book.choosing_micro_batches(ref, ranks, n)
+            if n <= CHOOSE_PERIODS * period:
+                assert rep == n
+            else:
+                assert rep % period == n % period and (CHOOSE_PERIODS - 1) * period < rep <= CHOOSE_PERIODS * period

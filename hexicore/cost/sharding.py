@@ -28,7 +28,7 @@ the step whatever the ZeRO stage (in the ``cross`` slot), also with one pipeline
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from hexicore.core.placement import Placement
 from hexicore.core.plan import Plan, Stage
@@ -173,13 +173,25 @@ def _sync_s(cost: Any, plan: Plan, holders: Sequence[Stage], split: float, repli
     return a[0] + b[0], a[1] + b[1]
 
 
-def dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, float]]:
+def dp_stage_parts(cost: Any, plan: Plan) -> Mapping[tuple[int, int], tuple[float, float]]:
     """Per stage ``(pipeline, stage)``: ``(intra, cross)`` summed over its layers, the
     embedding and the head synced like a layer among the first/last stages (App. A's
     ``sum_{k in stage} COMM-DP-LAYER``; where a schedule places them elsewhere, on the stages
     :func:`ends` names); empty with one pipeline. Under TP the parts a stage
     replicates (norms, row-parallel biases, embedding, head) are synced among every TP rank
-    (:func:`every_rank`), the rest in HexiScale §3.2's chunks."""
+    (:func:`every_rank`), the rest in HexiScale §3.2's chunks.
+
+    The last plan's is kept per cost model (plans are immutable): one estimate asks for it once
+    per pipeline under ZeRO-3 (its stage times) and again for the step's sync."""
+    memo = plan.cluster.memo
+    hit = memo.get(("dp_stage_parts", id(cost)))
+    if hit is None or hit[0] is not cost or hit[1] is not plan:
+        memo[("dp_stage_parts", id(cost))] = hit = (cost, plan, _dp_stage_parts(cost, plan))
+    return hit[2]
+
+
+def _dp_stage_parts(cost: Any, plan: Plan) -> dict[tuple[int, int], tuple[float, float]]:
+    """:func:`dp_stage_parts`, computed."""
     pipes = plan.pipelines
     pls = [placement_of(cost, plan, p) for p in pipes]
     copies = [pl is not None and any(len(pl.holders(j)) > 1 for j in range(len(pl.ranks))) for pl in pls]

@@ -47,7 +47,7 @@ from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.action_placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.pricer import BLOCKS, STEADY, SchedulePricer
-from hexicore.pipeline.simulate import SimResult, simulate
+from hexicore.pipeline.simulate import SimResult, held_peaks, simulate
 from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed, check_built
 
@@ -279,9 +279,10 @@ class ActionSchedule(ABC):
 
     # ------------------------------------------------------------ memory
     def peak_activations(self, spec: ScheduleSpec) -> tuple[float, ...]:
-        """Peak in-flight activations per rank (units of a rank's whole share) under ``spec``'s
-        times, simulated."""
-        return self.simulate(spec)[1].peak_activations
+        """Peak in-flight activations per rank (units of a rank's whole share) of the order for
+        ``spec``: counted along each rank's list (:func:`~hexicore.pipeline.simulate.held_peaks`,
+        the simulator's count without its times)."""
+        return held_peaks(self.ordered(spec))
 
     def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...] | None:
         """Peak activations per rank by a closed rule (e.g. ``n`` on every rank for fill-drain),

@@ -33,12 +33,15 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from hexicore.core.errors import ScheduleError
 from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.arrays import B as B_CODE, F as F_CODE, I as I_CODE
 from hexicore.pipeline.simulate_fast import compute_graph, graph_makespan, simulate_arrays
 from hexicore.pipeline.timing import Event, SimResult, Timing, shares
 
-__all__ = ["FAST_MIN", "Event", "SimResult", "Timing", "compile_lists", "makespan", "shares", "simulate"]
+__all__ = ["FAST_MIN", "Event", "SimResult", "Timing", "compile_lists", "held_peaks", "makespan", "shares", "simulate"]
 
 #: lists with at least this many actions are simulated on arrays (:mod:`hexicore.pipeline.simulate_fast`)
 FAST_MIN = 20_000
@@ -62,6 +65,25 @@ def simulate(al: ActionList, timing: Timing | None = None, *, record: bool = Fal
         if res is not None:
             return res
     return _EventLoop(al, timing, comm, record).run()
+
+
+def held_peaks(al: ActionList) -> tuple[float, ...]:
+    """The simulator's peak in-flight activations per rank without simulating: a rank holds
+    ``share(s)`` more after each ``F`` of stage ``s`` and releases it at its ``B`` or ``I``, in
+    the order of its own list, so the peak is the largest prefix sum of those steps (at least 0)
+    and does not depend on any time. Equal to :func:`simulate`'s ``peak_activations`` on every
+    list that runs to the end (tests/pipeline/test_simulate.py)."""
+    arrays, share = al.arrays, np.asarray(shares(al), dtype=float)
+    step = np.zeros(len(arrays), dtype=float)
+    held = arrays.op == F_CODE
+    step[held] = share[arrays.stage[held]]
+    freed = (arrays.op == B_CODE) | (arrays.op == I_CODE)
+    step[freed] = -share[arrays.stage[freed]]
+    out = []
+    for r in range(arrays.ranks):
+        part = step[arrays.offsets[r]:arrays.offsets[r + 1]]
+        out.append(max(0.0, float(np.cumsum(part).max())) if len(part) else 0.0)
+    return tuple(out)
 
 
 def compile_lists(al: ActionList) -> Any:

@@ -386,19 +386,32 @@ def flops_bound(plan: Plan) -> float:
     return 3.0 * tokens * plan.model.model_flops_per_token(plan.train.seq_len) / (plan.cluster.total_tflops * 1e12)
 
 
+#: the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
+SIDE_SHARE = 3
+
+
 def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float) -> None:
     """After the lead setting's loop, the other training settings' own part of the search: the
-    numbers of pipelines only they allow (both cuts), then a fifth of the loop's iterations
-    walking around their best (:func:`walk_step`); their candidates are kept aside as in the loop."""
+    numbers of pipelines only they allow (both cuts), then a walk of ``iterations / SIDE_SHARE``
+    steps (:func:`walk_step`) around the best candidate under them, by the setting of that
+    candidate alone and with its own phase 2 (a ZeRO stage or micro-batch size that frees memory
+    gives other stage strategies than the lead's stages re-laid out); the candidates are kept
+    aside as in the loop."""
     for d_dp in (d for d in dps if d not in own):
         for objective in ("min_cut", "max_cut"):
             if time.monotonic() <= deadline:
                 two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
-    for _ in range(context.config.iterations // 5):
-        if time.monotonic() > deadline or context.side_best is None:
+    if context.side_best is None or context.side_best.score == INF:
+        return
+    focus = context.of(context.side_best)  # the best other setting walks with its own phase 2
+    best, counts = context.side_best, lead_pipeline_counts(focus) or dps
+    for _ in range(context.config.iterations // SIDE_SHARE):
+        if time.monotonic() > deadline:
             return
-        d_dp, objective, shifts = walk_step(context, context.side_best, rng, dps)
-        two_phase(context, d_dp, objective, shifts, rng.randrange(2**31), side=True)
+        d_dp, objective, shifts = walk_step(focus, best, rng, counts)
+        cand = two_phase(focus, d_dp, objective, shifts, rng.randrange(2**31))
+        context.track_side([cand])
+        best = min(best, cand, key=lambda c: c.score)
 
 
 def lead_pipeline_counts(context: SearchContext) -> list[int]:

@@ -130,3 +130,15 @@ def test_time_bound_never_exceeds_the_exact_price(P, extra, equal, hops, data):
         M = sched.pricing.min_micro_batches(P) + extra
         exact = sched.pipeline_time(stages, hop_times, M)
         assert sched.time_bound(stages, hop_times, M) <= exact * (1 + 1e-9), (name, stages, hop_times, M)
+
+
+@pytest.mark.parametrize("name,params", [("chimera", {}), ("interleaved_zb", {"chunks": 3})])
+def test_model_peaks_window_stops_only_once_settled(name, params):
+    """The two built-ins whose per-rank peaks grow latest in the window (after runs of up to P / 2
+    counts without growth at P = 13) are still read at their most: the window's early end
+    (``SETTLED`` / P counts without growth) does not cut a later growth off."""
+    sched = REG.create("schedule", name, **params)
+    P = 13
+    lo, _ = sched.pricer.peak_window(P)
+    most = tuple(max(col) for col in zip(*(sched.peaks(P, m) for m in range(lo, 5 * P + 1))))
+    assert sched.model_peaks(P, 5 * P + 1) == most

@@ -220,14 +220,25 @@ class _Search:
                 over.append(((flops / price, flops), v))
         return max(over, key=lambda o: o[0])[1] if over else None
 
-    def promising(self, counts: tuple[int, ...]) -> bool:
-        """The screen: does a quick plan on this sub-cluster already beat the best so far?"""
+    def promising(self, counts: tuple[int, ...], here: tuple[int, ...] | None = None) -> bool:
+        """The screen: does a quick plan on this sub-cluster already beat the best so far, or the
+        quick plan on ``here`` (the sub-cluster the step starts from: a quick plan is compared with
+        its like, as a short search's plan is slower than the full search's best)?"""
         machines = self.machines(counts)
         if not machines or machines in self.trials or self.best is None or self.best.plan is None:
             return bool(machines)
-        score = self.quick.pop(counts) if counts in self.quick else self.screen_score(counts, self.best.plan)
+        score = self.quick_score(counts)
         self.screened += 1
-        return score is not None and score < self.best.score
+        if score is None:
+            return False
+        mark = self.quick_score(here) if here is not None and self.machines(here) else None
+        return score < self.best.score or (mark is not None and score < mark)
+
+    def quick_score(self, counts: tuple[int, ...]) -> tuple[float, float] | None:
+        """The screen's score on a sub-cluster, computed once (or ahead, :meth:`prescreen`)."""
+        if counts not in self.quick:
+            self.quick[counts] = self.screen_score(counts, None)
+        return self.quick[counts]
 
     def screen_score(self, counts: tuple[int, ...], best: Plan | None) -> tuple[float, float] | None:
         """The objective's score of the screen's quick plan on a sub-cluster (None: none fits)."""
@@ -349,6 +360,9 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
     return out
 
 
+#: a screened greedy step searches in full at most this many neighbours (the best screens that pass)
+SCREENED_SOLVES = 2
+
 #: how many of the best sub-clusters' plans :func:`allocate` has priced exactly (``finish``)
 FINISHED = 2
 
@@ -362,7 +376,8 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     always is; where nothing fits it, the sub-clusters are still tried, and its error is raised
     only if nothing fits any of them). ``screen`` (greedy mode, clusters of more than ``screen_above`` devices): a
     cheap plan for a neighbour sub-cluster (e.g. a short search); the neighbour is searched in
-    full only when that plan already beats the best; ``workers`` > 1: a step's screens run in
+    full only when that plan already beats the best, or the same screen's plan on the sub-cluster
+    the step starts from (at most :data:`SCREENED_SOLVES` of them, the best screens first); ``workers`` > 1: a step's screens run in
     that many processes (the screen must then ignore its plan argument), and the first step's
     screens start in ``workers - 1`` forked processes before the whole cluster is searched, beside
     that search (the scores are the same, so is the descent); ``shares``: told before each
@@ -386,7 +401,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
     screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
     near = list(_neighbours(full, classes, types))
     # the first step's screens run beside the whole cluster's search (they do not depend on it)
-    early = s.prescreen_start(near, workers - 1) if screened and workers > 1 else None
+    early = s.prescreen_start([full, *near], workers - 1) if screened and workers > 1 else None
     try:
         s.trial(full, first=True, ahead=s.ahead(vectors) if vectors else s.ahead([full, *near]) + s.largest(near))
         if early is not None:
@@ -403,10 +418,12 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         while True:
             here, near = s.best, list(_neighbours(cur, classes, types))
             if screened:
-                s.prescreen(near, workers)
+                s.prescreen([cur, *near], workers)
             more = s.largest(near)  # kept for a step after this one
-            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + more)) for k, v in enumerate(near)
-                     if not screened or s.promising(v)]
+            if screened:  # the most promising few, by their screens
+                near = sorted((v for v in near if s.promising(v, cur)),
+                              key=lambda v: s.quick_score(v) or (INF, INF))[:SCREENED_SOLVES]
+            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + more)) for k, v in enumerate(near)]
             progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
             if s.best is here:
                 cur = s.toward_budget(near)

@@ -138,8 +138,8 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             break
         if not book.runs(ref, len(p.stages), n):
             continue
-        if not worth_pricing(book.bound(ref, stage_s, hop_s, n), best_s):
-            continue
+        if not worth_pricing(book.bound(ref, *cost.pipeline_pieces(plan, Pipeline(p.batch, p.stages, ref)), n), best_s):
+            continue  # (the bound of the stage times under its own placement)
         ref = capped(book, cost, plan, p, ref)
         try:
             chosen, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))

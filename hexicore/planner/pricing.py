@@ -191,9 +191,13 @@ class ScheduleBook:
         return _time(self.priced(ref, len(stage_s)).model_time(stage_s, hop_s, int(n)), ref, "model_time")
 
     def bound(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
-        """A lower bound on :meth:`exact` (the schedule's ``time_bound``; inf where it does not run)."""
+        """A lower bound on :meth:`exact` under these stage times — those of the schedule's own
+        placement (the schedule's ``time_bound``; inf where it does not run; 0 for a schedule
+        that chooses its placement when resolved, ``Pricing.placement_chosen``)."""
         if not self.runs(ref, len(stage_s), n):
             return math.inf
+        if self.priced(ref, len(stage_s)).pricing.placement_chosen:
+            return 0.0
         return _time(self.priced(ref, len(stage_s)).time_bound(stage_s, hop_s, int(n)), ref, "time_bound")
 
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int, rank_layers: Sequence[int] = ()) -> tuple[float, ...]:
@@ -351,11 +355,15 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         others = [r for r in refs if r != p.schedule and book.runs(r, len(p.stages), n)]
         modelled = {r: book.model(r, *pieces, n) for r in others}
         ranked = sorted(others, key=lambda r: modelled[r])
+
+        def placed(ref: ScheduleRef, p: Pipeline = p, pieces: tuple = pieces) -> tuple:
+            """The stage and hop times under ``ref``'s own placement (what its bound speaks of)."""
+            return pieces if ref == p.schedule else cost.pipeline_pieces(plan, Pipeline(p.batch, p.stages, ref))
         for i, ref in enumerate([p.schedule] + ranked):
             if not book.runs(ref, len(p.stages), n):
                 continue
             if best is not None and best[0] and (i > RANKED or modelled[ref] > best[1] * (1 + RANK_MARGIN)
-                                                 or not worth_pricing(book.bound(ref, *pieces, n), best[1])):
+                                                 or not worth_pricing(book.bound(ref, *placed(ref), n), best[1])):
                 continue
             ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)

@@ -64,7 +64,7 @@ class Synth(ActionSchedule):
     hop_times: Any = None
     effort: str = "full"
     name = "synth"
-    pricing = Pricing(memory_cap=True)
+    pricing = Pricing(memory_cap=True, placement_chosen=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", positive_memory(self.memory, self.name, per_rank=True))

@@ -11,6 +11,8 @@ import pytest
 from hexicore.app.compose import build_problem, config_from_overrides, evaluate
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
+from hexicore.core.schedule_ref import ScheduleRef
+from hexicore.pipeline.pricer import worth_pricing
 from hexicore.pipeline.schedule import ScheduleSpec
 from hexicore.pipeline.simulate import simulate
 from hexicore.pipeline.synthesis import synthesize
@@ -104,7 +106,13 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
             fits(book, problem.cost, plan, Pipeline(p.batch, p.stages, capped(book, problem.cost, plan, p, r)))
             for r in faster)
         assert fastest or p.schedule.name == q.schedule.name
-        assert set(tried) >= finals - {"dualpipe_v"}  # every final option priced (DualPipeV needs M >= 2P)
+        # every final option priced (DualPipeV needs M >= 2P), but one whose lower bound under its
+        # own placement leaves no room to beat the pipeline's time (Chimera's two copies a rank)
+        n = p.n_micro_batches(plan.train.micro_batch)
+        skipped = {name for name in finals - set(tried) if not worth_pricing(book.bound(
+            refs[name], *problem.cost.pipeline_pieces(plan, Pipeline(p.batch, p.stages, refs[name])), n),
+            tried[q.schedule.name])}
+        assert set(tried) | skipped >= finals - {"dualpipe_v"}
         if p.schedule.name == "synth":  # built under the pipeline's own per-rank memory caps, as it
             # stood before synth chose its layout (a V layout then moves the head to rank 0; the
             # plan's fit check, est.fits above, holds the result)
@@ -143,3 +151,26 @@ def test_synth_plan_evaluates_to_the_printed_time(tmp_path, capsys):
     problem = build_problem(config_from_overrides(["schedule=synth"]), Registry.default())
     for p, secs in zip(plan.pipelines, data["estimate"]["pipeline_s"]):
         assert rebuilt_time(plan, p, problem.cost) == pytest.approx(secs, abs=1e-9)
+
+
+def test_bounds_hold_under_each_schedules_own_placement():
+    """The bound the final pricing skips a schedule by (``ScheduleBook.bound`` of the stage times
+    under that schedule's own placement) never exceeds its exactly resolved time, for every
+    installed schedule on each pipeline of a heterogeneous plan: synth, which chooses its
+    placement when resolved (a V layout moves the head to rank 0), is never skipped by a bound."""
+    from hexicore.planner.pricing import resolve_placed
+
+    plan, problem = solve(["cluster=hetero1", "model=llama2_7b", "train.global_batch=48", "schedule=auto",
+                           "train.zero=1", "schedule.final_options=[]"])
+    cost, book = problem.cost, problem.pricing
+    fast = {"synth": {"effort": "quick"}, "hanayo": {"waves": "auto", "max_waves": 3}}
+    assert book.bound(ScheduleRef("synth", {"effort": "quick"}), [1.0, 1.0], [0.0], 4) == 0.0
+    for pipe in {p.stages: p for p in plan.pipelines}.values():
+        n = pipe.n_micro_batches(plan.train.micro_batch)
+        for name in Registry.default().names("schedule"):
+            ref = ScheduleRef(name, fast.get(name, {}))
+            if not book.runs(ref, len(pipe.stages), n):
+                continue
+            mine = Pipeline(pipe.batch, pipe.stages, capped(book, cost, plan, pipe, ref))
+            _, secs = resolve_placed(book, cost, plan, mine)
+            assert book.bound(ref, *cost.pipeline_pieces(plan, mine), n) <= secs * (1 + 1e-9), name

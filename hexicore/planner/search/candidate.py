@@ -64,8 +64,11 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
     if est.fits and not choose:
         slow = max(range(len(pipes)), key=lambda i: est.pipeline_s[i])
         context.update_averages(est.dp_s, counts[slow] * sum(layouts[slow].hop_s))
-    context.best_score = min(context.best_score, score)
-    return Candidate(score, plan, est, origin, tuple(layouts), {**(info or {}), "choice": context.choice})
+    cand = Candidate(score, plan, est, origin, tuple(layouts), {**(info or {}), "choice": context.choice})
+    if score < context.best_score:
+        context.best_score, context.best_found = score, cand
+    context.keep(cand)
+    return cand
 
 
 #: the other training settings are priced on a candidate whose lead-setting score is within this

@@ -29,6 +29,10 @@ from hexicore.planner.stage_layout.batch import affine_time
 from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline
 
 INF = math.inf
+#: the best distinct candidates each training setting keeps for the final exact pricing: the
+#: search's model errs by a few percent between schedules (a V-shaped or greedy order against
+#: 1F1B's), so its runners-up may be faster exactly
+POOL = 3
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,20 @@ class SearchContext:
     choice: int = 0  # which training setting this context prices: 0 = problem.train, i = train_options[i - 1]
     others: tuple["SearchContext", ...] = ()  # the lead context's contexts for problem.train_options
     best_score: float = INF  # the least score assembled under this context's training setting
+    best_found: Candidate | None = None  # the candidate of that score (a walk's anchor)
+    pool: list = field(default_factory=list)  # the POOL best distinct candidates assembled here (finalize's extra)
     side_best: Candidate | None = None  # the lead's best candidate under the other training settings
+
+    def keep(self, candidate: Candidate) -> None:
+        """Remember ``candidate`` among the :data:`POOL` best distinct plans assembled under this
+        context (the search's model ranks them; the final pricing re-prices them exactly)."""
+        if candidate.plan is None or candidate.score == INF:
+            return
+        if len(self.pool) >= POOL and candidate.score >= self.pool[-1].score:
+            return
+        if any(c.plan.pipelines == candidate.plan.pipelines for c in self.pool):
+            return
+        self.pool = sorted(self.pool + [candidate], key=lambda c: c.score)[:POOL]
 
     def track_side(self, candidates: Sequence[Candidate]) -> None:
         """Other training settings: remember the best candidate (the lead's walk ignores them)."""

@@ -347,6 +347,17 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
         cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
     top = min(cands, key=lambda c: c.score)
+    # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too
+    have = {c.plan.pipelines for c in cands if c.plan is not None}
+    pooled = sorted((c for own in context.contexts() for c in own.pool), key=lambda c: c.score)
+    for c in pooled:
+        if len(cands) >= FINAL_MOST or c.score > top.score * (1 + FINAL_WITHIN):
+            break
+        if config.use_all_devices and idle_devices(problem, c.plan):
+            continue  # (a seed on fewer devices: only where no plan of all fits, as above)
+        if c.plan.pipelines not in have:
+            have.add(c.plan.pipelines)
+            cands.append(c)
     return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned)
 
 
@@ -386,32 +397,52 @@ def flops_bound(plan: Plan) -> float:
     return 3.0 * tokens * plan.model.model_flops_per_token(plan.train.seq_len) / (plan.cluster.total_tflops * 1e12)
 
 
-#: the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
+#: the search's runners-up priced exactly at the end (:func:`finalize`): those modelled within
+#: this (relative) of the best, up to FINAL_MOST candidates in all
+FINAL_WITHIN = 0.05
+FINAL_MOST = 6
+#: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
 SIDE_SHARE = 3
+#: how many other training settings walk in the side walk (the fastest so far)
+SIDE_FOCI = 1
 
 
 def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float) -> None:
     """After the lead setting's loop, the other training settings' own part of the search: the
-    numbers of pipelines only they allow (both cuts), then a walk of ``iterations / SIDE_SHARE``
-    steps (:func:`walk_step`) around the best candidate under them, by the setting of that
-    candidate alone and with its own phase 2 (a ZeRO stage or micro-batch size that frees memory
-    gives other stage strategies than the lead's stages re-laid out); the candidates are kept
-    aside as in the loop."""
+    numbers of pipelines only they allow (both cuts), then, taking turns, a short search of
+    ``iterations / SIDE_SHARE`` candidates by each of the :data:`SIDE_FOCI` other settings whose
+    best candidates are fastest (:func:`focus_steps`: its own sweep over the numbers of pipelines
+    it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or
+    micro-batch size that frees memory gives other stage strategies than the lead's stages
+    re-laid out); the candidates are kept aside as in the loop."""
     for d_dp in (d for d in dps if d not in own):
         for objective in ("min_cut", "max_cut"):
             if time.monotonic() <= deadline:
                 two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
-    if context.side_best is None or context.side_best.score == INF:
-        return
-    focus = context.of(context.side_best)  # the best other setting walks with its own phase 2
-    best, counts = context.side_best, lead_pipeline_counts(focus) or dps
-    for _ in range(context.config.iterations // SIDE_SHARE):
-        if time.monotonic() > deadline:
-            return
-        d_dp, objective, shifts = walk_step(focus, best, rng, counts)
-        cand = two_phase(focus, d_dp, objective, shifts, rng.randrange(2**31))
-        context.track_side([cand])
-        best = min(best, cand, key=lambda c: c.score)
+    foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
+                  key=lambda c: (c.best_found.score, c.choice))[:SIDE_FOCI]
+    walks = [(focus, focus_steps(focus, lead_pipeline_counts(focus) or dps, rng,
+                                 context.config.iterations // SIDE_SHARE)) for focus in foci]
+    while walks:
+        for focus, steps in list(walks):
+            step = next(steps, None)
+            if time.monotonic() > deadline:
+                return
+            if step is None:
+                walks.remove((focus, steps))
+                continue
+            context.track_side([two_phase(focus, *step, rng.randrange(2**31))])
+
+
+def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: int):
+    """The ``n`` steps ``(D_dp, cut, shifts)`` of one setting's short search in the side walk:
+    :func:`initial_sweep` over its numbers of pipelines, then :func:`walk_step` around its best
+    (read when the step is taken)."""
+    sweep = initial_sweep(dps, n)[:n]
+    for d_dp, objective in sweep:
+        yield d_dp, objective or context.choose_objective(rng), (0,)
+    for _ in range(n - len(sweep)):
+        yield walk_step(context, context.best_found, rng, dps)
 
 
 def lead_pipeline_counts(context: SearchContext) -> list[int]:

@@ -29,7 +29,8 @@ class SearchConfig:
     every sub-cluster of whole machines when there are at most this many, else descend greedily
     (:mod:`hexicore.planner.allocation`); ``allocation_screen_above``: on clusters with more
     devices, a greedy neighbour is searched in full only when a short search on it (a tenth of
-    the iterations, no polishing) already beats the best plan so far. ``workers``: processes
+    the iterations, no polishing) already beats the best plan so far or the same short search on
+    the sub-cluster the step starts from, at most two per step (the best screens first). ``workers``: processes
     the independent pieces of a search may use (the screens of one greedy step, the first step's
     beside the whole cluster's search; 0 = one per
     core this process may use, 1 = no other process; the plan is the same either way).

@@ -115,7 +115,7 @@ def test_redirected_plan_prints_progress_lines_at_the_interval(tmp_path, capsys,
     assert len(parsed) >= 6 and parsed[-1][2:] == ("100", "done")
     assert sum(m.startswith("hexiscale: candidate 1/3") for *_, m in parsed) >= 2
     elapsed = [float(e) for _, e, *_ in parsed[:-1]]  # the spacing itself: the test of ProgressLines above
-    assert elapsed[0] >= 0.1 and all(0.05 <= b - a <= 0.7 for a, b in zip(elapsed, elapsed[1:])), elapsed
+    assert elapsed[0] >= 0.1 and all(0.05 <= b - a <= 2.0 for a, b in zip(elapsed, elapsed[1:])), elapsed
     assert not _tickers()
 
 

@@ -179,7 +179,7 @@ def test_a_plan_run_writes_predicted_and_measured(tmp_path, capsys):
     assert [len(p) for p in meas["stages"]] == [len(p.stages) for p in priced.pipelines] == [2, 1]
     assert all(x > 0 for x in [meas["step_s"], meas["dp_sync_s"], *meas["pipelines_s"], *meas["peak_memory_gb"]])
     assert all(st[k] > 0 for p in meas["stages"] for st in p for k in ("forward_s", "backward_s"))
-    assert max(meas["pipelines_s"]) <= 1.02 * meas["step_s"]  # the schedule is inside the step (clock skew aside)
+    assert max(meas["pipelines_s"]) <= 1.1 * meas["step_s"]  # the schedule is inside the step (clock skew and load aside)
     per = meas["per_rank"]
     assert [(r["pipeline"], r["stage"]) for r in per] == [(0, 0), (0, 1), (1, 0)]
     assert meas["pipelines_s"] == [max(per[0]["schedule_s"], per[1]["schedule_s"]), per[2]["schedule_s"]]

@@ -76,10 +76,6 @@ class Pricing:
       (DualPipeV: 2, ``M >= 2P``; 0: any ``M >= 1``): the search gives each pipeline at least
       :meth:`min_micro_batches` of them or does not use the schedule there, and plan checks
       refuse a pipeline with fewer.
-    * ``placement_chosen`` — the schedule chooses where the embedding and head go when it is
-      resolved for a pipeline's times (synth's V layout puts the head on rank 0): a
-      ``time_bound`` on the stage times of any one placement does not bound it, so the planner
-      never skips pricing it by that bound.
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -91,7 +87,6 @@ class Pricing:
     cost_model_time: bool = False
     memory_cap: bool = False
     micro_batches_per_rank: int = 0
-    placement_chosen: bool = False
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):

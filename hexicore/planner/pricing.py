@@ -192,12 +192,9 @@ class ScheduleBook:
 
     def bound(self, ref: Mapping[str, Any], stage_s: Sequence[float], hop_s: Sequence[float], n: int) -> float:
         """A lower bound on :meth:`exact` under these stage times — those of the schedule's own
-        placement (the schedule's ``time_bound``; inf where it does not run; 0 for a schedule
-        that chooses its placement when resolved, ``Pricing.placement_chosen``)."""
+        placement (the schedule's ``time_bound``; inf where it does not run)."""
         if not self.runs(ref, len(stage_s), n):
             return math.inf
-        if self.priced(ref, len(stage_s)).pricing.placement_chosen:
-            return 0.0
         return _time(self.priced(ref, len(stage_s)).time_bound(stage_s, hop_s, int(n)), ref, "time_bound")
 
     def peaks(self, ref: Mapping[str, Any], ranks: int, n: int, rank_layers: Sequence[int] = ()) -> tuple[float, ...]:

@@ -28,6 +28,7 @@ import heapq
 from typing import Any, Sequence
 
 from hexicore.pipeline.actions import Action, ActionList
+from hexicore.pipeline.arrays import CODE, ActionArrays
 from hexicore.pipeline.chains import ChainLinks
 from hexicore.pipeline.timing import Timing
 
@@ -164,9 +165,14 @@ def greedy_tuples(ranks: int, stage_rank: Sequence[int], chains: Sequence[Sequen
     return out
 
 
-def greedy_lists(spec: Any, stage_rank: Sequence[int], **kw: Any) -> list[list[Action]]:
-    """:func:`hexicore.pipeline.greedy.greedy_order` of one chain through ``stage_rank`` (stages
-    in index order) under ``spec``'s times (a ``ScheduleSpec``); ``kw`` as there (``cap``, ``split_backward``, ...)."""
+def greedy_lists(spec: Any, stage_rank: Sequence[int], **kw: Any) -> ActionArrays:
+    """:func:`greedy_tuples` of one chain through ``stage_rank`` (stages in index order) under
+    ``spec``'s times (a ``ScheduleSpec``), as :class:`~hexicore.pipeline.arrays.ActionArrays`
+    (no ``Action`` objects: :func:`hexicore.pipeline.schedule.build` takes them as they are);
+    ``kw`` as there (``cap``, ``split_backward``, ...)."""
     P, M, n = spec.ranks, spec.micro_batches, len(stage_rank)
     probe = ActionList({}, P, n, M, tuple(stage_rank), ((),) * P)
-    return greedy_order(P, tuple(stage_rank), [tuple(range(n))], (0,) * M, spec.timing(probe), **kw)
+    rows = greedy_tuples(P, tuple(stage_rank), [tuple(range(n))], (0,) * M, spec.timing(probe), **kw)
+    flat = [t for row in rows for t in row]
+    return ActionArrays.build([CODE[op] for op, _, _ in flat], [s for _, s, _ in flat], [mb for _, _, mb in flat],
+                              [-1] * len(flat), [len(row) for row in rows])

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hexicore.cost.base import default_in_flight
 from hexicore.pipeline.actions import ActionList
-from hexicore.pipeline.greedy import greedy_order
+from hexicore.pipeline.greedy import greedy_lists
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
 
@@ -28,11 +29,13 @@ class ZeroBubbleH1(ActionSchedule):
         P, M = spec.ranks, spec.micro_batches
         need(P >= 1 and M >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")
         s2r = loop_map(P)
-        probe = ActionList({}, P, P, M, s2r, ((),) * P)
-        lists = greedy_order(P, s2r, [tuple(range(P))], (0,) * M, spec.timing(probe),
-                             cap=[P - r for r in range(P)], split_backward=True,
-                             w_limit=[P] * P)
+        lists = greedy_lists(spec, s2r, cap=[P - r for r in range(P)], split_backward=True, w_limit=[P] * P)
         return build(self.name, {}, spec, s2r, lists)
+
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Rank r holds ``min(P - r, M)`` micro-batches, its admission cap (1F1B's rule, reached
+        in its steady state; tests/pipeline/test_simulate.py counts it along the lists)."""
+        return tuple(float(default_in_flight(ranks, r, n_mb)) for r in range(ranks))
 
 
 @hookimpl

@@ -42,6 +42,11 @@ class ZeroBubbleH2(ActionSchedule):
         lists = greedy_lists(spec, s2r, cap=[2 * (P - r) - 1 for r in range(P)], split_backward=True)
         return build(self.name, {}, spec, s2r, lists)
 
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Rank r holds ``min(2 (P - r) - 1, M)`` micro-batches, its admission cap (reached in its
+        steady state; tests/pipeline/test_simulate.py counts it along the lists)."""
+        return tuple(float(min(2 * (ranks - r) - 1, n_mb)) for r in range(ranks))
+
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         if not split_holds(len(stage_times), n_mb):
             return None

@@ -44,6 +44,29 @@ def is_hf_config(path: str | Path) -> bool:
     return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
 
 
+#: the weight files of a Hugging Face checkpoint directory that hexicore reads (safetensors)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+#: the weight files of the older torch.save format, which hexicore does not read
+PICKLED_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weights_folder(path: str | Path, field: str = "model_file") -> str | None:
+    """``path`` when it is a checkpoint directory holding safetensors weights (what
+    ``from_pretrained`` would load), None for a config file or a directory of a config alone; a
+    directory holding only ``pytorch_model.bin`` weights is refused (hexicore reads safetensors)."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if any((p / name).is_file() for name in WEIGHT_FILES):
+        return str(p)
+    pickled = next((name for name in PICKLED_WEIGHT_FILES if (p / name).is_file()), None)
+    if pickled:
+        raise HexicoreError(f"holds {pickled} weights, which hexicore does not read: save them as safetensors "
+                            "(save_pretrained(..., safe_serialization=True)), or give init_from=none to start "
+                            "from a fresh initialisation", source=str(p), field=field)
+    return None
+
+
 def config_path(path: str | Path) -> Path:
     p = Path(path)
     return p / "config.json" if p.is_dir() else p

@@ -208,13 +208,30 @@ class OptimizerSettings:
 @dataclass(frozen=True)
 class DataSettings:
     """What the model reads: ``synthetic`` (a seeded token stream), ``text`` (byte-level, from
-    ``file`` or the shipped demo text) or ``tokens`` (``file`` written by ``hexicore prepare-data``)."""
+    ``file`` or the shipped demo text) or ``tokens`` (``file`` written by ``hexicore prepare-data``).
+
+    A ``file`` given beside ``synthetic`` (the default), which reads none, is what the run trains
+    on: a token file ``hexicore prepare-data`` wrote (its ``X.bin.json`` beside it) makes the kind
+    ``tokens`` (:attr:`implied`); any other file is refused, naming ``runtime.data=text``."""
 
     kind: str = rule("synthetic", one_of(DATA_KINDS, "data"), key="runtime.data")
     file: str | None = rule(None, text(), key="runtime.data_file")
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
+        if self.kind == "synthetic" and self.file:
+            from hexicore.core.token_file import sidecar_path
+
+            if not sidecar_path(self.file).is_file():
+                raise HexicoreError(f"synthetic data reads no file, and {self.file} is not a token file "
+                                    f"(no {sidecar_path(self.file).name} beside it, as hexicore prepare-data "
+                                    "writes); give runtime.data=text to train on it as byte-level text",
+                                    field="runtime.data")
+            object.__setattr__(self, "kind", "tokens")
+            object.__setattr__(self, "implied", True)
+
+    #: whether ``kind`` was implied by ``file`` (a token file given beside the default ``synthetic``)
+    implied = False
 
 
 @dataclass(frozen=True)

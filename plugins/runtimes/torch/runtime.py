@@ -11,6 +11,7 @@ before any worker starts (one line, exit 2). Then the workers are launched (:mod
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -187,6 +188,9 @@ class TorchRuntime:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
         check_steps(settings.optimizer.warmup_steps, t.steps)
         data_id = check_data(settings.data, layout)
+        if settings.data.implied:
+            print(f"note: training on the token file {settings.data.file} (runtime.data=tokens, implied by "
+                  "runtime.data_file)", file=sys.stderr)
         init_from = None
         if spec.checkpoint.init_from and not resume:
             init_from = check_init_from(spec.checkpoint.init_from, layout)
@@ -268,7 +272,6 @@ def final_extras(spec: RunSpec, data: DataSettings, layout: RankAssignment, init
     config and tokenizer files are), and the token file's tokenizer; checked before launch (a
     missing ``init_from`` directory, a bad ``generation_config.json``, a file in ``final/`` the run
     did not write), warnings printed here."""
-    import sys
     from pathlib import Path
 
     from hexicore.core import hf_export
@@ -308,7 +311,6 @@ def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
     sequence length, optimizer settings; steps left to train) and its tensors are the model's
     (headers only); the step the resumed run starts at."""
-    import sys
 
     from .checkpoint import native as checkpoint
     from .parallel.data.sync import full_shapes

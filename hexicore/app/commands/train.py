@@ -19,14 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hexicore.app.compose import on_command_line, output_dir
 from hexicore.app.report import console, prediction_table
 from hexicore.app.sweep import record
 from hexicore.app.training import build_run_spec, create_runtime
 from hexicore.core import schema
-from hexicore.core.ownership import check_run_dir, clear_checkpoints
+from hexicore.core.ownership import RUN_CONFIG_MARK, check_run_dir, clear_checkpoints
 from hexicore.core.errors import HexicoreError, RunError
 from hexicore.registry import Registry
 
@@ -53,6 +53,7 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     except HexicoreError as exc:
         raise located(exc, cfg) from None
     if metrics:
+        write_run_config(cfg, out)
         record(result_row(metrics, spec, out))
         print(summary_line(metrics, out))
         table = prediction_table(metrics.get("predicted"), metrics.get("measured"))
@@ -122,6 +123,16 @@ def steady_step_s(m: Mapping[str, Any]) -> float | None:
         return measured["step_s"]
     steady = list(m.get("step_s") or [])[1:]
     return statistics.median(steady) if steady else None
+
+
+def write_run_config(cfg: DictConfig, out: str) -> Path:
+    """``out/config.yaml``: the run's resolved configuration, every key (the optimizer's, the
+    data's, the model and cluster sections in full), which Hydra reads back to repeat the run:
+    ``hexicore train --config-path "$(realpath OUT)" --config-name config``."""
+    body = OmegaConf.to_yaml(OmegaConf.to_container(cfg, resolve=True))
+    head = (f"{RUN_CONFIG_MARK} (written by hexicore train: this run's resolved configuration)\n"
+            "# repeat it: hexicore train --config-path \"$(realpath THIS_FOLDER)\" --config-name config\n")
+    return schema.write_text_atomic(Path(out) / "config.yaml", head + body)
 
 
 def start_line(spec: Any) -> str:

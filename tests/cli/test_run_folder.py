@@ -1,0 +1,45 @@
+"""A run's folder holds what repeats it: ``out/config.yaml`` (the resolved configuration, every
+key, which Hydra reads back) and, in ``metrics.json``, the optimizer's settings (betas, eps,
+weight decay, clipping, schedule)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import run_cli
+
+RUN = ["train", "parallel=none", "model=tiny", "model.layers=2", "train.steps=2", "train.global_batch=2",
+       "train.seq_len=16", "train.dtype=fp32", "runtime.progress=false", "runtime.clip_grad=1.0",
+       "runtime.weight_decay=0.05"]
+
+
+def test_the_run_folder_repeats_the_run(tmp_path, capsys):
+    first = tmp_path / "first"
+    assert run_cli([*RUN, f"out={first}", f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    text = (first / "config.yaml").read_text()
+    assert text.startswith("# hexicore.run_config/1")
+    cfg = yaml.safe_load(text)
+    assert cfg["runtime"]["weight_decay"] == 0.05 and cfg["runtime"]["clip_grad"] == 1.0
+    assert cfg["model"]["layers"] == 2 and cfg["cluster"]["machines"] and cfg["out"] == str(first)
+    metrics = json.loads((first / "metrics.json").read_text())
+    assert metrics["optimizer"] == {"name": "AdamW", "betas": [0.9, 0.95], "eps": 1e-5, "weight_decay": 0.05,
+                                    "clip_grad": 1.0, "lr": 3e-4, "min_lr": 0.0, "lr_schedule": "constant",
+                                    "warmup_steps": 0}
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert run_cli(["train", "--config-path", str(first), "--config-name", "config", f"out={again}",
+                    f"hydra.run.dir={tmp_path / 'run2'}"]) == 0, capsys.readouterr().err
+    assert json.loads((again / "metrics.json").read_text())["losses"] == metrics["losses"]
+    assert run_cli([*RUN, f"out={first}", f"hydra.run.dir={tmp_path / 'run3'}"]) == 0  # its own config.yaml: replaced
+
+
+def test_a_users_config_yaml_in_out_is_not_replaced(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "config.yaml").write_text("mine: true\n")
+    assert run_cli([*RUN, f"out={out}", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.yaml" in err
+    assert (out / "config.yaml").read_text() == "mine: true\n" and not (out / "metrics.json").exists()

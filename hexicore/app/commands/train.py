@@ -59,7 +59,27 @@ def train(cfg: DictConfig, registry: Registry) -> int:
         table = prediction_table(metrics.get("predicted"), metrics.get("measured"))
         if table is not None:
             console().print(table)
+        note = other_devices_note(spec, metrics, cfg)
+        if note:
+            print(note)
     return 0
+
+
+def other_devices_note(spec: Any, metrics: Mapping[str, Any], cfg: DictConfig) -> str | None:
+    """What the predicted-vs-measured errors compare when a plan for catalog GPUs ran on this
+    machine's CPU (no device emulated, no profile of this machine): a prediction for other devices."""
+    measured = metrics.get("measured") if isinstance(metrics.get("measured"), Mapping) else {}
+    if spec.cluster is None or not metrics.get("predicted") or measured.get("memory") != "rss":
+        return None
+    if str((cfg.get("cost") or {}).get("name")) == "profiled":
+        return None
+    devices = spec.layout.plan.devices
+    if any(spec.cluster.emulation(d).active for d in devices):
+        return None
+    gpus = sorted({spec.cluster.device(d).gpu.name for d in devices})
+    return (f"note: the prediction is for the plan's devices ({', '.join(gpus)}); this run measured this machine's "
+            "CPU, so the errors compare different hardware (cost=profiled with a profile of this machine, or "
+            "emulate: in the cluster file, predicts what it measures)")
 
 
 #: a schedule's and the runtime's words for a one-pipeline run's inputs -> the keys that set them

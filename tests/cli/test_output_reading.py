@@ -84,3 +84,34 @@ def test_a_sweep_table_shows_what_differs_uncut(tmp_path, capsys):
     table = out[out.index("sweep summary"):]
     assert "…" not in table
     assert "metis_like" in table and "the same in every job: " in table and "cluster=" in table
+
+
+def test_the_plan_picture_names_devices(tmp_path, monkeypatch, paper_case, llama13b):
+    import hexicore.app.picture as picture
+
+    assert picture.device_span(["A1.0", "A1.3"]) == "A1.0,3"
+    assert picture.device_span(["A.0", "A.1", "A.2", "B.0"]) == "A.0-2+B.0"
+    figures = []
+    monkeypatch.setattr(picture, "save_png", lambda fig, path, dpi: figures.append(fig) or path)
+    picture.save_plan_picture(make_plan(paper_case, llama13b), tmp_path / "p.png")
+    texts = {t.get_text() for ax in figures[0].axes for t in ax.texts}
+    assert "A.0\ns0" in texts and "C.1\ns3" in texts and not any(t.startswith("p0s") for t in texts)
+    assert "A.0-1\ntp2" in texts and "C.0-1\ntp2" in texts
+
+
+def test_the_timeline_legend_lists_what_it_draws_and_tells_chunks_apart(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from hexicore.pipeline import timeline
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))
+    for i, overrides in enumerate((["schedule=1f1b"], ["schedule=interleaved_1f1b", "schedule.chunks=2"],
+                                   ["schedule=zb_h1"])):
+        assert run_cli(["simulate", *overrides, "pipeline.ranks=2", "pipeline.micro_batches=4",
+                        f"out={tmp_path / str(i)}"]) == 0
+    legends = [[t.get_text() for t in f.axes[0].get_legend().get_texts()] for f in figures]
+    labels = [{t.get_text() for t in f.axes[0].texts} for f in figures]
+    assert legends[0] == ["forward", "backward"] and "W (weight grad)" in legends[2]
+    assert any("chunk" in x for x in legends[1]) and "0c1" in labels[1] and "0c0" in labels[1]
+    assert all(timeline.TIME_UNIT in f.axes[0].get_xlabel() for f in figures)

@@ -25,6 +25,7 @@ COMMANDS = {
     "profile": "measure the cluster's devices and links (blocks, head, p2p, all-reduce); write a profile file",
     "prepare-data": "tokenize text / JSON-lines files with a Hugging Face tokenizer into a token file",
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
+    "gpus": "list the GPU catalog (TFLOPS, memory, usual link, price) a cluster file's gpu: names choose from",
 }
 log = logging.getLogger("hexicore")
 
@@ -358,6 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         return fail(f"unknown command {command!r}; choose one of: {', '.join(COMMANDS)}")
     try:
+        if command == "gpus":  # no Hydra config, no plugins: the catalog only
+            from hexicore.app.commands.gpus import gpus_command
+
+            return gpus_command(argv[1:])
         from hexicore.registry import Registry
 
         from hexicore.app.config_schema import store_schema

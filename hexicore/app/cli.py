@@ -374,6 +374,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if command == "plugins":
             return plugins_command(argv[1:])
+        if any(a in ("--help", "-h") for a in rest):
+            from hexicore.app.config_schema import GROUPS
+            from hexicore.app.key_help import command_help
+
+            print(command_help(command, COMMANDS[command], {g: _group_options(g) for g in GROUPS},
+                               frozenset(COMMANDS)))
+            return 0
         warn_broken_plugins()
         if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
             preflight(rest)

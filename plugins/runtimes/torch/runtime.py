@@ -25,6 +25,7 @@ from hexicore.core.settings import CheckpointSettings, DataSettings, OptimizerSe
 from .launch.settings import LaunchSettings
 from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
 from .train.lr_schedule import check_steps
+from .train.metric_log import check_log
 
 
 # ------------------------------------------------------------ the testing aid runtime.fault
@@ -188,6 +189,7 @@ class TorchRuntime:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
         check_steps(settings.optimizer.warmup_steps, t.steps)
         data_id = check_data(settings.data, layout)
+        check_log(settings.launch.log)
         if settings.data.implied:
             print(f"note: training on the token file {settings.data.file} (runtime.data=tokens, implied by "
                   "runtime.data_file)", file=sys.stderr)

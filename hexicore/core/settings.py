@@ -174,6 +174,15 @@ class CheckpointSettings:
     def shard_bytes(self) -> int:
         return int(self.shard_mb * 2**20)
 
+    def start_line(self, seed: int) -> str:
+        """What a run starts from: the checkpoint it resumes, the Hugging Face weights it loads,
+        or a fresh initialisation from ``seed``."""
+        if self.resume:
+            return f"resuming from {self.resume}"
+        if self.init_from:
+            return f"starting from the weights in {self.init_from}"
+        return f"starting from a fresh initialisation (seed {seed})"
+
 
 @dataclass(frozen=True)
 class OptimizerSettings:

@@ -44,8 +44,6 @@ def train(cfg: DictConfig, registry: Registry) -> int:
                    *(("reads",) if spec.checkpoint.init_from else ()))
         prepare_out(out, cfg.get("resume"), cfg.get("overwrite"), folders)
         runtime = create_runtime(spec, registry)
-        if os.environ.get("RANK", "0") == "0":
-            print(start_line(spec))
         metrics = runtime.run(spec, registry=registry)
     except RunError as exc:
         print(f"hexicore: error: {exc}", file=sys.stderr)
@@ -153,17 +151,6 @@ def write_run_config(cfg: DictConfig, out: str) -> Path:
     head = (f"{RUN_CONFIG_MARK} (written by hexicore train: this run's resolved configuration)\n"
             "# repeat it: hexicore train --config-path \"$(realpath THIS_FOLDER)\" --config-name config\n")
     return schema.write_text_atomic(Path(out) / "config.yaml", head + body)
-
-
-def start_line(spec: Any) -> str:
-    """What the run starts from: a checkpoint it resumes, the Hugging Face weights it loads, or
-    a fresh initialisation from its seed."""
-    c = spec.checkpoint
-    if c.resume:
-        return f"resuming from {c.resume}"
-    if c.init_from:
-        return f"starting from the weights in {c.init_from}"
-    return f"starting from a fresh initialisation (seed {spec.train.seed})"
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

@@ -227,6 +227,8 @@ class TorchRuntime:
         from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
+        if os.environ.get("RANK", "0") == "0":  # every check passed: say what the run starts from
+            print(spec.checkpoint.start_line(spec.train.seed), flush=True)
         results = launch([job], job.layout.world)
         return results[0]["metrics"] if results and results[0] else None
 

@@ -23,7 +23,7 @@ in the class's ``__post_init__`` through :func:`~hexicore.core.fields.check_fiel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hexicore.core import limits
@@ -184,6 +184,14 @@ class CheckpointSettings:
         return f"starting from a fresh initialisation (seed {seed})"
 
 
+def _betas(value: Any, name: str) -> None:
+    """AdamW's two moment decays: a pair of numbers in ``[0, 1)``."""
+    ok = isinstance(value, tuple) and len(value) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)
+    if not ok:
+        raise HexicoreError(f"expected two numbers in [0, 1), e.g. [0.9, 0.95], got {value!r}"[:200], field=name)
+
+
 @dataclass(frozen=True)
 class OptimizerSettings:
     """AdamW as Llama trains (Touvron et al. 2023, §2.2): betas (0.9, 0.95), ``eps`` 1e-5,
@@ -193,7 +201,7 @@ class OptimizerSettings:
     L2 norm (None: no clipping). The config keys are ``runtime.<field>``."""
 
     lr: float = rule(3e-4, real(above=0), key="runtime.lr")
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = rule((0.9, 0.95), lambda value, name: _betas(value, name), key="runtime.betas")
     eps: float = rule(1e-5, real(above=0), key="runtime.eps")
     weight_decay: float = rule(0.1, real(minimum=0), key="runtime.weight_decay")
     lr_schedule: str = rule("constant", one_of(LR_SCHEDULES, "lr schedule"), key="runtime.lr_schedule")
@@ -225,6 +233,8 @@ class DataSettings:
 
     kind: str = rule("synthetic", one_of(DATA_KINDS, "data"), key="runtime.data")
     file: str | None = rule(None, text(), key="runtime.data_file")
+    #: whether ``kind`` was implied by ``file`` (a token file given beside the default ``synthetic``)
+    implied: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
@@ -238,9 +248,6 @@ class DataSettings:
                                     field="runtime.data")
             object.__setattr__(self, "kind", "tokens")
             object.__setattr__(self, "implied", True)
-
-    #: whether ``kind`` was implied by ``file`` (a token file given beside the default ``synthetic``)
-    implied = False
 
 
 @dataclass(frozen=True)

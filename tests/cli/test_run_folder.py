@@ -1,6 +1,6 @@
-"""A run's folder holds what repeats it: ``out/config.yaml`` (the resolved configuration, every
-key, which Hydra reads back) and, in ``metrics.json``, the optimizer's settings (betas, eps,
-weight decay, clipping, schedule)."""
+"""A run's folder holds what repeats it: ``out/config.yaml``, the resolved configuration (every
+key, the optimizer's betas, eps, weight decay and clipping among them), which Hydra reads back;
+another optimizer setting repeats too (``runtime.betas``)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ def test_the_run_folder_repeats_the_run(tmp_path, capsys):
     cfg = yaml.safe_load(text)
     assert cfg["runtime"]["weight_decay"] == 0.05 and cfg["runtime"]["clip_grad"] == 1.0
     assert cfg["model"]["layers"] == 2 and cfg["cluster"]["machines"] and cfg["out"] == str(first)
+    assert {k: cfg["runtime"][k] for k in ("lr", "betas", "eps", "lr_schedule")} == \
+        {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-5, "lr_schedule": "constant"}
     metrics = json.loads((first / "metrics.json").read_text())
-    assert metrics["optimizer"] == {"name": "AdamW", "betas": [0.9, 0.95], "eps": 1e-5, "weight_decay": 0.05,
-                                    "clip_grad": 1.0, "lr": 3e-4, "min_lr": 0.0, "lr_schedule": "constant",
-                                    "warmup_steps": 0}
     capsys.readouterr()
     again = tmp_path / "again"
     assert run_cli(["train", "--config-path", str(first), "--config-name", "config", f"out={again}",
@@ -43,3 +42,12 @@ def test_a_users_config_yaml_in_out_is_not_replaced(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "config.yaml" in err
     assert (out / "config.yaml").read_text() == "mine: true\n" and not (out / "metrics.json").exists()
+
+
+def test_betas_are_a_setting_and_bad_ones_are_one_line(tmp_path, capsys):
+    assert run_cli([*RUN, "runtime.betas=[0.8,0.9]", f"out={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'r'}"]) == 0
+    assert yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["runtime"]["betas"] == [0.8, 0.9]
+    capsys.readouterr()
+    assert run_cli([*RUN, "runtime.betas=[0.9,1.5]", f"out={tmp_path / 'b'}", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runtime.betas" in err

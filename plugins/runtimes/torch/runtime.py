@@ -78,6 +78,8 @@ READERS = {
     "warmup_steps": lambda v: schema.integer(v, None, "runtime.warmup_steps", minimum=0),
     "min_lr": lambda v: schema.number(v, None, "runtime.min_lr", allow_zero=True),
     "clip_grad": lambda v: None if v is None else schema.number(v, None, "runtime.clip_grad"),
+    "betas": lambda v: tuple(schema.number(b, None, "runtime.betas", allow_zero=True) for b in v)
+    if isinstance(v, (list, tuple)) else v,
     "data_file": lambda v: None if v is None else str(v),
     "fault": parse_fault,
 }

@@ -270,8 +270,7 @@ class Trainer:
                    "tokens_per_s": self.tokens * len(steady) / max(sum(steady), 1e-12), "step_s": step_s,
                    "ranks": world, "plan": spec.plan, "schedule": layout.schedule_name, "seed": spec.train.seed,
                    "lr": [self.schedule.lr_at(step) for step in range(spec.train.steps)],
-                   "grad_norm": state.grad_norms,
-                   "optimizer": {"name": "AdamW", "betas": list(spec.optimizer.betas), **spec.optimizer.recorded()}}
+                   "grad_norm": state.grad_norms}
         if state_bytes is not None:
             metrics["optimizer_state_bytes"] = state_bytes
         if kept is not None and any(kept_by_rank is not None for kept_by_rank in kept):

@@ -44,7 +44,8 @@ examples:
   hexicore plan -m solver=megatron cluster=paper_case,hetero1
   hexicore plugins
 
-`hexicore COMMAND --help` shows the config groups and every key."""
+`hexicore COMMAND --help` shows the config groups and the keys the command reads, each with what
+it is (`--cfg job`: every key of the composed config; `--hydra-help`: Hydra's own help)."""
 
 
 def fail(exc: BaseException | str) -> int:
@@ -176,7 +177,7 @@ def _config_error(exc: BaseException) -> HexicoreError:
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     message = "; ".join(ln for ln in lines[:3] if not ln.startswith(("full_key:", "object_type=", "reference_type=")))
     if re.match(r"Key '[^']+' (?:is )?not in ", message):
-        message = "unknown key (hexicore COMMAND --help lists every key)"
+        message = "unknown key (hexicore COMMAND --help lists the command's keys, --cfg job every key)"
     return HexicoreError(message or str(exc), source="command line", field=key or None)
 
 

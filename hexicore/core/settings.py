@@ -216,10 +216,10 @@ class OptimizerSettings:
                                 field="runtime.min_lr")
 
     #: what a checkpoint records of these settings, to refuse resuming under other ones
-    RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay")
+    RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay", "betas")
 
     def recorded(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.RECORDED}
+        return {k: list(v) if isinstance(v := getattr(self, k), tuple) else v for k in self.RECORDED}  # as JSON keeps it
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,16 @@ def test_betas_are_a_setting_and_bad_ones_are_one_line(tmp_path, capsys):
     assert run_cli([*RUN, "runtime.betas=[0.9,1.5]", f"out={tmp_path / 'b'}", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "runtime.betas" in err
+
+
+def test_resuming_with_other_betas_is_refused(tmp_path, capsys):
+    out = tmp_path / "a"
+    assert run_cli([*RUN, "train.checkpoint_every=2", f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"]) == 0
+    capsys.readouterr()
+    args = [a for a in RUN if not a.startswith("train.steps=")]
+    assert run_cli([*args, "train.steps=3", f"resume={out / 'checkpoints' / 'step_2'}", "runtime.betas=[0.8,0.9]",
+                    f"out={out}", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runtime.betas" in err
+    assert run_cli([*args, "train.steps=3", f"resume={out / 'checkpoints' / 'step_2'}", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'r'}"]) == 0

@@ -25,6 +25,7 @@ COMMANDS = {
     "profile": "measure the cluster's devices and links (blocks, head, p2p, all-reduce); write a profile file",
     "prepare-data": "tokenize text / JSON-lines files with a Hugging Face tokenizer into a token file",
     "plugins": "list every registered solver, partitioner, schedule, cost model and runtime",
+    "gpus": "list the GPU catalog (TFLOPS, memory, usual link, price) a cluster file's gpu: names choose from",
 }
 log = logging.getLogger("hexicore")
 
@@ -43,7 +44,8 @@ examples:
   hexicore plan -m solver=megatron cluster=paper_case,hetero1
   hexicore plugins
 
-`hexicore COMMAND --help` shows the config groups and every key."""
+`hexicore COMMAND --help` shows the config groups and the keys the command reads, each with what
+it is (`--cfg job`: every key of the composed config; `--hydra-help`: Hydra's own help)."""
 
 
 def fail(exc: BaseException | str) -> int:
@@ -175,7 +177,7 @@ def _config_error(exc: BaseException) -> HexicoreError:
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
     message = "; ".join(ln for ln in lines[:3] if not ln.startswith(("full_key:", "object_type=", "reference_type=")))
     if re.match(r"Key '[^']+' (?:is )?not in ", message):
-        message = "unknown key (hexicore COMMAND --help lists every key)"
+        message = "unknown key (hexicore COMMAND --help lists the command's keys, --cfg job every key)"
     return HexicoreError(message or str(exc), source="command line", field=key or None)
 
 
@@ -358,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         return fail(f"unknown command {command!r}; choose one of: {', '.join(COMMANDS)}")
     try:
+        if command == "gpus":  # no Hydra config, no plugins: the catalog only
+            from hexicore.app.commands.gpus import gpus_command
+
+            return gpus_command(argv[1:])
         from hexicore.registry import Registry
 
         from hexicore.app.config_schema import store_schema
@@ -369,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if command == "plugins":
             return plugins_command(argv[1:])
+        if any(a in ("--help", "-h") for a in rest):
+            from hexicore.app.config_schema import GROUPS
+            from hexicore.app.key_help import command_help
+
+            print(command_help(command, COMMANDS[command], {g: _group_options(g) for g in GROUPS},
+                               frozenset(COMMANDS)))
+            return 0
         warn_broken_plugins()
         if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
             preflight(rest)

@@ -15,7 +15,7 @@ from hexicore.core import schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.cost import CostModel, Estimate
 from hexicore.core.errors import HexicoreError
-from hexicore.core.hf_config import is_hf_config, load_hf_config
+from hexicore.core.hf_config import is_hf_config, load_hf_config, weights_folder
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan
 from hexicore.core.settings import CheckpointSettings, TrainSettings
@@ -146,10 +146,29 @@ def checkpoint_settings(cfg: DictConfig) -> CheckpointSettings:
     """``train.checkpoint_every``, ``resume=`` and ``init_from=`` (the runtime section's
     ``shard_mb`` is the runtime's to read)."""
     every = (cfg.get("train") or {}).get("checkpoint_every")
-    resume, init_from = cfg.get("resume"), cfg.get("init_from")
+    resume = cfg.get("resume")
     return CheckpointSettings(
         every=schema.integer(every, "command line", "train.checkpoint_every", minimum=0) if every else 0,
-        resume=str(resume) if resume else None, init_from=str(init_from) if init_from else None)
+        resume=str(resume) if resume else None, init_from=start_weights(cfg))
+
+
+#: ``init_from=none``: a fresh initialisation, even when ``model_file=`` holds weights
+FRESH = "none"
+
+
+def start_weights(cfg: DictConfig) -> str | None:
+    """The Hugging Face directory a run's weights come from, as ``from_pretrained`` would have
+    it: ``init_from=DIR``; else ``model_file=DIR`` when that directory holds weights (and the run
+    does not resume); None for a fresh initialisation (``init_from=none``, or no weights given)."""
+    given = cfg.get("init_from")
+    if given is not None and str(given).strip().lower() == FRESH:
+        return None
+    if given:
+        return str(given)
+    path = cfg.get("model_file")
+    if path and not cfg.get("resume"):
+        return weights_folder(str(path))
+    return None
 
 
 #: Schedule keys every schedule config declares (null where unused) so that one sweep can vary

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from hexicore.app.cli import COMMANDS, GROUPS, _group_options
+from hexicore.app.key_help import key_help
 from hexicore.registry import Registry
 
 HEADER = """# CLI reference
@@ -96,14 +98,19 @@ def render(registry: Registry | None = None) -> str:
         out.append("")
     cfg = config_from_overrides([], registry=registry)
     out.append("## Top-level keys (defaults)\n")
+    meaning = {k.key: k.text for k in key_help(frozenset(COMMANDS))}  # conf/config.yaml's comments
+
+    def line(key: str, value: Any) -> str:
+        return f"- `{key}={_short(value)}`" + (f" — {meaning[key]}" if meaning.get(key) else "")
+
     for k, v in OmegaConf.to_container(cfg, resolve=False).items():
         if k in GROUPS:
             continue
         if isinstance(v, dict):
             for k2, v2 in v.items():
-                out.append(f"- `{k}.{k2}={_short(v2)}`")
+                out.append(line(f"{k}.{k2}", v2))
         else:
-            out.append(f"- `{k}={_short(v)}`")
+            out.append(line(k, v))
     return "\n".join(out) + "\n"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from hexicore.core import schema
 from hexicore.core.ownership import png_metadata
@@ -51,6 +51,28 @@ def save_png(fig, path: Path, dpi: int) -> Path:
     return path
 
 
+def device_span(devices: Iterable[str]) -> str:
+    """Devices as a short label that names each: per machine its indices, runs as ranges
+    (``A1.0-2``, ``A1.0,3``, ``A.1+B.0``)."""
+    by_machine: dict[str, list[str]] = {}
+    for d in devices:
+        machine, _, index = d.rpartition(".")
+        by_machine.setdefault(machine, []).append(index)
+    parts = []
+    for machine, indices in by_machine.items():
+        if not all(i.isdigit() for i in indices):
+            parts += [f"{machine}.{i}" for i in indices]
+            continue
+        runs: list[list[int]] = []
+        for i in sorted(int(x) for x in indices):
+            if runs and i == runs[-1][1] + 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        parts.append(f"{machine}." + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs))
+    return "+".join(parts)
+
+
 @_glyphs_quiet
 def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     """Draw ``plan`` to ``path`` (PNG) and return the path."""
@@ -80,7 +102,7 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
             ax.scatter([x], [y], s=260 if n_dev <= _LABEL_LIMIT else 40, color=cmap(i % cmap.N), zorder=3,
                        edgecolors="black", linewidths=0.5)
             if n_dev <= _LABEL_LIMIT:
-                ax.annotate(f"p{i}s{j}", (x, y), ha="center", va="center", fontsize=6, zorder=4)
+                ax.annotate(f"{d}\ns{j}", (x, y), ha="center", va="center", fontsize=5, zorder=4)
         else:  # idle: no pipeline uses it (the planner left it out, solver.idle)
             ax.scatter([x], [y], s=260 if n_dev <= _LABEL_LIMIT else 40, facecolors="white", edgecolors="grey",
                        zorder=3)
@@ -97,7 +119,7 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
     ax.set_yticks([])
     ax.set_xlim(-0.7, len(machines) - 0.3)
     ax.set_ylim(-tall + 0.4, 0.7)
-    ax.set_title("devices by pipeline (p<i>s<j>: pipeline i, stage j)", fontsize=9)
+    ax.set_title("devices (colour: pipeline, s<j>: its stage j)", fontsize=9)
     idle = [g for g in (plan.solver or {}).get("idle") or [] if g.get("iteration_s") is not None]
     if idle:  # what each left-out group would cost: the best plan found that uses it
         ax.set_xlabel("\n".join(f"idle {g['name']}: best plan using it {g['iteration_s']:.3g} s" for g in idle[:4]),
@@ -109,8 +131,7 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
             lo, hi = s.layers
             bx.barh(i, hi - lo, left=lo, color=cmap(i % cmap.N), edgecolor="black", alpha=0.85)
             if len(plan.pipelines) <= 24 and len(p.stages) <= 16:
-                devs = s.devices[0] + (f"+{len(s.devices) - 1}" if len(s.devices) > 1 else "")
-                bx.text((lo + hi) / 2, i, f"{devs}\ntp{s.tp}", ha="center", va="center", fontsize=6)
+                bx.text((lo + hi) / 2, i, f"{device_span(s.devices)}\ntp{s.tp}", ha="center", va="center", fontsize=6)
     bx.set_yticks(range(len(plan.pipelines)))
     bx.set_yticklabels([f"pipeline {i}\nbatch {p.batch}" for i, p in enumerate(plan.pipelines)], fontsize=7)
     bx.invert_yaxis()

@@ -13,7 +13,21 @@ from hexicore.planner.allocation.objective import rate
 
 
 def _fmt_s(x: float) -> str:
-    return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
+    """A duration in the unit that shows it: s, ms or us (a tiny model's step is no ``0.000 s``)."""
+    if x == 0:
+        return "0 s"
+    if x >= 100:
+        return f"{x:.1f} s"
+    if x >= 0.1:
+        return f"{x:.3f} s"
+    if x >= 1e-4:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x * 1e6:.3g} us"
+
+
+#: a schedule's parameters longer than this are left out of the plan table (a synthesised
+#: schedule's stage times and memory caps: the plan JSON has them)
+SCHEDULE_CELL = 32
 
 
 def _short(value: Any) -> str:
@@ -41,14 +55,15 @@ def plan_table(plan: Plan) -> Table:
         t.add_column(col, justify=just)
     for i, p in enumerate(plan.pipelines):
         sched = ", ".join(f"{k}={_short(v)}" for k, v in p.schedule.items() if k != "name")
-        sched = f"{p.schedule.get('name', '?')}" + (f" ({sched})" if sched else "")
+        sched = f"{p.schedule.get('name', '?')}" + (f" ({sched})" if sched and len(sched) <= SCHEDULE_CELL else
+                                                     " (parameters: plan JSON)" if sched else "")
         for j, s in enumerate(p.stages):
             gpus = sorted({plan.cluster.device(d).gpu.name for d in s.devices})
             peak = max((mem.get(d, 0.0) for d in s.devices), default=0.0)
             cap = min(plan.cluster.device(d).memory_gb for d in s.devices)
             t.add_row(str(i) if j == 0 else "", str(p.batch) if j == 0 else "", sched if j == 0 else "", str(j),
                       f"{','.join(s.devices)} [{'/'.join(gpus)}]", str(s.tp), f"[{s.layers[0]}, {s.layers[1]})",
-                      f"{peak:.1f} / {cap:g} GB" if mem else "",
+                      f"{peak:.1f} / {cap:g} GiB" if mem else "",
                       _fmt_s(pipe_s[i]) if (j == 0 and i < len(pipe_s)) else "")
     return t
 
@@ -64,6 +79,13 @@ def summary_lines(plan: Plan) -> list[str]:
                  if r["usd_per_mtok"] is not None else "")
         lines.append(f"MFU {100 * est.mfu:.2f}%   tokens/s {est.tokens_per_s:.0f}{money}")
     s = plan.solver or {}
+    objective = ((s.get("allocation") or {}) if isinstance(s.get("allocation"), dict) else {}).get("objective")
+    if isinstance(objective, dict) and objective.get("kind"):
+        limits = [f"budget ${objective['budget_per_hour']:g}/hour" if objective.get("budget_per_hour") is not None else "",
+                  f"at least {objective['min_tokens_per_s']:g} tokens/s" if objective.get("min_tokens_per_s") is not None else ""]
+        goal = {"throughput": "least iteration time", "cost": "least $ per million tokens"}.get(objective["kind"], "")
+        lines.append(f"objective {objective['kind']}" + (f" ({goal})" if goal else "")
+                     + "".join(f", {x}" for x in limits if x))
     lines += idle_lines(s.get("idle") or [])
     if s:
         extra = f"  params {s.get('params')}" if s.get("params") else ""
@@ -93,8 +115,11 @@ def memory_table(plan: Plan, cost: Any) -> Table | None:
     zero = plan.train.zero_stage
     title = f"memory per device (GiB), ZeRO-{zero}" + (f" over {len(plan.pipelines)} holders" if zero else "") + \
         (", sharded within each machine" if zero and plan.train.zero_scope == "machine" else "")
+    reserve = getattr(cost, "reserve_gb", None)
+    if isinstance(reserve, (int, float)) and reserve:
+        title += f"; workspace includes the {reserve:g} GiB reserve (cost.reserve_gb: CUDA context, allocator slack)"
     t = Table(title=title)
-    for c in ("devices", "gpu", *keys, "total / GPU"):
+    for c in ("devices", "gpu", *keys, "total / GPU (GiB)"):
         t.add_column(c, justify="left" if c in ("devices", "gpu") else "right")
     for (_, *vals), devs in rows.items():
         dev = plan.cluster.device(devs[0])
@@ -138,9 +163,10 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
 
 
 def rows_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
+    """A table of text cells; a narrow terminal folds cells rather than cutting them to ``abc…``."""
     t = Table(title=title)
     for c in columns:
-        t.add_column(str(c))
+        t.add_column(str(c), overflow="fold")
     for r in rows:
         t.add_row(*(str(x) for x in r))
     return t

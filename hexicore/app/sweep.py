@@ -185,6 +185,28 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> tuple[Path, Pa
     return csv_path, md_path
 
 
+#: columns the terminal table always shows (when any row has them)
+ALWAYS_SHOWN = ("job", "overrides", "outcome")
+
+
+def terminal_columns(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+    """The sweep table a terminal shows: the columns whose values differ between jobs (and
+    :data:`ALWAYS_SHOWN`), so that none is cut to a few letters; the columns the same in every
+    job, with their value, for one line under it (empty ones left out). ``summary.csv`` and
+    ``summary.md`` keep every column."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    if len(rows) < 2:
+        return columns, {}
+    shown, same = [], {}
+    for c in columns:
+        values = {_cell(r.get(c)) for r in rows}
+        if c in ALWAYS_SHOWN or len(values) > 1:
+            shown.append(c)
+        elif values != {""}:
+            same[c] = values.pop()
+    return shown, same
+
+
 class SummaryCallback(Callback):
     """At the start of a multirun, clear the rows of an earlier one; at its end, gather every
     job's row into one summary."""
@@ -198,9 +220,11 @@ class SummaryCallback(Callback):
         csv_path, md_path = write_summary(sweep_dir, rows)
         from hexicore.app.report import console, rows_table
 
-        cols = list(dict.fromkeys(k for r in rows for k in r))
+        cols, same = terminal_columns(rows)
         console().print(rows_table(f"sweep summary ({len(rows)} jobs)", cols, [[_cell(r.get(c)) for c in cols]
                                                                                    for r in rows]))
+        if same:
+            print("the same in every job: " + ", ".join(f"{k}={v}" for k, v in same.items()))
         print(f"summary written to {csv_path} and {md_path}")
         failed = [r for r in rows if r.get("outcome") == "failed"]
         if failed:

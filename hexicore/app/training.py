@@ -104,10 +104,12 @@ def create_runtime(spec: RunSpec, registry: Registry) -> Any:
 
 
 def runtime_refusal(cfg: DictConfig, plan: Plan, est, path: str, registry: Registry) -> list[str]:
-    """What the configured runtime's ``check_plan`` refuses (structure only: no framework, no
-    devices needed), as a warning for ``hexicore plan`` and ``evaluate`` (``hexicore train``
-    then exits 2 with the same line); nothing when the runtime or the train settings cannot
-    even be built."""
+    """What the configured runtime's ``check_plan`` refuses in this plan's layout (structure
+    only: no framework, no devices needed), as a warning for ``hexicore plan`` and ``evaluate``
+    (``hexicore train`` then exits 2 with the same line); nothing when the runtime or the train
+    settings cannot even be built, and nothing when the runtime refuses the model itself (an
+    architecture it does not train: planning any decoder is what plan and evaluate are for, and
+    ``hexicore train`` says it once)."""
     try:
         settings = runtime_settings(cfg)
         spec = plan_run_spec(cfg, plan, app.group_params(cfg, "schedule", registry) or ScheduleRef.default().to_dict(), settings,
@@ -116,9 +118,14 @@ def runtime_refusal(cfg: DictConfig, plan: Plan, est, path: str, registry: Regis
     except HexicoreError:
         return []
     check = getattr(runtime, "check_plan", None)
+    if check is None:
+        return []
     try:
-        if check is not None:
-            check(spec, registry=registry)
+        check(replace(spec, layout=ReferenceLayout(), schedules=()), registry=registry)
+    except HexicoreError:
+        return []  # the model itself: train's to say
+    try:
+        check(spec, registry=registry)
     except HexicoreError as exc:
         return [f"runtime {settings.name} cannot run this plan: {exc}"]
     return []

@@ -45,6 +45,7 @@ class Machine:
     latency_us: float
     emulate: Emulation = Emulation()
     zone: str | None = None  # the zone/region it stands in (None: the cluster's single default zone)
+    max_tp: int | None = None  # the largest TP group its GPUs may form (None: no cap of its own)
 
     @property
     def slowdown(self) -> float:
@@ -136,6 +137,12 @@ class Cluster:
     def slowdown(self, device_id: str) -> float:
         """The emulated slowdown of a device's machine (1.0 unless the cluster file says ``emulate``)."""
         return self._machines[self.device(device_id).machine].slowdown
+
+    def max_tp(self, devices: Iterable[str]) -> int | None:
+        """The largest TP group ``devices`` may form: the smallest ``max_tp`` of their machines
+        (None: no machine caps it)."""
+        caps = [m.max_tp for m in {self._machines[self.device(d).machine] for d in devices} if m.max_tp is not None]
+        return min(caps) if caps else None
 
     def emulation(self, device_id: str) -> Emulation:
         """How a device's machine is emulated (nothing unless the cluster file says ``emulate``)."""
@@ -274,7 +281,8 @@ class Cluster:
                 {"name": m.name, "gpu": m.gpu.name, "count": m.count,
                  "bandwidth_gbs": m.bandwidth_gbs, "latency_us": m.latency_us,
                  **({"emulate": m.emulate.to_dict()} if m.emulate.active else {}),
-                 **({"zone": m.zone} if m.zone is not None else {})}
+                 **({"zone": m.zone} if m.zone is not None else {}),
+                 **({"max_tp": m.max_tp} if m.max_tp is not None else {})}
                 for m in self.machines
             ],
             "links": [
@@ -323,7 +331,7 @@ def _brief(ids: Iterable[str], n: int = 8) -> str:
 #: the cluster file's fields (docs/formats.md); ``devices`` is the resolved list a plan JSON carries
 CLUSTER_KEYS = frozenset({"name", "machines", "inter", "links", "gpus", "excluded", "devices", "intra", "synthetic",
                           "inter_zone", "zone_links"})
-MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate", "zone"})
+MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate", "zone", "max_tp"})
 
 
 def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> Cluster:
@@ -367,10 +375,13 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
         machines.append(Machine(
             mname, catalog[gname],
             schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
-            limits.bandwidth(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
+            limits.bandwidth(catalog[gname].intra_gbs if m.get("bandwidth_gbs") is None else m["bandwidth_gbs"],
+                             source, schema.dotted(fp, "bandwidth_gbs")),
             limits.latency(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us")),
             parse_emulation(m.get("emulate"), source, schema.dotted(fp, "emulate")),
             None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
+            None if m.get("max_tp") is None else schema.integer(m["max_tp"], source, schema.dotted(fp, "max_tp"),
+                                                                minimum=1),
         ))
     limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,
                  field=schema.dotted(prefix, "machines"))

@@ -1,4 +1,7 @@
-"""Hugging Face Llama-family ``config.json`` <-> :class:`~hexicore.core.model.ModelSpec`.
+"""Hugging Face ``config.json`` <-> :class:`~hexicore.core.model.ModelSpec`.
+
+Any decoder-only config plans by its shape (:func:`shape_spec`: GPT-2, GPT-Neo(X), GPT-J, OPT,
+Falcon, Phi, Gemma, ...); the Llama family, which the torch runtime also trains, is read in full:
 
 ``model_file=PATH/config.json`` (or a directory holding one) reads a Llama-family configuration:
 ``LlamaForCausalLM``, ``MistralForCausalLM`` (up to its sliding window) and ``Qwen2ForCausalLM``
@@ -44,6 +47,29 @@ def is_hf_config(path: str | Path) -> bool:
     return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
 
 
+#: the weight files of a Hugging Face checkpoint directory that hexicore reads (safetensors)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+#: the weight files of the older torch.save format, which hexicore does not read
+PICKLED_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weights_folder(path: str | Path, field: str = "model_file") -> str | None:
+    """``path`` when it is a checkpoint directory holding safetensors weights (what
+    ``from_pretrained`` would load), None for a config file or a directory of a config alone; a
+    directory holding only ``pytorch_model.bin`` weights is refused (hexicore reads safetensors)."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if any((p / name).is_file() for name in WEIGHT_FILES):
+        return str(p)
+    pickled = next((name for name in PICKLED_WEIGHT_FILES if (p / name).is_file()), None)
+    if pickled:
+        raise HexicoreError(f"holds {pickled} weights, which hexicore does not read: save them as safetensors "
+                            "(save_pretrained(..., safe_serialization=True)), or give init_from=none to start "
+                            "from a fresh initialisation", source=str(p), field=field)
+    return None
+
+
 def config_path(path: str | Path) -> Path:
     p = Path(path)
     return p / "config.json" if p.is_dir() else p
@@ -56,10 +82,10 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     return spec_from_hf(data, str(p))
 
 
-def _model_type(d: Mapping[str, Any], source: str) -> str:
-    """The supported type the config names (by ``architectures``, else ``model_type``); an
+def _model_type(d: Mapping[str, Any], source: str) -> str | None:
+    """The Llama-family type the config names (by ``architectures``, else ``model_type``); an
     architecture and a ``model_type`` naming two different ones are refused (transformers builds
-    the ``model_type``'s class, whatever ``architectures`` says)."""
+    the ``model_type``'s class, whatever ``architectures`` says); None for any other model."""
     archs = d.get("architectures") or []
     by_arch = {v: k for k, v in ARCHITECTURES.items()}
     mt = d.get("model_type")
@@ -71,9 +97,7 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
             return by_arch[a]
     if isinstance(mt, str) and mt in ARCHITECTURES:
         return str(mt)
-    named = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else repr(mt)
-    raise HexicoreError(f"unsupported architecture {named}; supported: {', '.join(ARCHITECTURES.values())}",
-                        source=source, field="architectures" if archs else "model_type")
+    return None
 
 
 def _refuse_unsupported(d: Mapping[str, Any], mt: str, source: str) -> int | None:
@@ -134,6 +158,8 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     """Validate a Hugging Face config mapping into a :class:`ModelSpec` (module docstring)."""
     d = schema.as_mapping(data, source, None)
     mt = _model_type(d, source)
+    if mt is None:
+        return shape_spec(d, source)
 
     def integer(key: str, default: Any = None) -> int:
         value = d.get(key)  # null means the default, as transformers reads it
@@ -164,6 +190,76 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             qkv_bias=True if mt == "qwen2" else bias and mt == "llama", o_bias=bias and mt == "llama",
             norm_eps=schema.number(d.get("rms_norm_eps", 1e-6), source, "rms_norm_eps"),
             rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
+    except HexicoreError as exc:
+        raise exc.located(source, None) from None
+
+
+#: a shape's fields -> the names decoder-only configs give them, first found wins
+SHAPE_FIELDS = {
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "ffn": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff"),
+    "vocab": ("vocab_size",),
+    "positions": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+}
+#: model types whose block is GPT-2's (LayerNorm, one up and one down FFN matrix, biases); any
+#: other decoder is priced as a gated (SwiGLU/GeGLU) RMSNorm block, Llama's
+UNGATED = frozenset({"gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "falcon", "phi", "bloom", "mpt", "gpt_bigcode",
+                     "codegen", "biogpt", "starcoder2", "xglm"})
+#: model types whose configs tie the head to the embedding unless ``tie_word_embeddings`` says not
+#: (transformers' own default for these classes)
+TIED_BY_DEFAULT = frozenset({"gpt2", "gpt_neo", "opt", "falcon", "bloom", "mpt", "gpt_bigcode", "gemma", "gemma2",
+                             "gemma3_text", "xglm", "biogpt"})
+
+
+def _shape_field(d: Mapping[str, Any], name: str, source: str, default: Any = None) -> int:
+    """The first of :data:`SHAPE_FIELDS` ``name`` the config gives (null: not given), or
+    ``default``; missing with no default is one line naming every spelling."""
+    keys = SHAPE_FIELDS[name]
+    for key in keys:
+        if d.get(key) is not None:
+            return schema.integer(d[key], source, key)
+    if default is None:
+        raise HexicoreError(f"missing required field (one of: {', '.join(keys)})", source=source, field=keys[0])
+    return default
+
+
+def shape_spec(d: Mapping[str, Any], source: str) -> ModelSpec:
+    """Any decoder-only config (GPT-2, GPT-Neo, GPT-NeoX, GPT-J, OPT, Falcon, Phi, Gemma, ...)
+    read by its shape alone, for planning: hidden size, layers, heads, KV heads (Falcon's
+    multi-query: one), FFN width (default 4 x hidden), vocabulary, positions, tied head. The
+    block is GPT-2's for the :data:`UNGATED` types, else Llama's; ``hf_model_type`` keeps the
+    config's ``model_type``, so the torch runtime (Llama, Mistral, Qwen2) refuses to train it.
+    Encoder-decoder configs are refused."""
+    if d.get("is_encoder_decoder"):
+        raise HexicoreError("an encoder-decoder model; hexicore plans decoder-only models", source=source,
+                            field="is_encoder_decoder")
+    mt = d.get("model_type")
+    if mt is not None and not (isinstance(mt, str) and mt.replace("_", "").isalnum()):
+        raise HexicoreError(f"expected a model type such as \"gpt2\", got {mt!r}"[:200], source=source,
+                            field="model_type")
+    mt = mt or "unknown"
+    hidden = _shape_field(d, "hidden", source)
+    heads = _shape_field(d, "heads", source)
+    if mt == "falcon" and not d.get("new_decoder_architecture"):
+        kv = 1 if d.get("multi_query", True) else heads
+    else:
+        kv = _shape_field(d, "kv_heads", source, heads)
+    positions = _shape_field(d, "positions", source, DEFAULT_SEQ_LEN)
+    tied = d.get("tie_word_embeddings", mt in TIED_BY_DEFAULT)
+    if not isinstance(tied, bool):
+        raise HexicoreError("expected true or false", source=source, field="tie_word_embeddings")
+    gated = mt not in UNGATED
+    try:
+        return ModelSpec(
+            name=str(d.get("_name_or_path") or Path(source).parent.name or mt), layers=_shape_field(d, "layers", source),
+            hidden=hidden, heads=heads, kv_heads=kv, ffn=_shape_field(d, "ffn", source, 4 * hidden),
+            vocab=_shape_field(d, "vocab", source), seq_len=min(positions, DEFAULT_SEQ_LEN),
+            arch="llama" if gated else "gpt", norm="rmsnorm" if gated else "layernorm", tied_embeddings=tied,
+            head_dim=schema.integer(d["head_dim"], source, "head_dim") if gated and d.get("head_dim") else None,
+            max_position=positions, hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
 
@@ -224,8 +320,9 @@ def hf_config_dict(spec: ModelSpec, tokens: SpecialTokens | None = None) -> dict
     """The ``config.json`` that ``transformers.AutoModelForCausalLM`` reads for ``spec`` (a
     Llama config for hexicore's own Llama-style specs), with the special token ids ``tokens``
     gives (none for hexicore's own model YAMLs)."""
-    if spec.arch != "llama":
-        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {spec.arch!r}",
+    if spec.arch != "llama" or (spec.hf_model_type and spec.hf_model_type not in ARCHITECTURES):
+        got = spec.hf_model_type if spec.arch == "llama" else spec.arch
+        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {got!r}",
                             field="model.arch")
     mt = spec.hf_model_type or "llama"
     rope: dict[str, Any] = {"rope_theta": spec.rope_theta, "rope_type": "default"}

@@ -246,6 +246,43 @@ def data_tokenizer(token_file: Any) -> tuple[TokenizerFiles | None, list[str]]:
     return replace(found or TokenizerFiles.single(p), eos=token_file.eos), []
 
 
+#: text that tells tokenizer pipelines apart: composed and decomposed accents (normalizers), digit
+#: runs, contractions, runs of spaces and newlines, punctuation and scripts (pre-tokenizers)
+PROBE = ("Ünïcode café cafe\u0301 naïve 12345 67.89 1,000,000 don't  IT'S we'll\n\n  two spaces\there\r\n"
+         "end!!! ... (x+y)=z; 日本語の文 Привет мир — \"quoted\" 🙂 https://example.org/a_b?c=1")
+
+
+def autotokenizer_mismatch(extras: FinalExtras, config: dict[str, Any], data_tokenizer: str | Path) -> str | None:
+    """A warning when ``transformers.AutoTokenizer.from_pretrained(final/)`` — ``final/`` holding
+    ``config`` and ``extras``' tokenizer files — would encode text otherwise than the token file's
+    ``tokenizers`` file ``data_tokenizer`` did in ``prepare-data`` (transformers rebuilds some
+    model types' tokenizers, Qwen2's among them, with their own normalizer and pre-tokenizer from
+    the file's vocabulary); None when they agree on :data:`PROBE`, or without transformers."""
+    import tempfile
+
+    try:
+        import transformers
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(config))
+        for name, data in extras.contents().items():
+            (Path(folder) / name).write_bytes(data)
+        try:
+            loaded = transformers.AutoTokenizer.from_pretrained(folder)
+            theirs = loaded(PROBE, add_special_tokens=False)["input_ids"]
+            ours = Tokenizer.from_file(str(data_tokenizer)).encode(PROBE, add_special_tokens=False).ids
+        except Exception as exc:  # noqa: BLE001 - another library's failure is a note, not the run's
+            return f"{WARNING}AutoTokenizer.from_pretrained(final/) could not be checked: {str(exc)[:160]}"
+    if theirs == ours:
+        return None
+    return (f"{WARNING}AutoTokenizer.from_pretrained(final/) would split text otherwise than the token file: "
+            f"transformers builds a {type(loaded).__name__} for model_type {config.get('model_type')!r}, with its "
+            f"own normalizer and pre-tokenizer, not those of {data_tokenizer}; to get the ids the model trained on "
+            "back from final/, prepare the data with the model's own tokenizer (a directory saved by transformers)")
+
+
 def write_extras(folder: str | Path, extras: FinalExtras | None) -> None:
     """Write ``extras`` into ``folder`` (rank 0, after the weights) and keep the manifest: first
     listing the old and the new digest of every name (a writer killed midway leaves files a

@@ -79,13 +79,21 @@ def json_kind(path: Path) -> str | None:
     return None
 
 
+#: the first line of a run's ``config.yaml`` (a config Hydra reads again, so its kind is a comment)
+RUN_CONFIG_MARK = "# hexicore.run_config/1"
+
+
 def yaml_kind(path: Path) -> str | None:
-    """A hexicore YAML file's kind (its top-level ``format``, e.g. ``hexicore.profile/1``)."""
+    """A hexicore YAML file's kind (its top-level ``format``, e.g. ``hexicore.profile/1``, or a
+    run's ``config.yaml`` by its first line, :data:`RUN_CONFIG_MARK`)."""
     import yaml
 
     try:
         with path.open("rb") as fh:
-            data: Any = yaml.safe_load(fh.read(_HEAD))
+            head = fh.read(_HEAD)
+        if head.split(b"\n", 1)[0].decode("utf-8", "replace").startswith(RUN_CONFIG_MARK):
+            return "hexicore.run_config"
+        data: Any = yaml.safe_load(head)
     except (OSError, ValueError, yaml.YAMLError, RecursionError):
         return None
     fmt = data.get("format") if isinstance(data, dict) else None
@@ -316,7 +324,8 @@ def check_run_dir(path: str | Path, *, resume: str | None = None, overwrite: boo
     checkpoints — unless ``resume`` continues that run (``resume`` lies in this directory) or
     ``overwrite=true``, which clears hexicore's own checkpoints (returned; nothing else goes).
     ``overwrite=false`` refuses any existing metrics or checkpoint."""
-    d = check_dir(path, [("metrics.json", "hexicore.metrics")], overwrite=overwrite, field=field)
+    d = check_dir(path, [("metrics.json", "hexicore.metrics"), ("config.yaml", "hexicore.run_config")],
+                  overwrite=overwrite, field=field)
     check_run_folders(d, tuple(folders), overwrite=overwrite, field=field)
     steps = _step_entries(d)
     if not steps:

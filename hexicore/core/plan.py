@@ -262,6 +262,10 @@ def check_structure(plan: Plan, source: str | None = None) -> list[str]:
                 raise PlanError(f"layer range [{lo}, {hi}) exceeds the model's {L} layers", source=source,
                                 field=f"{sf}.layers")
             expect = hi
+            cap = cluster.max_tp(s.devices)
+            if cap is not None and s.tp > cap:
+                raise PlanError(f"tp={s.tp} is above max_tp {cap} of the machine its devices are on (the cluster "
+                                "file's max_tp)", source=source, field=f"{sf}.tp")
             machines = {cluster.device(dv).machine for dv in s.devices}
             if len(machines) > 1:
                 warnings.append(f"{sf}: TP group spans machines {', '.join(sorted(machines))}; priced at the "

@@ -149,8 +149,10 @@ def read_text(path: str | Path, what: str) -> str:
     path = Path(path)
     if path.is_dir():
         raise HexicoreError(f"a directory, not a {what} file", source=str(path))
-    if not path.is_file():
+    if not path.exists():
         raise HexicoreError(f"{what} file not found", source=str(path))
+    if not path.is_file():  # /dev/null, a pipe, a socket: there, but no file to read
+        raise HexicoreError(f"not a regular file (a device, pipe or socket); give a {what} file", source=str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

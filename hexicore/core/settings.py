@@ -23,7 +23,7 @@ in the class's ``__post_init__`` through :func:`~hexicore.core.fields.check_fiel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hexicore.core import limits
@@ -174,6 +174,23 @@ class CheckpointSettings:
     def shard_bytes(self) -> int:
         return int(self.shard_mb * 2**20)
 
+    def start_line(self, seed: int) -> str:
+        """What a run starts from: the checkpoint it resumes, the Hugging Face weights it loads,
+        or a fresh initialisation from ``seed``."""
+        if self.resume:
+            return f"resuming from {self.resume}"
+        if self.init_from:
+            return f"starting from the weights in {self.init_from}"
+        return f"starting from a fresh initialisation (seed {seed})"
+
+
+def _betas(value: Any, name: str) -> None:
+    """AdamW's two moment decays: a pair of numbers in ``[0, 1)``."""
+    ok = isinstance(value, tuple) and len(value) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)
+    if not ok:
+        raise HexicoreError(f"expected two numbers in [0, 1), e.g. [0.9, 0.95], got {value!r}"[:200], field=name)
+
 
 @dataclass(frozen=True)
 class OptimizerSettings:
@@ -184,7 +201,7 @@ class OptimizerSettings:
     L2 norm (None: no clipping). The config keys are ``runtime.<field>``."""
 
     lr: float = rule(3e-4, real(above=0), key="runtime.lr")
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = rule((0.9, 0.95), lambda value, name: _betas(value, name), key="runtime.betas")
     eps: float = rule(1e-5, real(above=0), key="runtime.eps")
     weight_decay: float = rule(0.1, real(minimum=0), key="runtime.weight_decay")
     lr_schedule: str = rule("constant", one_of(LR_SCHEDULES, "lr schedule"), key="runtime.lr_schedule")
@@ -199,22 +216,38 @@ class OptimizerSettings:
                                 field="runtime.min_lr")
 
     #: what a checkpoint records of these settings, to refuse resuming under other ones
-    RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay")
+    RECORDED = ("lr", "min_lr", "lr_schedule", "warmup_steps", "clip_grad", "eps", "weight_decay", "betas")
 
     def recorded(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.RECORDED}
+        return {k: list(v) if isinstance(v := getattr(self, k), tuple) else v for k in self.RECORDED}  # as JSON keeps it
 
 
 @dataclass(frozen=True)
 class DataSettings:
     """What the model reads: ``synthetic`` (a seeded token stream), ``text`` (byte-level, from
-    ``file`` or the shipped demo text) or ``tokens`` (``file`` written by ``hexicore prepare-data``)."""
+    ``file`` or the shipped demo text) or ``tokens`` (``file`` written by ``hexicore prepare-data``).
+
+    A ``file`` given beside ``synthetic`` (the default), which reads none, is what the run trains
+    on: a token file ``hexicore prepare-data`` wrote (its ``X.bin.json`` beside it) makes the kind
+    ``tokens`` (:attr:`implied`); any other file is refused, naming ``runtime.data=text``."""
 
     kind: str = rule("synthetic", one_of(DATA_KINDS, "data"), key="runtime.data")
     file: str | None = rule(None, text(), key="runtime.data_file")
+    #: whether ``kind`` was implied by ``file`` (a token file given beside the default ``synthetic``)
+    implied: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
+        if self.kind == "synthetic" and self.file:
+            from hexicore.core.token_file import sidecar_path
+
+            if not sidecar_path(self.file).is_file():
+                raise HexicoreError(f"synthetic data reads no file, and {self.file} is not a token file "
+                                    f"(no {sidecar_path(self.file).name} beside it, as hexicore prepare-data "
+                                    "writes); give runtime.data=text to train on it as byte-level text",
+                                    field="runtime.data")
+            object.__setattr__(self, "kind", "tokens")
+            object.__setattr__(self, "implied", True)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def save_summary_chart(al: ActionList, res: SimResult, path: str | Path, title: 
     ax.set_yticks([al.ranks - 1 - r for r in range(0, al.ranks, step)])
     ax.set_yticklabels([f"rank {r}" for r in range(0, al.ranks, step)], fontsize=7)
     ax.set_xlim(0, res.makespan or 1.0)
-    ax.set_xlabel("time")
+    ax.set_xlabel(f"time ({TIME_UNIT})")
     ax.set_title(title or f"{al.schedule.get('name')}: makespan {res.makespan:.4g}, bubble {res.bubble_ratio:.3f} "
                           f"(summary: {al.n_actions:,} actions are too many to draw one by one)", fontsize=9)
     ax.legend(loc="lower right", fontsize=7)
@@ -85,9 +85,25 @@ def save_summary_chart(al: ActionList, res: SimResult, path: str | Path, title: 
     return path
 
 
-def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = "") -> Path:
+def _chunks(res: SimResult) -> tuple[dict[tuple[int, int], int], bool]:
+    """(rank, stage) -> the stage's chunk on that rank (0, 1, ... in stage order), and whether
+    some rank holds several (an interleaved or V schedule)."""
+    stages: dict[int, set[int]] = {}
+    for e in res.events:
+        if not e.action.is_comm and e.action.stage is not None:
+            stages.setdefault(e.rank, set()).add(e.action.stage)
+    chunk = {(r, st): k for r, held in stages.items() for k, st in enumerate(sorted(held))}
+    return chunk, any(len(held) > 1 for held in stages.values())
+
+
+#: the time axis of a simulated schedule: the units its timings are given in
+TIME_UNIT = "units of timing.forward / timing.backward"
+
+
+def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = "", unit: str = TIME_UNIT) -> Path:
     """A row per rank; blocks coloured by micro-batch; forward light, backward (B, I) solid, W
-    hatched; the micro-batch number on blocks wide enough to read."""
+    hatched, a rank's odd chunks (interleaved schedules) dotted and labelled ``<mb>c<chunk>``;
+    the micro-batch number on blocks wide enough to read; the legend lists the kinds drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,31 +117,40 @@ def save_gantt(al: ActionList, res: SimResult, path: str | Path, title: str = ""
     span = res.makespan or 1.0
     per_rank = sum(not e.action.is_comm for e in res.events) / max(al.ranks, 1)
     fig, ax = plt.subplots(figsize=(min(max(8.0, 0.12 * per_rank), 40.0), 0.45 * al.ranks + 1.8))
-    groups: dict[str, tuple[list, list]] = {"F": ([], []), "B": ([], []), "W": ([], [])}
+    chunk, several = _chunks(res)
+    groups: dict[tuple[str, bool], tuple[list, list]] = {}
     for e in res.events:  # one collection per kind: drawing thousands of blocks stays fast
         a = e.action
         if a.is_comm:
             continue
         y = al.ranks - 1 - e.rank
         kind = a.op if a.op in ("F", "W") else "B"
-        verts, colours = groups[kind]
+        k = chunk[(e.rank, a.stage)]
+        verts, colours = groups.setdefault((kind, k % 2 == 1), ([], []))
         verts.append(((e.start, y + 0.08), (e.start, y + 0.92), (e.end, y + 0.92), (e.end, y + 0.08)))
         colours.append(to_rgba(cmap(a.mb % 10), 0.45 if kind == "F" else 1.0))
         if (e.end - e.start) / span > 0.012:
-            ax.text((e.start + e.end) / 2, y + 0.5, str(a.mb), ha="center", va="center", fontsize=6)
-    for kind, (verts, colours) in groups.items():
-        if verts:
-            ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors="black", linewidths=0.3,
-                                             hatch="//" if kind == "W" else None))
+            label = f"{a.mb}c{k}" if several else f"{a.mb}"
+            ax.text((e.start + e.end) / 2, y + 0.5, label, ha="center", va="center", fontsize=6)
+    for (kind, odd), (verts, colours) in groups.items():
+        hatch = ("//" if kind == "W" else "") + (".." if odd else "")
+        ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors="black", linewidths=0.3,
+                                         hatch=hatch or None))
     ax.set_xlim(0, span)
     ax.set_ylim(0, al.ranks)
     ax.set_yticks([al.ranks - 1 - r + 0.5 for r in range(al.ranks)])
     ax.set_yticklabels([f"rank {r}" for r in range(al.ranks)])
-    ax.set_xlabel("time")
+    ax.set_xlabel(f"time ({unit})")
     ax.set_title(title or f"{al.schedule.get('name')}: makespan {res.makespan:.4g}, bubble {res.bubble_ratio:.3f}")
-    ax.legend(handles=[Patch(facecolor="grey", alpha=0.45, label="forward"), Patch(facecolor="grey", label="backward"),
-                       Patch(facecolor="white", edgecolor="black", hatch="//", label="W (weight grad)")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (al.ranks + 2)), ncol=3, fontsize=7)
+    kinds = {kind for kind, _ in groups}
+    handles = [Patch(facecolor="grey", alpha=0.45, label="forward")] * ("F" in kinds)
+    handles += [Patch(facecolor="grey", label="backward")] * ("B" in kinds)
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="W (weight grad)")] * ("W" in kinds)
+    if any(odd for _, odd in groups):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="..",
+                             label="odd chunks (c1, c3, ...: <micro-batch>c<chunk>)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (al.ranks + 2)),
+              ncol=len(handles), fontsize=7)
     fig.tight_layout()
     path = Path(path)
     try:  # atomic, and marked as ours (hexicore.core.ownership)

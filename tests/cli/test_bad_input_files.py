@@ -32,7 +32,7 @@ def _one_line(code, capsys, source, field, tmp_path, out):
     ({"rope_scaling": {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1, "high_freq_factor": 4,
                        "original_max_position_embeddings": 16}}, "rope_scaling.factor"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8}}, "rope_scaling.low_freq_factor"),
-    ({"hf_model_type": "gpt2"}, "hf_model_type"),
+    ({"hf_model_type": "gpt2"}, "model.hf_model_type"),  # a type planning reads by shape; the runtime refuses it
     ({"max_position": 16}, "max_position"),  # below the model's own seq_len 32: was accepted
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
                        "original_max_position_embeddings": 16.5}},  # config.json got 16, the runtime used 16.5

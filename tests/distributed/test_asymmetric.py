@@ -99,14 +99,18 @@ def test_runtime_refusals_are_one_line_before_launch_and_evaluate_agrees(tmp_pat
     assert code == 0 and "cannot run" not in io.err
 
 
-def test_plan_warns_where_the_runtime_would_refuse_its_plan(tmp_path, capsys):
-    """A GPT-style model plans (the cost model prices it) but the torch runtime trains Llama-style
-    models only: plan says so at once, as evaluate does, rather than train at launch."""
+def test_plan_is_quiet_about_a_model_the_runtime_does_not_train(tmp_path, capsys):
+    """A GPT-style model plans (the cost model prices it); the torch runtime trains Llama-style
+    models only, which ``train`` says once, in its one-line refusal: planning does not repeat it
+    on every plan (nobody asked to train)."""
     gpt = tmp_path / "gpt.yaml"
     gpt.write_text("{name: g, arch: gpt, layers: 4, hidden: 64, heads: 4, ffn: 256, vocab: 128, seq_len: 32}\n")
     code = run_cli(["plan", "cluster=tight8", f"model_file={gpt}", "train.global_batch=8", f"out={tmp_path / 'g.json'}"])
     err = capsys.readouterr().err
-    assert code == 0 and "runtime torch cannot run this plan" in err and "Llama-style" in err
+    assert code == 0 and "cannot run" not in err
+    code = run_cli(["train", f"plan_file={tmp_path / 'g.json'}", "train.steps=1", f"out={tmp_path / 'o'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Llama-style" in err
     code = run_cli(["plan", "cluster=tight8", "model=tiny", "train.global_batch=8", f"out={tmp_path / 't.json'}"])
     assert code == 0 and "cannot run" not in capsys.readouterr().err
 

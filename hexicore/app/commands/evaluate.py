@@ -36,6 +36,9 @@ def run(cfg: DictConfig) -> int:
         console().print(prediction_table(predictions(est, plan.devices)))
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    print(f"plan valid: {len(plan.devices)} devices of {plan.cluster.name}, every layer in one stage of each of its "
+          f"{len(plan.pipelines)} pipeline{'s' if len(plan.pipelines) != 1 else ''}, every device within its memory"
+          + (f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''} above)" if warnings else ""))
     if cfg.get("out"):
         plan.save(str(cfg.out), overwrite=cfg.get("overwrite"))
         print(f"plan written to {cfg.out}")

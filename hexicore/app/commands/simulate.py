@@ -72,14 +72,15 @@ def print_summary(s: dict[str, Any], note: str | None = None) -> None:
     sched = ", ".join(f"{k}={v}" for k, v in s["schedule"].items() if k not in ("name", "auto"))
     t = Table(title=f"simulate {s['schedule'].get('name')}{f' ({sched})' if sched else ''}: P={s['ranks']}, "
                     f"M={s['micro_batches']}, {s['stages']} stages")
-    for c in ("rank", "busy", "idle", "peak activations"):
+    for c in ("rank", "busy (time units)", "idle (time units)", "peak activations (micro-batches)"):
         t.add_column(c, justify="right")
     for r, (b, a) in enumerate(zip(s["busy"], s["peak_activations"])):
         t.add_row(str(r), f"{b:.4g}", f"{s['makespan'] - b:.4g}", f"{a:.3g}")
     out = console()
     out.print(t)
     cf = s["closed_form_bubble"]
-    out.print(f"makespan {s['makespan']:.6g}   bubble ratio {s['bubble_ratio']:.4f}"
+    out.print(f"makespan {s['makespan']:.6g} time units (those of timing.forward, timing.backward and timing.comm)"
+              f"   bubble ratio {s['bubble_ratio']:.4f}"
               + (f"   (closed form {cf:.4f})" if cf is not None else "")
               + f"   weight copies {s['weight_copies']}")
     if note:

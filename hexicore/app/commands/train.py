@@ -19,14 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hexicore.app.compose import on_command_line, output_dir
 from hexicore.app.report import console, prediction_table
 from hexicore.app.sweep import record
 from hexicore.app.training import build_run_spec, create_runtime
 from hexicore.core import schema
-from hexicore.core.ownership import check_run_dir, clear_checkpoints
+from hexicore.core.ownership import RUN_CONFIG_MARK, check_run_dir, clear_checkpoints
 from hexicore.core.errors import HexicoreError, RunError
 from hexicore.registry import Registry
 
@@ -51,12 +51,33 @@ def train(cfg: DictConfig, registry: Registry) -> int:
     except HexicoreError as exc:
         raise located(exc, cfg) from None
     if metrics:
+        write_run_config(cfg, out)
         record(result_row(metrics, spec, out))
         print(summary_line(metrics, out))
         table = prediction_table(metrics.get("predicted"), metrics.get("measured"))
         if table is not None:
             console().print(table)
+        note = other_devices_note(spec, metrics, cfg)
+        if note:
+            print(note)
     return 0
+
+
+def other_devices_note(spec: Any, metrics: Mapping[str, Any], cfg: DictConfig) -> str | None:
+    """What the predicted-vs-measured errors compare when a plan for catalog GPUs ran on this
+    machine's CPU (no device emulated, no profile of this machine): a prediction for other devices."""
+    measured = metrics.get("measured") if isinstance(metrics.get("measured"), Mapping) else {}
+    if spec.cluster is None or not metrics.get("predicted") or measured.get("memory") != "rss":
+        return None
+    if str((cfg.get("cost") or {}).get("name")) == "profiled":
+        return None
+    devices = spec.layout.plan.devices
+    if any(spec.cluster.emulation(d).active for d in devices):
+        return None
+    gpus = sorted({spec.cluster.device(d).gpu.name for d in devices})
+    return (f"note: the prediction is for the plan's devices ({', '.join(gpus)}); this run measured this machine's "
+            "CPU, so the errors compare different hardware (cost=profiled with a profile of this machine, or "
+            "emulate: in the cluster file, predicts what it measures)")
 
 
 #: a schedule's and the runtime's words for a one-pipeline run's inputs -> the keys that set them
@@ -120,6 +141,16 @@ def steady_step_s(m: Mapping[str, Any]) -> float | None:
         return measured["step_s"]
     steady = list(m.get("step_s") or [])[1:]
     return statistics.median(steady) if steady else None
+
+
+def write_run_config(cfg: DictConfig, out: str) -> Path:
+    """``out/config.yaml``: the run's resolved configuration, every key (the optimizer's, the
+    data's, the model and cluster sections in full), which Hydra reads back to repeat the run:
+    ``hexicore train --config-path "$(realpath OUT)" --config-name config``."""
+    body = OmegaConf.to_yaml(OmegaConf.to_container(cfg, resolve=True))
+    head = (f"{RUN_CONFIG_MARK} (written by hexicore train: this run's resolved configuration)\n"
+            "# repeat it: hexicore train --config-path \"$(realpath THIS_FOLDER)\" --config-name config\n")
+    return schema.write_text_atomic(Path(out) / "config.yaml", head + body)
 
 
 def summary_line(m: Mapping[str, Any], out: str) -> str:

@@ -48,6 +48,8 @@ def legal(problem: Problem, dp: int, tp: int, pp: int) -> bool:
     m, t = problem.model, problem.train
     if problem.max_tp is not None and tp > problem.max_tp:
         return False
+    if tp > min((m.max_tp for m in problem.cluster.machines if m.max_tp is not None), default=tp):
+        return False  # a machine's own cap (symmetric layouts give every machine the same TP)
     if not (m.tp_divides(tp) and pp <= m.layers and t.global_batch % (dp * t.micro_batch) == 0):
         return False
     return sum(least_layers(problem, pp)) <= m.layers and \

@@ -66,6 +66,11 @@ def best_strategy(context: SearchContext, orders: list[list[Group]], n_nominal: 
     units' menus, scored by the pipeline's time at its nominal number of micro-batches."""
 
     memo: dict = {}
+    cluster = context.problem.cluster
+
+    def cap(unit: Group) -> int:  # the cluster file's per-machine max_tp
+        found = cluster.max_tp(unit)
+        return len(unit) if found is None else found
 
     def score(o: int, choice: list[int]) -> tuple[float, StageLayout | None]:
         key = (o, tuple(choice))
@@ -83,7 +88,7 @@ def best_strategy(context: SearchContext, orders: list[list[Group]], n_nominal: 
         if tuple(order) in tried:
             continue
         tried.add(tuple(order))
-        menus = [tp_menus(len(u), tuple(d for d in context.degrees if d <= len(u))) for u in order]
+        menus = [tp_menus(len(u), tuple(d for d in context.degrees if d <= min(len(u), cap(u)))) for u in order]
         pieces.append(unit_pieces(context.table, order, menus))
         for d in context.degrees:
             choice = [uniform_choice(ms, d) for ms in menus]

@@ -11,6 +11,7 @@ before any worker starts (one line, exit 2). Then the workers are launched (:mod
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -24,6 +25,7 @@ from hexicore.core.settings import CheckpointSettings, DataSettings, OptimizerSe
 from .launch.settings import LaunchSettings
 from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
 from .train.lr_schedule import check_steps
+from .train.metric_log import check_log
 
 
 # ------------------------------------------------------------ the testing aid runtime.fault
@@ -76,6 +78,8 @@ READERS = {
     "warmup_steps": lambda v: schema.integer(v, None, "runtime.warmup_steps", minimum=0),
     "min_lr": lambda v: schema.number(v, None, "runtime.min_lr", allow_zero=True),
     "clip_grad": lambda v: None if v is None else schema.number(v, None, "runtime.clip_grad"),
+    "betas": lambda v: tuple(schema.number(b, None, "runtime.betas", allow_zero=True) for b in v)
+    if isinstance(v, (list, tuple)) else v,
     "data_file": lambda v: None if v is None else str(v),
     "fault": parse_fault,
 }
@@ -187,6 +191,10 @@ class TorchRuntime:
                 check_fifo(p.actions, spec.layout.source if isinstance(spec.layout, PlanLayout) else None)
         check_steps(settings.optimizer.warmup_steps, t.steps)
         data_id = check_data(settings.data, layout)
+        check_log(settings.launch.log)
+        if settings.data.implied:
+            print(f"note: training on the token file {settings.data.file} (runtime.data=tokens, implied by "
+                  "runtime.data_file)", file=sys.stderr)
         init_from = None
         if spec.checkpoint.init_from and not resume:
             init_from = check_init_from(spec.checkpoint.init_from, layout)
@@ -221,6 +229,8 @@ class TorchRuntime:
         from .launch.launcher import launch
 
         job = self.prepare(spec, registry=registry)
+        if os.environ.get("RANK", "0") == "0":  # every check passed: say what the run starts from
+            print(spec.checkpoint.start_line(spec.train.seed), flush=True)
         results = launch([job], job.layout.world)
         return results[0]["metrics"] if results and results[0] else None
 
@@ -268,7 +278,6 @@ def final_extras(spec: RunSpec, data: DataSettings, layout: RankAssignment, init
     config and tokenizer files are), and the token file's tokenizer; checked before launch (a
     missing ``init_from`` directory, a bad ``generation_config.json``, a file in ``final/`` the run
     did not write), warnings printed here."""
-    import sys
     from pathlib import Path
 
     from hexicore.core import hf_export
@@ -284,6 +293,12 @@ def final_extras(spec: RunSpec, data: DataSettings, layout: RankAssignment, init
     extras, more = hf_export.resolve(sources, found, layout.model.vocab)
     if spec.output.out:
         check_final_extras(Path(spec.output.out) / "final", extras.names(), overwrite=spec.output.overwrite)
+    data_json = dict(extras.tokenizer.files).get("tokenizer.json") if extras.tokenizer else None
+    if found is not None and extras.tokenizer.digest == found.digest and data_json:  # final/ gets the data's tokenizer
+        from hexicore.core.hf_config import hf_config_dict
+
+        differs = hf_export.autotokenizer_mismatch(extras, hf_config_dict(layout.model, extras.tokens), data_json)
+        more = [*more, *([differs] if differs else [])]
     for line in notes + more:
         print(line, file=sys.stderr)
     return extras
@@ -308,7 +323,6 @@ def _check_resume(resume: str, layout: RankAssignment, seed: int, data_id: dict[
     """The checkpoint's ``meta.json`` is well formed, matches this run (seed, model, data, batch,
     sequence length, optimizer settings; steps left to train) and its tensors are the model's
     (headers only); the step the resumed run starts at."""
-    import sys
 
     from .checkpoint import native as checkpoint
     from .parallel.data.sync import full_shapes

@@ -83,9 +83,10 @@ def _fixed_groups(problem: Problem) -> tuple[list[Option], list[list[int]], list
 
 @dataclass
 class CpSatSolver:
-    """CP-SAT over the formulation of :mod:`.formulation`; ``workers`` search threads."""
+    """CP-SAT over the formulation of :mod:`.formulation`; ``workers`` search threads (``auto``:
+    the cores this process may use, :func:`~hexicore.planner.search.workers.available_cores`)."""
 
-    workers: int = 8
+    workers: int | str = "auto"
     fix_groups: bool = False
     log: bool = False
     use_all_devices: bool = False
@@ -94,6 +95,10 @@ class CpSatSolver:
 
     def __post_init__(self) -> None:
         """Parameters from the config or a library call: wrong types and ranges are one line."""
+        if self.workers == "auto":
+            from hexicore.planner.search.workers import available_cores
+
+            self.workers = available_cores()
         self.workers = schema.integer(self.workers, "solver cpsat", "solver.workers")
         self.allocation_exhaustive = schema.integer(self.allocation_exhaustive, "solver cpsat",
                                                     "solver.allocation_exhaustive", minimum=0)  # as hexiscale's

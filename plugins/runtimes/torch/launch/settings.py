@@ -18,6 +18,8 @@ from hexicore.core.fields import check_fields, flag, one_of, real, rule
 
 #: ``runtime.backend``: ``auto`` is NCCL where CUDA is available, else gloo
 BACKENDS = ("auto", "gloo", "nccl")
+#: ``runtime.log``: where rank 0 also logs the training metrics (:mod:`..train.metric_log`)
+LOGS = ("none", "tensorboard", "wandb")
 
 
 def known_start_method(value: Any, name: str) -> None:
@@ -34,13 +36,15 @@ class LaunchSettings:
     it), ``runtime.progress`` (a progress bar on rank 0 when stderr is a terminal),
     ``runtime.start_method`` (how the local launcher starts workers) and ``runtime.fault`` (testing
     aid: ``{"rank": r, "step": k, "kind": "die"|"hang"|"stop"}``, read by
-    :func:`~..runtime.parse_fault`; None: no fault)."""
+    :func:`~..runtime.parse_fault`; None: no fault) and ``runtime.log`` (``none``, ``tensorboard``
+    or ``wandb``: where rank 0 also logs the metrics, :mod:`..train.metric_log`)."""
 
     backend: str = rule("auto", one_of(BACKENDS, "backend"), key="runtime.backend")
     timeout_s: float = rule(120.0, real(above=0), key="runtime.timeout_s")
     progress: bool = rule(True, flag, key="runtime.progress")
     start_method: str = rule("spawn", known_start_method, key="runtime.start_method")
     fault: Mapping[str, Any] | None = rule(None, None, key="runtime.fault")
+    log: str = rule("none", one_of(LOGS, "log"), key="runtime.log")
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")

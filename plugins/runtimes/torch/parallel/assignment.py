@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from hexicore.pipeline.actions import Action, ActionList, Op
 from hexicore.core.errors import PlanError
-from hexicore.core.model import ModelSpec
+from hexicore.core.model import HF_MODEL_TYPES, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,10 @@ def check_model(model: ModelSpec, tp: int, source: str | None = None, field: str
     if model.arch != "llama":
         raise PlanError(f"the torch runtime trains Llama-style models, not arch {model.arch!r}", source=source,
                         field="model.arch")
+    if model.hf_model_type and model.hf_model_type not in HF_MODEL_TYPES:
+        raise PlanError(f"the torch runtime trains Hugging Face {', '.join(HF_MODEL_TYPES)} models, not "
+                        f"{model.hf_model_type} (planning reads any decoder's shape)", source=source,
+                        field="model.hf_model_type")
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
         if n % tp:
             raise PlanError(f"tensor-parallel degree {tp} does not divide the model's {what} ({n})", source=source,
@@ -241,6 +245,7 @@ def reference_actions(micro_batches: int) -> ActionList:
 
 def reference_layout(model: ModelSpec, *, global_batch: int, micro_batch: int, seq_len: int) -> RankAssignment:
     """The single-process reference: the whole model on rank 0, same micro-batches."""
+    check_model(model, 1)
     mbs = _micro_batches(global_batch, micro_batch)
     return build_layout(model, [(global_batch, [StageGroup((0,), model.layers)], reference_actions(mbs))],
                         global_batch=global_batch, micro_batch=micro_batch, seq_len=seq_len, world=1)

@@ -33,6 +33,7 @@ from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerS
 from ..checkpoint import native as checkpoint, sharded as sharded_checkpoint
 from ..checkpoint.hugging_face import SafeTensors
 from ..launch.settings import LaunchSettings
+from .metric_log import MetricLog
 from ..model.stage_module import Seeded
 from ..parallel.assignment import RankAssignment
 from ..parallel.layout import ParallelLayout
@@ -192,6 +193,10 @@ class Trainer:
             self.executor.clip_grad = spec.optimizer.clip_grad
         self.tokens = layout.global_batch * layout.seq_len
         self.out = Path(spec.output.out) if spec.output.out else None
+        self.log = MetricLog(spec.launch.log if rank == 0 else "none", self.out,
+                             {"schedule": layout.schedule_name, "ranks": world, "seed": spec.train.seed,
+                              "global_batch": layout.global_batch, "seq_len": layout.seq_len,
+                              **spec.optimizer.recorded()})
 
     def run(self) -> dict[str, Any] | None:
         """Train the steps left; rank 0 returns ``{"metrics": ..., "state": ...}``."""
@@ -206,11 +211,19 @@ class Trainer:
                 self.train_step(step)
                 recorder.record(self.executor)
                 bar.update(state.losses[-1], self.tokens / state.step_s[-1])
+                self.log.step(step, loss=state.losses[-1], lr=self.schedule.lr_at(step),
+                              grad_norm=state.grad_norms[-1], tokens_per_s=self.tokens / state.step_s[-1],
+                              step_s=state.step_s[-1])
                 if every and ((step + 1) % every == 0 or step + 1 == steps):
                     self.save_checkpoint()
+        except BaseException:
+            self.log.close()
+            raise
         finally:
             bar.close()
-        return self._finish(recorder)
+        result = self._finish(recorder)
+        self.log.finish(result["metrics"] if result else None, steps)
+        return result
 
     def train_step(self, step: int) -> None:
         """One step: the executor runs the action list (an idle rank adds nothing); the loss is

@@ -249,10 +249,15 @@ class SchedulePricer:
     # ------------------------------------------------------------ memory
     def peaks(self, ranks: int, n_mb: int) -> tuple[float, ...]:
         """Peak in-flight micro-batches per rank for default times (units of a rank's whole
-        share): the schedule's ``peak_rule`` where it declares one, else the simulator's count
-        on ``ScheduleSpec(ranks, n_mb)`` (``peak_activations``); cached."""
+        share): the schedule's ``peak_rule`` where it declares one, else its count along the
+        lists of ``ScheduleSpec(ranks, n_mb)`` (``peak_activations``); cached. The first time for
+        a number of ranks the lists are also simulated, so lists that deadlock are refused here
+        (a count along them would not see it; the exact price of every final plan simulates it)."""
         key = ("peaks", int(ranks), int(n_mb))
         if key not in self.cache:
+            if ("runs", int(ranks)) not in self.cache:  # its lists for P ranks run to the end (once per P:
+                self.schedule.simulate(ScheduleSpec(int(ranks), int(n_mb)))  # the counts below do not check it)
+                self.cache[("runs", int(ranks))] = True
             rule = self.schedule.peak_rule(int(ranks), int(n_mb))
             self.cache[key] = tuple(float(x) for x in (
                 rule if rule is not None else self.schedule.peak_activations(ScheduleSpec(int(ranks), int(n_mb)))))

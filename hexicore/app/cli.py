@@ -104,10 +104,11 @@ def _multirun(args: Sequence[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
 
 
-def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
+def preflight(overrides: Sequence[str], *, library: bool = False) -> list[str]:
     """Check group choices and compose once (first value of each sweep); every other value of a
     sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
-    raise HexicoreError. Several values without ``-m`` (or in the library) are refused."""
+    raise HexicoreError. Several values without ``-m`` (or in the library) are refused. Returns
+    the first job's overrides (each sweep at its first value, Hydra's own keys included)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -117,14 +118,12 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     except HydraException as exc:
         raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
     multirun = not library and _multirun(overrides)
-    trial, sweeps = [], []
+    trial, sweeps, hydra_keys = [], [], []
     for o in parsed:
         key = o.key_or_group
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and not o.is_sweep_override():
-            from hexicore.core.writable import check_creatable_dir
-
-            check_creatable_dir(o.get_value_element_as_str(), source="command line", field=key)
         if key.startswith("hydra"):
+            if not o.is_sweep_override():
+                hydra_keys.append(o.input_line)
             continue
         if o.is_sweep_override() and not multirun:
             hint = "give one value" if library else "add -m to run one job per value"
@@ -154,6 +153,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     from hexicore.app.config_schema import check_config
 
     check_config(cfg, [o.key_or_group for o in parsed])
+    return trial + hydra_keys
 
 
 def _compose(overrides: list[str]) -> Any:
@@ -209,9 +209,11 @@ def _per_job_out(cfg: Any) -> None:
     cfg.out = str(Path(hc.runtime.output_dir) / str(out))
 
 
-def _task(command: str) -> Callable:
+def _task(command: str, restore: Any = None) -> Callable:
     """The Hydra task of ``command``. In a sweep a failing job is recorded in the sweep summary
-    with its one-line error and the sweep goes on (the command exits 1 at the end)."""
+    with its one-line error and the sweep goes on (the command exits 1 at the end). A refused
+    single run leaves nothing: what Hydra wrote for it is undone (``restore``,
+    :func:`hexicore.app.hydra_output.roll_back`)."""
     module = importlib.import_module(f"hexicore.app.commands.{command.replace('-', '_')}")
 
     def task(cfg: Any) -> int:
@@ -228,7 +230,12 @@ def _task(command: str) -> Callable:
             msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else \
                 str(exc) or type(exc).__name__
             if not multirun:
-                log.info("refused: %s", msg)
+                if restore is not None:
+                    from hexicore.app.hydra_output import roll_back
+
+                    roll_back(restore)
+                else:
+                    log.info("refused: %s", msg)
                 sys.exit(fail(msg))
             return _failed_job(command, msg)
         except Exception as exc:  # noqa: BLE001 - a sweep outlives one job's bug; reported as one line
@@ -370,14 +377,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "plugins":
             return plugins_command(argv[1:])
         warn_broken_plugins()
-        if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
+        restore = None
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--version") for a in rest):
+            from hexicore.app.hydra_output import prepare
+
+            job = preflight(rest)
+            outputs = prepare(job, command, multirun=_multirun(rest))
+            rest = [a for a in rest if not a.startswith(outputs.pin.split("=", 1)[0] + "=")] + [outputs.pin]
+            restore = outputs.restore
+        elif not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--version") for a in rest):
             preflight(rest)
     except HexicoreError as exc:
         return fail(exc)
 
     import hydra
 
-    task = _task(command)
+    task = _task(command, restore)
     task.__name__ = f"hexicore_{command.replace('-', '_')}"
     wrapped = hydra.main(version_base="1.3", config_path="pkg://hexicore.conf", config_name="config")(task)
     saved = sys.argv

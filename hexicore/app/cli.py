@@ -9,6 +9,7 @@ stderr and exit status 2; every :class:`HexicoreError` raised by a command does 
 from __future__ import annotations
 
 import importlib
+import math
 import logging
 import re
 import sys
@@ -104,7 +105,7 @@ def _multirun(args: Sequence[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
 
 
-def preflight(overrides: Sequence[str], *, library: bool = False) -> list[str]:
+def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[str], int]:
     """Check group choices and compose once (first value of each sweep); every other value of a
     sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
     raise HexicoreError. Several values without ``-m`` (or in the library) are refused. Returns
@@ -117,6 +118,8 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> list[str]:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as exc:
         raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
+    except ValueError as exc:  # a number too long to convert (Python's 4300-digit limit)
+        raise HexicoreError(f"a value cannot be read: {str(exc).split(';')[0]}", source="command line") from None
     multirun = not library and _multirun(overrides)
     trial, sweeps, hydra_keys = [], [], []
     for o in parsed:
@@ -153,7 +156,8 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> list[str]:
     from hexicore.app.config_schema import check_config
 
     check_config(cfg, [o.key_or_group for o in parsed])
-    return trial + hydra_keys
+    return trial + hydra_keys, math.prod(1 + sum(1 for i, _ in dict.fromkeys(sweeps) if i == k) for k in
+                                         range(len(trial)))
 
 
 def _compose(overrides: list[str]) -> Any:
@@ -162,8 +166,12 @@ def _compose(overrides: list[str]) -> Any:
 
     from hexicore.app.compose import config_from_overrides
 
+    from omegaconf import OmegaConf
+
     try:
-        return config_from_overrides(overrides)
+        cfg = config_from_overrides(overrides)
+        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves (none refers to itself)
+        return cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise _config_error(exc) from None
 
@@ -329,6 +337,20 @@ _MODES = {"-m": "-m", "--multirun": "-m", "--cfg": "--cfg", "-c": "--cfg", "--in
           "--run": "--run", "-r": "--run", "--shell-completion": "--shell-completion", "-sc": "--shell-completion"}
 
 
+def _check_flags(args: Sequence[str]) -> None:
+    """Hydra's own argument parser on ``args``, its complaint (an unknown flag, ``--cfg`` without
+    one of its choices) one line instead of argparse's usage and exit."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:
+        raise HexicoreError(message, source="command line")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    parser.parse_args(list(args))
+
+
 def hydra_args(args: Sequence[str]) -> list[str]:
     """``args`` as Hydra reads them: a bare ``--info``/``-i`` gets its default topic, ``all``
     (Hydra would read the next word, an override or the job name the CLI adds, as the topic);
@@ -338,6 +360,7 @@ def hydra_args(args: Sequence[str]) -> list[str]:
     for i in range(len(out) - 1, -1, -1):
         if out[i] in ("--info", "-i") and (i + 1 == len(out) or out[i + 1] not in _INFO_TOPICS):
             out.insert(i + 1, "all")
+    _check_flags(out)
     modes = sorted({_MODES[a] for a in out if a in _MODES})
     if len(modes) > 1:
         raise HexicoreError(f"{' and '.join(modes)} cannot be combined; give one of -m, --cfg, --info",
@@ -381,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--version") for a in rest):
             from hexicore.app.hydra_output import prepare
 
-            job = preflight(rest)
-            outputs = prepare(job, command, multirun=_multirun(rest))
+            job, jobs = preflight(rest)
+            outputs = prepare(job, command, multirun=_multirun(rest), jobs=jobs)
             rest = [a for a in rest if not a.startswith(outputs.pin.split("=", 1)[0] + "=")] + [outputs.pin]
             restore = outputs.restore
         elif not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--version") for a in rest):

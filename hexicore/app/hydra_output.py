@@ -79,12 +79,12 @@ def _relative_inside(value: Any, field: str) -> None:
                             field=field)
 
 
-def hexicore_hydra_folder(folder: Path) -> bool:
-    """``folder`` (a run's ``.hydra/``) was written by a hexicore run: its ``hydra.yaml`` names the
-    ``hexicore`` app."""
+def hexicore_hydra_file(path: Path) -> bool:
+    """``path`` (a run's ``.hydra/hydra.yaml``, a sweep's ``multirun.yaml``) was written by Hydra
+    for hexicore: its ``hydra.help.app_name`` is ``hexicore``."""
     import yaml
 
-    fh = open_regular(folder / "hydra.yaml")
+    fh = open_regular(path)
     if fh is None:
         return False
     try:
@@ -114,9 +114,8 @@ def _missing_folders(folder: Path) -> list[Path]:
     return missing
 
 
-def _run_dir(run_dir: str, subdir: Any, job: str) -> Restore:
+def _run_dir(run_dir: str, subdir: Any, job: str, *, field: str = "hydra.run.dir") -> Restore:
     """Check a single run's directory and record what a refusal restores."""
-    field = "hydra.run.dir"
     if not run_dir.strip():
         raise HexicoreError("is empty; give a folder for the run's log and .hydra/ (or leave the default)",
                             source="command line", field=field)
@@ -137,9 +136,9 @@ def _run_dir(run_dir: str, subdir: Any, job: str) -> Restore:
         present = [hydra_dir / n for n in HYDRA_FILES if (hydra_dir / n).exists() or (hydra_dir / n).is_symlink()]
         for f in present:
             refuse_special(f, "hydra.output_subdir")
-        if present and not hexicore_hydra_folder(hydra_dir):
-            raise HexicoreError("holds Hydra files another program wrote; refusing to replace them (choose another "
-                                "hydra.run.dir)", source=str(hydra_dir), field="hydra.run.dir")
+        if present and not hexicore_hydra_file(hydra_dir / "hydra.yaml"):
+            raise HexicoreError(f"holds Hydra files another program wrote; refusing to replace them (choose another "
+                                f"{field})", source=str(hydra_dir), field=field)
         for name in HYDRA_FILES:
             f = hydra_dir / name
             kept = None
@@ -158,14 +157,16 @@ def _run_dir(run_dir: str, subdir: Any, job: str) -> Restore:
     size = None
     if log.exists() or log.is_symlink():
         if not hexicore_log(log):
-            raise HexicoreError("exists and is not a hexicore job log; refusing to append to it (choose another "
-                                "hydra.run.dir)", source=str(log), field=field)
+            raise HexicoreError(f"exists and is not a hexicore job log; refusing to append to it (choose another "
+                                f"{field})", source=str(log), field=field)
         size = log.stat().st_size
     return Restore(tuple(folders), tuple(files), (log, size))
 
 
-def _sweep_dir(sweep_dir: str, subdir: Any) -> None:
-    """Check a multirun's sweep directory: absent, empty, or an earlier hexicore sweep's."""
+def _sweep_dir(sweep_dir: str, subdirs: Sequence[str], output_subdir: Any, job: str) -> None:
+    """Check a multirun's sweep directory: its files (``multirun.yaml``, the summaries) absent or
+    an earlier hexicore sweep's, and each job's folder (``subdirs``, those that resolve before the
+    sweep starts) as a run's (:func:`_run_dir`)."""
     field = "hydra.sweep.dir"
     if not sweep_dir.strip():
         raise HexicoreError("is empty; give a folder for the sweep (or leave the default)", source="command line",
@@ -174,20 +175,43 @@ def _sweep_dir(sweep_dir: str, subdir: Any) -> None:
     statable(d, field, "command line")
     refuse_special(d, field)
     check_creatable_dir(sweep_dir, source="command line", field=field)
-    _relative_inside(subdir, "hydra.sweep.subdir")
+    for sub in subdirs:
+        _relative_inside(sub, "hydra.sweep.subdir")
+    _relative_inside(output_subdir, "hydra.output_subdir")
     if not d.is_dir():
         return
     for name in (*SWEEP_FILES, SWEEP_MARK):
         refuse_special(d / name, field)
-    if any(True for _ in d.iterdir()) and not (d / SWEEP_MARK).is_dir():
-        raise HexicoreError(f"is a folder that no hexicore sweep made (it holds no {SWEEP_MARK}/); refusing to write "
-                            "a sweep into it (choose another or an empty hydra.sweep.dir)", source=str(d), field=field)
+    ours = (d / SWEEP_MARK).is_dir()
+    for name in SWEEP_FILES:
+        f = d / name
+        if (f.exists() or f.is_symlink()) and not (ours and (name != "multirun.yaml" or hexicore_hydra_file(f))):
+            raise HexicoreError(f"exists and is not a file an earlier hexicore sweep wrote here; refusing to replace it "
+                                "(choose another hydra.sweep.dir)", source=str(f), field=field)
+    for sub in subdirs:
+        _run_dir(str(d / sub), output_subdir, job, field=field)
 
 
-def prepare(overrides: Sequence[str], command: str, *, multirun: bool) -> HydraOutput:
+def _job_folders(cfg: Any, jobs: int) -> list[str]:
+    """``hydra.sweep.subdir`` of each of ``jobs`` jobs, where it resolves from the job's number
+    alone (the default, ``${hydra.job.num}``); [] where it needs what only the job knows."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    found = []
+    for num in range(min(jobs, 4096)):
+        OmegaConf.update(cfg, "hydra.job.num", num, force_add=True)
+        try:
+            found.append(str(OmegaConf.select(cfg, "hydra.sweep.subdir", throw_on_missing=True)))
+        except OmegaConfBaseException:
+            return []
+    return found
+
+
+def prepare(overrides: Sequence[str], command: str, *, multirun: bool, jobs: int = 1) -> HydraOutput:
     """Resolve Hydra's output paths for ``overrides`` (one job's ``key=value`` list, Hydra's keys
-    included), check them (module docstring) and return the pinning override and what a refusal
-    restores. Every problem is one :class:`HexicoreError`."""
+    included; a multirun of ``jobs`` jobs), check them (module docstring) and return the pinning
+    override and what a refusal restores. Every problem is one :class:`HexicoreError`."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import setup_globals
@@ -205,10 +229,8 @@ def prepare(overrides: Sequence[str], command: str, *, multirun: bool) -> HydraO
             cfg = compose(config_name="config", overrides=lines, return_hydra_config=True)
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        if multirun:
-            subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
-        else:
-            subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+        subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+        subdirs = _job_folders(cfg, jobs) if multirun else []
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         first = (str(cause).strip().splitlines() or [type(exc).__name__])[0]
@@ -218,7 +240,7 @@ def prepare(overrides: Sequence[str], command: str, *, multirun: bool) -> HydraO
         GlobalHydra.instance().hydra = outer
     value = "" if value is None else str(value)
     if multirun:
-        _sweep_dir(value, subdir)
+        _sweep_dir(value, subdirs, subdir, job)
         return HydraOutput(f"hydra.sweep.dir={_quoted(value)}", None)
     return HydraOutput(f"hydra.run.dir={_quoted(value)}", _run_dir(value, subdir, job))
 

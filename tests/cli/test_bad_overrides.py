@@ -97,7 +97,7 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
     try:
         monkeypatch.setattr(launch.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
         assert launch.set_threads(1, announce=True) == 8 == torch.get_num_threads()
-        assert "torch threads per rank: 8 (8 cores, load 0, 1 local rank)" in capsys.readouterr().err
+        assert "torch threads per rank: 8 (8 cores, load 0, 1 local rank)" in capsys.readouterr().out
         assert launch.set_threads(3) == 2  # an idle machine split among three local ranks
         monkeypatch.setattr(launch.os, "getloadavg", lambda: (6.5, 0.0, 0.0))
         assert launch.set_threads(1) == 2  # six cores kept busy by others: use the two left

@@ -360,14 +360,15 @@ def hydra_args(args: Sequence[str]) -> list[str]:
     for i in range(len(out) - 1, -1, -1):
         if out[i] in ("--info", "-i") and (i + 1 == len(out) or out[i + 1] not in _INFO_TOPICS):
             out.insert(i + 1, "all")
-    _check_flags(out)
     modes = sorted({_MODES[a] for a in out if a in _MODES})
     if len(modes) > 1:
         raise HexicoreError(f"{' and '.join(modes)} cannot be combined; give one of -m, --cfg, --info",
                             source="command line")
     valued = {i + 1 for i, a in enumerate(out) if a in _VALUED_FLAGS}  # the word after --cfg, -p, --info
     first = [i for i, a in enumerate(out) if a.startswith("-") or i in valued]  # Hydra takes no override after a flag
-    return [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
+    ordered = [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
+    _check_flags(ordered)
+    return ordered
 
 
 def main(argv: Sequence[str] | None = None) -> int:

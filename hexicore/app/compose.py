@@ -89,14 +89,31 @@ def load_cluster(cfg: DictConfig) -> Cluster:
     return cluster
 
 
+#: the keys that choose or change a model or a cluster (a plan carries its own)
+MODEL_AND_CLUSTER = ("model", "cluster", "model_file", "cluster_file", "exclude")
+
+
+def _model_or_cluster_overrides() -> list[str]:
+    """The keys of :data:`MODEL_AND_CLUSTER` (or below them, ``model.layers``) this Hydra job's
+    command line gives; [] outside a Hydra job."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - no Hydra job (library use, compose API)
+        return []
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in task]
+    return [k for k in keys if k.split(".")[0] in MODEL_AND_CLUSTER]
+
+
 def load_plan_file(cfg: DictConfig) -> tuple[Plan, str]:
     """``plan_file=PATH`` parsed and structurally checked, with its path. The plan carries its
-    model and cluster, so a ``model_file=``/``cluster_file=`` beside it, which would be ignored,
-    is refused."""
-    for key in ("model_file", "cluster_file"):
-        if cfg.get(key):
-            raise HexicoreError("has no effect beside plan_file= (the plan carries its model and cluster): drop it",
-                                source="command line", field=key)
+    model and cluster, so a ``model_file=``/``cluster_file=``, ``model=``/``cluster=``, a
+    ``model.*``/``cluster.*`` key or ``exclude=`` beside it, which would be ignored, is refused."""
+    given = [key for key in ("model_file", "cluster_file") if cfg.get(key)] + _model_or_cluster_overrides()
+    if given:
+        raise HexicoreError("has no effect beside plan_file= (the plan carries its model and cluster): drop it",
+                            source="command line", field=given[0])
     path = str(cfg.plan_file)
     return Plan.load(path), path
 

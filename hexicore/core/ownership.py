@@ -372,8 +372,13 @@ def check_run_dir(path: str | Path, *, resume: str | None = None, overwrite: boo
     ``final/`` holds a foreign file (:func:`check_run_folders`), or when it already holds another run's
     checkpoints — unless ``resume`` continues that run (``resume`` lies in this directory) or
     ``overwrite=true``, which clears hexicore's own checkpoints (returned; nothing else goes).
-    ``overwrite=false`` refuses any existing metrics or checkpoint."""
+    ``overwrite=false`` refuses any existing metrics or checkpoint. A directory inside the
+    checkpoint ``resume`` names (``resume=.../step_1 out=.../step_1``) is refused."""
     d = check_dir(path, [("metrics.json", "hexicore.metrics")], overwrite=overwrite, field=field)
+    if resume and _inside(d, Path(resume)) and re.fullmatch(r"step_\d+(\.pt)?", Path(resume).resolve().name):
+        raise HexicoreError(f"lies inside the checkpoint it resumes from ({resume}); a run never writes into its "
+                            "own checkpoint: give out= the run's folder (the one holding checkpoints/) or another",
+                            source=str(d), field=field)
     check_run_folders(d, tuple(folders), overwrite=overwrite, field=field)
     steps = _step_entries(d)
     if not steps:

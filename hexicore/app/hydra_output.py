@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hexicore.core.errors import HexicoreError
-from hexicore.core.ownership import open_regular
+from hexicore.core.schema import open_regular
 from hexicore.core.writable import check_creatable_dir, nearest_existing, refuse_special, statable
 
 #: the files Hydra writes in ``hydra.output_subdir``

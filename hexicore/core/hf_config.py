@@ -61,9 +61,14 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
     architecture and a ``model_type`` naming two different ones are refused (transformers builds
     the ``model_type``'s class, whatever ``architectures`` says)."""
     archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise HexicoreError("expected a list of class names (strings), as transformers writes it", source=source,
+                            field="architectures")
     by_arch = {v: k for k, v in ARCHITECTURES.items()}
     mt = d.get("model_type")
-    for a in archs if isinstance(archs, list) else []:
+    if mt is not None and not isinstance(mt, str):
+        raise HexicoreError(f"expected a string, got {type(mt).__name__}", source=source, field="model_type")
+    for a in archs:
         if a in by_arch:
             if isinstance(mt, str) and mt in ARCHITECTURES and mt != by_arch[a]:
                 raise HexicoreError(f"{a} is a {by_arch[a]} model but model_type is {mt!r} (transformers would "
@@ -71,7 +76,8 @@ def _model_type(d: Mapping[str, Any], source: str) -> str:
             return by_arch[a]
     if isinstance(mt, str) and mt in ARCHITECTURES:
         return str(mt)
-    named = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else repr(mt)
+    named = ", ".join(archs) if archs else repr(mt)
+    named = named if len(named) <= 120 else named[:117] + "..."
     raise HexicoreError(f"unsupported architecture {named}; supported: {', '.join(ARCHITECTURES.values())}",
                         source=source, field="architectures" if archs else "model_type")
 
@@ -156,7 +162,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     if not isinstance(bias, bool):
         raise HexicoreError("expected true or false", source=source, field="attention_bias")
     try:
-        return ModelSpec(
+        spec = ModelSpec(
             name=str(d.get("_name_or_path") or Path(source).parent.name or mt), layers=integer("num_hidden_layers"),
             hidden=hidden, heads=heads, kv_heads=integer("num_key_value_heads", heads), ffn=integer("intermediate_size"),
             vocab=integer("vocab_size"), seq_len=seq_len, tied_embeddings=tied,
@@ -166,6 +172,8 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
+    special_tokens(d, source, spec.vocab)  # checked where read: plan and train accept the same files
+    return spec
 
 
 #: the special token ids of a Hugging Face config, as :class:`SpecialTokens` names them
@@ -209,7 +217,8 @@ def token_id(value: Any, source: str, field: str, vocab: int | None, *, several:
         what = "an integer id or a list of them" if several else "an integer id or null"
         raise HexicoreError(f"expected {what}, got {value!r}"[:200], source=source, field=field)
     if vocab is not None and value >= vocab:
-        raise HexicoreError(f"id {value} is outside the vocabulary of {vocab}", source=source, field=field)
+        shown = f"{value}" if abs(value) < 10**30 else "a number of more than 30 digits"
+        raise HexicoreError(f"id {shown} is outside the vocabulary of {vocab}", source=source, field=field)
     return value
 
 

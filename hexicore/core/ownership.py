@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core.errors import HexicoreError
+from hexicore.core.schema import open_regular
 from hexicore.core.writable import parent_is_a_folder, refuse_special, statable
 
 #: the Software text written into every PNG hexicore draws
@@ -38,25 +39,6 @@ _HEAD = 1 << 20
 _WHOLE = 256 << 20
 _FORMAT = re.compile(rb'^\s*\{\s*"format"\s*:\s*"(hexicore\.[A-Za-z0-9_]+)')
 _GENERATOR = re.compile(rb'"otherData"\s*:\s*\{\s*"generator"\s*:\s*"hexicore"\s*\}\s*\}\s*$')
-
-
-def open_regular(path: Path) -> Any:
-    """``path`` opened for binary reading when it is a regular file (links followed), else None:
-    a FIFO is never waited on, a device never read (the check runs on the opened file)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return os.fdopen(fd, "rb")
-    except OSError:
-        os.close(fd)
-        return None
 
 
 def png_metadata(what: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import uuid
 import math
 import re
@@ -144,16 +145,55 @@ def path_arg(value: Any, field: str) -> Path:
     return Path(value)
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """A file's non-empty text; a missing, unreadable or empty file is a one-line error."""
+def open_regular(path: Path) -> Any:
+    """``path`` opened for binary reading when it is a regular file (links followed), else None:
+    a FIFO is never waited on, a device never read (the check runs on the opened file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return os.fdopen(fd, "rb")
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def read_bytes(path: str | Path, what: str, field: str | None = None) -> bytes:
+    """A regular file's bytes, at most the size limit of a ``what`` file
+    (:func:`hexicore.core.limits.file_bytes`); a directory, a device, FIFO or socket, a missing
+    or larger file is a one-line error, and nothing beyond the limit is read."""
+    from hexicore.core.limits import file_bytes
+
     path = Path(path)
     if path.is_dir():
-        raise HexicoreError(f"a directory, not a {what} file", source=str(path))
-    if not path.is_file():
-        raise HexicoreError(f"{what} file not found", source=str(path))
+        raise HexicoreError(f"a directory, not a {what} file", source=str(path), field=field)
+    fh = open_regular(path)
+    if fh is None:
+        found = path.exists()
+        raise HexicoreError(f"not a regular file; a {what} file is read from a regular file" if found else
+                            f"{what} file not found", source=str(path), field=field)
+    limit = file_bytes(what)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        with fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise HexicoreError(f"cannot read {what} file: {exc.strerror}", source=str(path), field=field) from None
+    if len(data) > limit:
+        raise HexicoreError(f"is larger than hexicore's limit of {limit:,} bytes for a {what} file "
+                            "(docs/formats.md, Limits)", source=str(path), field=field)
+    return data
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A file's non-empty text (:func:`read_bytes`: regular, bounded); a missing, unreadable or
+    empty file is a one-line error."""
+    try:
+        text = read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise HexicoreError(f"cannot read {what} file: {exc}", source=str(path)) from None
     if not text.strip():
         raise HexicoreError(f"{what} file is empty", source=str(path))

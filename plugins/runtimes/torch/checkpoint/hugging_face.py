@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.limits import file_bytes
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -47,9 +48,10 @@ def weight_files(folder: str | Path, field: str = "init_from") -> dict[str, Path
 
 def _index_files(d: Path, field: str) -> dict[str, Path]:
     src = str(d / INDEX)
+    raw = schema.read_bytes(d / INDEX, "safetensors index", field=field)
     try:
-        wm = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError):
+        wm = json.loads(raw)["weight_map"]
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise HexicoreError("unreadable index: no weight_map", source=src, field=field) from None
     if not isinstance(wm, dict) or not wm:
         raise HexicoreError("weight_map must be a non-empty mapping of tensor name -> shard file name", source=src,
@@ -75,11 +77,14 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
     every entry has a dtype, a shape and data offsets, and the data the header declares is the
     rest of the file (a truncated or padded file is refused here, not in a worker)."""
     p = Path(path)
+    fh = schema.open_regular(p)
+    if fh is None:
+        raise HexicoreError("not a regular file" if p.exists() else "no such file", source=str(p), field=field)
     try:
-        with open(p, "rb") as f:
+        with fh as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            if n > 1 << 30:
-                raise ValueError("header too large")
+            if n > file_bytes("safetensors header"):
+                raise ValueError(f"a header of {n:,} bytes is above the limit of {file_bytes('safetensors header'):,}")
             head = json.loads(f.read(n))
         size = p.stat().st_size
         if not isinstance(head, dict):

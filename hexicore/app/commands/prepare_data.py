@@ -54,9 +54,11 @@ def input_files(spec: Any) -> list[Path]:
     return list(first.values())
 
 
-def pieces(text: str, size: int = TOKENIZER_PIECE) -> Iterator[str]:
-    """``text`` cut into pieces of at most ``size`` characters, each cut after a line break or
-    before a space where the piece has one (so that words stay whole), for the tokenizer."""
+def pieces(text: str, size: int | None = None) -> Iterator[str]:
+    """``text`` cut into pieces of at most ``size`` characters (default
+    :data:`~hexicore.core.limits.TOKENIZER_PIECE`), each cut after a line break or before a
+    space where the piece has one (so that words stay whole), for the tokenizer."""
+    size = size or TOKENIZER_PIECE
     while len(text) > size:
         cut = text.rfind("\n", 0, size) + 1 or text.rfind(" ", 1, size)
         cut = cut if cut > 0 else size

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hexicore.core.cluster import parse_cluster
-from hexicore.core.errors import HexicoreError, shown
+from hexicore.core.errors import HexicoreError
 from hexicore.core.hf_config import load_hf_config
 from tests.conftest import run_cli
 
@@ -70,6 +70,8 @@ def test_synth_sections_are_finite_and_in_range(params, field):
 
 
 def test_error_messages_show_bounded_values():
+    from hexicore.core.errors import shown
+
     assert shown(10**5000).startswith("an integer of about 5")
     assert len(shown(list(range(10**6)))) <= 80 and "1000000 items" in shown(list(range(10**6)), 200)
     assert len(shown("x" * 10**6)) <= 80 and shown({"a": [10**5000]}, 200).count("digits") == 1

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.limits import file_bytes
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -115,18 +115,19 @@ def _entry_end(name: str, v: Any) -> int:
     the file: a dtype name, a shape of whole numbers, and data offsets ``[begin, end]`` spanning
     exactly the tensor's bytes for the common dtypes (so no malformed entry reaches a worker)."""
     if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-        raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
+        raise ValueError(f"tensor {shown(name)} has no dtype, shape and data_offsets")
     dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
     if not isinstance(dtype, str):
-        raise ValueError(f"tensor {name!r} has dtype {dtype!r}, not a name")
+        raise ValueError(f"tensor {shown(name)} has dtype {shown(dtype)}, not a name")
     if not isinstance(shape, list) or not all(_whole(x) for x in shape):
-        raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of whole numbers")
+        raise ValueError(f"tensor {shown(name)} has shape {shown(shape)}, not a list of whole numbers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(x) for x in offsets)
             and offsets[0] <= offsets[1]):
-        raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+        raise ValueError(f"tensor {shown(name)} has data_offsets {shown(offsets)}, not [begin, end]")
     need = WIDTHS.get(dtype, 0) * math.prod(shape)
     if dtype in WIDTHS and offsets[1] - offsets[0] != need:
-        raise ValueError(f"tensor {name!r} spans {offsets[1] - offsets[0]} bytes, its dtype and shape need {need}")
+        raise ValueError(f"tensor {shown(name)} spans {shown(offsets[1] - offsets[0])} bytes, its dtype and shape need "
+                         f"{shown(need)}")
     return offsets[1]
 
 
@@ -134,9 +135,10 @@ def _contiguous_end(head: dict[str, Any]) -> int:
     """The end of the data, the tensors (each checked by :func:`_entry_end`) laid back to back
     from offset 0 with no gap or overlap, as safetensors requires."""
     end = 0
-    for begin, stop, name in sorted((v["data_offsets"][0], _entry_end(n, v), n) for n, v in head.items()):
+    ends = {n: _entry_end(n, v) for n, v in head.items()}  # each entry checked before its offsets are read
+    for begin, stop, name in sorted((head[n]["data_offsets"][0], stop, n) for n, stop in ends.items()):
         if begin != end:
-            raise ValueError(f"tensor {name!r} starts at byte {begin}, the previous data ends at {end}")
+            raise ValueError(f"tensor {shown(name)} starts at byte {shown(begin)}, the previous data ends at {shown(end)}")
         end = stop
     return end
 

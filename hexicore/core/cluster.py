@@ -369,7 +369,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             schema.integer(schema.get(m, "count", source, fp), source, schema.dotted(fp, "count"), minimum=1),
             limits.bandwidth(schema.get(m, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
             limits.latency(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us")),
-            parse_emulation(m.get("emulate", {}), source, schema.dotted(fp, "emulate")),
+            parse_emulation(m["emulate"], source, schema.dotted(fp, "emulate")) if "emulate" in m else Emulation(),
             None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
         ))
     limits.check(sum(m.count for m in machines), limits.MAX_DEVICES, "GPUs", source=source,

@@ -52,14 +52,12 @@ class Emulation:
 
 
 def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
-    """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (absent, passed as ``{}``:
+    """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (the key given; absent is
     :class:`Emulation`()); ``emulate: null`` is refused (it says nothing: leave the key out)."""
     if raw is None:
         raise HexicoreError("emulate: null says nothing; give {slowdown: K} or {tflops: X}, or leave the key out",
                             source=source, field=fp)
     e = schema.as_mapping(raw, source, fp)
-    if not e:
-        return Emulation()
     schema.known_keys(e, set(RANGES), source, fp)
     if len(e) != 1:
         raise HexicoreError("give one of slowdown (times the host's work) or tflops (a fixed speed)",

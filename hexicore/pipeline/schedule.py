@@ -228,6 +228,11 @@ class ActionSchedule(ABC):
     def params(self) -> dict[str, Any]:
         return {}
 
+    def unrecorded(self) -> str | None:
+        """What a plan's reference to this schedule lacks to rebuild the lists it was priced with
+        (a schedule the planner resolves per pipeline records the result; None: nothing)."""
+        return None
+
     def ordered(self, spec: ScheduleSpec) -> ActionList:  # checked before anything reads it
         return check_built(self.order(spec), self.name, spec.ranks, spec.micro_batches)
 

@@ -96,6 +96,10 @@ class Synth(ActionSchedule):
             out["hop_times"] = [float(x) for x in (self.hop_times or [0.0] * (len(self.stage_times) - 1))]
         return out
 
+    def unrecorded(self) -> str | None:
+        """A plan's synth section records the times its lists were synthesised for."""
+        return None if self.stage_times is not None else "stage_times and hop_times (the times its lists were built for)"
+
     def cap(self, ranks: int) -> float | tuple[float, ...]:
         """The cap on peak in-flight micro-batches: one number, or one per rank."""
         if self.memory is None:

@@ -136,3 +136,18 @@ def test_a_sidecar_that_lies_about_its_largest_id_is_caught_where_ids_are_read(t
     with pytest.raises(HexicoreError, match="60000") as err:
         source.batch(0)
     assert err.value.field == "runtime.data_file"
+
+
+def test_a_plans_synth_section_carries_its_lists(tmp_path, monkeypatch, capsys):
+    """A plan whose synth section has no stage_times/hop_times: evaluate (and train) rebuilt other
+    lists than the plan was priced with, exit 0, no word."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["plan", "model=tiny", "solver=megatron", "out=p.json"]) == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    for pipe in plan["pipelines"]:
+        pipe["schedule"] = {"name": "synth", "memory": 2}
+    (tmp_path / "s.json").write_text(json.dumps(plan))
+    capsys.readouterr()
+    code = run_cli(["evaluate", "plan_file=s.json"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "pipelines[0].schedule" in err and "stage_times" in err, err

@@ -117,3 +117,35 @@ def test_a_json_line_above_its_limit_is_refused_and_leaves_nothing(tmp_path, mon
     refused(["prepare-data", "input=b.jsonl", "tokenizer=tokenizer.json", "out=x.bin", "prepare.batch_docs=1"],
             capsys, "line 2", "limit of 200 bytes")
     assert tree(tmp_path) == before
+
+
+def test_sigterm_while_tokenizing_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The temporary token file is removed on every exit path: an error, Ctrl-C, and SIGTERM
+    (which ended the process without running the clean-up). Run in a forked child, where the
+    signal's default would end only the child."""
+    import signal
+
+    from hexicore.app.commands import prepare_data
+
+    tok = _tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+
+    def documents(files, text_key):
+        yield "some words", 10, True
+        os.kill(os.getpid(), signal.SIGTERM)
+        yield "more words", 10, True
+
+    monkeypatch.setattr(prepare_data, "documents", documents)
+    pid = os.fork()
+    if pid == 0:  # the child: tokenize, then leave at once with the exit status it got
+        code = 0
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text", batch_docs=1)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGTERM, status
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]

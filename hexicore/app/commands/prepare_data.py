@@ -203,6 +203,27 @@ def _batches(parts: Iterator[tuple[str, int, bool]], size: int) -> Iterator[tupl
         yield batch, nbytes
 
 
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While the token file is written, SIGTERM leaves through Python's exit path (``finally``
+    blocks remove the temporary file), as Ctrl-C does; the handler before is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str, batch_docs: int,
              progress: Any = None) -> tuple[dict[str, Any], int]:
     """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats
@@ -219,7 +240,7 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     doc: list[list[int]] = []  # the ids of the document being read, piece by piece
     text_seen = False  # whether it has any non-blank piece
     try:
-        with tmp.open("wb") as fh:
+        with _sigterm_exits(), tmp.open("wb") as fh:
             for batch, nbytes in _batches(documents(files, text_key), batch_docs):
                 encs = tok.encode_batch([t for t, _ in batch], add_special_tokens=False)
                 written: list[int] = []

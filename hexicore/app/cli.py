@@ -9,8 +9,8 @@ stderr and exit status 2; every :class:`HexicoreError` raised by a command does 
 from __future__ import annotations
 
 import importlib
-import math
 import logging
+import math
 import re
 import sys
 from typing import Any, Callable, Sequence
@@ -109,7 +109,8 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[
     """Check group choices and compose once (first value of each sweep); every other value of a
     sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
     raise HexicoreError. Several values without ``-m`` (or in the library) are refused. Returns
-    the first job's overrides (each sweep at its first value, Hydra's own keys included)."""
+    the first job's overrides (each sweep at its first value, Hydra's own keys included) and the
+    number of jobs."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -162,11 +163,10 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[
 
 def _compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from hexicore.app.compose import config_from_overrides
-
-    from omegaconf import OmegaConf
 
     try:
         cfg = config_from_overrides(overrides)

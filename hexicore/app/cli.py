@@ -393,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from hexicore.app.config_schema import store_schema
 
-        rest = hydra_args(rest)
+        rest = hydra_args(rest) if command != "plugins" else rest  # plugins takes no argument: it says so itself
         store_schema()
         Registry.default().store_configs()
         from hexicore.app.commands.plugins import plugins_command, warn_broken_plugins

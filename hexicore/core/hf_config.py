@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.fields import is_whole
 from hexicore.core.model import HF_ARCHITECTURES as ARCHITECTURES, ModelSpec, rope_scaling_pairs
 
@@ -215,7 +215,7 @@ def token_id(value: Any, source: str, field: str, vocab: int | None, *, several:
         return tuple(token_id(v, source, field, vocab) for v in value)
     if not is_whole(value):
         what = "an integer id or a list of them" if several else "an integer id or null"
-        raise HexicoreError(f"expected {what}, got {value!r}"[:200], source=source, field=field)
+        raise HexicoreError(f"expected {what}, got {shown(value)}"[:200], source=source, field=field)
     if vocab is not None and value >= vocab:
         shown = f"{value}" if abs(value) < 10**30 else "a number of more than 30 digits"
         raise HexicoreError(f"id {shown} is outside the vocabulary of {vocab}", source=source, field=field)
@@ -234,7 +234,7 @@ def hf_config_dict(spec: ModelSpec, tokens: SpecialTokens | None = None) -> dict
     Llama config for hexicore's own Llama-style specs), with the special token ids ``tokens``
     gives (none for hexicore's own model YAMLs)."""
     if spec.arch != "llama":
-        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {spec.arch!r}",
+        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {shown(spec.arch)}",
                             field="model.arch")
     mt = spec.hf_model_type or "llama"
     rope: dict[str, Any] = {"rope_theta": spec.rope_theta, "rope_type": "default"}

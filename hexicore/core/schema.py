@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 _MISSING = object()
 
@@ -94,10 +94,10 @@ def number(value: Any, source: str | None, field: str, *, positive: bool = True,
     if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HexicoreError(f"expected a number, got {value!r}{_yaml11(value)}", source=source, field=field)
+        raise HexicoreError(f"expected a number, got {shown(value)}{_yaml11(value)}", source=source, field=field)
     value = float(value)
     if not math.isfinite(value):
-        raise HexicoreError(f"expected a finite number, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a finite number, got {shown(value)}", source=source, field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         bound = ">= 0" if allow_zero else "> 0"
         raise HexicoreError(f"must be {bound}, got {value:g}", source=source, field=field)
@@ -110,11 +110,11 @@ def integer(value: Any, source: str | None, field: str, *, minimum: int | None =
     if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         value = float(value)
     if isinstance(value, bool):
-        raise HexicoreError(f"expected an integer, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected an integer, got {shown(value)}", source=source, field=field)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
-        raise HexicoreError(f"expected an integer, got {value!r}{_yaml11(value)}", source=source, field=field)
+        raise HexicoreError(f"expected an integer, got {shown(value)}{_yaml11(value)}", source=source, field=field)
     if minimum is not None and value < minimum:
         raise HexicoreError(f"must be >= {minimum}, got {value}", source=source, field=field)
     return value
@@ -133,7 +133,7 @@ def _yaml11(value: Any) -> str:
 def string(value: Any, source: str | None, field: str) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
-        raise HexicoreError(f"expected a non-empty string, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a non-empty string, got {shown(value)}", source=source, field=field)
     return value
 
 
@@ -141,7 +141,7 @@ def path_arg(value: Any, field: str) -> Path:
     """A library argument that names a file: a non-empty ``str`` or path-like, else one line
     naming the argument ``field``."""
     if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise HexicoreError(f"expected a file path, got {type(value).__name__} {value!r}", field=field)
+        raise HexicoreError(f"expected a file path, got {type(value).__name__} {shown(value)}", field=field)
     return Path(value)
 
 

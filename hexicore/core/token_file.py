@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 FORMAT = "hexicore.tokens/1"
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -82,7 +82,7 @@ class TokenFile:
             raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=src, field="format")
         dtype = meta.get("dtype")
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", source=src, field="dtype")
+            raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {shown(dtype)}", source=src, field="dtype")
         vocab = schema.integer(meta.get("vocab"), src, "vocab")
         if p.is_dir():
             raise HexicoreError("is a directory, not a token file", source=str(p), field="runtime.data_file")
@@ -169,7 +169,7 @@ def _text(value: Any, src: str, field: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise HexicoreError(f"expected text, got {value!r}"[:200], source=src, field=field)
+        raise HexicoreError(f"expected text, got {shown(value)}"[:200], source=src, field=field)
     return value
 
 

@@ -82,7 +82,7 @@ class Synth(ActionSchedule):
             need(self.stage_times is not None and len(self.hop_times) == P - 1, self.name,
                  f"hop_times needs one entry per hop between the {P} ranks of stage_times, got "
                  f"{len(self.hop_times)}", "schedule.hop_times")
-        need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {self.effort!r}",
+        need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {shown(self.effort)}",
              "schedule.effort")
 
     def params(self) -> dict[str, Any]:

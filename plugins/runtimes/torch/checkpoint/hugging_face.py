@@ -59,7 +59,7 @@ def _index_files(d: Path, field: str) -> dict[str, Path]:
     root, out = d.resolve(), {}
     for n, f in wm.items():
         if not isinstance(f, str) or not f:
-            raise HexicoreError(f"the file of tensor {n!r} must be a file name, got {f!r}", source=src,
+            raise HexicoreError(f"the file of tensor {shown(n)} must be a file name, got {shown(f)}", source=src,
                                 field=f"{field}.weight_map")
         p = d / f
         if Path(f).is_absolute() or not p.resolve().is_relative_to(root):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 #: GPUs in one cluster (also the ranks of one pipeline)
 MAX_DEVICES = 4096
@@ -73,8 +73,9 @@ def check(value: Any, limit: int, what: str, *, source: str | None = None, field
     as 2: neither may slip past the limit); other values are left to the field's own check."""
     n = count(value)
     if n is not None and n > limit:
-        shown = f"{n:,}" if isinstance(n, int) else f"{int(n):,}" if n.is_integer() else f"{n:g}"
-        raise HexicoreError(f"{shown} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
+        text = (shown(n) if isinstance(n, int) and n.bit_length() > 200 else f"{n:,}" if isinstance(n, int)
+                else f"{int(n):,}" if n.is_integer() else f"{n:g}")
+        raise HexicoreError(f"{text} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
                             source=source, field=field)
 
 

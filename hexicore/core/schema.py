@@ -95,7 +95,10 @@ def number(value: Any, source: str | None, field: str, *, positive: bool = True,
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HexicoreError(f"expected a number, got {shown(value)}{_yaml11(value)}", source=source, field=field)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond every float (a few hundred digits)
+        value = math.inf
     if not math.isfinite(value):
         raise HexicoreError(f"expected a finite number, got {shown(value)}", source=source, field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):

@@ -151,3 +151,22 @@ def test_a_plans_synth_section_carries_its_lists(tmp_path, monkeypatch, capsys):
     code = run_cli(["evaluate", "plan_file=s.json"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "pipelines[0].schedule" in err and "stage_times" in err, err
+
+
+@pytest.mark.parametrize("digits", [400, 4000])
+@pytest.mark.parametrize("path", [("machines", 0, "count"), ("machines", 0, "bandwidth_gbs"), ("inter", "latency_us")])
+def test_integers_of_hundreds_or_thousands_of_digits_are_one_line(digits, path, tmp_path):
+    """A cluster file's number of 400 digits overflowed float conversion (OverflowError), one of
+    4000 digits made the message itself long: each is one short line naming the field."""
+    from hexicore.core.cluster import Cluster
+
+    doc = {"name": "c", "inter": {"bandwidth_gbs": 1, "latency_us": 5},
+           "machines": [{"name": "A", "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 100}]}
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = 10**digits
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    with pytest.raises(HexicoreError) as err:
+        Cluster.load(tmp_path / "c.json")
+    assert len(str(err.value)) < 300 and str(err.value.field).startswith(path[0]), str(err.value)[:300]

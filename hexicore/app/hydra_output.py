@@ -242,7 +242,8 @@ def prepare(overrides: Sequence[str], command: str, *, multirun: bool, jobs: int
     if multirun:
         _sweep_dir(value, subdirs, subdir, job)
         return HydraOutput(f"hydra.sweep.dir={_quoted(value)}", None)
-    return HydraOutput(f"hydra.run.dir={_quoted(value)}", _run_dir(value, subdir, job))
+    restore = _run_dir(str(Path(value).absolute()) if value.strip() else value, subdir, job)  # a job may chdir
+    return HydraOutput(f"hydra.run.dir={_quoted(value)}", restore)
 
 
 def roll_back(restore: Restore) -> None:

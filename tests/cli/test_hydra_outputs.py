@@ -178,3 +178,12 @@ def test_command_line_mistakes_are_one_line(tmp_path, monkeypatch, capsys):
     err = refused([*PLAN, "train.global_batch=" + "9" * 5000], capsys, "digits")
     assert len(err) < 400
     assert tree(tmp_path) == {}
+
+
+def test_a_refused_job_that_changed_directory_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """``hydra.job.chdir=true`` moves the job into its run folder: the clean-up after a refusal
+    still finds the folder it made."""
+    monkeypatch.chdir(tmp_path)
+    refused(["evaluate", "plan_file=missing.json", "hydra.job.chdir=true", "hydra.run.dir=r/s"], capsys, "missing.json")
+    os.chdir(tmp_path)
+    assert tree(tmp_path) == {}

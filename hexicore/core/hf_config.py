@@ -217,8 +217,7 @@ def token_id(value: Any, source: str, field: str, vocab: int | None, *, several:
         what = "an integer id or a list of them" if several else "an integer id or null"
         raise HexicoreError(f"expected {what}, got {shown(value)}"[:200], source=source, field=field)
     if vocab is not None and value >= vocab:
-        shown = f"{value}" if abs(value) < 10**30 else "a number of more than 30 digits"
-        raise HexicoreError(f"id {shown} is outside the vocabulary of {vocab}", source=source, field=field)
+        raise HexicoreError(f"id {shown(value, 40)} is outside the vocabulary of {vocab}", source=source, field=field)
     return value
 
 

@@ -100,8 +100,8 @@ def quantity(value: Any, bounds: tuple[float, float], unit: str, source: str | N
     low, high = bounds
     v = schema.number(value, source, field, allow_zero=low == 0)
     if not low <= v <= high:
-        shown = f"{v:g}" if float(f"{v:g}") == v else repr(float(v))  # never shown as the bound it passes
-        raise HexicoreError(f"{shown} {unit} is outside hexicore's range of {low:g} to {high:g} {unit} "
+        text = f"{v:g}" if float(f"{v:g}") == v else repr(float(v))  # never shown as the bound it passes
+        raise HexicoreError(f"{text} {unit} is outside hexicore's range of {low:g} to {high:g} {unit} "
                             "(docs/formats.md, Limits)", source=source, field=field)
     return v
 

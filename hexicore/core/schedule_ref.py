@@ -157,9 +157,9 @@ class ScheduleRef(Mapping):
         ``name``, as hexicore writes it. A bare name, ``{}``, ``null`` or parameters without a
         name are refused naming ``field``, never read as the default (only an absent section is)."""
         if not isinstance(section, Mapping):
-            shown = "null" if section is None else f"{type(section).__name__} {section!r}"
+            given = "null" if section is None else f"{type(section).__name__} {shown(section)}"
             raise HexicoreError(f"expected an object with the schedule's name ({{\"name\": \"1f1b\", ...}}), got "
-                                f"{shown}; leave the field out for the default, {DEFAULT_SCHEDULE}", source=source,
+                                f"{given}; leave the field out for the default, {DEFAULT_SCHEDULE}", source=source,
                                 field=field)
         name = section.get("name")
         if name is None:

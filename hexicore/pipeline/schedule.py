@@ -187,7 +187,7 @@ def positive_memory(value: Any, name: str, per_rank: bool = False) -> Any:
     caps = value if listed else [value]
     ok = bool(caps) and all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
                             for c in caps)
-    what = "a finite positive number or a list of them" if per_rank else "a finite positive number"
+    what = "a positive number or a list of them (each finite)" if per_rank else "a positive number (finite)"
     need(ok, name, f"memory must be {what}, got {shown(value)}", "schedule.memory")
     return tuple(float(c) for c in value) if listed else value
 

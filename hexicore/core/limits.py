@@ -44,24 +44,6 @@ PROFILED_S = (0.0, 1e5)  # seconds of one measured block, head, action or optimi
 SIM_TIME = (1e-9, 1e9)  # one forward, backward or transfer in `simulate` (its unit, seconds by default)
 SCHEDULE_S = (1e-15, 1e5)  # seconds of one stage (forward + backward) or hop a schedule records (hops may be 0)
 
-#: bytes of one input file, by the kind a reader names it (:func:`file_bytes`); a kind not listed
-#: (cluster, model, profile, plan, Hugging Face config, sidecar, checkpoint meta ...) takes
-#: :data:`FILE_BYTES_DEFAULT`. Larger files are refused before they are read.
-FILE_BYTES = {"action list": 1 << 30, "tokenizer": 256 << 20, "text data": 1 << 30,
-              "safetensors header": 100_000_000}
-FILE_BYTES_DEFAULT = 64 << 20
-#: characters of one piece of text a tokenizer is given at once (longer documents are cut into
-#: pieces at a line or space boundary, their ids joined: prepare-data)
-TOKENIZER_PIECE = 1 << 20
-#: bytes of one line of a JSON-lines input (each line is a document, read whole)
-JSONL_LINE_BYTES = 256 << 20
-
-
-def file_bytes(what: str) -> int:
-    """The size limit of an input file of kind ``what`` (:data:`FILE_BYTES`)."""
-    return FILE_BYTES.get(what, FILE_BYTES_DEFAULT)
-
-
 TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
          "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,
          "actions": MAX_ACTIONS, "profile repeats": MAX_REPEATS, "profiled message bytes": MAX_MESSAGE_BYTES}

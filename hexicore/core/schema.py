@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hexicore.core.errors import HexicoreError, shown
+from hexicore.core.input_size import file_bytes
 
 _MISSING = object()
 
@@ -167,10 +168,8 @@ def open_regular(path: Path) -> Any:
 
 def read_bytes(path: str | Path, what: str, field: str | None = None) -> bytes:
     """A regular file's bytes, at most the size limit of a ``what`` file
-    (:func:`hexicore.core.limits.file_bytes`); a directory, a device, FIFO or socket, a missing
+    (:func:`hexicore.core.input_size.file_bytes`); a directory, a device, FIFO or socket, a missing
     or larger file is a one-line error, and nothing beyond the limit is read."""
-    from hexicore.core.limits import file_bytes
-
     path = Path(path)
     if path.is_dir():
         raise HexicoreError(f"a directory, not a {what} file", source=str(path), field=field)

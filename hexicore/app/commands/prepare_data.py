@@ -28,7 +28,7 @@ from hexicore.app.progress_display import shown_progress
 from hexicore.app.report import console, rows_table
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.limits import JSONL_LINE_BYTES, TOKENIZER_PIECE
+from hexicore.core.input_size import JSONL_LINE_BYTES, TOKENIZER_PIECE
 from hexicore.core.ownership import check_token_output
 from hexicore.core.token_file import DTYPES, dtype_for, file_stamp, sidecar_path, write_sidecar
 
@@ -56,7 +56,7 @@ def input_files(spec: Any) -> list[Path]:
 
 def pieces(text: str, size: int | None = None) -> Iterator[str]:
     """``text`` cut into pieces of at most ``size`` characters (default
-    :data:`~hexicore.core.limits.TOKENIZER_PIECE`), each cut after a line break or before a
+    :data:`~hexicore.core.input_size.TOKENIZER_PIECE`), each cut after a line break or before a
     space where the piece has one (so that words stay whole), for the tokenizer."""
     size = size or TOKENIZER_PIECE
     while len(text) > size:
@@ -70,7 +70,7 @@ def pieces(text: str, size: int | None = None) -> Iterator[str]:
 def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int, bool]]:
     """(piece of text, bytes read, whether the piece ends its document) in file order: a text
     file is one document, read in blocks (never whole); a JSON-lines file one document per
-    line; every piece at most :data:`~hexicore.core.limits.TOKENIZER_PIECE` characters. A
+    line; every piece at most :data:`~hexicore.core.input_size.TOKENIZER_PIECE` characters. A
     ``.jsonl`` suffix in any case (``.JSONL``) is a JSON-lines file."""
     for f in files:
         if f.suffix.lower() == ".jsonl":
@@ -112,7 +112,7 @@ def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
     """(text, bytes read) per line of a JSON-lines file (a byte-order mark before the first is
     skipped); a line that is not UTF-8, or whose text escapes a lone surrogate (no UTF-8 text),
     is an error naming it, like any other bad line; so is a line longer than
-    :data:`~hexicore.core.limits.JSONL_LINE_BYTES` (never read beyond that)."""
+    :data:`~hexicore.core.input_size.JSONL_LINE_BYTES` (never read beyond that)."""
     fh = schema.open_regular(f)
     if fh is None:
         raise HexicoreError("not a regular file", source=str(f), field="input")

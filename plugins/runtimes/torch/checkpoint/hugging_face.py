@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError, shown
-from hexicore.core.limits import file_bytes
+from hexicore.core.input_size import file_bytes
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"

@@ -13,7 +13,10 @@ FILE_BYTES = {"action list": 1 << 30, "tokenizer": 256 << 20, "text data": 1 << 
 FILE_BYTES_DEFAULT = 64 << 20
 #: characters of one piece of text a tokenizer is given at once (longer documents are cut into
 #: pieces at a line or space boundary, their ids joined: prepare-data)
-TOKENIZER_PIECE = 1 << 20
+TOKENIZER_PIECE = 1 << 18
+#: characters of one batch the tokenizer encodes at once (whatever ``prepare.batch_docs`` says): a
+#: tokenizer holds about a hundred bytes per character of a word while it encodes it
+TOKENIZER_BATCH = 1 << 20
 #: bytes of one line of a JSON-lines input (each line is a document, read whole)
 JSONL_LINE_BYTES = 256 << 20
 

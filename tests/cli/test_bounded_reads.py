@@ -77,12 +77,14 @@ def test_long_documents_reach_the_tokenizer_in_bounded_pieces(tmp_path, monkeypa
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": long_doc[::-1]}) + "\n" + json.dumps({"text": "short"}))
     tok = _tokenizer(tmp_path / "tokenizer.json", [long_doc, long_doc[::-1], "short"])
     monkeypatch.setattr(prepare_data, "TOKENIZER_PIECE", 64)
-    seen = []
+    monkeypatch.setattr(prepare_data, "TOKENIZER_BATCH", 256)
+    seen, batches = [], []
     original = prepare_data._batches
 
     def spy(parts, size):
         for batch, nbytes in original(parts, size):
             seen.extend(len(t) for t, _ in batch)
+            batches.append(sum(len(t) for t, _ in batch))
             yield batch, nbytes
 
     monkeypatch.setattr(prepare_data, "_batches", spy)
@@ -96,7 +98,7 @@ def test_long_documents_reach_the_tokenizer_in_bounded_pieces(tmp_path, monkeypa
     from hexicore.core.token_file import TokenFile
 
     assert TokenFile.open(out).array().tolist() == expected
-    assert max(seen) <= 64 and len(seen) > 100
+    assert max(seen) <= 64 and len(seen) > 100 and max(batches) < 256 + 64  # whatever prepare.batch_docs says
     for text in (long_doc, "x" * 1000, "a\n" * 100):
         parts = list(prepare_data.pieces(text, 64))
         assert "".join(parts) == text and max(map(len, parts)) <= 64

@@ -28,7 +28,7 @@ from hexicore.app.progress_display import shown_progress
 from hexicore.app.report import console, rows_table
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
-from hexicore.core.input_size import JSONL_LINE_BYTES, TOKENIZER_PIECE
+from hexicore.core.input_size import JSONL_LINE_BYTES, TOKENIZER_BATCH, TOKENIZER_PIECE
 from hexicore.core.ownership import check_token_output
 from hexicore.core.token_file import DTYPES, dtype_for, file_stamp, sidecar_path, write_sidecar
 
@@ -190,15 +190,16 @@ def eos_id(tok: Any, eos: Any) -> int:
 
 
 def _batches(parts: Iterator[tuple[str, int, bool]], size: int) -> Iterator[tuple[list[tuple[str, bool]], int]]:
-    """Pieces (text, ends its document) in batches of ``size``, with the bytes they read."""
+    """Pieces (text, ends its document) in batches of at most ``size`` pieces and
+    :data:`~hexicore.core.input_size.TOKENIZER_BATCH` characters, with the bytes they read."""
     batch: list[tuple[str, bool]] = []
-    nbytes = 0
+    nbytes = chars = 0
     for text, b, last in parts:
         batch.append((text, last))
-        nbytes += b
-        if len(batch) >= size:
+        nbytes, chars = nbytes + b, chars + len(text)
+        if len(batch) >= size or chars >= TOKENIZER_BATCH:
             yield batch, nbytes
-            batch, nbytes = [], 0
+            batch, nbytes, chars = [], 0, 0
     if batch:
         yield batch, nbytes
 
@@ -237,25 +238,28 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     tmp = schema.temp_path(out)
     n_docs = n_tokens = skipped = 0
     top = -1
-    doc: list[list[int]] = []  # the ids of the document being read, piece by piece
-    text_seen = False  # whether it has any non-blank piece
+    held: list[int] = []  # ids of the document being read while it has no text yet (blank so far)
+    text_seen = False  # whether that document has any non-blank piece (its ids are then written at once)
     try:
         with _sigterm_exits(), tmp.open("wb") as fh:
             for batch, nbytes in _batches(documents(files, text_key), batch_docs):
                 encs = tok.encode_batch([t for t, _ in batch], add_special_tokens=False)
                 written: list[int] = []
                 for (text, last), enc in zip(batch, encs):
-                    doc.append(enc.ids)
-                    text_seen = text_seen or bool(text.strip())
+                    if text_seen or text.strip():
+                        written += held + enc.ids
+                        held, text_seen = [], True
+                    else:
+                        held += enc.ids
                     if not last:
                         continue
-                    ids = [i for part in doc for i in part] if text_seen else []
-                    if ids:  # blank text is no document, whatever the tokenizer gives it
-                        written += [*ids, eos]
+                    if text_seen:  # blank text is no document, whatever the tokenizer gives it
+                        written.append(eos)
                         n_docs += 1
                     else:
                         skipped += 1
-                    doc, text_seen = [], False
+                    held, text_seen = [], False
+                del encs
                 arr = np.asarray(written, dtype=np.int64)
                 fh.write(arr.astype(dtype).tobytes())
                 top = max(top, int(arr.max(initial=-1)))

@@ -86,6 +86,9 @@ class TokenFile:
         vocab = schema.integer(meta.get("vocab"), src, "vocab")
         if p.is_dir():
             raise HexicoreError("is a directory, not a token file", source=str(p), field="runtime.data_file")
+        if p.exists() and not p.is_file():  # a FIFO or device: never opened (it could block or never end)
+            raise HexicoreError("not a regular file; a token file is read from a regular file", source=str(p),
+                                field="runtime.data_file")
         try:
             size = p.stat().st_size
         except OSError as exc:

@@ -37,6 +37,14 @@ def test_a_fifo_or_device_is_never_read_as_an_input(fifo, tmp_path, monkeypatch,
     for path in (fifo, zero):
         refused([*TRAIN, "runtime.data=text", f"runtime.data_file={path}", f"out={tmp_path / 'run'}"], capsys,
                 "runtime.data_file", "not a regular file")
+    from hexicore.core.token_file import write_sidecar
+
+    write_sidecar(fifo, {"dtype": "uint16", "vocab": 256})
+    write_sidecar(zero, {"dtype": "uint16", "vocab": 256})
+    before = tree(tmp_path)
+    for path in (fifo, zero):
+        refused([*TRAIN, "runtime.data=tokens", f"runtime.data_file={path}", f"out={tmp_path / 'run'}"], capsys,
+                "runtime.data_file", "not a regular file")
     assert tree(tmp_path) == before
 
 

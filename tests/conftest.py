@@ -43,15 +43,30 @@ def tiny() -> ModelSpec:
     return model_preset("tiny")
 
 
+def _own_hydra_dirs() -> set:
+    """Hydra's default run and sweep folders of this process under the working directory (their
+    names end with the process id)."""
+    import os
+    from pathlib import Path
+
+    return {p for top in ("outputs", "multirun") for p in Path(top).glob(f"*/*-{os.getpid()}")}
+
+
 def run_cli(argv) -> int:
     """``hexicore.app.cli.main`` in-process; its exit status (errors inside the Hydra task leave
-    through ``sys.exit``, so SystemExit's code is the status)."""
+    through ``sys.exit``, so SystemExit's code is the status). A refusal (status 2) must leave no
+    Hydra folder behind."""
     from hexicore.app.cli import main
 
+    before = _own_hydra_dirs()
     try:
-        return main(list(argv))
+        code = main(list(argv))
     except SystemExit as exc:
-        return exc.code
+        code = exc.code
+    if code == 2:
+        left = _own_hydra_dirs() - before
+        assert not left, f"a refused command left {sorted(map(str, left))}"
+    return code
 
 
 def pytest_collection_modifyitems(config, items):

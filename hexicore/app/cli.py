@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import re
 import sys
 from typing import Any, Callable, Sequence
@@ -106,10 +107,12 @@ def _multirun(args: Sequence[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
 
 
-def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
+def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[str], int]:
     """Check group choices and compose once (first value of each sweep); every other value of a
     sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
-    raise HexicoreError. Several values without ``-m`` (or in the library) are refused."""
+    raise HexicoreError. Several values without ``-m`` (or in the library) are refused. Returns
+    the first job's overrides (each sweep at its first value, Hydra's own keys included) and the
+    number of jobs."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -118,15 +121,15 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as exc:
         raise HexicoreError(str(exc).splitlines()[0], source="command line") from None
+    except ValueError as exc:  # a number too long to convert (Python's 4300-digit limit)
+        raise HexicoreError(f"a value cannot be read: {str(exc).split(';')[0]}", source="command line") from None
     multirun = not library and _multirun(overrides)
-    trial, sweeps = [], []
+    trial, sweeps, hydra_keys = [], [], []
     for o in parsed:
         key = o.key_or_group
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and not o.is_sweep_override():
-            from hexicore.core.writable import check_creatable_dir
-
-            check_creatable_dir(o.get_value_element_as_str(), source="command line", field=key)
         if key.startswith("hydra"):
+            if not o.is_sweep_override():
+                hydra_keys.append(o.input_line)
             continue
         if o.is_sweep_override() and not multirun:
             hint = "give one value" if library else "add -m to run one job per value"
@@ -156,16 +159,21 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> None:
     from hexicore.app.config_schema import check_config
 
     check_config(cfg, [o.key_or_group for o in parsed])
+    return trial + hydra_keys, math.prod(1 + sum(1 for i, _ in dict.fromkeys(sweeps) if i == k) for k in
+                                         range(len(trial)))
 
 
 def _compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from hexicore.app.compose import config_from_overrides
 
     try:
-        return config_from_overrides(overrides)
+        cfg = config_from_overrides(overrides)
+        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves (none refers to itself)
+        return cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise _config_error(exc) from None
 
@@ -211,9 +219,11 @@ def _per_job_out(cfg: Any) -> None:
     cfg.out = str(Path(hc.runtime.output_dir) / str(out))
 
 
-def _task(command: str) -> Callable:
+def _task(command: str, restore: Any = None) -> Callable:
     """The Hydra task of ``command``. In a sweep a failing job is recorded in the sweep summary
-    with its one-line error and the sweep goes on (the command exits 1 at the end)."""
+    with its one-line error and the sweep goes on (the command exits 1 at the end). A refused
+    single run leaves nothing: what Hydra wrote for it is undone (``restore``,
+    :func:`hexicore.app.hydra_output.roll_back`)."""
     module = importlib.import_module(f"hexicore.app.commands.{command.replace('-', '_')}")
 
     def task(cfg: Any) -> int:
@@ -230,7 +240,12 @@ def _task(command: str) -> Callable:
             msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else \
                 str(exc) or type(exc).__name__
             if not multirun:
-                log.info("refused: %s", msg)
+                if restore is not None:
+                    from hexicore.app.hydra_output import roll_back
+
+                    roll_back(restore)
+                else:
+                    log.info("refused: %s", msg)
                 sys.exit(fail(msg))
             return _failed_job(command, msg)
         except Exception as exc:  # noqa: BLE001 - a sweep outlives one job's bug; reported as one line
@@ -324,6 +339,20 @@ _MODES = {"-m": "-m", "--multirun": "-m", "--cfg": "--cfg", "-c": "--cfg", "--in
           "--run": "--run", "-r": "--run", "--shell-completion": "--shell-completion", "-sc": "--shell-completion"}
 
 
+def _check_flags(args: Sequence[str]) -> None:
+    """Hydra's own argument parser on ``args``, its complaint (an unknown flag, ``--cfg`` without
+    one of its choices) one line instead of argparse's usage and exit."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:
+        raise HexicoreError(message, source="command line")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    parser.parse_args(list(args))
+
+
 def hydra_args(args: Sequence[str]) -> list[str]:
     """``args`` as Hydra reads them: a bare ``--info``/``-i`` gets its default topic, ``all``
     (Hydra would read the next word, an override or the job name the CLI adds, as the topic);
@@ -339,7 +368,9 @@ def hydra_args(args: Sequence[str]) -> list[str]:
                             source="command line")
     valued = {i + 1 for i, a in enumerate(out) if a in _VALUED_FLAGS}  # the word after --cfg, -p, --info
     first = [i for i, a in enumerate(out) if a.startswith("-") or i in valued]  # Hydra takes no override after a flag
-    return [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
+    ordered = [out[i] for i in first] + [a for i, a in enumerate(out) if i not in first]
+    _check_flags(ordered)
+    return ordered
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -368,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from hexicore.app.config_schema import store_schema
 
-        rest = hydra_args(rest)
+        rest = hydra_args(rest) if command != "plugins" else rest  # plugins takes no argument: it says so itself
         store_schema()
         Registry.default().store_configs()
         from hexicore.app.commands.plugins import plugins_command, warn_broken_plugins
@@ -383,14 +414,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                frozenset(COMMANDS)))
             return 0
         warn_broken_plugins()
-        if not any(a in ("--help", "-h", "--hydra-help", "--info") for a in rest):
+        restore = None
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--version") for a in rest):
+            from hexicore.app.hydra_output import prepare
+
+            job, jobs = preflight(rest)
+            outputs = prepare(job, command, multirun=_multirun(rest), jobs=jobs)
+            rest = [a for a in rest if not a.startswith(outputs.pin.split("=", 1)[0] + "=")] + [outputs.pin]
+            restore = outputs.restore
+        elif not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--version") for a in rest):
             preflight(rest)
     except HexicoreError as exc:
         return fail(exc)
 
     import hydra
 
-    task = _task(command)
+    task = _task(command, restore)
     task.__name__ = f"hexicore_{command.replace('-', '_')}"
     wrapped = hydra.main(version_base="1.3", config_path="pkg://hexicore.conf", config_name="config")(task)
     saved = sys.argv

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from hexicore.core import schema
 from hexicore.core.cluster import Cluster, parse_cluster
 from hexicore.cost import CostModel, Estimate
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.hf_config import is_hf_config, load_hf_config, weights_folder
 from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan
@@ -89,14 +89,31 @@ def load_cluster(cfg: DictConfig) -> Cluster:
     return cluster
 
 
+#: the keys that choose or change a model or a cluster (a plan carries its own)
+MODEL_AND_CLUSTER = ("model", "cluster", "model_file", "cluster_file", "exclude")
+
+
+def _model_or_cluster_overrides() -> list[str]:
+    """The keys of :data:`MODEL_AND_CLUSTER` (or below them, ``model.layers``) this Hydra job's
+    command line gives; [] outside a Hydra job."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - no Hydra job (library use, compose API)
+        return []
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in task]
+    return [k for k in keys if k.split(".")[0] in MODEL_AND_CLUSTER]
+
+
 def load_plan_file(cfg: DictConfig) -> tuple[Plan, str]:
     """``plan_file=PATH`` parsed and structurally checked, with its path. The plan carries its
-    model and cluster, so a ``model_file=``/``cluster_file=`` beside it, which would be ignored,
-    is refused."""
-    for key in ("model_file", "cluster_file"):
-        if cfg.get(key):
-            raise HexicoreError("has no effect beside plan_file= (the plan carries its model and cluster): drop it",
-                                source="command line", field=key)
+    model and cluster, so a ``model_file=``/``cluster_file=``, ``model=``/``cluster=``, a
+    ``model.*``/``cluster.*`` key or ``exclude=`` beside it, which would be ignored, is refused."""
+    given = [key for key in ("model_file", "cluster_file") if cfg.get(key)] + _model_or_cluster_overrides()
+    if given:
+        raise HexicoreError("has no effect beside plan_file= (the plan carries its model and cluster): drop it",
+                            source="command line", field=given[0])
     path = str(cfg.plan_file)
     return Plan.load(path), path
 
@@ -138,7 +155,7 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
                             field="train.micro_batch")
     model.check_seq_len(train.seq_len, "command line")
     if run:
-        train = replace(train, seed=schema.integer(cfg.get("seed") or 0, "command line", "seed", minimum=None))
+        train = replace(train, seed=seed_value(cfg.get("seed") or 0, "command line", "seed"))
     return train
 
 
@@ -243,6 +260,8 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
         cost, book = schedule_pricing(cost, schedule, registry)
     except HexicoreError as exc:  # a schedule parameter the plugin refuses (schedule.waves=0)
         raise on_command_line(exc, cfg) from None
+    if warm_start is not None and cfg.get("warm_start"):  # its schedules checked as evaluate checks them
+        check_schedules(warm_start, book or ScheduleBook(registry), str(cfg.warm_start))
     objective = Objective(str(cfg.get("objective") or "throughput"), _opt_float(cfg.get("budget_per_hour")),
                           _opt_float(cfg.get("min_tokens_per_s")))
     return Problem(cluster, model, train, cost, schedule, registry, warm_start, pricing=book, objective=objective)
@@ -250,6 +269,19 @@ def build_problem(cfg: DictConfig, registry: Registry, warm_start: Plan | None =
 
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+#: the seeds a run or a search takes: what torch's and numpy's generators accept
+SEEDS = (-(2**63), 2**64 - 1)
+
+
+def seed_value(value: Any, source: str, field: str) -> int:
+    """A seed: an integer within :data:`SEEDS` (a 40-digit seed no generator takes), else one line."""
+    seed = schema.integer(value, source, field, minimum=None)
+    if not SEEDS[0] <= seed <= SEEDS[1]:
+        raise HexicoreError(f"a seed is an integer from -2^63 to 2^64 - 1, got {shown(seed, 40)}", source=source,
+                            field=field)
+    return seed
 
 
 def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress) -> tuple[Plan, list[str]]:
@@ -262,7 +294,7 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
     time_limit = params.pop("time_limit", None)
     if time_limit is not None:
         time_limit = schema.number(time_limit, source, "solver.time_limit")
-    seed = schema.integer(params.pop("seed", cfg.get("seed", 0)) or 0, source, "solver.seed", minimum=None)
+    seed = seed_value(params.pop("seed", cfg.get("seed", 0)) or 0, source, "solver.seed")
     solver = registry.create("solver", name, **params)
     t0 = time.perf_counter()
     try:

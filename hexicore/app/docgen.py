@@ -76,6 +76,34 @@ beats the iteration's FLOPs at the cluster's peak rate. docs/results.md ("Planne
 measures search times and plan quality from 8 to 1024 GPUs."""
 
 
+HYDRA_OUTPUT = """
+## Hydra's output folders, and what a refused command leaves
+
+Every run writes its log (`<command>.log`) and Hydra's `.hydra/` folder (`config.yaml`,
+`hydra.yaml`, `overrides.yaml`) to `hydra.run.dir` (default `outputs/<date>/<time>-<pid>/`); a
+sweep (`-m`) writes `multirun.yaml`, `summary.csv`, `summary.md` and one folder per job to
+`hydra.sweep.dir`. These paths follow the rule every output follows (docs/formats.md, "Who may
+replace a file"), checked before any work (hexicore/app/hydra_output.py):
+
+- a device, FIFO or socket (or a link to one) where Hydra or a command would write is refused,
+  `overwrite=true` included, and is never opened;
+- an existing run folder is used only where its `.hydra/` is a hexicore run's (its `hydra.yaml`
+  names the `hexicore` app) and its `<command>.log` a hexicore job log; a user's log or config
+  files are refused, not appended to or replaced;
+- `hydra.output_subdir` and `hydra.sweep.subdir` stay inside their folder (no absolute path, no
+  `../`); `hydra.run.dir=''` and `hydra.sweep.dir=''` are refused;
+- an existing sweep folder's `summary.csv`, `summary.md` and `multirun.yaml` are replaced only
+  when an earlier hexicore sweep wrote them there (its `.hexicore-sweep/` sits beside them), and
+  each job's folder follows the run-folder rule.
+
+A refused command (exit 2, one line on stderr) leaves no new file or folder anywhere: a refusal
+found before Hydra starts writes nothing, and one found inside the job (a missing plan file, a
+foreign `out=`) removes the run folder, log and `.hydra/` Hydra made for it, and restores an
+earlier run's files in a reused folder. Command-line mistakes (an unknown flag, an interpolation
+that refers to itself, a number of more than 4300 digits) are one line too; notes (torch threads
+per rank) go to stdout and the log, never stderr."""
+
+
 def render(registry: Registry | None = None) -> str:
     """The reference of ``registry``'s plugins (default: those hexicore ships,
     :meth:`Registry.shipped`, so that the file is the same whatever else is installed)."""
@@ -86,6 +114,7 @@ def render(registry: Registry | None = None) -> str:
     out += [f"- `hexicore {c}` — {d}" for c, d in COMMANDS.items()]
     out.append(PROGRESS)
     out.append(PLANNING)
+    out.append(HYDRA_OUTPUT)
     out.append("\n## Config groups\n")
     for g in GROUPS:
         opts = _group_options(g, registry)

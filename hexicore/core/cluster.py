@@ -378,7 +378,7 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
             limits.bandwidth(catalog[gname].intra_gbs if m.get("bandwidth_gbs") is None else m["bandwidth_gbs"],
                              source, schema.dotted(fp, "bandwidth_gbs")),
             limits.latency(m.get("latency_us", 0.0), source, schema.dotted(fp, "latency_us")),
-            parse_emulation(m.get("emulate"), source, schema.dotted(fp, "emulate")),
+            parse_emulation(m["emulate"], source, schema.dotted(fp, "emulate")) if "emulate" in m else Emulation(),
             None if m.get("zone") is None else str(schema.string(m["zone"], source, schema.dotted(fp, "zone"))),
             None if m.get("max_tp") is None else schema.integer(m["max_tp"], source, schema.dotted(fp, "max_tp"),
                                                                 minimum=1),

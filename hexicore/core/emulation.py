@@ -52,9 +52,11 @@ class Emulation:
 
 
 def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
-    """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (absent: :class:`Emulation`())."""
+    """``emulate: {slowdown: K}`` or ``emulate: {tflops: X}`` (the key given; absent is
+    :class:`Emulation`()); ``emulate: null`` is refused (it says nothing: leave the key out)."""
     if raw is None:
-        return Emulation()
+        raise HexicoreError("emulate: null says nothing; give {slowdown: K} or {tflops: X}, or leave the key out",
+                            source=source, field=fp)
     e = schema.as_mapping(raw, source, fp)
     schema.known_keys(e, set(RANGES), source, fp)
     if len(e) != 1:

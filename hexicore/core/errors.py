@@ -7,6 +7,8 @@ line on stderr and exit status 2; library users catch it like any exception.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HexicoreError(Exception):
     """A user-facing error: ``source`` is a file (or config group), ``field`` a dotted key."""
@@ -29,6 +31,26 @@ class HexicoreError(Exception):
         if field_prefix:
             field = f"{field_prefix}.{field}" if field else field_prefix
         return HexicoreError(self.message, source=self.source or source, field=field)
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``value`` as an error message shows it: its ``repr``, bounded to about ``limit``
+    characters; a long list or mapping shows its first items and its length, an integer of more
+    than 60 digits its number of digits (never converted: Python refuses beyond 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(shown(v, limit // 2) for v in value[:4])
+        more = f", ... ({len(value)} items)" if len(value) > 4 else ""
+        text = f"[{inner}{more}]" if isinstance(value, list) else f"({inner}{more})"
+    elif isinstance(value, dict):
+        inner = ", ".join(f"{shown(k, limit // 4)}: {shown(v, limit // 2)}" for k, v in list(value.items())[:4])
+        text = "{" + inner + (f", ... ({len(value)} keys)" if len(value) > 4 else "") + "}"
+    elif isinstance(value, str):
+        text = repr(value[:limit + 1])
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class PlanError(HexicoreError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.fields import is_number
 
 #: The keys every estimate carries (the plan JSON contract), in the order hexicore writes them.
@@ -107,7 +107,7 @@ class Estimate:
 def _number(value: Any, source: str | None, field_: str) -> float:
     """A JSON number, returned unchanged (an int stays an int so it is written back as one)."""
     if not is_number(value):
-        raise HexicoreError(f"expected a number, got {value!r}", source=source, field=field_)
+        raise HexicoreError(f"expected a number, got {shown(value)}", source=source, field=field_)
     return value
 
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import field, fields
 from typing import Any, Callable
 
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 Check = Callable[[Any, str], None]
 
@@ -41,7 +41,7 @@ def whole(minimum: int | None = 1, maximum: int | None = None) -> Check:
                 or (maximum is not None and value > maximum):
             what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, "an integer") \
                 if maximum is None else f"an integer in [{minimum}, {maximum}]"
-            raise HexicoreError(f"must be {what}, got {value!r}", field=name)
+            raise HexicoreError(f"must be {what}, got {shown(value)}", field=name)
     return check
 
 
@@ -57,7 +57,7 @@ def real(*, minimum: float | None = None, above: float | None = None, maximum: f
             bounds = [b for b in (f">= {minimum:g}" if minimum is not None else None,
                                   f"> {above:g}" if above is not None else None,
                                   f"<= {maximum:g}" if maximum is not None else None) if b]
-            raise HexicoreError(f"must be a finite number {' and '.join(bounds)}".rstrip() + f", got {value!r}",
+            raise HexicoreError(f"must be a finite number {' and '.join(bounds)}".rstrip() + f", got {shown(value)}",
                                 field=name)
     return check
 
@@ -75,7 +75,7 @@ def one_of(choices: tuple, noun: str = "") -> Check:
 def flag(value: Any, name: str) -> None:
     """``true`` or ``false``."""
     if not isinstance(value, bool):
-        raise HexicoreError(f"expected true or false, got {value!r}", field=name)
+        raise HexicoreError(f"expected true or false, got {shown(value)}", field=name)
 
 
 def text(*, optional: bool = True) -> Check:
@@ -84,7 +84,7 @@ def text(*, optional: bool = True) -> Check:
         if optional and value is None:
             return
         if not isinstance(value, str) or not value.strip():
-            raise HexicoreError(f"expected a non-empty string, got {value!r}", field=name)
+            raise HexicoreError(f"expected a non-empty string, got {shown(value)}", field=name)
     return check
 
 

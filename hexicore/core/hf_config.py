@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.fields import is_whole
 from hexicore.core.model import HF_ARCHITECTURES as ARCHITECTURES, ModelSpec, rope_scaling_pairs
 
@@ -87,9 +87,14 @@ def _model_type(d: Mapping[str, Any], source: str) -> str | None:
     architecture and a ``model_type`` naming two different ones are refused (transformers builds
     the ``model_type``'s class, whatever ``architectures`` says); None for any other model."""
     archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise HexicoreError("expected a list of class names (strings), as transformers writes it", source=source,
+                            field="architectures")
     by_arch = {v: k for k, v in ARCHITECTURES.items()}
     mt = d.get("model_type")
-    for a in archs if isinstance(archs, list) else []:
+    if mt is not None and not isinstance(mt, str):
+        raise HexicoreError(f"expected a string, got {type(mt).__name__}", source=source, field="model_type")
+    for a in archs:
         if a in by_arch:
             if isinstance(mt, str) and mt in ARCHITECTURES and mt != by_arch[a]:
                 raise HexicoreError(f"{a} is a {by_arch[a]} model but model_type is {mt!r} (transformers would "
@@ -159,7 +164,9 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     d = schema.as_mapping(data, source, None)
     mt = _model_type(d, source)
     if mt is None:
-        return shape_spec(d, source)
+        spec = shape_spec(d, source)
+        special_tokens(d, source, spec.vocab)  # checked where read, as below
+        return spec
 
     def integer(key: str, default: Any = None) -> int:
         value = d.get(key)  # null means the default, as transformers reads it
@@ -182,7 +189,7 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
     if not isinstance(bias, bool):
         raise HexicoreError("expected true or false", source=source, field="attention_bias")
     try:
-        return ModelSpec(
+        spec = ModelSpec(
             name=str(d.get("_name_or_path") or Path(source).parent.name or mt), layers=integer("num_hidden_layers"),
             hidden=hidden, heads=heads, kv_heads=integer("num_key_value_heads", heads), ffn=integer("intermediate_size"),
             vocab=integer("vocab_size"), seq_len=seq_len, tied_embeddings=tied,
@@ -192,6 +199,8 @@ def spec_from_hf(data: Any, source: str = "config.json") -> ModelSpec:
             rope_theta=theta, rope_scaling=scaling, max_position=max_pos, hf_model_type=mt)
     except HexicoreError as exc:
         raise exc.located(source, None) from None
+    special_tokens(d, source, spec.vocab)  # checked where read: plan and train accept the same files
+    return spec
 
 
 #: a shape's fields -> the names decoder-only configs give them, first found wins
@@ -303,9 +312,9 @@ def token_id(value: Any, source: str, field: str, vocab: int | None, *, several:
         return tuple(token_id(v, source, field, vocab) for v in value)
     if not is_whole(value):
         what = "an integer id or a list of them" if several else "an integer id or null"
-        raise HexicoreError(f"expected {what}, got {value!r}"[:200], source=source, field=field)
+        raise HexicoreError(f"expected {what}, got {shown(value)}"[:200], source=source, field=field)
     if vocab is not None and value >= vocab:
-        raise HexicoreError(f"id {value} is outside the vocabulary of {vocab}", source=source, field=field)
+        raise HexicoreError(f"id {shown(value, 40)} is outside the vocabulary of {vocab}", source=source, field=field)
     return value
 
 
@@ -322,7 +331,7 @@ def hf_config_dict(spec: ModelSpec, tokens: SpecialTokens | None = None) -> dict
     gives (none for hexicore's own model YAMLs)."""
     if spec.arch != "llama" or (spec.hf_model_type and spec.hf_model_type not in ARCHITECTURES):
         got = spec.hf_model_type if spec.arch == "llama" else spec.arch
-        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {got!r}",
+        raise HexicoreError(f"only Llama-style models can be written as Hugging Face checkpoints, got {shown(got)}",
                             field="model.arch")
     mt = spec.hf_model_type or "llama"
     rope: dict[str, Any] = {"rope_theta": spec.rope_theta, "rope_type": "default"}

@@ -105,11 +105,11 @@ class FinalExtras:
         """Each of :meth:`names` with its bytes (read now: copies of the source files)."""
         out: dict[str, bytes] = {}
         if self.generation:
-            out[GENERATION] = Path(self.generation).read_bytes()
+            out[GENERATION] = schema.read_bytes(self.generation, "generation config")
         elif self.tokens:
             out[GENERATION] = (json.dumps(self.tokens.to_json(), indent=2) + "\n").encode()
         for name, path in self.tokenizer.files if self.tokenizer else ():
-            out[name] = Path(path).read_bytes()
+            out[name] = schema.read_bytes(path, "tokenizer")
         if self.tokenizer_config:
             out[TOKENIZER_CONFIG] = self.tokenizer_config.encode()
         return out
@@ -161,7 +161,8 @@ def resolve(sources: list[tuple[str, str]], data_tokenizer: TokenizerFiles | Non
         return getattr(have[0], part) if have else None
 
     tokens = first("tokens", lambda a, b: a == b) or SpecialTokens()
-    generation = first("generation", lambda a, b: json.loads(Path(a).read_bytes()) == json.loads(Path(b).read_bytes()))
+    generation = first("generation", lambda a, b: schema.load_json(a, "generation config") ==
+                       schema.load_json(b, "generation config"))
     tokenizer = first("tokenizer", lambda a, b: a.digest == b.digest)
     if data_tokenizer is not None:
         if tokenizer is not None and tokenizer.digest != data_tokenizer.digest:

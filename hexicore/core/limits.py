@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 #: GPUs in one cluster (also the ranks of one pipeline)
 MAX_DEVICES = 4096
@@ -42,6 +42,7 @@ BANDWIDTH_GBS = (1e-6, 1e6)  # GB/s of one link, one direction
 LATENCY_US = (0.0, 1e7)  # microseconds of one link (10 s)
 PROFILED_S = (0.0, 1e5)  # seconds of one measured block, head, action or optimizer step (a day)
 SIM_TIME = (1e-9, 1e9)  # one forward, backward or transfer in `simulate` (its unit, seconds by default)
+SCHEDULE_S = (1e-15, 1e5)  # seconds of one stage (forward + backward) or hop a schedule records (hops may be 0)
 
 TABLE = {"devices": MAX_DEVICES, "layers": MAX_LAYERS, "global batch": MAX_GLOBAL_BATCH,
          "micro-batches": MAX_MICRO_BATCHES, "sequence length": MAX_SEQ_LEN, "waves": MAX_WAVES,
@@ -54,8 +55,9 @@ def check(value: Any, limit: int, what: str, *, source: str | None = None, field
     as 2: neither may slip past the limit); other values are left to the field's own check."""
     n = count(value)
     if n is not None and n > limit:
-        shown = f"{n:,}" if isinstance(n, int) else f"{int(n):,}" if n.is_integer() else f"{n:g}"
-        raise HexicoreError(f"{shown} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
+        text = (shown(n) if isinstance(n, int) and n.bit_length() > 200 else f"{n:,}" if isinstance(n, int)
+                else f"{int(n):,}" if n.is_integer() else f"{n:g}")
+        raise HexicoreError(f"{text} {what} is above hexicore's limit of {limit:,} (docs/formats.md, Limits)",
                             source=source, field=field)
 
 
@@ -80,8 +82,8 @@ def quantity(value: Any, bounds: tuple[float, float], unit: str, source: str | N
     low, high = bounds
     v = schema.number(value, source, field, allow_zero=low == 0)
     if not low <= v <= high:
-        shown = f"{v:g}" if float(f"{v:g}") == v else repr(float(v))  # never shown as the bound it passes
-        raise HexicoreError(f"{shown} {unit} is outside hexicore's range of {low:g} to {high:g} {unit} "
+        text = f"{v:g}" if float(f"{v:g}") == v else repr(float(v))  # never shown as the bound it passes
+        raise HexicoreError(f"{text} {unit} is outside hexicore's range of {low:g} to {high:g} {unit} "
                             "(docs/formats.md, Limits)", source=source, field=field)
     return v
 

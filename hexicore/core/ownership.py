@@ -10,7 +10,9 @@ starting with ``hexicore``, safetensors files ``generator: hexicore`` in their h
 * a path that does not exist, or a file of the same kind: fine;
 * anything else (a text file, another tool's JSON, a directory where a file goes, a different
   hexicore kind): refused with one line naming the path — unless ``overwrite=true``;
-* with ``overwrite=false`` every existing file is refused.
+* with ``overwrite=false`` every existing file is refused;
+* a device, FIFO or socket (or a link to one) is refused whatever ``overwrite`` says, and is
+  never opened: recognising a file reads at most a bounded head of a regular file.
 
 :func:`check_writable` is the one rule; commands call it for the file and its documented
 siblings (the plan's picture, the simulator's trace and timeline).
@@ -19,18 +21,24 @@ siblings (the plan's picture, the simulator's trace and timeline).
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core.errors import HexicoreError
-from hexicore.core.writable import parent_is_a_folder, statable
+from hexicore.core.schema import open_regular
+from hexicore.core.writable import parent_is_a_folder, refuse_special, statable
 
 #: the Software text written into every PNG hexicore draws
 PNG_SOFTWARE = "hexicore"
 #: bytes read to recognise a file (a plan or metrics file is identified by its first keys)
 _HEAD = 1 << 20
+#: a JSON file up to this size is parsed whole to find its kind; a larger one by its head and tail
+_WHOLE = 256 << 20
+_FORMAT = re.compile(rb'^\s*\{\s*"format"\s*:\s*"(hexicore\.[A-Za-z0-9_]+)')
+_GENERATOR = re.compile(rb'"otherData"\s*:\s*\{\s*"generator"\s*:\s*"hexicore"\s*\}\s*\}\s*$')
 
 
 def png_metadata(what: str) -> dict[str, str]:
@@ -40,8 +48,11 @@ def png_metadata(what: str) -> dict[str, str]:
 
 def png_software(path: Path) -> str | None:
     """The ``Software`` tEXt chunk of a PNG (None if absent or not a PNG); reads chunk headers only."""
+    fh = open_regular(path)
+    if fh is None:
+        return None
     try:
-        with path.open("rb") as fh:
+        with fh:
             if fh.read(8) != b"\x89PNG\r\n\x1a\n":
                 return None
             while True:
@@ -51,7 +62,7 @@ def png_software(path: Path) -> str | None:
                 length, kind = struct.unpack(">I4s", head)
                 if kind == b"IDAT" or kind == b"IEND":
                     return None
-                body = fh.read(length)
+                body = fh.read(min(length, _HEAD))
                 fh.seek(4, 1)  # CRC
                 if kind == b"tEXt" and b"\x00" in body:
                     key, _, value = body.partition(b"\x00")
@@ -62,10 +73,22 @@ def png_software(path: Path) -> str | None:
 
 
 def json_kind(path: Path) -> str | None:
-    """A hexicore JSON file's kind (its ``format``, or ``trace`` for our Chrome traces)."""
+    """A hexicore JSON file's kind (its ``format``, or ``trace`` for our Chrome traces). A file
+    above :data:`_WHOLE` bytes is recognised by its head (a leading ``format``) and tail (our
+    traces end with ``otherData``) alone, so memory stays bounded."""
+    fh = open_regular(path)
+    if fh is None:
+        return None
     try:
-        with path.open("rb") as fh:
-            data: Any = json.loads(fh.read())
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > _WHOLE:
+                head = _FORMAT.match(fh.read(_HEAD))
+                if head:
+                    return head.group(1).decode("ascii")
+                fh.seek(size - 4096)
+                return "hexicore.trace" if _GENERATOR.search(fh.read()) else None
+            data: Any = json.loads(fh.read(_WHOLE + 1))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
@@ -88,8 +111,11 @@ def yaml_kind(path: Path) -> str | None:
     run's ``config.yaml`` by its first line, :data:`RUN_CONFIG_MARK`)."""
     import yaml
 
+    fh = open_regular(path)
+    if fh is None:
+        return None
     try:
-        with path.open("rb") as fh:
+        with fh:
             head = fh.read(_HEAD)
         if head.split(b"\n", 1)[0].decode("utf-8", "replace").startswith(RUN_CONFIG_MARK):
             return "hexicore.run_config"
@@ -102,8 +128,11 @@ def yaml_kind(path: Path) -> str | None:
 
 def safetensors_generator(path: Path) -> str | None:
     """``__metadata__.generator`` of a safetensors file (reads its JSON header only)."""
+    fh = open_regular(path)
+    if fh is None:
+        return None
     try:
-        with path.open("rb") as fh:
+        with fh:
             n = int.from_bytes(fh.read(8), "little")
             head: Any = json.loads(fh.read(n)) if 2 <= n <= _HEAD else None
     except (OSError, ValueError, RecursionError):
@@ -131,6 +160,7 @@ def check_writable(path: str | Path, kind: str, *, overwrite: bool | None = None
     (``hexicore.plan``, ``hexicore.png``, ...); ``overwrite`` True allows any file, False none."""
     p = Path(path)
     statable(p, field)
+    refuse_special(p, field)
     if p.is_dir():
         raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
     if not p.exists() and not p.is_symlink():
@@ -168,6 +198,7 @@ def check_dir(path: str | Path, items: Iterable[tuple[str, str]], *, overwrite: 
     passes :func:`check_writable` (``overwrite=false`` refuses any of them that exists)."""
     d = Path(path)
     statable(d, field)
+    refuse_special(d, field)
     if d.exists() and not d.is_dir():
         raise HexicoreError("is a file; an output directory goes here", source=str(d), field=field)
     check_all(((d / name, kind) for name, kind in items), overwrite=overwrite, field=field)
@@ -181,6 +212,7 @@ def check_token_output(path: str | Path, *, overwrite: bool | None = None, field
     p = Path(path)
     side = p.with_name(p.name + ".json")
     check_writable(side, "hexicore.tokens", overwrite=overwrite, field=field)
+    refuse_special(p, field)
     if p.is_dir():
         raise HexicoreError("is a directory; give the token file's path", source=str(p), field=field)
     if (not p.exists() and not p.is_symlink()) or overwrite is True:
@@ -222,7 +254,10 @@ def file_digest(path: str | Path) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
+    fh = open_regular(Path(path))
+    if fh is None:
+        return ""
+    with fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -232,9 +267,11 @@ def final_manifest(folder: str | Path) -> dict[str, list[str]]:
     """``folder/hexicore_files.json`` (:data:`FINAL_MANIFEST`) as ``{name: [sha256, ...]}``; empty
     when absent or not ours; malformed entries are left out (their files are then not ours)."""
     p = Path(folder) / FINAL_MANIFEST
-    if json_kind(p) != "hexicore.final_files":
+    fh = open_regular(p) if json_kind(p) == "hexicore.final_files" else None
+    if fh is None:
         return {}
-    files = json.loads(p.read_bytes()).get("files")
+    with fh:
+        files = json.loads(fh.read(_WHOLE)).get("files")
     if not isinstance(files, dict):
         return {}
     return {n: [x for x in v if isinstance(x, str)] for n, v in files.items()
@@ -259,6 +296,7 @@ def check_final_extras(folder: str | Path, names: Iterable[str], *, overwrite: b
     listed = final_manifest(d)
     for name in names:
         p = d / name
+        refuse_special(p, field)
         if p.is_dir():
             raise HexicoreError("is a directory; a file goes here", source=str(p), field=field)
         if not p.exists() and not p.is_symlink():
@@ -276,6 +314,7 @@ def check_run_folders(d: Path, folders: Iterable[str], *, overwrite: bool | None
     when the run writes them) are not files; ``final/`` and ``reads/`` hold only our files."""
     for name in folders:
         p = d / name
+        refuse_special(p, field)
         if p.exists() and not p.is_dir():
             raise HexicoreError(f"is a file; train writes the folder {name}/ here", source=str(p), field=field)
     check_final_dir(d / "final", overwrite=overwrite, field=field)
@@ -323,9 +362,14 @@ def check_run_dir(path: str | Path, *, resume: str | None = None, overwrite: boo
     ``final/`` holds a foreign file (:func:`check_run_folders`), or when it already holds another run's
     checkpoints — unless ``resume`` continues that run (``resume`` lies in this directory) or
     ``overwrite=true``, which clears hexicore's own checkpoints (returned; nothing else goes).
-    ``overwrite=false`` refuses any existing metrics or checkpoint."""
+    ``overwrite=false`` refuses any existing metrics or checkpoint. A directory inside the
+    checkpoint ``resume`` names (``resume=.../step_1 out=.../step_1``) is refused."""
     d = check_dir(path, [("metrics.json", "hexicore.metrics"), ("config.yaml", "hexicore.run_config")],
                   overwrite=overwrite, field=field)
+    if resume and _inside(d, Path(resume)) and re.fullmatch(r"step_\d+(\.pt)?", Path(resume).resolve().name):
+        raise HexicoreError(f"lies inside the checkpoint it resumes from ({resume}); a run never writes into its "
+                            "own checkpoint: give out= the run's folder (the one holding checkpoints/) or another",
+                            source=str(d), field=field)
     check_run_folders(d, tuple(folders), overwrite=overwrite, field=field)
     steps = _step_entries(d)
     if not steps:

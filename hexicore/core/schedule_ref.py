@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from hexicore.core import limits
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 #: The plan format's default schedule (``hexicore.plan/1``): a pipeline section without a
 #: ``schedule`` name runs this one. The only schedule name the core knows.
@@ -112,7 +112,7 @@ class ScheduleRef(Mapping):
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise HexicoreError(f"a schedule name must be a string, got {self.name!r}", field="schedule.name")
+            raise HexicoreError(f"a schedule name must be a string, got {shown(self.name)}", field="schedule.name")
         params = self.params if isinstance(self.params, FrozenMap) else FrozenMap(self.params)
         if "name" in params:
             raise HexicoreError("'name' is the schedule's name, not a parameter", field="schedule.name")
@@ -140,13 +140,13 @@ class ScheduleRef(Mapping):
                 raise HexicoreError("a schedule name must not be empty", source=source, field=field)
             return cls(section)
         if not isinstance(section, Mapping):
-            raise HexicoreError(f"expected a mapping with a schedule name, got {section!r}", source=source,
+            raise HexicoreError(f"expected a mapping with a schedule name, got {shown(section)}", source=source,
                                 field=field)
         name = section.get("name", default)
         if name is None:
             name = default
         if not isinstance(name, str):
-            raise HexicoreError(f"a schedule name must be a string, got {name!r}", source=source, field=f"{field}.name")
+            raise HexicoreError(f"a schedule name must be a string, got {shown(name)}", source=source, field=f"{field}.name")
         for key in ("waves", "chunks"):
             limits.check(section.get(key), limits.MAX_WAVES, key, source=source, field=f"{field}.{key}")
         return cls(name, FrozenMap((k, v) for k, v in section.items() if k != "name"))
@@ -157,15 +157,15 @@ class ScheduleRef(Mapping):
         ``name``, as hexicore writes it. A bare name, ``{}``, ``null`` or parameters without a
         name are refused naming ``field``, never read as the default (only an absent section is)."""
         if not isinstance(section, Mapping):
-            shown = "null" if section is None else f"{type(section).__name__} {section!r}"
+            given = "null" if section is None else f"{type(section).__name__} {shown(section)}"
             raise HexicoreError(f"expected an object with the schedule's name ({{\"name\": \"1f1b\", ...}}), got "
-                                f"{shown}; leave the field out for the default, {DEFAULT_SCHEDULE}", source=source,
+                                f"{given}; leave the field out for the default, {DEFAULT_SCHEDULE}", source=source,
                                 field=field)
         name = section.get("name")
         if name is None:
             raise HexicoreError("missing required field", source=source, field=f"{field}.name")
         if not isinstance(name, str) or not name.strip():
-            raise HexicoreError(f"expected a non-empty string, got {name!r}", source=source, field=f"{field}.name")
+            raise HexicoreError(f"expected a non-empty string, got {shown(name)}", source=source, field=f"{field}.name")
         return cls.from_mapping(section, source=source, field=field)
 
     def with_params(self, **changes: Any) -> "ScheduleRef":

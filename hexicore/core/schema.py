@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import uuid
 import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
+from hexicore.core.input_size import file_bytes
 
 _MISSING = object()
 
@@ -93,10 +95,13 @@ def number(value: Any, source: str | None, field: str, *, positive: bool = True,
     if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HexicoreError(f"expected a number, got {value!r}{_yaml11(value)}", source=source, field=field)
-    value = float(value)
+        raise HexicoreError(f"expected a number, got {shown(value)}{_yaml11(value)}", source=source, field=field)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond every float (a few hundred digits)
+        value = math.inf
     if not math.isfinite(value):
-        raise HexicoreError(f"expected a finite number, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a finite number, got {shown(value)}", source=source, field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         bound = ">= 0" if allow_zero else "> 0"
         raise HexicoreError(f"must be {bound}, got {value:g}", source=source, field=field)
@@ -109,11 +114,11 @@ def integer(value: Any, source: str | None, field: str, *, minimum: int | None =
     if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         value = float(value)
     if isinstance(value, bool):
-        raise HexicoreError(f"expected an integer, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected an integer, got {shown(value)}", source=source, field=field)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
-        raise HexicoreError(f"expected an integer, got {value!r}{_yaml11(value)}", source=source, field=field)
+        raise HexicoreError(f"expected an integer, got {shown(value)}{_yaml11(value)}", source=source, field=field)
     if minimum is not None and value < minimum:
         raise HexicoreError(f"must be >= {minimum}, got {value}", source=source, field=field)
     return value
@@ -132,7 +137,7 @@ def _yaml11(value: Any) -> str:
 def string(value: Any, source: str | None, field: str) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
-        raise HexicoreError(f"expected a non-empty string, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a non-empty string, got {shown(value)}", source=source, field=field)
     return value
 
 
@@ -140,22 +145,57 @@ def path_arg(value: Any, field: str) -> Path:
     """A library argument that names a file: a non-empty ``str`` or path-like, else one line
     naming the argument ``field``."""
     if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise HexicoreError(f"expected a file path, got {type(value).__name__} {value!r}", field=field)
+        raise HexicoreError(f"expected a file path, got {type(value).__name__} {shown(value)}", field=field)
     return Path(value)
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """A file's non-empty text; a missing, unreadable or empty file is a one-line error."""
+def open_regular(path: Path) -> Any:
+    """``path`` opened for binary reading when it is a regular file (links followed), else None:
+    a FIFO is never waited on, a device never read (the check runs on the opened file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return os.fdopen(fd, "rb")
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def read_bytes(path: str | Path, what: str, field: str | None = None) -> bytes:
+    """A regular file's bytes, at most the size limit of a ``what`` file
+    (:func:`hexicore.core.input_size.file_bytes`); a directory, a device, FIFO or socket, a missing
+    or larger file is a one-line error, and nothing beyond the limit is read."""
     path = Path(path)
     if path.is_dir():
-        raise HexicoreError(f"a directory, not a {what} file", source=str(path))
-    if not path.exists():
-        raise HexicoreError(f"{what} file not found", source=str(path))
-    if not path.is_file():  # /dev/null, a pipe, a socket: there, but no file to read
-        raise HexicoreError(f"not a regular file (a device, pipe or socket); give a {what} file", source=str(path))
+        raise HexicoreError(f"a directory, not a {what} file", source=str(path), field=field)
+    fh = open_regular(path)
+    if fh is None:
+        found = path.exists()
+        raise HexicoreError(f"not a regular file; a {what} file is read from a regular file" if found else
+                            f"{what} file not found", source=str(path), field=field)
+    limit = file_bytes(what)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        with fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise HexicoreError(f"cannot read {what} file: {exc.strerror}", source=str(path), field=field) from None
+    if len(data) > limit:
+        raise HexicoreError(f"is larger than hexicore's limit of {limit:,} bytes for a {what} file "
+                            "(docs/formats.md, Limits)", source=str(path), field=field)
+    return data
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A file's non-empty text (:func:`read_bytes`: regular, bounded); a missing, unreadable or
+    empty file is a one-line error."""
+    try:
+        text = read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise HexicoreError(f"cannot read {what} file: {exc}", source=str(path)) from None
     if not text.strip():
         raise HexicoreError(f"{what} file is empty", source=str(path))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hexicore.core import limits
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.fields import check_fields, flag, one_of, real, rule, text, whole
 from hexicore.core.model import DTYPE_BYTES
 
@@ -79,7 +79,7 @@ class TrainSettings:
         limits.check(self.seq_len, limits.MAX_SEQ_LEN, "tokens", field="train.seq_len")
         if self.micro_batch != AUTO and (not isinstance(self.micro_batch, int) or isinstance(self.micro_batch, bool)
                                          or self.micro_batch < 1):
-            raise HexicoreError(f"micro_batch must be a whole number >= 1 or auto; got {self.micro_batch!r}",
+            raise HexicoreError(f"micro_batch must be a whole number >= 1 or auto; got {shown(self.micro_batch)}",
                                 field="train.micro_batch")
         limits.check(self.micro_batches, limits.MAX_MICRO_BATCHES, "micro-batches",
                      field="train.micro_batch")
@@ -88,7 +88,7 @@ class TrainSettings:
                                 f"{self.micro_batch}: give a train.global_batch that {self.micro_batch} divides, "
                                 f"or another train.micro_batch", field="train.micro_batch")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
-            raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {self.zero!r}", field="train.zero")
+            raise HexicoreError(f"zero must be one of 0, 1, 2, 3, auto; got {shown(self.zero)}", field="train.zero")
 
     @property
     def zero_stage(self) -> int:
@@ -130,7 +130,7 @@ class TrainSettings:
                     try:
                         v = float(v)
                     except ValueError:
-                        raise HexicoreError(f"expected a whole number or auto, got {v!r}", source=source,
+                        raise HexicoreError(f"expected a whole number or auto, got {shown(v)}", source=source,
                                             field=f"{prefix}.{k}") from None
             if v is not None:
                 kw[k] = AUTO if k == "micro_batch" and v == AUTO else schema.integer(v, source, f"{prefix}.{k}")
@@ -146,7 +146,7 @@ class TrainSettings:
             if isinstance(z, str) and z.strip().isdigit():
                 z = int(z)
             if isinstance(z, bool) or z not in ZERO_STAGES:
-                raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {z!r}", source=source, field=f"{prefix}.zero")
+                raise HexicoreError(f"expected 0, 1, 2, 3 or auto, got {shown(z)}", source=source, field=f"{prefix}.zero")
             kw["zero"] = z
         try:
             return cls(**kw)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 #: fields that are a string or null
 STRINGS = ("name", "status")
@@ -36,7 +36,7 @@ def _optional_number(value: Any, source: str | None, field: str) -> None:
 def _optional_string(value: Any, source: str | None, field: str) -> None:
     """Null or a string."""
     if value is not None and not isinstance(value, str):
-        raise HexicoreError(f"expected a string or null, got {value!r}", source=source, field=field)
+        raise HexicoreError(f"expected a string or null, got {shown(value)}", source=source, field=field)
 
 
 def _idle_entry(entry: Any, source: str | None, field: str) -> None:

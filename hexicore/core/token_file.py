@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 FORMAT = "hexicore.tokens/1"
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -82,10 +82,13 @@ class TokenFile:
             raise HexicoreError(f"unsupported format {fmt!r}; expected {FORMAT!r}", source=src, field="format")
         dtype = meta.get("dtype")
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", source=src, field="dtype")
+            raise HexicoreError(f"dtype must be one of {', '.join(DTYPES)}, got {shown(dtype)}", source=src, field="dtype")
         vocab = schema.integer(meta.get("vocab"), src, "vocab")
         if p.is_dir():
             raise HexicoreError("is a directory, not a token file", source=str(p), field="runtime.data_file")
+        if p.exists() and not p.is_file():  # a FIFO or device: never opened (it could block or never end)
+            raise HexicoreError("not a regular file; a token file is read from a regular file", source=str(p),
+                                field="runtime.data_file")
         try:
             size = p.stat().st_size
         except OSError as exc:
@@ -169,7 +172,7 @@ def _text(value: Any, src: str, field: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise HexicoreError(f"expected text, got {value!r}"[:200], source=src, field=field)
+        raise HexicoreError(f"expected text, got {shown(value)}"[:200], source=src, field=field)
     return value
 
 

@@ -7,6 +7,7 @@ training) fails first, with one line naming the path and the field.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from hexicore.core.errors import HexicoreError
@@ -19,6 +20,29 @@ def statable(p: Path, field: str | None, source: str | None = None) -> None:
         p.exists()
     except OSError as exc:
         raise HexicoreError(f"cannot create it: {exc.strerror}", source=source or str(p)[:200], field=field) from None
+
+
+def special_kind(p: Path) -> str | None:
+    """What ``p`` is when it exists and is neither a regular file nor a folder (links followed):
+    "a character device", "a block device", "a FIFO", "a socket"; None otherwise."""
+    try:
+        mode = os.stat(p).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def refuse_special(p: Path, field: str | None, source: str | None = None) -> None:
+    """Refuse a device, FIFO or socket (or a link to one) where hexicore would write: never
+    replaced, appended to or read, ``overwrite=true`` included."""
+    what = special_kind(p)
+    if what is not None:
+        raise HexicoreError(f"is {what}, not a regular file; hexicore never writes there (overwrite=true included)",
+                            source=source or str(p)[:200], field=field)
 
 
 def nearest_existing(p: Path, links: bool = True) -> Path | None:

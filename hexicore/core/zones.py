@@ -38,7 +38,7 @@ def parse_inter(d: Mapping[str, Any], n_machines: int, source: str | None, prefi
 def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float], source: str | None,
                 prefix: str | None) -> tuple[tuple[float, float] | None, tuple[tuple, ...]]:
     """``inter_zone: {bandwidth_gbs, latency_us}`` (the default link between machines of
-    different zones; absent: ``inter``) and ``zone_links`` (per zone-pair overrides); a machine
+    different zones; required where two zones have no ``zone_links`` entry) and ``zone_links`` (per zone-pair overrides); a machine
     joins a zone with ``zone: NAME`` (``zones``: the names the machines use). Returns
     ``(inter_zone or None, ((between, bandwidth_gbs, latency_us), ...))``."""
     inter_zone = None
@@ -66,6 +66,14 @@ def parse_zones(d: Mapping[str, Any], zones: set[str], inter: tuple[float, float
                           limits.bandwidth(schema.get(l, "bandwidth_gbs", source, fp), source, schema.dotted(fp, "bandwidth_gbs")),
                           limits.latency(l.get("latency_us", (inter_zone or inter)[1]), source,
                                          schema.dotted(fp, "latency_us"))))
+    if inter_zone is None:  # zones without their link would be priced as one zone, without a word
+        covered = {frozenset(x[0]) for x in links}
+        ordered = sorted(zones)
+        loose = next(((a, b) for i, a in enumerate(ordered) for b in ordered[i + 1:] if {a, b} not in covered), None)
+        if loose is not None:
+            raise HexicoreError(f"the machines name zones, but no link between zones {loose[0]} and {loose[1]} is given: "
+                                "add inter_zone: {bandwidth_gbs, latency_us} (or zone_links for every pair)",
+                                source=source, field=schema.dotted(prefix, "inter_zone"))
     return inter_zone, tuple(links)
 
 

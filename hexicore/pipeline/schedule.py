@@ -36,13 +36,15 @@ so one transfer is half of it.
 
 from __future__ import annotations
 
+import math
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.pipeline.comm import insert_comm
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.action_placement import built_placement, built_template, chunk_counts
@@ -170,7 +172,7 @@ def positive_int(value: Any, name: str, key: str, alternative: str = "") -> int:
             count = None
     if count is None:
         also = f" {alternative}" if alternative else ""
-        raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{also}, got {value!r}",
+        raise HexicoreError(f"schedule {name!r}: {key} must be a positive integer{also}, got {shown(value)}",
                             field=f"schedule.{key}")
     return count
 
@@ -183,9 +185,10 @@ def positive_memory(value: Any, name: str, per_rank: bool = False) -> Any:
         return None
     listed = per_rank and isinstance(value, (list, tuple))
     caps = value if listed else [value]
-    ok = bool(caps) and all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps)
-    what = "a positive number or a list of them" if per_rank else "a positive number"
-    need(ok, name, f"memory must be {what}, got {value!r}", "schedule.memory")
+    ok = bool(caps) and all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
+                            for c in caps)
+    what = "a positive number or a list of them (each finite)" if per_rank else "a positive number (finite)"
+    need(ok, name, f"memory must be {what}, got {shown(value)}", "schedule.memory")
     return tuple(float(c) for c in value) if listed else value
 
 
@@ -224,6 +227,11 @@ class ActionSchedule(ABC):
 
     def params(self) -> dict[str, Any]:
         return {}
+
+    def unrecorded(self) -> str | None:
+        """What a plan's reference to this schedule lacks to rebuild the lists it was priced with
+        (a schedule the planner resolves per pipeline records the result; None: nothing)."""
+        return None
 
     def ordered(self, spec: ScheduleSpec) -> ActionList:  # checked before anything reads it
         return check_built(self.order(spec), self.name, spec.ranks, spec.micro_batches)

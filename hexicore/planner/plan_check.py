@@ -40,7 +40,8 @@ def validate_plan(plan: Plan, cost: CostModel, source: str | None = None, book: 
 def check_schedules(plan: Plan, book: ScheduleBook, source: str | None = None) -> None:
     """Every pipeline's schedule builds from ``book`` (a :class:`hexicore.planner.pricing.ScheduleBook`)
     with its parameters and places its ranks (a schedule that records per-rank times checks
-    their count there); else a one-line error naming ``source`` and ``pipelines[i].schedule...``.
+    their count there, and records them: :meth:`~hexicore.pipeline.schedule.ActionSchedule.unrecorded`);
+    else a one-line error naming ``source`` and ``pipelines[i].schedule...``.
     ``auto`` is the planner's keyword, not a schedule a plan runs."""
     placed = book.placement()
     for i, p in enumerate(plan.pipelines):
@@ -50,10 +51,14 @@ def check_schedules(plan: Plan, book: ScheduleBook, source: str | None = None) -
                             "schedule this pipeline runs (a plan from hexicore plan schedule=auto records it)",
                             source=source, field=f"{where}.schedule.name")
         try:
-            book.priced(p.schedule, len(p.stages))
+            schedule = book.priced(p.schedule, len(p.stages))
             placed(p, p.n_micro_batches(plan.train.micro_batch))
         except HexicoreError as exc:
             raise exc.located(source, where) from None
+        missing = getattr(schedule, "unrecorded", lambda: None)()
+        if missing:
+            raise PlanError(f"a plan's {p.schedule.name} schedule records its {missing}; this one lacks them (a plan "
+                            "hexicore plan writes has them)", source=source, field=f"{where}.schedule")
 
 
 def _placed(cost: CostModel, plan: Plan, pipe, j: int) -> str:

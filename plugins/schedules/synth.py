@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from hexicore.core.errors import shown
+from hexicore.core.limits import SCHEDULE_S
 from hexicore.core.placement import Placement
 from hexicore.pipeline.actions import ActionList
 from hexicore.pipeline.action_placement import placement
@@ -47,13 +49,16 @@ EFFORT = {"full": {}, "quick": {"keep": 1, "admit_rounds": 0, "swaps": 200}}
 
 
 def times(value: Any, name: str, key: str, zero_ok: bool = False) -> tuple[float, ...]:
-    """Recorded ``stage_times`` / ``hop_times``: a list of finite numbers of seconds, > 0 (>= 0
-    with ``zero_ok``), as a tuple; else a one-line error naming ``schedule.<key>``."""
+    """Recorded ``stage_times`` / ``hop_times``: a list of numbers of seconds within
+    :data:`hexicore.core.limits.SCHEDULE_S` (or 0 with ``zero_ok``), as a tuple; else a one-line
+    error naming ``schedule.<key>``."""
+    low, high = SCHEDULE_S
     ok = isinstance(value, (list, tuple)) and all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x >= 0 if zero_ok else x > 0)
-        for x in value)
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        and (x == 0 and zero_ok or low <= x <= high) for x in value)
     sign = "non-negative" if zero_ok else "positive"
-    need(ok, name, f"{key} must be a list of {sign} numbers (seconds), got {value!r}", f"schedule.{key}")
+    need(ok, name, f"{key} must be a list of {sign} numbers of seconds from {low:g} to {high:g}, got {shown(value)}",
+         f"schedule.{key}")
     return tuple(float(x) for x in value)
 
 
@@ -77,7 +82,7 @@ class Synth(ActionSchedule):
             need(self.stage_times is not None and len(self.hop_times) == P - 1, self.name,
                  f"hop_times needs one entry per hop between the {P} ranks of stage_times, got "
                  f"{len(self.hop_times)}", "schedule.hop_times")
-        need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {self.effort!r}",
+        need(self.effort in EFFORT, self.name, f"effort must be one of {sorted(EFFORT)}, got {shown(self.effort)}",
              "schedule.effort")
 
     def params(self) -> dict[str, Any]:
@@ -90,6 +95,10 @@ class Synth(ActionSchedule):
             out["stage_times"] = [float(x) for x in self.stage_times]
             out["hop_times"] = [float(x) for x in (self.hop_times or [0.0] * (len(self.stage_times) - 1))]
         return out
+
+    def unrecorded(self) -> str | None:
+        """A plan's synth section records the times its lists were synthesised for."""
+        return None if self.stage_times is not None else "stage_times and hop_times (the times its lists were built for)"
 
     def cap(self, ranks: int) -> float | tuple[float, ...]:
         """The cap on peak in-flight micro-batches: one number, or one per rank."""

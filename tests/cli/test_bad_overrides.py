@@ -67,6 +67,12 @@ FILE_CASES = [
     (["plan", "cluster_file={cluster}", "cluster.inter.bandwidth_gbs=5"], "cluster.inter.bandwidth_gbs", "cluster_file="),
     (["evaluate", "plan_file={plan}", "model_file={model}"], "model_file", "plan_file="),
     (["train", "plan_file={plan}", "cluster_file={cluster}", "train.steps=1"], "cluster_file", "plan_file="),
+    (["evaluate", "plan_file={plan}", "model=llama2_70b"], "model", "plan_file="),
+    (["evaluate", "plan_file={plan}", "model.layers=80"], "model.layers", "plan_file="),
+    (["evaluate", "plan_file={plan}", "cluster=hetero1"], "cluster", "plan_file="),
+    (["evaluate", "plan_file={plan}", "cluster.inter.bandwidth_gbs=5"], "cluster.inter.bandwidth_gbs", "plan_file="),
+    (["evaluate", "plan_file={plan}", "exclude=[A.0]"], "exclude", "plan_file="),
+    (["train", "plan_file={plan}", "model=tiny", "train.steps=1"], "model", "plan_file="),
 ]
 
 
@@ -97,7 +103,7 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
     try:
         monkeypatch.setattr(launch.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
         assert launch.set_threads(1, announce=True) == 8 == torch.get_num_threads()
-        assert "torch threads per rank: 8 (8 cores, load 0, 1 local rank)" in capsys.readouterr().err
+        assert "torch threads per rank: 8 (8 cores, load 0, 1 local rank)" in capsys.readouterr().out
         assert launch.set_threads(3) == 2  # an idle machine split among three local ranks
         monkeypatch.setattr(launch.os, "getloadavg", lambda: (6.5, 0.0, 0.0))
         assert launch.set_threads(1) == 2  # six cores kept busy by others: use the two left
@@ -106,7 +112,7 @@ def test_threads_divide_the_free_cores_and_are_printed(monkeypatch, capsys):
         assert launch.set_threads(1) == 1
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         torch.set_num_threads(3)
-        assert launch.set_threads(2, announce=True) == 3 and "OMP_NUM_THREADS" in capsys.readouterr().err
+        assert launch.set_threads(2, announce=True) == 3 and "OMP_NUM_THREADS" in capsys.readouterr().out
     finally:
         torch.set_num_threads(before)
 

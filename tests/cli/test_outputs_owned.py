@@ -186,3 +186,18 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(run_dir, tmp_path, caps
     code = run_cli([*SIM, f"out={tmp_path / 'sim'}", f"hydra.run.dir={run_dir.replace('PLACE', str(tmp_path))}"])
     one_line_exit_2(code, capsys, "command line: hydra.run.dir: cannot create")
     assert not any(tmp_path.iterdir())
+
+
+def test_a_run_never_writes_into_the_checkpoint_it_resumes_from(tmp_path, capsys):
+    """``resume=.../step_2 out=.../step_2`` (or a folder inside it) wrote the run's outputs into
+    the checkpoint it read: refused in one line, the checkpoint left as it was."""
+    out = tmp_path / "run"
+    assert run_cli([*TRAIN, "train.steps=2", "train.checkpoint_every=2", f"out={out}"]) == 0
+    capsys.readouterr()
+    step = out / "checkpoints" / "step_2"
+    before = sorted(p.name for p in step.iterdir())
+    for target in (step, step / "again"):
+        one_line_exit_2(run_cli([*TRAIN, "train.steps=3", f"resume={step}", f"out={target}"]), capsys,
+                        "inside the checkpoint it resumes from")
+    assert sorted(p.name for p in step.iterdir()) == before
+

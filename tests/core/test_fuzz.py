@@ -151,3 +151,78 @@ def test_fuzz_overrides(key, value, tmp_path, capsys, rss_guard):
     assert code in (0, 2), err
     if code == 2:
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+# ------------------------------------------------ the newer surfaces: profiles, Hugging Face files,
+# token sidecars, synth sections, checkpoint meta (each a valid document broken at one place)
+from tests.helpers import sample_raw_profile  # noqa: E402
+
+PROFILE = json.loads(json.dumps(sample_raw_profile()))
+HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+             "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 256, "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": [2, 3]}
+SAFETENSORS = {"__metadata__": {"generator": "hexicore"}, "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+               "b": {"dtype": "BF16", "shape": [4], "data_offsets": [16, 24]}}
+SIDECAR = {"format": "hexicore.tokens/1", "dtype": "uint16", "vocab": 300, "tokens": 40, "documents": 2, "eos": 1,
+           "max_id": 12, "stamp": {"bytes": 80, "mtime_ns": 1}, "tokenizer": "t.json"}
+SYNTH = {"name": "synth", "memory": [2, 3], "stage_times": [0.5, 0.25], "hop_times": [0.01], "effort": "quick"}
+META = {"format": "hexicore.checkpoint/2", "step": 2, "losses": [1.0, 0.9], "step_s": [0.1, 0.1], "seed": 0,
+        "adam_step": 2, "model": {}, "data": {}, "plan": "x", "global_batch": 4, "seq_len": 8,
+        "grad_norms": [1.0, None]}
+
+
+@FAST
+@given(doc=broken(PROFILE))
+def test_fuzz_profile_files(doc, tmp_path, rss_guard):
+    from hexicore.core.profile import Profile
+
+    _check(Profile.load, doc, tmp_path / "p.yaml", True)
+
+
+@FAST
+@given(doc=broken(HF_CONFIG))
+def test_fuzz_hf_configs(doc, tmp_path, rss_guard):
+    from hexicore.core.hf_config import load_hf_config
+
+    _check(load_hf_config, doc, tmp_path / "config.json", False)
+
+
+@FAST
+@given(doc=broken(SAFETENSORS))
+def test_fuzz_safetensors_headers(doc, tmp_path, rss_guard):
+    hf = pytest.importorskip("hexicore_plugins.runtimes.torch.checkpoint.hugging_face")
+
+    def load(path):
+        head = path.read_bytes()
+        st = path.with_suffix(".safetensors")
+        st.write_bytes(len(head).to_bytes(8, "little") + head + bytes(24))
+        return hf.read_header(st)
+
+    _check(load, doc, tmp_path / "h.json", False)
+
+
+@FAST
+@given(doc=broken(SIDECAR))
+def test_fuzz_token_sidecars(doc, tmp_path, rss_guard):
+    from hexicore.core.token_file import TokenFile
+
+    data = tmp_path / "x.bin"
+    data.write_bytes(bytes(80))
+    _check(lambda p: TokenFile.open(data).check(300, 8) or True, doc, tmp_path / "x.bin.json", False)
+
+
+@FAST
+@given(doc=broken(SYNTH))
+def test_fuzz_synth_sections(doc, tmp_path, rss_guard):
+    from hexicore.planner.pricing import ScheduleBook
+    from hexicore.registry import Registry
+
+    book = ScheduleBook(Registry.default())
+    _check(lambda p: book.priced(json.loads(p.read_text()), 2), doc, tmp_path / "s.json", False)
+
+
+@FAST
+@given(doc=broken(META))
+def test_fuzz_checkpoint_meta(doc, tmp_path, rss_guard):
+    native = pytest.importorskip("hexicore_plugins.runtimes.torch.checkpoint.native")
+    _check(lambda p: native.check_meta(json.loads(p.read_text()), str(p)) or True, doc, tmp_path / "meta.json", False)

@@ -117,7 +117,7 @@ def test_cli_bad_plans_exit_2_before_any_process(tmp_path, capsys, monkeypatch):
     code, io = cli([*TRAIN, "schedule=1f1b", "pipeline.ranks=9", f"out={tmp_path}"], capsys)
     assert code == 2 and io.err.count("\n") == 1 and "more stages than layers" in io.err
     assert "hexicore: error: command line: pipeline.ranks: 9 pipeline stages" in io.err
-    code, io = cli([*TRAIN, f"plan_file={_plan_json(tmp_path, 3)}", f"out={tmp_path}"], capsys)
+    code, io = cli([*TRAIN[1:], f"plan_file={_plan_json(tmp_path, 3)}", f"out={tmp_path}"], capsys)  # the plan carries its model
     assert code == 2 and io.err.count("\n") == 1 and "tensor-parallel degree 3 does not divide" in io.err
     code, io = cli([*TRAIN, "parallel=none", f"resume={tmp_path / 'nope.pt'}"], capsys)
     assert code == 2 and "no such checkpoint" in io.err

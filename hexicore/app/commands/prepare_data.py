@@ -28,6 +28,7 @@ from hexicore.app.progress_display import shown_progress
 from hexicore.app.report import console, rows_table
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
+from hexicore.core.input_size import JSONL_LINE_BYTES, TOKENIZER_BATCH, TOKENIZER_PIECE
 from hexicore.core.ownership import check_token_output
 from hexicore.core.token_file import DTYPES, dtype_for, file_stamp, sidecar_path, write_sidecar
 
@@ -53,26 +54,73 @@ def input_files(spec: Any) -> list[Path]:
     return list(first.values())
 
 
-def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int]]:
-    """(text, bytes read) per document, in file order; a ``.jsonl`` suffix in any case
-    (``.JSONL``) is a JSON-lines file."""
+def pieces(text: str, size: int | None = None) -> Iterator[str]:
+    """``text`` cut into pieces of at most ``size`` characters (default
+    :data:`~hexicore.core.input_size.TOKENIZER_PIECE`), each cut after a line break or before a
+    space where the piece has one (so that words stay whole), for the tokenizer."""
+    size = size or TOKENIZER_PIECE
+    while len(text) > size:
+        cut = text.rfind("\n", 0, size) + 1 or text.rfind(" ", 1, size)
+        cut = cut if cut > 0 else size
+        yield text[:cut]
+        text = text[cut:]
+    yield text
+
+
+def documents(files: list[Path], text_key: str) -> Iterator[tuple[str, int, bool]]:
+    """(piece of text, bytes read, whether the piece ends its document) in file order: a text
+    file is one document, read in blocks (never whole); a JSON-lines file one document per
+    line; every piece at most :data:`~hexicore.core.input_size.TOKENIZER_PIECE` characters. A
+    ``.jsonl`` suffix in any case (``.JSONL``) is a JSON-lines file."""
     for f in files:
         if f.suffix.lower() == ".jsonl":
-            yield from _json_lines(f, text_key)
+            for text, nbytes in _json_lines(f, text_key):
+                parts = list(pieces(text))
+                for i, part in enumerate(parts):
+                    yield part, nbytes if i == 0 else 0, i == len(parts) - 1
         else:
+            yield from _text_file(f)
+
+
+def _text_file(f: Path) -> Iterator[tuple[str, int, bool]]:
+    """A text file's pieces, decoded as UTF-8 block by block (a byte-order mark is no text)."""
+    import codecs
+
+    fh = schema.open_regular(f)
+    if fh is None:
+        raise HexicoreError("not a regular file", source=str(f), field="input")
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    held = ""
+    with fh:
+        while True:
             try:
-                text = f.read_text(encoding="utf-8-sig")  # a byte-order mark is no text
+                block = fh.read(TOKENIZER_PIECE)
+                held += decoder.decode(block, final=not block)
             except (OSError, UnicodeDecodeError) as exc:
                 raise HexicoreError(f"cannot read as UTF-8 text: {exc}", source=str(f), field="input") from None
-            yield text, len(text.encode("utf-8"))
+            if not block:
+                yield held, 0, True
+                return
+            *done, held = list(pieces(held))
+            for i, part in enumerate(done):
+                yield part, len(block) if i == 0 else 0, False
+            if not done:
+                yield "", len(block), False
 
 
 def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
     """(text, bytes read) per line of a JSON-lines file (a byte-order mark before the first is
     skipped); a line that is not UTF-8, or whose text escapes a lone surrogate (no UTF-8 text),
-    is an error naming it, like any other bad line."""
-    with f.open("rb") as fh:
-        for n, raw in enumerate(fh, 1):
+    is an error naming it, like any other bad line; so is a line longer than
+    :data:`~hexicore.core.input_size.JSONL_LINE_BYTES` (never read beyond that)."""
+    fh = schema.open_regular(f)
+    if fh is None:
+        raise HexicoreError("not a regular file", source=str(f), field="input")
+    with fh:
+        for n, raw in enumerate(iter(lambda: fh.readline(JSONL_LINE_BYTES + 1), b""), 1):
+            if len(raw) > JSONL_LINE_BYTES:
+                raise HexicoreError(f"the line is longer than hexicore's limit of {JSONL_LINE_BYTES:,} bytes "
+                                    "(docs/formats.md, Limits)", source=str(f), field=f"line {n}")
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -82,7 +130,7 @@ def _json_lines(f: Path, text_key: str) -> Iterator[tuple[str, int]]:
             try:
                 doc = json.loads(line)
                 text = doc[text_key]
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (json.JSONDecodeError, KeyError, TypeError, RecursionError):
                 raise HexicoreError(f"expected a JSON object with a string {text_key!r}", source=str(f),
                                     field=f"line {n}") from None
             if not isinstance(text, str):
@@ -108,8 +156,9 @@ def load_tokenizer(path: Any) -> Any:
     from tokenizers import Tokenizer
 
     p = tokenizer_file(path)
+    text = schema.read_bytes(p, "tokenizer", field="tokenizer")  # regular, within its size limit
     try:
-        return Tokenizer.from_file(str(p))
+        return Tokenizer.from_str(text.decode("utf-8"))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
         raise HexicoreError(f"cannot load the tokenizer: {str(exc).splitlines()[0]}", source=str(p),
                             field="tokenizer") from None
@@ -140,16 +189,40 @@ def eos_id(tok: Any, eos: Any) -> int:
                         source="command line", field="prepare.eos")
 
 
-def _batches(docs: Iterator[tuple[str, int]], size: int) -> Iterator[tuple[list[str], int]]:
-    texts, nbytes = [], 0
-    for text, b in docs:
-        texts.append(text)
-        nbytes += b
-        if len(texts) >= size:
-            yield texts, nbytes
-            texts, nbytes = [], 0
-    if texts:
-        yield texts, nbytes
+def _batches(parts: Iterator[tuple[str, int, bool]], size: int) -> Iterator[tuple[list[tuple[str, bool]], int]]:
+    """Pieces (text, ends its document) in batches of at most ``size`` pieces and
+    :data:`~hexicore.core.input_size.TOKENIZER_BATCH` characters, with the bytes they read."""
+    batch: list[tuple[str, bool]] = []
+    nbytes = chars = 0
+    for text, b, last in parts:
+        batch.append((text, last))
+        nbytes, chars = nbytes + b, chars + len(text)
+        if len(batch) >= size or chars >= TOKENIZER_BATCH:
+            yield batch, nbytes
+            batch, nbytes, chars = [], 0, 0
+    if batch:
+        yield batch, nbytes
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While the token file is written, SIGTERM leaves through Python's exit path (``finally``
+    blocks remove the temporary file), as Ctrl-C does; the handler before is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str, batch_docs: int,
@@ -165,16 +238,32 @@ def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str,
     tmp = schema.temp_path(out)
     n_docs = n_tokens = skipped = 0
     top = -1
+    held: list[int] = []  # ids of the document being read while it has no text yet (blank so far)
+    text_seen = False  # whether that document has any non-blank piece (its ids are then written at once)
     try:
-        with tmp.open("wb") as fh:
-            for texts, nbytes in _batches(documents(files, text_key), batch_docs):
-                full = [t for t in texts if t.strip()]  # blank text is no document, whatever the tokenizer
-                encs = [e for e in tok.encode_batch(full, add_special_tokens=False) if e.ids]
-                ids = np.fromiter((i for e in encs for i in (*e.ids, eos)), dtype=np.int64)
-                fh.write(ids.astype(dtype).tobytes())
-                top = max(top, int(ids.max(initial=-1)))
-                n_docs, skipped = n_docs + len(encs), skipped + len(texts) - len(encs)
-                n_tokens += len(ids)
+        with _sigterm_exits(), tmp.open("wb") as fh:
+            for batch, nbytes in _batches(documents(files, text_key), batch_docs):
+                encs = tok.encode_batch([t for t, _ in batch], add_special_tokens=False)
+                written: list[int] = []
+                for (text, last), enc in zip(batch, encs):
+                    if text_seen or text.strip():
+                        written += held + enc.ids
+                        held, text_seen = [], True
+                    else:
+                        held += enc.ids
+                    if not last:
+                        continue
+                    if text_seen:  # blank text is no document, whatever the tokenizer gives it
+                        written.append(eos)
+                        n_docs += 1
+                    else:
+                        skipped += 1
+                    held, text_seen = [], False
+                del encs
+                arr = np.asarray(written, dtype=np.int64)
+                fh.write(arr.astype(dtype).tobytes())
+                top = max(top, int(arr.max(initial=-1)))
+                n_tokens += len(arr)
                 if progress is not None:
                     progress(nbytes)
         if not n_tokens:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hexicore.core.fields import is_number
 from hexicore.core.cluster import Cluster
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.plan import Plan
 
 __all__ = ["KINDS", "Objective", "plan_price", "rate"]
@@ -61,8 +61,8 @@ class Objective:
                                 field="objective")
         for key in ("budget_per_hour", "min_tokens_per_s"):
             v = getattr(self, key)
-            if v is not None and (not is_number(v) or not v > 0):
-                raise HexicoreError(f"{key} must be a positive number or null, got {v!r}", field=key)
+            if v is not None and (not is_number(v) or not 0 < v < math.inf):
+                raise HexicoreError(f"{key} must be a finite positive number or null, got {shown(v)}", field=key)
 
     @property
     def needs_prices(self) -> bool:

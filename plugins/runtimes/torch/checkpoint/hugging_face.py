@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
+from hexicore.core.input_size import file_bytes
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -47,9 +48,10 @@ def weight_files(folder: str | Path, field: str = "init_from") -> dict[str, Path
 
 def _index_files(d: Path, field: str) -> dict[str, Path]:
     src = str(d / INDEX)
+    raw = schema.read_bytes(d / INDEX, "safetensors index", field=field)
     try:
-        wm = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError):
+        wm = json.loads(raw)["weight_map"]
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise HexicoreError("unreadable index: no weight_map", source=src, field=field) from None
     if not isinstance(wm, dict) or not wm:
         raise HexicoreError("weight_map must be a non-empty mapping of tensor name -> shard file name", source=src,
@@ -57,7 +59,7 @@ def _index_files(d: Path, field: str) -> dict[str, Path]:
     root, out = d.resolve(), {}
     for n, f in wm.items():
         if not isinstance(f, str) or not f:
-            raise HexicoreError(f"the file of tensor {n!r} must be a file name, got {f!r}", source=src,
+            raise HexicoreError(f"the file of tensor {shown(n)} must be a file name, got {shown(f)}", source=src,
                                 field=f"{field}.weight_map")
         p = d / f
         if Path(f).is_absolute() or not p.resolve().is_relative_to(root):
@@ -75,11 +77,14 @@ def read_header(path: str | Path, field: str = "init_from") -> dict[str, Any]:
     every entry has a dtype, a shape and data offsets, and the data the header declares is the
     rest of the file (a truncated or padded file is refused here, not in a worker)."""
     p = Path(path)
+    fh = schema.open_regular(p)
+    if fh is None:
+        raise HexicoreError("not a regular file" if p.exists() else "no such file", source=str(p), field=field)
     try:
-        with open(p, "rb") as f:
+        with fh as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            if n > 1 << 30:
-                raise ValueError("header too large")
+            if n > file_bytes("safetensors header"):
+                raise ValueError(f"a header of {n:,} bytes is above the limit of {file_bytes('safetensors header'):,}")
             head = json.loads(f.read(n))
         size = p.stat().st_size
         if not isinstance(head, dict):
@@ -110,18 +115,19 @@ def _entry_end(name: str, v: Any) -> int:
     the file: a dtype name, a shape of whole numbers, and data offsets ``[begin, end]`` spanning
     exactly the tensor's bytes for the common dtypes (so no malformed entry reaches a worker)."""
     if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-        raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets")
+        raise ValueError(f"tensor {shown(name)} has no dtype, shape and data_offsets")
     dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
     if not isinstance(dtype, str):
-        raise ValueError(f"tensor {name!r} has dtype {dtype!r}, not a name")
+        raise ValueError(f"tensor {shown(name)} has dtype {shown(dtype)}, not a name")
     if not isinstance(shape, list) or not all(_whole(x) for x in shape):
-        raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of whole numbers")
+        raise ValueError(f"tensor {shown(name)} has shape {shown(shape)}, not a list of whole numbers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(x) for x in offsets)
             and offsets[0] <= offsets[1]):
-        raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+        raise ValueError(f"tensor {shown(name)} has data_offsets {shown(offsets)}, not [begin, end]")
     need = WIDTHS.get(dtype, 0) * math.prod(shape)
     if dtype in WIDTHS and offsets[1] - offsets[0] != need:
-        raise ValueError(f"tensor {name!r} spans {offsets[1] - offsets[0]} bytes, its dtype and shape need {need}")
+        raise ValueError(f"tensor {shown(name)} spans {shown(offsets[1] - offsets[0])} bytes, its dtype and shape need "
+                         f"{shown(need)}")
     return offsets[1]
 
 
@@ -129,9 +135,10 @@ def _contiguous_end(head: dict[str, Any]) -> int:
     """The end of the data, the tensors (each checked by :func:`_entry_end`) laid back to back
     from offset 0 with no gap or overlap, as safetensors requires."""
     end = 0
-    for begin, stop, name in sorted((v["data_offsets"][0], _entry_end(n, v), n) for n, v in head.items()):
+    ends = {n: _entry_end(n, v) for n, v in head.items()}  # each entry checked before its offsets are read
+    for begin, stop, name in sorted((head[n]["data_offsets"][0], stop, n) for n, stop in ends.items()):
         if begin != end:
-            raise ValueError(f"tensor {name!r} starts at byte {begin}, the previous data ends at {end}")
+            raise ValueError(f"tensor {shown(name)} starts at byte {shown(begin)}, the previous data ends at {shown(end)}")
         end = stop
     return end
 

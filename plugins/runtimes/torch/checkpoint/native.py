@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hexicore.core import schema
-from hexicore.core.errors import HexicoreError
+from hexicore.core.errors import HexicoreError, shown
 
 from . import hugging_face as hf_io
 from .hugging_face import EMBED, HEAD
@@ -160,8 +161,8 @@ def load(path: str | Path) -> dict[str, Any]:
     later, per rank, slice by slice (:func:`model_source`, :func:`restore_optimizer`)."""
     d = resolve(path)
     try:
-        ck = json.loads((d / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        ck = json.loads(schema.read_bytes(d / META, "checkpoint meta", field="resume"))
+    except ValueError as exc:
         raise HexicoreError(f"cannot read checkpoint: {exc}", source=str(d / META), field="resume") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise HexicoreError(f"not a {FORMAT} checkpoint", source=str(d), field="resume")
@@ -177,7 +178,9 @@ def _int(v: Any) -> bool:
 
 
 def _numbers(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    """A list of finite numbers (NaN or an infinity is no loss, time or norm a run records)."""
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                       for x in v)
 
 
 def check_meta(ck: dict[str, Any], src: str) -> None:
@@ -186,7 +189,7 @@ def check_meta(ck: dict[str, Any], src: str) -> None:
     int, ``adam_step`` null or a non-negative whole number, ``model`` and ``data`` mappings,
     ``plan`` a string, ``global_batch``/``seq_len`` (absent in older checkpoints) positive ints."""
     def bad(field: str, what: str) -> HexicoreError:
-        return HexicoreError(f"{what}, got {ck.get(field)!r}"[:300], source=src, field=field)
+        return HexicoreError(f"{what}, got {shown(ck.get(field))}", source=src, field=field)
 
     step = ck.get("step")
     if not _int(step) or step < 1:
@@ -196,12 +199,12 @@ def check_meta(ck: dict[str, Any], src: str) -> None:
             raise bad(f, f"expected a list of {step} numbers, one per step done (step is {step})")
     if any(x < 0 for x in ck["step_s"]):
         raise bad("step_s", "step times must be non-negative")
-    if not _int(ck.get("seed")):
-        raise bad("seed", "expected an integer seed")
+    if not _int(ck.get("seed")) or not 0 <= ck["seed"] < 2**63:
+        raise bad("seed", "expected an integer seed from 0 to 2^63 - 1")
     a = ck.get("adam_step")
-    if a is not None and (not isinstance(a, (int, float)) or isinstance(a, bool) or not float(a).is_integer()
-                          or a < 0):
-        raise bad("adam_step", "expected null or a non-negative whole number of optimizer steps")
+    if a is not None and (not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a)
+                          or not float(a).is_integer() or not 0 <= a <= step):
+        raise bad("adam_step", f"expected null or a whole number of optimizer steps from 0 to step ({step})")
     for f in ("model", "data"):
         if not isinstance(ck.get(f), dict):
             raise bad(f, "expected a mapping")

@@ -99,7 +99,7 @@ def set_threads(local_world: int, *, announce: bool = False) -> int:
         torch.set_num_threads(n)
         why = f"{cores} cores, load {busy}, {local_world} local rank{'s' if local_world > 1 else ''}"
     if announce:
-        print(f"hexicore: torch threads per rank: {n} ({why})", file=sys.stderr, flush=True)
+        print(f"hexicore: torch threads per rank: {n} ({why})", flush=True)  # a note: stdout, stderr is for errors
     return n
 
 

@@ -47,25 +47,23 @@ class ByteText:
     """A text file tokenised at byte level (vocab 256): each row is a window at a seeded offset."""
 
     def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int):
+        from hexicore.core.schema import read_bytes
+
         path = Path(path) if path else demo_text_path()
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise HexicoreError(f"cannot read the text file: {exc.strerror}", source=str(path),
-                                field="runtime.data_file") from None
+        raw = read_bytes(path, "text data", field="runtime.data_file")  # regular, within its size limit
         if vocab < 256:
             raise HexicoreError(f"byte-level text needs a vocabulary of at least 256, the model has {vocab}",
                                 field="model.vocab")
         if len(raw) < seq_len + 2:
             raise HexicoreError(f"the text has {len(raw)} bytes; windows of {seq_len + 1} need at least {seq_len + 2}",
                                 source=str(path), field="runtime.data_file")
-        self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+        self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # one byte a token; ids widened per batch
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
 
     def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         g = _generator(self.seed, step)
         starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=g)
-        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()[lo:hi]])
+        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()[lo:hi]]).long()
 
 
 class TokenData:
@@ -83,14 +81,21 @@ class TokenData:
         self.file = TokenFile.open(path)
         self.file.check(vocab, seq_len, ids=check_ids)
         self.data = self.file.array()
-        self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
+        self.seq_len, self.global_batch, self.seed, self.vocab = seq_len, global_batch, seed, vocab
 
     def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Rows ``[lo, hi)`` of step ``step``; every id read is checked against the vocabulary
+        (a sidecar's ``max_id`` is a shortcut for the up-front check, never trusted over the ids)."""
         from hexicore.core.token_file import window_starts, windows
 
         width = self.seq_len + 1
         starts = window_starts(self.seed, step, self.global_batch, self.file.tokens, width)[lo:hi]
-        return torch.from_numpy(windows(self.data, starts, width))
+        rows = windows(self.data, starts, width)
+        if rows.size and not 0 <= int(rows.min()) <= int(rows.max()) < self.vocab:
+            raise HexicoreError(f"holds token id {int(rows.max())} at or beyond the model's vocabulary of {self.vocab} "
+                                "(its sidecar's max_id does not describe it: rerun prepare-data)",
+                                source=self.file.path, field="runtime.data_file")
+        return torch.from_numpy(rows)
 
 
 def make_source(kind: str, *, vocab: int, seq_len: int, global_batch: int, seed: int, path: str | None = None,

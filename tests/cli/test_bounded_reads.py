@@ -1,0 +1,161 @@
+"""Every read is bounded: inputs are regular files under a size limit per kind (docs/formats.md,
+"Limits"), a FIFO is never waited on and a device never read; text corpora stream and the
+tokenizer gets bounded pieces, so one huge line neither exhausts memory nor aborts the process."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.cli.test_hydra_outputs import bounded, refused, tree
+
+TRAIN = ["train", "model=tiny", "train.dtype=fp32", "train.global_batch=2", "train.steps=1", "parallel=none",
+         "runtime.progress=false"]
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)
+    return path
+
+
+def test_a_fifo_or_device_is_never_read_as_an_input(fifo, tmp_path, monkeypatch, capsys):
+    """Each would block for ever (a FIFO) or read gigabytes (``/dev/zero``); each is one line."""
+    monkeypatch.chdir(tmp_path)
+    zero = tmp_path / "zero.txt"
+    zero.symlink_to("/dev/zero")
+    before = tree(tmp_path)
+    for argv in (["plan", "model=tiny", f"cluster_file={fifo}"], ["plan", f"model_file={fifo}"],
+                 ["evaluate", f"plan_file={fifo}"], ["plan", "model=tiny", f"warm_start={fifo}"],
+                 ["evaluate", f"plan_file={zero}"]):
+        refused(argv, capsys, "not a regular file")
+    pytest.importorskip("torch")
+    for path in (fifo, zero):
+        refused([*TRAIN, "runtime.data=text", f"runtime.data_file={path}", f"out={tmp_path / 'run'}"], capsys,
+                "runtime.data_file", "not a regular file")
+    from hexicore.core.token_file import write_sidecar
+
+    write_sidecar(fifo, {"dtype": "uint16", "vocab": 256})
+    write_sidecar(zero, {"dtype": "uint16", "vocab": 256})
+    before = tree(tmp_path)
+    for path in (fifo, zero):
+        refused([*TRAIN, "runtime.data=tokens", f"runtime.data_file={path}", f"out={tmp_path / 'run'}"], capsys,
+                "runtime.data_file", "not a regular file")
+    assert tree(tmp_path) == before
+
+
+def test_a_file_above_its_limit_is_refused_unread(tmp_path, monkeypatch, capsys):
+    """A 100 MB cluster file (sparse: nothing is written to disk) took minutes; refused at once."""
+    monkeypatch.chdir(tmp_path)
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as fh:
+        fh.truncate(100 << 20)
+    with bounded(20):
+        refused(["plan", "model=tiny", f"cluster_file={big}"], capsys, "limit of 67,108,864 bytes")
+
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def _tokenizer(path, texts):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"]))
+    tok.save(str(path))
+    return tok
+
+
+def test_long_documents_reach_the_tokenizer_in_bounded_pieces(tmp_path, monkeypatch, capsys):
+    """A document far longer than one piece (a one-line text file, a JSON line) is encoded piece
+    by piece, cut between words, to the same ids as the whole; a tokenizer file that is a FIFO is
+    refused."""
+    from hexicore.app.commands import prepare_data
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(1)
+    words = "the quick brown fox jumps over a lazy dog while wizards hex pipelines".split()
+    long_doc = " ".join(rng.choice(words, size=3000)) + "\nand a second line " * 3
+    (tmp_path / "a.txt").write_text(long_doc)
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": long_doc[::-1]}) + "\n" + json.dumps({"text": "short"}))
+    tok = _tokenizer(tmp_path / "tokenizer.json", [long_doc, long_doc[::-1], "short"])
+    monkeypatch.setattr(prepare_data, "TOKENIZER_PIECE", 64)
+    monkeypatch.setattr(prepare_data, "TOKENIZER_BATCH", 256)
+    seen, batches = [], []
+    original = prepare_data._batches
+
+    def spy(parts, size):
+        for batch, nbytes in original(parts, size):
+            seen.extend(len(t) for t, _ in batch)
+            batches.append(sum(len(t) for t, _ in batch))
+            yield batch, nbytes
+
+    monkeypatch.setattr(prepare_data, "_batches", spy)
+    out = tmp_path / "x.bin"
+    from tests.conftest import run_cli
+
+    assert run_cli(["prepare-data", "input=[a.txt,b.jsonl]", "tokenizer=tokenizer.json", f"out={out}"]) == 0
+    eos = tok.token_to_id("</s>")
+    expected = [i for doc in (long_doc, long_doc[::-1], "short")
+                for i in (*tok.encode(doc, add_special_tokens=False).ids, eos)]
+    from hexicore.core.token_file import TokenFile
+
+    assert TokenFile.open(out).array().tolist() == expected
+    assert max(seen) <= 64 and len(seen) > 100 and max(batches) < 256 + 64  # whatever prepare.batch_docs says
+    for text in (long_doc, "x" * 1000, "a\n" * 100):
+        parts = list(prepare_data.pieces(text, 64))
+        assert "".join(parts) == text and max(map(len, parts)) <= 64
+    capsys.readouterr()
+    fifo = tmp_path / "tok.json"
+    os.mkfifo(fifo)
+    refused(["prepare-data", "input=a.txt", f"tokenizer={fifo}", "out=y.bin"], capsys, "not a regular file")
+
+
+def test_a_json_line_above_its_limit_is_refused_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    from hexicore.app.commands import prepare_data
+
+    monkeypatch.chdir(tmp_path)
+    _tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "some words"}) + "\n" + json.dumps({"text": "w " * 500}))
+    monkeypatch.setattr(prepare_data, "JSONL_LINE_BYTES", 200)
+    before = tree(tmp_path)
+    refused(["prepare-data", "input=b.jsonl", "tokenizer=tokenizer.json", "out=x.bin", "prepare.batch_docs=1"],
+            capsys, "line 2", "limit of 200 bytes")
+    assert tree(tmp_path) == before
+
+
+def test_sigterm_while_tokenizing_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The temporary token file is removed on every exit path: an error, Ctrl-C, and SIGTERM
+    (which ended the process without running the clean-up). Run in a forked child, where the
+    signal's default would end only the child."""
+    import signal
+
+    from hexicore.app.commands import prepare_data
+
+    tok = _tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+
+    def documents(files, text_key):
+        yield "some words", 10, True
+        os.kill(os.getpid(), signal.SIGTERM)
+        yield "more words", 10, True
+
+    monkeypatch.setattr(prepare_data, "documents", documents)
+    pid = os.fork()
+    if pid == 0:  # the child: tokenize, then leave at once with the exit status it got
+        code = 0
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text", batch_docs=1)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGTERM, status
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]

@@ -286,6 +286,28 @@ class _Search:
             self.shares.part = min(1.0, self.devices(machines) / max(1, ahead))
         return self.solved(machines, machines, sub, first)
 
+    def descend(self, full: tuple[int, ...], types: list[tuple[int, ...]], screened: bool, workers: int) -> None:
+        """The greedy descent from ``full`` (module docstring): each step solves the neighbours
+        (screened: at most :data:`SCREENED_SOLVES` of those whose screens promise most) and moves
+        to the best if it improves, or, over ``budget_per_hour``, toward it."""
+        cur = full
+        while True:
+            here, near = self.best, list(_neighbours(cur, self.classes, types))
+            if screened:
+                self.prescreen([cur, *near], workers)
+            more = self.largest(near)  # kept for a step after this one
+            if screened:  # the most promising few, by their screens
+                near = sorted((v for v in near if self.promising(v, cur)),
+                              key=lambda v: self.quick_score(v) or (INF, INF))[:SCREENED_SOLVES]
+            steps = [(v, self.trial(v, ahead=self.ahead(near[k:]) + more)) for k, v in enumerate(near)]
+            self.progress(f"allocation: {len(self.trials)} sub-clusters solved", 0.75)
+            if self.best is here:
+                cur = self.toward_budget(near)
+                if cur is None:
+                    return
+                continue
+            cur = next(v for v, t in steps if t is self.best)
+
     def trimmed(self) -> None:
         """No whole-machine sub-cluster meets ``budget_per_hour``: solve the first devices of each
         class's first machine, as many as the budget pays for (keyed ``(machine, count)``)."""
@@ -414,23 +436,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
             progress(f"allocation: sub-cluster {i + 1}/{len(vectors)}", 0.5 + 0.5 * (i + 1) / (len(vectors) + 1))
             s.trial(v, ahead=s.ahead(vectors[i:]))
     else:
-        cur = full
-        while True:
-            here, near = s.best, list(_neighbours(cur, classes, types))
-            if screened:
-                s.prescreen([cur, *near], workers)
-            more = s.largest(near)  # kept for a step after this one
-            if screened:  # the most promising few, by their screens
-                near = sorted((v for v in near if s.promising(v, cur)),
-                              key=lambda v: s.quick_score(v) or (INF, INF))[:SCREENED_SOLVES]
-            steps = [(v, s.trial(v, ahead=s.ahead(near[k:]) + more)) for k, v in enumerate(near)]
-            progress(f"allocation: {len(s.trials)} sub-clusters solved", 0.75)
-            if s.best is here:
-                cur = s.toward_budget(near)
-                if cur is None:
-                    break
-                continue
-            cur = next(v for v, t in steps if t is s.best)
+        s.descend(full, types, screened, workers)
     complete = len(s.trials) == total
     if objective.budget_per_hour is not None and (s.best is None or s.best.score[0] == INF):
         s.trimmed()

@@ -353,8 +353,8 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     for c in pooled:
         if len(cands) >= FINAL_MOST or c.score > top.score * (1 + FINAL_WITHIN):
             break
-        if config.use_all_devices and idle_devices(problem, c.plan):
-            continue  # (a seed on fewer devices: only where no plan of all fits, as above)
+        if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):
+            continue  # (seeds outside the D_dp range, or on fewer devices: as above)
         if c.plan.pipelines not in have:
             have.add(c.plan.pipelines)
             cands.append(c)

@@ -350,7 +350,7 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too
     have = {c.plan.pipelines for c in cands if c.plan is not None}
     pooled = sorted((c for own in context.contexts() for c in own.pool), key=lambda c: c.score)
-    for c in pooled:
+    for c in pooled if time.monotonic() < deadline else ():  # (within the time budget only)
         if len(cands) >= FINAL_MOST or c.score > top.score * (1 + FINAL_WITHIN):
             break
         if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):

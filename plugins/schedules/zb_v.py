@@ -42,6 +42,12 @@ class ZeroBubbleV(ActionSchedule):
         lists = greedy_lists(spec, s2r, cap=[min(P, M)] * P, split_backward=True)
         return build(self.name, {}, spec, s2r, lists)
 
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Rank r holds ``min((min(M, P) + 1 + r) / 2, M)`` of its whole share at its peak (its two
+        chunks hold half a share each; counted along its lists for P up to 12 and M up to 5P + 1
+        and at P = 24 in tests/pipeline/test_simulate.py)."""
+        return tuple(float(min((min(n_mb, ranks) + 1 + r) / 2, n_mb)) for r in range(ranks))
+
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         if not split_holds(len(stage_times), n_mb, chunked=True):
             return None

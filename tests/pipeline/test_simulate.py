@@ -179,7 +179,7 @@ def test_held_peaks_are_the_simulators_peaks(name, params):
         assert sched.peak_activations(spec) == pytest.approx(simulate(al, spec.timing(al)).peak_activations)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "zb_h1", "zb_h2", "gpipe"])
+@pytest.mark.parametrize("name", ["1f1b", "zb_h1", "zb_h2", "zb_v", "gpipe"])
 def test_peak_rules_are_the_counted_peaks(name):
     """A schedule's closed peak rule is what its lists hold, counted along each rank's list, for
     P up to 12 and M from 1 to 5P + 1 (and at P = 24 for a few M)."""

@@ -30,7 +30,7 @@ from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.pricer import worth_pricing
 from hexicore.planner.allocation.objective import rate
 from hexicore.planner.stage_layout.pipeline_fit import capped, fits
-from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, resolve_placed, timed_cost
+from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, placed_bound, resolve_placed, timed_cost
 from hexicore.planner.problem import Problem, Progress, no_progress
 
 #: ``schedule=auto``'s key for the schedules tried on the final plan only
@@ -138,8 +138,8 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             break
         if not book.runs(ref, len(p.stages), n):
             continue
-        if not worth_pricing(book.bound(ref, *cost.pipeline_pieces(plan, Pipeline(p.batch, p.stages, ref)), n), best_s):
-            continue  # (the bound of the stage times under its own placement)
+        if not worth_pricing(placed_bound(book, cost, plan, p, ref), best_s):
+            continue
         ref = capped(book, cost, plan, p, ref)
         try:
             chosen, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))

@@ -352,15 +352,11 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         others = [r for r in refs if r != p.schedule and book.runs(r, len(p.stages), n)]
         modelled = {r: book.model(r, *pieces, n) for r in others}
         ranked = sorted(others, key=lambda r: modelled[r])
-
-        def placed(ref: ScheduleRef, p: Pipeline = p, pieces: tuple = pieces) -> tuple:
-            """The stage and hop times under ``ref``'s own placement (what its bound speaks of)."""
-            return pieces if ref == p.schedule else cost.pipeline_pieces(plan, Pipeline(p.batch, p.stages, ref))
         for i, ref in enumerate([p.schedule] + ranked):
             if not book.runs(ref, len(p.stages), n):
                 continue
             if best is not None and best[0] and (i > RANKED or modelled[ref] > best[1] * (1 + RANK_MARGIN)
-                                                 or not worth_pricing(book.bound(ref, *placed(ref), n), best[1])):
+                                                 or not worth_pricing(placed_bound(book, cost, plan, p, ref), best[1])):
                 continue
             ref, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
             seen[ref.name] = round(secs, 6)
@@ -370,6 +366,14 @@ def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[Schedu
         pipes.append(Pipeline(p.batch, p.stages, best[2] if best else p.schedule))
         tried.append(seen)
     return replace(plan, pipelines=tuple(pipes)), tried
+
+
+def placed_bound(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline, ref: ScheduleRef) -> float:
+    """:meth:`ScheduleBook.bound` of ``pipe`` under ``ref``, read on the stage and hop times of
+    ``ref``'s own placement (``cost.pipeline_pieces``): what the bound speaks of, where ``ref``
+    puts the embedding, the head or copies elsewhere than ``pipe``'s schedule does."""
+    pieces = cost.pipeline_pieces(plan, Pipeline(pipe.batch, pipe.stages, ref))
+    return book.bound(ref, *pieces, pipe.n_micro_batches(plan.train.micro_batch))
 
 
 def resolve_placed(book: ScheduleBook, cost: Any, plan: Any, pipe: Pipeline) -> tuple[ScheduleRef, float]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.cli.test_hydra_outputs import bounded, refused, tree
+from tests.cli.test_prepare_data import make_tokenizer
 
 TRAIN = ["train", "model=tiny", "train.dtype=fp32", "train.global_batch=2", "train.steps=1", "parallel=none",
          "runtime.progress=false"]
@@ -61,16 +62,6 @@ def test_a_file_above_its_limit_is_refused_unread(tmp_path, monkeypatch, capsys)
 tokenizers = pytest.importorskip("tokenizers")
 
 
-def _tokenizer(path, texts):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"]))
-    tok.save(str(path))
-    return tok
-
-
 def test_long_documents_reach_the_tokenizer_in_bounded_pieces(tmp_path, monkeypatch, capsys):
     """A document far longer than one piece (a one-line text file, a JSON line) is encoded piece
     by piece, cut between words, to the same ids as the whole; a tokenizer file that is a FIFO is
@@ -83,7 +74,7 @@ def test_long_documents_reach_the_tokenizer_in_bounded_pieces(tmp_path, monkeypa
     long_doc = " ".join(rng.choice(words, size=3000)) + "\nand a second line " * 3
     (tmp_path / "a.txt").write_text(long_doc)
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": long_doc[::-1]}) + "\n" + json.dumps({"text": "short"}))
-    tok = _tokenizer(tmp_path / "tokenizer.json", [long_doc, long_doc[::-1], "short"])
+    tok = make_tokenizer(tmp_path / "tokenizer.json", [long_doc, long_doc[::-1], "short"])
     monkeypatch.setattr(prepare_data, "TOKENIZER_PIECE", 64)
     monkeypatch.setattr(prepare_data, "TOKENIZER_BATCH", 256)
     seen, batches = [], []
@@ -120,7 +111,7 @@ def test_a_json_line_above_its_limit_is_refused_and_leaves_nothing(tmp_path, mon
     from hexicore.app.commands import prepare_data
 
     monkeypatch.chdir(tmp_path)
-    _tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+    make_tokenizer(tmp_path / "tokenizer.json", ["some words here"])
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "some words"}) + "\n" + json.dumps({"text": "w " * 500}))
     monkeypatch.setattr(prepare_data, "JSONL_LINE_BYTES", 200)
     before = tree(tmp_path)
@@ -137,7 +128,7 @@ def test_sigterm_while_tokenizing_leaves_no_temporary_file(tmp_path, monkeypatch
 
     from hexicore.app.commands import prepare_data
 
-    tok = _tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+    tok = make_tokenizer(tmp_path / "tokenizer.json", ["some words here"])
 
     def documents(files, text_key):
         yield "some words", 10, True

@@ -251,12 +251,16 @@ class SchedulePricer:
         """Peak in-flight micro-batches per rank for default times (units of a rank's whole
         share): the schedule's ``peak_rule`` where it declares one, else its count along the
         lists of ``ScheduleSpec(ranks, n_mb)`` (``peak_activations``); cached. The first time for
-        a number of ranks the lists are also simulated, so lists that deadlock are refused here
+        a number of ranks the lists are also run (:func:`~hexicore.pipeline.simulate.makespan`,
+        at ``n_mb`` or the window's end if fewer), so lists that deadlock are refused here
         (a count along them would not see it; the exact price of every final plan simulates it)."""
         key = ("peaks", int(ranks), int(n_mb))
         if key not in self.cache:
-            if ("runs", int(ranks)) not in self.cache:  # its lists for P ranks run to the end (once per P:
-                self.schedule.simulate(ScheduleSpec(int(ranks), int(n_mb)))  # the counts below do not check it)
+            if ("runs", int(ranks)) not in self.cache:  # its lists for P ranks run to the end (once per P, at
+                few = min(int(n_mb), self.peak_window(int(ranks))[1])  # most the window's end: the counts
+                al = self.schedule.template(int(ranks), few)  # below do not check it)
+                with blamed(self.schedule.name):
+                    makespan(al, ScheduleSpec(int(ranks), few).timing(al))
                 self.cache[("runs", int(ranks))] = True
             rule = self.schedule.peak_rule(int(ranks), int(n_mb))
             self.cache[key] = tuple(float(x) for x in (
@@ -271,7 +275,8 @@ class SchedulePricer:
         it, per rank the most held at any count of the window ``max(2P - 1, fewest it runs with)
         .. w`` (:meth:`peak_window`; exact-or-above where the order's in-flight counts have
         settled by ``w``: measured against :meth:`peaks` for every built-in in
-        tests/pipeline/test_pricer.py). The final plan is checked with :meth:`peaks`."""
+        tests/pipeline/test_pricer.py; a schedule whose peaks grow with M, ``Pricing.peaks_grow``,
+        counted at ``w`` alone). The final plan is checked with :meth:`peaks`."""
         n = int(n_mb)
         if self.schedule.pricing.growth == BLOCKS:
             return self.schedule.peaks(ranks, ranks)
@@ -281,6 +286,8 @@ class SchedulePricer:
         if n <= hi:
             return self.schedule.peaks(ranks, n)
         key = ("peak_window", int(ranks))
+        if key not in self.cache and self.schedule.pricing.peaks_grow:  # the most of the window is at its end
+            self.cache[key] = self.schedule.peaks(ranks, hi)
         if key not in self.cache:
             most, still = None, 0
             for m in range(lo, hi + 1):

@@ -78,6 +78,11 @@ class Pricing:
       (DualPipeV: 2, ``M >= 2P``; 0: any ``M >= 1``): the search gives each pipeline at least
       :meth:`min_micro_batches` of them or does not use the schedule there, and plan checks
       refuse a pipeline with fewer.
+    * ``peaks_grow`` — its per-rank peaks never fall as M grows (an order built greedily per M,
+      where more micro-batches only add work: interleaved ZB, DualPipeV): the search reads the
+      peaks above the window at the window's end alone, one count instead of one per M of it
+      (:meth:`SchedulePricer.anchored_peaks`; tests/pipeline/test_pricer.py checks the
+      declaration along the window).
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -89,6 +94,7 @@ class Pricing:
     cost_model_time: bool = False
     memory_cap: bool = False
     micro_batches_per_rank: int = 0
+    peaks_grow: bool = False
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):

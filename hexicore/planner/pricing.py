@@ -28,6 +28,7 @@ schedule-specific is declared by the schedule plugins.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Mapping, Sequence
@@ -335,26 +336,31 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
     return timed_cost(cost, book), book
 
 
-def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[ScheduleRef]) -> tuple[Any, list]:
+def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[ScheduleRef],
+                 deadline: float = math.inf) -> tuple[Any, list]:
     """Per pipeline of ``plan`` (layers and batches fixed), the exactly fastest schedule among
     ``refs`` whose peak activations fit every stage's devices; the pipeline's own schedule
     stays a candidate, so no pipeline gets slower. The others are priced exactly in the order of
     the search's modelled times (:meth:`ScheduleBook.model`), bounds first: at most
     :data:`RANKED` of them, none whose modelled time is more than :data:`RANK_MARGIN` above the
     best fitting exact time so far, none whose lower bound (:meth:`ScheduleBook.bound`) leaves
-    no room for a gain of :data:`~hexicore.pipeline.pricer.LEAST_GAIN`. Returns the new plan
+    no room for a gain of :data:`~hexicore.pipeline.pricer.LEAST_GAIN`, and none past ``deadline``
+    (``time.monotonic()``; the pipeline's own is priced still). Returns the new plan
     and, per pipeline, ``{schedule name: seconds}`` of the options priced."""
     pipes, tried = [], []
     for p in plan.pipelines:
         best, seen = None, {}
         n = p.n_micro_batches(plan.train.micro_batch)
         pieces = cost.pipeline_pieces(plan, p)
-        others = [r for r in refs if r != p.schedule and book.runs(r, len(p.stages), n)]
+        late = time.monotonic() > deadline
+        others = [r for r in refs if not late and r != p.schedule and book.runs(r, len(p.stages), n)]
         modelled = {r: book.model(r, *pieces, n) for r in others}
         ranked = sorted(others, key=lambda r: modelled[r])
         for i, ref in enumerate([p.schedule] + ranked):
             if not book.runs(ref, len(p.stages), n):
                 continue
+            if best is not None and time.monotonic() > deadline:
+                break
             if best is not None and best[0] and (i > RANKED or modelled[ref] > best[1] * (1 + RANK_MARGIN)
                                                  or not worth_pricing(placed_bound(book, cost, plan, p, ref), best[1])):
                 continue

@@ -90,7 +90,7 @@ def dualpipe_v(rank: int, ranks: int, micro_batches: int) -> list[Action]:
 @dataclass(frozen=True)
 class DualPipeV(ActionSchedule):
     name = "dualpipe_v"
-    pricing = Pricing(micro_batches_per_rank=2)
+    pricing = Pricing(micro_batches_per_rank=2, peaks_grow=True)  # more micro-batches only lengthen phase 4
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         P, M = spec.ranks, spec.micro_batches

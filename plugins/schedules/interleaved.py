@@ -9,6 +9,9 @@ Phases on rank r (warm-up ``w = min(2(P-r-1) + (v-1)G, M v)``, Megatron's warm-u
 1. warm-up: the first w forward table entries;
 2. steady: alternate the next forward entry and the next backward entry;
 3. cool-down: the remaining backward entries.
+Memory: rank r holds ``min(w + 1, M v) / v`` micro-batches at its peak (units of its whole share,
+a chunk 1/v of it): after phase 1 and the first forward of phase 2 (``peak_rule``; counted along
+the lists in tests/pipeline/test_simulate.py).
 With equal stages, free transfers and M a multiple of P the bubble is ``(P-1)/v`` of
 ``M + (P-1)/v`` stage-rounds: v-fold less bubble time than 1F1B.
 """
@@ -41,12 +44,18 @@ def schedule_table(ranks: int, micro_batches: int, chunks: int) -> list[tuple[in
     return table
 
 
+def warm_up(rank: int, ranks: int, micro_batches: int, chunks: int) -> int:
+    """Forward table entries rank ``rank`` runs before its first backward (Megatron's warm-up
+    count): ``w = min(2(P - r - 1) + (v - 1) G, M v)`` with G the first group's size."""
+    return min(2 * (ranks - rank - 1) + (chunks - 1) * groups(ranks, micro_batches)[0], micro_batches * chunks)
+
+
 def interleaved(rank: int, ranks: int, micro_batches: int, chunks: int) -> list[Action]:
     """Rank ``rank``'s interleaved 1F1B list (phases in the module docstring)."""
     fwd = schedule_table(ranks, micro_batches, chunks)
     bwd = [(m, chunks - 1 - c) for m, c in fwd]
     total = len(fwd)
-    w = min(2 * (ranks - rank - 1) + (chunks - 1) * groups(ranks, micro_batches)[0], total)
+    w = warm_up(rank, ranks, micro_batches, chunks)
     f = [Action("F", c * ranks + rank, m) for m, c in fwd]
     b = [Action("B", c * ranks + rank, m) for m, c in bwd]
     out = f[:w]
@@ -71,6 +80,12 @@ class Interleaved1F1B(ActionSchedule):
         P, M, v = spec.ranks, spec.micro_batches, self.chunks
         lists = [interleaved(r, P, M, v) for r in range(P)]
         return build(self.name, self.params(), spec, loop_map(P, v), lists)
+
+    def peak_rule(self, ranks: int, n_mb: int) -> tuple[float, ...]:
+        """Rank r holds ``min(w + 1, M v) / v`` micro-batches (module docstring, "Memory"): its
+        warm-up's forwards and phase 2's first, a chunk's share each."""
+        v, total = self.chunks, n_mb * self.chunks
+        return tuple(min(warm_up(r, ranks, n_mb, v) + 1, total) / v for r in range(ranks))
 
     def closed_form(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float | None:
         """Equal stages, free transfers, P dividing M: ``(M + (P-1)/v)(T_F + T_B)`` (Megatron's

@@ -27,7 +27,7 @@ from hexicore.pipeline.actions import ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.greedy import greedy_lists
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int, positive_memory
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need, positive_int, positive_memory
 from hexicore.pipeline.pricer import split_bubble, split_closed_form, split_holds
 
 
@@ -36,6 +36,7 @@ class InterleavedZeroBubble(ActionSchedule):
     chunks: int = 2
     memory: float | None = None
     name = "interleaved_zb"
+    pricing = Pricing(peaks_grow=True)  # greedy per M: more micro-batches only add work
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunks", positive_int(self.chunks, self.name, "chunks"))

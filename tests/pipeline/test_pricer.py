@@ -102,6 +102,19 @@ def test_model_peaks_never_below_exact_peaks(name, params, ranks, most):
             assert all(m >= e - 1e-9 for m, e in zip(model, exact)), (name, P, M, exact, model)
 
 
+@pytest.mark.parametrize("name", [n for n in REG.names("schedule") if REG.create("schedule", n).pricing.peaks_grow])
+def test_declared_growing_peaks_never_fall_as_micro_batches_grow(name):
+    """A schedule declaring ``Pricing.peaks_grow`` is read at the window's end alone (one count
+    for every larger M): its per-rank peaks never fall from one M to the next, from the fewest it
+    runs with to past the window (5P + 1), with and without a memory cap where it takes one."""
+    for params in ({}, {"memory": 3}) if hasattr(REG.create("schedule", name), "memory") else ({},):
+        sched = REG.create("schedule", name, **params)
+        for P in (2, 3, 5, 8, 11):
+            rows = [sched.peaks(P, m) for m in range(sched.pricing.min_micro_batches(P), 5 * P + 2)]
+            assert all(b >= a - 1e-12 for before, after in zip(rows, rows[1:]) for a, b in zip(before, after)), (name, P)
+            assert sched.model_peaks(P, 5 * P + 1) == sched.peaks(P, sched.pricer.peak_window(P)[1]) == rows[-1]
+
+
 def test_model_peaks_of_fill_drain_grow_with_the_micro_batches():
     """GPipe keeps every micro-batch's activations until its first backward: the search reads
     its rule at M (12 on every rank at P = 3, M = 12), not at 2P - 1 = 5."""

@@ -179,13 +179,14 @@ def test_held_peaks_are_the_simulators_peaks(name, params):
         assert sched.peak_activations(spec) == pytest.approx(simulate(al, spec.timing(al)).peak_activations)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "zb_h1", "zb_h2", "zb_v", "gpipe"])
-def test_peak_rules_are_the_counted_peaks(name):
+@pytest.mark.parametrize("name,params", [("1f1b", {}), ("zb_h1", {}), ("zb_h2", {}), ("zb_v", {}), ("gpipe", {}),
+                                         ("interleaved_1f1b", {"chunks": 2}), ("interleaved_1f1b", {"chunks": 3})])
+def test_peak_rules_are_the_counted_peaks(name, params):
     """A schedule's closed peak rule is what its lists hold, counted along each rank's list, for
     P up to 12 and M from 1 to 5P + 1 (and at P = 24 for a few M)."""
     from hexicore.pipeline.simulate import held_peaks
 
-    sched = Registry.default().create("schedule", name)
+    sched = Registry.default().create("schedule", name, **params)
     grid = [(P, M) for P in range(1, 13) for M in range(1, 5 * P + 2)] + [(24, M) for M in (1, 23, 24, 47, 100)]
     for P, M in grid:
         assert sched.peak_rule(P, M) == pytest.approx(held_peaks(sched.ordered(ScheduleSpec(P, M)))), (P, M)

@@ -138,7 +138,7 @@ def test_builtins_declare_their_pricing_and_the_rules_match_the_simulator():
     assert one.pricing.cost_model_time and not gpipe.pricing.cost_model_time
     assert (hanayo.pricing.growth, hanayo.pricing.min_ranks, hanayo.pricing.fewer_ranks) == \
         (BLOCKS, 2, ScheduleRef("1f1b"))
-    assert one.pricing.growth == STEADY and reg.create("schedule", "interleaved_1f1b").peak_rule(4, 8) is None
+    assert one.pricing.growth == STEADY and reg.create("schedule", "chimera").peak_rule(4, 8) is None
     book = ScheduleBook(reg)
     wave = ScheduleRef("hanayo", {"waves": "auto", "max_waves": 4})
     assert book.effective(wave, 1) == ScheduleRef("1f1b") and not book.usable(wave, 1)

@@ -178,6 +178,13 @@ def speculate(context: SearchContext, best: Candidate, rng: random.Random, start
     return out
 
 
+def ends_by(deadline: float, took: float) -> bool:
+    """Whether a step begun now that takes as long as the last one (``took`` seconds) ends by
+    ``deadline`` (``time.monotonic()``): the anytime search begins no step it expects to
+    overrun its budget with."""
+    return time.monotonic() + took <= deadline
+
+
 def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
                 progress: Progress) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
@@ -196,8 +203,9 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         draws = random.Random()
         draws.setstate(rng.getstate())  # the loop's own seeds, one draw per candidate
         prefetch(context, [(d, o, draws.randrange(2**31)) for d, o in fixed], context.workers)
+    took = 0.0  # the last candidate's seconds: one that would end past the deadline is not begun
     for it in range(n):
-        if time.monotonic() > deadline and (best.score < INF or context.steering(best).score < INF):
+        if not ends_by(deadline, took) and (best.score < INF or context.steering(best).score < INF):
             break  # anytime: the best so far once anything fits; until then the search goes on
         if it < len(sweep):
             d_dp, objective = sweep[it]
@@ -210,7 +218,9 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         seed = rng.randrange(2**31)
         if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
             guessed = {}  # the walk left the guess: guess again from the next step
+        began = time.monotonic()
         cand = two_phase(context, d_dp, objective, shifts, seed)
+        took = time.monotonic() - began
         if cand.score < best.score:
             best = cand
         shown = f"{best.score:.3f} s" if best.score < INF else "none fits yet"
@@ -220,25 +230,27 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
     return best
 
 
-def finalize(context: SearchContext, cands: Sequence[Candidate]) -> tuple[Plan, dict]:
+def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float = INF) -> tuple[Plan, dict]:
     """With schedule-priced pipelines: re-price the candidates exactly (the search ranked them by
     modelled times) and keep the best that fits under its schedules' exact peaks (the check
     ``hexicore evaluate`` makes); ``schedule=auto`` first re-chooses each pipeline's
     schedule exactly (:func:`hexicore.planner.pricing.choose_exact`, the pipeline's own schedule
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
     for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`). A candidate that
-    does not fit exactly is never returned: none fitting is an error naming the device."""
+    does not fit exactly is never returned: none fitting is an error naming the device. Past
+    ``deadline`` (the search's time budget, ``time.monotonic()``) the candidates after the first
+    are not priced, nor any schedule but a pipeline's own (anytime: one exact pricing at least)."""
     if context.book is None:  # priced exactly all along: the best candidate
         plan = min((c for c in cands if c.plan is not None), key=lambda c: c.score).plan
         if not context.exact_cost.estimate(plan).fits:
             raise unfit_error(context, plan)
         return plan, {}
-    out = []
+    out: list = []
     for c in cands:
-        if c.plan is None:
+        if c.plan is None or (out and time.monotonic() > deadline):
             continue
         if context.auto:
-            plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options)
+            plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options, deadline)
         else:
             plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
         est = context.exact_cost.estimate(plan)
@@ -262,6 +274,7 @@ class Searched:
     best: Candidate
     seed: int
     replanned: bool
+    deadline: float = INF  # the search's time budget ends (``time.monotonic()``): the exact pricing's too
 
     @property
     def plan(self) -> Plan:
@@ -322,8 +335,9 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
             partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
             seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         own = lead_pipeline_counts(context) or dps  # the lead setting's walk is the one it takes alone
-        best = search_loop(context, own, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
-                                                         key=lambda c: c.score), progress)
+        lead_ends = deadline if not context.others else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
+        best = search_loop(context, own, rng, lead_ends, min(seeds or [Candidate(INF, None, None, "none")],
+                                                          key=lambda c: c.score), progress)
         if context.others:
             side_walk(context, own, dps, random.Random(seed + 1), deadline)
         if best.plan is None and partial and min(c.score for c in partial) < INF:
@@ -358,14 +372,14 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         if c.plan.pipelines not in have:
             have.add(c.plan.pipelines)
             cands.append(c)
-    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, deadline)
 
 
 def finish(found: Searched, progress: Progress = no_progress) -> Plan:
     """The searched candidates priced exactly (:func:`finalize`), the best as a plan with the
     search's solver info."""
     context, best, problem = found.context, found.best, found.context.problem
-    plan, sched_info = finalize(context, found.candidates)
+    plan, sched_info = finalize(context, found.candidates, found.deadline)
     progress(f"hexiscale: done, {best.score:.3f} s", 1.0)
     config = context.config
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
@@ -401,6 +415,11 @@ def flops_bound(plan: Plan) -> float:
 #: this (relative) of the best, up to FINAL_MOST candidates in all
 FINAL_WITHIN = 0.05
 FINAL_MOST = 6
+#: under a time budget with other training settings, the lead's loop ends after this share of
+#: the time left after seeding, and the side walk (:func:`side_walk`) has the rest: the other
+#: settings' numbers of pipelines (often more of them, where ZeRO frees memory) are searched
+#: even where the lead's candidates are slow (no budget: every iteration of both runs)
+LEAD_SHARE = 0.5
 #: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
 SIDE_SHARE = 3
 #: how many other training settings walk in the side walk (the fastest so far)
@@ -415,10 +434,13 @@ def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: rando
     it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or
     micro-batch size that frees memory gives other stage strategies than the lead's stages
     re-laid out); the candidates are kept aside as in the loop."""
+    took = 0.0  # the last step's seconds (:func:`ends_by`)
     for d_dp in (d for d in dps if d not in own):
         for objective in ("min_cut", "max_cut"):
-            if time.monotonic() <= deadline:
+            if ends_by(deadline, took):
+                began = time.monotonic()
                 two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
+                took = time.monotonic() - began
     foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
                   key=lambda c: (c.best_found.score, c.choice))[:SIDE_FOCI]
     walks = [(focus, focus_steps(focus, lead_pipeline_counts(focus) or dps, rng,
@@ -426,12 +448,14 @@ def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: rando
     while walks:
         for focus, steps in list(walks):
             step = next(steps, None)
-            if time.monotonic() > deadline:
+            if not ends_by(deadline, took):
                 return
             if step is None:
                 walks.remove((focus, steps))
                 continue
+            began = time.monotonic()
             context.track_side([two_phase(focus, *step, rng.randrange(2**31))])
+            took = time.monotonic() - began
 
 
 def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: int):

@@ -238,8 +238,8 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
     among the choices, so no pipeline gets slower), any other schedule records itself as resolved
     for its pipeline's times (:func:`hexicore.planner.pricing.resolve_plan`). A candidate that
     does not fit exactly is never returned: none fitting is an error naming the device. Past
-    ``deadline`` (the search's time budget, ``time.monotonic()``) the candidates after the first
-    are not priced, nor any schedule but a pipeline's own (anytime: one exact pricing at least)."""
+    ``deadline`` (the search's time budget, ``time.monotonic()``) no schedule but a pipeline's
+    own is priced (:func:`choose_exact`)."""
     if context.book is None:  # priced exactly all along: the best candidate
         plan = min((c for c in cands if c.plan is not None), key=lambda c: c.score).plan
         if not context.exact_cost.estimate(plan).fits:
@@ -247,7 +247,7 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
         return plan, {}
     out: list = []
     for c in cands:
-        if c.plan is None or (out and time.monotonic() > deadline):
+        if c.plan is None:
             continue
         if context.auto:
             plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options, deadline)
@@ -335,7 +335,7 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
             partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
             seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         own = lead_pipeline_counts(context) or dps  # the lead setting's walk is the one it takes alone
-        lead_ends = deadline if not context.others else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
+        lead_ends = deadline if set(dps) <= set(own) else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
         best = search_loop(context, own, rng, lead_ends, min(seeds or [Candidate(INF, None, None, "none")],
                                                           key=lambda c: c.score), progress)
         if context.others:
@@ -415,10 +415,10 @@ def flops_bound(plan: Plan) -> float:
 #: this (relative) of the best, up to FINAL_MOST candidates in all
 FINAL_WITHIN = 0.05
 FINAL_MOST = 6
-#: under a time budget with other training settings, the lead's loop ends after this share of
-#: the time left after seeding, and the side walk (:func:`side_walk`) has the rest: the other
-#: settings' numbers of pipelines (often more of them, where ZeRO frees memory) are searched
-#: even where the lead's candidates are slow (no budget: every iteration of both runs)
+#: under a time budget, where other training settings allow numbers of pipelines the lead's
+#: memory does not (ZeRO frees memory: often more pipelines), the lead's loop ends after this
+#: share of the time left after seeding and the side walk (:func:`side_walk`) has the rest, so
+#: those are searched even where the lead's candidates are slow (no budget: all of both run)
 LEAD_SHARE = 0.5
 #: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
 SIDE_SHARE = 3

@@ -339,7 +339,7 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         best = search_loop(context, own, rng, lead_ends, min(seeds or [Candidate(INF, None, None, "none")],
                                                           key=lambda c: c.score), progress)
         if context.others:
-            side_walk(context, own, dps, random.Random(seed + 1), deadline)
+            side_walk(context, own, dps, random.Random(seed + 1), deadline, progress)
         if best.plan is None and partial and min(c.score for c in partial) < INF:
             best = min(partial, key=lambda c: c.score)
             log.warning("solver.use_all_devices=true: no plan that gives every device a pipeline stage fits (%s); "
@@ -426,7 +426,8 @@ SIDE_SHARE = 3
 SIDE_FOCI = 1
 
 
-def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float) -> None:
+def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float,
+              progress: Progress = no_progress) -> None:
     """After the lead setting's loop, the other training settings' own part of the search: the
     numbers of pipelines only they allow (both cuts), then, taking turns, a short search of
     ``iterations / SIDE_SHARE`` candidates by each of the :data:`SIDE_FOCI` other settings whose
@@ -435,9 +436,11 @@ def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: rando
     micro-batch size that frees memory gives other stage strategies than the lead's stages
     re-laid out); the candidates are kept aside as in the loop."""
     took = 0.0  # the last step's seconds (:func:`ends_by`)
+    done = context.config.iterations / (context.config.iterations + 1)  # (the loop's share of the bar)
     for d_dp in (d for d in dps if d not in own):
         for objective in ("min_cut", "max_cut"):
             if ends_by(deadline, took):
+                progress(f"hexiscale: other training settings, D_dp={d_dp} ({objective})", done)
                 began = time.monotonic()
                 two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
                 took = time.monotonic() - began
@@ -453,6 +456,9 @@ def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: rando
             if step is None:
                 walks.remove((focus, steps))
                 continue
+            train = focus.problem.train
+            progress(f"hexiscale: walk of ZeRO-{train.zero_stage}, micro-batch {train.micro_batch} "
+                     f"(D_dp={step[0]}, {step[1]})", done)
             began = time.monotonic()
             context.track_side([two_phase(focus, *step, rng.randrange(2**31))])
             took = time.monotonic() - began

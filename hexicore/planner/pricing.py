@@ -218,8 +218,19 @@ class ScheduleBook:
         """The reference a plan records for ``ref`` under these times, with its exact time (the
         schedule's own choice of its free parameters, ``resolve``, within ``rank_layers``, the
         blocks of each rank, for a schedule whose ``resolve`` takes them); a pipeline with
-        fewer ranks than the schedule runs on keeps ``ref``, priced as :meth:`effective` says."""
+        fewer ranks than the schedule runs on keeps ``ref``, priced as :meth:`effective` says.
+        Cached per input (a schedule's choice is a pure function of them: the search's exact
+        pricing and the final re-pricing of the same pipeline resolve once)."""
         ref = ScheduleRef.from_mapping(ref)
+        key = ("resolve", ref, tuple(map(float, stage_s)), tuple(map(float, hop_s)), int(n), tuple(rank_layers))
+        hit = self._priced.get(key)
+        if hit is None:
+            hit = self._priced[key] = self._resolved(ref, stage_s, hop_s, n, rank_layers)
+        return hit
+
+    def _resolved(self, ref: ScheduleRef, stage_s: Sequence[float], hop_s: Sequence[float],
+                  n: int, rank_layers: Sequence[int]) -> tuple[ScheduleRef, float]:
+        """:meth:`resolve` computed."""
         if not self.runs(ref, len(stage_s), n):
             return ref, self.exact(ref, stage_s, hop_s, n)
         sched = self.schedule(ref)

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from hexicore.pipeline.action_placement import built_template
 from hexicore.pipeline.simulate import compile_lists, makespan
 from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed
@@ -251,16 +252,16 @@ class SchedulePricer:
         """Peak in-flight micro-batches per rank for default times (units of a rank's whole
         share): the schedule's ``peak_rule`` where it declares one, else its count along the
         lists of ``ScheduleSpec(ranks, n_mb)`` (``peak_activations``); cached. The first time for
-        a number of ranks the lists are also run (:func:`~hexicore.pipeline.simulate.makespan`,
-        at ``n_mb`` or the window's end if fewer), so lists that deadlock are refused here
+        a number of ranks its lists are also run (:func:`~hexicore.pipeline.simulate.makespan` of
+        the template its placement reads, :func:`~hexicore.pipeline.action_placement.built_template`:
+        P micro-batches, or the fewest it runs with), so lists that deadlock are refused here
         (a count along them would not see it; the exact price of every final plan simulates it)."""
         key = ("peaks", int(ranks), int(n_mb))
         if key not in self.cache:
-            if ("runs", int(ranks)) not in self.cache:  # its lists for P ranks run to the end (once per P, at
-                few = min(int(n_mb), self.peak_window(int(ranks))[1])  # most the window's end: the counts
-                al = self.schedule.template(int(ranks), few)  # below do not check it)
-                with blamed(self.schedule.name):
-                    makespan(al, ScheduleSpec(int(ranks), few).timing(al))
+            if ("runs", int(ranks)) not in self.cache:  # its lists for P ranks run to the end (once per P, the
+                al = built_template(self.cache, self.schedule.template, int(ranks))  # template its placement
+                with blamed(self.schedule.name):  # reads: the counts below do not check it)
+                    makespan(al, ScheduleSpec(int(ranks), al.micro_batches).timing(al))
                 self.cache[("runs", int(ranks))] = True
             rule = self.schedule.peak_rule(int(ranks), int(n_mb))
             self.cache[key] = tuple(float(x) for x in (

@@ -4,7 +4,7 @@ import itertools
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hexicore.app.compose import build_problem, config_from_overrides
@@ -133,7 +133,8 @@ def _greedy(times, m, least):
 @given(st.lists(st.tuples(st.sampled_from(["affine", "steady", "blocks", "rounded"]), st.floats(0.0, 5.0),
                           st.sampled_from([0.0, 0.01, 0.5, 1.0, 2.5]), st.integers(1, 8), st.integers(1, 3)),
                 min_size=1, max_size=6), st.integers(1, 3000))
-def test_batch_allocation_is_the_greedy_selection_at_any_batch(pipes, m):
+@example([("affine", 2.0, 0.0, 1, 1), ("steady", 1.1125369292536007e-308, 0.0, 3, 1)], 5)  # a slope's quotient
+def test_batch_allocation_is_the_greedy_selection_at_any_batch(pipes, m):  # overflowed: OverflowError
     """The allocation that does not walk every micro-batch hands out exactly what greedy
     water-filling does (ties included: affine, exact-then-steady, blocks of P and rounded
     times), up to thousands of micro-batches."""

@@ -71,8 +71,9 @@ def _estimate(first: list[float], last: list[float], rest: int) -> list[int]:
                 out.append(0)
             elif s <= 0:
                 out.append(rest)
-            else:
-                out.append(min(rest, int((t - a) / s) + 1))
+            else:  # (a slope so small that the quotient overflows: every one fits)
+                q = (t - a) / s
+                out.append(min(rest, int(q) + 1) if q < rest else rest)
         return out
 
     finite = [x for x in first + last if math.isfinite(x)]

@@ -23,7 +23,7 @@ from hexicore.core.settings import TrainSettings
 from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
                                 default_in_flight, fill_drain_time)
 from hexicore.cost import sharding
-from hexicore.cost.block_memory import block_bytes
+from hexicore.cost.block_memory import block_bytes, casts_once, weight_cast_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
                                      state_bytes, tied_copies, tied_whole)
@@ -158,8 +158,11 @@ class AnalyticCostModel:
           ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
         * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes: a
           block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`: the runtime's
-          count, casts included), under recomputation App. A's ``B_mb*S*H*B_type`` in the
-          residual stream's (the weights') dtype;
+          count; the weights' casts once per stage where the runtime casts once per step,
+          :meth:`held_activations`), under recomputation App. A's ``B_mb*S*H*B_type`` in the
+          residual stream's (the weights') dtype; on the last stage the head projection's cast
+          under autocast (``V*H*B_type``, once, or per in-flight micro-batch where each forward
+          casts its own);
         * ``workspace``: one block's saved tensors (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
           replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
@@ -184,7 +187,11 @@ class AnalyticCostModel:
         whole = block_bytes(model, train.micro_batch, train.seq_len, tp, train.dtype_bytes, full.weights)
         kept = model.activation_bytes_per_layer(train.micro_batch, tp=tp, seq_len=train.seq_len,  # block input:
                                                 dtype_bytes=max(full.weights, train.dtype_bytes))  # residual stream
-        out["activations"] = in_flight * share * (kept if train.recompute else whole) / GIB
+        out["activations"] = (kept * in_flight * share if train.recompute else
+                              self.held_activations(model, train, tp, dp, whole, n_layers, in_flight * share)) / GIB
+        if last and full.weights > train.dtype_bytes:  # the head projection's cast, whole on every TP rank
+            once = casts_once(train.recompute, train.zero_stage, dp)
+            out["activations"] += last * (1 if once else in_flight) * train.dtype_bytes * model.vocab * model.hidden / GIB
         work = whole if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
@@ -193,6 +200,18 @@ class AnalyticCostModel:
             work += (full.weights if train.zero_stage == 3 else 0.0) * unit + full.gradients * unit
         out["workspace"] = work / GIB + self.reserve_gb
         return out
+
+    def held_activations(self, model: ModelSpec, train: TrainSettings, tp: int, dp: int, block: float,
+                         n_layers: int, forwards: float) -> float:
+        """Bytes a stage of ``n_layers`` blocks keeps for ``forwards`` block forwards (in-flight
+        micro-batches x the blocks each spans) of ``block`` bytes each, without recomputation:
+        each forward's own saved tensors, and the weights' casts once for the stage's blocks
+        where the runtime casts once per step
+        (:func:`~hexicore.cost.block_memory.casts_once`), else once per forward (in ``block``)."""
+        casts = weight_cast_bytes(model, tp, train.dtype_bytes, self.state_bytes(train).weights)
+        if not casts_once(train.recompute, train.zero_stage, dp):
+            return forwards * block
+        return forwards * (block - casts) + n_layers * casts
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                         n_layers: int, **held: Any) -> float:

@@ -14,9 +14,13 @@ rank of a TP group of ``t`` (``q`` the query width ``heads * head_dim``, ``f`` t
 
 Per forward, not per token: under autocast (bf16/fp16) the rotary tables' casts, ``4 x S x
 head_dim`` in ``train.dtype``, and the cast of every weight a projection multiplies (``2 B x`` the
-block's matrices ``/ t``): each forward action enters its own autocast region, so each in-flight
-micro-batch keeps its own copy of them. A recipe of 16-bit weights (the paper's 8 B of state a
-parameter) keeps its residual stream in 16 bits and casts nothing.
+block's matrices ``/ t``, :func:`weight_cast_bytes`): each forward action enters its own autocast
+region, and its backward keeps the casts it multiplied by. Without recomputation the runtime
+casts each weight once per step and every micro-batch's forward reuses that cast
+(:func:`casts_once`), so a stage holds its blocks' casts once, not once per in-flight
+micro-batch; under recomputation (nothing of a forward is kept) and under ZeRO-3 (each weight is
+gathered and freed per use) each forward casts its own. A recipe of 16-bit weights (the paper's
+8 B of state a parameter) keeps its residual stream in 16 bits and casts nothing.
 
 ``hexicore profile`` records the same bytes as ``activation_bytes`` (CPU: the distinct saved
 tensors; CUDA: the allocator's growth); ``tests/cost/test_block_memory.py`` holds this count against
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from hexicore.core.model import ModelSpec
 
-__all__ = ["block_bytes", "counted", "runtime_block_bytes"]
+__all__ = ["block_bytes", "casts_once", "counted", "runtime_block_bytes", "weight_cast_bytes"]
 
 
 def counted(model: ModelSpec) -> bool:
@@ -50,9 +54,25 @@ def runtime_block_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: in
     per_forward = 0.0
     if dtype_bytes < 4:  # the fp32 rotary tables' casts
         per_forward += dtype_bytes * 4 * seq_len * model.head_dim
-    if weight_bytes > dtype_bytes:  # autocast: each forward's casts of the block's matrices
-        per_forward += dtype_bytes * (h * (2 * q + 2 * model.kv_dim) + 3 * h * f) / tp
-    return tokens * per_token + per_forward
+    return tokens * per_token + per_forward + weight_cast_bytes(model, tp, dtype_bytes, weight_bytes)
+
+
+def weight_cast_bytes(model: ModelSpec, tp: int, dtype_bytes: float, weight_bytes: float = 4.0) -> float:
+    """Bytes of one block's weight casts under autocast on a rank of a TP group of ``tp``:
+    ``dtype_bytes x (H (2q + 2 kv) + 3 H f) / t`` (its attention and MLP matrices), where the
+    weights are wider than the compute dtype; 0 otherwise and for blocks the runtime does not
+    count (:func:`counted`)."""
+    if not counted(model) or weight_bytes <= dtype_bytes:
+        return 0.0
+    h = model.hidden
+    return dtype_bytes * (h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.ffn) / tp
+
+
+def casts_once(recompute: bool, zero_stage: int, dp: int) -> bool:
+    """Whether the runtime holds each weight's cast once per step, shared by the micro-batches'
+    forwards (module docstring): without recomputation, unless ZeRO-3 frees the weights between
+    their uses (``dp > 1``)."""
+    return not recompute and not (zero_stage == 3 and dp > 1)
 
 
 def block_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype_bytes: float,

@@ -317,9 +317,11 @@ class ProfiledCostModel(AnalyticCostModel):
                            n_layers: int, *, in_flight: float = 1, share_layers: int | None = None,
                            **held: Any) -> dict[str, float]:
         """The analytic parts (:meth:`AnalyticCostModel.stage_memory_parts`) with a block's
-        measured activation bytes (:meth:`activation_bytes`) in place of the formula's: kept
-        ``in_flight x share_layers`` times, or under recomputation as the workspace of the block
-        being recomputed (the kept block inputs stay the formula's ``B*S*H*B_type``)."""
+        measured activation bytes (:meth:`activation_bytes`, each forward's casts included) in
+        place of the formula's: kept ``in_flight x share_layers`` times, the weights' casts once
+        where the runtime casts once per step (:meth:`held_activations`), or under recomputation
+        as the workspace of the block being recomputed (the kept block inputs stay the formula's
+        ``B*S*H*B_type``)."""
         out = super().stage_memory_parts(cluster, model, train, devices, n_layers, in_flight=in_flight,
                                          share_layers=share_layers, **held)
         per = self.activation_bytes(cluster, model, train, devices) if n_layers else None
@@ -329,7 +331,9 @@ class ProfiledCostModel(AnalyticCostModel):
             wide = self.state_bytes(train).weights
             out["workspace"] += (per - formula_bytes(model, train, len(devices), weight_bytes=wide)) / GIB
         else:
-            out["activations"] = in_flight * (n_layers if share_layers is None else share_layers) * per / GIB
+            forwards = in_flight * (n_layers if share_layers is None else share_layers)
+            out["activations"] = self.held_activations(model, train, len(devices), held.get("dp", 1), per, n_layers,
+                                                       forwards) / GIB
         return out
 
     def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainSettings,

@@ -62,13 +62,14 @@ class Executor:
     def __init__(self, parallel: ParallelLayout, stages: dict[int, StageModule], *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
                  loss_scale: float, timeout_s: float, autocast_dtype: torch.dtype | None = None,
-                 emulation: Emulation = Emulation()):
+                 emulation: Emulation = Emulation(), cast_once: bool = False):
         self.parallel, self.stages = parallel, stages
         self.pipeline, self.pipe_rank = parallel.pipeline, parallel.pipe_rank
         self.action_list = self.pipeline.actions
         self.actions: tuple[Action, ...] = self.action_list.actions[self.pipe_rank]
         self.optimizer, self.act_shape, self.device = optimizer, act_shape, device
         self.loss_scale, self.autocast_dtype = loss_scale, autocast_dtype
+        self.cast_once = cast_once  # one cast of each weight per step, shared by its micro-batches (_step_casts)
         self.wire = autocast_dtype or torch.float32  # the dtype messages travel in (module docstring)
         self.timeout = timedelta(seconds=timeout_s)
         self.leader = parallel.is_tp_leader
@@ -103,6 +104,21 @@ class Executor:
         # ZeRO-3 frees each unit after its forward: autocast's cache would keep every weight's cast
         cache = self.sharded is None or not self.sharded.frees_weights
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=cache)
+
+    def _step_casts(self):
+        """One cast of each weight per step (``cast_once``, under autocast, weights kept whole: no
+        ZeRO-3): a disabled autocast region held around the step's actions keeps autocast's
+        nesting above zero, so the casts each forward's own region caches (leaf weights) outlive
+        it and the next micro-batch's forward reuses them — every in-flight micro-batch's
+        backward then holds the same cast instead of its own. Backwards run outside any enabled
+        region, as before; the cache is dropped when the step's actions end (before the next
+        step's forwards read updated weights). Without it each forward casts anew and keeps its
+        casts for its backward (the cost model's per-forward casts,
+        :mod:`hexicore.cost.block_memory`)."""
+        if not self.cast_once or self.autocast_dtype is None or \
+                (self.sharded is not None and self.sharded.frees_weights):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, enabled=False)
 
     def _wait(self, works: list, what: str) -> None:
         limit = f"{self.timeout.total_seconds():g} s"
@@ -319,21 +335,8 @@ class Executor:
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
         self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
         started = time.perf_counter()
-        for index, action in enumerate(self.actions):
-            self.pos = index
-            begin = time.perf_counter() - started
-            if action.is_compute and self.device.type == "cuda":
-                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-                events[-1][0].record()
-            try:
-                with emulated(self.emulation if action.is_compute else NOT_EMULATED, self.device):
-                    self._execute(index, action)
-            except ExecutionError as exc:
-                raise ExecutionError(f"action {index} ({action}): {exc}") from None
-            if action.is_compute:
-                if events:
-                    events[-1][1].record()
-                self.timeline.append((action.op, action.stage, action.mb, begin, time.perf_counter() - started))
+        with self._step_casts():
+            self._run_actions(started, events)
         self._wait([work for key, pending in list(self.works.items()) if key[0] == "send" for work in pending],
                    "outstanding sends")
         leftovers = [key for key in self.works if key[0] == "recv"] + list(self.outputs) + list(self.deferred)
@@ -350,6 +353,25 @@ class Executor:
                        in zip(self.timeline, events or [()] * len(self.timeline))]
         self.tokens = None
         return self.loss
+
+    def _run_actions(self, started: float, events: list) -> None:
+        """Every action of the list in order, each timed into ``self.timeline`` (``events``: CUDA
+        events of the compute actions)."""
+        for index, action in enumerate(self.actions):
+            self.pos = index
+            begin = time.perf_counter() - started
+            if action.is_compute and self.device.type == "cuda":
+                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                events[-1][0].record()
+            try:
+                with emulated(self.emulation if action.is_compute else NOT_EMULATED, self.device):
+                    self._execute(index, action)
+            except ExecutionError as exc:
+                raise ExecutionError(f"action {index} ({action}): {exc}") from None
+            if action.is_compute:
+                if events:
+                    events[-1][1].record()
+                self.timeline.append((action.op, action.stage, action.mb, begin, time.perf_counter() - started))
 
     def _execute(self, index: int, action: Action) -> None:
         handler = HANDLERS.get(action.op)

@@ -336,7 +336,8 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, de
                             act_shape=(mb_rows, layout.seq_len, layout.model.hidden), device=device,
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
                             autocast_dtype=AUTOCAST[spec.train.dtype], timeout_s=spec.launch.timeout_s,
-                            emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation())
+                            emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation(),
+                            cast_once=not spec.train.recompute)
         if any(stage.first or stage.last for stage in stages.values()):  # only ends of a chain read token rows
             rows = (part.offset, part.offset + part.batch)
         else:

@@ -23,7 +23,7 @@ from hexicore.core.settings import TrainSettings
 from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
                                 default_in_flight, fill_drain_time)
 from hexicore.cost import sharding
-from hexicore.cost.block_memory import block_bytes, casts_once, weight_cast_bytes
+from hexicore.cost.block_memory import block_bytes, casts_once, head_cast_bytes, weight_cast_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
                                      state_bytes, tied_copies, tied_whole)
@@ -189,9 +189,10 @@ class AnalyticCostModel:
                                                 dtype_bytes=max(full.weights, train.dtype_bytes))  # residual stream
         out["activations"] = (kept * in_flight * share if train.recompute else
                               self.held_activations(model, train, tp, dp, whole, n_layers, in_flight * share)) / GIB
-        if last and full.weights > train.dtype_bytes:  # the head projection's cast, whole on every TP rank
+        if last:  # the head projection's cast (autocast), whole on every TP rank
             once = casts_once(train.recompute, train.zero_stage, dp)
-            out["activations"] += last * (1 if once else in_flight) * train.dtype_bytes * model.vocab * model.hidden / GIB
+            out["activations"] += last * (1 if once else in_flight) * \
+                head_cast_bytes(model, train.dtype_bytes, full.weights) / GIB
         work = whole if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from hexicore.core.model import ModelSpec
 
-__all__ = ["block_bytes", "casts_once", "counted", "runtime_block_bytes", "weight_cast_bytes"]
+__all__ = ["block_bytes", "casts_once", "counted", "head_cast_bytes", "runtime_block_bytes", "weight_cast_bytes"]
 
 
 def counted(model: ModelSpec) -> bool:
@@ -66,6 +66,15 @@ def weight_cast_bytes(model: ModelSpec, tp: int, dtype_bytes: float, weight_byte
         return 0.0
     h = model.hidden
     return dtype_bytes * (h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.ffn) / tp
+
+
+def head_cast_bytes(model: ModelSpec, dtype_bytes: float, weight_bytes: float = 4.0) -> float:
+    """Bytes of the head projection's cast under autocast, ``dtype_bytes x V x H`` (whole on every
+    TP rank: the runtime keeps the head whole), where the weights are wider than the compute
+    dtype and the runtime counts the model's blocks (:func:`counted`); 0 otherwise."""
+    if not counted(model) or weight_bytes <= dtype_bytes:
+        return 0.0
+    return dtype_bytes * model.vocab * model.hidden
 
 
 def casts_once(recompute: bool, zero_stage: int, dp: int) -> bool:

@@ -9,7 +9,7 @@ import contextlib
 import pytest
 import torch
 
-from hexicore.cost.block_memory import weight_cast_bytes
+from hexicore.cost.block_memory import head_cast_bytes, weight_cast_bytes
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore_plugins.runtimes.torch.parallel.assignment import StageGroup, build_layout
 from hexicore_plugins.runtimes.torch.parallel.pipeline import Executor
@@ -53,7 +53,8 @@ def test_four_micro_batches_in_flight_hold_one_cast_of_each_weight(tiny, monkeyp
     once, got = _run(tiny, "bf16", monkeypatch, cast_once=True)
     each, ref = _run(tiny, "bf16", monkeypatch, cast_once=False)
     blocks = tiny.layers * weight_cast_bytes(tiny, 1, 2)
-    head = 2 * tiny.vocab * tiny.hidden  # the head's projection, cast as the blocks' are
+    head = head_cast_bytes(tiny, 2)  # the head's projection, cast as the blocks' are
+    assert head == 2 * tiny.vocab * tiny.hidden
     assert each - once == (MICRO_BATCHES - 1) * (blocks + head)
     # the cost model prices the same fall: ZeRO-3 (weights gathered per use) casts per forward
     from hexicore.core.cluster import parse_cluster

@@ -240,3 +240,18 @@ def test_hybrid_zero_3_and_tied_embeddings_clip_like_one_process():
              worker_spec(layout(tied), zero=2, **base)]
     results = launch(specs, 4)
     _equal_to_reference(results, [(1, 0), (2, 0), (4, 3)])
+
+
+def test_plain_adamw_is_fused_on_cuda_only():
+    """The AdamW over the tensors ZeRO does not shard runs torch's fused kernel on CUDA; CPU keeps
+    the default the one-process references use."""
+    import torch
+
+    from hexicore.core.settings import OptimizerSettings
+    from hexicore_plugins.runtimes.torch.train.trainer import plain_adamw
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert plain_adamw(params, OptimizerSettings(), torch.device("cpu")).defaults["fused"] is None
+    if torch.cuda.is_available():
+        cuda = [torch.nn.Parameter(torch.zeros(2, device="cuda"))]
+        assert plain_adamw(cuda, OptimizerSettings(), torch.device("cuda")).defaults["fused"] is True

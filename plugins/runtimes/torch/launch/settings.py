@@ -37,7 +37,9 @@ class LaunchSettings:
     ``runtime.start_method`` (how the local launcher starts workers) and ``runtime.fault`` (testing
     aid: ``{"rank": r, "step": k, "kind": "die"|"hang"|"stop"}``, read by
     :func:`~..runtime.parse_fault`; None: no fault) and ``runtime.log`` (``none``, ``tensorboard``
-    or ``wandb``: where rank 0 also logs the metrics, :mod:`..train.metric_log`)."""
+    or ``wandb``: where rank 0 also logs the metrics, :mod:`..train.metric_log`) and
+    ``runtime.compile`` (each transformer block compiled with ``torch.compile``, its inductor
+    kernels: :func:`~..model.stage_module.build_stages`)."""
 
     backend: str = rule("auto", one_of(BACKENDS, "backend"), key="runtime.backend")
     timeout_s: float = rule(120.0, real(above=0), key="runtime.timeout_s")
@@ -45,6 +47,7 @@ class LaunchSettings:
     start_method: str = rule("spawn", known_start_method, key="runtime.start_method")
     fault: Mapping[str, Any] | None = rule(None, None, key="runtime.fault")
     log: str = rule("none", one_of(LOGS, "log"), key="runtime.log")
+    compile: bool = rule(False, flag, key="runtime.compile")
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")

@@ -101,16 +101,21 @@ class StageModule:
 
 
 def build_stages(model: ModelSpec, part: PipelinePart, pipe_rank: int, tp: TPGroup, *, full: TensorSource,
-                 recompute: bool, device: torch.device) -> dict[int, StageModule]:
+                 recompute: bool, device: torch.device, compile: bool = False) -> dict[int, StageModule]:
     """The chunks ``pipe_rank`` holds in ``part``, initialised from ``full`` and moved to
     ``device``. With tied embeddings, a head and an embedding of the same chain on this rank are
-    one Parameter (so only one is read and updated)."""
+    one Parameter (so only one is read and updated). ``compile``: each block runs compiled
+    (``nn.Module.compile``, torch.compile's default inductor backend; compiled on its first
+    forward, recomputed forwards and TP collectives included), the embedding and head as they are."""
     out = {}
     for s in part.actions.stages_of(pipe_rank):
         start, end = part.chunk_layers[s]
         first, last = part.first_of_chain(s), part.last_of_chain(s)
         module = LlamaChunk(model, start, end, first=first, last=last, tp=tp, recompute=recompute)
         load_shards(module, full, tp)
+        if compile:
+            for block in module.model.layers.values():
+                block.compile()
         out[s] = StageModule(s, part.chain_index(s), first, last, module.to(device))
     if model.tied_embeddings:
         for chain in range(len(part.actions.chains)):

@@ -27,7 +27,8 @@ from .layout import ParallelLayout
 
 
 def parallelize(parallel: ParallelLayout, *, weights: TensorSource, recompute: bool, device: torch.device,
-                optimizer: OptimizerSettings) -> tuple[dict[int, StageModule], ShardedOptimizer | None]:
+                optimizer: OptimizerSettings,
+                compile: bool = False) -> tuple[dict[int, StageModule], ShardedOptimizer | None]:
     """This rank's stage chunks (index -> :class:`~..model.stage_module.StageModule`) and its
     ZeRO-sharded state (None without ZeRO), in the order of the module docstring; the sharded
     state steps AdamW under ``optimizer`` (lr, betas, ``eps``, ``weight_decay``)."""
@@ -35,7 +36,7 @@ def parallelize(parallel: ParallelLayout, *, weights: TensorSource, recompute: b
         return {}, None
     assignment = parallel.assignment
     stages = build_stages(assignment.model, parallel.pipeline, parallel.pipe_rank, parallel.tp, full=weights,
-                          recompute=recompute, device=device)
+                          recompute=recompute, device=device, compile=compile)
     sharded = None
     if parallel.zero and parallel.data is not None:  # ZeRO: the DP-synced tensors step sharded
         sharded = _sharded(parallel, stages, lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,

@@ -327,7 +327,7 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, de
     if part is not None:
         adam = spec.optimizer
         stages, sharded = parallelize(parallel, weights=weights, recompute=spec.train.recompute, device=device,
-                                      optimizer=adam)
+                                      optimizer=adam, compile=spec.launch.compile)
         skip = sharded.synced() if sharded is not None else set()
         params = list({id(param): param for index in sorted(stages)
                        for name, param in stages[index].module.named_parameters()

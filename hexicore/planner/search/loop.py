@@ -186,12 +186,13 @@ def ends_by(deadline: float, took: float) -> bool:
 
 
 def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
-                progress: Progress) -> Candidate:
+                progress: Progress, yield_at: float = INF) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
     the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
     is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
     most three times); the plan is the
-    one-process plan either way."""
+    one-process plan either way. A sweep still under way at ``yield_at`` ends there (its
+    candidates are too slow for the budget: :data:`LEAD_SHARE`); the walk runs to ``deadline``."""
     n = context.config.iterations
     sweep = initial_sweep(dps, n)
     ahead = context.workers > 1 and len(context.graph) <= context.config.machine_graph_above
@@ -205,7 +206,8 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         prefetch(context, [(d, o, draws.randrange(2**31)) for d, o in fixed], context.workers)
     took = 0.0  # the last candidate's seconds: one that would end past the deadline is not begun
     for it in range(n):
-        if not ends_by(deadline, took) and (best.score < INF or context.steering(best).score < INF):
+        if not ends_by(min(deadline, yield_at) if it < len(sweep) else deadline, took) and \
+                (best.score < INF or context.steering(best).score < INF):
             break  # anytime: the best so far once anything fits; until then the search goes on
         if it < len(sweep):
             d_dp, objective = sweep[it]
@@ -335,9 +337,9 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
             partial = [c for c in seeds if c.plan is not None and idle_devices(problem, c.plan)]
             seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         own = lead_pipeline_counts(context) or dps  # the lead setting's walk is the one it takes alone
-        lead_ends = deadline if set(dps) <= set(own) else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
-        best = search_loop(context, own, rng, lead_ends, min(seeds or [Candidate(INF, None, None, "none")],
-                                                          key=lambda c: c.score), progress)
+        lead_ends = INF if set(dps) <= set(own) else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
+        best = search_loop(context, own, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
+                                                         key=lambda c: c.score), progress, lead_ends)
         if context.others:
             side_walk(context, own, dps, random.Random(seed + 1), deadline, progress)
         if best.plan is None and partial and min(c.score for c in partial) < INF:
@@ -416,9 +418,11 @@ def flops_bound(plan: Plan) -> float:
 FINAL_WITHIN = 0.05
 FINAL_MOST = 6
 #: under a time budget, where other training settings allow numbers of pipelines the lead's
-#: memory does not (ZeRO frees memory: often more pipelines), the lead's loop ends after this
-#: share of the time left after seeding and the side walk (:func:`side_walk`) has the rest, so
-#: those are searched even where the lead's candidates are slow (no budget: all of both run)
+#: memory does not (ZeRO frees memory: often more pipelines) and the lead's initial sweep is
+#: still under way after this share of the time left after seeding (its candidates are slow: a
+#: large cluster), the lead's loop ends there and the side walk (:func:`side_walk`) has the
+#: rest, so those are searched too; a lead that swept in time walks on to the deadline (no
+#: budget: all of both run)
 LEAD_SHARE = 0.5
 #: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
 SIDE_SHARE = 3

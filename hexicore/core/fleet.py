@@ -43,7 +43,8 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
                            inter_latency_us=limits.latency(s.get("inter_latency_us", 50.0), source,
                                                            schema.dotted(sp, "inter_latency_us")),
                            name=str(d.get("name", f"synthetic{n}")), catalog=catalog)
-    return {**fleet, **{k: d[k] for k in ("gpus", "excluded") if d.get(k) is not None}}
+    return {**fleet, **{k: d[k] for k in ("gpus", "excluded") if d.get(k) is not None},
+            **({"emulate": d["emulate"]} if "emulate" in d else {})}
 
 
 def synthetic_fleet(n: int, mix: Mapping[str, float], *, seed: int = 0, per_machine: int = 8,

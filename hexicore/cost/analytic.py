@@ -28,6 +28,7 @@ from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
                                      state_bytes, tied_copies, tied_whole)
 from hexicore.cost.split import forward_backward
+from hexicore.cost.transfer import broadcast_s, ring_pass_s, send_s
 
 @dataclass(frozen=True)
 class AnalyticCostModel:
@@ -96,8 +97,7 @@ class AnalyticCostModel:
         key = ("tp", msg, *map(cluster.link_matrices[0].get, devices))  # the terms follow the machines
         worst = cluster.memo.get(key)
         if worst is None:
-            worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
-                        for d in devices)
+            worst = ring_pass_s(cluster, devices, msg)
             cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
@@ -128,8 +128,8 @@ class AnalyticCostModel:
         if key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
-        send = cluster.alpha(a, b) + msg / cluster.beta(a, b)
-        bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
+        send = send_s(cluster, a, b, msg)
+        bcast = broadcast_s(cluster, b, dst, msg)
         if key is not None:
             cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)

@@ -204,17 +204,19 @@ class TorchRuntime:
         extras = final_extras(spec, settings.data, layout, init_from or spec.checkpoint.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
-        emulation, predicted = (), None
+        emulation, links, predicted = (), None, None
         if isinstance(spec.layout, PlanLayout):  # ranks are the plan's devices in order
             pl = spec.layout.plan
             emulation = tuple(pl.cluster.emulation(d) for d in pl.devices)
+            links = check_links(pl.cluster.emulated_links(pl.devices), settings.launch.backend)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
         checkpoint_settings = replace(spec.checkpoint, resume=resume, init_from=init_from, shard_mb=settings.shard_mb)
         return WorkerSpec(layout=layout, train=t, optimizer=settings.optimizer, data=settings.data,
                           checkpoint=checkpoint_settings, output=spec.output, launch=settings.launch,
                           data_id=data_id, data_checked=True, final_extras=extras, plan=plan, zero=zero,
                           shard_weights=shard_weights(spec), machines=machines(spec),
-                          emulation=emulation if any(e.active for e in emulation) else (), predicted=predicted)
+                          emulation=emulation if any(e.active for e in emulation) else (), links=links,
+                          predicted=predicted)
 
     def profile(self, request: Any) -> Any:
         """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own
@@ -423,6 +425,15 @@ def check_memory(layout: RankAssignment) -> None:
         raise HexicoreError(f"model {layout.model.name!r} needs about {need / 2**30:.1f} GiB {where} for weights, "
                             f"gradients and AdamW state, and there are {have / 2**30:.1f} GiB (try model=tiny)",
                             field="model")
+
+
+def check_links(links: Any, backend: str) -> Any:
+    """Emulated links (``emulate: {links: true}``) as the job runs them: they wrap gloo, so a
+    run that would use NCCL is refused (one line naming ``runtime.backend``)."""
+    if links is not None and _nccl(backend):
+        raise HexicoreError("the cluster emulates its links (emulate: {links: true}), which runs on gloo: "
+                            "give runtime.backend=gloo", field="runtime.backend")
+    return links
 
 
 def _nccl(backend: str) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hexicore.core.emulation import Emulation
+from hexicore.core.emulation import EmulatedLinks, Emulation
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
 from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
@@ -80,6 +80,7 @@ class ProfileJob:
     statistic: str = "median"
     concurrent: bool = False
     launch: LaunchSettings = LaunchSettings()
+    links: EmulatedLinks | None = None  # the cluster's emulated links (None: the host's own)
     output: OutputSettings = OutputSettings()  # no out: no checkpoints (what the launcher's stop line looks for)
 
     @property
@@ -287,13 +288,16 @@ NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the mo
 
 
 def job_from_request(request: Any, launch: LaunchSettings) -> ProfileJob:
+    from ..runtime import check_links
+
     c = request.cluster
     devices = tuple((d.id, d.machine, d.gpu.name, c.emulation(d.id)) for d in c.devices)
     job = ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),
                  int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                  int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
                  int(request.allreduce_bytes), int(request.seed), str(request.statistic),
-                 bool(getattr(request, "concurrent", False)), launch)
+                 bool(getattr(request, "concurrent", False)), launch,
+                 check_links(c.emulated_links(d.id for d in c.devices), launch.backend))
     if not any(t.kind == "block" for t in tasks(job)):  # before any worker starts, not after measuring
         raise HexicoreError(NO_TP, source="command line", field="profile.tp")
     return job

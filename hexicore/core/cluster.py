@@ -152,7 +152,8 @@ class Cluster:
     def emulated_links(self, devices: Iterable[str]) -> EmulatedLinks | None:
         """The links a job whose global ranks stand for ``devices`` (in rank order) is held to
         (:mod:`hexicore.core.emulation`); None unless the cluster file says ``emulate: {links: true}``."""
-        return EmulatedLinks(self, tuple(devices)) if self.emulate_links else None
+        # a copy without this one's caches (the cost model's memo may hold what cannot be pickled)
+        return EmulatedLinks(replace(self), tuple(devices)) if self.emulate_links else None
 
     # ------------------------------------------------------------------ links
     @cached_property

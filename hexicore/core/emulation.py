@@ -28,15 +28,12 @@ the host needs longer. The runtime enforces it (the torch runtime's ``launch/emu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
 __all__ = ["EmulatedLinks", "Emulation", "parse_emulation", "parse_link_emulation"]
-
-if TYPE_CHECKING:
-    from hexicore.core.cluster import Cluster
 
 #: the accepted range of each mode's number
 RANGES = {"slowdown": (1.0, 1000.0), "tflops": (1e-6, 10000.0)}
@@ -84,9 +81,10 @@ def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
 @dataclass(frozen=True)
 class EmulatedLinks:
     """The links a job's processes are held to (a cluster file's ``emulate: {links: true}``):
-    the cluster whose declared links they obey and, per global rank, the device it stands for."""
+    the cluster (a :class:`hexicore.core.cluster.Cluster`) whose declared links they obey and,
+    per global rank, the device it stands for."""
 
-    cluster: "Cluster"
+    cluster: Any
     devices: tuple[str, ...]
 
 

@@ -55,3 +55,18 @@ def test_a_trained_plans_dp_sync_obeys_the_emulated_link(tmp_path, capsys, monke
     predicted, measured = m["predicted"]["dp_sync_s"], m["measured"]["dp_sync_s"]
     assert predicted > 0.13  # ~6.9 MB over 0.05 GB/s, two latencies a layer
     assert 0.95 * predicted <= measured <= 1.3 * predicted, (predicted, measured)
+
+
+def test_emulated_links_run_on_gloo_only():
+    """They wrap gloo: a run that would use NCCL is refused, naming runtime.backend."""
+    from hexicore.core.cluster import parse_cluster
+    from hexicore.core.errors import HexicoreError
+    from hexicore_plugins.runtimes.torch.launch.settings import check_links
+
+    c = parse_cluster({"name": "l", "emulate": {"links": True}, "inter": {"bandwidth_gbs": 1.0},
+                       "machines": [{"name": "A", "gpu": "a100-80g", "count": 2}]}, "c.yaml")
+    links = c.emulated_links(["A.0", "A.1"])
+    assert check_links(links, "gloo") is links and check_links(None, "nccl") is None
+    with pytest.raises(HexicoreError) as e:
+        check_links(links, "nccl")
+    assert e.value.field == "runtime.backend"

@@ -22,7 +22,7 @@ from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 from hexicore.core.settings import CheckpointSettings, DataSettings, OptimizerSettings
 
-from .launch.settings import LaunchSettings
+from .launch.settings import LaunchSettings, check_links, uses_nccl
 from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
 from .train.lr_schedule import check_steps
 from .train.metric_log import check_log
@@ -184,7 +184,7 @@ class TorchRuntime:
 
             resume = str(checkpoint.resolve(resume))
         check_memory(layout)
-        if _nccl(settings.launch.backend):
+        if uses_nccl(settings.launch.backend):
             from .parallel.assignment import check_fifo
 
             for p in layout.pipelines:
@@ -427,18 +427,3 @@ def check_memory(layout: RankAssignment) -> None:
                             field="model")
 
 
-def check_links(links: Any, backend: str) -> Any:
-    """Emulated links (``emulate: {links: true}``) as the job runs them: they wrap gloo, so a
-    run that would use NCCL is refused (one line naming ``runtime.backend``)."""
-    if links is not None and _nccl(backend):
-        raise HexicoreError("the cluster emulates its links (emulate: {links: true}), which runs on gloo: "
-                            "give runtime.backend=gloo", field="runtime.backend")
-    return links
-
-
-def _nccl(backend: str) -> bool:
-    if backend != "auto":
-        return backend == "nccl"
-    import torch
-
-    return torch.cuda.is_available()

@@ -44,7 +44,7 @@ from hexicore.core.model import ModelSpec
 from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
 from hexicore.core.settings import OutputSettings
 
-from ..launch.settings import LaunchSettings
+from ..launch.settings import LaunchSettings, check_links
 from .samplers import allreduce_samples, block_samples, head_samples, p2p_samples
 
 
@@ -288,8 +288,6 @@ NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the mo
 
 
 def job_from_request(request: Any, launch: LaunchSettings) -> ProfileJob:
-    from ..runtime import check_links
-
     c = request.cluster
     devices = tuple((d.id, d.machine, d.gpu.name, c.emulation(d.id)) for d in c.devices)
     job = ProfileJob(devices, request.model, tuple(request.micro_batches), tuple(request.tp),

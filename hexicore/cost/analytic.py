@@ -128,11 +128,16 @@ class AnalyticCostModel:
         if key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
-        send = send_s(cluster, a, b, msg)
-        bcast = broadcast_s(cluster, b, dst, msg)
+        send = self.message_s(cluster, a, b, msg)
+        bcast = broadcast_s(cluster, b, dst, msg, self.message_s)
         if key is not None:
             cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)
+
+    def message_s(self, cluster: Cluster, a: str, b: str, nbytes: float) -> float:
+        """One message from device ``a`` to ``b``: ``alpha + bytes / beta``
+        (:func:`hexicore.cost.transfer.send_s`)."""
+        return send_s(cluster, a, b, nbytes)
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,

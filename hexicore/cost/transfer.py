@@ -16,7 +16,7 @@ a run to them, so a run on emulated links obeys the very links the planner price
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 __all__ = ["allreduce_s", "broadcast_s", "ring_pass_s", "send_s"]
 
@@ -39,6 +39,8 @@ def allreduce_s(cluster: Any, devices: Sequence[str], nbytes: float) -> float:
     return 2.0 * ring_pass_s(cluster, devices, nbytes)
 
 
-def broadcast_s(cluster: Any, root: str, devices: Sequence[str], nbytes: float) -> float:
-    """``max_{d != root} send_s(root, d)``: ``bytes`` from ``root`` to every other device."""
-    return max((send_s(cluster, root, e, nbytes) for e in devices if e != root), default=0.0)
+def broadcast_s(cluster: Any, root: str, devices: Sequence[str], nbytes: float,
+                message: Callable[[Any, str, str, float], float] = send_s) -> float:
+    """``max_{d != root} message(root, d)``: ``bytes`` from ``root`` to every other device
+    (``message``: one message's seconds, :func:`send_s` unless a cost model measured them)."""
+    return max((message(cluster, root, e, nbytes) for e in devices if e != root), default=0.0)

@@ -411,7 +411,7 @@ def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost")
     d = dict(schema.as_mapping(cfg or {}, source, "cost"))
     path = d.pop("profile_file", None)
     if not path:
-        raise HexicoreError("cost=profiled needs cost.profile_file=PATH (a hexicore.profile/1 file, docs/formats.md)",
+        raise HexicoreError("cost=profiled needs cost.profile_file=PATH (a hexicore.profile/2 or /1 file, docs/formats.md)",
                             source="command line", field="cost.profile_file")
     base = cost_model_from_config(d, source=source)
     fields = {k: getattr(base, k) for k in ("efficiency", "default_efficiency", "state_bytes_per_param",

@@ -38,7 +38,8 @@ class AnalyticCostModel:
     weight + gradient + optimizer bytes kept per parameter (default ``None``: the runtime's
     precision recipe, :func:`hexicore.cost.precision.state_bytes`, 16 B with AdamW over fp32
     master weights; an explicit number overrides it, e.g. 8 = the paper's ``48 H^2 B_type``
-    per 12H^2-parameter layer in bf16);
+    per 12H^2-parameter layer in bf16); ``sync_bytes_per_param`` the bytes per parameter the
+    data-parallel sync moves (default ``None``: the gradient part of that state);
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
     ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces App. A's
     PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the default in-flight
@@ -56,6 +57,10 @@ class AnalyticCostModel:
     activation: ActivationFn | None = None
     placement: PlacementFn | None = None
     name: str = "analytic"
+    #: bytes per parameter data-parallel traffic moves (None: the state's gradient bytes,
+    #: :func:`hexicore.cost.precision.sync_bytes`); apart from ``state_bytes_per_param``, so
+    #: memory can follow another system's accounting while the sync keeps the runtime's wire
+    sync_bytes_per_param: float | None = None
     #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
     class_priced: ClassVar[bool] = True
 

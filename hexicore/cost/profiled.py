@@ -415,5 +415,5 @@ def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost")
                             source="command line", field="cost.profile_file")
     base = cost_model_from_config(d, source=source)
     fields = {k: getattr(base, k) for k in ("efficiency", "default_efficiency", "state_bytes_per_param",
-                                             "reserve_gb")}
+                                             "sync_bytes_per_param", "reserve_gb")}
     return ProfiledCostModel(**fields, profile=Profile.load(str(path)))

@@ -28,3 +28,22 @@ def test_ring_pass_allreduce_and_broadcast_by_hand():
     assert allreduce_s(CLUSTER, ["A.0", "A.1"], 2e6) == pytest.approx(2 * (10e-6 + 1e6 / 4e9))
     assert broadcast_s(CLUSTER, "A.0", ["A.0", "A.1", "B.0"], 1e6) == pytest.approx(slow)
     assert ring_pass_s(CLUSTER, ["A.0"], 1e6) == broadcast_s(CLUSTER, "A.0", ["A.0"], 1e6) == 0.0
+
+
+def test_the_sync_bytes_are_set_apart_from_the_memory_accounting():
+    """``cost.state_bytes_per_param`` sets the state's memory and, unless
+    ``cost.sync_bytes_per_param`` says otherwise, the bytes the DP sync moves (its gradient
+    part); with both given, memory follows the first and the sync the second."""
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
+    from hexicore.cost.config import cost_model_from_config
+    from tests.helpers import SAMPLE_MODEL
+
+    t = TrainSettings(global_batch=8, micro_batch=1, seq_len=32)
+    plan = Plan(SAMPLE_MODEL, CLUSTER, t, (Pipeline(4, (Stage(("A.0",), 1, (0, 4)),)),
+                                           Pipeline(4, (Stage(("B.0",), 1, (0, 4)),))))
+    recipe, paper = cost_model_from_config({}), cost_model_from_config({"state_bytes_per_param": 8})
+    split = cost_model_from_config({"state_bytes_per_param": 8, "sync_bytes_per_param": 4})
+    assert paper.dp_s(plan) < recipe.dp_s(plan)  # the paper's 2 B a parameter on the wire
+    assert split.dp_s(plan) == pytest.approx(recipe.dp_s(plan))
+    assert split.memory_gb(plan) == paper.memory_gb(plan) != recipe.memory_gb(plan)

@@ -407,10 +407,12 @@ FIXED_NOTE = (
 
 
 def emulation(a: dict) -> str:
-    """How the run emulated its devices, in words."""
+    """How the run emulated its devices (and links), in words."""
+    links = (f"; links emulated (`emulate: {{links: true}}`), F-S at {a['links']:g} GB/s and "
+             f"{a['links_latency_us']:g} us" if a.get("links") else "")
     if a.get("tflops", 0) > 0:
-        return f"`emulate`: tflops {a['tflops']:g} and {a['tflops'] / a['slowdown']:g}, a fixed speed"
-    return f"`emulate`: slowdown {a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host"
+        return f"`emulate`: tflops {a['tflops']:g} and {a['tflops'] / a['slowdown']:g}, a fixed speed{links}"
+    return f"`emulate`: slowdown {a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host{links}"
 
 
 def section(res: dict, history: list[dict] | None = None) -> str:

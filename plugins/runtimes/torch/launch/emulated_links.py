@@ -106,8 +106,9 @@ class HeldWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self._settle(timeout)
         until = self.until()
-        if until - time.monotonic() > SPIN_S:
-            time.sleep(until - time.monotonic() - SPIN_S)
+        left = until - time.monotonic()  # read once: the clock moves between two reads
+        if left > SPIN_S:
+            time.sleep(left - SPIN_S)
         while time.monotonic() < until:  # the last stretch awake: a sleeping process wakes late on a busy host
             pass
         return True

@@ -20,6 +20,8 @@ asymmetric pipelines with a TP-2 stage, and the plans of ``solver=megatron`` and
 peaks) and the profiled model (``hexicore evaluate``'s estimate), and trained with ``hexicore
 train cost=profiled`` ``--rounds`` times, the runs of all plans interleaved (measured: median
 ``step_s`` after the first step over the runs, metrics.json; the spread: each run's median).
+``--links GBS`` emulates the links too (``emulate: {links: true}``, the F-S link at GBS GB/s and
+``--links-latency-us``): every hop, TP collective and DP sync then lasts what the link gives.
 ``python bench/closed_loop.py [--steps 7] [--rounds 3]`` prints the table, writes
 ``bench/out/closed_loop.json`` (the working files: ``bench/out/closed_loop/``, not kept) and
 replaces the ``## Closed loop: profile, plan, train`` section of ``docs/results.md``. Run it at
@@ -46,7 +48,7 @@ CLUSTER = """name: emulated6
 gpus:
   fast: {{tflops: 50, memory_gb: 16}}
   slowed: {{tflops: 50, memory_gb: 16}}
-inter: {{bandwidth_gbs: 1.0, latency_us: 50}}
+inter: {{bandwidth_gbs: {inter_gbs:g}, latency_us: {inter_us:g}}}{links}
 machines:
   - {{name: F, gpu: fast, count: 2, bandwidth_gbs: 10.0, latency_us: 10{fast}}}
   - {{name: S, gpu: slowed, count: 4, bandwidth_gbs: 10.0, latency_us: 10, emulate: {slow}}}
@@ -56,12 +58,14 @@ machines:
 def cluster_yaml(args) -> str:
     """The emulated cluster: ``S`` ``args.slowdown`` times slower than ``F``, both at a fixed speed
     (``--tflops``) or slower than the host (``--base-slowdown``)."""
+    link = dict(inter_gbs=args.links or 1.0, inter_us=args.links_latency_us if args.links else 50,
+                links="\nemulate: {links: true}" if args.links else "")
     if args.tflops > 0:
         return CLUSTER.format(fast=f", emulate: {{tflops: {args.tflops:g}}}",
-                              slow=f"{{tflops: {args.tflops / args.slowdown:g}}}")
+                              slow=f"{{tflops: {args.tflops / args.slowdown:g}}}", **link)
     base = args.base_slowdown
     return CLUSTER.format(fast=f", emulate: {{slowdown: {base:g}}}" if base > 1 else "",
-                          slow=f"{{slowdown: {base * args.slowdown:g}}}")
+                          slow=f"{{slowdown: {base * args.slowdown:g}}}", **link)
 
 #: name -> (schedule, [(batch, [(devices, layers), ...]), ...]) over the 12-layer model
 HAND = {
@@ -403,10 +407,12 @@ FIXED_NOTE = (
 
 
 def emulation(a: dict) -> str:
-    """How the run emulated its devices, in words."""
+    """How the run emulated its devices (and links), in words."""
+    links = (f"; links emulated (`emulate: {{links: true}}`), F-S at {a['links']:g} GB/s and "
+             f"{a['links_latency_us']:g} us" if a.get("links") else "")
     if a.get("tflops", 0) > 0:
-        return f"`emulate`: tflops {a['tflops']:g} and {a['tflops'] / a['slowdown']:g}, a fixed speed"
-    return f"`emulate`: slowdown {a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host"
+        return f"`emulate`: tflops {a['tflops']:g} and {a['tflops'] / a['slowdown']:g}, a fixed speed{links}"
+    return f"`emulate`: slowdown {a['base_slowdown']:g} and {a['base_slowdown'] * a['slowdown']:g} of the host{links}"
 
 
 def section(res: dict, history: list[dict] | None = None) -> str:
@@ -483,12 +489,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile the devices again before every later round and price that round's runs "
                          "from it (a control for the host's drift; the solvers' plans and the 'profiled s' "
                          "column use the first profile)")
+    ap.add_argument("--links", type=float, default=0.0,
+                    help="emulate the links (emulate: {links: true}) with the F-S link at this many GB/s "
+                         "(0: links at the host's speed); the results go to bench/out/closed_loop_links.json, "
+                         "not to the history nor docs/results.md")
+    ap.add_argument("--links-latency-us", type=float, default=2000.0, help="the F-S link's latency with --links")
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/results.md")
     ap.add_argument("--reprice", action="store_true",
                     help="keep the last run's profile, plans and measured steps (bench/out/closed_loop.json) and "
                          "price the plans again with the current cost models")
     args = ap.parse_args(argv)
     res = reprice() if args.reprice else run(args)
+    if args.links:
+        (HERE / "out" / "closed_loop_links.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(section(res, []))
+        return 0
     (HERE / "out" / "closed_loop.json").write_text(json.dumps(res, indent=1) + "\n")
     hist_file = HERE / "out" / "closed_loop_history.json"
     history = json.loads(hist_file.read_text()) if hist_file.exists() else []

@@ -18,7 +18,7 @@ from hexicore.core import limits, schema
 from hexicore.core.errors import HexicoreError
 from hexicore.core.zones import fill_zone_links, parse_inter, parse_links, parse_zones
 from hexicore.core.device_list import check_devices, machines_from_devices
-from hexicore.core.emulation import Emulation, parse_emulation
+from hexicore.core.emulation import EmulatedLinks, Emulation, parse_emulation, parse_link_emulation
 from hexicore.core.fleet import synthetic_fleet, synthetic_fleet_dict
 from hexicore.core.gpus import GPU_CATALOG, GpuType, parse_gpu_types
 
@@ -92,6 +92,7 @@ class Cluster:
     gpus: Mapping[str, GpuType] = field(default_factory=dict, compare=False)
     inter_zone: tuple[float, float] | None = None  # (GB/s, us) between machines of different zones
     zone_links: tuple[Link, ...] = ()  # per zone-pair overrides of inter_zone
+    emulate_links: bool = False  # the cluster file's ``emulate: {links: true}`` (a test aid)
 
     @property
     def zones(self) -> tuple[str, ...]:
@@ -147,6 +148,12 @@ class Cluster:
     def emulation(self, device_id: str) -> Emulation:
         """How a device's machine is emulated (nothing unless the cluster file says ``emulate``)."""
         return self._machines[self.device(device_id).machine].emulate
+
+    def emulated_links(self, devices: Iterable[str]) -> EmulatedLinks | None:
+        """The links a job whose global ranks stand for ``devices`` (in rank order) is held to
+        (:mod:`hexicore.core.emulation`); None unless the cluster file says ``emulate: {links: true}``."""
+        # a copy without this one's caches (the cost model's memo may hold what cannot be pickled)
+        return EmulatedLinks(replace(self), tuple(devices)) if self.emulate_links else None
 
     # ------------------------------------------------------------------ links
     @cached_property
@@ -295,6 +302,8 @@ class Cluster:
         if self.zone_links:
             out["zone_links"] = [{"between": list(l.between), "bandwidth_gbs": l.bandwidth_gbs,
                                   "latency_us": l.latency_us} for l in self.zone_links]
+        if self.emulate_links:
+            out["emulate"] = {"links": True}
         if custom:
             gpus = {m.gpu.name: m.gpu for m in self.machines}
             out["gpus"] = {n: _gpu_entry(gpus[n]) for n in sorted(custom)}
@@ -330,7 +339,7 @@ def _brief(ids: Iterable[str], n: int = 8) -> str:
 
 #: the cluster file's fields (docs/formats.md); ``devices`` is the resolved list a plan JSON carries
 CLUSTER_KEYS = frozenset({"name", "machines", "inter", "links", "gpus", "excluded", "devices", "intra", "synthetic",
-                          "inter_zone", "zone_links"})
+                          "inter_zone", "zone_links", "emulate"})
 MACHINE_KEYS = frozenset({"name", "gpu", "count", "bandwidth_gbs", "latency_us", "emulate", "zone", "max_tp"})
 
 
@@ -388,8 +397,10 @@ def parse_cluster(data: Any, source: str | None, prefix: str | None = None) -> C
     inter_bw, inter_lat = parse_inter(d, len(machines), source, prefix)
     inter_zone, zone_pairs = parse_zones(d, {m.zone for m in machines if m.zone is not None}, (inter_bw, inter_lat),
                                          source, prefix)
+    emulate_links = parse_link_emulation(d["emulate"], source, schema.dotted(prefix, "emulate")) if "emulate" in d \
+        else False
     base = Cluster(name, tuple(machines), inter_bw, inter_lat, gpus=catalog, inter_zone=inter_zone,
-                   zone_links=tuple(Link(*z) for z in zone_pairs))
+                   zone_links=tuple(Link(*z) for z in zone_pairs), emulate_links=emulate_links)
     # a pair override without latency_us keeps the latency of the link it replaces (docs/formats.md)
     links = parse_links(d, seen, lambda a, b: base._between_machines(a, b)[1], source, prefix)
     cluster = replace(base, links=tuple(Link(*x) for x in links))

@@ -16,6 +16,13 @@ and ``emulate`` makes that machine's devices slower than the host. Two modes, on
 
 The runtime enforces it (the torch runtime's ``launch/emulated_device.py``); ``hexicore profile`` measures it
 like any device; the analytic cost model does not see it (it prices the catalog GPU).
+
+Links too: a top-level ``emulate: {links: true}`` holds every link of the cluster (inside a
+machine, between machines, ``links:`` overrides, zones) to its declared ``bandwidth_gbs`` and
+``latency_us``: every point-to-point message and collective of the job lasts what the cost
+model's formulas give on those links (:mod:`hexicore.cost.transfer`), or its own duration if
+the host needs longer. The runtime enforces it (the torch runtime's ``launch/emulated_links.py``);
+``hexicore profile`` measures such links like real ones.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 from hexicore.core import schema
 from hexicore.core.errors import HexicoreError
 
-__all__ = ["Emulation", "parse_emulation"]
+__all__ = ["EmulatedLinks", "Emulation", "parse_emulation", "parse_link_emulation"]
 
 #: the accepted range of each mode's number
 RANGES = {"slowdown": (1.0, 1000.0), "tflops": (1e-6, 10000.0)}
@@ -69,3 +76,35 @@ def parse_emulation(raw: Any, source: str | None, fp: str) -> Emulation:
         raise HexicoreError(f"must be at least {lo:g} and at most {hi:g}, got {k}", source=source,
                             field=schema.dotted(fp, key))
     return Emulation(**{key: float(k)})
+
+
+@dataclass(frozen=True)
+class EmulatedLinks:
+    """The links a job's processes are held to (a cluster file's ``emulate: {links: true}``):
+    the cluster (a :class:`hexicore.core.cluster.Cluster`) whose declared links they obey and,
+    per global rank, the device it stands for."""
+
+    cluster: Any
+    devices: tuple[str, ...]
+
+
+#: the keys of the cluster file's top-level ``emulate``
+LINK_KEYS = frozenset({"links"})
+
+
+def parse_link_emulation(raw: Any, source: str | None, fp: str) -> bool:
+    """The cluster file's top-level ``emulate: {links: true}`` (``links: false``: the links
+    run at the host's speed, as without the key); ``emulate: null`` and an empty mapping are
+    refused (they say nothing: leave the key out)."""
+    if raw is None:
+        raise HexicoreError("emulate: null says nothing; give {links: true}, or leave the key out",
+                            source=source, field=fp)
+    e = schema.as_mapping(raw, source, fp)
+    schema.known_keys(e, set(LINK_KEYS), source, fp)
+    if "links" not in e:
+        raise HexicoreError("give links: true (every link held to its bandwidth_gbs and latency_us)",
+                            source=source, field=fp)
+    if not isinstance(e["links"], bool):
+        raise HexicoreError(f"must be true or false, got {e['links']!r}", source=source,
+                            field=schema.dotted(fp, "links"))
+    return e["links"]

@@ -17,10 +17,11 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
     """Expand ``synthetic: {gpus, mix, seed, per_machine, inter_gbs, inter_latency_us}`` into a
     cluster mapping: ``gpus`` GPUs drawn from the ``mix`` weights with a seeded RNG, packed into
     machines of ``per_machine`` GPUs of one type, intra bandwidth from the catalog. Beside it a
-    cluster file may give only ``name``, ``gpus`` and ``excluded`` (ids ``m<i>.<index>``)."""
+    cluster file may give only ``name``, ``gpus``, ``excluded`` (ids ``m<i>.<index>``) and the
+    top-level ``emulate`` (emulated links)."""
     sp = schema.dotted(prefix, "synthetic")
     for k in d:  # the fleet draws its own machines and links: the other ways to give them are alternatives
-        if k not in ("name", "synthetic", "gpus", "excluded"):
+        if k not in ("name", "synthetic", "gpus", "excluded", "emulate"):
             raise HexicoreError(f"synthetic: and {k}: are alternatives (a synthetic fleet draws its own machines "
                                 "and links); give one of them", source=source, field=schema.dotted(prefix, str(k)))
     s = schema.as_mapping(d["synthetic"], source, sp)
@@ -43,7 +44,8 @@ def synthetic_fleet_dict(d: Mapping[str, Any], source: str | None, prefix: str |
                            inter_latency_us=limits.latency(s.get("inter_latency_us", 50.0), source,
                                                            schema.dotted(sp, "inter_latency_us")),
                            name=str(d.get("name", f"synthetic{n}")), catalog=catalog)
-    return {**fleet, **{k: d[k] for k in ("gpus", "excluded") if d.get(k) is not None}}
+    return {**fleet, **{k: d[k] for k in ("gpus", "excluded") if d.get(k) is not None},
+            **({"emulate": d["emulate"]} if "emulate" in d else {})}
 
 
 def synthetic_fleet(n: int, mix: Mapping[str, float], *, seed: int = 0, per_machine: int = 8,

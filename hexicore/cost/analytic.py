@@ -28,6 +28,7 @@ from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
                                      state_bytes, tied_copies, tied_whole)
 from hexicore.cost.split import forward_backward
+from hexicore.cost.transfer import broadcast_s, ring_pass_s, send_s
 
 @dataclass(frozen=True)
 class AnalyticCostModel:
@@ -37,7 +38,8 @@ class AnalyticCostModel:
     weight + gradient + optimizer bytes kept per parameter (default ``None``: the runtime's
     precision recipe, :func:`hexicore.cost.precision.state_bytes`, 16 B with AdamW over fp32
     master weights; an explicit number overrides it, e.g. 8 = the paper's ``48 H^2 B_type``
-    per 12H^2-parameter layer in bf16);
+    per 12H^2-parameter layer in bf16); ``sync_bytes_per_param`` the bytes per parameter the
+    data-parallel sync moves (default ``None``: the gradient part of that state);
     ``reserve_gb`` is memory no plan may use (CUDA context, allocator slack).
     ``pipeline_timer`` (injected by the planner from a schedule plugin) replaces App. A's
     PIPELINE-TIME formula; ``activation`` (injected likewise) replaces the default in-flight
@@ -55,6 +57,10 @@ class AnalyticCostModel:
     activation: ActivationFn | None = None
     placement: PlacementFn | None = None
     name: str = "analytic"
+    #: bytes per parameter data-parallel traffic moves (None: the state's gradient bytes,
+    #: :func:`hexicore.cost.precision.sync_bytes`); apart from ``state_bytes_per_param``, so
+    #: memory can follow another system's accounting while the sync keeps the runtime's wire
+    sync_bytes_per_param: float | None = None
     #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
     class_priced: ClassVar[bool] = True
 
@@ -96,8 +102,7 @@ class AnalyticCostModel:
         key = ("tp", msg, *map(cluster.link_matrices[0].get, devices))  # the terms follow the machines
         worst = cluster.memo.get(key)
         if worst is None:
-            worst = max(sum(cluster.alpha(d, e) + msg / (tp * cluster.beta(d, e)) for e in devices if e != d)
-                        for d in devices)
+            worst = ring_pass_s(cluster, devices, msg)
             cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
@@ -128,11 +133,16 @@ class AnalyticCostModel:
         if key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
-        send = cluster.alpha(a, b) + msg / cluster.beta(a, b)
-        bcast = max((cluster.alpha(b, e) + msg / cluster.beta(b, e) for e in dst if e != b), default=0.0)
+        send = self.message_s(cluster, a, b, msg)
+        bcast = broadcast_s(cluster, b, dst, msg, self.message_s)
         if key is not None:
             cluster.memo[key] = 2.0 * (send + bcast)
         return 2.0 * (send + bcast)
+
+    def message_s(self, cluster: Cluster, a: str, b: str, nbytes: float) -> float:
+        """One message from device ``a`` to ``b``: ``alpha + bytes / beta``
+        (:func:`hexicore.cost.transfer.send_s`)."""
+        return send_s(cluster, a, b, nbytes)
 
     def stage_memory_parts(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                            n_layers: int, *, first: bool = False, last: bool = False, in_flight: float = 1,

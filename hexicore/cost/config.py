@@ -30,6 +30,8 @@ def cost_model_from_config(cfg: Mapping[str, Any] | None, *, pipeline_timer: Pip
         efficiency=efficiency,
         default_efficiency=default,
         state_bytes_per_param=None if sbp is None else schema.number(sbp, source, "cost.state_bytes_per_param"),
+        sync_bytes_per_param=None if d.get("sync_bytes_per_param") is None else schema.number(
+            d["sync_bytes_per_param"], source, "cost.sync_bytes_per_param"),
         reserve_gb=schema.number(d.get("reserve_gb", 1.0), source, "cost.reserve_gb", allow_zero=True),
         pipeline_timer=pipeline_timer,
     )

@@ -63,11 +63,16 @@ def state_bytes(dtype: str, override: float | None = None) -> StateBytes:
 
 def sync_bytes(cost: Any, train: Any) -> float:
     """Bytes per parameter that data-parallel traffic moves — the gradient all-reduce, ZeRO's
-    reduce-scatter and all-gathers, a tied embedding's sum: the recipe's gradient bytes,
-    ``cost.state_bytes(train).gradients`` — 4 under the torch runtime's recipe, whose gradients
-    are fp32 whatever ``train.dtype`` (as Megatron-LM reduces bf16 runs' gradients in fp32), 2
-    under the paper's ``state_bytes_per_param = 8`` — or ``train.dtype_bytes`` for a cost model
-    without :meth:`state_bytes`. Pipeline and TP messages travel in ``train.dtype``."""
+    reduce-scatter and all-gathers, a tied embedding's sum: ``cost.sync_bytes_per_param`` where
+    set (the ``cost.sync_bytes_per_param`` setting: the wire apart from the memory accounting),
+    else the recipe's gradient bytes, ``cost.state_bytes(train).gradients`` — 4 under the torch
+    runtime's recipe, whose gradients are fp32 whatever ``train.dtype`` (as Megatron-LM reduces
+    bf16 runs' gradients in fp32), 2 under the paper's ``state_bytes_per_param = 8`` — or
+    ``train.dtype_bytes`` for a cost model without :meth:`state_bytes`. Pipeline and TP messages
+    travel in ``train.dtype``."""
+    explicit = getattr(cost, "sync_bytes_per_param", None)
+    if explicit is not None:
+        return float(explicit)
     fn = getattr(cost, "state_bytes", None)
     return fn(train).gradients if callable(fn) else train.dtype_bytes
 

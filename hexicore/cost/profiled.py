@@ -48,6 +48,7 @@ from hexicore.cost.analytic import AnalyticCostModel
 from hexicore.cost.config import cost_model_from_config
 from hexicore.cost.base import GIB
 from hexicore.cost.measured_allreduce import allreduce_layer_s
+from hexicore.cost.measured_ends import embedding_work, end_s
 from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, formula_bytes,
                                           interpolate, own_shape, span, target_flops)
 from hexicore.cost.optimizer_step import optimizer_step_s
@@ -211,24 +212,40 @@ class ProfiledCostModel(AnalyticCostModel):
         return max(per_entry)
 
     def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float:
-        """The head of one micro-batch on a stage of ``devices``: the measured head (one device's
-        forward + backward) scaled by FLOPs, else App. A's on one member; never divided by the TP
+        """The head of one micro-batch on a stage of ``devices``: from the profile's heads of the
+        slowest entry (:func:`hexicore.cost.measured_ends.end_s`: per micro-batch and TP degree,
+        another size by its work), else App. A's on one member; never divided by the TP
         degree, as every TP rank computes all the logits (the runtime replicates the head, and
         the analytic model prices it so)."""
         key = self._slowest_gpu(cluster, devices, model, train)
         dev = self.profile.devices.get(key)
-        tokens = train.micro_batch * train.seq_len
-        if dev is None or dev.head is None:
+        got = end_s(dev.heads, model, train, len(devices)) if dev is not None else None
+        if got is None:
             if dev is not None:  # a type not profiled at all is noted with its blocks
                 self._note(f"{key}: no head was profiled; the head's time is the analytic model's")
             k = 4.0 if train.recompute else 3.0
+            tokens = train.micro_batch * train.seq_len
             return tokens * model.head_flops_per_token() * k * len(devices) / self.achieved_flops(cluster, devices)
-        h = dev.head
-        if (h.hidden or model.hidden, h.vocab or model.vocab) != (model.hidden, model.vocab):
+        h = next((h for h in dev.heads if (h.hidden or model.hidden, h.vocab or model.vocab) !=
+                  (model.hidden, model.vocab)), None)
+        if h is not None:
             self._note(f"{key}: the head was profiled at hidden {h.hidden or model.hidden} x vocab {h.vocab or model.vocab}, "
                        f"this model's is {model.hidden} x {model.vocab}; its time is scaled by FLOPs")
-        flops = 2.0 * (h.hidden or model.hidden) * (h.vocab or model.vocab) * h.micro_batch * h.seq_len
-        return (h.forward_s + h.backward_s) * tokens * model.head_flops_per_token() / flops
+        return got
+
+    def embedding_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float:
+        """The token embedding of one micro-batch on a first stage of ``devices``: from the
+        profile's embeddings of the slowest entry (:func:`hexicore.cost.measured_ends.end_s`);
+        0 where it has none (App. A prices no embedding)."""
+        dev = self.profile.devices.get(self._slowest_gpu(cluster, devices, model, train))
+        got = end_s(dev.embeddings, model, train, len(devices), embedding_work) if dev is not None else None
+        return got or 0.0
+
+    def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
+                n_layers: int, *, first: bool = False, last: bool = False) -> float:
+        """STAGE of App. A (:meth:`AnalyticCostModel.stage_s`) + the measured embedding on a first stage."""
+        own = super().stage_s(cluster, model, train, devices, n_layers, first=first, last=last)
+        return own + (self.embedding_s(cluster, model, train, devices) if first else 0.0)
 
     def action_s(self, cluster: Cluster, devices: Sequence[str]) -> float:
         """The fixed cost of a forward and a backward action (:class:`BlockTiming.action_s`): the
@@ -293,6 +310,16 @@ class ProfiledCostModel(AnalyticCostModel):
               dst: Sequence[str]) -> float:
         return super().hop_s(self.measured(cluster), model, train, src, dst)
 
+    def message_s(self, cluster: Cluster, a: str, b: str, nbytes: float) -> float:
+        """One message from device ``a`` to ``b``: the measured seconds of the machines' link at
+        this size (its ``points``, :meth:`hexicore.core.profile.LinkTiming.seconds`), else App.
+        A's on the measured links."""
+        if a != b:
+            ln = self.profile.link(cluster.device(a).machine, cluster.device(b).machine)
+            if ln is not None and ln.points:
+                return ln.seconds(nbytes)
+        return super().message_s(cluster, a, b, nbytes)
+
     def dp_layer_s(self, cluster: Cluster, holders: Sequence[Any], n_params: float, dtype_bytes: int,
                    links: dict | None = None, weight: Mapping[str, float] | None = None) -> float:
         """COMM-DP-LAYER from the measured all-reduce bus bandwidth of the holders' machines
@@ -305,8 +332,9 @@ class ProfiledCostModel(AnalyticCostModel):
 
     def dp_s(self, plan: Any) -> float:
         """COMM-DP (App. A) on the measured links + OPT, the measured optimizer step
-        (:func:`hexicore.cost.optimizer_step.optimizer_step_s`)."""
-        return super().dp_s(plan) + self.optimizer_s(plan)
+        (:func:`hexicore.cost.optimizer_step.optimizer_step_s`) + the profile's per-step fixed
+        overhead (``step_overhead_s``: the loss and norm all-reduces every step pays)."""
+        return super().dp_s(plan) + self.optimizer_s(plan) + self.profile.step_overhead_s
 
     def optimizer_s(self, plan: Any) -> float:
         """The slowest rank's measured optimizer step (0 where the profile has none)."""
@@ -387,9 +415,9 @@ def profiled_from_config(cfg: Mapping[str, Any] | None, *, source: str = "cost")
     d = dict(schema.as_mapping(cfg or {}, source, "cost"))
     path = d.pop("profile_file", None)
     if not path:
-        raise HexicoreError("cost=profiled needs cost.profile_file=PATH (a hexicore.profile/1 file, docs/formats.md)",
+        raise HexicoreError("cost=profiled needs cost.profile_file=PATH (a hexicore.profile/2 or /1 file, docs/formats.md)",
                             source="command line", field="cost.profile_file")
     base = cost_model_from_config(d, source=source)
     fields = {k: getattr(base, k) for k in ("efficiency", "default_efficiency", "state_bytes_per_param",
-                                             "reserve_gb")}
+                                             "sync_bytes_per_param", "reserve_gb")}
     return ProfiledCostModel(**fields, profile=Profile.load(str(path)))

@@ -65,6 +65,10 @@ def test_bad_hf_config_fields(change, field, tmp_path, capsys):
 @pytest.mark.parametrize("change,field", [
     ({"excluded": [["F0.0"]]}, "excluded"),
     ({"machines": None, "inter": None, "synthetic": {"gpus": 8, "mix": {}}}, "synthetic.mix"),
+    ({"emulate": {"links": "yes"}}, "emulate.links"),  # emulated links: a flag, nothing else
+    ({"emulate": {"link": True}}, "emulate.link"),
+    ({"emulate": {}}, "emulate"),
+    ({"emulate": {"tflops": 1.0}}, "emulate.tflops"),  # a machine's key, not the cluster's
 ])
 def test_bad_cluster_fields(change, field, tmp_path, capsys):
     doc = {k: v for k, v in {**CLUSTER, **change}.items() if v is not None}

@@ -72,3 +72,23 @@ def test_an_emulated_action_lasts_its_flops_over_the_rate_whatever_the_host_does
     with emulate.emulated(Emulation(), CPU):  # not emulated: nothing added
         x @ w
     assert time.perf_counter() - t0 < 0.1
+
+
+def test_emulated_links_round_trip_through_the_plan_json_and_name_every_rank_device():
+    """``emulate: {links: true}`` (top level) reads back from a plan's cluster, a synthetic
+    fleet keeps it, and the links a job is held to name each rank's device in rank order."""
+    from hexicore.core.emulation import EmulatedLinks
+
+    doc = {"name": "l", "emulate": {"links": True}, "inter": {"bandwidth_gbs": 0.5, "latency_us": 200},
+           "machines": [{"name": "A", "gpu": "a100-80g", "count": 2}, {"name": "B", "gpu": "a100-80g", "count": 1}]}
+    c = parse_cluster(doc, "c.yaml")
+    assert c.emulate_links and c.to_dict()["emulate"] == {"links": True}
+    assert parse_cluster(c.to_dict(), "plan.json", "cluster") == c
+    assert c.emulated_links(["B.0", "A.1"]) == EmulatedLinks(c, ("B.0", "A.1"))
+    off = parse_cluster({**doc, "emulate": {"links": False}}, "c.yaml")
+    assert not off.emulate_links and "emulate" not in off.to_dict() and off.emulated_links(["A.0"]) is None
+    fleet = parse_cluster({"synthetic": {"gpus": 4, "mix": {"a100-80g": 1}}, "emulate": {"links": True}}, "f.yaml")
+    assert fleet.emulate_links
+    with pytest.raises(HexicoreError) as e:
+        parse_cluster({**doc, "emulate": None}, "c.yaml")
+    assert e.value.field == "emulate"

@@ -1,5 +1,5 @@
 """``hexicore profile``: the cluster's own devices measured through the torch runtime, emulated
-slowdowns included, written as a ``hexicore.profile/1`` file that ``cost=profiled`` plans from."""
+slowdowns included, written as a ``hexicore.profile/2`` file that ``cost=profiled`` plans from."""
 
 from __future__ import annotations
 
@@ -90,6 +90,19 @@ def test_profile_an_emulated_cluster_then_plan_from_it(tmp_path, capsys, monkeyp
     cost = ProfiledCostModel(profile=prof)
     train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, recompute=False)
     assert cost.compute_s(cluster, model, train, ["S.0"], 2) > 2 * cost.compute_s(cluster, model, train, ["F.0"], 2)
+    # /2: heads and embeddings per micro-batch, link points per size, the per-step overhead, written
+    # and read back; the cost model prices the ends and the hops from the file's own entries
+    assert prof.step_overhead_s > 0 and out.read_text().startswith("format: hexicore.profile/2")
+    for dev in prof.devices.values():
+        assert [(h.micro_batch, h.tp) for h in dev.heads] == [(1, 1), (2, 1)] == \
+            [(e.micro_batch, e.tp) for e in dev.embeddings]
+        assert dev.heads[1].activation_bytes == pytest.approx(2 * dev.heads[0].activation_bytes, rel=0.01)
+    assert [b for b, _ in ln.points] == [4096, 65536, 1048576]
+    assert cost.message_s(cluster, "F.0", "S.0", 65536) == ln.points[1][1]
+    head = prof.devices["fastgpu"].heads[0]
+    assert cost.head_s(cluster, model, train, ["F.0"]) == pytest.approx(head.forward_s + head.backward_s)
+    emb = prof.devices["fastgpu"].embeddings[0]
+    assert cost.embedding_s(cluster, model, train, ["F.0"]) == pytest.approx(emb.forward_s + emb.backward_s)
     # and plans from the file; a second profile run may replace the file, a plan file may not be replaced
     code = run_cli(["plan", f"cluster_file={tmp_path / 'c.yaml'}", f"model_file={tmp_path / 'm.yaml'}",
                     "cost=profiled", f"cost.profile_file={out}", "train.global_batch=4", "train.dtype=fp32",

@@ -1,5 +1,5 @@
 """``hexicore profile cluster_file=... model=... out=profile.yaml``: measure the cluster's own
-devices and links through the runtime, print them, write a ``hexicore.profile/1`` file
+devices and links through the runtime, print them, write a ``hexicore.profile/2`` file
 (:mod:`hexicore.core.profile`) for ``cost=profiled cost.profile_file=...``.
 
 The runtime plugin (``runtime=torch``) launches one process per device of the cluster (local
@@ -129,14 +129,18 @@ def print_profile(p: Profile) -> None:
              f"{b.recompute_s * 1e3:.3f}", f"{b.activation_bytes / 2**20:.2f}",
              f"{b.optimizer_s * 1e3:.3f}" if b.optimizer_s else "", f"{b.action_s * 1e3:.3f}" if b.action_s else "")
             for name, dev in p.devices.items() for b in dev.blocks]
-    rows += [(name, dev.head.micro_batch, "head", dev.head.seq_len, f"{dev.head.forward_s * 1e3:.3f}",
-              f"{dev.head.backward_s * 1e3:.3f}", "", "", "", "") for name, dev in p.devices.items() if dev.head]
+    rows += [(name, e.micro_batch, f"{part} (TP {e.tp})", e.seq_len, f"{e.forward_s * 1e3:.3f}",
+              f"{e.backward_s * 1e3:.3f}", "", f"{e.activation_bytes / 2**20:.2f}" if e.activation_bytes else "", "", "")
+             for name, dev in p.devices.items() for part, es in (("embedding", dev.embeddings), ("head", dev.heads))
+             for e in es]
     out.print(rows_table("compute (one micro-batch)", ("device", "micro-batch", "TP", "seq", "forward ms",
                                                         "backward ms", "recompute ms", "activations MiB",
                                                         "optimizer step ms", "fixed per F+B action ms"), rows))
     links = [(" - ".join(ln.between), f"{ln.latency_s * 1e6:.1f}", f"{ln.bandwidth_gbs:.3f}") for ln in p.links]
     links += [(" - ".join(a.between), f"all-reduce x{a.group}", f"{a.bandwidth_gbs:.3f}") for a in p.allreduce]
     out.print(rows_table("links", ("between", "latency us", "GB/s"), links))
+    if p.step_overhead_s:
+        out.print(f"per step beyond the stages (loss and norm all-reduces): {p.step_overhead_s * 1e3:.3f} ms")
     env = p.environment
     out.print(f"torch {env.get('torch')}, {env.get('backend')}, {env.get('dtype')}, attention {env.get('attention')}, "
               f"{env.get('device')}, {env.get('date')}")

@@ -22,7 +22,7 @@ from hexicore.core.prediction import predictions
 from hexicore.core.run_spec import PipelineLayout, PlanLayout, ReferenceLayout, RunSpec
 from hexicore.core.settings import CheckpointSettings, DataSettings, OptimizerSettings
 
-from .launch.settings import LaunchSettings
+from .launch.settings import LaunchSettings, check_links, uses_nccl
 from .parallel.assignment import RankAssignment, plan_layout, reference_layout, single_pipeline_layout, zero3_runs
 from .train.lr_schedule import check_steps
 from .train.metric_log import check_log
@@ -184,7 +184,7 @@ class TorchRuntime:
 
             resume = str(checkpoint.resolve(resume))
         check_memory(layout)
-        if _nccl(settings.launch.backend):
+        if uses_nccl(settings.launch.backend):
             from .parallel.assignment import check_fifo
 
             for p in layout.pipelines:
@@ -204,17 +204,19 @@ class TorchRuntime:
         extras = final_extras(spec, settings.data, layout, init_from or spec.checkpoint.init_from)  # last check: warnings follow no error
         plan = spec.layout.source if isinstance(spec.layout, PlanLayout) else None
         zero = spec.layout.plan.train.zero_stage if isinstance(spec.layout, PlanLayout) else 0
-        emulation, predicted = (), None
+        emulation, links, predicted = (), None, None
         if isinstance(spec.layout, PlanLayout):  # ranks are the plan's devices in order
             pl = spec.layout.plan
             emulation = tuple(pl.cluster.emulation(d) for d in pl.devices)
+            links = check_links(pl.cluster.emulated_links(pl.devices), settings.launch.backend)
             predicted = predictions(spec.estimate, pl.devices) if spec.estimate is not None else None
         checkpoint_settings = replace(spec.checkpoint, resume=resume, init_from=init_from, shard_mb=settings.shard_mb)
         return WorkerSpec(layout=layout, train=t, optimizer=settings.optimizer, data=settings.data,
                           checkpoint=checkpoint_settings, output=spec.output, launch=settings.launch,
                           data_id=data_id, data_checked=True, final_extras=extras, plan=plan, zero=zero,
                           shard_weights=shard_weights(spec), machines=machines(spec),
-                          emulation=emulation if any(e.active for e in emulation) else (), predicted=predicted)
+                          emulation=emulation if any(e.active for e in emulation) else (), links=links,
+                          predicted=predicted)
 
     def profile(self, request: Any) -> Any:
         """Measure a :class:`~hexicore.core.profile_request.ProfileRequest` on the cluster's own
@@ -425,9 +427,3 @@ def check_memory(layout: RankAssignment) -> None:
                             field="model")
 
 
-def _nccl(backend: str) -> bool:
-    if backend != "auto":
-        return backend == "nccl"
-    import torch
-
-    return torch.cuda.is_available()

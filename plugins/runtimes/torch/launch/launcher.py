@@ -162,7 +162,11 @@ def worker_main(specs: list) -> list[Any] | None:
             f.write(str(os.getpid()))
     backend = choose_backend(specs[0].launch.backend)
     device = torch.device("cpu")
-    if backend == "nccl":
+    if specs[0].links is not None:  # every transfer held to the cluster's declared links
+        from .emulated_links import install
+
+        backend = install(specs[0].links)
+    elif backend == "nccl":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     dist.init_process_group(backend, timeout=timedelta(seconds=max(s.launch.timeout_s for s in specs)))

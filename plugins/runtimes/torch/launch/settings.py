@@ -51,3 +51,22 @@ class LaunchSettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
+
+
+def uses_nccl(backend: str) -> bool:
+    """Whether ``runtime.backend`` means NCCL here (``auto``: where CUDA is available)."""
+    if backend != "auto":
+        return backend == "nccl"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_links(links: Any, backend: str) -> Any:
+    """Emulated links (a cluster's ``emulate: {links: true}``, :mod:`.emulated_links`) as the job
+    runs them: they wrap gloo, so a run that would use NCCL is refused (one line naming
+    ``runtime.backend``); ``links`` back."""
+    if links is not None and uses_nccl(backend):
+        raise HexicoreError("the cluster emulates its links (emulate: {links: true}), which runs on gloo: "
+                            "give runtime.backend=gloo", field="runtime.backend")
+    return links

@@ -17,14 +17,23 @@ recorded is a wall second as training will see it.
   all-reduces are inside the times, as inside a compute action); a TP degree the cluster cannot
   form is skipped. Activation bytes: CUDA allocator growth across the forward; on CPU the bytes
   of the distinct tensors autograd saves (``saved_tensors_hooks``), parameters excluded.
-* **head**: embedding + final norm + output projection + loss of one micro-batch
-  (:class:`..model.llama.LlamaChunk` without blocks), forward and backward.
+* **head** and **embedding** (per GPU type, or per device), at each micro-batch: the token
+  embedding alone, and the final norm + output projection + loss alone
+  (:class:`..model.llama.LlamaChunk` without blocks, first or last), forward, backward and the
+  bytes each forward keeps for backward (:func:`.samplers.ends_samples`). The runtime keeps both
+  whole on every TP rank, so one rank's time is the time at any TP degree: recorded at TP 1.
 * **links**: per machine (devices 0 and 1) and per machine pair (device 0 of each), ping-pong
-  of each size in ``link_bytes``; one-way time = half the round trip; ``t = latency + bytes /
-  bandwidth`` fitted by least squares (:func:`fit_link`).
+  of each size in ``link_bytes``; one-way time = half the round trip, kept per size
+  (``points``) and fitted as ``t = latency + bytes / bandwidth`` by least squares (:func:`fit_link`).
 * **all-reduce**: per group size and machine pair (devices alternating between the two
   machines; the same machine twice: inside it), bus bandwidth ``2 (g - 1) / g * bytes / t``
-  (NCCL's convention).
+  (NCCL's convention) at ``allreduce_bytes``.
+* **step**: every rank at once, the trainer's per-step loss and gradient-norm all-reduces (a
+  scalar each), the profile's ``step_overhead_s``.
+
+Emulated links (``emulate: {links: true}``) are measured as real ones: every message and
+collective goes through the job's process group, which holds it to the declared link
+(:mod:`..launch.emulated_links`).
 """
 
 from __future__ import annotations
@@ -38,19 +47,20 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hexicore.core.emulation import Emulation
+from hexicore.core.emulation import EmulatedLinks, Emulation
 from hexicore.core.errors import HexicoreError
 from hexicore.core.model import ModelSpec
-from hexicore.core.profile import AllReduceTiming, BlockTiming, DeviceProfile, HeadTiming, LinkTiming, Profile
+from hexicore.core.profile import (AllReduceTiming, BlockTiming, DeviceProfile, EmbeddingTiming, HeadTiming,
+                                   LinkTiming, Profile)
 from hexicore.core.settings import OutputSettings
 
-from ..launch.settings import LaunchSettings
-from .samplers import allreduce_samples, block_samples, head_samples, p2p_samples
+from ..launch.settings import LaunchSettings, check_links
+from .samplers import allreduce_samples, block_samples, ends_samples, p2p_samples, step_samples
 
 
 @dataclass(frozen=True)
 class Task:
-    """One measurement: ``kind`` block | head | p2p | allreduce on global ``ranks``."""
+    """One measurement: ``kind`` block | head | p2p | allreduce | step on global ``ranks``."""
 
     kind: str
     ranks: tuple[int, ...]
@@ -80,6 +90,7 @@ class ProfileJob:
     statistic: str = "median"
     concurrent: bool = False
     launch: LaunchSettings = LaunchSettings()
+    links: EmulatedLinks | None = None  # the cluster's emulated links (None: the host's own)
     output: OutputSettings = OutputSettings()  # no out: no checkpoints (what the launcher's stop line looks for)
 
     @property
@@ -111,9 +122,10 @@ def tasks(job: ProfileJob) -> list[Task]:
             for ranks in _tp_groups(job, by_machine, leaders, tp):
                 batch = len(out) if not job.concurrent else -combo
                 out.append(Task("block", ranks, job.devices[ranks[0]][0], micro_batch=mb, group=tp, batch=batch))
-    for r in leaders:
-        out.append(Task("head", (r,), job.devices[r][0], micro_batch=job.micro_batches[0],
-                        batch=-1 if job.concurrent else len(out)))
+    for mb in job.micro_batches:
+        for r in leaders:
+            out.append(Task("head", (r,), job.devices[r][0], micro_batch=mb,
+                            batch=-combo - mb if job.concurrent else len(out)))  # below every block batch
     names = list(by_machine)
     for i, a in enumerate(names):
         for b in names[i:]:
@@ -125,6 +137,8 @@ def tasks(job: ProfileJob) -> list[Task]:
             for g in job.allreduce_groups:
                 if 1 < g <= len(pool):
                     out.append(Task("allreduce", tuple(sorted(pool[:g])), between=(a, b), group=g, batch=len(out)))
+    if job.world > 1:
+        out.append(Task("step", tuple(range(job.world)), batch=len(out)))
     return out
 
 
@@ -156,7 +170,7 @@ def run_worker(job: ProfileJob, rank: int, world: int, device: torch.device) -> 
     todo = tasks(job)
     handles: dict[tuple[int, ...], Any] = {}
     for t in todo:  # new_group is collective: every rank creates every group, in order
-        if len(t.ranks) > 1 and t.ranks not in handles and t.kind != "p2p":
+        if len(t.ranks) > 1 and t.ranks not in handles and t.kind not in ("p2p", "step"):
             handles[t.ranks] = dist.new_group(list(t.ranks)) if world > 1 else None
     gens = {i: _sampler(job, t, rank, device, handles.get(t.ranks)) for i, t in enumerate(todo) if rank in t.ranks}
     samples: dict[int, list[Any]] = {i: [] for i in gens}
@@ -183,9 +197,11 @@ def _sampler(job: ProfileJob, t: Task, rank: int, device: torch.device, group: A
     if t.kind == "block":
         return block_samples(job, t, rank, device, group)
     if t.kind == "head":
-        return head_samples(job, t.micro_batch, job.devices[rank][3], device)
+        return ends_samples(job, t.micro_batch, job.devices[rank][3], device)
     if t.kind == "p2p":
         return p2p_samples(job, t.ranks, rank, device)
+    if t.kind == "step":
+        return step_samples(device)
     return allreduce_samples(job, device, group)
 
 
@@ -197,7 +213,9 @@ def summarize(job: ProfileJob, t: Task, samples: list[Any]) -> Any:
         share = statistics.median(s[5] for s in samples)  # a ratio: its least is not the undisturbed one
         return {**out, "action_share": share, "activation_bytes": float(samples[-1][3])}
     if t.kind == "head":
-        return {"forward_s": pick(job, [s[0] for s in samples]), "backward_s": pick(job, [s[1] for s in samples])}
+        keys = ("embedding_forward_s", "embedding_backward_s", "forward_s", "backward_s")
+        return {**{k: pick(job, [s[i] for s in samples]) for i, k in enumerate(keys)},
+                "embedding_bytes": float(samples[-1][4]), "activation_bytes": float(samples[-1][5])}
     if t.kind == "p2p":
         if samples[0] is None:  # the echoing rank
             return None
@@ -245,41 +263,55 @@ def to_profile(job: ProfileJob, got: dict[str, Any]) -> Profile:
     gpu = {d[0]: d[2] for d in job.devices}
     name = (lambda dev: dev) if job.all_devices else (lambda dev: gpu[dev])
     blocks: dict[tuple[str, int, int], list[dict[str, float]]] = {}
-    heads: dict[str, list[dict[str, float]]] = {}
-    links, allreduce = [], []
+    ends: dict[tuple[str, int], list[dict[str, float]]] = {}
+    links, allreduce, overhead = [], [], 0.0
     for t, res in zip(got["tasks"], got["results"]):
         if t.kind == "block":
             blocks.setdefault((name(t.subject), t.micro_batch, t.group), []).append(
                 {k: max(r[k] for r in res) for k in res[0]})
         elif t.kind == "head":
-            heads.setdefault(name(t.subject), []).append(res[0])
+            ends.setdefault((name(t.subject), t.micro_batch), []).append(res[0])
         elif t.kind == "p2p":
             lat, bw = fit_link(res[0])
-            links.append(LinkTiming(t.between, lat, bw))
+            links.append(LinkTiming(t.between, lat, bw, tuple((int(b), float(x)) for b, x in sorted(res[0]))))
+        elif t.kind == "step":
+            overhead = max(res)
         else:
             allreduce.append(AllReduceTiming(t.between, t.group,
-                                             2 * (t.group - 1) / t.group * job.allreduce_bytes / max(res) / 1e9))
-
-    def med(rows: list[dict[str, float]], key: str) -> float:
-        return statistics.median(r[key] for r in rows)
-
+                                             2 * (t.group - 1) / t.group * job.allreduce_bytes / max(res) / 1e9,
+                                             job.allreduce_bytes))
     s, m = job.seq_len, job.model
     per: dict[str, list[BlockTiming]] = {}
     order = list(dict.fromkeys(k[0] for k in blocks))
     for (n, mb, tp), rows in sorted(blocks.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], kv[0][1])):
-        per.setdefault(n, []).append(BlockTiming(mb, tp, s, med(rows, "forward_s"), med(rows, "backward_s"),
-                                                 med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
-                                                 med(rows, "activation_bytes"), med(rows, "optimizer_s"),
-                                                 med(rows, "action_share") * (med(rows, "forward_s") + med(rows, "backward_s")),
+        per.setdefault(n, []).append(BlockTiming(mb, tp, s, _med(rows, "forward_s"), _med(rows, "backward_s"),
+                                                 _med(rows, "recompute_s"), m.hidden, m.ffn, m.heads, m.kv_heads,
+                                                 _med(rows, "activation_bytes"), _med(rows, "optimizer_s"),
+                                                 _med(rows, "action_share") * (_med(rows, "forward_s") +
+                                                                               _med(rows, "backward_s")),
                                                  m.head_dim))
-    head = {n: HeadTiming(job.micro_batches[0], s, med(rows, "forward_s"), med(rows, "backward_s"), m.hidden, m.vocab)
-            for n, rows in heads.items()}
     # a type none of whose TP groups could be timed is left out: the cost model prices it
     # analytically (a measured head alone is not used)
-    devices = {n: DeviceProfile(tuple(blocks_n), head.get(n)) for n, blocks_n in per.items()}
+    devices = {n: DeviceProfile(tuple(blocks_n), *_ends(job, ends, n)) for n, blocks_n in per.items()}
     if not devices:
         raise HexicoreError(NO_TP, source="command line", field="profile.tp")
-    return Profile(devices, tuple(links), tuple(allreduce), got["env"])
+    return Profile(devices, tuple(links), tuple(allreduce), got["env"], step_overhead_s=overhead)
+
+
+def _med(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def _ends(job: ProfileJob, ends: dict[tuple[str, int], list[dict[str, float]]], name: str) -> tuple[tuple, tuple]:
+    """A profile entry's heads and embeddings, one per micro-batch measured, at TP 1 (the
+    runtime keeps both whole on every TP rank)."""
+    s, m = job.seq_len, job.model
+    rows = sorted((mb, r) for (n, mb), r in ends.items() if n == name)
+    heads = tuple(HeadTiming(mb, s, _med(r, "forward_s"), _med(r, "backward_s"), m.hidden, m.vocab, 1,
+                             _med(r, "activation_bytes")) for mb, r in rows)
+    embeddings = tuple(EmbeddingTiming(mb, s, _med(r, "embedding_forward_s"), _med(r, "embedding_backward_s"),
+                                       m.hidden, m.vocab, 1, _med(r, "embedding_bytes")) for mb, r in rows)
+    return heads, embeddings
 
 
 NO_TP = ("no TP degree of profile.tp could be timed (a degree must divide the model's heads, kv heads and FFN "
@@ -293,7 +325,8 @@ def job_from_request(request: Any, launch: LaunchSettings) -> ProfileJob:
                  int(request.seq_len or request.model.seq_len), request.dtype, bool(request.all_devices),
                  int(request.repeats), tuple(request.link_bytes), tuple(request.allreduce_groups),
                  int(request.allreduce_bytes), int(request.seed), str(request.statistic),
-                 bool(getattr(request, "concurrent", False)), launch)
+                 bool(getattr(request, "concurrent", False)), launch,
+                 check_links(c.emulated_links(d.id for d in c.devices), launch.backend))
     if not any(t.kind == "block" for t in tasks(job)):  # before any worker starts, not after measuring
         raise HexicoreError(NO_TP, source="command line", field="profile.tp")
     return job

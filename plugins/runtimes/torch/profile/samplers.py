@@ -109,18 +109,24 @@ def action_share(one: float, chain: float) -> float:
 
 def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      job: Any, device: torch.device) -> int:
-    """Bytes one forward keeps for backward: CUDA allocator growth; CPU: distinct saved tensors
-    (not the weights or the rotary tables, which every micro-batch shares)."""
+    """Bytes one forward of a block keeps for backward (:func:`saved_bytes`; the rotary tables,
+    which every micro-batch shares, are not counted)."""
+    return saved_bytes(lambda: block(x, cos, sin), (*block.parameters(), cos, sin), job, device)
+
+
+def saved_bytes(forward: Any, shared: Any, job: Any, device: torch.device) -> int:
+    """Bytes ``forward()`` keeps for backward: CUDA allocator growth; CPU: the distinct tensors
+    autograd saves, less the ``shared`` ones (weights, tables every micro-batch shares)."""
     if device.type == "cuda":
         settle(device)
         before = torch.cuda.memory_allocated(device)
         with _autocast(job, device):
-            y = block(x, cos, sin)
+            y = forward()
         settle(device)
         grown = torch.cuda.memory_allocated(device) - before
         del y
         return max(int(grown), 0)
-    params = {p.untyped_storage().data_ptr() for p in (*block.parameters(), cos, sin)}  # weights, rope tables
+    params = {p.untyped_storage().data_ptr() for p in shared}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -130,24 +136,38 @@ def activation_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(job, device):
-        y = block(x, cos, sin)
+        y = forward()
     del y
     return sum(seen.values())
 
 
-def head_samples(job: Any, micro_batch: int, emulation: Emulation, device: torch.device) -> Iterator[tuple]:
-    """(forward, backward seconds) of embedding + norm + head + loss on one micro-batch, per step."""
+def ends_samples(job: Any, micro_batch: int, emulation: Emulation, device: torch.device) -> Iterator[tuple]:
+    """(embedding forward, backward, head forward, backward seconds, embedding bytes, head bytes)
+    of one micro-batch, per step: the runtime's first chunk without blocks (the token embedding)
+    and its last (norm, output projection and loss), each timed as the executor times an action,
+    and the bytes each forward keeps for backward (:func:`saved_bytes`; the head's: the logits)."""
     spec = job.model
-    chunk = LlamaChunk(spec, 0, 0, first=True, last=True).to(device)
-    _init(chunk, job.seed)
+    embed = LlamaChunk(spec, 0, 0, first=True, last=False).to(device)
+    head = LlamaChunk(spec, 0, 0, first=False, last=True).to(device)
+    _init(embed, job.seed)
+    _init(head, job.seed + 1)
     gen = torch.Generator().manual_seed(job.seed)
     tokens = torch.randint(0, spec.vocab, (micro_batch, job.seq_len + 1), generator=gen).to(device)
+    x = (torch.randn(micro_batch, job.seq_len, spec.hidden, generator=gen) * 0.1).to(device).requires_grad_()
+    grad = (torch.randn(micro_batch, job.seq_len, spec.hidden, generator=gen) * 1e-3).to(device)
+    embed_bytes = saved_bytes(lambda: embed(tokens[:, :-1]), tuple(embed.parameters()), job, device)
+    head_bytes = saved_bytes(lambda: head(x, tokens[:, 1:], 1.0), tuple(head.parameters()), job, device)
     while True:
         with _autocast(job, device):
-            loss, fwd = _timed(lambda: chunk(tokens[:, :-1], tokens[:, 1:], 1.0), emulation, device)
-        _, bwd = _timed(loss.backward, emulation, device)
-        chunk.zero_grad(set_to_none=True)
-        yield fwd, bwd
+            h, e_fwd = _timed(lambda: embed(tokens[:, :-1]), emulation, device)
+        _, e_bwd = _timed(lambda: h.backward(grad), emulation, device)
+        with _autocast(job, device):
+            loss, h_fwd = _timed(lambda: head(x, tokens[:, 1:], 1.0), emulation, device)
+        _, h_bwd = _timed(loss.backward, emulation, device)
+        embed.zero_grad(set_to_none=True)
+        head.zero_grad(set_to_none=True)
+        x.grad = None
+        yield e_fwd, e_bwd, h_fwd, h_bwd, embed_bytes, head_bytes
 
 
 def p2p_samples(job: Any, pair: tuple[int, ...], rank: int, device: torch.device) -> Iterator[Any]:
@@ -169,6 +189,20 @@ def p2p_samples(job: Any, pair: tuple[int, ...], rank: int, device: torch.device
             settle(device)
             out.append((buf.numel() * 4, (time.perf_counter() - t0) / 2))
         yield out if rank == a else None
+
+
+def step_samples(device: torch.device) -> Iterator[float]:
+    """Seconds of what every training step pays beyond its stages' work, per step: the trainer's
+    loss all-reduce and the gradient norm's, a scalar each over every rank."""
+    buf = torch.zeros(1, device=device)
+    while True:
+        dist.barrier()
+        settle(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        dist.all_reduce(buf)
+        settle(device)
+        yield time.perf_counter() - t0
 
 
 def allreduce_samples(job: Any, device: torch.device, group: Any) -> Iterator[float]:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hexicore.core import schema
-from hexicore.core.emulation import Emulation
+from hexicore.core.emulation import EmulatedLinks, Emulation
 from hexicore.core.settings import (CheckpointSettings, DataSettings, OptimizerSettings, OutputSettings,
                                     TrainSettings)
 
@@ -61,8 +61,9 @@ class WorkerSpec:
     config, tokenizer for ``final/``: :class:`hexicore.core.hf_export.FinalExtras`), the plan
     file, the plan's ZeRO stage ``zero`` (1/2/3 shard the training state among each chunk's
     holders), per global rank ``shard_weights`` (``zero_split=memory``; None: even shards),
-    ``machines`` (hybrid sharding, ``zero_scope=machine``) and ``emulation`` (the cluster
-    file's ``emulate``, a test aid), metrics.json's ``predicted``, and ``return_state`` (tests:
+    ``machines`` (hybrid sharding, ``zero_scope=machine``), ``emulation`` (the cluster
+    file's ``emulate`` per rank, a test aid) and ``links`` (its ``emulate: {links: true}``: the
+    links every transfer is held to; None: the host's own), metrics.json's ``predicted``, and ``return_state`` (tests:
     rank 0 also returns the final state_dict)."""
 
     layout: RankAssignment
@@ -80,6 +81,7 @@ class WorkerSpec:
     shard_weights: tuple[float, ...] | None = None
     machines: tuple[str, ...] | None = None
     emulation: tuple[Emulation, ...] = ()
+    links: EmulatedLinks | None = None
     predicted: dict[str, Any] | None = None
     return_state: bool = False
 

@@ -179,6 +179,21 @@ def test_fuzz_profile_files(doc, tmp_path, rss_guard):
     _check(Profile.load, doc, tmp_path / "p.yaml", True)
 
 
+from tests.cost.test_profile_v2 import raw_v2  # noqa: E402
+
+PROFILE_V2 = json.loads(json.dumps(raw_v2()))
+
+
+@FAST
+@given(doc=broken(PROFILE_V2))
+def test_fuzz_profile_files_of_format_2(doc, tmp_path, rss_guard):
+    """Format /2's own entries (heads, embeddings, link points, the step overhead) broken one
+    place at a time: loaded or refused in one line, never a traceback."""
+    from hexicore.core.profile import Profile
+
+    _check(Profile.load, doc, tmp_path / "p.yaml", True)
+
+
 @FAST
 @given(doc=broken(HF_CONFIG))
 def test_fuzz_hf_configs(doc, tmp_path, rss_guard):

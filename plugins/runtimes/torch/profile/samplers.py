@@ -8,6 +8,7 @@ Compute goes through :func:`..launch.emulated_device.emulated` as the executor's
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -20,6 +21,7 @@ from hexicore.core.settings import OptimizerSettings
 from ..launch.emulated_device import emulated, settle
 from ..model.llama import Block, LlamaChunk, rope_tables
 from ..parallel.tensor import TPGroup
+from ..train.trainer import plain_adamw
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -71,8 +73,8 @@ def block_samples(job: Any, t: Any, rank: int, device: torch.device, group: Any)
     act = activation_bytes(block, x, cos, sin, job, device)
     second = Block(spec, tp).to(device)  # a chain of two blocks: one action's fixed cost
     _init(second, job.seed + tp.rank + 1)
-    adam = OptimizerSettings()  # the trainer's AdamW, at an lr too small to move the weights
-    optim = torch.optim.AdamW(block.parameters(), lr=1e-12, betas=adam.betas, weight_decay=adam.weight_decay)
+    # the trainer's AdamW (fused on CUDA, :func:`~..train.trainer.plain_adamw`), at an lr too small to move the weights
+    optim = plain_adamw(list(block.parameters()), replace(OptimizerSettings(), lr=1e-12), device)
 
     def step() -> None:
         optim.step()

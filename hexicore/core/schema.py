@@ -166,6 +166,29 @@ def open_regular(path: Path) -> Any:
         return None
 
 
+def map_regular(path: str | Path, what: str, field: str | None = None, dtype: Any = "uint8",
+                count: int | None = None) -> Any:
+    """A regular file's contents as a read-only numpy array of ``dtype`` (its first ``count``
+    items; all of them by default), memory-mapped: the pages a reader touches are read, never the
+    whole file, so memory stays bounded whatever its size; a directory, a device, FIFO or socket,
+    a missing or empty file is a one-line error (the check runs on the file that is mapped)."""
+    import numpy as np
+
+    path = Path(path)
+    fh = None if path.is_dir() else open_regular(path)
+    if fh is None:
+        raise HexicoreError(f"a directory, not a {what} file" if path.is_dir() else
+                            f"not a regular file; a {what} file is read from a regular file" if path.exists() else
+                            f"{what} file not found", source=str(path), field=field)
+    with fh:
+        if not os.fstat(fh.fileno()).st_size:
+            raise HexicoreError(f"the {what} file is empty", source=str(path), field=field)
+        try:
+            return np.memmap(fh, dtype=dtype, mode="r", shape=None if count is None else (count,))
+        except (OSError, ValueError) as exc:
+            raise HexicoreError(f"cannot map {what} file: {exc}", source=str(path), field=field) from None
+
+
 def read_bytes(path: str | Path, what: str, field: str | None = None) -> bytes:
     """A regular file's bytes, at most the size limit of a ``what`` file
     (:func:`hexicore.core.input_size.file_bytes`); a directory, a device, FIFO or socket, a missing

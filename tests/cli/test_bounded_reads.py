@@ -150,3 +150,33 @@ def test_sigterm_while_tokenizing_leaves_no_temporary_file(tmp_path, monkeypatch
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGTERM, status
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
+
+
+def _resident_bytes() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def test_byte_level_text_is_memory_mapped_whatever_its_size(tmp_path):
+    """A 3 GiB text file (sparse: nothing written to disk) was refused above 1 GiB, and below it
+    read whole into every rank; now a step reads its windows only, the same rows as before."""
+    torch = pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.train.data_source import ByteText, demo_text_path
+
+    big = tmp_path / "big.txt"
+    with big.open("wb") as fh:
+        fh.write(b"hexicore " * 100)
+        fh.truncate(3 << 30)
+    before = _resident_bytes()
+    source = ByteText(big, 256, 64, 8, seed=0)
+    rows = [source.batch(step) for step in range(20)]
+    assert len(source.data) == 3 << 30 and all(r.shape == (8, 65) and r.dtype == torch.int64 for r in rows)
+    assert _resident_bytes() - before < 64 << 20
+    text = torch.frombuffer(bytearray(demo_text_path().read_bytes()), dtype=torch.uint8)
+    demo = ByteText(None, 256, 32, 4, seed=3)
+    for step in range(3):  # the windows the whole-file reader took
+        g = torch.Generator().manual_seed((3 * 1_000_033 + step * 7_919 + 12_345) % (2**63))
+        starts = torch.randint(0, len(text) - 33, (4,), generator=g)
+        assert demo.batch(step, 1, 3).equal(torch.stack([text[s: s + 33] for s in starts.tolist()[1:3]]).long())

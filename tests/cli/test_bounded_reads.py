@@ -180,3 +180,77 @@ def test_byte_level_text_is_memory_mapped_whatever_its_size(tmp_path):
         g = torch.Generator().manual_seed((3 * 1_000_033 + step * 7_919 + 12_345) % (2**63))
         starts = torch.randint(0, len(text) - 33, (4,), generator=g)
         assert demo.batch(step, 1, 3).equal(torch.stack([text[s: s + 33] for s in starts.tolist()[1:3]]).long())
+
+
+def _writing(pid: int, folder) -> bool:
+    """Whether process ``pid`` holds its output open in ``folder``: an unnamed file (shown as
+    ``folder/#inode (deleted)``) or a temporary name there."""
+    try:
+        held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return any(h.startswith(str(folder)) and (h.endswith("(deleted)") or h.endswith(".hexicore-tmp")) for h in held)
+
+
+@pytest.mark.slow
+def test_sigkill_during_prepare_data_leaves_no_file(tmp_path):
+    """SIGKILL runs no clean-up at all: the output is an unnamed file until it is complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    make_tokenizer(tmp_path / "tokenizer.json", ["some words here and there"])
+    (tmp_path / "big.txt").write_text("some words here and there\n" * 400_000)
+    data = tmp_path / "data"
+    data.mkdir()
+    before = tree(data)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("hexicore")), "prepare-data", "input=big.txt",
+                             "tokenizer=tokenizer.json", f"out={data / 'x.bin'}", f"hydra.run.dir={tmp_path / 'h'}",
+                             "hydra.output_subdir=null"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 120
+    while not _writing(proc.pid, data) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    assert proc.poll() is None, "prepare-data ended before it was killed: give it more text"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    assert tree(data) == before
+
+
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_a_killed_writers_temporary_file_is_gone_or_reclaimed(tmp_path, monkeypatch, unnamed):
+    """Where the system has no unnamed files, a killed writer's temporary name is removed by the
+    next writer into that folder (its process is gone); and where the unnamed file cannot be
+    linked to its name (a sandbox), its bytes are copied there."""
+    import signal
+
+    from hexicore.app.commands import prepare_data
+    from hexicore.core import schema
+
+    if not unnamed:
+        monkeypatch.setattr(schema, "_unnamed_file", lambda folder: None)
+    tok = make_tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+    (tmp_path / "a.txt").write_text("some words here")
+
+    def documents(files, text_key):
+        yield "some words", 10, True
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    real = prepare_data.documents
+    monkeypatch.setattr(prepare_data, "documents", documents)
+    pid = os.fork()
+    if pid == 0:
+        prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text", batch_docs=1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["a.txt", "tokenizer.json"] if unnamed else len(left) == 3
+    monkeypatch.setattr(prepare_data, "documents", real)
+    monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "no linkat here")))
+    stats, _ = prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text",
+                                     batch_docs=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "tokenizer.json", "x.bin"]
+    assert np.fromfile(tmp_path / "x.bin", dtype=stats["dtype"]).tolist()[-1] == 1

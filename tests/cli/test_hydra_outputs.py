@@ -208,3 +208,27 @@ def test_a_refused_job_that_changed_directory_leaves_nothing(tmp_path, monkeypat
     refused(["evaluate", "plan_file=missing.json", "hydra.job.chdir=true", "hydra.run.dir=r/s"], capsys, "missing.json")
     os.chdir(tmp_path)
     assert tree(tmp_path) == {}
+
+
+def test_every_refusal_in_the_suite_is_held_to_one_line_and_no_new_file(tmp_path, monkeypatch, capsys):
+    """``run_cli`` (every in-process command of the suite) fails a refusal that writes a file,
+    or says more than one line."""
+    import sys
+
+    from hexicore.app.commands import simulate
+    from hexicore.core.errors import HexicoreError
+
+    def writes_then_refuses(cfg):
+        (tmp_path / "left.txt").write_text("x")
+        raise HexicoreError("refused", source="command line")
+
+    def talks_then_refuses(cfg):
+        print("warning: something", file=sys.stderr)
+        raise HexicoreError("refused", source="command line")
+
+    monkeypatch.chdir(tmp_path)
+    for run, words in ((writes_then_refuses, "changed"), (talks_then_refuses, "stderr")):
+        monkeypatch.setattr(simulate, "run", run)
+        with pytest.raises(AssertionError, match=words):
+            run_cli([*SIM, f"hydra.run.dir={tmp_path / 'r'}"])
+        capsys.readouterr()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,7 @@ def _watched(argv) -> list[Path]:
     """The folders a refusal must leave as they were: the working directory, and the nearest
     existing folder of every path on the command line that lies in a test's own temporary
     folder (never a folder shared by several tests)."""
+    import os
     import tempfile
 
     temp = Path(tempfile.gettempdir()).resolve()
@@ -89,15 +91,20 @@ def _watched(argv) -> list[Path]:
         if not value.startswith("/"):
             continue
         p = Path(value)
-        while not p.exists() and p != p.parent:
+        while not os.path.exists(p) and p != p.parent:  # False for a name too long, not an error
             p = p.parent
         try:
             parts = p.resolve().relative_to(temp).parts
         except (OSError, ValueError):
             continue
-        if p.is_dir() and len(parts) >= (3 if parts and parts[0].startswith("pytest-of-") else 1):
+        if os.path.isdir(p) and len(parts) >= (3 if parts and parts[0].startswith("pytest-of-") else 1):
             roots.add(p.resolve())
     return sorted(roots)
+
+
+#: the installation's state, said before any command runs (hexicore.app.commands.plugins
+#: .warn_broken_plugins), not a line of the refusal
+_BROKEN_PLUGIN = re.compile(r"warning: plugin '.*' \(.*\) skipped: .* \(see `hexicore plugins`\)$")
 
 
 class _Tee:
@@ -138,7 +145,8 @@ def run_cli(argv) -> int:
         left = _own_hydra_dirs() - before
         assert not left, f"a refused command left {sorted(map(str, left))}"
         err = "".join(tee.seen)
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, f"a refusal wrote to stderr: {err!r}"
+        said = [ln for ln in err.strip().splitlines() if not _BROKEN_PLUGIN.match(ln)]
+        assert len(said) == 1 and "Traceback" not in err, f"a refusal wrote to stderr: {err!r}"
         for root in roots:
             now = _entries(root)
             changed = sorted(k for k in now.keys() | tree[root].keys() if now.get(k) != tree[root].get(k))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import re
 import sys
 from typing import Any, Callable, Sequence
@@ -107,12 +106,11 @@ def _multirun(args: Sequence[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
 
 
-def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[str], int]:
+def preflight(overrides: Sequence[str], *, library: bool = False) -> list[str]:
     """Check group choices and compose once (first value of each sweep); every other value of a
     sweep is composed too (a value of the wrong type would stop Hydra before any job runs);
     raise HexicoreError. Several values without ``-m`` (or in the library) are refused. Returns
-    the first job's overrides (each sweep at its first value, Hydra's own keys included) and the
-    number of jobs."""
+    the first job's overrides (each sweep at its first value, Hydra's own keys included)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -159,8 +157,7 @@ def preflight(overrides: Sequence[str], *, library: bool = False) -> tuple[list[
     from hexicore.app.config_schema import check_config
 
     check_config(cfg, [o.key_or_group for o in parsed])
-    return trial + hydra_keys, math.prod(1 + sum(1 for i, _ in dict.fromkeys(sweeps) if i == k) for k in
-                                         range(len(trial)))
+    return trial + hydra_keys
 
 
 def _compose(overrides: list[str]) -> Any:
@@ -416,10 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         warn_broken_plugins()
         restore = None
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--version") for a in rest):
-            from hexicore.app.hydra_output import prepare
+            from hexicore.app.hydra_output import prepare, sweep_jobs
 
-            job, jobs = preflight(rest)
-            outputs = prepare(job, command, multirun=_multirun(rest), jobs=jobs)
+            job = preflight(rest)
+            multirun = _multirun(rest)
+            outputs = prepare(job, command, multirun=multirun, jobs=sweep_jobs(hydra_overrides(rest)) if multirun else ())
             rest = [a for a in rest if not a.startswith(outputs.pin.split("=", 1)[0] + "=")] + [outputs.pin]
             restore = outputs.restore
         elif not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--version") for a in rest):

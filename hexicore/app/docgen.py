@@ -94,7 +94,10 @@ replace a file"), checked before any work (hexicore/app/hydra_output.py):
   `../`); `hydra.run.dir=''` and `hydra.sweep.dir=''` are refused;
 - an existing sweep folder's `summary.csv`, `summary.md` and `multirun.yaml` are replaced only
   when an earlier hexicore sweep wrote them there (its `.hexicore-sweep/` sits beside them), and
-  each job's folder follows the run-folder rule.
+  each job's folder follows the run-folder rule: every job's `hydra.sweep.subdir` is resolved as
+  Hydra's launcher will resolve it (`${hydra.job.num}`, `${hydra.job.override_dirname}` of the
+  job's own overrides, or any value the job sweeps, `s${seed}`) and checked before the first job
+  runs, so a refused sweep writes nothing.
 
 A refused command (exit 2, one line on stderr) leaves no new file or folder anywhere: a refusal
 found before Hydra starts writes nothing, and one found inside the job (a missing plan file, a

@@ -14,7 +14,8 @@ very paths checked) and refuses, with one line, any that is not hexicore's:
 * an ``output_subdir`` or ``sweep.subdir`` that leaves its directory (absolute, or ``../``);
 * a run directory of ``''``;
 * a sweep directory that exists, is not empty, and holds no ``.hexicore-sweep/`` (the folder
-  every hexicore sweep makes there).
+  every hexicore sweep makes there); and any job's folder that a run's folder could not be,
+  every job's ``hydra.sweep.subdir`` resolved as Hydra's launcher will (:func:`_job_folders`).
 
 A command refused after Hydra started (its inputs are read inside the job) leaves nothing:
 :func:`roll_back` removes the folders Hydra made, the files it created, and restores those it
@@ -192,27 +193,66 @@ def _sweep_dir(sweep_dir: str, subdirs: Sequence[str], output_subdir: Any, job: 
         _run_dir(str(d / sub), output_subdir, job, field=field)
 
 
-def _job_folders(cfg: Any, jobs: int) -> list[str]:
-    """``hydra.sweep.subdir`` of each of ``jobs`` jobs, where it resolves from the job's number
-    alone (the default, ``${hydra.job.num}``); [] where it needs what only the job knows."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+#: most jobs whose folders are checked before a sweep (a folder per job; more is no real sweep)
+MAX_JOBS = 4096
+#: the job's own keys a sweep's subdir may name without composing each job's configuration
+_JOB_KEYS = re.compile(r"\$\{hydra\.job\.(?:num|id|name|override_dirname)\}")
 
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """Each job's overrides of a multirun's command-line ``overrides``, in the order Hydra's
+    basic sweeper runs them (the product of the sweeps' values; Hydra's own keys apart)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = [o for o in OverridesParser.create().parse_overrides(list(overrides))
+            if not o.key_or_group.startswith("hydra")]
+    return BasicSweeper.split_arguments(task, None)[0]
+
+
+def _job_folders(cfg: Any, jobs: Sequence[Sequence[str]], lines: Sequence[str]) -> list[str]:
+    """``hydra.sweep.subdir`` of each job (``jobs``: each one's overrides; ``lines``: the first
+    job's, Hydra's keys included), as Hydra's launcher resolves it: ``hydra.job.num`` and
+    ``hydra.job.id`` the job's index, ``hydra.job.override_dirname`` its overrides joined as
+    ``hydra.job.config.override_dirname`` says; a subdir that names any other key is resolved
+    from each job's own composed configuration."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    raw = str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir"))
+    composed = _JOB_KEYS.sub("", raw).find("${") >= 0
+    how = cfg.hydra.job.config.override_dirname
     found = []
-    for num in range(min(jobs, 4096)):
+    for num, job in enumerate(list(jobs)[:MAX_JOBS]):
+        if composed:
+            cfg = _compose([*(x for x in lines if _hydra_key(x)), *job])
+        parsed = OverridesParser.create().parse_overrides(list(job))
+        OmegaConf.update(cfg, "hydra.job.override_dirname", get_overrides_dirname(
+            parsed, list(how.exclude_keys), how.item_sep, how.kv_sep), force_add=True)
         OmegaConf.update(cfg, "hydra.job.num", num, force_add=True)
-        try:
-            found.append(str(OmegaConf.select(cfg, "hydra.sweep.subdir", throw_on_missing=True)))
-        except OmegaConfBaseException:
-            return []
+        OmegaConf.update(cfg, "hydra.job.id", num, force_add=True)
+        found.append(str(OmegaConf.select(cfg, "hydra.sweep.subdir", throw_on_missing=True)))
     return found
 
 
-def prepare(overrides: Sequence[str], command: str, *, multirun: bool, jobs: int = 1) -> HydraOutput:
+def _hydra_key(line: str) -> bool:
+    return line.split("=", 1)[0].lstrip("+~").startswith("hydra")
+
+
+def _compose(lines: Sequence[str]) -> Any:
+    from hydra import compose
+
+    return compose(config_name="config", overrides=list(lines), return_hydra_config=True)
+
+
+def prepare(overrides: Sequence[str], command: str, *, multirun: bool,
+            jobs: Sequence[Sequence[str]] = ()) -> HydraOutput:
     """Resolve Hydra's output paths for ``overrides`` (one job's ``key=value`` list, Hydra's keys
-    included; a multirun of ``jobs`` jobs), check them (module docstring) and return the pinning
+    included; for a multirun, ``jobs`` holds every job's overrides, :func:`sweep_jobs`), check
+    them (module docstring: every job's folder before any job runs) and return the pinning
     override and what a refusal restores. Every problem is one :class:`HexicoreError`."""
-    from hydra import compose, initialize_config_module
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import setup_globals
     from hydra.errors import HydraException
@@ -226,11 +266,11 @@ def prepare(overrides: Sequence[str], command: str, *, multirun: bool, jobs: int
     outer, gh.hydra = gh.hydra, None
     try:
         with initialize_config_module(config_module="hexicore.conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=lines, return_hydra_config=True)
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        subdir = OmegaConf.select(cfg, "hydra.output_subdir")
-        subdirs = _job_folders(cfg, jobs) if multirun else []
+            cfg = _compose(lines)
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+            subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+            subdirs = _job_folders(cfg, jobs or [[x for x in lines if not _hydra_key(x)]], lines) if multirun else []
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         first = (str(cause).strip().splitlines() or [type(exc).__name__])[0]

@@ -19,7 +19,9 @@ generation settings from it. Where each part comes from (docs/runtime.md):
   ``runtime.data=tokens`` — the tokenizer ``prepare-data`` read (its sidecar names the file and
   its digest, :mod:`hexicore.core.token_file`), which wins over the source's (the model was
   trained on that data), with one warning line when the two differ. A ``tokenizer.json``
-  without a ``tokenizer_config.json`` gets a minimal one (:func:`tokenizer_config`).
+  without a ``tokenizer_config.json`` gets a minimal one (:func:`tokenizer_config`); where
+  transformers would load the token file's tokenizer with another pipeline, the config asks it
+  for the file as saved (:func:`keep_data_pipeline`).
 
 The files carry no mark of their own, so ``final/hexicore_files.json`` lists what was written,
 with digests (:func:`hexicore.core.ownership.written_by_us`): a rerun replaces them and removes
@@ -93,13 +95,14 @@ class FinalExtras:
     tokens: SpecialTokens = field(default_factory=SpecialTokens)
     generation: str | None = None  # a generation_config.json to copy
     tokenizer: TokenizerFiles | None = None
-    tokenizer_config: str | None = None  # written for a lone tokenizer.json (:func:`tokenizer_config`)
+    tokenizer_config: str | None = None  # written (:func:`tokenizer_config`, :func:`as_saved`), over a copied one
 
     def names(self) -> tuple[str, ...]:
         """The files written into ``final/`` besides config and weights."""
         gen = (GENERATION,) if self.generation or self.tokens else ()
         written = (TOKENIZER_CONFIG,) if self.tokenizer_config else ()
-        return gen + tuple(n for n, _ in (self.tokenizer.files if self.tokenizer else ())) + written
+        copied = tuple(n for n, _ in (self.tokenizer.files if self.tokenizer else ()) if n not in written)
+        return gen + copied + written
 
     def contents(self) -> dict[str, bytes]:
         """Each of :meth:`names` with its bytes (read now: copies of the source files)."""
@@ -253,6 +256,14 @@ PROBE = ("Ünïcode café cafe\u0301 naïve 12345 67.89 1,000,000 don't  IT'S we
          "end!!! ... (x+y)=z; 日本語の文 Привет мир — \"quoted\" 🙂 https://example.org/a_b?c=1")
 
 
+#: the ``tokenizer_config.json`` key under which transformers (5.x) loads ``tokenizer.json`` into
+#: the tokenizer class it picks for the model type as the file is, instead of rebuilding that
+#: class's own normalizer and pre-tokenizer around the file's vocabulary; the key enables no
+#: code (there is no ``auto_map``), and transformers 4 keeps it as an unused setting
+AS_SAVED = "trust_remote_code"
+_UNCHECKED = "could not be checked"
+
+
 def autotokenizer_mismatch(extras: FinalExtras, config: dict[str, Any], data_tokenizer: str | Path) -> str | None:
     """A warning when ``transformers.AutoTokenizer.from_pretrained(final/)`` — ``final/`` holding
     ``config`` and ``extras``' tokenizer files — would encode text otherwise than the token file's
@@ -275,13 +286,47 @@ def autotokenizer_mismatch(extras: FinalExtras, config: dict[str, Any], data_tok
             theirs = loaded(PROBE, add_special_tokens=False)["input_ids"]
             ours = Tokenizer.from_file(str(data_tokenizer)).encode(PROBE, add_special_tokens=False).ids
         except Exception as exc:  # noqa: BLE001 - another library's failure is a note, not the run's
-            return f"{WARNING}AutoTokenizer.from_pretrained(final/) could not be checked: {str(exc)[:160]}"
+            return f"{WARNING}AutoTokenizer.from_pretrained(final/) {_UNCHECKED}: {str(exc)[:160]}"
     if theirs == ours:
         return None
     return (f"{WARNING}AutoTokenizer.from_pretrained(final/) would split text otherwise than the token file: "
             f"transformers builds a {type(loaded).__name__} for model_type {config.get('model_type')!r}, with its "
             f"own normalizer and pre-tokenizer, not those of {data_tokenizer}; to get the ids the model trained on "
             "back from final/, prepare the data with the model's own tokenizer (a directory saved by transformers)")
+
+
+def as_saved(extras: FinalExtras) -> FinalExtras:
+    """``extras`` whose ``tokenizer_config.json`` (the one it writes, else the one it copies, else
+    a minimal ``PreTrainedTokenizerFast`` one) also carries :data:`AS_SAVED`; ``extras`` itself
+    when the copied one is not a JSON object (the file stays as it is)."""
+    names = dict(extras.tokenizer.files) if extras.tokenizer else {}
+    if extras.tokenizer_config:
+        doc = json.loads(extras.tokenizer_config)
+    elif TOKENIZER_CONFIG in names:
+        try:
+            doc = schema.load_json(names[TOKENIZER_CONFIG], "tokenizer config")
+        except HexicoreError:
+            return extras
+    else:
+        doc = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if not isinstance(doc, dict):
+        return extras
+    return replace(extras, tokenizer_config=json.dumps({**doc, AS_SAVED: True}, indent=2) + "\n")
+
+
+def keep_data_pipeline(extras: FinalExtras, config: dict[str, Any],
+                       data_tokenizer: str | Path) -> tuple[FinalExtras, str | None]:
+    """``extras`` such that ``AutoTokenizer.from_pretrained(final/)`` encodes as the token file's
+    tokenizer ``data_tokenizer`` did: as they are when it already does; else with their
+    ``tokenizer_config.json`` asking for the file as saved (:func:`as_saved`) when that makes it
+    do so; else as they are, with the warning of :func:`autotokenizer_mismatch`."""
+    differs = autotokenizer_mismatch(extras, config, data_tokenizer)
+    if differs is None or _UNCHECKED in differs:
+        return extras, differs
+    kept = as_saved(extras)
+    if kept is not extras and autotokenizer_mismatch(kept, config, data_tokenizer) is None:
+        return kept, None
+    return extras, differs
 
 
 def write_extras(folder: str | Path, extras: FinalExtras | None) -> None:

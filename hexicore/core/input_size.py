@@ -7,9 +7,10 @@ from __future__ import annotations
 
 #: bytes of one input file, by the kind a reader names it (:func:`file_bytes`); a kind not listed
 #: (cluster, model, profile, plan, Hugging Face config, sidecar, checkpoint meta ...) takes
-#: :data:`FILE_BYTES_DEFAULT`. Larger files are refused before they are read.
-FILE_BYTES = {"action list": 1 << 30, "tokenizer": 256 << 20, "text data": 1 << 30,
-              "safetensors header": 100_000_000}
+#: :data:`FILE_BYTES_DEFAULT`. Larger files are refused before they are read. Training data
+#: (byte-level text, token files) is memory-mapped (:func:`hexicore.core.schema.map_regular`),
+#: never read whole: it has no limit.
+FILE_BYTES = {"action list": 1 << 30, "tokenizer": 256 << 20, "safetensors header": 100_000_000}
 FILE_BYTES_DEFAULT = 64 << 20
 #: characters of one piece of text a tokenizer is given at once (longer documents are cut into
 #: pieces at a line or space boundary, their ids joined: prepare-data)

@@ -6,6 +6,7 @@ bad value anywhere in a cluster, model or plan file becomes one precise line for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ import uuid
 import math
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from hexicore.core.errors import HexicoreError, shown
 from hexicore.core.input_size import file_bytes
@@ -166,6 +167,29 @@ def open_regular(path: Path) -> Any:
         return None
 
 
+def map_regular(path: str | Path, what: str, field: str | None = None, dtype: Any = "uint8",
+                count: int | None = None) -> Any:
+    """A regular file's contents as a read-only numpy array of ``dtype`` (its first ``count``
+    items; all of them by default), memory-mapped: the pages a reader touches are read, never the
+    whole file, so memory stays bounded whatever its size; a directory, a device, FIFO or socket,
+    a missing or empty file is a one-line error (the check runs on the file that is mapped)."""
+    import numpy as np
+
+    path = Path(path)
+    fh = None if path.is_dir() else open_regular(path)
+    if fh is None:
+        raise HexicoreError(f"a directory, not a {what} file" if path.is_dir() else
+                            f"not a regular file; a {what} file is read from a regular file" if path.exists() else
+                            f"{what} file not found", source=str(path), field=field)
+    with fh:
+        if not os.fstat(fh.fileno()).st_size:
+            raise HexicoreError(f"the {what} file is empty", source=str(path), field=field)
+        try:
+            return np.memmap(fh, dtype=dtype, mode="r", shape=None if count is None else (count,))
+        except (OSError, ValueError) as exc:
+            raise HexicoreError(f"cannot map {what} file: {exc}", source=str(path), field=field) from None
+
+
 def read_bytes(path: str | Path, what: str, field: str | None = None) -> bytes:
     """A regular file's bytes, at most the size limit of a ``what`` file
     (:func:`hexicore.core.input_size.file_bytes`); a directory, a device, FIFO or socket, a missing
@@ -219,29 +243,94 @@ def publish(tmp: Path, path: Path) -> Path:
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    _sync_folder(path.parent)
+    return path
+
+
+def _sync_folder(folder: Path) -> None:
     try:
-        fd = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(folder, os.O_RDONLY)
     except OSError:
-        return path
+        return
     try:
         os.fsync(fd)
     except OSError:
         pass
     finally:
         os.close(fd)
-    return path
+
+
+def _unnamed_file(folder: Path) -> int | None:
+    """A file opened for writing in ``folder`` that has no name (Linux ``O_TMPFILE``: the kernel
+    frees it when its writer ends, however it ends), while it can later be given one through
+    ``/proc/self/fd`` (``linkat``); None where either is not supported."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_RDWR, 0o666)
+    except OSError:  # a file system or kernel without it (EOPNOTSUPP, EISDIR, EINVAL)
+        return None
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Any]:
+    """A binary file to write ``path`` through, renamed over it when the block ends normally
+    (fsynced first, then the folder: a reader sees the old file or the new one), discarded when
+    the block raises. No writer leaves a file behind, however it ends: the file has no name while
+    it is written (:func:`_unnamed_file`) and is named (a :func:`temp_path`) only for the rename;
+    where the system cannot do that, it is written under a :func:`temp_path` name, removed on
+    every exit Python sees, and a killed writer's is removed by the next writer into that folder
+    (:func:`clean_stale_temps`)."""
+    path = Path(path)
+    clean_stale_temps(path.parent)
+    fd = _unnamed_file(path.parent)
+    tmp = None if fd is not None else temp_path(path)
+    if fd is None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+            if tmp is None:  # named for the rename only: linkat cannot replace an existing file
+                tmp = temp_path(path)
+                _link(fh.fileno(), tmp)
+        os.replace(tmp, path)
+        _sync_folder(path.parent)
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _link(fd: int, name: Path) -> None:
+    """Give the unnamed file ``fd`` the name ``name``: ``linkat`` following ``/proc/self/fd`` (a
+    folder descriptor makes Python call ``linkat`` with ``AT_SYMLINK_FOLLOW``, not ``link``);
+    where that is refused (a sandbox), its bytes are copied to ``name`` and synced."""
+    import shutil
+
+    folder = os.open(name.parent, os.O_RDONLY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", name.name, dst_dir_fd=folder, follow_symlinks=True)
+        return
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+    with open(fd, "rb", closefd=False) as source, open(name, "xb") as copy:
+        source.seek(0)
+        shutil.copyfileobj(source, copy, 1 << 20)
+        copy.flush()
+        os.fsync(copy.fileno())
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a unique temporary file renamed into place."""
+    """Write ``data`` to ``path`` atomically, through :func:`atomic_output`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
-    try:
-        tmp.write_bytes(data)
-        return publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_output(path) as fh:
+        fh.write(data)
+    return path
 
 
 def write_with(path: str | Path, writer: Any) -> Path:

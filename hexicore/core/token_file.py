@@ -112,7 +112,7 @@ class TokenFile:
 
     def array(self) -> np.ndarray:
         """The ids, memory-mapped read-only."""
-        return np.memmap(self.path, dtype=DTYPES[self.dtype], mode="r", shape=(self.tokens,))
+        return schema.map_regular(self.path, "token", "runtime.data_file", DTYPES[self.dtype], self.tokens)
 
     def check(self, model_vocab: int, seq_len: int, ids: bool = True) -> None:
         """Refuse files shorter than one window and (``ids``) ids the model cannot embed (one

@@ -150,3 +150,107 @@ def test_sigterm_while_tokenizing_leaves_no_temporary_file(tmp_path, monkeypatch
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGTERM, status
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
+
+
+def _resident_bytes() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def test_byte_level_text_is_memory_mapped_whatever_its_size(tmp_path):
+    """A 3 GiB text file (sparse: nothing written to disk) was refused above 1 GiB, and below it
+    read whole into every rank; now a step reads its windows only, the same rows as before."""
+    torch = pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.train.data_source import ByteText, demo_text_path
+
+    big = tmp_path / "big.txt"
+    with big.open("wb") as fh:
+        fh.write(b"hexicore " * 100)
+        fh.truncate(3 << 30)
+    before = _resident_bytes()
+    source = ByteText(big, 256, 64, 8, seed=0)
+    rows = [source.batch(step) for step in range(20)]
+    assert len(source.data) == 3 << 30 and all(r.shape == (8, 65) and r.dtype == torch.int64 for r in rows)
+    assert _resident_bytes() - before < 64 << 20
+    text = torch.frombuffer(bytearray(demo_text_path().read_bytes()), dtype=torch.uint8)
+    demo = ByteText(None, 256, 32, 4, seed=3)
+    for step in range(3):  # the windows the whole-file reader took
+        g = torch.Generator().manual_seed((3 * 1_000_033 + step * 7_919 + 12_345) % (2**63))
+        starts = torch.randint(0, len(text) - 33, (4,), generator=g)
+        assert demo.batch(step, 1, 3).equal(torch.stack([text[s: s + 33] for s in starts.tolist()[1:3]]).long())
+
+
+def _writing(pid: int, folder) -> bool:
+    """Whether process ``pid`` holds its output open in ``folder``: an unnamed file (shown as
+    ``folder/#inode (deleted)``) or a temporary name there."""
+    try:
+        held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return any(h.startswith(str(folder)) and (h.endswith("(deleted)") or h.endswith(".hexicore-tmp")) for h in held)
+
+
+@pytest.mark.slow
+def test_sigkill_during_prepare_data_leaves_no_file(tmp_path):
+    """SIGKILL runs no clean-up at all: the output is an unnamed file until it is complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    make_tokenizer(tmp_path / "tokenizer.json", ["some words here and there"])
+    (tmp_path / "big.txt").write_text("some words here and there\n" * 400_000)
+    data = tmp_path / "data"
+    data.mkdir()
+    before = tree(data)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("hexicore")), "prepare-data", "input=big.txt",
+                             "tokenizer=tokenizer.json", f"out={data / 'x.bin'}", f"hydra.run.dir={tmp_path / 'h'}",
+                             "hydra.output_subdir=null"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 120
+    while not _writing(proc.pid, data) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    assert proc.poll() is None, "prepare-data ended before it was killed: give it more text"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    assert tree(data) == before
+
+
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_a_killed_writers_temporary_file_is_gone_or_reclaimed(tmp_path, monkeypatch, unnamed):
+    """Where the system has no unnamed files, a killed writer's temporary name is removed by the
+    next writer into that folder (its process is gone); and where the unnamed file cannot be
+    linked to its name (a sandbox), its bytes are copied there."""
+    import signal
+
+    from hexicore.app.commands import prepare_data
+    from hexicore.core import schema
+
+    if not unnamed:
+        monkeypatch.setattr(schema, "_unnamed_file", lambda folder: None)
+    tok = make_tokenizer(tmp_path / "tokenizer.json", ["some words here"])
+    (tmp_path / "a.txt").write_text("some words here")
+
+    def documents(files, text_key):
+        yield "some words", 10, True
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    real = prepare_data.documents
+    monkeypatch.setattr(prepare_data, "documents", documents)
+    pid = os.fork()
+    if pid == 0:
+        prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text", batch_docs=1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["a.txt", "tokenizer.json"] if unnamed else len(left) == 3
+    monkeypatch.setattr(prepare_data, "documents", real)
+    monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "no linkat here")))
+    stats, _ = prepare_data.tokenize([tmp_path / "a.txt"], tok, 1, tmp_path / "x.bin", text_key="text",
+                                     batch_docs=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "tokenizer.json", "x.bin"]
+    assert np.fromfile(tmp_path / "x.bin", dtype=stats["dtype"]).tolist()[-1] == 1

@@ -141,6 +141,27 @@ def test_hydra_folders_never_replace_or_append_to_a_users_files(tmp_path, monkey
     assert tree(tmp_path) == before
 
 
+def test_every_jobs_folder_is_checked_before_a_sweep_runs(tmp_path, monkeypatch, capsys):
+    """Job folders named by what only the job knows (its overrides, a value it sweeps): the
+    second job's folder holds a user's log, so the sweep is refused before its first job runs."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("a/pipeline.micro_batches=2,pipeline.ranks=2,schedule=1f1b,seed=2", "b/s2_gpipe", "c/seed-2"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "simulate.log").write_text("mine\n")
+    before = tree(tmp_path)
+    refused([*SIM, "-m", "seed=1,2", "hydra.sweep.dir=a", "hydra.sweep.subdir=${hydra.job.override_dirname}"],
+            capsys, "seed=2/simulate.log", "not a hexicore job log")
+    refused([*SIM, "-m", "seed=1,2", "hydra.sweep.dir=c", "hydra.sweep.subdir=${hydra.job.override_dirname}",
+             "hydra.job.config.override_dirname.kv_sep=-",
+             "hydra.job.config.override_dirname.exclude_keys=[schedule,pipeline.ranks,pipeline.micro_batches]"],
+            capsys, "seed-2/simulate.log")
+    refused([*SIM, "-m", "seed=1,2", "schedule=1f1b,gpipe", "hydra.sweep.dir=b",
+             "hydra.sweep.subdir=s${seed}_${schedule.name}"], capsys, "s2_gpipe/simulate.log")
+    refused([*SIM, "-m", "seed=1,2", "hydra.sweep.dir=d", "hydra.sweep.subdir=x/${hydra.job.override_dirname}/../../.."],
+            capsys, "hydra.sweep.subdir")
+    assert tree(tmp_path) == before
+
+
 def test_a_refused_command_leaves_no_file_or_folder(tmp_path, monkeypatch, capsys):
     """Refusals found inside the Hydra job (a missing plan file, a foreign out=, a bad value
     read by the command) leave no ``outputs/<date>/<time>/`` behind, nor any other file."""
@@ -187,3 +208,27 @@ def test_a_refused_job_that_changed_directory_leaves_nothing(tmp_path, monkeypat
     refused(["evaluate", "plan_file=missing.json", "hydra.job.chdir=true", "hydra.run.dir=r/s"], capsys, "missing.json")
     os.chdir(tmp_path)
     assert tree(tmp_path) == {}
+
+
+def test_every_refusal_in_the_suite_is_held_to_one_line_and_no_new_file(tmp_path, monkeypatch, capsys):
+    """``run_cli`` (every in-process command of the suite) fails a refusal that writes a file,
+    or says more than one line."""
+    import sys
+
+    from hexicore.app.commands import simulate
+    from hexicore.core.errors import HexicoreError
+
+    def writes_then_refuses(cfg):
+        (tmp_path / "left.txt").write_text("x")
+        raise HexicoreError("refused", source="command line")
+
+    def talks_then_refuses(cfg):
+        print("warning: something", file=sys.stderr)
+        raise HexicoreError("refused", source="command line")
+
+    monkeypatch.chdir(tmp_path)
+    for run, words in ((writes_then_refuses, "changed"), (talks_then_refuses, "stderr")):
+        monkeypatch.setattr(simulate, "run", run)
+        with pytest.raises(AssertionError, match=words):
+            run_cli([*SIM, f"hydra.run.dir={tmp_path / 'r'}"])
+        capsys.readouterr()

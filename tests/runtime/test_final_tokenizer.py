@@ -1,7 +1,7 @@
 """``AutoTokenizer.from_pretrained(out/final)`` encodes held-out text to exactly the ids
-``prepare-data`` wrote, for Llama, Mistral and Qwen2 checkpoints made by transformers; where
-transformers would rebuild another pipeline (a Qwen2 model beside a tokenizer of the user's own),
-the run says so before it trains."""
+``prepare-data`` wrote, for Llama, Mistral and Qwen2 checkpoints made by transformers,
+and for a Qwen2 model beside a tokenizer of the user's own, whose pipeline transformers would
+rebuild otherwise."""
 
 from __future__ import annotations
 
@@ -93,14 +93,24 @@ def test_final_tokenizer_encodes_held_out_text_to_the_token_files_ids(tmp_path, 
     assert [final(t, add_special_tokens=False)["input_ids"] for t in texts[100:]] == per_document(held)
 
 
-def test_a_tokenizer_transformers_would_rebuild_otherwise_is_said_before_training(tmp_path, capsys):
-    texts = documents(100, seed=2)
+@pytest.mark.parametrize("saved", ["tokenizers", "transformers"])
+def test_a_users_own_tokenizer_beside_a_qwen2_model_comes_back_from_final(tmp_path, capsys, saved):
+    """transformers builds a Qwen2Tokenizer (its own normalizer and pre-tokenizer) for a Qwen2
+    model whatever the tokenizer files say; final/ keeps the user's pipeline all the same."""
+    texts = documents(140, seed=2)
     own = tmp_path / "own"
-    own.mkdir()
-    byte_level_bpe(texts).save(str(own / "tokenizer.json"))  # GPT-2's pre-tokenizer, no normalizer
+    bpe = byte_level_bpe(texts[:100])  # GPT-2's pre-tokenizer, no normalizer
+    if saved == "tokenizers":
+        own.mkdir()
+        bpe.save(str(own / "tokenizer.json"))
+    else:  # with the tokenizer_config.json transformers writes
+        transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>").save_pretrained(own)
     src = tmp_path / "src"
     transformers.AutoModelForCausalLM.from_config(model_config("qwen2", 400)).save_pretrained(src)
-    data = prepared(tmp_path, "train", texts, own / "tokenizer.json")
+    data = prepared(tmp_path, "train", texts[:100], own / "tokenizer.json")
+    held = prepared(tmp_path, "held", texts[100:], own / "tokenizer.json")
     assert train(tmp_path, src, data) == 0
-    err = capsys.readouterr().err
-    assert "AutoTokenizer.from_pretrained(final/) would split text otherwise" in err and "Qwen2Tokenizer" in err
+    assert "AutoTokenizer" not in capsys.readouterr().err
+    final = transformers.AutoTokenizer.from_pretrained(tmp_path / "out" / "final")
+    assert [final(t, add_special_tokens=False)["input_ids"] for t in texts[100:]] == per_document(held)
+    assert final.eos_token == "<|endoftext|>"

@@ -5,8 +5,8 @@ document per line, its text under ``prepare.text_key``); ``input`` is a path, a 
 them. The Hugging Face ``tokenizers`` tokenizer encodes batches of ``prepare.batch_docs``
 documents on every core (offline: the tokenizer is a local file), an end-of-document id is
 appended after each document, and the ids stream into ``X.bin`` with the sidecar ``X.bin.json``
-(:mod:`hexicore.core.token_file`). Both are written under temporary names and renamed into place
-only when complete. Like every output, they replace only a previous token file (its sidecar a
+(:mod:`hexicore.core.token_file`). Both are written as unnamed files and named only when
+complete (:func:`hexicore.core.schema.atomic_output`). Like every output, they replace only a previous token file (its sidecar a
 ``hexicore.tokens`` file) unless ``overwrite=true``, and never an input. Prints documents, tokens
 and throughput.
 """
@@ -227,52 +227,48 @@ def _sigterm_exits() -> Iterator[None]:
 
 def tokenize(files: list[Path], tok: Any, eos: int, out: Path, *, text_key: str, batch_docs: int,
              progress: Any = None) -> tuple[dict[str, Any], int]:
-    """Stream every document's ids (+ eos) into ``out`` (through a temporary file); the stats
-    and the number of documents skipped as empty. A document with no tokens (an empty or
+    """Stream every document's ids (+ eos) into ``out`` (:func:`hexicore.core.schema.atomic_output`:
+    a killed run leaves no file behind); the stats and the number of documents skipped as empty.
+    A document with no tokens (an empty or
     blank file or ``text``) is skipped, as Megatron's preprocessing skips it: a lone end-of-text
     token is no document. Blank (whitespace only) text is skipped before encoding, since a
     byte-level tokenizer would give it whitespace tokens; input with no tokens at all is refused
     and nothing is written."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = DTYPES[dtype_for(vocab)]
-    tmp = schema.temp_path(out)
     n_docs = n_tokens = skipped = 0
     top = -1
     held: list[int] = []  # ids of the document being read while it has no text yet (blank so far)
     text_seen = False  # whether that document has any non-blank piece (its ids are then written at once)
-    try:
-        with _sigterm_exits(), tmp.open("wb") as fh:
-            for batch, nbytes in _batches(documents(files, text_key), batch_docs):
-                encs = tok.encode_batch([t for t, _ in batch], add_special_tokens=False)
-                written: list[int] = []
-                for (text, last), enc in zip(batch, encs):
-                    if text_seen or text.strip():
-                        written += held + enc.ids
-                        held, text_seen = [], True
-                    else:
-                        held += enc.ids
-                    if not last:
-                        continue
-                    if text_seen:  # blank text is no document, whatever the tokenizer gives it
-                        written.append(eos)
-                        n_docs += 1
-                    else:
-                        skipped += 1
-                    held, text_seen = [], False
-                del encs
-                arr = np.asarray(written, dtype=np.int64)
-                fh.write(arr.astype(dtype).tobytes())
-                top = max(top, int(arr.max(initial=-1)))
-                n_tokens += len(arr)
-                if progress is not None:
-                    progress(nbytes)
-        if not n_tokens:
+    with _sigterm_exits(), schema.atomic_output(out) as fh:
+        for batch, nbytes in _batches(documents(files, text_key), batch_docs):
+            encs = tok.encode_batch([t for t, _ in batch], add_special_tokens=False)
+            written: list[int] = []
+            for (text, last), enc in zip(batch, encs):
+                if text_seen or text.strip():
+                    written += held + enc.ids
+                    held, text_seen = [], True
+                else:
+                    held += enc.ids
+                if not last:
+                    continue
+                if text_seen:  # blank text is no document, whatever the tokenizer gives it
+                    written.append(eos)
+                    n_docs += 1
+                else:
+                    skipped += 1
+                held, text_seen = [], False
+            del encs
+            arr = np.asarray(written, dtype=np.int64)
+            fh.write(arr.astype(dtype).tobytes())
+            top = max(top, int(arr.max(initial=-1)))
+            n_tokens += len(arr)
+            if progress is not None:
+                progress(nbytes)
+        if not n_tokens:  # the block raises: nothing is written
             where = str(files[0]) if len(files) == 1 else "command line"
             raise HexicoreError(f"no document has any text ({skipped} empty): nothing to write", source=where,
                                 field="input")
-        schema.publish(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     stats = {"dtype": dtype_for(vocab), "vocab": vocab, "tokens": n_tokens, "documents": n_docs, "eos": eos}
     if top >= 0:  # trusted by training while the file's stamp matches (hexicore.core.token_file)
         stats.update(max_id=top, stamp=file_stamp(out))

@@ -293,14 +293,14 @@ def final_extras(spec: RunSpec, data: DataSettings, layout: RankAssignment, init
     if data.kind == "tokens" and data.file:
         found, notes = hf_export.data_tokenizer(TokenFile.open(data.file))
     extras, more = hf_export.resolve(sources, found, layout.model.vocab)
-    if spec.output.out:
-        check_final_extras(Path(spec.output.out) / "final", extras.names(), overwrite=spec.output.overwrite)
     data_json = dict(extras.tokenizer.files).get("tokenizer.json") if extras.tokenizer else None
     if found is not None and extras.tokenizer.digest == found.digest and data_json:  # final/ gets the data's tokenizer
         from hexicore.core.hf_config import hf_config_dict
 
-        differs = hf_export.autotokenizer_mismatch(extras, hf_config_dict(layout.model, extras.tokens), data_json)
+        extras, differs = hf_export.keep_data_pipeline(extras, hf_config_dict(layout.model, extras.tokens), data_json)
         more = [*more, *([differs] if differs else [])]
+    if spec.output.out:
+        check_final_extras(Path(spec.output.out) / "final", extras.names(), overwrite=spec.output.overwrite)
     for line in notes + more:
         print(line, file=sys.stderr)
     return extras

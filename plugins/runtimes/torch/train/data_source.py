@@ -44,26 +44,29 @@ def demo_text_path() -> Path:
 
 
 class ByteText:
-    """A text file tokenised at byte level (vocab 256): each row is a window at a seeded offset."""
+    """A text file tokenised at byte level (vocab 256): each row is a window at a seeded offset.
+    The file is memory-mapped (:func:`hexicore.core.schema.map_regular`): a step reads its
+    windows, never the whole text, so memory stays bounded whatever the file's size."""
 
     def __init__(self, path: str | Path | None, vocab: int, seq_len: int, global_batch: int, seed: int):
-        from hexicore.core.schema import read_bytes
+        from hexicore.core.schema import map_regular
 
         path = Path(path) if path else demo_text_path()
-        raw = read_bytes(path, "text data", field="runtime.data_file")  # regular, within its size limit
         if vocab < 256:
             raise HexicoreError(f"byte-level text needs a vocabulary of at least 256, the model has {vocab}",
                                 field="model.vocab")
-        if len(raw) < seq_len + 2:
-            raise HexicoreError(f"the text has {len(raw)} bytes; windows of {seq_len + 1} need at least {seq_len + 2}",
-                                source=str(path), field="runtime.data_file")
-        self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # one byte a token; ids widened per batch
+        self.data = map_regular(path, "text data", field="runtime.data_file")  # one byte a token
+        if len(self.data) < seq_len + 2:
+            raise HexicoreError(f"the text has {len(self.data)} bytes; windows of {seq_len + 1} need at least "
+                                f"{seq_len + 2}", source=str(path), field="runtime.data_file")
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
 
     def batch(self, step: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        from hexicore.core.token_file import windows
+
         g = _generator(self.seed, step)
         starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=g)
-        return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()[lo:hi]]).long()
+        return torch.from_numpy(windows(self.data, starts[lo:hi].numpy(), self.seq_len + 1))
 
 
 class TokenData:

@@ -149,6 +149,7 @@ def test_console_script_exit_status(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hexicore.app.cli", "plan", f"cluster_file={tmp_path / 'c.yaml'}",
                            f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]  # no run folder, nothing written
 
 
 def test_train_without_torch_is_one_line(monkeypatch, capsys, hydra_dir):

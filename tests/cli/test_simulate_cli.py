@@ -95,3 +95,4 @@ def test_bad_input_in_a_fresh_process_is_one_line_exit_2(tmp_path):
     p = cli("schedule=hanayo", "schedule.waves=two", f"out={tmp_path}")
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "waves must be a positive integer or 'auto'" in lines[0], p.stderr
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -184,7 +184,7 @@ class Trainer:
         weights = _weights(spec, resumed)
         self.stages, self.executor, optimizer, self.rows, self.blank = _build_rank(spec, self.parallel, weights,
                                                                                    resumed, device)
-        _record_reads(spec, weights, rank)
+        self.reads = _reads_record(spec, weights, rank)  # written once every rank has started (run)
         self.source = make_source(spec.data.kind, vocab=layout.model.vocab, seq_len=layout.seq_len,
                                   global_batch=layout.global_batch, seed=spec.train.seed, path=spec.data.file,
                                   check_ids=not spec.data_checked)
@@ -211,6 +211,7 @@ class Trainer:
         try:
             for step in range(self.start, steps):
                 self.train_step(step)
+                self._write_reads()  # past the first step's collectives: every rank loaded its weights
                 recorder.record(self.executor)
                 bar.update(state.losses[-1], self.tokens / state.step_s[-1])
                 self.log.step(step, loss=state.losses[-1], lr=self.schedule.lr_at(step),
@@ -223,9 +224,19 @@ class Trainer:
             raise
         finally:
             bar.close()
+        self._write_reads()
         result = self._finish(recorder)
         self.log.finish(result["metrics"] if result else None, steps)
         return result
+
+    def _write_reads(self) -> None:
+        """``out/reads/rank_R.json`` (:func:`_reads_record`), once: only a run whose every rank
+        started writes it (a rank refusing its weights leaves nothing behind)."""
+        if self.reads is not None and self.out is not None:
+            folder = self.out / "reads"
+            folder.mkdir(parents=True, exist_ok=True)
+            schema.write_text_atomic(folder / f"rank_{self.rank}.json", json.dumps(self.reads, indent=1) + "\n")
+        self.reads = None
 
     def train_step(self, step: int) -> None:
         """One step: the executor runs the action list (an idle rank adds nothing); the loss is
@@ -366,17 +377,16 @@ def _sharded_state(spec: WorkerSpec, parallel: ParallelLayout, stages, optimizer
     return kept, _optimizer_bytes(parallel, optimizer, world) if spec.zero else None
 
 
-def _record_reads(spec: WorkerSpec, weights: Any, rank: int) -> None:
-    """``out/reads/rank_R.json``: the tensors (name, bytes) this rank read to start (checkpoint runs)."""
+def _reads_record(spec: WorkerSpec, weights: Any, rank: int) -> dict | None:
+    """The record ``out/reads/rank_R.json`` gets (:meth:`Trainer._write_reads`): the tensors
+    (name, bytes) this rank read to start (checkpoint runs); the source is closed. None where
+    nothing was read from a file or there is no ``out``."""
     reads = getattr(weights, "reads", None)
     if reads is None or not spec.output.out:
-        return
-    folder = Path(spec.output.out) / "reads"
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
-           "bytes": sum(b for _, b in reads)}
-    schema.write_text_atomic(folder / f"rank_{rank}.json", json.dumps(doc, indent=1) + "\n")
+        return None
     weights.close()
+    return {"format": "hexicore.reads/1", "rank": rank, "tensors": [n for n, _ in reads],
+            "bytes": sum(b for _, b in reads)}
 
 
 def _optimizer_bytes(parallel: ParallelLayout, optimizer, world: int) -> list[int]:

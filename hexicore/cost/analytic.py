@@ -199,10 +199,7 @@ class AnalyticCostModel:
                                                 dtype_bytes=max(full.weights, train.dtype_bytes))  # residual stream
         out["activations"] = (kept * in_flight * share if train.recompute else
                               self.held_activations(model, train, tp, dp, whole, n_layers, in_flight * share)) / GIB
-        if last:  # the head projection's cast (autocast), whole on every TP rank
-            once = casts_once(train.recompute, train.zero_stage, dp)
-            out["activations"] += last * (1 if once else in_flight) * \
-                head_cast_bytes(model, train.dtype_bytes, full.weights) / GIB
+        out["activations"] += self.head_casts(model, train, dp, last, in_flight) / GIB
         work = whole if train.recompute and n_layers else 0.0
         if last:
             work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
@@ -223,6 +220,17 @@ class AnalyticCostModel:
         if not casts_once(train.recompute, train.zero_stage, dp):
             return forwards * block
         return forwards * (block - casts) + n_layers * casts
+
+    def head_casts(self, model: ModelSpec, train: TrainSettings, dp: int, last: float, in_flight: float) -> float:
+        """Bytes of the head projection's casts under autocast a stage holding ``last`` heads keeps
+        (whole on every TP rank, :func:`~hexicore.cost.block_memory.head_cast_bytes`): once where
+        the runtime casts once per step (:func:`~hexicore.cost.block_memory.casts_once`), else
+        once per in-flight micro-batch."""
+        if not last:
+            return 0.0
+        once = casts_once(train.recompute, train.zero_stage, dp)
+        return last * (1 if once else in_flight) * head_cast_bytes(model, train.dtype_bytes,
+                                                                    self.state_bytes(train).weights)
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                         n_layers: int, **held: Any) -> float:

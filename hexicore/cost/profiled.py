@@ -347,7 +347,8 @@ class ProfiledCostModel(AnalyticCostModel):
         """The analytic parts (:meth:`AnalyticCostModel.stage_memory_parts`) with a block's
         measured activation bytes (:meth:`activation_bytes`, each forward's casts included) in
         place of the formula's: kept ``in_flight x share_layers`` times, the weights' casts once
-        where the runtime casts once per step (:meth:`held_activations`), or under recomputation
+        where the runtime casts once per step (:meth:`held_activations`; the head's cast as the
+        analytic model prices it, :meth:`head_casts`), or under recomputation
         as the workspace of the block being recomputed (the kept block inputs stay the formula's
         ``B*S*H*B_type``)."""
         out = super().stage_memory_parts(cluster, model, train, devices, n_layers, in_flight=in_flight,
@@ -360,8 +361,9 @@ class ProfiledCostModel(AnalyticCostModel):
             out["workspace"] += (per - formula_bytes(model, train, len(devices), weight_bytes=wide)) / GIB
         else:
             forwards = in_flight * (n_layers if share_layers is None else share_layers)
-            out["activations"] = self.held_activations(model, train, len(devices), held.get("dp", 1), per, n_layers,
-                                                       forwards) / GIB
+            dp = held.get("dp", 1)
+            out["activations"] = (self.held_activations(model, train, len(devices), dp, per, n_layers, forwards)
+                                  + self.head_casts(model, train, dp, held.get("last", False), in_flight)) / GIB
         return out
 
     def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainSettings,

@@ -142,3 +142,16 @@ def test_the_console_prints_each_warning_once():
     rec = [logging.LogRecord("hexicore", logging.WARNING, "f", 1, "same %s", ("thing",), None) for _ in range(2)]
     other = logging.LogRecord("hexicore", logging.WARNING, "f", 1, "other", (), None)
     assert [once.filter(r) for r in (*rec, other)] == [True, False, True]
+
+
+def test_a_last_stage_keeps_the_head_projections_cast_as_the_analytic_model_prices_it():
+    """The measured block bytes replace the formula's blocks only: the head's cast under
+    autocast (``V x H x 2 B``, once where the runtime casts once per step) stays on a last stage."""
+    cost = ProfiledCostModel(profile=profile())
+    t = TrainSettings(global_batch=8, micro_batch=2, seq_len=32, recompute=False, dtype="bf16")
+    def held(model, last):
+        return model.stage_memory_parts(CLUSTER, MODEL, t, ["A.0"], 3, in_flight=2, last=last)["activations"] * GIB
+    head = 2 * MODEL.vocab * MODEL.hidden
+    assert held(cost, True) - held(cost, False) == pytest.approx(head)
+    ana = AnalyticCostModel()
+    assert held(ana, True) - held(ana, False) == pytest.approx(head)

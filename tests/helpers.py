@@ -96,7 +96,8 @@ def cpsat_small_llama(layers, seq_len=1024):
 
 
 def cpsat_problem(c, m, global_batch, micro_batch=1, warm_start=None, schedule=None, cost=None):
-    t = TrainSettings(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len)
+    """A problem priced as the CP-SAT model prices it: App. A's step-end sync (``dp_overlap=false``)."""
+    t = TrainSettings(global_batch=global_batch, micro_batch=micro_batch, seq_len=m.seq_len, dp_overlap=False)
     return Problem(c, m, t, cost or AnalyticCostModel(state_bytes_per_param=8), schedule or {"name": "1f1b"}, warm_start=warm_start)
 
 

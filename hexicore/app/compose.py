@@ -138,7 +138,7 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
     :class:`TrainSettings`; what is not given takes the class's defaults, the sequence length the
     model's. Beside a plan, the plan's batch sizes and sharding win over the config's, and its
     sequence length, dtype and recomputation are the defaults of ``train.seq_len``,
-    ``train.dtype`` and ``train.recompute`` (``null`` in the schema), so a plan trains as it was
+    ``train.dtype``, ``train.recompute`` and ``train.dp_overlap`` (``null`` in the schema), so a plan trains as it was
     planned unless they are given. Planning ignores ``train.steps``."""
     given = {k: v for k, v in (_plain(cfg.get("train")) or {}).items() if v is not None}
     given.pop("checkpoint_every", None)  # a checkpoint setting: checkpoint_settings()

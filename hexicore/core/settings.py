@@ -55,7 +55,11 @@ class TrainSettings:
     only in a planning problem: the planner chooses; so is ``micro_batch`` ``"auto"``). ``zero_split``: ``even`` shards among a
     chunk's holders, or ``memory`` = each holder's share proportional to its device's memory
     (Cephalo-style). ``zero_scope``: ``all`` holders share the shards, or ``machine`` = shards
-    among the holders in one machine, replicated across machines (hybrid sharding). ``steps``
+    among the holders in one machine, replicated across machines (hybrid sharding).
+    ``dp_overlap``: the data-parallel gradient sync of a stage starts as soon as its gradients
+    are final, overlapped with the rest of the rank's list (Megatron-LM's overlap-grad-reduce),
+    and the cost model prices only what it does not hide; ``false``: all of it after the last
+    backward of the step (HexiScale App. A). ``steps``
     and ``seed`` concern a training run only: a plan's ``train`` section is
     :data:`PLAN_FIELDS`, and writes ``zero*`` only when not the default (0, even, all)."""
 
@@ -67,11 +71,13 @@ class TrainSettings:
     zero: int | str = rule(0, None)  # checked with its own message below
     zero_split: str = rule("even", one_of(ZERO_SPLITS, "zero_split"))
     zero_scope: str = rule("all", one_of(ZERO_SCOPES, "zero_scope"))
+    dp_overlap: bool = rule(True, flag)
     steps: int = rule(10, whole())
     seed: int = rule(0, whole(minimum=None), key="seed")
 
     #: the fields a plan records (plan JSON ``train``), in their order there
-    PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope")
+    PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope",
+                   "dp_overlap")
 
     def __post_init__(self) -> None:
         check_fields(self, "train")
@@ -137,10 +143,11 @@ class TrainSettings:
         for k in ("dtype", "zero_split", "zero_scope"):
             if d.get(k) is not None:
                 kw[k] = schema.string(d[k], source, f"{prefix}.{k}")
-        if d.get("recompute") is not None:
-            if not isinstance(d["recompute"], bool):
-                raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
-            kw["recompute"] = d["recompute"]
+        for k in ("recompute", "dp_overlap"):
+            if d.get(k) is not None:
+                if not isinstance(d[k], bool):
+                    raise HexicoreError("expected true or false", source=source, field=f"{prefix}.{k}")
+                kw[k] = d[k]
         if d.get("zero") is not None:
             z = d["zero"]
             if isinstance(z, str) and z.strip().isdigit():

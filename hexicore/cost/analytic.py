@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from hexicore.core.cluster import Cluster
 from hexicore.core.estimate import Estimate
@@ -22,7 +22,7 @@ from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.core.settings import TrainSettings
 from hexicore.cost.base import (DEFAULT_EFFICIENCY, GIB, ActivationFn, BoundCostModel, PipelineTimer, PlacementFn,
                                 default_in_flight, fill_drain_time)
-from hexicore.cost import sharding
+from hexicore.cost import overlap, sharding
 from hexicore.cost.block_memory import block_bytes, casts_once, head_cast_bytes, weight_cast_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
@@ -46,7 +46,10 @@ class AnalyticCostModel:
     rule (:func:`hexicore.cost.base.default_in_flight`) with the schedule's peak activations;
     ``placement`` (injected likewise) says which blocks, embeddings and heads each rank holds
     where the schedule places them otherwise than stage j's blocks, the embedding on the first
-    and the head on the last stage (:meth:`held`).
+    and the head on the last stage (:meth:`held`); ``chained_gradients`` (injected likewise) says
+    whether a pipeline's schedule finishes its stages' gradients in chain order, which the
+    overlapped data-parallel sync is priced with (:mod:`hexicore.cost.overlap`; None: App. A's
+    own pipeline, which does).
     """
 
     efficiency: Mapping[str, float] = field(default_factory=dict)
@@ -56,6 +59,7 @@ class AnalyticCostModel:
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
     placement: PlacementFn | None = None
+    chained_gradients: Callable[[Pipeline], bool] | None = None
     name: str = "analytic"
     #: bytes per parameter data-parallel traffic moves (None: the state's gradient bytes,
     #: :func:`hexicore.cost.precision.sync_bytes`); apart from ``state_bytes_per_param``, so
@@ -411,8 +415,29 @@ class AnalyticCostModel:
         return max((p.n_micro_batches(plan.train.micro_batch) * max(self.pipeline_pieces(plan, p)[0], default=0.0)
                     for p in plan.pipelines), default=0.0) + self.dp_s(plan)
 
+    def step_s(self, plan: Plan, pipeline_s: Sequence[float], parts: Sequence[Mapping[str, Any]]) -> float:
+        """The iteration time of ``plan`` whose pipelines take ``pipeline_s`` (``parts``: each
+        one's ``backward_s`` and ``hop_s`` per stage): ``max_i T_i + COMM-DP`` (App. A), or with
+        ``train.dp_overlap`` each stage's sync started when its holders' gradients are final
+        (:mod:`hexicore.cost.overlap`) plus what follows the sync (:meth:`step_extra_s`)."""
+        if not plan.train.dp_overlap:
+            return max(pipeline_s) + self.dp_s(plan)
+        sync = sharding.dp_stage_parts(self, plan)
+        chained = self.chained_gradients
+        ready = [overlap.ready_times(ps, q["backward_s"], q["hop_s"], chained is None or chained(p))
+                 for ps, q, p in zip(pipeline_s, parts, plan.pipelines)]
+        starts = overlap.sync_starts([[s.layers for s in p.stages] for p in plan.pipelines], ready)
+        return overlap.overlapped_step(pipeline_s, starts, sync, plan.train.zero_stage) + self.step_extra_s(plan)
+
+    def step_extra_s(self, plan: Plan) -> float:
+        """What a step pays after its gradient sync besides the sync (0 here; the profiled model's
+        measured optimizer step and fixed overhead)."""
+        return 0.0
+
     def estimate(self, plan: Plan) -> Estimate:
-        """Iteration time = ``max_i PIPELINE-TIME(i) + COMM-DP`` (App. A), MFU, memory, breakdown.
+        """Iteration time = ``max_i PIPELINE-TIME(i) + COMM-DP`` (App. A) or, with
+        ``train.dp_overlap``, the sync overlapped with the schedule (:meth:`step_s`); MFU,
+        memory, breakdown.
 
         MFU = model FLOPs of one iteration (3 x forward: no recomputation counted) divided by
         iteration time x the peak FLOP/s of every device of the cluster (idle ones included).
@@ -429,8 +454,8 @@ class AnalyticCostModel:
             pipe_s.append(ps)
             fwd, bwd = forward_backward(self, plan, p, stages)  # the two passes of each STAGE
             parts.append({"stage_s": stages, "hop_s": hops, "micro_batches": n_mb, "forward_s": fwd, "backward_s": bwd})
-        dp = self.dp_s(plan)
-        it = max(pipe_s) + dp
+        it = self.step_s(plan, pipe_s, parts)
+        dp = it - max(pipe_s)
         mem = self.memory_gb(plan)
         oom = tuple(d for d, gb in mem.items() if gb > plan.cluster.device(d).memory_gb)
         tokens = t.global_batch * t.seq_len

@@ -334,7 +334,12 @@ class ProfiledCostModel(AnalyticCostModel):
         """COMM-DP (App. A) on the measured links + OPT, the measured optimizer step
         (:func:`hexicore.cost.optimizer_step.optimizer_step_s`) + the profile's per-step fixed
         overhead (``step_overhead_s``: the loss and norm all-reduces every step pays)."""
-        return super().dp_s(plan) + self.optimizer_s(plan) + self.profile.step_overhead_s
+        return super().dp_s(plan) + self.step_extra_s(plan)
+
+    def step_extra_s(self, plan: Any) -> float:
+        """What follows the gradient sync: the measured optimizer step and the profile's
+        per-step fixed overhead."""
+        return self.optimizer_s(plan) + self.profile.step_overhead_s
 
     def optimizer_s(self, plan: Any) -> float:
         """The slowest rank's measured optimizer step (0 where the profile has none)."""

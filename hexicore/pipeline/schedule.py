@@ -83,6 +83,10 @@ class Pricing:
       peaks above the window at the window's end alone, one count instead of one per M of it
       (:meth:`SchedulePricer.anchored_peaks`; tests/pipeline/test_pricer.py checks the
       declaration along the window).
+    * ``chained_gradients`` — every rank's last gradient-finishing action is its part of the last
+      micro-batch's backward, which runs from the last stage to the first (GPipe, 1F1B): the
+      overlapped data-parallel sync of stage j is priced as starting ``sum_{k<j} (BWD_k +
+      HOP_k)`` before the pipeline's end (:mod:`hexicore.cost.overlap`); otherwise at its end.
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -95,6 +99,7 @@ class Pricing:
     memory_cap: bool = False
     micro_batches_per_rank: int = 0
     peaks_grow: bool = False
+    chained_gradients: bool = False
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):

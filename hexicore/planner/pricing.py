@@ -273,6 +273,15 @@ class ScheduleBook:
             return lambda pipe, j, n: self.model_peaks(pipe.schedule, len(pipe.stages), n)[j]
         return lambda pipe, j, n: self.peaks(pipe.schedule, len(pipe.stages), n, pipe.stage_layers)[j]
 
+    def chained_gradients(self, pipe: Pipeline) -> bool:
+        """Whether ``pipe``'s schedule (the one it runs on its ranks) finishes its stages'
+        gradients in chain order (its declared ``Pricing.chained_gradients``)."""
+        try:
+            ref = self.effective(pipe.schedule, len(pipe.stages))
+        except HexicoreError:  # a schedule this pipeline cannot run: priced as never fitting anyway
+            return False
+        return bool(getattr(getattr(self.schedule(ref), "pricing", None), "chained_gradients", False))
+
     def placement(self):
         """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds
         under the pipeline's schedule (its ``placement``, given the ranks' blocks where it takes
@@ -329,6 +338,8 @@ def with_placement(cost: Any, book: ScheduleBook) -> Any:
     chunks per rank are the schedule's (a cost model with ``schedule_chunks``, the profiled one)."""
     if hasattr(cost, "schedule_chunks"):
         cost = replace(cost, schedule_chunks=book.chunks())
+    if hasattr(cost, "chained_gradients"):
+        cost = replace(cost, chained_gradients=book.chained_gradients)
     return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 

@@ -13,13 +13,14 @@ from typing import Sequence
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need
 from hexicore.pipeline.pricer import uniform_bubble, uniform_closed_form
 
 
 @dataclass(frozen=True)
 class GPipe(ActionSchedule):
     name = "gpipe"
+    pricing = Pricing(chained_gradients=True)  # each rank's last B is the last micro-batch's
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")

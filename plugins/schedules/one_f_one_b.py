@@ -39,7 +39,7 @@ def one_f_one_b(rank: int, ranks: int, micro_batches: int, stage: int | None = N
 @dataclass(frozen=True)
 class OneFOneB(ActionSchedule):
     name = "1f1b"
-    pricing = Pricing(cost_model_time=True)
+    pricing = Pricing(cost_model_time=True, chained_gradients=True)  # each rank ends on the last micro-batch's B
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")

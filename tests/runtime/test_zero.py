@@ -75,8 +75,8 @@ def test_stage_memory_parts_by_hand(zero, w, g, o):
     assert alone["optimizer"] == pytest.approx(8 * params / GIB)
 
 
-def _plan(zero):
-    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=zero)
+def _plan(zero, dp_overlap=False):
+    t = TrainSettings(global_batch=4, micro_batch=1, seq_len=512, zero=zero, dp_overlap=dp_overlap)
     return Plan(MODEL, CLUSTER, t, (
         Pipeline(2, (Stage(("A.0",), 1, (0, 2)), Stage(("A.1",), 1, (2, 4)))),
         Pipeline(2, (Stage(("B.0",), 1, (0, 2)), Stage(("B.1",), 1, (2, 4)))),
@@ -101,6 +101,7 @@ def test_zero_3_prices_a_pipeline_under_another_schedule_than_the_plans():
 
 
 def test_zero_1_2_cost_the_same_as_all_reduce_and_3_per_micro_batch():
+    """At the step (App. A's sync, ``dp_overlap=false``)."""
     e0, e1, e2, e3 = (COST.estimate(_plan(z)) for z in range(4))
     assert e1.dp_s == e2.dp_s == e0.dp_s > 0  # reduce-scatter + all-gather = the all-reduce's bytes
     assert e1.pipeline_s == e0.pipeline_s

@@ -29,12 +29,16 @@ so far; without a start plan that is an error ("time limit ... reached with no p
 ``fix_groups=true`` with ``warm_start=PLAN``: the warm-start plan's pipelines and stage device
 groups are kept (in their order) and only the block ranges and pipeline batches are
 re-optimised, exactly; the bound is then over plans with those groups.
+
+The model is App. A's step-end sync, so its plans are planned and trained without the overlapped
+data-parallel sync (``train.dp_overlap=false`` in the plan): their estimate is then the model's
+value and the bound a bound of it (a run may still ask for the overlap, ``train.dp_overlap=true``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hexicore.core import schema
@@ -119,6 +123,7 @@ class CpSatSolver:
         if not isinstance(self.use_all_devices, bool):
             raise HexicoreError(f"use_all_devices must be true or false, got {self.use_all_devices!r}",
                                 field="solver.use_all_devices")
+        problem = replace(problem, train=replace(problem.train, dp_overlap=False))  # App. A's sync (module docstring)
         limit = (schema.number(time_limit, "solver cpsat", "solver.time_limit") if time_limit is not None
                  else DEFAULT_TIME_LIMIT)
         shares = TimeShares(limit)  # one model: all of it

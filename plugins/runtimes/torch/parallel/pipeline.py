@@ -7,6 +7,9 @@ runtime. ``F``/``B`` run a stage chunk forward/backward for a micro-batch, ``I``
 backward into input-gradient and weight-gradient passes (zero-bubble family), ``SEND_*``/``RECV_*``
 move activations and their gradients between ranks, ``REDUCE`` sums the gradients of a stage's
 replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.data.sync`) and steps the optimizer.
+With ``overlap`` (``train.dp_overlap``) a stage's gradient buckets are posted right after the
+action that makes them final (its last ``B`` or ``W``; for a stage with replicas the ``REDUCE``
+after them, :func:`final_after`) and ``STEP`` waits only for what is still in flight.
 Gradients accumulate across micro-batches in ``.grad``; the loss of a micro-batch is scaled by
 ``1 / tokens of the global batch`` so the sum over micro-batches and pipelines is the global mean.
 
@@ -62,7 +65,7 @@ class Executor:
     def __init__(self, parallel: ParallelLayout, stages: dict[int, StageModule], *,
                  optimizer: torch.optim.Optimizer | None, act_shape: tuple[int, ...], device: torch.device,
                  loss_scale: float, timeout_s: float, autocast_dtype: torch.dtype | None = None,
-                 emulation: Emulation = Emulation(), cast_once: bool = False):
+                 emulation: Emulation = Emulation(), cast_once: bool = False, overlap: bool = False):
         self.parallel, self.stages = parallel, stages
         self.pipeline, self.pipe_rank = parallel.pipeline, parallel.pipe_rank
         self.action_list = self.pipeline.actions
@@ -81,6 +84,9 @@ class Executor:
         self.params = {(stage, name): param for stage in sorted(stages)
                        for name, param in stages[stage].module.named_parameters()}
         self.skip = self.sharded.synced() if self.sharded is not None else set()  # ZeRO-sharded: counted by pieces
+        #: action index -> local stages whose gradients are final after it (overlapped DP sync)
+        self.finals = final_after(self.actions, self.pipeline.replicas, set(stages)) \
+            if overlap and parallel.data is not None and parallel.data.posts_early else {}
         #: this step's learning rate (None: the optimizers' own) and max global gradient norm (None: no
         #: clipping), set by the trainer; the step's pre-clip global gradient norm after it
         self.lr: float | None = None
@@ -330,6 +336,9 @@ class Executor:
         self.works, self.buffers, self.pending_sends, self.reduced = {}, {}, [], set()
         self.next_post = self.consumed = 0
         self.pos = -1
+        self.final: set[int] = set()  # local stages whose gradients are final (overlapped DP sync)
+        if self.parallel.data is not None:
+            self.parallel.data.begin()
         self.stepped = False
         self._issue(self._recv_ops(1))
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
@@ -372,6 +381,9 @@ class Executor:
                 if events:
                     events[-1][1].record()
                 self.timeline.append((action.op, action.stage, action.mb, begin, time.perf_counter() - started))
+            if index in self.finals:
+                self.final |= self.finals[index]
+                self.parallel.data.ready(self.params, self.final)
 
     def _execute(self, index: int, action: Action) -> None:
         handler = HANDLERS.get(action.op)
@@ -417,6 +429,29 @@ class Executor:
 
     def _on_step(self, index: int, action: Action) -> None:
         self._step()
+
+
+def final_after(actions: tuple[Action, ...], replicas: Callable[[int], tuple[int, ...]],
+                stages: set[int]) -> dict[int, frozenset[int]]:
+    """Index in ``actions`` -> the local ``stages`` whose gradients are final once it has run:
+    a stage's last ``B`` or ``W``; a stage with replicas (Chimera) the first ``REDUCE`` of it
+    after every local replica's last one (``REDUCE`` sums the replicas' gradients). A replicated
+    stage without such a ``REDUCE`` is reduced at ``STEP``: not in the map."""
+    last = {}
+    for index, action in enumerate(actions):
+        if action.op in (Op.B, Op.W) and action.stage in stages:
+            last[action.stage] = index
+    out: dict[int, set[int]] = {}
+    for stage, index in last.items():
+        copies = [r for r in replicas(stage) if r in stages]
+        if len(replicas(stage)) > 1:
+            after = max(last.get(r, -1) for r in copies)
+            index = next((k for k, action in enumerate(actions) if k > after and action.op is Op.REDUCE
+                          and stage in replicas(action.stage)), None)
+            if index is None:
+                continue
+        out.setdefault(index, set()).add(stage)
+    return {index: frozenset(found) for index, found in out.items()}
 
 
 #: Action kind -> handler ``(executor, index in the list, action)``; one entry per

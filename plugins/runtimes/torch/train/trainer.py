@@ -357,7 +357,7 @@ def _build_rank(spec: WorkerSpec, parallel: ParallelLayout, weights, resumed, de
                             loss_scale=1.0 / (layout.global_batch * layout.seq_len),
                             autocast_dtype=AUTOCAST[spec.train.dtype], timeout_s=spec.launch.timeout_s,
                             emulation=spec.emulation[rank] if rank < len(spec.emulation) else Emulation(),
-                            cast_once=not spec.train.recompute)
+                            cast_once=not spec.train.recompute, overlap=spec.train.dp_overlap)
         if any(stage.first or stage.last for stage in stages.values()):  # only ends of a chain read token rows
             rows = (part.offset, part.offset + part.batch)
         else:

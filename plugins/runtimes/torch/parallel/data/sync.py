@@ -21,13 +21,22 @@ and the plain sum over pipelines is the full-batch gradient (loss = mean over th
 Every rank derives the same :class:`SyncPlan` from the layout; groups are created once, in the
 same order everywhere (``new_group`` is collective); each group's chunks travel in one flat
 bucket, in a fixed order, as one asynchronous all-reduce per group.
+
+Overlap (``train.dp_overlap``, Megatron-LM's overlap-grad-reduce, DDP's buckets): a bucket is
+posted as soon as every local stage it reads is final on this rank (the executor tells
+:meth:`DPSync.ready` after a stage's last ``B`` or ``W``, or after the ``REDUCE`` of a stage
+with replicas) while the rank goes on with its list; the step waits only for what is still in
+flight. Buckets are posted in one order on every rank (:func:`launch_key`: the group holding the
+highest layer first, as backward produces them), so two groups sharing ranks are never posted
+in opposite orders (NCCL's rule for communicators used side by side); a bucket whose turn has
+come but whose stages are not final holds back the ones after it on this rank.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -92,6 +101,22 @@ def _held(name: str, start: int, end: int, first: bool, last: bool) -> bool:
     return last  # model.norm, lm_head
 
 
+def layer_of(name: str) -> float:
+    """Where a parameter sits in the model's order: the embedding ``-1``, block ``i`` ``i``, the
+    final norm and the head after every block (``inf``)."""
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        return int(parts[2])
+    return -1 if parts[:2] == ["model", "embed_tokens"] else math.inf
+
+
+def launch_key(members: tuple[int, ...], chunks: Sequence) -> tuple:
+    """The order every rank posts its buckets in: the group whose chunks reach the highest layer
+    first (backward finishes the last layers first), then by members (every rank knows each
+    group's chunks, so the order is the same everywhere)."""
+    return (-max(layer_of(item[0].name) for item in chunks), len(members), members)
+
+
 def holders(layout: RankAssignment, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Holder]]:
     """Parameter name -> every (rank, stage) holding (a shard of) it, in every pipeline."""
     out: dict[str, list[Holder]] = {n: [] for n in shapes}
@@ -149,6 +174,12 @@ class DPSync:
         self.items = [(m, handles[m], [(c, [h for h in hold if h.rank == rank], contrib)
                                        for c, hold, contrib in plan.groups[m]])
                       for m in plan.members() if rank in m]
+        #: positions in ``items`` in the order buckets are posted (:func:`launch_key`), and the
+        #: local stages each bucket reads
+        self.order = sorted(range(len(self.items)), key=lambda i: launch_key(self.items[i][0], self.items[i][2]))
+        self.needs = [frozenset(h.stage for _, mine, _ in chunks for h in mine) for _, _, chunks in self.items]
+        self.stages = frozenset().union(*self.needs)
+        self.begin()
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -166,34 +197,56 @@ class DPSync:
 
     def bucket(self, params: dict[tuple[int, str], torch.nn.Parameter], chunks: list) -> torch.Tensor:
         """One group's flat gradient bucket: the contributor's slice of each chunk, zeros from
-        the other holders (copies of an equal gradient)."""
+        the other holders (copies of an equal gradient) and for a tensor without a gradient."""
         pieces = []
         for c, mine, contrib in chunks:
             src = [h for h in mine if h in contrib]
             ref = params[(mine[0].stage, c.name)]
-            if src:
-                t = self._view(params[(src[0].stage, c.name)].grad, c, src[0])
-            else:
-                t = torch.zeros_like(self._view(ref, c, mine[0]))
+            grad = params[(src[0].stage, c.name)].grad if src else None
+            t = self._view(grad, c, src[0]) if grad is not None else torch.zeros_like(self._view(ref, c, mine[0]))
             pieces.append(t.reshape(-1))
         return torch.cat(pieces)
 
+    @property
+    def posts_early(self) -> bool:
+        """Whether buckets can be posted before the step: plain all-reduce and step-end ZeRO
+        (ZeRO-2/3 per micro-batch sum their units during the backwards themselves)."""
+        return self.sharded is None or self.sharded.posts_early
+
+    def begin(self) -> None:
+        """A step starts: nothing posted yet."""
+        self.cursor = 0
+        self.posted: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
+
+    def ready(self, params: dict[tuple[int, str], torch.nn.Parameter], final: frozenset[int] | set[int]) -> None:
+        """Post, in the launch order (:func:`launch_key`), every next bucket whose local stages
+        are all in ``final`` (their gradients will not change before the step)."""
+        while self.cursor < len(self.order):
+            members, handle, chunks = self.items[self.order[self.cursor]]
+            if not self.needs[self.order[self.cursor]] <= final:
+                return
+            if self.sharded is not None:
+                self.sharded.post(params, members, chunks)
+            else:
+                flat = self.bucket(params, chunks)
+                self.posted[members] = (flat, torch.distributed.all_reduce(flat, group=handle, async_op=True))
+            self.cursor += 1
+
     def run(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
         """All-reduce every chunk group this rank is in; ``params[(stage, name)]`` are its tensors.
+        Buckets posted early (:meth:`ready`) are only waited for; the rest are posted now.
         With a sharded optimizer attached (``sharded``), its first phase runs instead: the summed
         gradient pieces (its ``apply`` updates once the global norm is known, :mod:`.grad_norm`)."""
+        if self.posts_early:
+            self.ready(params, self.stages)
         if self.sharded is not None:
             self.sharded.prepare(params, wait)
             return
         for p in params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        pending = []
-        for members, handle, chunks in self.items:
-            flat = self.bucket(params, chunks)
-            work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
-            pending.append((members, flat, chunks, work))
-        for members, flat, chunks, work in pending:
+        for members, _, chunks in self.items:
+            flat, work = self.posted.pop(members)
             wait([work], f"data-parallel gradient sync with ranks {list(members)}")
             i = 0
             for c, mine, _ in chunks:

@@ -312,6 +312,8 @@ class ShardedOptimizer:
 
     #: whether weights are freed between their uses (ZeRO-3): autocast must not cache their casts
     frees_weights = False
+    #: whether a group's gradient sum can be posted as soon as its stages are final (:meth:`post`)
+    posts_early = False
 
     def synced(self) -> set[tuple[int, str]]:
         """``(stage, name)`` of every local tensor this object updates (the rest: plain AdamW)."""
@@ -322,6 +324,10 @@ class ShardedOptimizer:
 
     def after(self, action, wait: Callable) -> None:
         """After a compute action: nothing unless sharded per micro-batch."""
+
+    def post(self, params: dict, members: tuple[int, ...], chunks: list) -> None:
+        """Start one group's gradient sum (``posts_early`` kinds): :meth:`prepare` collects it."""
+        raise NotImplementedError
 
     def prepare(self, params: dict, wait: Callable) -> None:
         """Phase 1 of the step: the summed gradient pieces of every group."""
@@ -370,6 +376,7 @@ class ShardedAdamW(ShardedOptimizer):
         self.sync, self.weights = sync, weights
         self.adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         self.splits, self.counted, self.grads = {}, {}, {}
+        self.posted: dict[tuple[int, ...], tuple[list, Callable[[], torch.Tensor], int]] = {}  # post() -> prepare()
         self.moments: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         for members, handle, chunks in sync.items:
             n = sum(c.numel for c, _, _ in chunks)
@@ -391,23 +398,34 @@ class ShardedAdamW(ShardedOptimizer):
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for pair in self.moments.values() for t in pair)
 
+    posts_early = True
+
+    @torch.no_grad()
+    def post(self, params: dict[tuple[int, str], torch.nn.Parameter], members: tuple[int, ...], chunks: list) -> None:
+        """Start the sum of one group's gradient bucket among the peers sharing its pieces (at
+        once: a rank alone keeps its piece of its own bucket)."""
+        sp = self.splits[members]
+        lo, hi = sp.piece
+        flat = self.sync.bucket(params, chunks)
+        if len(sp.peers) > 1:
+            work, read = post_sum(flat, list(sp.bounds), sp.i, self.handle(sp.peers))
+            self.posted[members] = ([work], read, flat.numel())
+        else:
+            self.posted[members] = ([], lambda: flat[lo:hi], flat.numel())
+
     @torch.no_grad()
     def prepare(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
-        """Phase 1 of the step: every group's gradient bucket summed, this rank's piece kept
-        (hybrid: summed across machines too); the update waits for the global norm (:meth:`apply`)."""
-        for p in params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        """Phase 1 of the step: every group's gradient bucket summed (posted by :meth:`post`,
+        through the sync's launch order), this rank's piece kept (hybrid: summed across
+        machines too); the update waits for the global norm (:meth:`apply`)."""
         self.grads = {}
         for members, _, chunks in self.sync.items:
             sp = self.splits[members]
-            lo, hi = sp.piece
-            flat = self.sync.bucket(params, chunks)
-            peers = self.handle(sp.peers) if len(sp.peers) > 1 else None
-            g = flat[lo:hi] if peers is None else \
-                sum_piece(flat, list(sp.bounds), sp.i, peers, wait, f"ZeRO gradient sum with ranks {list(sp.peers)}")
+            works, read, whole = self.posted.pop(members)
+            wait(works, f"ZeRO gradient sum with ranks {list(sp.peers)}")
+            g = read()
             self._cross(sp, g, wait)
-            self.grads[members] = g.clone() if g.numel() < flat.numel() else g  # not the whole bucket kept
+            self.grads[members] = g.clone() if g.numel() < whole else g  # not the whole bucket kept
         for key in self.synced():
             params[key].grad = None
 

@@ -1,0 +1,247 @@
+"""Benchmark: the overlapped data-parallel sync (``train.dp_overlap``), measured and planned.
+
+**Measured** (emulated cluster, one CPU host): four one-device machines, slow ``S0``, ``S1`` and
+fast ``F0``, ``F1`` (``emulate: {tflops}``, ``--slow-tflops`` / ``--fast-tflops``), every link
+emulated (``emulate: {links: true}``): ``S0-F0`` and ``S1-F1`` at ``--hop-gbs``, every other pair
+(the data-parallel pairs ``S0-S1`` and ``F0-F1``) at ``--dp-gbs``. The plan: two 1F1B pipelines
+``S0 -> F0`` and ``S1 -> F1``, the slow first stage with ``--first-blocks`` of the model's blocks
+(the heterogeneous planner's kind of cut: few blocks on a slow device), the global batch split
+evenly. ``hexicore profile`` measures the cluster; the plan is then trained ``--rounds`` times
+with ``train.dp_overlap=false`` and ``true`` (interleaved) and priced by the profiled model both
+ways. Printed: predicted and measured step (median of the steps after the first, over the
+rounds), and what the overlap hides, predicted (the two predictions' difference) and measured.
+
+**Planned**: on the paper case and the HexiScale presets, ``hexicore plan`` with
+``train.dp_overlap=false`` (App. A's step-end sync, as before) and ``true``; both plans priced with
+the overlap: the plan searched with it is never slower, and the table shows how much the
+predicted iteration time changes.
+
+``python bench/overlap.py [--rounds 3] [--steps 6] [--skip-measured | --skip-planned]`` prints both
+tables and replaces the ``## Overlapped data-parallel sync`` section of docs/results.md
+(``--no-write``: print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "overlap"
+SECTION = "## Overlapped data-parallel sync"
+PRESETS = (("paper_case", "llama2_13b", 24), ("hexiscale_hetero1", "llama2_7b", 256),
+           ("hexiscale_hetero2", "llama2_7b", 256), ("hexiscale_hetero3", "llama2_13b", 256))
+
+CLUSTER = """name: overlap4
+emulate: {{links: true}}
+gpus:
+  dev: {{tflops: 50, memory_gb: 16}}
+inter: {{bandwidth_gbs: {dp:g}, latency_us: 200}}
+links:
+  - {{between: [S0, F0], bandwidth_gbs: {hop:g}, latency_us: 50}}
+  - {{between: [S1, F1], bandwidth_gbs: {hop:g}, latency_us: 50}}
+machines:
+  - {{name: S0, gpu: dev, count: 1, emulate: {{tflops: {slow:g}}}}}
+  - {{name: S1, gpu: dev, count: 1, emulate: {{tflops: {slow:g}}}}}
+  - {{name: F0, gpu: dev, count: 1, emulate: {{tflops: {fast:g}}}}}
+  - {{name: F1, gpu: dev, count: 1, emulate: {{tflops: {fast:g}}}}}
+"""
+
+
+def sh(cmd: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as fh:
+        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    if code:
+        raise SystemExit(f"failed ({code}): {' '.join(cmd)}; see {log}")
+
+
+def the_plan(args, cluster, model):
+    """Two 1F1B pipelines ``S_i -> F_i``, ``--first-blocks`` on the slow first stage."""
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
+
+    k = args.first_blocks
+    pipes = tuple(Pipeline(args.global_batch // 2, (Stage((f"S{i}.0",), 1, (0, k)), Stage((f"F{i}.0",), 1, (k, model.layers))),
+                           {"name": "1f1b"}) for i in range(2))
+    train = TrainSettings(global_batch=args.global_batch, micro_batch=1, seq_len=args.seq, dtype="fp32", recompute=False)
+    return Plan(model, cluster, train, pipes, solver={"name": "hand"})
+
+
+def predict(plan_file: Path, profile: Path, overlap: bool) -> dict:
+    """The profiled model's estimate of the plan with ``dp_overlap`` set: step and DP sync."""
+    from dataclasses import replace
+
+    from hexicore.app import compose as app
+    from hexicore.core.plan import Plan
+    from hexicore.registry import Registry
+
+    reg = Registry.default()
+    cost = reg.create("cost_model", "profiled", profile_file=str(profile))
+    plan = Plan.load(plan_file)
+    plan = replace(plan, train=replace(plan.train, dp_overlap=overlap))
+    _, est, _ = app.evaluate(plan, cost, source=str(plan_file), registry=reg)
+    return {"step_s": est.iteration_s, "dp_s": est.dp_s, "pipelines_s": list(est.pipeline_s)}
+
+
+def train(hexi: list[str], plan_file: Path, profile: Path, args, overlap: bool, rnd: int) -> dict:
+    run_dir = OUT / f"run_{'on' if overlap else 'off'}"
+    sh([*hexi, "train", f"plan_file={plan_file}", f"train.steps={args.steps}", f"train.dp_overlap={str(overlap).lower()}",
+        "runtime.progress=false", f"out={run_dir}", "overwrite=true", "cost=profiled", f"cost.profile_file={profile}",
+        f"hydra.run.dir={OUT / 'hydra'}"], OUT / f"train_{'on' if overlap else 'off'}_{rnd}.log")
+    m = json.loads((run_dir / "metrics.json").read_text())
+    meas = m.get("measured", {})
+    return {"step_s": m["step_s"][1:], "dp_sync_s": meas.get("dp_sync_s"), "pipelines_s": meas.get("pipelines_s")}
+
+
+def measured(args) -> dict:
+    from hexicore.core.cluster import Cluster
+    from hexicore.core.model import ModelSpec
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    hexi = [sys.executable, "-m", "hexicore.app.cli"]
+    (OUT / "cluster.yaml").write_text(CLUSTER.format(dp=args.dp_gbs, hop=args.hop_gbs, slow=args.slow_tflops,
+                                                     fast=args.fast_tflops))
+    (OUT / "model.yaml").write_text(f"name: overlap\nlayers: {args.layers}\nhidden: {args.hidden}\nheads: 4\n"
+                                    f"kv_heads: 2\nffn: {args.hidden * 11 // 4}\nvocab: 512\nseq_len: {args.seq}\n")
+    common = [f"cluster_file={OUT / 'cluster.yaml'}", f"model_file={OUT / 'model.yaml'}", "train.dtype=fp32",
+              "train.recompute=false", f"train.seq_len={args.seq}", f"hydra.run.dir={OUT / 'hydra'}"]
+    profile = OUT / "profile.yaml"
+    t0 = time.perf_counter()
+    sh([*hexi, "profile", *common, "profile.micro_batches=[1]", "profile.tp=[1]", "profile.allreduce_groups=[2]",
+        f"out={profile}", "overwrite=true"], OUT / "profile.log")
+    profile_s = time.perf_counter() - t0
+    plan_file = OUT / "plan.json"
+    the_plan(args, Cluster.load(OUT / "cluster.yaml"), ModelSpec.load(OUT / "model.yaml")).save(plan_file)
+    runs = {False: [], True: []}
+    for rnd in range(args.rounds):
+        for overlap in ((False, True) if rnd % 2 == 0 else (True, False)):
+            runs[overlap].append(train(hexi, plan_file, profile, args, overlap, rnd))
+            print(f"round {rnd} overlap={overlap}: step {statistics.median(runs[overlap][-1]['step_s']):.4f} s "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    out = {}
+    for overlap, done in runs.items():
+        steps = [x for r in done for x in r["step_s"]]
+        out["on" if overlap else "off"] = {
+            "predicted": predict(plan_file, profile, overlap), "measured_s": statistics.median(steps),
+            "round_s": [statistics.median(r["step_s"]) for r in done],
+            "dp_sync_s": statistics.median(r["dp_sync_s"] for r in done if r["dp_sync_s"] is not None)}
+    return {"rows": out, "profile_s": profile_s, "args": vars(args), "uptime": os.getloadavg()}
+
+
+def planned() -> list[dict]:
+    """Per preset: the plan searched without and with the overlap, both priced with it."""
+    from dataclasses import replace
+
+    from hexicore.app import api
+
+    rows = []
+    for cluster, model, batch in PRESETS:
+        got = {}
+        for overlap in (False, True):
+            t0 = time.perf_counter()
+            plan = api.plan(cluster=cluster, model=model, overrides=[f"train.global_batch={batch}",
+                                                                     f"train.dp_overlap={str(overlap).lower()}"])
+            got[overlap] = (plan, time.perf_counter() - t0)
+        priced = {}
+        for overlap, (plan, _) in got.items():
+            with_overlap = replace(plan, train=replace(plan.train, dp_overlap=True))
+            priced[overlap] = api.evaluate(with_overlap).estimate.iteration_s
+        rows.append({"case": f"{cluster} {model} batch {batch}",
+                     "app_a_s": got[False][0].estimate.iteration_s, "old_plan_overlapped_s": priced[False],
+                     "new_plan_s": priced[True], "pipelines": [len(got[o][0].pipelines) for o in (False, True)],
+                     "search_s": [round(got[o][1], 2) for o in (False, True)]})
+        print(f"{rows[-1]['case']}: App. A {rows[-1]['app_a_s']:.4f} s; overlapped: today's plan "
+              f"{priced[False]:.4f} s, planned with it {priced[True]:.4f} s", flush=True)
+    return rows
+
+
+def section(res: dict) -> str:
+    lines = [SECTION, "", f"`python bench/overlap.py` ({res['date']}, 2 cores, no GPU). What the overlapped",
+             "data-parallel sync (`train.dp_overlap`, docs/cost-model.md \"The overlapped data-parallel sync\")",
+             "hides, predicted and measured, and what it changes in planning.", ""]
+    m = res.get("measured")
+    if m:
+        a = m["args"]
+        off, on = m["rows"]["off"], m["rows"]["on"]
+        lines += [f"**Measured** on an emulated cluster (four one-device machines: two at {a['slow_tflops']:g} and two at "
+                  f"{a['fast_tflops']:g} TFLOP/s; pipeline hops at {a['hop_gbs']:g} GB/s, the data-parallel pairs at "
+                  f"{a['dp_gbs']:g} GB/s, every link emulated); two 1F1B pipelines slow -> fast, {a['first_blocks']} of "
+                  f"{a['layers']} blocks on the slow stage, global batch {a['global_batch']}, {a['rounds']} rounds of "
+                  f"{a['steps']} steps, the profiled model (`hexicore profile` of that cluster); load {m['uptime'][0]:.1f}:", "",
+                  "| dp_overlap | predicted step (s) | measured step (s) | error | predicted DP sync not hidden (s) | measured DP sync (s) | rounds (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, row in (("false", off), ("true", on)):
+            p = row["predicted"]
+            lines.append(f"| {name} | {p['step_s']:.4f} | {row['measured_s']:.4f} | "
+                         f"{(p['step_s'] - row['measured_s']) / row['measured_s']:+.1%} | {p['dp_s']:.4f} | "
+                         f"{row['dp_sync_s']:.4f} | {', '.join(f'{x:.4f}' for x in row['round_s'])} |")
+        hid_p = off["predicted"]["step_s"] - on["predicted"]["step_s"]
+        hid_m = off["measured_s"] - on["measured_s"]
+        lines += ["", f"Hidden by the overlap: predicted {hid_p:.4f} s, measured {hid_m:.4f} s "
+                      f"({hid_m / hid_p:.0%} of the prediction)." if hid_p > 0 else "", ""]
+    rows = res.get("planned")
+    if rows:
+        lines += ["**Planned** (`hexicore plan` with the default options, `train.dp_overlap=false` then `true`; both "
+                  "plans priced with the overlap):", "",
+                  "| case | today's plan, App. A (s) | today's plan, overlapped (s) | planned with the overlap (s) | change | pipelines | search (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['case']} | {r['app_a_s']:.4f} | {r['old_plan_overlapped_s']:.4f} | {r['new_plan_s']:.4f} | "
+                         f"{(r['new_plan_s'] - r['app_a_s']) / r['app_a_s']:+.2%} | {r['pipelines'][0]} -> {r['pipelines'][1]} | "
+                         f"{r['search_s'][0]} / {r['search_s'][1]} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    doc = HERE.parent / "docs" / "results.md"
+    body = doc.read_text()
+    if SECTION in body:
+        start = body.index(SECTION)
+        nxt = body.find("\n## ", start + len(SECTION))
+        body = body[:start] + text + (body[nxt + 1:] if nxt >= 0 else "")
+    else:
+        body = body.rstrip("\n") + "\n\n" + text
+    doc.write_text(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--first-blocks", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--slow-tflops", type=float, default=0.002)
+    ap.add_argument("--fast-tflops", type=float, default=0.008)
+    ap.add_argument("--hop-gbs", type=float, default=1.0)
+    ap.add_argument("--dp-gbs", type=float, default=0.05)
+    ap.add_argument("--skip-measured", action="store_true")
+    ap.add_argument("--skip-planned", action="store_true")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if not args.skip_measured:
+        res["measured"] = measured(args)
+    if not args.skip_planned:
+        res["planned"] = planned()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (HERE / "out" / "overlap.json").write_text(json.dumps(res, indent=1))
+    text = section(res)
+    print(text)
+    if not args.no_write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
 """Benchmark: the overlapped data-parallel sync (``train.dp_overlap``), measured and planned.
 
-**Measured** (emulated cluster, one CPU host): four one-device machines, slow ``S0``, ``S1`` and
+**Measured** (emulated cluster, one CPU host; ``--schedule`` picks the pipelines' schedule): four one-device machines, slow ``S0``, ``S1`` and
 fast ``F0``, ``F1`` (``emulate: {tflops}``, ``--slow-tflops`` / ``--fast-tflops``), every link
 emulated (``emulate: {links: true}``): ``S0-F0`` and ``S1-F1`` at ``--hop-gbs``, every other pair
-(the data-parallel pairs ``S0-S1`` and ``F0-F1``) at ``--dp-gbs``. The plan: two 1F1B pipelines
+(the data-parallel pairs ``S0-S1`` and ``F0-F1``) at ``--dp-gbs``. The plan: two pipelines (1F1B unless ``--schedule``)
 ``S0 -> F0`` and ``S1 -> F1``, the slow first stage with ``--first-blocks`` of the model's blocks
 (the heterogeneous planner's kind of cut: few blocks on a slow device), the global batch split
 evenly. ``hexicore profile`` measures the cluster; the plan is then trained ``--rounds`` times
@@ -35,22 +35,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "overlap"
 SECTION = "## Overlapped data-parallel sync"
-PRESETS = (("paper_case", "llama2_13b", 24), ("hexiscale_hetero1", "llama2_7b", 256),
-           ("hexiscale_hetero2", "llama2_7b", 256), ("hexiscale_hetero3", "llama2_13b", 256))
+PRESETS = (("paper_case", "llama2_13b", 24), ("hetero1", "llama2_7b", 256), ("hetero2", "llama2_7b", 256),
+           ("hetero3", "llama2_13b", 256))
 
 CLUSTER = """name: overlap4
 emulate: {{links: true}}
 gpus:
-  dev: {{tflops: 50, memory_gb: 16}}
+  slow: {{tflops: 50, memory_gb: 16}}
+  fast: {{tflops: 50, memory_gb: 16}}
 inter: {{bandwidth_gbs: {dp:g}, latency_us: 200}}
 links:
   - {{between: [S0, F0], bandwidth_gbs: {hop:g}, latency_us: 50}}
   - {{between: [S1, F1], bandwidth_gbs: {hop:g}, latency_us: 50}}
 machines:
-  - {{name: S0, gpu: dev, count: 1, emulate: {{tflops: {slow:g}}}}}
-  - {{name: S1, gpu: dev, count: 1, emulate: {{tflops: {slow:g}}}}}
-  - {{name: F0, gpu: dev, count: 1, emulate: {{tflops: {fast:g}}}}}
-  - {{name: F1, gpu: dev, count: 1, emulate: {{tflops: {fast:g}}}}}
+  - {{name: S0, gpu: slow, count: 1, emulate: {{tflops: {slow:g}}}}}
+  - {{name: S1, gpu: slow, count: 1, emulate: {{tflops: {slow:g}}}}}
+  - {{name: F0, gpu: fast, count: 1, emulate: {{tflops: {fast:g}}}}}
+  - {{name: F1, gpu: fast, count: 1, emulate: {{tflops: {fast:g}}}}}
 """
 
 
@@ -68,8 +69,9 @@ def the_plan(args, cluster, model):
     from hexicore.core.settings import TrainSettings
 
     k = args.first_blocks
+    schedule = {"name": args.schedule, **({"chunks": 2} if args.schedule == "interleaved_1f1b" else {})}
     pipes = tuple(Pipeline(args.global_batch // 2, (Stage((f"S{i}.0",), 1, (0, k)), Stage((f"F{i}.0",), 1, (k, model.layers))),
-                           {"name": "1f1b"}) for i in range(2))
+                           schedule) for i in range(2))
     train = TrainSettings(global_batch=args.global_batch, micro_batch=1, seq_len=args.seq, dtype="fp32", recompute=False)
     return Plan(model, cluster, train, pipes, solver={"name": "hand"})
 
@@ -163,7 +165,7 @@ def planned() -> list[dict]:
 
 
 def section(res: dict) -> str:
-    lines = [SECTION, "", f"`python bench/overlap.py` ({res['date']}, 2 cores, no GPU). What the overlapped",
+    lines = [SECTION, "", f"`python bench/overlap.py {res.get('argv', '')}` ({res['date']}, 2 cores, no GPU). What the overlapped",
              "data-parallel sync (`train.dp_overlap`, docs/cost-model.md \"The overlapped data-parallel sync\")",
              "hides, predicted and measured, and what it changes in planning.", ""]
     m = res.get("measured")
@@ -172,7 +174,7 @@ def section(res: dict) -> str:
         off, on = m["rows"]["off"], m["rows"]["on"]
         lines += [f"**Measured** on an emulated cluster (four one-device machines: two at {a['slow_tflops']:g} and two at "
                   f"{a['fast_tflops']:g} TFLOP/s; pipeline hops at {a['hop_gbs']:g} GB/s, the data-parallel pairs at "
-                  f"{a['dp_gbs']:g} GB/s, every link emulated); two 1F1B pipelines slow -> fast, {a['first_blocks']} of "
+                  f"{a['dp_gbs']:g} GB/s, every link emulated); two {a['schedule']} pipelines slow -> fast, {a['first_blocks']} of "
                   f"{a['layers']} blocks on the slow stage, global batch {a['global_batch']}, {a['rounds']} rounds of "
                   f"{a['steps']} steps, the profiled model (`hexicore profile` of that cluster); load {m['uptime'][0]:.1f}:", "",
                   "| dp_overlap | predicted step (s) | measured step (s) | error | predicted DP sync not hidden (s) | measured DP sync (s) | rounds (s) |",
@@ -225,11 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-tflops", type=float, default=0.008)
     ap.add_argument("--hop-gbs", type=float, default=1.0)
     ap.add_argument("--dp-gbs", type=float, default=0.05)
+    ap.add_argument("--schedule", default="1f1b", help="the two pipelines' schedule (1f1b, gpipe, interleaved_1f1b, ...)")
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--skip-planned", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
-    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": " ".join(argv if argv is not None else sys.argv[1:])}
     if not args.skip_measured:
         res["measured"] = measured(args)
     if not args.skip_planned:

@@ -111,9 +111,9 @@ def layer_of(name: str) -> float:
 
 
 def launch_key(members: tuple[int, ...], chunks: Sequence) -> tuple:
-    """The order every rank posts its buckets in: the group whose chunks reach the highest layer
-    first (backward finishes the last layers first), then by members (every rank knows each
-    group's chunks, so the order is the same everywhere)."""
+    """The order every rank posts its buckets in: the bucket whose chunks reach the highest layer
+    first (backward finishes the last layers first), then by members (every member of a group
+    knows its chunks and cuts them alike, so the order is the same everywhere)."""
     return (-max(layer_of(item[0].name) for item in chunks), len(members), members)
 
 
@@ -174,11 +174,7 @@ class DPSync:
         self.items = [(m, handles[m], [(c, [h for h in hold if h.rank == rank], contrib)
                                        for c, hold, contrib in plan.groups[m]])
                       for m in plan.members() if rank in m]
-        #: positions in ``items`` in the order buckets are posted (:func:`launch_key`), and the
-        #: local stages each bucket reads
-        self.order = sorted(range(len(self.items)), key=lambda i: launch_key(self.items[i][0], self.items[i][2]))
-        self.needs = [frozenset(h.stage for _, mine, _ in chunks for h in mine) for _, _, chunks in self.items]
-        self.stages = frozenset().union(*self.needs)
+        self.stages = frozenset(h.stage for _, _, chunks in self.items for _, mine, _ in chunks for h in mine)
         self.begin()
 
     def __bool__(self) -> bool:
@@ -213,23 +209,39 @@ class DPSync:
         (ZeRO-2/3 per micro-batch sum their units during the backwards themselves)."""
         return self.sharded is None or self.sharded.posts_early
 
+    def buckets(self) -> list[tuple[tuple[int, ...], Any, list, frozenset[int]]]:
+        """``(members, communicator, chunks, local stages read)`` of every bucket, in the order they
+        are posted (:func:`launch_key`): without ZeRO one bucket per group and layer (the
+        embedding, a block, the norm and head), so a layer syncs once its own stage is final
+        (another chunk of the same holders, on another local stage, may still be computing);
+        step-end ZeRO one per group (its pieces are cut from the group's whole bucket)."""
+        out = []
+        for members, handle, chunks in self.items:
+            parts: dict[float, list] = {}
+            for item in chunks:
+                parts.setdefault(layer_of(item[0].name) if self.sharded is None else 0.0, []).append(item)
+            for part in parts.values():
+                out.append((members, handle, part, frozenset(h.stage for _, mine, _ in part for h in mine)))
+        return sorted(out, key=lambda b: launch_key(b[0], b[2]))
+
     def begin(self) -> None:
         """A step starts: nothing posted yet."""
         self.cursor = 0
-        self.posted: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
+        self.order = self.buckets()
+        self.posted: list[tuple[tuple[int, ...], list, torch.Tensor, Any]] = []
 
     def ready(self, params: dict[tuple[int, str], torch.nn.Parameter], final: frozenset[int] | set[int]) -> None:
-        """Post, in the launch order (:func:`launch_key`), every next bucket whose local stages
-        are all in ``final`` (their gradients will not change before the step)."""
+        """Post, in the launch order (:meth:`buckets`), every next bucket whose local stages are
+        all in ``final`` (their gradients will not change before the step)."""
         while self.cursor < len(self.order):
-            members, handle, chunks = self.items[self.order[self.cursor]]
-            if not self.needs[self.order[self.cursor]] <= final:
+            members, handle, chunks, needs = self.order[self.cursor]
+            if not needs <= final:
                 return
             if self.sharded is not None:
                 self.sharded.post(params, members, chunks)
             else:
                 flat = self.bucket(params, chunks)
-                self.posted[members] = (flat, torch.distributed.all_reduce(flat, group=handle, async_op=True))
+                self.posted.append((members, chunks, flat, torch.distributed.all_reduce(flat, group=handle, async_op=True)))
             self.cursor += 1
 
     def run(self, params: dict[tuple[int, str], torch.nn.Parameter], wait: Callable[[list, str], None]) -> None:
@@ -245,8 +257,7 @@ class DPSync:
         for p in params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        for members, _, chunks in self.items:
-            flat, work = self.posted.pop(members)
+        for members, chunks, flat, work in self.posted:
             wait([work], f"data-parallel gradient sync with ranks {list(members)}")
             i = 0
             for c, mine, _ in chunks:

@@ -46,10 +46,10 @@ class AnalyticCostModel:
     rule (:func:`hexicore.cost.base.default_in_flight`) with the schedule's peak activations;
     ``placement`` (injected likewise) says which blocks, embeddings and heads each rank holds
     where the schedule places them otherwise than stage j's blocks, the embedding on the first
-    and the head on the last stage (:meth:`held`); ``chained_gradients`` (injected likewise) says
-    whether a pipeline's schedule finishes its stages' gradients in chain order, which the
+    and the head on the last stage (:meth:`held`); ``gradient_chain`` (injected likewise) gives
+    where a pipeline's schedule runs the last micro-batch's backward, chunk by chunk, which the
     overlapped data-parallel sync is priced with (:mod:`hexicore.cost.overlap`; None: App. A's
-    own pipeline, which does).
+    own pipeline, stage by stage).
     """
 
     efficiency: Mapping[str, float] = field(default_factory=dict)
@@ -59,7 +59,7 @@ class AnalyticCostModel:
     pipeline_timer: PipelineTimer | None = None
     activation: ActivationFn | None = None
     placement: PlacementFn | None = None
-    chained_gradients: Callable[[Pipeline], bool] | None = None
+    gradient_chain: Callable[[Pipeline], Sequence[tuple[int, float]] | None] | None = None
     name: str = "analytic"
     #: bytes per parameter data-parallel traffic moves (None: the state's gradient bytes,
     #: :func:`hexicore.cost.precision.sync_bytes`); apart from ``state_bytes_per_param``, so
@@ -423,11 +423,11 @@ class AnalyticCostModel:
         if not plan.train.dp_overlap:
             return max(pipeline_s) + self.dp_s(plan)
         sync = sharding.dp_stage_parts(self, plan)
-        chained = self.chained_gradients
-        ready = [overlap.ready_times(ps, q["backward_s"], q["hop_s"], chained is None or chained(p))
-                 for ps, q, p in zip(pipeline_s, parts, plan.pipelines)]
-        starts = overlap.sync_starts([[s.layers for s in p.stages] for p in plan.pipelines], ready)
-        return overlap.overlapped_step(pipeline_s, starts, sync, plan.train.zero_stage) + self.step_extra_s(plan)
+        chunks = []
+        for ps, q, p in zip(pipeline_s, parts, plan.pipelines):
+            chain = self.gradient_chain(p) if self.gradient_chain is not None else overlap.plain_chain(len(p.stages))
+            chunks.append(overlap.chunk_ready(ps, q["backward_s"], q["hop_s"], chain, [s.layers for s in p.stages]))
+        return overlap.overlapped_step(pipeline_s, chunks, sync, plan.train.zero_stage) + self.step_extra_s(plan)
 
     def step_extra_s(self, plan: Plan) -> float:
         """What a step pays after its gradient sync besides the sync (0 here; the profiled model's

@@ -86,7 +86,9 @@ class Pricing:
     * ``chained_gradients`` — every rank's last gradient-finishing action is its part of the last
       micro-batch's backward, which runs from the last stage to the first (GPipe, 1F1B): the
       overlapped data-parallel sync of stage j is priced as starting ``sum_{k<j} (BWD_k +
-      HOP_k)`` before the pipeline's end (:mod:`hexicore.cost.overlap`); otherwise at its end.
+      HOP_k)`` before the pipeline's end (:mod:`hexicore.cost.overlap`); otherwise at its end. A
+      schedule whose chain visits each rank more than once overrides
+      :meth:`ActionSchedule.gradient_chain` instead (interleaved 1F1B).
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -322,6 +324,14 @@ class ActionSchedule(ABC):
         """Blocks, embeddings and heads per rank of a :meth:`template` for P (any n: stage maps and
         chains do not depend on it; a layout that does overrides this), :func:`built_placement`."""
         return built_placement(self._cache, self.template, int(ranks))
+
+    def gradient_chain(self, ranks: int) -> tuple[tuple[int, float], ...] | None:
+        """Where the last micro-batch's backward runs, from the chain's first chunk to its last,
+        as ``(rank, share of the rank's blocks)`` per chunk, when every rank's last
+        gradient-finishing action of each chunk is that micro-batch's (the overlapped DP sync is
+        then priced chunk by chunk, :mod:`hexicore.cost.overlap`); None: not so (the sync priced
+        from the pipeline's end). By default the plain chain where ``Pricing.chained_gradients``."""
+        return tuple((r, 1.0) for r in range(int(ranks))) if self.pricing.chained_gradients else None
 
     def least_layers(self, ranks: int) -> tuple[int, ...]:  # its chunks of a chain: a layer each
         return chunk_counts(built_template(self._cache, self.template, int(ranks)))

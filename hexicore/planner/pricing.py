@@ -273,14 +273,15 @@ class ScheduleBook:
             return lambda pipe, j, n: self.model_peaks(pipe.schedule, len(pipe.stages), n)[j]
         return lambda pipe, j, n: self.peaks(pipe.schedule, len(pipe.stages), n, pipe.stage_layers)[j]
 
-    def chained_gradients(self, pipe: Pipeline) -> bool:
-        """Whether ``pipe``'s schedule (the one it runs on its ranks) finishes its stages'
-        gradients in chain order (its declared ``Pricing.chained_gradients``)."""
+    def gradient_chain(self, pipe: Pipeline) -> tuple[tuple[int, float], ...] | None:
+        """Where ``pipe``'s schedule (the one it runs on its ranks) runs the last micro-batch's
+        backward, chunk by chunk (``ActionSchedule.gradient_chain``), or None."""
         try:
             ref = self.effective(pipe.schedule, len(pipe.stages))
         except HexicoreError:  # a schedule this pipeline cannot run: priced as never fitting anyway
-            return False
-        return bool(getattr(getattr(self.schedule(ref), "pricing", None), "chained_gradients", False))
+            return None
+        chain = getattr(self.schedule(ref), "gradient_chain", None)
+        return chain(len(pipe.stages)) if chain is not None else None
 
     def placement(self):
         """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds
@@ -338,8 +339,8 @@ def with_placement(cost: Any, book: ScheduleBook) -> Any:
     chunks per rank are the schedule's (a cost model with ``schedule_chunks``, the profiled one)."""
     if hasattr(cost, "schedule_chunks"):
         cost = replace(cost, schedule_chunks=book.chunks())
-    if hasattr(cost, "chained_gradients"):
-        cost = replace(cost, chained_gradients=book.chained_gradients)
+    if hasattr(cost, "gradient_chain"):
+        cost = replace(cost, gradient_chain=book.gradient_chain)
     return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 

@@ -75,6 +75,11 @@ class Interleaved1F1B(ActionSchedule):
     def params(self) -> dict:
         return {"chunks": self.chunks}
 
+    def gradient_chain(self, ranks: int) -> tuple[tuple[int, float], ...]:
+        """Chunk c of rank r is chain position ``c P + r``; each rank's last backward of a chunk is
+        the last micro-batch's (the cool-down runs chunk ``v - 1`` down to chunk 0)."""
+        return tuple((r, 1.0 / self.chunks) for c in range(self.chunks) for r in range(int(ranks)))
+
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")
         P, M, v = spec.ranks, spec.micro_batches, self.chunks

@@ -21,18 +21,34 @@ def _plan(**train) -> Plan:
     ))
 
 
-def test_ready_times_follow_the_last_micro_batch_down_the_chain():
-    assert overlap.ready_times(10.0, [1.0, 2.0, 3.0], [0.5, 0.25], chained=True) == [10.0, 8.5, 6.25]
-    assert overlap.ready_times(10.0, [1.0, 2.0, 3.0], [0.5, 0.25], chained=False) == [10.0, 10.0, 10.0]
+def test_chunks_are_final_as_the_last_micro_batch_leaves_them():
+    # 1F1B, 3 stages: stage j final when the last micro-batch's gradient has crossed the stages before it
+    got = overlap.chunk_ready(10.0, [1.0, 2.0, 3.0], [0.5, 0.25], overlap.plain_chain(3), [(0, 2), (2, 4), (4, 8)])
+    assert got == [[(0, 2, 1.0, 10.0, True, False)], [(2, 4, 1.0, 8.5, False, False)], [(4, 8, 1.0, 6.25, False, True)]]
+    # interleaved, 2 ranks x 2 chunks: positions 0, 1, 2, 3 = (rank 0, chunk 0), (1, 0), (0, 1), (1, 1);
+    # the wrap 1 -> 0 crosses the slowest hop
+    chain = ((0, 0.5), (1, 0.5), (0, 0.5), (1, 0.5))
+    got = overlap.chunk_ready(10.0, [2.0, 4.0], [0.5], chain, [(0, 4), (4, 8)])
+    assert got == [[(0, 2, 0.5, 10.0, True, False), (2, 4, 0.5, 10.0 - 1.5 - 2.5, False, False)],
+                   [(4, 6, 0.5, 8.5, False, False), (6, 8, 0.5, 10.0 - 1.5 - 2.5 - 1.5, False, True)]]
+    # no chain: everything at the end
+    assert overlap.chunk_ready(10.0, [1.0, 2.0], [0.5], None, [(0, 1), (1, 2)])[1] == [(1, 2, 1.0, 10.0, False, True)]
 
 
-def test_a_sync_starts_when_every_holder_of_its_blocks_is_ready():
+def test_a_sync_waits_for_every_holder_of_its_blocks_and_runs_the_highest_chunks_first():
     # pipeline 0 cuts the 4 blocks 0-1 | 2-3, pipeline 1 cuts them 0-2 | 3: stage (0, 1) shares
-    # block 2 with (1, 0) and block 3 + the head with (1, 1); (0, 0) shares the embedding and
-    # blocks 0-1 with (1, 0) only
-    layers = [[(0, 2), (2, 4)], [(0, 3), (3, 4)]]
-    ready = [[10.0, 7.0], [9.0, 8.0]]
-    assert overlap.sync_starts(layers, ready) == {(0, 0): 10.0, (0, 1): 9.0, (1, 0): 10.0, (1, 1): 8.0}
+    # block 2 with (1, 0) (final at 10) and block 3 + the head with (1, 1) (at 8)
+    chunks = [[[(0, 2, 1.0, 10.0, True, False)], [(2, 4, 1.0, 7.0, False, True)]],
+              [[(0, 3, 1.0, 10.0, True, False)], [(3, 4, 1.0, 8.0, False, True)]]]
+    parts = {(0, 0): (0.0, 0.0), (0, 1): (1.0, 0.0), (1, 0): (0.0, 0.0), (1, 1): (0.5, 0.0)}
+    assert overlap.overlapped_step([10.0, 10.0], chunks, parts, 0) == 11.0  # (0, 1) waits for (1, 0)
+    parts[(0, 1)] = (0.0, 0.0)
+    assert overlap.overlapped_step([10.0, 10.0], chunks, parts, 0) == 10.0  # (1, 1): 8 + 0.5, hidden
+    # two chunks on one rank: the higher one (final at 6) syncs first, the lower one after it
+    two = [[[(0, 2, 0.5, 10.0, True, False), (2, 4, 0.5, 6.0, False, True)]]] * 2
+    assert overlap.overlapped_step([10.0, 10.0], two, {(0, 0): (6.0, 0.0), (1, 0): (6.0, 0.0)}, 0) == 13.0
+    # ZeRO-1: one bucket from the latest chunk, half of it overlapped, the gather after the step
+    assert overlap.overlapped_step([10.0, 10.0], two, {(0, 0): (6.0, 0.0), (1, 0): (6.0, 0.0)}, 1) == 16.0
 
 
 def test_overlapped_iteration_by_hand():
@@ -68,17 +84,47 @@ def test_zero_1_overlaps_the_reduce_scatter_and_gathers_after_the_step():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 2), st.floats(0, 1), st.floats(0, 3)), min_size=2, max_size=6),
-       st.sampled_from([0, 1, 2, 3]), st.booleans())
-def test_overlap_never_exceeds_the_step_end_sync_nor_undercuts_the_pipelines(stages, zero, chained):
+       st.sampled_from([0, 1, 2, 3]), st.sampled_from([None, 1, 2]))
+def test_overlap_never_exceeds_the_step_end_sync_nor_undercuts_the_pipelines(stages, zero, chunks):
     """Per stage (pipeline time, backward, hop, sync): one stage per pipeline position, every
-    pipeline cutting the same blocks; the overlapped step lies between the slowest pipeline and
-    App. A's ``max T + max sync`` (+ the ZeRO gather, which App. A counts in the sync)."""
+    pipeline cutting the same blocks (two each), no chain or a chain of 1 or 2 chunks per stage;
+    the overlapped step lies between the slowest pipeline and App. A's ``max T + max sync``
+    (+ the ZeRO gather, which App. A counts in the sync)."""
     n = len(stages)
     pipes = [max(t for t, _, _, _ in stages), min(t for t, _, _, _ in stages)]
-    layers = [[(j, j + 1) for j in range(n)]] * 2
-    ready = [overlap.ready_times(t, [b for _, b, _, _ in stages], [h for _, _, h, _ in stages][:-1], chained)
+    layers = [(2 * j, 2 * j + 2) for j in range(n)]
+    chain = None if chunks is None else tuple((r, 1.0 / chunks) for _ in range(chunks) for r in range(n))
+    ready = [overlap.chunk_ready(t, [b for _, b, _, _ in stages], [h for _, _, h, _ in stages][:-1], chain, layers)
              for t in pipes]
     parts = {(i, j): (s, 0.0) for i in range(2) for j, (_, _, _, s) in enumerate(stages)}
-    got = overlap.overlapped_step(pipes, overlap.sync_starts(layers, ready), parts, zero)
+    got = overlap.overlapped_step(pipes, ready, parts, zero)
     worst = max(s for _, _, _, s in stages)
     assert max(pipes) - 1e-12 <= got <= max(pipes) + (0.0 if zero == 3 else worst) + 1e-9
+
+
+def test_a_plan_whose_slow_link_dp_group_finishes_early_wins_only_with_the_overlap():
+    """Two mirror plans on the same devices: the DP group crossing the slow C-D link syncs the
+    last stages (X: hidden by the first stages' cool-down) or the first stages (Y: nothing
+    hides it). App. A prices them alike; the overlap prefers X."""
+    from hexicore.core.cluster import parse_cluster
+
+    cl = parse_cluster({"name": "mirror", "inter": {"bandwidth_gbs": 0.1, "latency_us": 100},
+                        "links": [{"between": ["A", "C"], "bandwidth_gbs": 20.0, "latency_us": 10},
+                                  {"between": ["A", "D"], "bandwidth_gbs": 20.0, "latency_us": 10}],
+                        "machines": [{"name": "A", "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 100, "latency_us": 5},
+                                     {"name": "C", "gpu": "a100-80g", "count": 1},
+                                     {"name": "D", "gpu": "a100-80g", "count": 1}]}, "mirror")
+
+    def plan(first: tuple[str, str], last: tuple[str, str], overlap: bool) -> Plan:
+        return Plan(MODEL, cl, replace(TRAIN, global_batch=8, dp_overlap=overlap), tuple(
+            Pipeline(4, (Stage((a,), 1, (0, 2)), Stage((b,), 1, (2, 4)))) for a, b in zip(first, last)))
+
+    x = [COST.estimate(plan(("A.0", "A.1"), ("C.0", "D.0"), o)) for o in (False, True)]
+    y = [COST.estimate(plan(("C.0", "D.0"), ("A.0", "A.1"), o)) for o in (False, True)]
+    # App. A: the same pipelines and the same slow sync but for the head's norm (X) or the embedding (Y)
+    head_minus_embedding = x[0].iteration_s - y[0].iteration_s
+    assert abs(head_minus_embedding) < 1e-4 * x[0].iteration_s
+    # the overlap: X's slow sync starts one backward of the first stage + one hop before the end
+    early = x[1].breakdown["pipelines"][0]["backward_s"][0] + x[1].breakdown["pipelines"][0]["hop_s"][0]
+    assert early > 10 * abs(head_minus_embedding)
+    assert y[1].iteration_s - x[1].iteration_s == pytest.approx(early - head_minus_embedding, rel=1e-6)

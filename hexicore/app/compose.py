@@ -137,9 +137,9 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
     """The ``train`` section (and, for a ``run``, ``train.steps`` and ``seed``) as
     :class:`TrainSettings`; what is not given takes the class's defaults, the sequence length the
     model's. Beside a plan, the plan's batch sizes and sharding win over the config's, and its
-    sequence length, dtype and recomputation are the defaults of ``train.seq_len``,
-    ``train.dtype`` and ``train.recompute`` (``null`` in the schema), so a plan trains as it was
-    planned unless they are given. Planning ignores ``train.steps``."""
+    sequence length, dtype, recomputation and vocabulary parallelism are the defaults of
+    ``train.seq_len``, ``train.dtype``, ``train.recompute`` and ``train.vocab_parallel`` (``null``
+    in the schema), so a plan trains as it was planned unless they are given. Planning ignores ``train.steps``."""
     given = {k: v for k, v in (_plain(cfg.get("train")) or {}).items() if v is not None}
     given.pop("checkpoint_every", None)  # a checkpoint setting: checkpoint_settings()
     if not run:

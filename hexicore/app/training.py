@@ -81,10 +81,11 @@ def model_source(cfg: DictConfig) -> str | None:
 
 
 def as_trained(plan: Plan, settings: TrainSettings) -> Plan:
-    """``plan`` with the dtype, recomputation and sequence length the run trains (``train.*``
+    """``plan`` with the dtype, recomputation, sequence length and vocabulary parallelism the run trains (``train.*``
     given beside ``plan_file=`` override the plan's), so that its estimate — metrics.json's
     ``predicted``, and the memory check before launch — prices the run that is measured."""
-    t = replace(plan.train, dtype=settings.dtype, recompute=settings.recompute, seq_len=settings.seq_len)
+    t = replace(plan.train, dtype=settings.dtype, recompute=settings.recompute, seq_len=settings.seq_len,
+                vocab_parallel=settings.vocab_parallel)
     return plan if t == plan.train else replace(plan, train=t)
 
 

@@ -55,9 +55,13 @@ class TrainSettings:
     only in a planning problem: the planner chooses; so is ``micro_batch`` ``"auto"``). ``zero_split``: ``even`` shards among a
     chunk's holders, or ``memory`` = each holder's share proportional to its device's memory
     (Cephalo-style). ``zero_scope``: ``all`` holders share the shards, or ``machine`` = shards
-    among the holders in one machine, replicated across machines (hybrid sharding). ``steps``
+    among the holders in one machine, replicated across machines (hybrid sharding).
+    ``vocab_parallel``: a stage's TP ranks split the token embedding, the head and the
+    cross-entropy by vocabulary rows (Megatron-LM's vocabulary-parallel embedding and loss,
+    Shoeybi et al. 2019 §3) instead of each keeping them whole. ``steps``
     and ``seed`` concern a training run only: a plan's ``train`` section is
-    :data:`PLAN_FIELDS`, and writes ``zero*`` only when not the default (0, even, all)."""
+    :data:`PLAN_FIELDS`, and writes ``zero*`` and ``vocab_parallel`` only when not the default
+    (0, even, all, false)."""
 
     global_batch: int = rule(24, whole())
     micro_batch: int | str = rule(1, None)  # a whole number >= 1 or auto, checked below
@@ -67,11 +71,13 @@ class TrainSettings:
     zero: int | str = rule(0, None)  # checked with its own message below
     zero_split: str = rule("even", one_of(ZERO_SPLITS, "zero_split"))
     zero_scope: str = rule("all", one_of(ZERO_SCOPES, "zero_scope"))
+    vocab_parallel: bool = rule(False, flag)
     steps: int = rule(10, whole())
     seed: int = rule(0, whole(minimum=None), key="seed")
 
     #: the fields a plan records (plan JSON ``train``), in their order there
-    PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope")
+    PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope",
+                   "vocab_parallel")
 
     def __post_init__(self) -> None:
         check_fields(self, "train")
@@ -106,7 +112,8 @@ class TrainSettings:
         return self.global_batch // (1 if self.micro_batch == AUTO else self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan JSON's ``train`` section: the planning fields, ``zero*`` only when not default."""
+        """The plan JSON's ``train`` section: the planning fields, ``zero*`` and ``vocab_parallel``
+        only when not default."""
         out: dict[str, Any] = {k: getattr(self, k) for k in self.PLAN_FIELDS[:5]}
         defaults = {f.name: f.default for f in fields(self)}
         for k in self.PLAN_FIELDS[5:]:
@@ -137,10 +144,11 @@ class TrainSettings:
         for k in ("dtype", "zero_split", "zero_scope"):
             if d.get(k) is not None:
                 kw[k] = schema.string(d[k], source, f"{prefix}.{k}")
-        if d.get("recompute") is not None:
-            if not isinstance(d["recompute"], bool):
-                raise HexicoreError("expected true or false", source=source, field=f"{prefix}.recompute")
-            kw["recompute"] = d["recompute"]
+        for k in ("recompute", "vocab_parallel"):
+            if d.get(k) is not None:
+                if not isinstance(d[k], bool):
+                    raise HexicoreError("expected true or false", source=source, field=f"{prefix}.{k}")
+                kw[k] = d[k]
         if d.get("zero") is not None:
             z = d["zero"]
             if isinstance(z, str) and z.strip().isdigit():

@@ -187,7 +187,9 @@ class AnalyticCostModel:
           ``tp x dp`` holders, :func:`hexicore.cost.precision.sharded`; a tied embedding's stay whole,
           :func:`~hexicore.cost.precision.tied_whole`), or kept for ``kept`` parameters
           (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
-          ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
+          ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`); under
+          ``train.vocab_parallel`` the ends' ``V x H`` matrices are kept ``ceil(V / tp) x H`` per
+          device (:func:`hexicore.cost.precision.end_params`), a tied copy too;
         * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes: a
           block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`: the runtime's
           count; the weights' casts once per stage where the runtime casts once per step,
@@ -197,7 +199,7 @@ class AnalyticCostModel:
           casts its own);
         * ``workspace``: one block's saved tensors (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
-          replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
+          replicated; ``ceil(V / tp)`` columns under ``train.vocab_parallel``) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
           the stage's largest unit (summed and freed unit by unit) and under ZeRO-3 also its
           gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
           gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.

@@ -14,7 +14,8 @@ Who contributes: per pipeline, chain 0 and TP rank 0 only (Chimera's chain copie
 summed into chain 0 by ``REDUCE``; TP ranks hold identical replicated gradients), each distinct
 Parameter once. Under ``train.vocab_parallel`` a TP rank holds only its vocabulary rows
 (:mod:`.vocab`), so every TP rank of chain 0 contributes them at their place in a zeroed
-``vocab x hidden`` buffer and takes its rows of the sum back: the holders' TP degrees may differ. One all-reduce over the ranks holding a copy (:func:`members`), created in
+``vocab x hidden`` buffer and takes its rows of the sum back: the holders' TP degrees may
+differ. One all-reduce over the ranks holding a copy (:func:`members`), created in
 :meth:`.layout.ParallelLayout.build` in the same order on every rank.
 """
 
@@ -70,8 +71,7 @@ class TiedSync:
         held = tied_params(stages)
         if not held:
             return
-        ref, rows = held[0][1], tied_rows(stages)
-        spec = next(iter(stages.values())).module.spec
+        ref, rows, spec = held[0][1], tied_rows(stages), next(iter(stages.values())).module.spec
         total = torch.zeros_like(ref) if rows is None else ref.new_zeros(spec.vocab, spec.hidden)
         mine = total if rows is None else total[rows[0]:rows[1]]
         if self.tp_rank == 0 or rows is not None:

@@ -40,7 +40,7 @@ class TPGroup:
     def all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
         """Sum (or ``op``, a ``torch.distributed.ReduceOp``) ``t`` in place over the group."""
         if self.size > 1 and self.group is not None:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM if op is None else op, group=self.group)
+            torch.distributed.all_reduce(t, group=self.group, **({} if op is None else {"op": op}))
         return t
 
     @property

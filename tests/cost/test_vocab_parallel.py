@@ -122,3 +122,30 @@ def test_the_plan_json_records_the_setting_only_when_on():
     assert "vocab_parallel" not in TRAIN.to_dict()
     assert ON.to_dict()["vocab_parallel"] is True
     assert TrainSettings.from_dict(ON.to_dict()) == ON
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_the_profiled_head_is_split_and_the_all_reduces_priced_on_the_measured_links(measured):
+    """The profile's head (measured at TP 1: 0.012 s) is ``/ 2`` on a vocabulary-parallel TP-2 last
+    stage, as App. A's is where the head was not profiled; the added all-reduces are App. A's on
+    the profile's links, not the cluster file's."""
+    from hexicore.core.profile import parse_profile
+    from hexicore.cost.profiled import ProfiledCostModel
+    from tests.helpers import SAMPLE_CLUSTER, SAMPLE_MODEL, sample_raw_profile
+
+    doc = sample_raw_profile()
+    if measured:
+        doc["devices"]["rtx4090"]["head"] = {"micro_batch": 1, "seq_len": 32, "hidden": 64, "vocab": 256,
+                                             "forward_s": 0.004, "backward_s": 0.008}
+    cost = ProfiledCostModel(profile=parse_profile(doc, "p.yaml"))
+    off = TrainSettings(global_batch=8, micro_batch=1, seq_len=32, recompute=False, dtype="fp32")
+    on = dataclasses.replace(off, vocab_parallel=True)
+    pair = ["A.0", "A.1"]
+    whole = cost.head_s(SAMPLE_CLUSTER, SAMPLE_MODEL, off, pair)
+    assert whole == pytest.approx(0.012 if measured else whole)
+    assert cost.head_s(SAMPLE_CLUSTER, SAMPLE_MODEL, on, pair) == pytest.approx(whole / 2)
+    links = cost.measured(SAMPLE_CLUSTER)
+    assert cost.vocab_comm_s(SAMPLE_CLUSTER, SAMPLE_MODEL, on, pair, last=True) != \
+        AnalyticCostModel().vocab_comm_s(SAMPLE_CLUSTER, SAMPLE_MODEL, on, pair, last=True)
+    assert cost.vocab_comm_s(SAMPLE_CLUSTER, SAMPLE_MODEL, on, pair, first=True, last=True) == pytest.approx(
+        AnalyticCostModel().vocab_comm_s(links, SAMPLE_MODEL, on, pair, first=True, last=True))

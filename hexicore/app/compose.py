@@ -137,9 +137,10 @@ def train_settings(cfg: DictConfig, model: ModelSpec, plan: Plan | None = None, 
     """The ``train`` section (and, for a ``run``, ``train.steps`` and ``seed``) as
     :class:`TrainSettings`; what is not given takes the class's defaults, the sequence length the
     model's. Beside a plan, the plan's batch sizes and sharding win over the config's, and its
-    sequence length, dtype and recomputation are the defaults of ``train.seq_len``,
-    ``train.dtype``, ``train.recompute`` and ``train.dp_overlap`` (``null`` in the schema), so a plan trains as it was
-    planned unless they are given. Planning ignores ``train.steps``."""
+    sequence length, dtype, recomputation, vocabulary parallelism and DP sync overlap are the
+    defaults of ``train.seq_len``, ``train.dtype``, ``train.recompute``, ``train.vocab_parallel``
+    and ``train.dp_overlap`` (``null`` in the schema), so a plan trains as it was planned unless
+    they are given. Planning ignores ``train.steps``."""
     given = {k: v for k, v in (_plain(cfg.get("train")) or {}).items() if v is not None}
     given.pop("checkpoint_every", None)  # a checkpoint setting: checkpoint_settings()
     if not run:

@@ -24,7 +24,7 @@ from hexicore.core.settings import (DTYPE_BYTES, ZERO_SCOPES, ZERO_SPLITS, ZERO_
 
 #: ``train`` keys whose schema default is null: "the plan's, else the model's or the class default"
 #: (:func:`hexicore.app.compose.train_settings`)
-INHERITED = ("seq_len", "dtype", "recompute", "dp_overlap")
+INHERITED = ("seq_len", "dtype", "recompute", "vocab_parallel", "dp_overlap")
 
 
 def config_section(section: str, *settings: type, inherited: tuple[str, ...] = ()) -> type:

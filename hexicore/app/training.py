@@ -81,11 +81,12 @@ def model_source(cfg: DictConfig) -> str | None:
 
 
 def as_trained(plan: Plan, settings: TrainSettings) -> Plan:
-    """``plan`` with the dtype, recomputation, sequence length and DP sync overlap the run trains
-    (``train.*`` given beside ``plan_file=`` override the plan's), so that its estimate —
-    metrics.json's ``predicted``, and the memory check before launch — prices the run that is measured."""
+    """``plan`` with the dtype, recomputation, sequence length, vocabulary parallelism and DP sync
+    overlap the run trains (``train.*`` given beside ``plan_file=`` override the plan's), so that
+    its estimate — metrics.json's ``predicted``, and the memory check before launch — prices the
+    run that is measured."""
     t = replace(plan.train, dtype=settings.dtype, recompute=settings.recompute, seq_len=settings.seq_len,
-                dp_overlap=settings.dp_overlap)
+                vocab_parallel=settings.vocab_parallel, dp_overlap=settings.dp_overlap)
     return plan if t == plan.train else replace(plan, train=t)
 
 

@@ -166,8 +166,7 @@ class Plan:
 
 #: a plan JSON's top-level fields (docs/formats.md); anything else is refused, never ignored
 PLAN_KEYS = frozenset({"format", "model", "cluster", "train", "pipelines", "estimate", "solver"})
-TRAIN_KEYS = frozenset({"global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split",
-                        "zero_scope", "dp_overlap"})
+TRAIN_KEYS = frozenset(TrainSettings.PLAN_FIELDS)
 
 
 def parse_plan(data: Any, source: str | None = None) -> Plan:

@@ -59,9 +59,12 @@ class TrainSettings:
     ``dp_overlap``: the data-parallel gradient sync of a stage starts as soon as its gradients
     are final, overlapped with the rest of the rank's list (Megatron-LM's overlap-grad-reduce),
     and the cost model prices only what it does not hide; ``false``: all of it after the last
-    backward of the step (HexiScale App. A). ``steps``
-    and ``seed`` concern a training run only: a plan's ``train`` section is
-    :data:`PLAN_FIELDS`, and writes ``zero*`` only when not the default (0, even, all)."""
+    backward of the step (HexiScale App. A). ``vocab_parallel``: a stage's TP ranks split the
+    token embedding, the head and the cross-entropy by vocabulary rows (Megatron-LM's
+    vocabulary-parallel embedding and loss, Shoeybi et al. 2019 §3) instead of each keeping them
+    whole. ``steps`` and ``seed`` concern a training run only: a plan's ``train`` section is
+    :data:`PLAN_FIELDS`, and writes ``zero*``, ``dp_overlap`` and ``vocab_parallel`` only when
+    not the default (0, even, all, true, false)."""
 
     global_batch: int = rule(24, whole())
     micro_batch: int | str = rule(1, None)  # a whole number >= 1 or auto, checked below
@@ -72,12 +75,13 @@ class TrainSettings:
     zero_split: str = rule("even", one_of(ZERO_SPLITS, "zero_split"))
     zero_scope: str = rule("all", one_of(ZERO_SCOPES, "zero_scope"))
     dp_overlap: bool = rule(True, flag)
+    vocab_parallel: bool = rule(False, flag)
     steps: int = rule(10, whole())
     seed: int = rule(0, whole(minimum=None), key="seed")
 
     #: the fields a plan records (plan JSON ``train``), in their order there
     PLAN_FIELDS = ("global_batch", "micro_batch", "seq_len", "dtype", "recompute", "zero", "zero_split", "zero_scope",
-                   "dp_overlap")
+                   "vocab_parallel", "dp_overlap")
 
     def __post_init__(self) -> None:
         check_fields(self, "train")
@@ -112,7 +116,8 @@ class TrainSettings:
         return self.global_batch // (1 if self.micro_batch == AUTO else self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan JSON's ``train`` section: the planning fields, ``zero*`` only when not default."""
+        """The plan JSON's ``train`` section: the planning fields, ``zero*`` and ``vocab_parallel``
+        only when not default."""
         out: dict[str, Any] = {k: getattr(self, k) for k in self.PLAN_FIELDS[:5]}
         defaults = {f.name: f.default for f in fields(self)}
         for k in self.PLAN_FIELDS[5:]:
@@ -143,7 +148,7 @@ class TrainSettings:
         for k in ("dtype", "zero_split", "zero_scope"):
             if d.get(k) is not None:
                 kw[k] = schema.string(d[k], source, f"{prefix}.{k}")
-        for k in ("recompute", "dp_overlap"):
+        for k in ("recompute", "vocab_parallel", "dp_overlap"):
             if d.get(k) is not None:
                 if not isinstance(d[k], bool):
                     raise HexicoreError("expected true or false", source=source, field=f"{prefix}.{k}")

@@ -26,9 +26,9 @@ from hexicore.cost import overlap, sharding
 from hexicore.cost.block_memory import block_bytes, casts_once, head_cast_bytes, weight_cast_bytes
 from hexicore.cost.dp_ring import MIN_TERMS, ring_layer_s
 from hexicore.cost.precision import (StateBytes, device_params, largest_unit_params, sharded_parts,
-                                     state_bytes, tied_copies, tied_whole)
+                                     state_bytes, tied_copies, tied_whole, vocab_matrix, vocab_split)
 from hexicore.cost.split import forward_backward
-from hexicore.cost.transfer import broadcast_s, ring_pass_s, send_s
+from hexicore.cost.transfer import allreduce_s, broadcast_s, ring_pass_s, send_s
 
 @dataclass(frozen=True)
 class AnalyticCostModel:
@@ -86,12 +86,14 @@ class AnalyticCostModel:
         FLOPs = tokens x (n_layers x block forward FLOPs/token [+ head on the last stage]) x k,
         k = 4 with recomputation (forward, backward = 2x forward, recomputed forward), else 3;
         the blocks divided by the TP group's achieved FLOP/s (``achieved_flops``), the head by
-        one member's (the runtime replicates the head: every TP rank computes all the logits).
+        one member's (the runtime replicates the head: every TP rank computes all the logits),
+        or under ``train.vocab_parallel`` by the group's (each rank its ``V / tp`` logits).
         """
         tokens = train.micro_batch * train.seq_len
         k = 4.0 if train.recompute else 3.0
         group = self.achieved_flops(cluster, devices)
-        head = model.head_flops_per_token() / (group / len(devices)) if last else 0.0
+        split = vocab_split(train, len(devices))
+        head = model.head_flops_per_token() / (group / len(devices) * split) if last else 0.0
         return tokens * k * (n_layers * model.layer_flops_per_token(train.seq_len) / group + head)
 
     def tp_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
@@ -110,11 +112,31 @@ class AnalyticCostModel:
             cluster.memo[key] = worst
         return (12.0 if train.recompute else 8.0) * n_layers * worst
 
+    def vocab_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str], *,
+                     first: bool = False, last: bool = False) -> tuple[float, float]:
+        """``(forward, backward)`` seconds of the all-reduces vocabulary parallelism adds to one
+        micro-batch on a stage of ``devices`` (``train.vocab_parallel``, tp > 1; else 0), each
+        priced as the blocks' TP all-reduces are (:func:`~hexicore.cost.transfer.allreduce_s`,
+        two ring passes): on a first stage the embedding's output, ``B_mb*S*H*4`` (fp32, the
+        residual stream's dtype), forward; on a last stage the cross-entropy's three per-token
+        statistics, ``3 x B_mb*S*4`` (row max, target logit, sum of exponentials), forward, and
+        the head input's gradient, ``B_mb*S*H*B_type``, backward
+        (``plugins/runtimes/torch/parallel/vocab.py``)."""
+        if vocab_split(train, len(devices)) <= 1:
+            return 0.0, 0.0
+        tokens = train.micro_batch * train.seq_len
+        forward = (allreduce_s(cluster, devices, tokens * model.hidden * 4.0) if first else 0.0) + \
+            (3.0 * allreduce_s(cluster, devices, tokens * 4.0) if last else 0.0)
+        backward = allreduce_s(cluster, devices, tokens * model.hidden * train.dtype_bytes) if last else 0.0
+        return forward, backward
+
     def stage_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                 n_layers: int, *, first: bool = False, last: bool = False) -> float:
-        """STAGE(d_ij) of App. A: forward + backward of one micro-batch = compute + TP comm."""
+        """STAGE(d_ij) of App. A: forward + backward of one micro-batch = compute + TP comm (+ the
+        all-reduces of vocabulary parallelism, :meth:`vocab_comm_s`)."""
         return self.compute_s(cluster, model, train, devices, n_layers, last=last) + \
-            self.tp_comm_s(cluster, model, train, devices, n_layers)
+            self.tp_comm_s(cluster, model, train, devices, n_layers) + \
+            sum(self.vocab_comm_s(cluster, model, train, devices, first=first, last=last))
 
     def hop_leaders(self, cluster: Cluster, src: Sequence[str], dst: Sequence[str]) -> tuple[str, str]:
         """The leader pair of two consecutive stages (HexiScale §3.2): the fastest link."""
@@ -169,7 +191,9 @@ class AnalyticCostModel:
           ``tp x dp`` holders, :func:`hexicore.cost.precision.sharded`; a tied embedding's stay whole,
           :func:`~hexicore.cost.precision.tied_whole`), or kept for ``kept`` parameters
           (:meth:`kept_params`: uneven shards, hybrid sharding, TP degrees that differ); hybrid
-          ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`);
+          ZeRO-2 keeps its gradients whole (:func:`hexicore.cost.precision.sharded_parts`); under
+          ``train.vocab_parallel`` the ends' ``V x H`` matrices are kept ``ceil(V / tp) x H`` per
+          device (:func:`hexicore.cost.precision.end_params`), a tied copy too;
         * ``activations``: ``in_flight`` (the schedule's, :meth:`in_flight`) x per-layer bytes: a
           block's saved tensors (:func:`hexicore.cost.block_memory.block_bytes`: the runtime's
           count; the weights' casts once per stage where the runtime casts once per step,
@@ -179,20 +203,21 @@ class AnalyticCostModel:
           casts its own);
         * ``workspace``: one block's saved tensors (the block being recomputed), on the
           last stage the logits (fp32, ``B_mb*S*V*4``, whole on every TP rank: the head is
-          replicated) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
+          replicated; ``ceil(V / tp)`` columns under ``train.vocab_parallel``) and their gradient, where gradients are sharded (ZeRO-2/3, ``dp > 1``) the full gradient of
           the stage's largest unit (summed and freed unit by unit) and under ZeRO-3 also its
           gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
           gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.
         """
-        tp = len(devices)
+        tp, rows = len(devices), vocab_split(train, len(devices))
         layer_p = model.layer_params()
         params = n_layers * layer_p + first * model.embedding_params() + last * model.head_params() + \
             tied_copies(model, first, last, tied_heads) * model.vocab * model.hidden
-        mine = device_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads)
+        mine = device_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads, split=rows)
         full = self.state_bytes(train)
         split = sharded_parts(train.zero_stage, train.zero_scope) if dp > 1 else ()
-        whole = tied_whole(model, first, last, tied_heads)  # the tied embedding's copies: never sharded
-        out = {k: v * ((params - whole) / tp / dp + whole if k in split else mine) / GIB
+        whole = tied_whole(model, first, last, tied_heads)  # the tied embedding's copies: never sharded ...
+        own = tied_whole(model, first, last, tied_heads, rows)  # ... but split by rows under vocabulary parallelism
+        out = {k: v * ((params - whole) / tp / dp + own if k in split else mine) / GIB
                for k, v in full.parts().items()}
         if kept is not None:
             for k in split:
@@ -203,12 +228,12 @@ class AnalyticCostModel:
                                                 dtype_bytes=max(full.weights, train.dtype_bytes))  # residual stream
         out["activations"] = (kept * in_flight * share if train.recompute else
                               self.held_activations(model, train, tp, dp, whole, n_layers, in_flight * share)) / GIB
-        out["activations"] += self.head_casts(model, train, dp, last, in_flight) / GIB
+        out["activations"] += self.head_casts(model, train, dp, last, in_flight, rows) / GIB
         work = whole if train.recompute and n_layers else 0.0
         if last:
-            work += 2 * train.micro_batch * train.seq_len * model.vocab * 4
+            work += 2 * train.micro_batch * train.seq_len * vocab_matrix(model, rows) / model.hidden * 4
         if "gradients" in split:
-            unit = largest_unit_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads)
+            unit = largest_unit_params(model, n_layers, tp, first=first, last=last, tied_heads=tied_heads, split=rows)
             work += (full.weights if train.zero_stage == 3 else 0.0) * unit + full.gradients * unit
         out["workspace"] = work / GIB + self.reserve_gb
         return out
@@ -225,16 +250,18 @@ class AnalyticCostModel:
             return forwards * block
         return forwards * (block - casts) + n_layers * casts
 
-    def head_casts(self, model: ModelSpec, train: TrainSettings, dp: int, last: float, in_flight: float) -> float:
+    def head_casts(self, model: ModelSpec, train: TrainSettings, dp: int, last: float, in_flight: float,
+                   split: int = 1) -> float:
         """Bytes of the head projection's casts under autocast a stage holding ``last`` heads keeps
-        (whole on every TP rank, :func:`~hexicore.cost.block_memory.head_cast_bytes`): once where
+        (whole on every TP rank, or its rows among ``split`` ranks under vocabulary parallelism,
+        :func:`~hexicore.cost.block_memory.head_cast_bytes`): once where
         the runtime casts once per step (:func:`~hexicore.cost.block_memory.casts_once`), else
         once per in-flight micro-batch."""
         if not last:
             return 0.0
         once = casts_once(train.recompute, train.zero_stage, dp)
         return last * (1 if once else in_flight) * head_cast_bytes(model, train.dtype_bytes,
-                                                                    self.state_bytes(train).weights)
+                                                                    self.state_bytes(train).weights, split)
 
     def stage_memory_gb(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str],
                         n_layers: int, **held: Any) -> float:

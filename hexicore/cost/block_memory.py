@@ -30,6 +30,7 @@ that measurement. Other blocks (GPT, LayerNorm) keep the paper's formula.
 from __future__ import annotations
 
 from hexicore.core.model import ModelSpec
+from hexicore.cost.precision import vocab_matrix
 
 __all__ = ["block_bytes", "casts_once", "counted", "head_cast_bytes", "runtime_block_bytes", "weight_cast_bytes"]
 
@@ -68,13 +69,15 @@ def weight_cast_bytes(model: ModelSpec, tp: int, dtype_bytes: float, weight_byte
     return dtype_bytes * (h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.ffn) / tp
 
 
-def head_cast_bytes(model: ModelSpec, dtype_bytes: float, weight_bytes: float = 4.0) -> float:
+def head_cast_bytes(model: ModelSpec, dtype_bytes: float, weight_bytes: float = 4.0, split: int = 1) -> float:
     """Bytes of the head projection's cast under autocast, ``dtype_bytes x V x H`` (whole on every
-    TP rank: the runtime keeps the head whole), where the weights are wider than the compute
-    dtype and the runtime counts the model's blocks (:func:`counted`); 0 otherwise."""
+    TP rank: the runtime keeps the head whole; ``ceil(V / split) x H`` where vocabulary
+    parallelism splits it among ``split`` ranks, :func:`hexicore.cost.precision.vocab_matrix`),
+    where the weights are wider than the compute dtype and the runtime counts the model's blocks
+    (:func:`counted`); 0 otherwise."""
     if not counted(model) or weight_bytes <= dtype_bytes:
         return 0.0
-    return dtype_bytes * model.vocab * model.hidden
+    return dtype_bytes * vocab_matrix(model, split)
 
 
 def casts_once(recompute: bool, zero_stage: int, dp: int) -> bool:

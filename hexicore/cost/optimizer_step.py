@@ -21,7 +21,7 @@ import statistics
 from typing import Any, Callable, Sequence
 
 from hexicore.core.profile import BlockTiming
-from hexicore.cost.precision import device_params, tp_replicated_layer_params
+from hexicore.cost.precision import device_params, tp_replicated_layer_params, vocab_split
 
 
 def block_rank_params(b: BlockTiming, model: Any) -> float:
@@ -72,7 +72,8 @@ def optimizer_step_s(plan: Any, blocks_of: Callable[[str], Sequence[BlockTiming]
                     n = kept[d]
                 else:
                     n = device_params(m, keeps[j]["n_layers"], s.tp, first=keeps[j]["first"],
-                                      last=keeps[j]["last"], tied_heads=keeps[j].get("tied_heads"))
+                                      last=keeps[j]["last"], tied_heads=keeps[j].get("tied_heads"),
+                                      split=vocab_split(t, s.tp))
                     n = n / dp if t.zero_stage else n
                 worst = max(worst, n * rate)
     return worst

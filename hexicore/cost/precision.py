@@ -15,6 +15,12 @@ Models", SC'20) shards the optimizer state (stage 1), also the gradients (2), al
 (3) among the ``n`` devices that hold the same chunk of a layer — the chunked data-parallel
 groups of HexiScale §3.2, one holder per pipeline — so each keeps ``1/n`` of those parts
 (:func:`sharded`).
+
+Tensor parallelism splits a block's matrices ``/ tp`` and replicates the rest
+(:func:`tp_replicated_layer_params`); the ``V x H`` embedding and head matrices are replicated
+too, unless ``train.vocab_parallel`` splits them by vocabulary rows (:func:`vocab_split`): a
+device then keeps ``ceil(V / tp) x H`` of each (:func:`vocab_matrix`; the largest shard where
+``tp`` does not divide ``V``, the runtime's first ``V mod tp`` ranks holding one row more).
 """
 
 from __future__ import annotations
@@ -92,10 +98,24 @@ def tp_replicated_layer_params(model) -> int:
     split, as the torch runtime does it, ``plugins/runtimes/torch/parallel/tensor.py``): the two
     norms and the biases added after a row-parallel all-reduce (o_proj's, and the MLP down
     projection's in the GPT layout). Every TP rank keeps a full copy of them, as of the
-    embedding and the head (final norm + output projection), which the runtime replicates too."""
+    embedding and the head (final norm + output projection), which the runtime replicates too
+    unless ``train.vocab_parallel`` splits their matrices by rows (:func:`vocab_split`)."""
     o_bias = model.arch == "gpt" or getattr(model, "o_bias", False)
     down_bias = model.arch != "llama"
     return 2 * model.norm_params() + (model.hidden if o_bias else 0) + (model.hidden if down_bias else 0)
+
+
+def vocab_split(train, tp: int) -> int:
+    """The number of ranks the ``V x H`` embedding and head matrices are split over by vocabulary
+    rows on a ``tp``-way stage: ``tp`` under ``train.vocab_parallel`` (Megatron-LM's vocabulary
+    parallelism, ``plugins/runtimes/torch/parallel/vocab.py``), else 1 (replicated)."""
+    return max(1, tp) if train.vocab_parallel else 1
+
+
+def vocab_matrix(model, split: int = 1) -> int:
+    """Parameters of one ``V x H`` embedding or head matrix a device keeps when ``split`` ranks
+    share it by rows: ``ceil(V / split) x H`` (the largest shard; ``V x H`` unsplit)."""
+    return -(-model.vocab // max(1, split)) * model.hidden
 
 
 def tied_copies(model, first: bool | int, last: bool | int, tied_heads: float | None = None) -> float:
@@ -110,31 +130,42 @@ def tied_copies(model, first: bool | int, last: bool | int, tied_heads: float | 
     return float(tied_heads) if tied_heads is not None else max(0.0, float(last) - float(first))
 
 
-def tied_whole(model, first: bool | int, last: bool | int, tied_heads: float | None = None) -> float:
+def tied_whole(model, first: bool | int, last: bool | int, tied_heads: float | None = None, split: int = 1) -> float:
     """Parameters of the tied embedding a stage keeps whole under ZeRO: its embeddings' and its
-    heads' own copies (:func:`tied_copies`) of ``vocab x hidden``; 0 when untied. The embedding
+    heads' own copies (:func:`tied_copies`) of ``vocab x hidden`` (of its rows under
+    vocabulary parallelism, ``split`` ranks: :func:`vocab_matrix`); 0 when untied. The embedding
     group sums these copies' gradients itself (``plugins/runtimes/torch/parallel/tied_embedding.py``), outside the
     sharded data-parallel state, so no ZeRO stage splits them."""
     if not model.tied_embeddings:
         return 0.0
-    return (float(first) + tied_copies(model, first, last, tied_heads)) * model.vocab * model.hidden
+    return (float(first) + tied_copies(model, first, last, tied_heads)) * vocab_matrix(model, split)
+
+
+def end_params(model, split: int = 1) -> tuple[float, float]:
+    """``(embedding, head)`` parameters one device keeps of the model's ends: the embedding
+    (+ learned positions and token types for gpt) and the final norm + output projection
+    (none when tied: :func:`tied_copies`), their ``V x H`` matrices split by rows among
+    ``split`` ranks (:func:`vocab_matrix`)."""
+    cut = model.vocab * model.hidden - vocab_matrix(model, split)
+    return model.embedding_params() - cut, model.head_params() - (0 if model.tied_embeddings else cut)
 
 
 def device_params(model, n_layers: int, tp: int, *, first: bool | int, last: bool | int,
-                  tied_heads: float | None = None) -> float:
+                  tied_heads: float | None = None, split: int = 1) -> float:
     """Parameters one device of a ``tp``-way stage keeps: ``n_layers`` blocks (the split part
-    ``/ tp``, the replicated part whole, :func:`tp_replicated_layer_params`), plus the whole
-    embedding on the first stage and the whole head on the last (``first``/``last``: how many
-    copies the stage keeps, True = 1; a schedule's placement may give a rank two), and with tied
-    embeddings each head's own copy of the embedding (:func:`tied_copies`)."""
+    ``/ tp``, the replicated part whole, :func:`tp_replicated_layer_params`), plus the
+    embedding on the first stage and the head on the last (``first``/``last``: how many
+    copies the stage keeps, True = 1; a schedule's placement may give a rank two; whole, or
+    their rows among ``split`` ranks under vocabulary parallelism, :func:`end_params`), and with
+    tied embeddings each head's own copy of the embedding (:func:`tied_copies`)."""
     rep = tp_replicated_layer_params(model)
-    return n_layers * ((model.layer_params() - rep) / tp + rep) + \
-        first * model.embedding_params() + last * model.head_params() + \
-        tied_copies(model, first, last, tied_heads) * model.vocab * model.hidden
+    embedding, head = end_params(model, split)
+    return n_layers * ((model.layer_params() - rep) / tp + rep) + first * embedding + last * head + \
+        tied_copies(model, first, last, tied_heads) * vocab_matrix(model, split)
 
 
 def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: bool,
-                        tied_heads: float | None = None) -> float:
+                        tied_heads: float | None = None, split: int = 1) -> float:
     """Parameters of a ``tp``-way stage's largest *unit* on one device: a block (its split part
     ``/ tp``, its replicated part whole), the embedding, or the final norm with the head. The
     torch runtime (``plugins/runtimes/torch/parallel/data/zero_state.py``) handles sharded state unit by unit: ZeRO-3
@@ -142,9 +173,11 @@ def largest_unit_params(model, n_layers: int, tp: int, *, first: bool, last: boo
     after; ZeRO-2/3 sum each unit's gradient as soon as its backward has accumulated it and free
     it. So at its peak a device holds the largest unit's weights gathered (ZeRO-3) and its full
     gradient not summed yet (ZeRO-2/3). A tied embedding and the heads' copies of it are kept
-    whole (:func:`tied_whole`), so they are no unit (``tied_heads`` does not change the result)."""
+    whole (:func:`tied_whole`), so they are no unit (``tied_heads`` does not change the result);
+    ``split``: the ranks sharing the ends' ``V x H`` matrices (:func:`end_params`)."""
     units = [device_params(model, 1, tp, first=False, last=False)] if n_layers else []
-    tied = model.vocab * model.hidden if model.tied_embeddings else 0  # kept whole: :func:`tied_whole`
-    units += [model.embedding_params() - tied] if first else []
-    units += [model.head_params()] if last else []
+    embedding, head = end_params(model, split)
+    tied = vocab_matrix(model, split) if model.tied_embeddings else 0  # kept whole: :func:`tied_whole`
+    units += [embedding - tied] if first else []
+    units += [head] if last else []
     return max(units, default=0.0)

@@ -52,6 +52,7 @@ from hexicore.cost.measured_ends import embedding_work, end_s
 from hexicore.cost.measured_block import (activation_bytes, block_flops, block_seconds, formula_bytes,
                                           interpolate, own_shape, span, target_flops)
 from hexicore.cost.optimizer_step import optimizer_step_s
+from hexicore.cost.precision import vocab_split
 from hexicore.cost.split import compute_forward_fraction
 
 log = logging.getLogger("hexicore")
@@ -214,24 +215,26 @@ class ProfiledCostModel(AnalyticCostModel):
     def head_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float:
         """The head of one micro-batch on a stage of ``devices``: from the profile's heads of the
         slowest entry (:func:`hexicore.cost.measured_ends.end_s`: per micro-batch and TP degree,
-        another size by its work), else App. A's on one member; never divided by the TP
+        another size by its work), else App. A's on one member; not divided by the TP
         degree, as every TP rank computes all the logits (the runtime replicates the head, and
-        the analytic model prices it so)."""
+        the analytic model prices it so), unless ``train.vocab_parallel`` splits the head: then
+        ``/ tp`` (each rank its ``V / tp`` logits)."""
         key = self._slowest_gpu(cluster, devices, model, train)
         dev = self.profile.devices.get(key)
         got = end_s(dev.heads, model, train, len(devices)) if dev is not None else None
+        split = vocab_split(train, len(devices))
         if got is None:
             if dev is not None:  # a type not profiled at all is noted with its blocks
                 self._note(f"{key}: no head was profiled; the head's time is the analytic model's")
             k = 4.0 if train.recompute else 3.0
             tokens = train.micro_batch * train.seq_len
-            return tokens * model.head_flops_per_token() * k * len(devices) / self.achieved_flops(cluster, devices)
+            return tokens * model.head_flops_per_token() * k * len(devices) / split / self.achieved_flops(cluster, devices)
         h = next((h for h in dev.heads if (h.hidden or model.hidden, h.vocab or model.vocab) !=
                   (model.hidden, model.vocab)), None)
         if h is not None:
             self._note(f"{key}: the head was profiled at hidden {h.hidden or model.hidden} x vocab {h.vocab or model.vocab}, "
                        f"this model's is {model.hidden} x {model.vocab}; its time is scaled by FLOPs")
-        return got
+        return got / split
 
     def embedding_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str]) -> float:
         """The token embedding of one micro-batch on a first stage of ``devices``: from the
@@ -306,6 +309,12 @@ class ProfiledCostModel(AnalyticCostModel):
             return 0.0
         return super().tp_comm_s(self.measured(cluster), model, train, devices, n_layers)
 
+    def vocab_comm_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, devices: Sequence[str], *,
+                     first: bool = False, last: bool = False) -> tuple[float, float]:
+        """App. A's vocabulary-parallel all-reduces (:meth:`AnalyticCostModel.vocab_comm_s`) on the
+        measured links: no profiled time contains them."""
+        return super().vocab_comm_s(self.measured(cluster), model, train, devices, first=first, last=last)
+
     def hop_s(self, cluster: Cluster, model: ModelSpec, train: TrainSettings, src: Sequence[str],
               dst: Sequence[str]) -> float:
         return super().hop_s(self.measured(cluster), model, train, src, dst)
@@ -368,7 +377,8 @@ class ProfiledCostModel(AnalyticCostModel):
             forwards = in_flight * (n_layers if share_layers is None else share_layers)
             dp = held.get("dp", 1)
             out["activations"] = (self.held_activations(model, train, len(devices), dp, per, n_layers, forwards)
-                                  + self.head_casts(model, train, dp, held.get("last", False), in_flight)) / GIB
+                                  + self.head_casts(model, train, dp, held.get("last", False), in_flight,
+                                                    vocab_split(train, len(devices)))) / GIB
         return out
 
     def activation_bytes(self, cluster: Cluster, model: ModelSpec, train: TrainSettings,

@@ -23,6 +23,11 @@ A tied embedding (``tied_embeddings``) is no sharded state: every stage holding 
 pipeline's embedding and head stages — keeps it whole, and the copies' gradients are summed in
 one all-reduce among all of them (Megatron-LM's embedding group, :func:`tied_sync_s`), paid at
 the step whatever the ZeRO stage (in the ``cross`` slot), also with one pipeline.
+
+Under ``train.vocab_parallel`` the embedding's and the head's ``V x H`` matrices are split by
+vocabulary rows among a stage's TP ranks: they are synced (and sharded) like a block's TP-split
+part, in chunks of ``V x H / lcm(tp)``, not among every TP rank (:func:`end_parts`); the tied
+embedding group still sums a whole ``V x H`` buffer on every rank, each rank's rows in place.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from hexicore.core.placement import Placement
 from hexicore.core.plan import Plan, Stage
-from hexicore.cost.precision import sync_bytes, tied_whole, tp_replicated_layer_params
+from hexicore.cost.precision import sync_bytes, tied_whole, tp_replicated_layer_params, vocab_split
 
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
 #: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
@@ -106,14 +111,24 @@ def kept_params(plan: Plan, cost: Any = None) -> dict[str, float] | None:
              for h in copy_holders(p, pl, lambda c: p.stages[c.source].layers[0] <= k < p.stages[c.source].layers[1])],
             m.layer_params() - rep, rep)
     tied = m.vocab * m.hidden if m.tied_embeddings else 0  # kept whole by every copy: tied_whole
-    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.embedding)], 0,
-        m.embedding_params() - tied)
-    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.head)], 0, m.head_params())
+    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.embedding)],
+        *end_parts(plan, m.embedding_params() - tied, 0 if tied else 1))
+    add([h for p, pl in zip(plan.pipelines, pls) for h in copy_holders(p, pl, lambda c: c.head)],
+        *end_parts(plan, m.head_params(), 0 if tied else 1))
     for p in plan.pipelines if tied else ():
         for s, held in zip(p.stages, stage_holdings(cost, plan, p)):
             for d in s.devices:
-                out[d] += tied_whole(m, held["first"], held["last"], held.get("tied_heads"))
+                out[d] += tied_whole(m, held["first"], held["last"], held.get("tied_heads"), vocab_split(plan.train, s.tp))
     return out
+
+
+def end_parts(plan: Plan, n_params: float, matrices: int) -> tuple[float, float]:
+    """``(split, replicated)`` parameters of an embedding or head tensor group of ``n_params``
+    that holds ``matrices`` (0 or 1) ``V x H`` matrices: under ``train.vocab_parallel`` the
+    matrix is TP split (by vocabulary rows), the rest replicated; otherwise all replicated."""
+    m = plan.model
+    rows = matrices * m.vocab * m.hidden if plan.train.vocab_parallel else 0
+    return float(rows), n_params - rows
 
 
 def placement_of(cost: Any, plan: Plan, pipe: Any) -> Any:
@@ -239,10 +254,11 @@ def stage_sums(cost: Any, plan: Plan, pls: Sequence[Any], layer: Any, links: dic
     at = [ends(cost, plan, p) for p in pipes]
     none = (0.0, 0.0)
     own = m.embedding_params() - (m.vocab * m.hidden if m.tied_embeddings else 0)  # a tied one: its group
-    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], 0.0, own, links, w) \
+    matrix = 0 if m.tied_embeddings else 1
+    first = _sync_s(cost, plan, [p.stages[e] for p, (e, _) in zip(pipes, at)], *end_parts(plan, own, matrix), links, w) \
         if len(pipes) > 1 and own else none
-    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], 0.0, m.head_params(), links, w) \
-        if len(pipes) > 1 else none
+    last = _sync_s(cost, plan, [p.stages[h] for p, (_, h) in zip(pipes, at)], *end_parts(plan, m.head_params(), matrix),
+                   links, w) if len(pipes) > 1 else none
     group = tied_holders(cost, plan)
     tied = (0.0, tied_sync_s(cost, plan, [pipes[i].stages[j] for i, j in group], links)) if group else none
     out = {}
@@ -312,8 +328,11 @@ def copies_sync(cost: Any, plan: Plan, pls: Sequence[Any], holder: list[list[Sta
         dp = sync([s for hs in own for s in hs], m.layer_params() - rep, rep) if len(pipes) > 1 else (0.0, 0.0)
         per_layer.append([(r[0] + dp[0], r[1] + dp[1]) for r in reduce])
     tied = m.vocab * m.hidden if m.tied_embeddings else 0
-    emb = end_sync(cost, plan, pls, "embedding", m.embedding_params(), m.embedding_params() - tied, links, w)
-    head = end_sync(cost, plan, pls, "head", m.head_params() + tied, m.head_params(), links, w)
+    matrix = 0 if tied else 1
+    emb = end_sync(cost, plan, pls, "embedding", end_parts(plan, m.embedding_params(), 1),
+                   end_parts(plan, m.embedding_params() - tied, matrix), links, w)
+    head = end_sync(cost, plan, pls, "head", end_parts(plan, m.head_params() + tied, 1),
+                    end_parts(plan, m.head_params(), matrix), links, w)
     return stage_sums(cost, plan, pls, lambda i, k: per_layer[k][i], links, w,
                       lambda i, j: [emb[i]] * _count(pls[i], j, "embedding") + [head[i]] * _count(pls[i], j, "head"))
 
@@ -322,19 +341,20 @@ def _count(pl: Any, j: int, what: str) -> int:
     return sum(bool(getattr(c, what)) for c in pl.ranks[j]) if pl is not None else 0
 
 
-def end_sync(cost: Any, plan: Plan, pls: Sequence[Any], what: str, reduced: float, summed: float, links: dict,
-             w: dict[str, float] | None) -> list[tuple[float, float]]:
+def end_sync(cost: Any, plan: Plan, pls: Sequence[Any], what: str, reduced: tuple[float, float],
+             summed: tuple[float, float], links: dict, w: dict[str, float] | None) -> list[tuple[float, float]]:
     """Per pipeline the sync of one copy of its ``what`` (``"embedding"`` or ``"head"``, a
-    TP-replicated tensor) where copies keep it on several ranks: ``REDUCE`` of ``reduced``
-    parameters among its holders in the pipeline, then the all-reduce of ``summed`` among its
+    TP-replicated tensor but for a vocabulary-parallel matrix: ``(split, replicated)``
+    parameters, :func:`end_parts`) where copies keep it on several ranks: ``REDUCE`` of ``reduced``
+    among its holders in the pipeline, then the all-reduce of ``summed`` among its
     holders of all pipelines (with several)."""
     pipes, none = plan.pipelines, (0.0, 0.0)
     hs = [[p.stages[j] for j in range(len(p.stages)) if _count(pl, j, what)] if pl is not None
           else [p.stages[0 if what == "embedding" else -1]] for p, pl in zip(pipes, pls)]
     every = [s for h in hs for s in h]
-    dp = _sync_s(cost, plan, every, 0.0, summed, links, w) if len(pipes) > 1 and summed else none
+    dp = _sync_s(cost, plan, every, *summed, links, w) if len(pipes) > 1 and sum(summed) else none
     out = []
     for h in hs:
-        r = _sync_s(cost, plan, h, 0.0, reduced, links, w) if len(h) > 1 else none
+        r = _sync_s(cost, plan, h, *reduced, links, w) if len(h) > 1 else none
         out.append((r[0] + dp[0], r[1] + dp[1]))
     return out

@@ -13,6 +13,8 @@ formulas the stage time is made of:
 * TP communication: of App. A's ``c`` all-reduces per layer (8, or 12 under recomputation), the
   forward runs 4 (Megatron-LM: two per block in the forward, two in the backward, plus the
   recomputed forward's two), so the forward part is ``4 / c``;
+* vocabulary parallelism's all-reduces (:meth:`~hexicore.cost.analytic.AnalyticCostModel.vocab_comm_s`):
+  the embedding's and the cross-entropy's belong to the forward, the head input gradient's to the backward;
 * ZeRO-3 per micro-batch traffic (:meth:`~hexicore.cost.analytic.AnalyticCostModel.zero3_stage_s`):
   one of its three halves (the weight all-gather before the forward) belongs to the forward.
 """
@@ -56,8 +58,9 @@ def forward_backward(cost: Any, plan: Plan, pipeline: Pipeline,
         frac = share(cluster, model, train, s.devices) if share is not None else \
             compute_forward_fraction(train.recompute)
         f = sum(w * (cost.compute_s(cluster, model, train, s.devices, n, last=h) * frac
-                     + cost.tp_comm_s(cluster, model, train, s.devices, n) * tp_forward_fraction(train.recompute))
-                for w, n, _, h in terms[j]) + z3.get(j, 0.0) / 3.0
+                     + cost.tp_comm_s(cluster, model, train, s.devices, n) * tp_forward_fraction(train.recompute)
+                     + cost.vocab_comm_s(cluster, model, train, s.devices, first=e, last=h)[0])
+                for w, n, e, h in terms[j]) + z3.get(j, 0.0) / 3.0
         f = min(f, total)
         forward.append(f)
         backward.append(total - f)

@@ -152,7 +152,7 @@ class TorchRuntime:
         if isinstance(where, PipelineLayout):
             return single_pipeline_layout(spec.model, spec.schedules[0], where.ranks, registry=registry,
                                           global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=t.seq_len,
-                                          tp=where.tp)
+                                          tp=where.tp, vocab_parallel=t.vocab_parallel)
         if isinstance(where, PlanLayout):
             check_zero(where.plan.train, where.plan.pipelines, t, where.source)
             layout = plan_layout(where.plan, spec.schedules, registry=registry, seq_len=t.seq_len, source=where.source)

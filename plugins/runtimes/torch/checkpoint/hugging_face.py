@@ -268,8 +268,10 @@ class SafeTensors:
             if dim is None or size == 1:
                 t = sl[:]
             else:
-                n = full[dim] // size
-                index = tuple(slice(None) for _ in range(dim)) + (slice(rank * n, (rank + 1) * n),)
+                from ..parallel.tensor import shard_range
+
+                lo, hi = shard_range(full[dim], rank, size)
+                index = tuple(slice(None) for _ in range(dim)) + (slice(lo, hi),)
                 t = sl[index]
             if not t.is_floating_point():
                 raise HexicoreError(f"tensor {key!r} has dtype {t.dtype}, weights must be floating point",

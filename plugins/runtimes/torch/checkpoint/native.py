@@ -32,7 +32,7 @@ from hexicore.core.errors import HexicoreError, shown
 
 from . import hugging_face as hf_io
 from .hugging_face import EMBED, HEAD
-from ..model.stage_module import StageModule, canonical
+from ..model.stage_module import StageModule, canonical, full_shape
 from ..parallel.tensor import TPGroup, shard_dim, unshard
 
 FORMAT = "hexicore.checkpoint/2"
@@ -55,7 +55,7 @@ def local_pieces(stages: dict[int, StageModule], tp: TPGroup, optimizer: torch.o
         for name, p in st.module.named_parameters():
             if st.module.spec.tied_embeddings and name == HEAD:
                 continue  # a tied head is stored as the embedding, which its chain's first stage reports
-            dim = shard_dim(name)
+            dim = shard_dim(name, tp.vocab_parallel)
             if dim is None and tp.rank != 0:
                 continue
             got = (sharded or {}).get((s, name), {})
@@ -319,13 +319,10 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, stages: dict[int, StageM
             if id(p) not in mine:
                 continue
             name = canonical(name, st.module.spec)
-            dim, shape = shard_dim(name), tuple(p.shape)
-            full = list(shape)
-            if dim is not None:
-                full[dim] *= tp.size
+            dim, full = shard_dim(name, tp.vocab_parallel), full_shape(name, p.shape, tp, st.module.spec)
             state = {"step": torch.tensor(float(ck["adam_step"]))}
             for k in OPTIM_KEYS:
-                state[k] = src.with_prefix(f"{k}.").read(name, tuple(full), dim, tp.rank, tp.size).to(p.device, p.dtype)
+                state[k] = src.with_prefix(f"{k}.").read(name, full, dim, tp.rank, tp.size).to(p.device, p.dtype)
             optimizer.state[p] = state
 
 

@@ -36,7 +36,8 @@ import torch
 
 from .native import OPTIM_KEYS, optim_source
 from ..parallel.data.zero_state import ShardedAdamW, ShardedOptimizer
-from ..parallel.tensor import TPGroup, shard_dim
+from ..model.stage_module import full_shape
+from ..parallel.tensor import TPGroup, shard_dim, shard_range
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def full_local(sharded: ShardedOptimizer, stages: dict, wait: Callable) -> dict[
                     if key not in item:
                         item[key] = torch.zeros(p.shape, dtype=piece.dtype)
                     v = item[key] if c.dim is None else \
-                        item[key].narrow(c.dim, c.lo - c.full // h.tp_size * h.tp_rank, c.hi - c.lo)
+                        item[key].narrow(c.dim, c.lo - shard_range(c.full, h.tp_rank, h.tp_size)[0], c.hi - c.lo)
                     v.copy_(flat[k: k + c.numel].view_as(v).cpu())
                 k += c.numel
     return out
@@ -139,14 +140,13 @@ def restore(sharded: ShardedOptimizer, stages: dict, tp: TPGroup, ck: dict[str, 
         return
     src = optim_source(ck)
     params = _params(stages)
+    spec = next(iter(stages.values())).module.spec if stages else None
     cache: dict[tuple[str, str], torch.Tensor] = {}
 
     def local(key: str, name: str, p: torch.Tensor) -> torch.Tensor:
         if (key, name) not in cache:
-            dim, full = shard_dim(name), list(p.shape)
-            if dim is not None:
-                full[dim] *= tp.size
-            cache[(key, name)] = src.with_prefix(f"{key}.").read(name, tuple(full), dim, tp.rank, tp.size)
+            dim, full = shard_dim(name, tp.vocab_parallel), full_shape(name, p.shape, tp, spec)
+            cache[(key, name)] = src.with_prefix(f"{key}.").read(name, full, dim, tp.rank, tp.size)
         return cache[(key, name)]
 
     for sh in shards(sharded):
@@ -156,7 +156,7 @@ def restore(sharded: ShardedOptimizer, stages: dict, tp: TPGroup, ck: dict[str, 
                 h = mine[0]
                 t = local(key, c.name, params[(h.stage, c.name)])
                 if c.dim is not None:
-                    t = t.narrow(c.dim, c.lo - c.full // h.tp_size * h.tp_rank, c.hi - c.lo)
+                    t = t.narrow(c.dim, c.lo - shard_range(c.full, h.tp_rank, h.tp_size)[0], c.hi - c.lo)
                 parts.append(t.reshape(-1))
             flat = torch.cat(parts)
             sh.tensors[key].copy_(sh.mine(flat).to(sh.tensors[key].device, sh.tensors[key].dtype))

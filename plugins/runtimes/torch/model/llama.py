@@ -14,7 +14,9 @@ model is just the chunk that covers everything.
 
 A :class:`LlamaChunk` holds blocks ``[start, end)``; the first chunk of a chain adds the
 embedding, the last adds norm + head + the loss. With a :class:`TPGroup` of size > 1 the
-attention and MLP are Megatron column/row parallel (see :mod:`..parallel.tensor`). Attention goes
+attention and MLP are Megatron column/row parallel (see :mod:`..parallel.tensor`), and with its
+``vocab_parallel`` the embedding, the head and the loss are split by vocabulary rows
+(:mod:`..parallel.vocab`; the same parameter names, each rank its rows). Attention goes
 through flash-attn when it imports and the tensors are half precision on CUDA, else through
 ``torch.nn.functional.scaled_dot_product_attention``. ``recompute=True`` wraps each block in
 ``torch.utils.checkpoint`` (activation recomputation).
@@ -33,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from hexicore.core.model import ModelSpec
 
 from ..parallel.tensor import TPGroup, copy_to, reduce_from
+from ..parallel.vocab import VocabEmbedding, VocabHead, cross_entropy_sum
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
@@ -190,14 +193,16 @@ class LlamaChunk(nn.Module):
         if spec.arch != "llama":
             raise ValueError(f"the torch runtime builds Llama-style models, not arch {spec.arch!r}")
         self.spec, self.start, self.end, self.first, self.last = spec, start, end, first, last
-        self.recompute = recompute
+        self.recompute, self.tp = recompute, tp
         self.model = nn.Module()
         if first:
-            self.model.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+            self.model.embed_tokens = VocabEmbedding(spec.vocab, spec.hidden, tp) if tp.vocab_split else \
+                nn.Embedding(spec.vocab, spec.hidden)
         self.model.layers = nn.ModuleDict({str(i): Block(spec, tp) for i in range(start, end)})
         if last:
             self.model.norm = RMSNorm(spec.hidden, spec.norm_eps)
-            self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+            self.lm_head = VocabHead(spec.vocab, spec.hidden, tp) if tp.vocab_split else \
+                nn.Linear(spec.hidden, spec.vocab, bias=False)
             if first and spec.tied_embeddings:  # one Parameter, named model.embed_tokens.weight
                 self.lm_head.weight = self.model.embed_tokens.weight
         cos, sin = self._rope(spec.seq_len)
@@ -220,5 +225,7 @@ class LlamaChunk(nn.Module):
         if not self.last:
             return h
         logits = self.lm_head(self.model.norm(h)).float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
-        return loss * loss_scale
+        logits, labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        if self.tp.vocab_split:  # this rank's vocabulary columns only
+            return cross_entropy_sum(logits, labels, self.lm_head.lo, self.tp) * loss_scale
+        return F.cross_entropy(logits, labels, reduction="sum") * loss_scale

@@ -25,7 +25,7 @@ from hexicore.core.model import ModelSpec
 
 from ..parallel.assignment import PipelinePart
 from .llama import EMBED, HEAD, LlamaChunk
-from ..parallel.tensor import TPGroup, shard, shard_dim
+from ..parallel.tensor import VOCAB_ROWS, TPGroup, shard, shard_dim
 
 INIT_STD = 0.02
 
@@ -62,10 +62,13 @@ def seeded(seed: int) -> Seeded:
     return Seeded(seed)
 
 
-def full_shape(name: str, local: torch.Size, tp: TPGroup) -> tuple[int, ...]:
-    shape, dim = list(local), shard_dim(name)
+def full_shape(name: str, local: torch.Size, tp: TPGroup, model: ModelSpec) -> tuple[int, ...]:
+    """The whole model's shape of parameter ``name`` whose TP shard of ``tp`` has shape ``local``:
+    the shard dimension ``x tp`` (heads, FFN columns), or the model's vocabulary for a tensor
+    split by vocabulary rows (perhaps unevenly, :func:`..parallel.tensor.shard_range`)."""
+    shape, dim = list(local), shard_dim(name, tp.vocab_parallel)
     if dim is not None:
-        shape[dim] *= tp.size
+        shape[dim] = model.vocab if name in VOCAB_ROWS else shape[dim] * tp.size
     return tuple(shape)
 
 
@@ -78,7 +81,8 @@ def canonical(name: str, model: ModelSpec) -> str:
 def load_shards(module: LlamaChunk, source: TensorSource, tp: TPGroup) -> None:
     """Fill every parameter of ``module`` with its TP shard read from ``source``."""
     for name, p in module.named_parameters():
-        t = source.read(canonical(name, module.spec), full_shape(name, p.shape, tp), shard_dim(name), tp.rank, tp.size)
+        t = source.read(canonical(name, module.spec), full_shape(name, p.shape, tp, module.spec),
+                        shard_dim(name, tp.vocab_parallel), tp.rank, tp.size)
         if tuple(t.shape) != tuple(p.shape):
             raise ValueError(f"tensor {name!r}: shard of shape {tuple(t.shape)}, expected {tuple(p.shape)}")
         p.copy_(t)

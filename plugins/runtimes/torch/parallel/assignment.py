@@ -90,6 +90,8 @@ class RankAssignment:
     micro_batch: int
     seq_len: int
     pipelines: tuple[PipelinePart, ...]
+    #: ``train.vocab_parallel``: TP groups split the embedding and the head by vocabulary rows
+    vocab_parallel: bool = False
 
     def role(self, rank: int) -> Role | None:
         for p in self.pipelines:
@@ -216,7 +218,7 @@ def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup],
 
 def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], ActionList]], *,
                  global_batch: int, micro_batch: int, seq_len: int, world: int | None = None,
-                 source: str | None = None) -> RankAssignment:
+                 source: str | None = None, vocab_parallel: bool = False) -> RankAssignment:
     """Check and assemble a layout; ``pipelines`` are ``(batch, stage groups, action list)``."""
     if seq_len > model.longest_seq:
         raise PlanError(f"sequence length {seq_len} exceeds the model's {model.longest_seq}", source=source,
@@ -234,7 +236,7 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
     world = max(used) + 1 if world is None else world
     if max(used) >= world:
         raise PlanError(f"ranks up to {max(used)} need a world of {max(used) + 1}, got {world}", source=source)
-    return RankAssignment(model, world, global_batch, micro_batch, seq_len, tuple(parts))
+    return RankAssignment(model, world, global_batch, micro_batch, seq_len, tuple(parts), vocab_parallel)
 
 
 def reference_actions(micro_batches: int) -> ActionList:
@@ -292,7 +294,7 @@ def schedule_actions(schedule: Mapping[str, Any], ranks: int, micro_batches: int
 
 def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks: int, *, registry: Any,
                            global_batch: int, micro_batch: int, seq_len: int, tp: int = 1,
-                           actions: ActionList | None = None) -> RankAssignment:
+                           actions: ActionList | None = None, vocab_parallel: bool = False) -> RankAssignment:
     """One pipeline of ``ranks`` equal stages (``tp`` ranks each) under a schedule (no plan file);
     its actions are ``actions`` or else built by ``registry`` (:func:`schedule_actions`)."""
     if ranks < 1:
@@ -306,7 +308,7 @@ def single_pipeline_layout(model: ModelSpec, schedule: Mapping[str, Any], ranks:
     actions = actions or schedule_actions(schedule, ranks, mbs, registry, rank_layers=blocks)
     groups = [StageGroup(tuple(range(q * tp, (q + 1) * tp)), n) for q, n in enumerate(blocks)]
     return build_layout(model, [(global_batch, groups, actions)], global_batch=global_batch,
-                        micro_batch=micro_batch, seq_len=seq_len)
+                        micro_batch=micro_batch, seq_len=seq_len, vocab_parallel=vocab_parallel)
 
 
 def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: Any, seq_len: int,
@@ -330,7 +332,8 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
         pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source,
                                                         [g.layers for g in groups], fallback=True)))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
-                        seq_len=seq_len, world=len(rank_of), source=source)
+                        seq_len=seq_len, world=len(rank_of), source=source,
+                        vocab_parallel=train.vocab_parallel)
 
 
 # ------------------------------------------------------------------ ZeRO-3

@@ -84,13 +84,14 @@ class ParallelLayout:
         (:func:`.data.hybrid.communicators`; ZeRO-3 cuts them unit by unit,
         :func:`.data.zero_state.unit_sizes`)."""
         role = assignment.role(rank)
-        tp, leader = TPGroup(), rank
+        vocab = assignment.vocab_parallel
+        tp, leader = TPGroup(vocab_parallel=vocab), rank
         for part in assignment.pipelines:
             for group in part.groups:
                 if group.tp > 1:
                     handle = dist.new_group(list(group.ranks)) if world > 1 else None
                     if rank in group.ranks:
-                        tp, leader = TPGroup(group.ranks.index(rank), group.tp, handle), group.leader
+                        tp, leader = TPGroup(group.ranks.index(rank), group.tp, handle, vocab), group.leader
         data = _data_groups(assignment, rank, world, role, zero, machines, shard_weights)
         embedding = tied_embedding.members(assignment)
         tied_sync = None

@@ -9,7 +9,9 @@ conjugate operators glue them (Megatron's ``f`` and ``g``):
 * :func:`reduce_from` — all-reduce forward, identity backward (leaves it).
 
 Everything else (norms, embedding, head) is replicated; its gradients come out identical on every
-TP rank because its inputs and output gradients are identical there, so it needs no sync.
+TP rank because its inputs and output gradients are identical there, so it needs no sync. With
+``train.vocab_parallel`` (:attr:`TPGroup.vocab_parallel`) the embedding and the head are split
+too, by vocabulary rows (:mod:`.vocab`: dim 0 of both weights, :func:`shard_range`'s rows).
 A :class:`TPGroup` with ``group=None`` and ``size > 1`` is a *simulated* shard: the all-reduces
 are identities, so single-process tests can sum per-shard partial outputs by hand.
 """
@@ -32,17 +34,32 @@ class TPGroup:
     rank: int = 0
     size: int = 1
     group: Any = None
+    #: whether the embedding and the head are split by vocabulary across the group (:mod:`.vocab`)
+    vocab_parallel: bool = False
 
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
+        """Sum (or ``op``, a ``torch.distributed.ReduceOp``) ``t`` in place over the group."""
         if self.size > 1 and self.group is not None:
-            torch.distributed.all_reduce(t, group=self.group)
+            torch.distributed.all_reduce(t, group=self.group, **({} if op is None else {"op": op}))
         return t
 
+    @property
+    def vocab_split(self) -> bool:
+        """Whether this rank holds only its vocabulary rows of the embedding and the head."""
+        return self.vocab_parallel and self.size > 1
 
-def shard_dim(name: str) -> int | None:
+
+#: the parameters :mod:`.vocab` splits by vocabulary rows (dim 0) under ``train.vocab_parallel``
+VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def shard_dim(name: str, vocab_parallel: bool = False) -> int | None:
     """The TP shard dimension of a parameter by its standard name (None: replicated). Biases of
     column-parallel projections (q/k/v) are sharded with their output features; the bias of a
-    row-parallel one (o_proj) is replicated and added once after the all-reduce."""
+    row-parallel one (o_proj) is replicated and added once after the all-reduce. With
+    ``vocab_parallel`` the embedding and the head are split by vocabulary rows (dim 0)."""
+    if name in VOCAB_ROWS:
+        return 0 if vocab_parallel else None
     parts = name.split(".")
     if len(parts) < 2:
         return None
@@ -53,14 +70,22 @@ def shard_dim(name: str) -> int | None:
     return None
 
 
+def shard_range(full: int, rank: int, size: int) -> tuple[int, int]:
+    """``[lo, hi)`` of TP rank ``rank``'s contiguous piece of ``full`` elements among ``size``:
+    even where ``size`` divides ``full`` (heads and FFN columns always do, :func:`..assignment.check_model`);
+    a vocabulary it does not divide is split unevenly, the first ``full % size`` ranks one row more."""
+    base, extra = divmod(full, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
 def shard(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
-    """This rank's contiguous slice of a full tensor (heads / FFN columns stay contiguous)."""
+    """This rank's contiguous slice of a full tensor (heads / FFN columns / vocabulary rows stay
+    contiguous; :func:`shard_range`)."""
     if dim is None or size == 1:
         return full
-    if full.shape[dim] % size:
-        raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split into {size} shards")
-    n = full.shape[dim] // size
-    return full.narrow(dim, rank * n, n)
+    lo, hi = shard_range(full.shape[dim], rank, size)
+    return full.narrow(dim, lo, hi - lo)
 
 
 def unshard(pieces: list[torch.Tensor], dim: int | None) -> torch.Tensor:

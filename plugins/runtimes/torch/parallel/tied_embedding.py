@@ -12,7 +12,10 @@ both uses' gradients.
 
 Who contributes: per pipeline, chain 0 and TP rank 0 only (Chimera's chain copies were already
 summed into chain 0 by ``REDUCE``; TP ranks hold identical replicated gradients), each distinct
-Parameter once. One all-reduce over the ranks holding a copy (:func:`members`), created in
+Parameter once. Under ``train.vocab_parallel`` a TP rank holds only its vocabulary rows
+(:mod:`.vocab`), so every TP rank of chain 0 contributes them at their place in a zeroed
+``vocab x hidden`` buffer and takes its rows of the sum back: the holders' TP degrees may
+differ. One all-reduce over the ranks holding a copy (:func:`members`), created in
 :meth:`.layout.ParallelLayout.build` in the same order on every rank.
 """
 
@@ -23,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .assignment import RankAssignment
+from .tensor import shard_range
 
 
 def members(layout: RankAssignment) -> tuple[int, ...]:
@@ -51,6 +55,12 @@ def tied_params(stages: dict) -> list[tuple[int, torch.nn.Parameter]]:
     return out
 
 
+def tied_rows(stages: dict) -> tuple[int, int] | None:
+    """The vocabulary rows ``[lo, hi)`` this rank's tied copies hold (None: every row)."""
+    tp = next(iter(stages.values())).module.tp
+    return shard_range(next(iter(stages.values())).module.spec.vocab, tp.rank, tp.size) if tp.vocab_split else None
+
+
 class TiedSync:
     """This rank's part of the embedding group."""
 
@@ -61,13 +71,14 @@ class TiedSync:
         held = tied_params(stages)
         if not held:
             return
-        ref = held[0][1]
-        total = torch.zeros_like(ref)
-        if self.tp_rank == 0:
+        ref, rows, spec = held[0][1], tied_rows(stages), next(iter(stages.values())).module.spec
+        total = torch.zeros_like(ref) if rows is None else ref.new_zeros(spec.vocab, spec.hidden)
+        mine = total if rows is None else total[rows[0]:rows[1]]
+        if self.tp_rank == 0 or rows is not None:
             for chain, p in held:
                 if chain == 0 and p.grad is not None:
-                    total += p.grad
+                    mine += p.grad
         work = torch.distributed.all_reduce(total, group=self.group, async_op=True)
         wait([work], "tied embedding gradient sum")
         for _, p in held:
-            p.grad = total.clone()
+            p.grad = mine.clone()

@@ -11,7 +11,8 @@ the tied-embedding group — so every copy of an element holds the summed gradie
 
 * tensors the plain AdamW updates: pipeline 0's copies only (every pipeline holds the whole
   model; DP replicas are equal after the sync), chain 0's (Chimera's copies are equal after
-  ``REDUCE``), a TP-sharded tensor on every TP rank (each holds its own slice), a replicated one
+  ``REDUCE``), a TP-sharded tensor on every TP rank (each holds its own slice; under
+  ``train.vocab_parallel`` the embedding and the head too), a replicated one
   (norms, embedding, head, the o bias) on TP rank 0 only, a Parameter shared by two chunks of a
   rank once, and a tied head not at all (it is the embedding, which chain 0's first stage counts);
 * tensors ZeRO shards (:class:`.zero_state.ShardedAdamW`, :class:`.zero_state.ShardedState`): each
@@ -60,7 +61,7 @@ def counted(stages: dict, tp_rank: int, pipeline: int, skip: set) -> list[torch.
         for name, p in st.module.named_parameters():
             if (s, name) in skip or id(p) in seen or p.grad is None or (tied and name == HEAD):
                 continue
-            if shard_dim(name) is None and tp_rank != 0:
+            if shard_dim(name, st.module.tp.vocab_parallel) is None and tp_rank != 0:
                 continue
             seen.add(id(p))
             out.append(p.grad)

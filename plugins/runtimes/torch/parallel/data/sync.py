@@ -9,7 +9,8 @@ shard is split into chunks of the smallest shard size. Each chunk is all-reduced
 ranks whose shard contains it — no rank sends or receives a byte it does not hold.
 
 Replicated tensors (norms, embedding, head) are one chunk held by every rank of every stage that
-has them. A pipeline can hold a chunk on several ranks (TP ranks of a replicated tensor,
+has them; under ``train.vocab_parallel`` the embedding and the head are split by vocabulary rows
+(:mod:`..vocab`) and cut like the other TP-split tensors, at every holder's row boundaries. A pipeline can hold a chunk on several ranks (TP ranks of a replicated tensor,
 Chimera's model copies after ``REDUCE``); those copies are equal, so one of them — the
 *contributor*: first chain, lowest TP rank — puts its gradient in and the others put zeros; every
 holder receives the sum. Chunk groups whose holders all belong to one pipeline need no sync.
@@ -41,7 +42,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..assignment import RankAssignment
-from ..tensor import shard_dim
+from ..tensor import shard_dim, shard_range
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,7 @@ def holders(layout: RankAssignment, shapes: dict[str, tuple[int, ...]]) -> dict[
 
 
 def _bounds(h: Holder, full: int) -> tuple[int, int]:
-    n = full // h.tp_size
-    return h.tp_rank * n, (h.tp_rank + 1) * n
+    return shard_range(full, h.tp_rank, h.tp_size)
 
 
 def sync_plan(layout: RankAssignment, shapes: dict[str, tuple[int, ...]] | None = None) -> SyncPlan:
@@ -145,7 +145,7 @@ def sync_plan(layout: RankAssignment, shapes: dict[str, tuple[int, ...]] | None 
     for name, hs in holders(layout, shapes).items():
         if len({h.pipeline for h in hs}) < 2:
             continue  # one pipeline: REDUCE (Chimera) already made its copies equal
-        dim, total = shard_dim(name), math.prod(shapes[name])
+        dim, total = shard_dim(name, layout.vocab_parallel), math.prod(shapes[name])
         if dim is None:
             chunks = [Chunk(name, None, 0, 0, 0, total)]
         else:

@@ -66,7 +66,7 @@ def _entries(root: Path) -> dict[str, tuple[int, int]]:
     skip = _UNWATCHED | ({"outputs", "multirun"} if root.resolve() == ROOT else set())
     found = {}
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in skip]
+        dirs[:] = [d for d in dirs if d not in skip and not d.endswith(".egg-info")]  # pip's build metadata
         for name in dirs + files:
             p = os.path.join(folder, name)
             try:

@@ -438,9 +438,11 @@ class AnalyticCostModel:
 
     def work_bound_s(self, plan: Plan) -> float:
         """A floor on the iteration time under any schedule: each rank runs its stage's work, every
-        micro-batch, before the step-end sync (``dp_s``)."""
-        return max((p.n_micro_batches(plan.train.micro_batch) * max(self.pipeline_pieces(plan, p)[0], default=0.0)
-                    for p in plan.pipelines), default=0.0) + self.dp_s(plan)
+        micro-batch, before the step-end sync (``dp_s``); with ``train.dp_overlap`` the sync may
+        hide behind that work, so only what follows it (:meth:`step_extra_s`) is added."""
+        work = max((p.n_micro_batches(plan.train.micro_batch) * max(self.pipeline_pieces(plan, p)[0], default=0.0)
+                    for p in plan.pipelines), default=0.0)
+        return work + (self.step_extra_s(plan) if plan.train.dp_overlap else self.dp_s(plan))
 
     def step_s(self, plan: Plan, pipeline_s: Sequence[float], parts: Sequence[Mapping[str, Any]]) -> float:
         """The iteration time of ``plan`` whose pipelines take ``pipeline_s`` (``parts``: each

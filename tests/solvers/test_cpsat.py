@@ -395,3 +395,14 @@ def test_devices_a_cost_model_prices_differently_give_a_valid_bound_not_optimal(
     assert plan.solver["bound"] <= best <= p.cost.estimate(plan).iteration_s
     if len(plan.devices) < 3:  # a device left idle is the slow one
         assert "M.0" not in plan.devices
+
+
+def test_vocabulary_parallelism_proves_nothing_the_tables_do_not_price():
+    """The tables keep the embedding and head whole per TP rank: with ``train.vocab_parallel``
+    the plan is the model's best, FEASIBLE, without a bound."""
+    mk_cluster, mk_model, gb = CASES["pipeline-a800x2+4090x2"]
+    p = problem(mk_cluster(), mk_model(), gb)
+    p = replace(p, train=replace(p.train, vocab_parallel=True))
+    plan = solve(p)
+    assert plan.solver["status"] == "FEASIBLE" and plan.solver["bound"] is None
+    assert plan.train.vocab_parallel

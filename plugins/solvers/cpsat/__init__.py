@@ -30,6 +30,9 @@ so far; without a start plan that is an error ("time limit ... reached with no p
 groups are kept (in their order) and only the block ranges and pipeline batches are
 re-optimised, exactly; the bound is then over plans with those groups.
 
+With ``train.vocab_parallel`` the tables still price the embedding and the head whole on every
+TP rank (more than the estimate does): the status is then ``FEASIBLE`` and ``bound`` null.
+
 The model is App. A's step-end sync, so its plans are planned and trained without the overlapped
 data-parallel sync (``train.dp_overlap=false`` in the plan): their estimate is then the model's
 value and the bound a bound of it (a run may still ask for the overlap, ``train.dp_overlap=true``).
@@ -168,7 +171,9 @@ class CpSatSolver:
             slots = slot_counts(len(problem.cluster.devices), min(len(problem.cluster.devices), n_mb), L)
         progress("cpsat: tabulating the cost model", 0.0)
         starts = self._starts(problem, options) if fixed is None else []
-        exact = getattr(problem.cost, "pipeline_timer", None) is None
+        # the tables price the embedding and head whole on every TP rank: under vocabulary
+        # parallelism they over-price a TP stage's ends, so the model's optimum proves nothing
+        exact = getattr(problem.cost, "pipeline_timer", None) is None and not problem.train.vocab_parallel
         # a start's estimate caps the tables only where the model prices plans as the cost model
         # does: a schedule's own timer (zero-bubble, ...) can price a plan below the model's
         # closed form, and that cap would then cut off every plan (INFEASIBLE)

@@ -72,8 +72,9 @@ def summary_lines(plan: Plan) -> list[str]:
     est = plan.estimate
     lines = []
     if est is not None:
+        hidden = " not hidden by the schedule" if plan.train.dp_overlap and len(plan.pipelines) > 1 else ""
         lines.append(f"predicted iteration time {_fmt_s(est.iteration_s)}  (slowest pipeline "
-                     f"{_fmt_s(max(est.pipeline_s, default=0.0))} + DP sync {_fmt_s(est.dp_s)})")
+                     f"{_fmt_s(max(est.pipeline_s, default=0.0))} + DP sync{hidden} {_fmt_s(est.dp_s)})")
         r = rate(plan)
         money = (f"   $/hour {r['usd_per_hour']:.2f}   $/M tokens {r['usd_per_mtok']:.4f}"
                  if r["usd_per_mtok"] is not None else "")

@@ -49,7 +49,7 @@ from hexicore.core.placement import Placement
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.action_placement import built_placement, built_template, chunk_counts
 from hexicore.pipeline.pricer import BLOCKS, STEADY, SchedulePricer
-from hexicore.pipeline.simulate import SimResult, held_peaks, simulate
+from hexicore.pipeline.simulate import SimResult, held_peaks, shares, simulate
 from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.pipeline.validate import blamed, check_built
 
@@ -86,9 +86,10 @@ class Pricing:
     * ``chained_gradients`` — every rank's last gradient-finishing action is its part of the last
       micro-batch's backward, which runs from the last stage to the first (GPipe, 1F1B): the
       overlapped data-parallel sync of stage j is priced as starting ``sum_{k<j} (BWD_k +
-      HOP_k)`` before the pipeline's end (:mod:`hexicore.cost.overlap`); otherwise at its end. A
-      schedule whose chain visits each rank more than once overrides
-      :meth:`ActionSchedule.gradient_chain` instead (interleaved 1F1B).
+      HOP_k)`` before the pipeline's end (:mod:`hexicore.cost.overlap`); otherwise at its end.
+      A chain that visits a rank more than once (interleaved 1F1B, Hanayo's waves, looped BFS)
+      is read from the schedule's template (:meth:`ActionSchedule.gradient_chain`), chunk by
+      chunk; tests/cost/test_overlap.py checks the declaration against simulated runs.
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -330,8 +331,13 @@ class ActionSchedule(ABC):
         as ``(rank, share of the rank's blocks)`` per chunk, when every rank's last
         gradient-finishing action of each chunk is that micro-batch's (the overlapped DP sync is
         then priced chunk by chunk, :mod:`hexicore.cost.overlap`); None: not so (the sync priced
-        from the pipeline's end). By default the plain chain where ``Pricing.chained_gradients``."""
-        return tuple((r, 1.0) for r in range(int(ranks))) if self.pricing.chained_gradients else None
+        from the pipeline's end). Where ``Pricing.chained_gradients``: chain 0 of the
+        :meth:`template` for P ranks, each stage at its rank and share."""
+        if not self.pricing.chained_gradients:
+            return None
+        al = built_template(self._cache, self.template, int(ranks))
+        share = shares(al)
+        return tuple((al.stage_rank[s], share[s]) for s in al.chains[0])
 
     def least_layers(self, ranks: int) -> tuple[int, ...]:  # its chunks of a chain: a layer each
         return chunk_counts(built_template(self._cache, self.template, int(ranks)))

@@ -93,7 +93,7 @@ class Hanayo(ActionSchedule):
     memory: float | None = None
     max_waves: int = 8
     name = "hanayo"
-    pricing = Pricing(growth=BLOCKS, min_ranks=2, fewer_ranks=ScheduleRef("1f1b"))
+    pricing = Pricing(growth=BLOCKS, min_ranks=2, fewer_ranks=ScheduleRef("1f1b"), chained_gradients=True)
 
     def __post_init__(self) -> None:
         if self.waves != "auto":

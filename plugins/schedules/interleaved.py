@@ -24,7 +24,7 @@ from typing import Sequence
 from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.pipeline.pricer import looped_closed_form
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need, positive_int
 
 
 def groups(ranks: int, micro_batches: int) -> list[int]:
@@ -66,6 +66,7 @@ def interleaved(rank: int, ranks: int, micro_batches: int, chunks: int) -> list[
 
 @dataclass(frozen=True)
 class Interleaved1F1B(ActionSchedule):
+    pricing = Pricing(chained_gradients=True)  # each chunk's last B is the last micro-batch's (chunk v-1 down to 0)
     chunks: int = 2
     name = "interleaved_1f1b"
 
@@ -74,11 +75,6 @@ class Interleaved1F1B(ActionSchedule):
 
     def params(self) -> dict:
         return {"chunks": self.chunks}
-
-    def gradient_chain(self, ranks: int) -> tuple[tuple[int, float], ...]:
-        """Chunk c of rank r is chain position ``c P + r``; each rank's last backward of a chunk is
-        the last micro-batch's (the cool-down runs chunk ``v - 1`` down to chunk 0)."""
-        return tuple((r, 1.0 / self.chunks) for c in range(self.chunks) for r in range(int(ranks)))
 
     def order(self, spec: ScheduleSpec) -> ActionList:
         need(spec.ranks >= 1 and spec.micro_batches >= 1, self.name, "needs ranks >= 1 and micro_batches >= 1")

@@ -21,7 +21,7 @@ from hexicore.pipeline.actions import Action, ActionList
 from hexicore.hookspecs import PluginSpec, hookimpl
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.pricer import looped_closed_form
-from hexicore.pipeline.schedule import ActionSchedule, ScheduleSpec, build, loop_map, need, positive_int
+from hexicore.pipeline.schedule import ActionSchedule, Pricing, ScheduleSpec, build, loop_map, need, positive_int
 
 
 def looped_bfs(rank: int, ranks: int, micro_batches: int, chunks: int) -> list[Action]:
@@ -33,6 +33,7 @@ def looped_bfs(rank: int, ranks: int, micro_batches: int, chunks: int) -> list[A
 
 @dataclass(frozen=True)
 class LoopedBFS(ActionSchedule):
+    pricing = Pricing(chained_gradients=True)  # each chunk's last B is the last micro-batch's
     chunks: int = 2
     name = "looped_bfs"
 

@@ -132,7 +132,8 @@ def test_a_plan_whose_slow_link_dp_group_finishes_early_wins_only_with_the_overl
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from([("1f1b", {}), ("gpipe", {}), ("interleaved_1f1b", {"chunks": 2}),
-                        ("interleaved_1f1b", {"chunks": 3})]),
+                        ("interleaved_1f1b", {"chunks": 3}), ("looped_bfs", {"chunks": 2}), ("hanayo", {"waves": 1}),
+                        ("hanayo", {"waves": 2})]),
        st.integers(2, 5), st.integers(1, 4), st.data())
 def test_declared_gradient_chains_bound_the_simulated_last_gradients(schedule, ranks, groups, data):
     """Simulated with uneven stage times and hops, every chunk's last B ends no later than the
@@ -154,10 +155,21 @@ def test_declared_gradient_chains_bound_the_simulated_last_gradients(schedule, r
     for e in res.events:
         if e.action.op in (Op.B, Op.W):
             last[e.action.stage] = max(last.get(e.action.stage, 0.0), e.end)
+    chain = sched.gradient_chain(ranks)
+    assert [r for r, _ in chain] == [al.stage_rank[s] for s in al.chains[0]]
     layers = [(2 * ranks * r, 2 * ranks * (r + 1)) for r in range(ranks)]
-    ready = overlap.chunk_ready(res.makespan, backward, hops, sched.gradient_chain(ranks), layers)
-    # the lists' stage ids follow the chain: chunk c of rank r is stage c * ranks + r
-    assert sum(len(chunks) for chunks in ready) == al.stages == len(last)
-    for r, chunks in enumerate(ready):
-        for c, chunk in enumerate(chunks):
-            assert last[c * ranks + r] <= chunk[3] + 1e-9, (r, c, last[c * ranks + r], chunk[3])
+    ready = overlap.chunk_ready(res.makespan, backward, hops, chain, layers)
+    assert sum(len(chunks) for chunks in ready) == len(al.chains[0])
+    seen = [0] * ranks
+    for stage in al.chains[0]:  # the k-th visit of rank r is its k-th chunk
+        r = al.stage_rank[stage]
+        chunk = ready[r][seen[r]]
+        seen[r] += 1
+        assert last[stage] <= chunk[3] + 1e-9, (r, stage, last[stage], chunk[3])
+
+
+def test_schedules_that_defer_weight_gradients_claim_no_chain():
+    from hexicore.registry import Registry
+
+    for name in ("zb_h1", "zb_h2", "zb_v", "interleaved_zb", "dualpipe_v", "chimera"):
+        assert Registry.default().create("schedule", name).gradient_chain(4) is None, name

@@ -175,6 +175,10 @@ class DPSync:
                                        for c, hold, contrib in plan.groups[m]])
                       for m in plan.members() if rank in m]
         self.stages = frozenset(h.stage for _, _, chunks in self.items for _, mine, _ in chunks for h in mine)
+        #: groups cut by layer: some member holds their chunks on more than one stage (every member
+        #: decides alike, from every holder)
+        self.by_layer = {m: any(len({h.stage for _, hold, _ in plan.groups[m] for h in hold if h.rank == r}) > 1
+                                for r in m) for m, _, _ in self.items}
         self.begin()
 
     def __bool__(self) -> bool:
@@ -211,15 +215,17 @@ class DPSync:
 
     def buckets(self) -> list[tuple[tuple[int, ...], Any, list, frozenset[int]]]:
         """``(members, communicator, chunks, local stages read)`` of every bucket, in the order they
-        are posted (:func:`launch_key`): without ZeRO one bucket per group and layer (the
-        embedding, a block, the norm and head), so a layer syncs once its own stage is final
-        (another chunk of the same holders, on another local stage, may still be computing);
-        step-end ZeRO one per group (its pieces are cut from the group's whole bucket)."""
+        are posted (:func:`launch_key`): without ZeRO, where a member holds the group's chunks on
+        several stages (interleaved, waves), one bucket per layer (the embedding, a block, the
+        norm and head), so a layer syncs once its own stage is final while another chunk of the
+        same holders may still be computing; otherwise (and under step-end ZeRO, whose pieces are
+        cut from the group's whole bucket) one bucket per group."""
         out = []
         for members, handle, chunks in self.items:
             parts: dict[float, list] = {}
+            cut = self.sharded is None and self.by_layer[members]
             for item in chunks:
-                parts.setdefault(layer_of(item[0].name) if self.sharded is None else 0.0, []).append(item)
+                parts.setdefault(layer_of(item[0].name) if cut else 0.0, []).append(item)
             for part in parts.values():
                 out.append((members, handle, part, frozenset(h.stage for _, mine, _ in part for h in mine)))
         return sorted(out, key=lambda b: launch_key(b[0], b[2]))

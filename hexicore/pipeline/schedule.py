@@ -335,9 +335,12 @@ class ActionSchedule(ABC):
         :meth:`template` for P ranks, each stage at its rank and share."""
         if not self.pricing.chained_gradients:
             return None
-        al = built_template(self._cache, self.template, int(ranks))
-        share = shares(al)
-        return tuple((al.stage_rank[s], share[s]) for s in al.chains[0])
+        key = ("gradient_chain", int(ranks))
+        if key not in self._cache:
+            al = built_template(self._cache, self.template, int(ranks))
+            share = shares(al)
+            self._cache[key] = tuple((al.stage_rank[s], share[s]) for s in al.chains[0])
+        return self._cache[key]
 
     def least_layers(self, ranks: int) -> tuple[int, ...]:  # its chunks of a chain: a layer each
         return chunk_counts(built_template(self._cache, self.template, int(ranks)))

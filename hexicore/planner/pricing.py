@@ -275,13 +275,18 @@ class ScheduleBook:
 
     def gradient_chain(self, pipe: Pipeline) -> tuple[tuple[int, float], ...] | None:
         """Where ``pipe``'s schedule (the one it runs on its ranks) runs the last micro-batch's
-        backward, chunk by chunk (``ActionSchedule.gradient_chain``), or None."""
-        try:
-            ref = self.effective(pipe.schedule, len(pipe.stages))
-        except HexicoreError:  # a schedule this pipeline cannot run: priced as never fitting anyway
-            return None
-        chain = getattr(self.schedule(ref), "gradient_chain", None)
-        return chain(len(pipe.stages)) if chain is not None else None
+        backward, chunk by chunk (``ActionSchedule.gradient_chain``), or None; kept per schedule
+        and rank count (the search asks for every pipeline it prices)."""
+        key = ("gradient_chain", ScheduleRef.from_mapping(pipe.schedule), len(pipe.stages))
+        if key not in self._priced:
+            try:
+                ref = self.effective(pipe.schedule, len(pipe.stages))
+            except HexicoreError:  # a schedule this pipeline cannot run: priced as never fitting anyway
+                self._priced[key] = None
+                return None
+            chain = getattr(self.schedule(ref), "gradient_chain", None)
+            self._priced[key] = chain(len(pipe.stages)) if chain is not None else None
+        return self._priced[key]
 
     def placement(self):
         """A ``hexicore.cost.PlacementFn``: which blocks, embeddings and heads each rank holds

@@ -28,12 +28,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from closed_loop import sh  # noqa: E402  (a run of the CLI, its output to a log)
 OUT = HERE / "out" / "overlap"
 SECTION = "## Overlapped data-parallel sync"
 PRESETS = (("paper_case", "llama2_13b", 24), ("hetero1", "llama2_7b", 256), ("hetero2", "llama2_7b", 256),
@@ -54,14 +56,6 @@ machines:
   - {{name: F0, gpu: fast, count: 1, emulate: {{tflops: {fast:g}}}}}
   - {{name: F1, gpu: fast, count: 1, emulate: {{tflops: {fast:g}}}}}
 """
-
-
-def sh(cmd: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("w") as fh:
-        code = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    if code:
-        raise SystemExit(f"failed ({code}): {' '.join(cmd)}; see {log}")
 
 
 def the_plan(args, cluster, model, name: str):
@@ -214,15 +208,10 @@ def section(res: dict) -> str:
 
 
 def write_section(text: str) -> None:
-    doc = HERE.parent / "docs" / "results.md"
-    body = doc.read_text()
-    if SECTION in body:
-        start = body.index(SECTION)
-        nxt = body.find("\n## ", start + len(SECTION))
-        body = body[:start] + text + (body[nxt + 1:] if nxt >= 0 else "")
-    else:
-        body = body.rstrip("\n") + "\n\n" + text
-    doc.write_text(body)
+    """``text`` (the section, heading first) into docs/results.md (:mod:`results`)."""
+    from results import write_section as replace_section
+
+    replace_section(SECTION, text.split("\n", 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,19 +67,16 @@ from hexicore.pipeline.actions import Op
 
 from .grad_norm import squares
 from .hybrid import atom_cross, counted, peers_of, split, sum_across
-from .sync import DPSync, apportion
+from .sync import DPSync, apportion, layer_of
 
 EMBED_UNIT = -1
 
 
 def unit_of(name: str, layers: int) -> int:
-    """The unit of parameter ``name``: ``-1`` embedding, ``i`` block ``i``, ``layers`` norm + head."""
-    parts = name.split(".")
-    if parts[:2] == ["model", "layers"]:
-        return int(parts[2])
-    if parts[:2] == ["model", "embed_tokens"]:
-        return EMBED_UNIT
-    return layers
+    """The unit of parameter ``name``: ``-1`` embedding, ``i`` block ``i``, ``layers`` norm + head
+    (:func:`.sync.layer_of`, the last position numbered)."""
+    where = layer_of(name)
+    return layers if where == math.inf else int(where)
 
 
 def stage_units(part, s: int, layers: int) -> list[int]:

@@ -61,7 +61,11 @@ class HexiScaleSolver:
 
         def one(sub: Problem, report: Progress) -> Plan:  # the same search on a sub-cluster, in the time left
             left = None if deadline is None else max(1e-3, deadline - time.monotonic())
-            searched = search(sub, self.config, time_limit=left, seed=seed, progress=report, memo=memo)
+            if found and left is not None and left < SUB_CLUSTER_SHARE * time_limit:
+                raise HexicoreError(f"{left:.2f} s left of the time budget: too little for a search of "
+                                    f"{len(sub.cluster.devices)} devices", field="solver.time_limit")
+            searched = search(sub, self.config, time_limit=left, seed=seed, progress=report, memo=memo,
+                              strict=bool(found))
             plan = searched.plan
             found[plan.pipelines, plan.train] = searched
             return plan
@@ -75,10 +79,10 @@ class HexiScaleSolver:
             setting alone: sub-clusters compare alike, and cheaply (where nothing fits the lead
             setting the screen finds nothing, and the sub-cluster is left to the full searches)."""
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if left is not None and left < SUB_CLUSTER_SHARE * time_limit:
                 return None  # out of time: no screen (the sub-cluster is not searched)
             return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed, progress=no_progress,
-                          memo=memo).plan
+                          memo=memo, strict=True).plan
 
         plan = allocate(problem, one, exhaustive=self.config.allocation_exhaustive, progress=progress,
                         deadline=deadline, screen=screen, screen_above=self.config.allocation_screen_above,
@@ -87,3 +91,10 @@ class HexiScaleSolver:
         if problem.warm_start is not None and "replan" in plan.solver:  # against the cluster asked for
             plan = plan.with_solver({**plan.solver, "replan": plan_diff(problem.warm_start, plan, problem.cluster)})
         return reschedule(problem, plan, progress, deadline)
+
+
+#: under a time budget, a sub-cluster's search or screen is begun only with at least this share
+#: of the search's budget left (the whole cluster's always is): a search's seeding, first
+#: candidates and exact pricing take their time however short its budget, so a late one
+#: overruns it; and a sub-cluster's search stops at the budget even where nothing fits yet
+SUB_CLUSTER_SHARE = 0.25

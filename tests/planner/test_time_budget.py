@@ -11,10 +11,14 @@ from hexicore.planner.search.search_config import SearchConfig
 from hexicore.registry import Registry
 
 
-def test_the_automatic_budget_grows_with_the_cluster_within_its_bounds():
+def test_the_automatic_budget_follows_the_cluster_size_targets():
     config = SearchConfig()
-    assert config.budget(8) == 8.0 and config.budget(320) == 8.0 and config.budget(1024) == 25.0
-    assert config.budget(600) == pytest.approx(15.0)
+    assert config.budget(4) == config.budget(8) == 2.0 and config.budget(16) == config.budget(32) == 4.5
+    assert config.budget(64) == 7.0 and config.budget(320) == 7.5 and config.budget(1024) == config.budget(4096) == 25.0
+    assert config.budget(24) == 4.5 and config.budget(12) == pytest.approx(3.25) and config.budget(48) == 5.75
+    assert config.budget(672) == pytest.approx(16.25)  # halfway from 320 to 1024
+    sizes = range(1, 2000, 7)
+    assert all(config.budget(a) <= config.budget(b) for a, b in zip(sizes, sizes[1:]))  # never less for more
     assert SearchConfig(time_budget=None).budget(1024) is None and SearchConfig(time_budget=2).budget(8) == 2.0
     for bad in (0, -1, "soon", True):
         with pytest.raises(HexicoreError) as e:

@@ -30,6 +30,15 @@ from hexicore.planner.stage_layout.batch import allocate_batch
 from hexicore.planner.stage_layout.phase2 import phase2
 from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline
 
+def throughput_bound(layouts: Sequence[StageLayout], micro_batches: int) -> float:
+    """A lower bound on the time any schedule takes to run ``micro_batches`` over ``layouts``'
+    pipelines: pipeline i passes at most one micro-batch per ``b_i = max_j STAGE_ij`` (its
+    slowest stage, forward and backward; no schedule runs a stage's micro-batches faster), so
+    with the batch split at best ``M / sum_i 1 / b_i`` (no bubble, no hop, no DP sync)."""
+    rate = sum(1.0 / max(lay.stage_s) for lay in layouts if lay.stage_s and max(lay.stage_s) > 0)
+    return micro_batches / rate if rate > 0 else 0.0
+
+
 def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str, info: dict | None = None,
              choose: bool = False, beat: float = INF) -> Candidate:
     """Batch allocation over the pipelines, then the full cost-model estimate (OOM = inf).
@@ -37,15 +46,22 @@ def assemble(context: SearchContext, layouts: Sequence[StageLayout], origin: str
     all options with ``choose`` (schedule=auto; such candidates leave the search's moving
     averages alone, so the first option's trajectory is the same as searching it alone).
     ``beat``: bounds first — where the slowest pipeline's modelled time after the batch
-    allocation (what the iteration waits for at least) is already above it, no estimate is made
-    and the candidate scores inf."""
+    allocation (what the iteration waits for at least), or before it the pipelines' throughput
+    (:func:`throughput_bound`), is already above it, no estimate is made and the candidate
+    scores inf (its ``info`` holds that lower bound, ``least_s``)."""
     p = context.problem
+    least = throughput_bound(layouts, context.micro_batches) if beat < INF else 0.0
+    if least > beat * (1 + 1e-9):  # no schedule's choice or batch split beats ``beat``
+        return Candidate(INF, None, None, origin, info={"least_s": least})
     n_mb_max = context.micro_batches - (len(layouts) - 1)
     times = [context.pipeline_time(lay, n_mb_max, choose=choose) for lay in layouts]
     counts = allocate_batch(times, context.micro_batches,
                             [context.least_micro_batches(lay, n_mb_max, choose) for lay in layouts])
-    if counts is None or (beat < INF and max(t(n) for t, n in zip(times, counts)) > beat * (1 + 1e-9)):
+    if counts is None:
         return Candidate(INF, None, None, origin)
+    slowest = max(t(n) for t, n in zip(times, counts)) if beat < INF else 0.0
+    if slowest > beat * (1 + 1e-9):  # ``least_s``: what the iteration takes at least
+        return Candidate(INF, None, None, origin, info={"least_s": slowest})
     sections = [p.schedule] * len(layouts)
     if context.book is not None:  # per pipeline the option that is fastest at its micro-batches
         picks = []
@@ -78,13 +94,14 @@ OTHERS_WITHIN = 0.25
 
 
 def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequence[int], seed: int,
-              side: bool = False) -> Candidate:
+              side: bool = False, deadline: float = INF) -> Candidate:
     """One candidate of §4.2-4.3 for ``D_dp`` pipelines (under the lead training setting); with
     other training settings (``train.zero=auto``, ``train.micro_batch=auto``) the same parts
     priced under each (:func:`other_settings`) where the lead setting's candidate is within
     :data:`OTHERS_WITHIN` of the best so far or does not fit (always with ``side``: the walk
     of the other settings), kept aside (:meth:`SearchContext.track_side`): the lead's walk is
-    the one it takes alone."""
+    the one it takes alone. Past ``deadline`` (``time.monotonic()``, the search's time budget)
+    no further setting is priced."""
     origin = f"search D_dp={d_dp} {objective}"
     context.at_pipelines(d_dp)
     parts, ks = split(context, d_dp, objective, k_shift, seed)
@@ -94,7 +111,8 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
         cand = context.seen[key]
         if side:  # the lead's candidate is known: only the other settings are priced
             context.track_side(other_settings(context, parts, ks, list(cand.layouts) or None, seed, origin, info,
-                                              _side_beat(context, cand)))
+                                              _side_beat(context, cand), cand.score, every=True,
+                                              deadline=deadline))
         return cand
     layouts = lay_out_parts(context, parts, ks, seed)
     cand = Candidate(INF, None, None, origin)
@@ -103,13 +121,21 @@ def two_phase(context: SearchContext, d_dp: int, objective: str, k_shift: Sequen
         cand = min([assemble(context, layouts, origin, info)] + aligned(context, layouts, n_mb_max, origin, info),
                    key=lambda c: c.score)
         if context.auto:  # the same layouts with every pipeline's schedule chosen (kept aside)
-            context.track_auto([assemble(context, layouts, origin, info, True)]
-                               + aligned(context, layouts, n_mb_max, origin, info, True))
+            beat = auto_beat(context)
+            context.track_auto([assemble(context, layouts, origin, info, True, beat)]
+                               + aligned(context, layouts, n_mb_max, origin, info, True, beat))
     incumbent = min(c.best_score for c in context.contexts())
     if context.others and (side or cand.score == INF or cand.score <= incumbent * (1 + OTHERS_WITHIN)):
-        context.track_side(other_settings(context, parts, ks, layouts, seed, origin, info, _side_beat(context, cand)))
+        context.track_side(other_settings(context, parts, ks, layouts, seed, origin, info, _side_beat(context, cand),
+                                          cand.score, every=side, deadline=deadline))
     context.seen[key] = cand
     return cand
+
+
+def auto_beat(context: SearchContext) -> float:
+    """What a candidate with chosen schedules (``schedule=auto``) must beat to matter: the best
+    such candidate under any training setting (the one the search polishes)."""
+    return min((c.auto_best.score for c in context.contexts() if c.auto_best is not None), default=INF)
 
 
 def _side_beat(context: SearchContext, cand: Candidate) -> float:
@@ -146,20 +172,40 @@ def relaid(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int
     return out
 
 
+#: a setting's candidate is also assembled with every pipeline's schedule chosen
+#: (``schedule=auto``) only where its first option's candidate fits and beats the best so far,
+#: or its slowest pipeline misses that by at most this (relative): what choosing a schedule
+#: with fewer bubbles gains over the first option's at most, as a rule
+CHOOSE_WITHIN = 0.15
+#: successive halving of the other training settings, compared on the same parts: a setting
+#: whose candidate is (at least) more than SETTING_WITHIN slower than the best setting's on the
+#: same parts SETTING_LOSSES times in a row is no longer priced on the lead's candidates (the
+#: side walk, which sweeps the numbers of pipelines only other settings allow, still prices
+#: it): a micro-batch size or ZeRO stage that far behind on every layout rarely overtakes
+SETTING_LOSSES = 3
+SETTING_WITHIN = 0.15
+
+
 def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: Sequence[int],
                    layouts: Sequence[StageLayout] | None, seed: int, origin: str, info: dict,
-                   beat: float) -> list[Candidate]:
+                   beat: float, here: float = INF, every: bool = False, deadline: float = INF) -> list[Candidate]:
     """The lead's parts under each other training setting (``context.others``): the lead's
     stages re-laid out under the setting (or, where the lead's memory holds no layout of a
     part, the setting's own phase 2)
     (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``), and not
     where a lower ZeRO stage at the same micro-batch size gives the same layers: sharding only
-    adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses."""
+    adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses.
+    With ``schedule=auto`` the schedules are chosen only where :data:`CHOOSE_WITHIN` allows;
+    settings that keep losing (:data:`SETTING_LOSSES`) to the best on these parts (``here``: the
+    lead's score on them, then the least of the settings') are left out unless ``every``; past
+    ``deadline`` (``time.monotonic()``) no further setting is priced."""
     out: list[Candidate] = []
     laid = {} if layouts is None else {_size_stage(context): [lay.layers for lay in layouts]}
     for other in context.others:  # (micro-batch, ZeRO stage) -> layers, in ZeRO order per size
         n_mb_max = other.micro_batches - (len(parts) - 1)
-        if n_mb_max < 1:
+        if time.monotonic() > deadline:
+            break
+        if n_mb_max < 1 or (not every and other.losses >= SETTING_LOSSES):
             continue
         other.at_pipelines(len(parts))
         mine = relaid(other, layouts, n_mb_max) if layouts is not None else lay_out_parts(other, parts, ks, seed)
@@ -171,10 +217,14 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
         if any(laid.get((size, lower)) == layers for lower in range(stage)):
             continue  # dominated: the same layers under a lower ZeRO stage, which only moves less
         cand = assemble(other, mine, origin, info, beat=beat)
-        beat = min(beat, cand.score)
+        least = cand.score if cand.score < INF else cand.info.get("least_s")
+        if least is not None:  # (a candidate that does not fit says nothing of the setting's pace)
+            other.losses = other.losses + 1 if least > here * (1 + SETTING_WITHIN) else 0
+        least = least or 0.0
+        beat, here = min(beat, cand.score), min(here, cand.score)
         out.append(cand)
-        if other.auto:
-            other.track_auto([assemble(other, mine, origin, info, True)])
+        if other.auto and least <= beat * (1 + CHOOSE_WITHIN):
+            other.track_auto([assemble(other, mine, origin, info, True, auto_beat(context))])
     return out
 
 
@@ -184,11 +234,11 @@ def _size_stage(context: SearchContext) -> tuple[int, int]:
 
 
 def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: int, origin: str, info: dict,
-            choose: bool = False) -> list[Candidate]:
+            choose: bool = False, beat: float = INF) -> list[Candidate]:
     """Variants where every pipeline copies one pipeline's machine order and per-machine layer
     ranges (:func:`align_to`): when the pipelines share machines (typically after a max-cut
     partition) their DP sync then stays inside machines. Each pipeline serves as the template
-    once (at most ``context.config.align_templates``)."""
+    once (at most ``context.config.align_templates``). ``choose``, ``beat``: as in :func:`assemble`."""
     if len(layouts) < 2:
         return []
     out = []
@@ -199,7 +249,7 @@ def aligned(context: SearchContext, layouts: Sequence[StageLayout], n_mb_max: in
         new = [template if i == t else align_to(context.table, template, lay.stages, n_mb_max)
                for i, lay in enumerate(layouts)]
         if all(lay is not None for lay in new) and any(a is not b for a, b in zip(new, layouts)):
-            out.append(assemble(context, new, origin + " aligned", info, choose))
+            out.append(assemble(context, new, origin + " aligned", info, choose, beat))
     return out
 
 

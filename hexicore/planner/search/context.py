@@ -93,6 +93,7 @@ class SearchContext:
     best_found: Candidate | None = None  # the candidate of that score (a walk's anchor)
     pool: list = field(default_factory=list)  # the POOL best distinct candidates assembled here (finalize's extra)
     side_best: Candidate | None = None  # the lead's best candidate under the other training settings
+    losses: int = 0  # candidates in a row this (other) setting lost by far on (candidate.other_settings)
 
     def keep(self, candidate: Candidate) -> None:
         """Remember ``candidate`` among the :data:`POOL` best distinct plans assembled under this

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
@@ -186,13 +186,18 @@ def ends_by(deadline: float, took: float) -> bool:
 
 
 def search_loop(context: SearchContext, dps: list[int], rng: random.Random, deadline: float, best: Candidate,
-                progress: Progress, yield_at: float = INF) -> Candidate:
+                progress: Progress, yield_at: float = INF, interlude: Callable[[], None] | None = None,
+                strict: bool = False) -> Candidate:
     """The §4.4 loop: the initial D_dp sweep, then a walk around the best. With spare cores
     the sweep's fixed cuts are laid out ahead (:func:`prefetch`) and the walk
     is guessed and laid out ahead from :data:`WALK_AHEAD_FROM` devices (:func:`speculate`, at
     most three times); the plan is the
     one-process plan either way. A sweep still under way at ``yield_at`` ends there (its
-    candidates are too slow for the budget: :data:`LEAD_SHARE`); the walk runs to ``deadline``."""
+    candidates are too slow for the budget: :data:`LEAD_SHARE`); the walk runs to ``deadline``.
+    ``interlude``: called once between the sweep and the walk (the other training settings'
+    own sweep, :func:`side_sweep`: breadth before depth, so a short budget sees every setting's
+    numbers of pipelines before walking around one). Past ``deadline`` the loop goes on until
+    something fits, unless ``strict``."""
     n = context.config.iterations
     sweep = initial_sweep(dps, n)
     ahead = context.workers > 1 and len(context.graph) <= context.config.machine_graph_above
@@ -207,8 +212,12 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
     took = 0.0  # the last candidate's seconds: one that would end past the deadline is not begun
     for it in range(n):
         if not ends_by(min(deadline, yield_at) if it < len(sweep) else deadline, took) and \
-                (best.score < INF or context.steering(best).score < INF):
+                (strict or best.score < INF or context.steering(best).score < INF):
             break  # anytime: the best so far once anything fits; until then the search goes on
+        if it == len(sweep) and interlude is not None:
+            interlude()
+            if not ends_by(deadline, took):
+                break
         if it < len(sweep):
             d_dp, objective = sweep[it]
             objective = objective or context.choose_objective(rng)
@@ -221,7 +230,7 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
         if guessed.get(it, (d_dp, objective, shifts, seed)) != (d_dp, objective, shifts, seed):
             guessed = {}  # the walk left the guess: guess again from the next step
         began = time.monotonic()
-        cand = two_phase(context, d_dp, objective, shifts, seed)
+        cand = two_phase(context, d_dp, objective, shifts, seed, deadline=deadline)
         took = time.monotonic() - began
         if cand.score < best.score:
             best = cand
@@ -307,7 +316,7 @@ def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | No
 
 
 def search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
-           progress: Progress = no_progress, memo: dict | None = None) -> Searched:
+           progress: Progress = no_progress, memo: dict | None = None, strict: bool = False) -> Searched:
     """The iterative two-phase search of §4.4; returns the best candidates found (never worse
     than the seeds' whose number of pipelines lies in the configured D_dp range), priced by the
     search's model. ``time_limit`` (s) stops the loop early; everything else is seeded. A
@@ -319,7 +328,9 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     the choice, and the final plan is the exactly re-priced better of it and the first option's
     own (polished) result, with schedules re-chosen (:func:`finish`). Other training settings
     (``problem.train_options``) are priced on the same candidates
-    (:func:`hexicore.planner.search.candidate.two_phase`); the best of all steers the walk."""
+    (:func:`hexicore.planner.search.candidate.two_phase`); the best of all steers the walk.
+    ``strict``: the time limit holds even where nothing fits yet (a sub-cluster's search, the
+    whole cluster's having a plan): out of time, a one-line error on ``solver.time_limit``."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     context = make_context(problem, config, memo)
@@ -338,16 +349,21 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
             seeds = [c for c in seeds if c.plan is None or not idle_devices(problem, c.plan)]
         own = lead_pipeline_counts(context) or dps  # the lead setting's walk is the one it takes alone
         lead_ends = INF if set(dps) <= set(own) else time.monotonic() + LEAD_SHARE * (deadline - time.monotonic())
+        side = SideWalk(context, own, dps, random.Random(seed + 1), deadline, progress)
         best = search_loop(context, own, rng, deadline, min(seeds or [Candidate(INF, None, None, "none")],
-                                                         key=lambda c: c.score), progress, lead_ends)
+                                                         key=lambda c: c.score), progress, lead_ends,
+                           side.sweep if context.others else None, strict)
         if context.others:
-            side_walk(context, own, dps, random.Random(seed + 1), deadline, progress)
+            side.sweep()
+            side.walk()
         if best.plan is None and partial and min(c.score for c in partial) < INF:
             best = min(partial, key=lambda c: c.score)
             log.warning("solver.use_all_devices=true: no plan that gives every device a pipeline stage fits (%s); "
                         "devices %s are left idle", EVERY_STAGE, ", ".join(idle_devices(problem, best.plan)))
     side = context.side_best if context.side_best is not None and context.side_best.score < INF else None
     if best.plan is None and side is None:
+        if strict and time.monotonic() > deadline:
+            raise HexicoreError(f"no plan found within the time limit of {time_limit:g} s", field="solver.time_limit")
         raise no_fit_error(problem, config.use_all_devices)
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
@@ -420,7 +436,7 @@ FINAL_MOST = 6
 #: under a time budget, where other training settings allow numbers of pipelines the lead's
 #: memory does not (ZeRO frees memory: often more pipelines) and the lead's initial sweep is
 #: still under way after this share of the time left after seeding (its candidates are slow: a
-#: large cluster), the lead's loop ends there and the side walk (:func:`side_walk`) has the
+#: large cluster), the lead's loop ends there and the side walk (:class:`SideWalk`) has the
 #: rest, so those are searched too; a lead that swept in time walks on to the deadline (no
 #: budget: all of both run)
 LEAD_SHARE = 0.5
@@ -428,44 +444,89 @@ LEAD_SHARE = 0.5
 SIDE_SHARE = 3
 #: how many other training settings walk in the side walk (the fastest so far)
 SIDE_FOCI = 1
+#: under a time budget, the side walk's sweep takes at most this share of the time left when it
+#: begins (its walks, and the lead's, have the rest)
+SIDE_SWEEP_SHARE = 0.5
 
 
-def side_walk(context: SearchContext, own: list[int], dps: list[int], rng: random.Random, deadline: float,
-              progress: Progress = no_progress) -> None:
-    """After the lead setting's loop, the other training settings' own part of the search: the
-    numbers of pipelines only they allow (both cuts), then, taking turns, a short search of
+def coarse_to_fine(values: Sequence[int]) -> list[int]:
+    """``values`` in an order that covers their range evenly at every prefix: the ends, then the
+    middle of each gap, level by level (a search cut short has seen the whole range coarsely)."""
+    if len(values) <= 2:
+        return list(values)
+    out, gaps = [values[0], values[-1]], [(0, len(values) - 1)]
+    while gaps:
+        nxt = []
+        for lo, hi in gaps:
+            if hi - lo > 1:
+                mid = (lo + hi) // 2
+                out.append(values[mid])
+                nxt += [(lo, mid), (mid, hi)]
+        gaps = nxt
+    return out
+
+
+@dataclass
+class SideWalk:
+    """After (or inside, :func:`search_loop`'s ``interlude``) the lead setting's loop, the other
+    training settings' own part of the search: :meth:`sweep`, the numbers of pipelines only they
+    allow (both cuts), then :meth:`walk`, taking turns, a short search of
     ``iterations / SIDE_SHARE`` candidates by each of the :data:`SIDE_FOCI` other settings whose
     best candidates are fastest (:func:`focus_steps`: its own sweep over the numbers of pipelines
     it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or
     micro-batch size that frees memory gives other stage strategies than the lead's stages
-    re-laid out); the candidates are kept aside as in the loop."""
-    took = 0.0  # the last step's seconds (:func:`ends_by`)
-    done = context.config.iterations / (context.config.iterations + 1)  # (the loop's share of the bar)
-    for d_dp in (d for d in dps if d not in own):
-        for objective in ("min_cut", "max_cut"):
-            if ends_by(deadline, took):
-                progress(f"hexiscale: other training settings, D_dp={d_dp} ({objective})", done)
+    re-laid out); the candidates are kept aside as in the loop. Each part runs once."""
+
+    context: SearchContext
+    own: list[int]
+    dps: list[int]
+    rng: random.Random
+    deadline: float
+    progress: Progress = no_progress
+    took: float = 0.0  # the last step's seconds (:func:`ends_by`)
+    swept: bool = False
+
+    def sweep(self) -> None:
+        """The numbers of pipelines the lead setting does not allow, both cuts (once), coarse to
+        fine (:func:`coarse_to_fine`), for :data:`SIDE_SWEEP_SHARE` of the time left at most."""
+        if self.swept:
+            return
+        self.swept = True
+        context = self.context
+        done = context.config.iterations / (context.config.iterations + 1)  # (the loop's share of the bar)
+        ends = self.deadline if self.deadline == INF else \
+            time.monotonic() + SIDE_SWEEP_SHARE * (self.deadline - time.monotonic())
+        for d_dp in coarse_to_fine([d for d in self.dps if d not in self.own]):
+            for objective in ("min_cut", "max_cut"):
+                if ends_by(ends, self.took):
+                    self.progress(f"hexiscale: other training settings, D_dp={d_dp} ({objective})", done)
+                    began = time.monotonic()
+                    two_phase(context, d_dp, objective, (0,), self.rng.randrange(2**31), side=True,
+                              deadline=self.deadline)
+                    self.took = time.monotonic() - began
+
+    def walk(self) -> None:
+        """The focus settings' short searches, taking turns, to the deadline."""
+        context, rng = self.context, self.rng
+        done = context.config.iterations / (context.config.iterations + 1)
+        foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
+                      key=lambda c: (c.best_found.score, c.choice))[:SIDE_FOCI]
+        walks = [(focus, focus_steps(focus, lead_pipeline_counts(focus) or self.dps, rng,
+                                     context.config.iterations // SIDE_SHARE)) for focus in foci]
+        while walks:
+            for focus, steps in list(walks):
+                step = next(steps, None)
+                if not ends_by(self.deadline, self.took):
+                    return
+                if step is None:
+                    walks.remove((focus, steps))
+                    continue
+                train = focus.problem.train
+                self.progress(f"hexiscale: walk of ZeRO-{train.zero_stage}, micro-batch {train.micro_batch} "
+                              f"(D_dp={step[0]}, {step[1]})", done)
                 began = time.monotonic()
-                two_phase(context, d_dp, objective, (0,), rng.randrange(2**31), side=True)
-                took = time.monotonic() - began
-    foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
-                  key=lambda c: (c.best_found.score, c.choice))[:SIDE_FOCI]
-    walks = [(focus, focus_steps(focus, lead_pipeline_counts(focus) or dps, rng,
-                                 context.config.iterations // SIDE_SHARE)) for focus in foci]
-    while walks:
-        for focus, steps in list(walks):
-            step = next(steps, None)
-            if not ends_by(deadline, took):
-                return
-            if step is None:
-                walks.remove((focus, steps))
-                continue
-            train = focus.problem.train
-            progress(f"hexiscale: walk of ZeRO-{train.zero_stage}, micro-batch {train.micro_batch} "
-                     f"(D_dp={step[0]}, {step[1]})", done)
-            began = time.monotonic()
-            context.track_side([two_phase(focus, *step, rng.randrange(2**31))])
-            took = time.monotonic() - began
+                context.track_side([two_phase(focus, *step, rng.randrange(2**31), deadline=self.deadline)])
+                self.took = time.monotonic() - began
 
 
 def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: int):

@@ -70,20 +70,28 @@ class SearchConfig:
     machine_graph_above: int = 128
     time_budget: float | str | None = "auto"
 
-    #: ``time_budget=auto``: :data:`BUDGET_PER_DEVICE` seconds a device, within these bounds (s)
-    BUDGET_RANGE = (8.0, 25.0)
-    BUDGET_PER_DEVICE = 0.025
+    #: ``time_budget=auto``: seconds at these cluster sizes (devices), linear in between and
+    #: constant past either end: about 90% of the search times the planner aims at (8 GPUs:
+    #: a few seconds; 16-32 GPUs: 5 s; 320: 10 s; 1024: 30 s; clusters between
+    #: 32 and 320 GPUs have no target: 64 GPUs get 7 s), the rest left for the exact
+    #: pricing and final schedules that follow the search
+    BUDGET_POINTS = ((8, 2.0), (16, 4.5), (32, 4.5), (64, 7.0), (320, 7.5), (1024, 25.0))
 
     def budget(self, devices: int) -> float | None:
         """The seconds of :attr:`time_budget` for a cluster of ``devices`` (None: no limit):
-        ``auto`` is 25 ms a device, at least 8 s and at most 25 s (up to 320 GPUs: 8 s; 1024:
-        25 s), so a large cluster's search stops in time and a small one's (a few seconds of
-        work) runs to its last iteration whatever the machine's load."""
+        ``auto`` interpolates :data:`BUDGET_POINTS` (8 GPUs: 2 s, 16-32: 4.5 s, 64: 7 s, 320:
+        7.5 s, 1024 and more: 25 s), so the search answers in about the same time on any load; a number is
+        that many seconds."""
         if self.time_budget is None:
             return None
         if self.time_budget == "auto":
-            low, high = self.BUDGET_RANGE
-            return min(high, max(low, self.BUDGET_PER_DEVICE * devices))
+            points = self.BUDGET_POINTS
+            if devices <= points[0][0]:
+                return points[0][1]
+            for (n0, s0), (n1, s1) in zip(points, points[1:]):
+                if devices <= n1:
+                    return s0 + (s1 - s0) * (devices - n0) / (n1 - n0)
+            return points[-1][1]
         return float(self.time_budget)
 
     def __post_init__(self) -> None:

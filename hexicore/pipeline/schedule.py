@@ -90,6 +90,11 @@ class Pricing:
       A chain that visits a rank more than once (interleaved 1F1B, Hanayo's waves, looped BFS)
       is read from the schedule's template (:meth:`ActionSchedule.gradient_chain`), chunk by
       chunk; tests/cost/test_overlap.py checks the declaration against simulated runs.
+    * ``simulations`` — about how many simulations of a pipeline building its lists for that
+      pipeline costs (1: one build and one simulation; a synthesis that searches orders by
+      simulating them: hundreds): under a time budget ``schedule=auto``'s final re-pricing
+      begins it only with that many times one simulation of the pipeline left
+      (:mod:`hexicore.planner.final_schedules`).
 
     Exact times: :meth:`ActionSchedule.pipeline_time` (closed form where exact, else simulated);
     peak activations: :meth:`ActionSchedule.peaks` (closed rule if declared, else simulated).
@@ -103,12 +108,15 @@ class Pricing:
     micro_batches_per_rank: int = 0
     peaks_grow: bool = False
     chained_gradients: bool = False
+    simulations: int = 1
 
     def __post_init__(self) -> None:
         if self.growth not in (STEADY, BLOCKS):
             raise ValueError(f"Pricing.growth must be {STEADY!r} or {BLOCKS!r}, got {self.growth!r}")
         if self.min_ranks < 1:
             raise ValueError(f"Pricing.min_ranks must be >= 1, got {self.min_ranks}")
+        if self.simulations < 1:
+            raise ValueError(f"Pricing.simulations must be >= 1, got {self.simulations}")
         if self.micro_batches_per_rank < 0:
             raise ValueError(f"Pricing.micro_batches_per_rank must be >= 0, got {self.micro_batches_per_rank}")
 

@@ -86,14 +86,15 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
         return plan
     cost, book = priced
     base = cost.estimate(plan)
-    pipes, seen_all, shapes = [], [], {}
+    pipes, seen_all, shapes, simulation_s = [], [], {}, 0.0
     for i, p in enumerate(plan.pipelines):
         progress(f"auto: final schedules for pipeline {i + 1}/{len(plan.pipelines)}", i / len(plan.pipelines))
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
         n = p.n_micro_batches(plan.train.micro_batch)
         key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
         if key not in shapes:
-            shapes[key] = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline)
+            ref, seen, simulation_s = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline, simulation_s)
+            shapes[key] = ref, seen
         ref, seen = shapes[key]
         pipes.append(Pipeline(p.batch, p.stages, ref))
         seen_all.append(seen)
@@ -127,25 +128,36 @@ def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tupl
 
 
 def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
-            stage_s: list, hop_s: list, n: int, deadline: float | None = None) -> tuple[ScheduleRef, dict]:
+            stage_s: list, hop_s: list, n: int, deadline: float | None = None,
+            simulation_s: float = 0.0) -> tuple[ScheduleRef, dict, float]:
     """One pipeline: its schedule, or the fastest final option that is faster and fits; an
     option whose lower bound leaves no room to beat the best so far
-    (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``."""
+    (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``,
+    nor one whose ``Pricing.simulations`` times the slowest simulation seen so far (of this
+    pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time) would
+    end past it. Returns the schedule, the seconds per option tried and that slowest simulation."""
+    began = time.monotonic()
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
+    one = max(simulation_s, time.monotonic() - began)  # one simulation of a pipeline, about (the slowest seen)
     seen = {}
     for ref in refs:
         if deadline is not None and time.monotonic() > deadline:
             break
         if not book.runs(ref, len(p.stages), n):
             continue
+        if deadline is not None and time.monotonic() + book.schedule(ref).pricing.simulations * one > deadline:
+            continue  # (``Pricing.simulations``: a synthesis would end past the budget)
         if not worth_pricing(placed_bound(book, cost, plan, p, ref), best_s):
             continue
         ref = capped(book, cost, plan, p, ref)
+        began = time.monotonic()
         try:
             chosen, secs = resolve_placed(book, cost, plan, Pipeline(p.batch, p.stages, ref))
         except HexicoreError:
             continue  # the schedule refuses this pipeline (e.g. too few micro-batches for it)
+        if book.schedule(ref).pricing.simulations == 1:
+            one = max(one, time.monotonic() - began)
         seen[chosen.name] = round(secs, 6)
         if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
             best, best_s = chosen, secs
-    return best, seen
+    return best, seen, one

@@ -69,7 +69,7 @@ class Synth(ActionSchedule):
     hop_times: Any = None
     effort: str = "full"
     name = "synth"
-    pricing = Pricing(memory_cap=True)
+    pricing = Pricing(memory_cap=True, simulations=400)  # a synthesis simulates a few hundred orders
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", positive_memory(self.memory, self.name, per_rank=True))

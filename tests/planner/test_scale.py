@@ -202,3 +202,26 @@ def test_large_cluster_path_gives_valid_renamed_layouts():
         again = layout_pipeline(ctx.table, lay.stages, ctx.micro_batches - 3, lay.layers)
         assert again == lay
     assert any(k[0] == "shared" for k in ctx.phase2_cache)
+
+
+def test_the_largest_fitting_layer_count_is_the_brute_force_one():
+    """``largest_fitting`` (a stage's memory cap) equals the scan over every l, for memories
+    growing with l that are affine from one block on (its quick path), jump at l = 1, bend, or
+    never fit."""
+    from hexicore.planner.stage_layout.stage_table import largest_fitting
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        layers = rng.randrange(0, 40)
+        base, per, jump = rng.uniform(0, 30), rng.uniform(0, 4), rng.choice((0.0, 0.0, rng.uniform(0, 5)))
+        bend = rng.choice((0.0, 0.0, rng.uniform(0, 0.3)))
+        limit = rng.uniform(0, 80)
+
+        def memory(l: int) -> float:
+            return base + per * l + (jump if l >= 1 else 0.0) + bend * l * l
+
+        def fits(l: int) -> bool:
+            return memory(l) <= limit
+
+        want = max((l for l in range(layers + 1) if memory(l) <= limit), default=-1)
+        assert largest_fitting(fits, memory, limit, layers) == want

@@ -180,21 +180,40 @@ class StageTable:
         if key not in self._caps:
             limit = min(self.cluster.device(d).memory_gb for d in devices)
 
-            def fits(l: int) -> bool:
+            def memory(l: int) -> float:
                 more = {} if copies == 1 else {"share_layers": l}  # one in-flight micro-batch spans one copy
                 more.update({} if tied is None or rule else {"tied_heads": tied})
                 return self.priced.stage_memory_gb(devices, copies * l, first=first, last=last,
-                                                   in_flight=in_flight, dp=self.dp, **more) <= limit
+                                                   in_flight=in_flight, dp=self.dp, **more)
 
-            lo, hi = -1, self.model.layers  # largest l with fits(l); memory grows with l
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if fits(mid):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            self._caps[key] = lo
+            def fits(l: int) -> bool:
+                return memory(l) <= limit
+
+            self._caps[key] = largest_fitting(fits, memory, limit, self.model.layers)
         return self._caps[key]
+
+
+def largest_fitting(fits: Callable[[int], bool], memory: Callable[[int], float], limit: float, layers: int) -> int:
+    """The largest l in 0..``layers`` with ``fits(l)`` (memory grows with l), -1 if none: where
+    the memory is affine in l from one block on (MEM-CUMSUM is: per-block state and activations
+    times l, plus what the stage keeps whatever its blocks), the line through l = 1 and 2 names
+    the answer and two checks confirm it (l fits, l + 1 does not); else, or where they do not,
+    a binary search (about log2 L checks)."""
+    if layers >= 3:
+        m1, m2 = memory(1), memory(2)
+        slope = m2 - m1
+        if slope > 0 and m1 <= limit:
+            guess = min(layers, 1 + int((limit - m1) / slope + 1e-9))
+            if fits(guess) and (guess == layers or not fits(guess + 1)):
+                return guess
+    lo, hi = -1, layers
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ from hexicore.cost.precision import (StateBytes, device_params, largest_unit_par
 from hexicore.cost.split import forward_backward
 from hexicore.cost.transfer import allreduce_s, broadcast_s, ring_pass_s, send_s
 
+#: inputs :meth:`AnalyticCostModel.stage_memory_parts` keeps the answer for before it starts over
+MEMORY_KEPT = 200_000
+
+
 @dataclass(frozen=True)
 class AnalyticCostModel:
     """HexiScale App. A with the gaps filled (see each method).
@@ -67,6 +71,10 @@ class AnalyticCostModel:
     sync_bytes_per_param: float | None = None
     #: prices a group of devices by its machine's GPU type and links only (the planner caches per machine class)
     class_priced: ClassVar[bool] = True
+    #: :meth:`stage_memory_parts` per input (a pure function of the model, the training setting,
+    #: the TP degree and the counts: the planner asks it thousands of times, for every group of
+    #: every layout); new with every instance, so a ``replace``d model never reads another's
+    _memory: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------- pieces
     def state_bytes(self, train: TrainSettings) -> StateBytes:
@@ -208,7 +216,22 @@ class AnalyticCostModel:
           gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
           gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.
         """
-        tp, rows = len(devices), vocab_split(train, len(devices))
+        key = (model, train, len(devices), n_layers, first, last, in_flight, dp, kept, share_layers, tied_heads)
+        hit = self._memory.get(key)
+        if hit is None:
+            if len(self._memory) >= MEMORY_KEPT:  # a memo only: bounded
+                self._memory.clear()
+            hit = self._memory[key] = self._memory_parts(model, train, len(devices), n_layers, first=first,
+                                                         last=last, in_flight=in_flight, dp=dp, kept=kept,
+                                                         share_layers=share_layers, tied_heads=tied_heads)
+        return dict(hit)
+
+    def _memory_parts(self, model: ModelSpec, train: TrainSettings, tp: int, n_layers: int, *, first: bool,
+                      last: bool, in_flight: float, dp: int, kept: float | None, share_layers: int | None,
+                      tied_heads: float | None) -> dict[str, float]:
+        """:meth:`stage_memory_parts` computed (it depends on the stage's devices only through
+        their number, the TP degree ``tp``)."""
+        rows = vocab_split(train, tp)
         layer_p = model.layer_params()
         params = n_layers * layer_p + first * model.embedding_params() + last * model.head_params() + \
             tied_copies(model, first, last, tied_heads) * model.vocab * model.hidden

@@ -71,10 +71,12 @@ class SearchConfig:
     time_budget: float | str | None = "auto"
 
     #: ``time_budget=auto``: seconds at these cluster sizes (devices), linear in between and
-    #: constant past either end: about 90% of the search times the planner aims at (8 GPUs:
-    #: a few seconds; 16-32 GPUs: 5 s; 320: 10 s; 1024: 30 s; clusters between
-    #: 32 and 320 GPUs have no target: 64 GPUs get 7 s), the rest left for the exact
-    #: pricing and final schedules that follow the search
+    #: constant past either end: about 90% of the search times the planner aims at (16-32 GPUs:
+    #: 5 s; 320: 10 s; 1024: 30 s; clusters between 32 and 320 GPUs have no target: 64 GPUs get
+    #: 7 s), the rest left for the exact pricing and final schedules that follow the search. 8
+    #: GPUs get 2 s, twice their search's own work on this machine with every option on, so a
+    #: small cluster's plan stays the seed's alone on a loaded host (its target, 1 s, is missed by
+    #: about 0.2 s with every option on; 0.1-0.3 s with the defaults)
     BUDGET_POINTS = ((8, 2.0), (16, 4.5), (32, 4.5), (64, 7.0), (320, 7.5), (1024, 25.0))
 
     def budget(self, devices: int) -> float | None:

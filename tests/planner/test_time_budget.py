@@ -8,6 +8,7 @@ import pytest
 from hexicore.app.compose import config_from_overrides, solve
 from hexicore.core.errors import HexicoreError
 from hexicore.planner.search.search_config import SearchConfig
+from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.registry import Registry
 
 
@@ -53,3 +54,57 @@ def test_free_parameters_are_chosen_on_a_few_periods_with_the_remainder_kept():
                 assert rep == n
             else:
                 assert rep % period == n % period and (CHOOSE_PERIODS - 1) * period < rep <= CHOOSE_PERIODS * period
+
+
+def test_coarse_to_fine_covers_the_range_at_every_prefix():
+    """The side sweep's order: every value once; the ends first; after 2 + (2^k - 1) values no
+    gap between neighbours is wider than (the span) / 2^k, rounded up."""
+    from hexicore.planner.search.loop import coarse_to_fine
+
+    assert coarse_to_fine([]) == [] and coarse_to_fine([5]) == [5] and coarse_to_fine([3, 4]) == [3, 4]
+    assert coarse_to_fine(list(range(1, 10))) == [1, 9, 5, 3, 7, 2, 4, 6, 8]
+    for lo, hi in ((1, 2), (2, 17), (6, 40), (1, 1024)):
+        values = list(range(lo, hi + 1))
+        order = coarse_to_fine(values)
+        assert sorted(order) == values and order[:2] == [lo, hi]
+        for k in range(1, 6):
+            seen = sorted(order[:min(len(order), 2 + 2 ** k - 1)])
+            assert max(b - a for a, b in zip(seen, seen[1:])) <= -(-(hi - lo) // 2 ** k)
+
+
+def test_the_throughput_bound_is_the_bubble_free_split_of_the_batch():
+    """``M / sum_i 1 / max_j STAGE_ij``: pipelines whose slowest stages take 2 s and 4 s pass
+    0.5 + 0.25 micro-batches a second, so 30 micro-batches take 40 s at least; a 1F1B
+    pipeline's modelled time is never below its share."""
+    from hexicore.planner.search.candidate import throughput_bound
+    from hexicore.planner.stage_layout.stage_table import StageLayout
+
+    fast = StageLayout((("a",), ("b",)), (3, 1), (1.0, 2.0), (0.1,))
+    slow = StageLayout((("c",),), (4,), (4.0,), ())
+    assert throughput_bound([fast, slow], 30) == pytest.approx(40.0)
+    assert throughput_bound([fast], 30) == pytest.approx(60.0)
+    fill, step = fast.fill_step()  # App. A: 1F1B's time at n micro-batches is fill + (n - 1) step
+    assert all(fill + (n - 1) * step >= throughput_bound([fast], n) for n in range(1, 100))
+
+
+def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
+    """``Pricing.simulations`` (synth: 400): with one simulation of the pipeline taking 1 s (as
+    if measured) and 60 s left, the final re-pricing tries every named final option but not
+    synth; without a budget synth is tried too."""
+    from hexicore.app.compose import build_problem
+    from hexicore.planner.final_schedules import _choose, _pricing, final_options
+
+    registry = Registry.default()
+    problem = build_problem(config_from_overrides(["cluster=paper_case", "model=llama2_13b", "train.global_batch=20",
+                                                   "schedule=auto"]), registry)
+    plan = registry.create("solver", "hexiscale", iterations=2, polish_rounds=1, time_budget=None,
+                           use_all_devices=True).solve(problem, seed=0)
+    cost, book = _pricing(problem)
+    pipe = plan.pipelines[0]
+    stage_s, hop_s = cost.pipeline_pieces(plan, pipe)
+    n = pipe.n_micro_batches(plan.train.micro_batch)
+    refs = final_options(problem.schedule)
+    assert book.schedule(ScheduleRef("synth")).pricing.simulations == 400
+    _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
+    _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
+    assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0

@@ -30,11 +30,14 @@ from hexicore.planner.stage_layout.batch import allocate_batch
 from hexicore.planner.stage_layout.phase2 import phase2
 from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline
 
+
 def throughput_bound(layouts: Sequence[StageLayout], micro_batches: int) -> float:
     """A lower bound on the time any schedule takes to run ``micro_batches`` over ``layouts``'
     pipelines: pipeline i passes at most one micro-batch per ``b_i = max_j STAGE_ij`` (its
     slowest stage, forward and backward; no schedule runs a stage's micro-batches faster), so
-    with the batch split at best ``M / sum_i 1 / b_i`` (no bubble, no hop, no DP sync)."""
+    with the batch split at best ``M / sum_i 1 / b_i`` (no bubble, no hop, no DP sync): the
+    schedule pricer's tier-0 bound (``n x max_j STAGE_j`` for one pipeline) with the batch split
+    over the pipelines relaxed to fractions."""
     rate = sum(1.0 / max(lay.stage_s) for lay in layouts if lay.stage_s and max(lay.stage_s) > 0)
     return micro_batches / rate if rate > 0 else 0.0
 

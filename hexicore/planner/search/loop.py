@@ -195,7 +195,7 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
     one-process plan either way. A sweep still under way at ``yield_at`` ends there (its
     candidates are too slow for the budget: :data:`LEAD_SHARE`); the walk runs to ``deadline``.
     ``interlude``: called once between the sweep and the walk (the other training settings'
-    own sweep, :func:`side_sweep`: breadth before depth, so a short budget sees every setting's
+    own sweep, :meth:`SideWalk.sweep`: breadth before depth, so a short budget sees every setting's
     numbers of pipelines before walking around one). Past ``deadline`` the loop goes on until
     something fits, unless ``strict``."""
     n = context.config.iterations
@@ -475,7 +475,8 @@ class SideWalk:
     best candidates are fastest (:func:`focus_steps`: its own sweep over the numbers of pipelines
     it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or
     micro-batch size that frees memory gives other stage strategies than the lead's stages
-    re-laid out); the candidates are kept aside as in the loop. Each part runs once."""
+    re-laid out); the candidates are kept aside as in the loop. :meth:`sweep` runs once (a
+    second call, after the loop's ``interlude``, does nothing)."""
 
     context: SearchContext
     own: list[int]

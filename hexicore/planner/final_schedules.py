@@ -28,6 +28,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan
 from hexicore.core.schedule_ref import ScheduleRef
 from hexicore.pipeline.pricer import worth_pricing
+from hexicore.pipeline.spec import ScheduleSpec
 from hexicore.planner.allocation.objective import rate
 from hexicore.planner.stage_layout.pipeline_fit import capped, fits
 from hexicore.planner.pricing import AUTO, ScheduleBook, auto_defaults, placed_bound, resolve_placed, timed_cost
@@ -135,17 +136,22 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
     (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``,
     nor one whose ``Pricing.simulations`` times the slowest simulation seen so far (of this
     pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time) would
-    end past it. Returns the schedule, the seconds per option tried and that slowest simulation."""
+    end past it (before such an option, one simulation of the pipeline is timed afresh,
+    :func:`fresh_simulation_s`). Returns the schedule, the seconds per option tried and that
+    slowest simulation."""
     began = time.monotonic()
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     one = max(simulation_s, time.monotonic() - began)  # one simulation of a pipeline, about (the slowest seen)
-    seen = {}
+    seen, measured = {}, False
     for ref in refs:
         if deadline is not None and time.monotonic() > deadline:
             break
         if not book.runs(ref, len(p.stages), n):
             continue
-        if deadline is not None and time.monotonic() + book.schedule(ref).pricing.simulations * one > deadline:
+        many = book.schedule(ref).pricing.simulations
+        if deadline is not None and many > 1 and not measured:  # (the prices above may have been cached)
+            one, measured = max(one, fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)), True
+        if deadline is not None and time.monotonic() + many * one > deadline:
             continue  # (``Pricing.simulations``: a synthesis would end past the budget)
         if not worth_pricing(placed_bound(book, cost, plan, p, ref), best_s):
             continue
@@ -161,3 +167,15 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
         if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
             best, best_s = chosen, secs
     return best, seen, one
+
+
+def fresh_simulation_s(book: ScheduleBook, ref: ScheduleRef, stage_s: list, hop_s: list, n: int) -> float:
+    """Seconds to build and simulate ``ref``'s lists for this pipeline once, uncached: what
+    ``Pricing.simulations`` multiplies (a pipeline's own schedule was priced in the search, so its
+    price costs nothing now and says nothing of a simulation's cost)."""
+    began = time.monotonic()
+    try:
+        book.schedule(ref).simulate(ScheduleSpec.from_pieces(stage_s, hop_s, n))
+    except HexicoreError:
+        return 0.0
+    return time.monotonic() - began

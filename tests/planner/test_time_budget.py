@@ -108,3 +108,51 @@ def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
     _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
     _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
     assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0
+
+
+def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(monkeypatch):
+    """The pipeline's own price was cached by the search (it takes no time now), so before a
+    costly option the gate times one simulation afresh (:func:`fresh_simulation_s`): made to
+    take 1 s here, synth (400 of them) is not begun with 60 s left, and that second is reported
+    as the slowest simulation; the fresh simulation is a real, timed one."""
+    from hexicore.app.compose import build_problem
+    from hexicore.planner import final_schedules
+    from hexicore.planner.final_schedules import _choose, _pricing, final_options, fresh_simulation_s
+
+    registry = Registry.default()
+    problem = build_problem(config_from_overrides(["cluster=paper_case", "model=llama2_13b", "train.global_batch=20",
+                                                   "schedule=auto"]), registry)
+    plan = registry.create("solver", "hexiscale", iterations=2, polish_rounds=1, time_budget=None,
+                           use_all_devices=True).solve(problem, seed=0)
+    cost, book = _pricing(problem)
+    pipe = plan.pipelines[0]
+    stage_s, hop_s = cost.pipeline_pieces(plan, pipe)
+    n = pipe.n_micro_batches(plan.train.micro_batch)
+    assert fresh_simulation_s(book, pipe.schedule, stage_s, hop_s, n) > 0.0
+    book.exact(pipe.schedule, stage_s, hop_s, n)  # cached from here on
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
+    _, tight, slowest = _choose(book, cost, plan, pipe, final_options(problem.schedule), stage_s, hop_s, n,
+                                time.monotonic() + 60.0, 0.0)
+    assert "synth" not in tight and slowest == 1.0
+
+
+def test_a_share_of_the_budget_is_kept_for_the_exact_pricing(monkeypatch):
+    """Under ``solver.time_budget`` the searches get ``1 - FINAL_SHARE`` of it; their exact
+    pricing (and the final options after them) run to the whole budget."""
+    from hexicore.planner import hexiscale
+    from hexicore.planner.hexiscale import FINAL_SHARE
+
+    asked = []
+    real = hexiscale.search
+
+    def recorded(problem, config, **kwargs):
+        asked.append((kwargs["time_limit"], kwargs["prices_until"] - time.monotonic()))
+        return real(problem, config, **kwargs)
+
+    monkeypatch.setattr(hexiscale, "search", recorded)
+    over = ["cluster=paper_case", "model=llama2_13b", "train.global_batch=20", "solver.time_budget=40"]
+    solve(config_from_overrides(over), Registry.default())
+    limit, pricing = asked[0]  # the whole cluster's search, begun at once
+    assert 0 < FINAL_SHARE < 1
+    assert limit == pytest.approx(40 * (1 - FINAL_SHARE), abs=1.0) and pricing == pytest.approx(40, abs=1.0)
+    assert all(lim <= 40 * (1 - FINAL_SHARE) + 1e-9 for lim, _ in asked)

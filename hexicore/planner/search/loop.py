@@ -285,7 +285,7 @@ class Searched:
     best: Candidate
     seed: int
     replanned: bool
-    deadline: float = INF  # the search's time budget ends (``time.monotonic()``): the exact pricing's too
+    deadline: float = INF  # the exact pricing's time budget ends (``time.monotonic()``, :func:`finish`)
 
     @property
     def plan(self) -> Plan:
@@ -309,14 +309,16 @@ def unfit_error(context: SearchContext, plan: Plan) -> HexicoreError:
 
 
 def run_search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
-               progress: Progress = no_progress, memo: dict | None = None) -> Plan:
+               progress: Progress = no_progress, memo: dict | None = None, prices_until: float | None = None) -> Plan:
     """The iterative two-phase search of §4.4 (:func:`search`), its best plan priced exactly
-    (:func:`finish`)."""
-    return finish(search(problem, config, time_limit=time_limit, seed=seed, progress=progress, memo=memo), progress)
+    (:func:`finish`; ``prices_until`` as in :func:`search`)."""
+    return finish(search(problem, config, time_limit=time_limit, seed=seed, progress=progress, memo=memo,
+                         prices_until=prices_until), progress)
 
 
 def search(problem: Problem, config: SearchConfig, *, time_limit: float | None = None, seed: int = 0,
-           progress: Progress = no_progress, memo: dict | None = None, strict: bool = False) -> Searched:
+           progress: Progress = no_progress, memo: dict | None = None, strict: bool = False,
+           prices_until: float | None = None) -> Searched:
     """The iterative two-phase search of §4.4; returns the best candidates found (never worse
     than the seeds' whose number of pipelines lies in the configured D_dp range), priced by the
     search's model. ``time_limit`` (s) stops the loop early; everything else is seeded. A
@@ -330,7 +332,9 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     (``problem.train_options``) are priced on the same candidates
     (:func:`hexicore.planner.search.candidate.two_phase`); the best of all steers the walk.
     ``strict``: the time limit holds even where nothing fits yet (a sub-cluster's search, the
-    whole cluster's having a plan): out of time, a one-line error on ``solver.time_limit``."""
+    whole cluster's having a plan): out of time, a one-line error on ``solver.time_limit``.
+    ``prices_until``: when the exact pricing (:func:`finish`) must end, ``time.monotonic()``
+    (default: the search's own deadline; a solver keeps a share of its budget for it)."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     context = make_context(problem, config, memo)
@@ -390,7 +394,8 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         if c.plan.pipelines not in have:
             have.add(c.plan.pipelines)
             cands.append(c)
-    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, deadline)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned,
+                    deadline if prices_until is None else prices_until)
 
 
 def finish(found: Searched, progress: Progress = no_progress) -> Plan:

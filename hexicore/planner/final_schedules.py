@@ -3,8 +3,11 @@ tried on the final plan's pipelines only (``final_options``): those too costly t
 the search (a synthesis per pipeline shape, ``synth``) and the remaining named ones.
 
 The search and its exact re-choice (:func:`hexicore.planner.pricing.choose_exact`) use
-``schedule=auto``'s ``options``; the solver then calls :func:`reschedule` once on the plan it
-returns (after the allocation over sub-clusters, so once per ``hexicore plan``). Per pipeline
+``schedule=auto``'s ``options``; the search's final candidates then get the final options
+priced by one simulation each (:func:`hexicore.planner.search.loop.with_final_options`: a
+runner-up may win under one), and the solver calls :func:`reschedule` once more, with every
+final option, on the plan it returns (after the allocation over sub-clusters, so once per
+``hexicore plan``). Per pipeline
 (layers, devices and batch fixed), each of ``final_options`` (conf/schedule/auto.yaml's by
 default) is built for the pipeline's own stage and hop times; a schedule whose ``Pricing``
 declares ``memory_cap`` gets the pipeline's own per-rank cap (the most in-flight
@@ -75,13 +78,20 @@ def _pricing(problem: Problem) -> tuple[Any, ScheduleBook] | None:
     return timed_cost(problem.cost, book), book
 
 
-def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, deadline: float | None = None) -> Plan:
+def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, deadline: float | None = None,
+               most_simulations: int | None = None) -> Plan:
     """The module docstring's final re-pricing of ``plan`` (``problem.schedule`` is ``auto``
     with final options; otherwise ``plan`` is returned as it is). The solver section's
     ``schedules`` and ``schedule_s`` (seconds per option tried, per pipeline) and the rate
     figures follow the new plan. Past ``deadline`` (``time.monotonic()``, the solver's time
-    budget) no further option is tried (the options are tried in their listed order)."""
+    budget) no further option is tried (the options are tried in their listed order).
+    ``most_simulations``: only the options whose ``Pricing.simulations`` are at most this (1:
+    those priced by one simulation, as the search's final candidates are, before the winner
+    gets a synthesis too)."""
     refs = final_options(problem.schedule)
+    if most_simulations is not None and refs and problem.registry is not None:
+        book = problem.pricing or ScheduleBook(problem.registry)
+        refs = tuple(r for r in refs if book.schedule(r).pricing.simulations <= most_simulations)
     priced = _pricing(problem) if refs and problem.registry is not None else None
     if priced is None:
         return plan

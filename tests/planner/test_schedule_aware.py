@@ -77,7 +77,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 
 def test_options_validation():
     assert options({"name": "1f1b"}) == ({"name": "1f1b"},)
-    assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "hanayo", "zb_h1", "zb_v",
+    assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
                                                              "interleaved_zb"]
     from hexicore.core.errors import HexicoreError
 

@@ -12,7 +12,7 @@ from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Plan
 from hexicore.core.settings import TrainSettings
 from hexicore.cost.analytic import AnalyticCostModel
-from hexicore.planner.allocation.sub_clusters import machine_classes, sub_cluster
+from hexicore.planner.allocation.sub_clusters import fastest_types, machine_classes, sub_cluster
 from hexicore.planner.hexiscale import HexiScaleSolver
 from hexicore.planner.problem import Problem
 from hexicore.registry import Registry
@@ -82,6 +82,24 @@ def test_machine_classes_and_sub_clusters():
     assert machine_classes(c2) == [("A", "B"), ("S",)]
     sub = sub_cluster(c2, ("A", "S"))
     assert [d.machine for d in sub.devices] == ["A"] * 4 + ["S"] * 4
+
+
+def test_the_first_step_jumps_to_the_fastest_types_alone():
+    """``fastest_types``: per k the classes of the k GPU types of highest per-device FLOPS kept
+    whole, the others left out; never the sub-cluster of every type (that is ``counts``), and
+    types that ``counts`` already leaves out are not counted."""
+    machines = [{"name": "S", "gpu": "rtx3090", "count": 4, "bandwidth_gbs": 16, "latency_us": 10},
+                {"name": "H", "gpu": "h100-80g", "count": 8, "bandwidth_gbs": 450, "latency_us": 5},
+                {"name": "R", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10},
+                {"name": "A", "gpu": "a100-80g", "count": 8, "bandwidth_gbs": 300, "latency_us": 5}]
+    c = cluster(machines)
+    classes = machine_classes(c)
+    assert [cls[0] for cls in classes] == ["S", "H", "R", "A"]
+    speed = {m.name: m.gpu.tflops for m in c.machines}
+    assert speed["H"] > speed["A"] > speed["R"] > speed["S"]  # (the presets' peak rates)
+    assert fastest_types(c, classes, (1, 1, 1, 1)) == [(0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 1)]
+    assert fastest_types(c, classes, (1, 0, 1, 1)) == [(0, 0, 0, 1), (0, 0, 1, 1)]  # H already left out
+    assert fastest_types(c, classes, (0, 1, 0, 0)) == []  # one type: nothing to leave out
 
 
 GPUS = ("rtx4090", "rtx3090", "a100-40g")

@@ -17,7 +17,9 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   always candidates, so the plan is never worse than today's (``use_all_devices``) plan nor
   than the solver's own plan on every device of a cluster with one machine less — though it may be
   worse than the plan this allocation finds on that smaller cluster, which can come from a
-  sub-cluster the descent stops short of (a local optimum); while no plan meets ``budget_per_hour``
+  sub-cluster the descent stops short of (a local optimum); the first step also jumps to the
+  sub-clusters of the fastest GPU types alone (:func:`fastest_types`: the 1, 2, ... types of
+  highest per-device FLOPS), which a step of one machine or one type reaches only after many; while no plan meets ``budget_per_hour``
   (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
   most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
 * where no sub-cluster of whole machines meets ``budget_per_hour``, each class's first machine is
@@ -293,6 +295,8 @@ class _Search:
         cur = full
         while True:
             here, near = self.best, list(_neighbours(cur, self.classes, types))
+            if cur == full:  # the first step also jumps to the fastest types alone
+                near += [v for v in fastest_types(self.problem.cluster, self.classes, full) if v not in near]
             if screened:
                 self.prescreen([cur, *near], workers)
             more = self.largest(near)  # kept for a step after this one
@@ -370,6 +374,25 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
             yield tuple(0 if i in members else n for i, n in enumerate(counts))
 
 
+def fastest_types(cluster: Cluster, classes: list[tuple[str, ...]], counts: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The sub-clusters of ``counts`` that keep only the ``k`` GPU types of highest per-device
+    peak FLOPS, for ``k`` from 1 to one type fewer than ``counts`` holds: the greedy descent's
+    first step jumps to them beside its neighbours (a small batch or a 1F1B bubble can make the
+    fast GPUs alone best: on 320 GPUs of six types, Llama-2 70B at batch 24 plans best on the
+    three fastest, a descent of one machine or one type a step reaches only after many steps)."""
+    speed: dict[str, float] = {}
+    for cls, n in zip(classes, counts):
+        if n:
+            m = cluster.machine(cls[0])
+            speed[m.gpu.name] = m.gpu.tflops
+    order = sorted(speed, key=lambda g: -speed[g])
+    out = []
+    for k in range(1, len(order)):
+        keep = set(order[:k])
+        out.append(tuple(n if cluster.machine(cls[0]).gpu.name in keep else 0 for cls, n in zip(classes, counts)))
+    return out
+
+
 def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple[int, ...]]:
     """The classes of each GPU type and of each zone (when there are several): the greedy
     descent's moves that leave a whole type or zone out."""
@@ -422,6 +445,7 @@ def allocate(problem: Problem, solve: Solve, *, exhaustive: int = 8, progress: P
         if mode == "exhaustive" else []
     screened = mode == "greedy" and screen is not None and len(problem.cluster.devices) > screen_above
     near = list(_neighbours(full, classes, types))
+    near += [v for v in fastest_types(problem.cluster, classes, full) if v not in near]
     # the first step's screens run beside the whole cluster's search (they do not depend on it)
     early = s.prescreen_start([full, *near], workers - 1) if screened and workers > 1 else None
     try:

@@ -295,8 +295,9 @@ class _Search:
         cur = full
         while True:
             here, near = self.best, list(_neighbours(cur, self.classes, types))
+            regular = set(near)  # (the steps toward a budget: neighbours only, no jump)
             if cur == full:  # the first step also jumps to the fastest types alone
-                near += [v for v in fastest_types(self.problem.cluster, self.classes, full) if v not in near]
+                near += [v for v in fastest_types(self.problem.cluster, self.classes, full) if v not in regular]
             if screened:
                 self.prescreen([cur, *near], workers)
             more = self.largest(near)  # kept for a step after this one
@@ -306,7 +307,7 @@ class _Search:
             steps = [(v, self.trial(v, ahead=self.ahead(near[k:]) + more)) for k, v in enumerate(near)]
             self.progress(f"allocation: {len(self.trials)} sub-clusters solved", 0.75)
             if self.best is here:
-                cur = self.toward_budget(near)
+                cur = self.toward_budget([v for v in near if v in regular])
                 if cur is None:
                     return
                 continue

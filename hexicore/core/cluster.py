@@ -142,7 +142,8 @@ class Cluster:
     def max_tp(self, devices: Iterable[str]) -> int | None:
         """The largest TP group ``devices`` may form: the smallest ``max_tp`` of their machines
         (None: no machine caps it)."""
-        caps = [m.max_tp for m in {self._machines[self.device(d).machine] for d in devices} if m.max_tp is not None]
+        names = {self.device(d).machine for d in devices}  # (by name: a machine's hash is dear)
+        caps = [self._machines[n].max_tp for n in names if self._machines[n].max_tp is not None]
         return min(caps) if caps else None
 
     def emulation(self, device_id: str) -> Emulation:

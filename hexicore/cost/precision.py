@@ -58,13 +58,17 @@ class StateBytes:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer}
 
 
+#: the recipe's :class:`StateBytes` (immutable: one shared value)
+RECIPE_BYTES = StateBytes(**RECIPE)
+
+
 def state_bytes(dtype: str, override: float | None = None) -> StateBytes:
     """Per-parameter state of the runtime's recipe (module docstring): 4 + 4 + 8 = 16 B whatever
     ``dtype`` (the autocast dtype only shapes activations and messages); ``override`` (the
     ``cost.state_bytes_per_param`` setting) replaces the total, split 1/4 : 1/4 : 1/2."""
     if override is not None:
         return StateBytes(override / 4.0, override / 4.0, override / 2.0)
-    return StateBytes(**RECIPE)
+    return RECIPE_BYTES
 
 
 def sync_bytes(cost: Any, train: Any) -> float:

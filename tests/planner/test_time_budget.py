@@ -14,9 +14,9 @@ from hexicore.registry import Registry
 
 def test_the_automatic_budget_follows_the_cluster_size_targets():
     config = SearchConfig()
-    assert config.budget(4) == config.budget(8) == 2.0 and config.budget(16) == config.budget(32) == 4.5
+    assert config.budget(4) == config.budget(8) == 1.0 and config.budget(16) == config.budget(32) == 4.5
     assert config.budget(64) == 7.0 and config.budget(320) == 7.5 and config.budget(1024) == config.budget(4096) == 25.0
-    assert config.budget(24) == 4.5 and config.budget(12) == pytest.approx(3.25) and config.budget(48) == 5.75
+    assert config.budget(24) == 4.5 and config.budget(12) == pytest.approx(2.75) and config.budget(48) == 5.75
     assert config.budget(672) == pytest.approx(16.25)  # halfway from 320 to 1024
     sizes = range(1, 2000, 7)
     assert all(config.budget(a) <= config.budget(b) for a, b in zip(sizes, sizes[1:]))  # never less for more

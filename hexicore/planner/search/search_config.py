@@ -71,17 +71,17 @@ class SearchConfig:
     time_budget: float | str | None = "auto"
 
     #: ``time_budget=auto``: seconds at these cluster sizes (devices), linear in between and
-    #: constant past either end: about 90% of the search times the planner aims at (16-32 GPUs:
-    #: 5 s; 320: 10 s; 1024: 30 s; clusters between 32 and 320 GPUs have no target: 64 GPUs get
-    #: 7 s), the rest left for the exact pricing and final schedules that follow the search. 8
-    #: GPUs get 2 s, twice their search's own work on this machine with every option on, so a
-    #: small cluster's plan stays the seed's alone on a loaded host (its target, 1 s, is missed by
-    #: about 0.2 s with every option on; 0.1-0.3 s with the defaults)
-    BUDGET_POINTS = ((8, 2.0), (16, 4.5), (32, 4.5), (64, 7.0), (320, 7.5), (1024, 25.0))
+    #: constant past either end: about 90% of the search times the planner aims at (8 GPUs: 1 s;
+    #: 16-32 GPUs: 5 s; 320: 10 s; 1024: 30 s; clusters between 32 and 320 GPUs have no target:
+    #: 64 GPUs get 7 s), 15% of it kept for the exact pricing and final schedules that follow the
+    #: searches (:data:`hexicore.planner.hexiscale.FINAL_SHARE`). 8 GPUs get 1 s, about their
+    #: searches' own work on this machine with every option on: on a loaded host their plan
+    #: may then depend on the load (``solver.time_budget=null``: on the seed alone)
+    BUDGET_POINTS = ((8, 1.0), (16, 4.5), (32, 4.5), (64, 7.0), (320, 7.5), (1024, 25.0))
 
     def budget(self, devices: int) -> float | None:
         """The seconds of :attr:`time_budget` for a cluster of ``devices`` (None: no limit):
-        ``auto`` interpolates :data:`BUDGET_POINTS` (8 GPUs: 2 s, 16-32: 4.5 s, 64: 7 s, 320:
+        ``auto`` interpolates :data:`BUDGET_POINTS` (8 GPUs: 1 s, 16-32: 4.5 s, 64: 7 s, 320:
         7.5 s, 1024 and more: 25 s), so the search answers in about the same time on any load; a number is
         that many seconds."""
         if self.time_budget is None:

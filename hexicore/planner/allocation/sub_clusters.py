@@ -301,9 +301,12 @@ class _Search:
             if screened:
                 self.prescreen([cur, *near], workers)
             more = self.largest(near)  # kept for a step after this one
-            if screened:  # the most promising few, by their screens
-                near = sorted((v for v in near if self.promising(v, cur)),
-                              key=lambda v: self.quick_score(v) or (INF, INF))[:SCREENED_SOLVES]
+            if screened:  # the most promising few neighbours and jump, by their screens
+                ranked = sorted((v for v in near if self.promising(v, cur)),
+                                key=lambda v: self.quick_score(v) or (INF, INF))
+                chosen = set([v for v in ranked if v in regular][:SCREENED_SOLVES]
+                             + [v for v in ranked if v not in regular][:SCREENED_JUMPS])
+                near = [v for v in ranked if v in chosen]  # (best screens first: the time may run out)
             steps = [(v, self.trial(v, ahead=self.ahead(near[k:]) + more)) for k, v in enumerate(near)]
             self.progress(f"allocation: {len(self.trials)} sub-clusters solved", 0.75)
             if self.best is here:
@@ -406,8 +409,11 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
     return out
 
 
-#: a screened greedy step searches in full at most this many neighbours (the best screens that pass)
+#: a screened greedy step searches in full at most this many neighbours (the best screens that
+#: pass), and at most SCREENED_JUMPS of the first step's jumps to the fastest types besides
+#: (apart, so a jump never takes a neighbour's place: the descent's own path stays as it was)
 SCREENED_SOLVES = 2
+SCREENED_JUMPS = 1
 
 #: how many of the best sub-clusters' plans :func:`allocate` has priced exactly (``finish``)
 FINISHED = 2

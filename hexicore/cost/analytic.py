@@ -216,15 +216,23 @@ class AnalyticCostModel:
           gathered weights (:func:`hexicore.cost.precision.largest_unit_params`: the runtime
           gathers one block, the embedding or the norm + head at a time), and ``reserve_gb``.
         """
-        key = (model, train, len(devices), n_layers, first, last, in_flight, dp, kept, share_layers, tied_heads)
-        hit = self._memory.get(key)
-        if hit is None:
-            if len(self._memory) >= MEMORY_KEPT:  # a memo only: bounded
+        # the memo per (model, train) object, found by identity (hashing both costs more than the
+        # parts themselves; the entry holds them, so their ids stay theirs), then per the rest
+        entry = self._memory.get((id(model), id(train)))
+        if entry is None or entry[0] is not model or entry[1] is not train:
+            if len(self._memory) >= MEMORY_KEPT // 1000:  # a memo only: bounded
                 self._memory.clear()
-            hit = self._memory[key] = self._memory_parts(model, train, len(devices), n_layers, first=first,
-                                                         last=last, in_flight=in_flight, dp=dp, kept=kept,
-                                                         share_layers=share_layers, tied_heads=tied_heads)
-        return dict(hit)
+            entry = self._memory[id(model), id(train)] = (model, train, {})
+        memo = entry[2]
+        key = (len(devices), n_layers, first, last, in_flight, dp, kept, share_layers, tied_heads)
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) >= MEMORY_KEPT:
+                memo.clear()
+            hit = memo[key] = self._memory_parts(model, train, len(devices), n_layers, first=first, last=last,
+                                                 in_flight=in_flight, dp=dp, kept=kept, share_layers=share_layers,
+                                                 tied_heads=tied_heads)
+        return hit.copy()
 
     def _memory_parts(self, model: ModelSpec, train: TrainSettings, tp: int, n_layers: int, *, first: bool,
                       last: bool, in_flight: float, dp: int, kept: float | None, share_layers: int | None,

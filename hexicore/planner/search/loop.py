@@ -258,9 +258,12 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
             raise unfit_error(context, plan)
         return plan, {}
     out: list = []
-    for c in cands:
-        if c.plan is None:
+    priced = set()  # the same layout may come twice (a setting's best polished and the auto choice's,
+    for c in cands:  # under other schedules, which the exact pricing re-chooses alike): priced once
+        key = (tuple((p.batch, p.stages) for p in c.plan.pipelines), c.plan.train) if c.plan is not None else None
+        if key is None or key in priced:
             continue
+        priced.add(key)
         if context.auto:
             plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options, deadline)
         else:

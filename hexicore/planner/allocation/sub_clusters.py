@@ -234,6 +234,8 @@ class _Search:
         if score is None:
             return False
         mark = self.quick_score(here) if here is not None and self.machines(here) else None
+        if mark is None and here is not None and self.machines(here):  # the screen found nothing there:
+            mark = (INF, INF)  # one that finds a plan here does better than its like
         return score < self.best.score or (mark is not None and score < mark)
 
     def quick_score(self, counts: tuple[int, ...]) -> tuple[float, float] | None:

@@ -85,9 +85,10 @@ def test_machine_classes_and_sub_clusters():
 
 
 def test_the_first_step_jumps_to_the_fastest_types_alone():
-    """``fastest_types``: per k the classes of the k GPU types of highest per-device FLOPS kept
-    whole, the others left out; never the sub-cluster of every type (that is ``counts``), and
-    types that ``counts`` already leaves out are not counted."""
+    """``fastest_types``: per k the classes of the k GPU types of highest per-device FLOPS (then
+    of FLOPS times memory, the new ones only) kept whole, the others left out; never the
+    sub-cluster of every type (that is ``counts``), and types that ``counts`` already leaves out
+    are not counted."""
     machines = [{"name": "S", "gpu": "rtx3090", "count": 4, "bandwidth_gbs": 16, "latency_us": 10},
                 {"name": "H", "gpu": "h100-80g", "count": 8, "bandwidth_gbs": 450, "latency_us": 5},
                 {"name": "R", "gpu": "rtx4090", "count": 4, "bandwidth_gbs": 32, "latency_us": 10},
@@ -100,6 +101,12 @@ def test_the_first_step_jumps_to_the_fastest_types_alone():
     assert fastest_types(c, classes, (1, 1, 1, 1)) == [(0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 1)]
     assert fastest_types(c, classes, (1, 0, 1, 1)) == [(0, 0, 0, 1), (0, 0, 1, 1)]  # H already left out
     assert fastest_types(c, classes, (0, 1, 0, 0)) == []  # one type: nothing to leave out
+    # the L40S's peak is above the A100's, its peak times memory below (48 GB against 80 GB): both orders
+    machines = [{"name": n, "gpu": g, "count": 4, "bandwidth_gbs": 32, "latency_us": 10}
+                for n, g in (("H", "h100-80g"), ("L", "l40s"), ("A", "a100-80g"), ("S", "rtx3090"))]
+    c = cluster(machines)
+    assert fastest_types(c, machine_classes(c), (1, 1, 1, 1)) == [(1, 0, 0, 0), (1, 1, 0, 0), (1, 1, 1, 0),
+                                                                  (1, 0, 1, 0)]
 
 
 GPUS = ("rtx4090", "rtx3090", "a100-40g")

@@ -19,7 +19,8 @@ same solver on sub-clusters made of whole machines and keeps the best plan under
   worse than the plan this allocation finds on that smaller cluster, which can come from a
   sub-cluster the descent stops short of (a local optimum); the first step also jumps to the
   sub-clusters of the fastest GPU types alone (:func:`fastest_types`: the 1, 2, ... types of
-  highest per-device FLOPS), which a step of one machine or one type reaches only after many; while no plan meets ``budget_per_hour``
+  highest per-device FLOPS, or FLOPS times memory), which a step of one machine or one type
+  reaches only after many; while no plan meets ``budget_per_hour``
   (every neighbour still costs more), it steps on to the neighbour over the budget that keeps the
   most peak FLOPS per dollar, until sub-clusters within the budget are reached and solved;
 * where no sub-cluster of whole machines meets ``budget_per_hour``, each class's first machine is
@@ -381,21 +382,27 @@ def _neighbours(counts: tuple[int, ...], classes: list[tuple[str, ...]], types: 
 
 
 def fastest_types(cluster: Cluster, classes: list[tuple[str, ...]], counts: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The sub-clusters of ``counts`` that keep only the ``k`` GPU types of highest per-device
-    peak FLOPS, for ``k`` from 1 to one type fewer than ``counts`` holds: the greedy descent's
-    first step jumps to them beside its neighbours (a small batch or a 1F1B bubble can make the
-    fast GPUs alone best: on 320 GPUs of six types, Llama-2 70B at batch 24 plans best on the
-    three fastest, a descent of one machine or one type a step reaches only after many steps)."""
-    speed: dict[str, float] = {}
+    """The sub-clusters of ``counts`` that keep only the ``k`` fastest GPU types, for ``k`` from 1
+    to one type fewer than ``counts`` holds, "fastest" read two ways: by per-device peak FLOPS,
+    and by peak FLOPS times memory (a GPU with little memory holds few layers and few
+    micro-batches in flight, so its FLOPS serve a pipeline less); each sub-cluster once. The
+    greedy descent's first step jumps to them beside its neighbours (a small batch or a 1F1B
+    bubble can make the fast GPUs alone best: on 320 GPUs of six types, Llama-2 70B at batch 24
+    plans best on H100s, A100s and A800s, which a descent of one machine or one type a step
+    reaches only after many steps, and which the L40S's higher peak keeps out of the first order)."""
+    gpus = {}
     for cls, n in zip(classes, counts):
         if n:
-            m = cluster.machine(cls[0])
-            speed[m.gpu.name] = m.gpu.tflops
-    order = sorted(speed, key=lambda g: -speed[g])
-    out = []
-    for k in range(1, len(order)):
-        keep = set(order[:k])
-        out.append(tuple(n if cluster.machine(cls[0]).gpu.name in keep else 0 for cls, n in zip(classes, counts)))
+            gpu = cluster.machine(cls[0]).gpu
+            gpus[gpu.name] = gpu
+    out: list[tuple[int, ...]] = []
+    for key in (lambda g: g.tflops, lambda g: g.tflops * g.memory_gb):
+        order = sorted(gpus, key=lambda name: -key(gpus[name]))
+        for k in range(1, len(order)):
+            keep = set(order[:k])
+            jump = tuple(n if cluster.machine(cls[0]).gpu.name in keep else 0 for cls, n in zip(classes, counts))
+            if jump not in out:
+                out.append(jump)
     return out
 
 

@@ -87,12 +87,12 @@ def test_the_throughput_bound_is_the_bubble_free_split_of_the_batch():
     assert all(fill + (n - 1) * step >= throughput_bound([fast], n) for n in range(1, 100))
 
 
-def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
-    """``Pricing.simulations`` (synth: 400): with one simulation of the pipeline taking 1 s (as
-    if measured) and 60 s left, the final re-pricing tries every named final option but not
-    synth; without a budget synth is tried too."""
+def paper_pipeline():
+    """The paper case's plan under ``schedule=auto`` (a short search, no budget) with what the
+    final re-pricing reads of its first pipeline: ``(problem, plan, cost, book, pipeline,
+    stage_s, hop_s, n)``."""
     from hexicore.app.compose import build_problem
-    from hexicore.planner.final_schedules import _choose, _pricing, final_options
+    from hexicore.planner.final_schedules import _pricing
 
     registry = Registry.default()
     problem = build_problem(config_from_overrides(["cluster=paper_case", "model=llama2_13b", "train.global_batch=20",
@@ -102,7 +102,16 @@ def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
     cost, book = _pricing(problem)
     pipe = plan.pipelines[0]
     stage_s, hop_s = cost.pipeline_pieces(plan, pipe)
-    n = pipe.n_micro_batches(plan.train.micro_batch)
+    return problem, plan, cost, book, pipe, stage_s, hop_s, pipe.n_micro_batches(plan.train.micro_batch)
+
+
+def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
+    """``Pricing.simulations`` (synth: 400): with one simulation of the pipeline taking 1 s (as
+    if measured) and 60 s left, the final re-pricing tries every named final option but not
+    synth; without a budget synth is tried too."""
+    from hexicore.planner.final_schedules import _choose, final_options
+
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     refs = final_options(problem.schedule)
     assert book.schedule(ScheduleRef("synth")).pricing.simulations == 400
     _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
@@ -115,19 +124,10 @@ def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(mo
     costly option the gate times one simulation afresh (:func:`fresh_simulation_s`): made to
     take 1 s here, synth (400 of them) is not begun with 60 s left, and that second is reported
     as the slowest simulation; the fresh simulation is a real, timed one."""
-    from hexicore.app.compose import build_problem
     from hexicore.planner import final_schedules
-    from hexicore.planner.final_schedules import _choose, _pricing, final_options, fresh_simulation_s
+    from hexicore.planner.final_schedules import _choose, final_options, fresh_simulation_s
 
-    registry = Registry.default()
-    problem = build_problem(config_from_overrides(["cluster=paper_case", "model=llama2_13b", "train.global_batch=20",
-                                                   "schedule=auto"]), registry)
-    plan = registry.create("solver", "hexiscale", iterations=2, polish_rounds=1, time_budget=None,
-                           use_all_devices=True).solve(problem, seed=0)
-    cost, book = _pricing(problem)
-    pipe = plan.pipelines[0]
-    stage_s, hop_s = cost.pipeline_pieces(plan, pipe)
-    n = pipe.n_micro_batches(plan.train.micro_batch)
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     assert fresh_simulation_s(book, pipe.schedule, stage_s, hop_s, n) > 0.0
     book.exact(pipe.schedule, stage_s, hop_s, n)  # cached from here on
     monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)

@@ -89,13 +89,14 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
     those priced by one simulation, as the search's final candidates are, before the winner
     gets a synthesis too)."""
     refs = final_options(problem.schedule)
-    if most_simulations is not None and refs and problem.registry is not None:
-        book = problem.pricing or ScheduleBook(problem.registry)
-        refs = tuple(r for r in refs if book.schedule(r).pricing.simulations <= most_simulations)
     priced = _pricing(problem) if refs and problem.registry is not None else None
     if priced is None:
         return plan
     cost, book = priced
+    if most_simulations is not None:  # (the book that prices the plan says what each costs)
+        refs = tuple(r for r in refs if book.schedule(r).pricing.simulations <= most_simulations)
+        if not refs:
+            return plan
     base = cost.estimate(plan)
     pipes, seen_all, shapes, simulation_s = [], [], {}, 0.0
     for i, p in enumerate(plan.pipelines):

@@ -59,3 +59,31 @@ def test_buckets_of_later_layers_are_posted_first_in_one_order_everywhere():
     keys = {"head": launch_key((0, 2), [block, head]), "block": launch_key((1, 3), [block]),
             "first": launch_key((0, 2), [emb, first]), "emb": launch_key((1, 3), [emb])}
     assert sorted(keys, key=keys.get) == ["head", "block", "first", "emb"]
+
+
+def test_without_the_overlap_step_waits_for_every_rank_of_the_plan_before_any_sync(monkeypatch):
+    """``dp_overlap=false`` is App. A's step: the first collective of ``STEP`` is a wait over the
+    plan's ranks (the norm group), before any data-parallel bucket; with the overlap, or with one
+    pipeline, there is none."""
+    import types
+
+    import torch
+
+    from hexicore_plugins.runtimes.torch.parallel import pipeline
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "all_reduce",
+                        lambda tensor, group=None, **_: calls.append(("wait", tensor.numel(), group)))
+    data = types.SimpleNamespace(run=lambda params, wait: calls.append(("sync",)))
+    for pipelines, overlap, waits in ((2, False, True), (2, True, False), (1, False, False)):
+        calls.clear()
+        parallel = types.SimpleNamespace(assignment=types.SimpleNamespace(pipelines=(None,) * pipelines),
+                                         norm_ranks=4, norm_group="plan ranks", data=data, tied=None)
+        executor = pipeline.Executor.__new__(pipeline.Executor)
+        executor.parallel, executor.stages, executor.params = parallel, {}, {}
+        executor.device, executor.sync_s = torch.device("cpu"), 0.0
+        executor.sync_after_all = pipeline.Executor.waits_for_every_pipeline(parallel, overlap)
+        monkeypatch.setattr(executor, "_update", lambda: calls.append(("update",)), raising=False)
+        executor._step()
+        expected = ([("wait", 1, "plan ranks")] if waits else []) + [("sync",), ("update",)]
+        assert calls == expected, (pipelines, overlap)

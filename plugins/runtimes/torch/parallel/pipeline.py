@@ -9,7 +9,10 @@ move activations and their gradients between ranks, ``REDUCE`` sums the gradient
 replicas (Chimera), ``STEP`` syncs data-parallel gradients (:mod:`.data.sync`) and steps the optimizer.
 With ``overlap`` (``train.dp_overlap``) a stage's gradient buckets are posted right after the
 action that makes them final (its last ``B`` or ``W``; for a stage with replicas the ``REDUCE``
-after them, :func:`final_after`) and ``STEP`` waits only for what is still in flight.
+after them, :func:`final_after`) and ``STEP`` waits only for what is still in flight. Without it
+the sync is HexiScale App. A's: ``STEP`` first waits (a one-element all-reduce over the plan's
+ranks) until every pipeline's list has ended, so no rank's sync overlaps another's schedule and
+the run is what App. A's ``max_i T_i + COMM-DP`` prices.
 Gradients accumulate across micro-batches in ``.grad``; the loss of a micro-batch is scaled by
 ``1 / tokens of the global batch`` so the sum over micro-batches and pipelines is the global mean.
 
@@ -87,6 +90,9 @@ class Executor:
         #: action index -> local stages whose gradients are final after it (overlapped DP sync)
         self.finals = final_after(self.actions, self.pipeline.replicas, set(stages)) \
             if overlap and parallel.data is not None and parallel.data.posts_early else {}
+        #: without ``overlap`` the sync is App. A's: it starts once every pipeline's list has ended
+        #: (a barrier over the plan's ranks, the same condition on every one of them)
+        self.sync_after_all = self.waits_for_every_pipeline(parallel, overlap)
         #: this step's learning rate (None: the optimizers' own) and max global gradient norm (None: no
         #: clipping), set by the trainer; the step's pre-clip global gradient norm after it
         self.lr: float | None = None
@@ -291,9 +297,17 @@ class Executor:
             self._set_grads(self.stages[replica], total)
             self.reduced.add(replica)
 
+    @staticmethod
+    def waits_for_every_pipeline(parallel: ParallelLayout, overlap: bool) -> bool:
+        """Whether ``STEP`` first waits for every rank of the plan (App. A's sync, without
+        ``overlap``): only where there is a sync across pipelines; alike on every rank."""
+        return not overlap and len(parallel.assignment.pipelines) > 1 and parallel.norm_ranks > 1
+
     def _step(self) -> None:
         settle(self.device)  # the step's queued compute is not the sync's
         started = time.perf_counter()
+        if self.sync_after_all:  # App. A's step: no rank syncs before the slowest pipeline ends
+            torch.distributed.all_reduce(torch.zeros(1, device=self.device), group=self.parallel.norm_group)
         for stage in sorted(self.stages):
             self._reduce(stage)
         # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)

@@ -283,16 +283,20 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
 
 def with_final_options(context: SearchContext, out: list, deadline: float) -> list:
     """``schedule=auto``: the final candidates (``(exact seconds, order, plan, origin, tried)``),
-    fastest first while ``deadline`` allows, with ``final_options`` tried on their pipelines —
+    fastest first while ``deadline`` allows (none begun that the longest so far would carry past
+    it), with ``final_options`` tried on their pipelines —
     those priced by one simulation (:func:`hexicore.planner.final_schedules.reschedule`; the
     winner gets the costlier ones after the search): a runner-up may win under a schedule the
     search did not price (on a 40-GPU cluster of four types, 13.79 s with DualPipe-V against
     the search's best, 14.48 s under ZB-H1)."""
     out = sorted(out, key=lambda c: c[:2])
+    took = 0.0  # the longest candidate's seconds so far: one expected to end past ``deadline`` is not begun
     for i, (score, order, plan, origin, tried) in enumerate(out):
-        if score == INF or time.monotonic() > deadline:
+        if score == INF or not ends_by(deadline, took):
             break
+        began = time.monotonic()
         new = reschedule(context.problem, plan, deadline=deadline, most_simulations=1)
+        took = max(took, time.monotonic() - began)
         est = context.exact_cost.estimate(new)
         if new.pipelines != plan.pipelines and est.fits and est.iteration_s < score - 1e-12:
             seen = new.solver.get("schedule_s") or [{} for _ in new.pipelines]
@@ -412,7 +416,8 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too
     have = {c.plan.pipelines for c in cands if c.plan is not None}
     pooled = sorted((c for own in context.contexts() for c in own.pool), key=lambda c: c.score)
-    for c in pooled if time.monotonic() < deadline else ():  # (within the time budget only)
+    prices_until = deadline if prices_until is None else prices_until
+    for c in pooled if time.monotonic() < prices_until else ():  # (while the exact pricing has time)
         if len(cands) >= FINAL_MOST or c.score > top.score * (1 + FINAL_WITHIN):
             break
         if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):
@@ -420,8 +425,7 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         if c.plan.pipelines not in have:
             have.add(c.plan.pipelines)
             cands.append(c)
-    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned,
-                    deadline if prices_until is None else prices_until)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until)
 
 
 def finish(found: Searched, progress: Progress = no_progress) -> Plan:

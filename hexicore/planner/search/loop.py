@@ -283,13 +283,17 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
 
 def with_final_options(context: SearchContext, out: list, deadline: float) -> list:
     """``schedule=auto``: the final candidates (``(exact seconds, order, plan, origin, tried)``),
-    fastest first while ``deadline`` allows (none begun that the longest so far would carry past
-    it), with ``final_options`` tried on their pipelines —
+    in turns over their training settings, fastest first, while ``deadline`` allows (none begun
+    that the longest so far would carry past it), with ``final_options`` tried on their pipelines —
     those priced by one simulation (:func:`hexicore.planner.final_schedules.reschedule`; the
     winner gets the costlier ones after the search): a runner-up may win under a schedule the
     search did not price (on a 40-GPU cluster of four types, 13.79 s with DualPipe-V against
     the search's best, 14.48 s under ZB-H1)."""
     out = sorted(out, key=lambda c: c[:2])
+    rank: dict = {}  # in turns over the training settings (each one's fastest, then each one's second, ...):
+    for c in out:  # another micro-batch size's best may win under an option the search did not price
+        rank[id(c)] = sum(1 for d in out if d[2].train == c[2].train and d[:2] < c[:2])
+    out = sorted(out, key=lambda c: (c[0] == INF, rank[id(c)], c[:2]))  # (one that does not fit: never)
     took = 0.0  # the longest candidate's seconds so far: one expected to end past ``deadline`` is not begun
     for i, (score, order, plan, origin, tried) in enumerate(out):
         if score == INF or not ends_by(deadline, took):
@@ -413,13 +417,18 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
         cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
     top = min(cands, key=lambda c: c.score)
-    # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too
+    # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too:
+    # first each training setting's best (another micro-batch size may win under a final option
+    # the search does not price), then the rest by score
     have = {c.plan.pipelines for c in cands if c.plan is not None}
-    pooled = sorted((c for own in context.contexts() for c in own.pool), key=lambda c: c.score)
+    heads = sorted((own.pool[0] for own in context.contexts() if own.pool), key=lambda c: c.score)
+    pooled = heads + sorted((c for own in context.contexts() for c in own.pool[1:]), key=lambda c: c.score)
     prices_until = deadline if prices_until is None else prices_until
     for c in pooled if time.monotonic() < prices_until else ():  # (while the exact pricing has time)
-        if len(cands) >= FINAL_MOST or c.score > top.score * (1 + FINAL_WITHIN):
+        if len(cands) >= FINAL_MOST:
             break
+        if c.score > top.score * (1 + FINAL_WITHIN):
+            continue
         if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):
             continue  # (seeds outside the D_dp range, or on fewer devices: as above)
         if c.plan.pipelines not in have:

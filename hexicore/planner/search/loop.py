@@ -259,7 +259,8 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
         return plan, {}
     out: list = []
     priced = set()  # the same layout may come twice (a setting's best polished and the auto choice's,
-    for c in cands:  # under other schedules, which the exact pricing re-chooses alike): priced once
+    took = 0.0  # under other schedules, which the exact pricing re-chooses alike): priced once
+    for c in cands:
         key = (tuple((p.batch, p.stages) for p in c.plan.pipelines), c.plan.train) if c.plan is not None else None
         if key is None or key in priced:
             continue
@@ -269,9 +270,12 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
         else:
             plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
         est = context.exact_cost.estimate(plan)
-        out.append((est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried))
-    if context.auto:
-        out = with_final_options(context, out, deadline)
+        entry = (est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried)
+        if context.auto and entry[0] < INF and ends_by(deadline, took):
+            began = time.monotonic()
+            entry = with_final_options(context, entry, deadline)
+            took = max(took, time.monotonic() - began)  # (none begun that the longest so far would end late)
+        out.append(entry)
     score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
     if score == INF:
         raise unfit_error(context, plan)
@@ -281,32 +285,23 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
     return plan, info
 
 
-def with_final_options(context: SearchContext, out: list, deadline: float) -> list:
-    """``schedule=auto``: the final candidates (``(exact seconds, order, plan, origin, tried)``),
-    in turns over their training settings, fastest first, while ``deadline`` allows (none begun
-    that the longest so far would carry past it), with ``final_options`` tried on their pipelines —
-    those priced by one simulation (:func:`hexicore.planner.final_schedules.reschedule`; the
-    winner gets the costlier ones after the search): a runner-up may win under a schedule the
-    search did not price (on a 40-GPU cluster of four types, 13.79 s with DualPipe-V against
-    the search's best, 14.48 s under ZB-H1)."""
-    out = sorted(out, key=lambda c: c[:2])
-    rank: dict = {}  # in turns over the training settings (each one's fastest, then each one's second, ...):
-    for c in out:  # another micro-batch size's best may win under an option the search did not price
-        rank[id(c)] = sum(1 for d in out if d[2].train == c[2].train and d[:2] < c[:2])
-    out = sorted(out, key=lambda c: (c[0] == INF, rank[id(c)], c[:2]))  # (one that does not fit: never)
-    took = 0.0  # the longest candidate's seconds so far: one expected to end past ``deadline`` is not begun
-    for i, (score, order, plan, origin, tried) in enumerate(out):
-        if score == INF or not ends_by(deadline, took):
-            break
-        began = time.monotonic()
-        new = reschedule(context.problem, plan, deadline=deadline, most_simulations=1)
-        took = max(took, time.monotonic() - began)
-        est = context.exact_cost.estimate(new)
-        if new.pipelines != plan.pipelines and est.fits and est.iteration_s < score - 1e-12:
-            seen = new.solver.get("schedule_s") or [{} for _ in new.pipelines]
-            tried = [{**a, **b} for a, b in zip(tried or [{} for _ in new.pipelines], seen)]
-            out[i] = (est.iteration_s, order, new.with_solver({}), origin, tried)
-    return out
+def with_final_options(context: SearchContext, entry: tuple, deadline: float) -> tuple:
+    """``schedule=auto``: a final candidate (``(exact seconds, order, plan, origin, tried)``) with
+    ``final_options`` tried on its pipelines — those priced by one simulation
+    (:func:`hexicore.planner.final_schedules.reschedule`; the winner gets the costlier ones after
+    the search) — where one makes it faster: a runner-up may win under a schedule the search did
+    not price (on a 40-GPU cluster of four types, 13.79 s with DualPipe-V against the search's
+    best, 14.48 s under ZB-H1). :func:`finalize` gives them to each candidate right after
+    pricing it exactly, in the search's order, while the budget allows: depth first (on 24 GPUs
+    of three types, GPT-Neo, the lead setting's 1F1B plan, priced second, wins under ZB-H2)."""
+    score, order, plan, origin, tried = entry
+    new = reschedule(context.problem, plan, deadline=deadline, most_simulations=1)
+    est = context.exact_cost.estimate(new)
+    if new.pipelines != plan.pipelines and est.fits and est.iteration_s < score - 1e-12:
+        seen = new.solver.get("schedule_s") or [{} for _ in new.pipelines]
+        tried = [{**a, **b} for a, b in zip(tried or [{} for _ in new.pipelines], seen)]
+        return (est.iteration_s, order, new.with_solver({}), origin, tried)
+    return entry
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ type (achieved / peak, counting 3 x forward FLOPs, or 4 x with ``--recompute``).
 
 Then (``--loop``, the default) the closed loop of ``bench/gpu_loop.py`` on the same GPU:
 ``hexicore profile`` -> ``plan cost=profiled`` -> ``train`` of a ``--layers``-block model,
-predicted vs measured step time and peak memory; then again from the same profile with
-micro-batch 2 and activation recomputation. ``--results`` writes both tables, with the
+predicted vs measured step time and peak memory, tokens/s and MFU, eager and with each block
+compiled (``runtime.compile=true``); then again from the same profile with micro-batch 2 and
+activation recomputation (eager only). ``--results`` writes both tables, with the
 date and the GPU's name, into the ``## GPU figures`` section of docs/results.md.
 
 Writes ``bench/out/gpu_calibrate.json`` and ``.md``. One prepared run, well under 8 minutes:
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--out", default=str(OUT / "gpu_calibrate"))
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="skip profile -> plan -> train")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="the first loop without its second, compiled run")
     ap.add_argument("--results", action="store_true", help="write the figures into docs/results.md")
     args = ap.parse_args(argv)
 
@@ -143,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
 
         loop = ["--device", args.device, "--model", args.model, "--layers", str(args.layers),
                 *(["--seq-len", str(args.seq_len)] if args.seq_len else [])]
+        first = [] if args.compile else ["--no-compile"]
         # the second loop checks another shape against the same profile: two micro-batches of two
         # sequences each, with activation recomputation (the memory and time models' other branch)
-        again = ["--micro-batch", "2", "--global-batch", "8", "--recompute",
+        again = ["--micro-batch", "2", "--global-batch", "8", "--recompute", "--no-compile",
                  "--profile-file", str(OUT / "gpu_loop" / "profile.yaml")]
-        for name, extra in (("gpu_loop", []), ("gpu_loop_mb2_recompute", again)):
+        for name, extra in (("gpu_loop", first), ("gpu_loop_mb2_recompute", again)):
             code = max(code, gpu_loop.main([*loop, *extra, "--out", str(OUT / name)]))
             lines += ["", (OUT / f"{name}.md").read_text().strip()]
     if args.results:

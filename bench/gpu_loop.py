@@ -7,7 +7,9 @@ A one-machine cluster of this host's first GPU (its catalog type, from
 runs: ``hexicore profile`` (bf16 on CUDA: SDPA, or flash-attn when it imports, as the runtime
 picks), ``hexicore plan cost=profiled``, ``hexicore evaluate`` with the analytic model (catalog
 peak x efficiency) and with the profile, and ``hexicore train`` (``--steps`` steps, synthetic
-data); metrics.json's ``predicted`` and ``measured`` objects give the comparison. Each step is
+data), then once more with ``runtime.compile=true`` (each block compiled; ``--no-compile``
+skips it); metrics.json's ``predicted`` and ``measured`` objects give the comparison, and the
+table adds tokens/s and MFU against the catalog peak, eager and compiled. Each step is
 kept even when a later one fails (the error is recorded), so one GPU session always leaves
 figures. On a CPU host (``--device cpu``) the same loop runs in fp32 as a smoke test.
 
@@ -79,16 +81,31 @@ def step(record: dict, key: str, cmd: list[str], log: Path) -> bool:
     return code == 0
 
 
-def predicted_s(plan: Path, cost: list[str], log: Path) -> float | None:
-    """The iteration time ``hexicore evaluate`` prints for ``plan`` under ``cost``."""
-    cmd = [sys.executable, "-m", "hexicore.app.cli", "evaluate", f"plan_file={plan}", *cost,
-           f"hydra.run.dir={log.parent / 'hydra'}"]
-    text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout
-    log.write_text(text)
-    for line in text.splitlines():
-        if line.startswith("predicted iteration time"):
-            return float(line.split()[3])
-    return None
+def predicted(plan: Path, cost: list[str]) -> dict | None:
+    """``hexicore evaluate``'s estimate of ``plan`` under ``cost`` (iteration seconds, MFU,
+    tokens/s), read through the library (the CLI prints it with a unit); None if it refuses."""
+    from hexicore.app import api
+    from hexicore.core.errors import HexicoreError
+
+    try:
+        est = api.evaluate(plan, overrides=cost).estimate
+    except HexicoreError as exc:
+        return {"error": str(exc)}
+    return {"iteration_s": est.iteration_s, "mfu": est.mfu, "tokens_per_s": est.tokens_per_s}
+
+
+def trained(rec: dict, key: str, cmd: list[str], run_dir: Path, log: Path) -> dict:
+    """Train (``cmd``, its seconds as ``<key>_s``) and return (and record under ``key``) the
+    median step after the first, tokens/s and the run's predicted and measured objects
+    (metrics.json); empty if it failed."""
+    if not step(rec, key, cmd, log):
+        return {}
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    steps = metrics.get("step_s") or []
+    rec[key] = {"step_s": steps, "measured_step_s": statistics.median(steps[1:] or steps) if steps else None,
+                "tokens_per_s": metrics.get("tokens_per_s"), "predicted": metrics.get("predicted"),
+                "measured": metrics.get("measured")}
+    return rec[key]
 
 
 def run(args) -> dict:
@@ -117,35 +134,54 @@ def run(args) -> dict:
               out / "plan.log")
     if not ok:
         return rec
-    rec["analytic_s"] = predicted_s(plan, ["cost=analytic"], out / "evaluate_analytic.log")
+    rec["analytic"] = predicted(plan, ["cost=analytic"])
     if prof.exists():
-        rec["profiled_s"] = predicted_s(plan, ["cost=profiled", f"cost.profile_file={prof}"],
-                                        out / "evaluate_profiled.log")
-    if step(rec, "train", [*hexi, "train", f"plan_file={plan}", *cost, f"train.steps={args.steps}",
-                           f"train.dtype={dtype}", recompute, "runtime.progress=false",
-                           f"out={run_dir}", "overwrite=true", f"hydra.run.dir={out / 'hydra'}"], out / "train.log"):
-        metrics = json.loads((run_dir / "metrics.json").read_text())
-        rec["step_s"] = metrics.get("step_s")
-        rec["measured_step_s"] = statistics.median(rec["step_s"][1:] or rec["step_s"])
-        rec["predicted"], rec["measured"] = metrics.get("predicted"), metrics.get("measured")
+        rec["profiled"] = predicted(plan, ["cost=profiled", f"cost.profile_file={prof}"])
+    train = [*hexi, "train", f"plan_file={plan}", *cost, f"train.steps={args.steps}", f"train.dtype={dtype}", recompute,
+             "runtime.progress=false", "overwrite=true", f"hydra.run.dir={out / 'hydra'}"]
+    rec.update(trained(rec, "train", [*train, f"out={run_dir}"], run_dir, out / "train.log"))  # (its figures at the top too)
+    if args.compile:  # the same run with each block compiled (torch.compile)
+        trained(rec, "compiled", [*train, "runtime.compile=true", f"out={run_dir}_compiled"], Path(f"{run_dir}_compiled"),
+                out / "train_compiled.log")
     return rec
 
 
 def table(rec: dict) -> str:
-    """The Markdown lines of one loop's figures."""
+    """The Markdown lines of one loop's figures: predicted (analytic, profiled) and measured step,
+    tokens/s and MFU (eager and compiled), and peak memory against the prediction."""
     def f(x, unit=""):
         return "n/a" if x is None else (f"{x:.4g}{unit}" if isinstance(x, float) else f"{x}{unit}")
 
-    pred = rec.get("predicted") or {}
-    meas = rec.get("measured") or {}
-    pm, mm = (pred.get("peak_memory_gb") or [None])[0], (meas.get("peak_memory_gb") or [None])[0]
+    analytic, profiled = rec.get("analytic") or {}, rec.get("profiled") or {}
+
+    def mfu(step_s):  # the analytic estimate's FLOPs and peak, over this step time
+        if step_s is None or not analytic.get("iteration_s"):
+            return None
+        return analytic["mfu"] * analytic["iteration_s"] / step_s
+
     lines = [f"Closed loop on {rec['gpu']} ({rec['date']}): {rec['model']}-shaped model with {rec['layers']} "
              f"blocks, {rec['dtype']}, global batch {rec.get('global_batch')} of micro-batch {rec.get('micro_batch')}, "
              f"recompute={rec.get('recompute')}, 1F1B on one device, planned with `{rec['planned_with']}`; "
              f"profile {rec.get('profile_s', 'n/a')} s, train {rec.get('train_s', 'n/a')} s (whole commands).", "",
-             "| quantity | analytic (catalog) | profiled | measured |", "|---|---|---|---|",
-             f"| step s | {f(rec.get('analytic_s'))} | {f(rec.get('profiled_s'))} | {f(rec.get('measured_step_s'))} |",
-             f"| peak memory GB (rank 0) | | {f(pm)} | {f(mm)} |"]
+             "| quantity | analytic (catalog) | profiled | measured | measured, compiled |", "|---|---|---|---|---|"]
+    runs = [rec.get(k) or {} for k in ("train", "compiled")]
+    steps = [r.get("measured_step_s") for r in runs]
+    lines.append(f"| step s | {f(analytic.get('iteration_s'))} | {f(profiled.get('iteration_s'))} | {f(steps[0])} | "
+                 f"{f(steps[1])} |")
+    lines.append(f"| tokens/s | {f(analytic.get('tokens_per_s'))} | {f(profiled.get('tokens_per_s'))} | "
+                 f"{f(runs[0].get('tokens_per_s'))} | {f(runs[1].get('tokens_per_s'))} |")
+    lines.append(f"| MFU (catalog peak) | {f(analytic.get('mfu'))} | {f(mfu(profiled.get('iteration_s')))} | "
+                 f"{f(mfu(steps[0]))} | {f(mfu(steps[1]))} |")
+    peaks = []
+    for r in runs:
+        pm = ((r.get("predicted") or {}).get("peak_memory_gb") or [None])[0]
+        mm = ((r.get("measured") or {}).get("peak_memory_gb") or [None])[0]
+        peaks.append((pm, mm, None if pm is None or not mm else (pm - mm) / mm))
+    def pct(x):
+        return "n/a" if x is None else f"{x:+.1%}"
+
+    lines.append(f"| peak memory GB (rank 0): predicted / measured (error) | | | {f(peaks[0][0])} / {f(peaks[0][1])} "
+                 f"({pct(peaks[0][2])}) | {f(peaks[1][0])} / {f(peaks[1][1])} ({pct(peaks[1][2])}) |")
     for e in rec.get("errors", []):
         lines.append(f"\nFailed: {e}")
     return "\n".join(lines)
@@ -163,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--recompute", action="store_true", help="train (and plan) with activation recomputation")
     ap.add_argument("--profile-file", default=None, help="reuse this profile instead of profiling again")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="skip the second run with runtime.compile=true")
     ap.add_argument("--out", default=str(HERE / "out" / "gpu_loop"))
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,7 +1,8 @@
 """The prepared GPU session (bench/gpu_calibrate.py, which runs bench/gpu_loop.py twice) on CPU,
 its documented smoke test: the calibration row, then profile -> plan cost=profiled -> train at
-micro-batch 1, and again from the same profile at micro-batch 2 with recomputation, each with
-predicted and measured step time and peak memory. A GPU session gets one try at it."""
+micro-batch 1 (eager, then each block compiled), and again from the same profile at micro-batch 2
+with recomputation, each with predicted and measured step time and peak memory. A GPU session
+gets one try at it."""
 
 from __future__ import annotations
 
@@ -35,4 +36,7 @@ def test_gpu_calibrate_runs_both_loops_on_cpu(tmp_path, monkeypatch, capsys):
         assert (rec["micro_batch"], rec["recompute"], rec["planned_with"]) == (mb, recompute, "cost=profiled")
         for side in ("predicted", "measured"):
             assert rec[side]["step_s"] > 0 and rec[side]["peak_memory_gb"][0] > 0
+        assert rec["analytic"]["iteration_s"] > 0 and rec["profiled"]["iteration_s"] > 0
+        # the first loop trains once more with each block compiled (tokens/s, MFU eager and compiled)
+        assert (rec.get("compiled", {}).get("measured_step_s", 0) > 0) == (name == "gpu_loop")
     assert not (tmp_path / "gpu_loop_mb2_recompute" / "profile.yaml").exists()  # the first loop's profile, reused

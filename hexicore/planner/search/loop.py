@@ -412,24 +412,34 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
         cands.insert(0, polish(chosen, chosen.auto_best, deadline, only, True))
     top = min(cands, key=lambda c: c.score)
-    # the runners-up (each setting's pool, within FINAL_WITHIN of the best), priced exactly too:
-    # first each training setting's best (another micro-batch size may win under a final option
-    # the search does not price), then the rest by score
+    prices_until = deadline if prices_until is None else prices_until
+    if time.monotonic() < prices_until:  # (while the exact pricing has time)
+        cands += runners_up(context, cands, top, dps)
+    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until)
+
+
+def runners_up(context: SearchContext, cands: Sequence[Candidate], top: Candidate, dps: Sequence[int]) -> list[Candidate]:
+    """The search's runners-up priced exactly too (:func:`finalize`): from every training
+    setting's pool, those within :data:`FINAL_WITHIN` of ``top``, up to :data:`FINAL_MOST`
+    candidates with ``cands``; first each setting's best (another micro-batch size may win under a
+    final option the search does not price), then the rest by score; none whose number of
+    pipelines is outside ``dps`` or, under ``use_all_devices``, that leaves a device idle."""
+    problem, config = context.problem, context.config
     have = {c.plan.pipelines for c in cands if c.plan is not None}
     heads = sorted((own.pool[0] for own in context.contexts() if own.pool), key=lambda c: c.score)
     pooled = heads + sorted((c for own in context.contexts() for c in own.pool[1:]), key=lambda c: c.score)
-    prices_until = deadline if prices_until is None else prices_until
-    for c in pooled if time.monotonic() < prices_until else ():  # (while the exact pricing has time)
-        if len(cands) >= FINAL_MOST:
+    out: list[Candidate] = []
+    for c in pooled:
+        if len(cands) + len(out) >= FINAL_MOST:
             break
         if c.score > top.score * (1 + FINAL_WITHIN):
             continue
         if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):
-            continue  # (seeds outside the D_dp range, or on fewer devices: as above)
+            continue  # (seeds outside the D_dp range, or on fewer devices)
         if c.plan.pipelines not in have:
             have.add(c.plan.pipelines)
-            cands.append(c)
-    return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until)
+            out.append(c)
+    return out
 
 
 def finish(found: Searched, progress: Progress = no_progress) -> Plan:

@@ -84,7 +84,8 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
     with final options; otherwise ``plan`` is returned as it is). The solver section's
     ``schedules`` and ``schedule_s`` (seconds per option tried, per pipeline) and the rate
     figures follow the new plan. Past ``deadline`` (``time.monotonic()``, the solver's time
-    budget) no further option is tried (the options are tried in their listed order).
+    budget) no further option is tried (the pipelines slowest first, the options in their listed
+    order: what the budget leaves out is where it gains least).
     ``most_simulations``: only the options whose ``Pricing.simulations`` are at most this (1:
     those priced by one simulation, as the search's final candidates are, before the winner
     gets a synthesis too)."""
@@ -98,9 +99,12 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
         if not refs:
             return plan
     base = cost.estimate(plan)
-    pipes, seen_all, shapes, simulation_s = [], [], {}, 0.0
-    for i, p in enumerate(plan.pipelines):
-        progress(f"auto: final schedules for pipeline {i + 1}/{len(plan.pipelines)}", i / len(plan.pipelines))
+    count = len(plan.pipelines)
+    pipes, seen_all, shapes, simulation_s = list(plan.pipelines), [{} for _ in plan.pipelines], {}, 0.0
+    # the slowest pipelines first: the iteration waits for them, and the budget may end midway
+    for done, i in enumerate(sorted(range(count), key=lambda k: (-base.pipeline_s[k], k))):
+        p = plan.pipelines[i]
+        progress(f"auto: final schedules for pipeline {done + 1}/{count}", done / count)
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
         n = p.n_micro_batches(plan.train.micro_batch)
         key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
@@ -108,8 +112,7 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
             ref, seen, simulation_s = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline, simulation_s)
             shapes[key] = ref, seen
         ref, seen = shapes[key]
-        pipes.append(Pipeline(p.batch, p.stages, ref))
-        seen_all.append(seen)
+        pipes[i], seen_all[i] = Pipeline(p.batch, p.stages, ref), seen
     new = replace(plan, pipelines=tuple(pipes))
     est = cost.estimate(new) if new != plan else base
     if not est.fits or est.iteration_s > base.iteration_s + 1e-12:

@@ -213,3 +213,29 @@ def test_each_final_candidate_gets_the_final_options_right_after_its_exact_price
     cands = [candidate(f"c{i}", 10.0 + i) for i in range(6)]
     plan, info = loop.finalize(context, cands, deadline=4.5)
     assert tried == ["c0", "c1"] and plan.name == "c0" and info["origin"] == "c0"
+
+
+def test_the_slowest_pipelines_get_the_final_options_first(monkeypatch):
+    """Under a budget that may end midway, ``reschedule`` tries the final options on the
+    pipelines slowest first: the iteration waits for them, and an option that speeds up a
+    faster pipeline gains nothing (on hetero2 the winner's budget ends within its pipelines)."""
+    from hexicore.planner import final_schedules
+
+    plan, problem = solve(["cluster=hetero1", "model=llama2_7b", "train.global_batch=48", "schedule=auto",
+                           "solver.use_all_devices=true"])
+    cost, _ = final_schedules._pricing(problem)
+    first, *rest = plan.pipelines  # the last pipeline the slowest: 4 sequences moved to it from the first
+    assert len(rest) >= 1 and first.batch > 4
+    pipes = (replace(first, batch=first.batch - 4), *rest[:-1], replace(rest[-1], batch=rest[-1].batch + 4))
+    plan = replace(plan, pipelines=pipes).with_solver({})
+    times = cost.estimate(plan).pipeline_s
+    assert times[-1] > times[0], times
+    seen = []
+
+    def choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline=None, simulation_s=0.0):
+        seen.append(cost.estimate(plan).pipeline_s[plan.pipelines.index(p)])
+        return p.schedule, {}, simulation_s
+
+    monkeypatch.setattr(final_schedules, "_choose", choose)
+    final_schedules.reschedule(problem, plan)
+    assert seen == sorted(seen, reverse=True) and len(seen) >= 2

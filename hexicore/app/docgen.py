@@ -69,7 +69,7 @@ and batch split; with `schedule=auto` each pipeline's schedule, with `train.zero
 stage and with `train.micro_batch=auto` the micro-batch size (1, 2, 4 or 8, those that divide
 the global batch). Every option is priced inside one search (docs/cost-model.md). The search is
 anytime: `solver.time_budget=S` returns the best plan found in S seconds (`auto`, the default:
-1 s for 8 GPUs, 4.5 s for 16-32, 7 s for 64, 7.5 s for 320, 25 s for 1024 and more, linear in between; `null`: no limit, every iteration runs, so the plan
+0.9 s for 8 GPUs, 4.5 s for 16-32, 7 s for 64, 7.5 s for 320, 25 s for 1024 and more, linear in between; `null`: no limit, every iteration runs, so the plan
 depends on the seed alone, not on the machine's speed or load; `solver.time_limit=S` overrides
 it for one run). The plan prints the FLOPs lower bound beside its time (`bound`, `gap`): no plan
 beats the iteration's FLOPs at the cluster's peak rate. docs/results.md ("Planner speed")

@@ -14,9 +14,9 @@ from hexicore.registry import Registry
 
 def test_the_automatic_budget_follows_the_cluster_size_targets():
     config = SearchConfig()
-    assert config.budget(4) == config.budget(8) == 1.0 and config.budget(16) == config.budget(32) == 4.5
+    assert config.budget(4) == config.budget(8) == 0.9 and config.budget(16) == config.budget(32) == 4.5
     assert config.budget(64) == 7.0 and config.budget(320) == 7.5 and config.budget(1024) == config.budget(4096) == 25.0
-    assert config.budget(24) == 4.5 and config.budget(12) == pytest.approx(2.75) and config.budget(48) == 5.75
+    assert config.budget(24) == 4.5 and config.budget(12) == pytest.approx(2.7) and config.budget(48) == 5.75
     assert config.budget(672) == pytest.approx(16.25)  # halfway from 320 to 1024
     sizes = range(1, 2000, 7)
     assert all(config.budget(a) <= config.budget(b) for a, b in zip(sizes, sizes[1:]))  # never less for more
@@ -114,8 +114,8 @@ def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     refs = final_options(problem.schedule)
     assert book.schedule(ScheduleRef("synth")).pricing.simulations == 400
-    _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
-    _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
+    _, free, _, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
+    _, tight, slowest, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
     assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0
 
 
@@ -131,7 +131,7 @@ def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(mo
     assert fresh_simulation_s(book, pipe.schedule, stage_s, hop_s, n) > 0.0
     book.exact(pipe.schedule, stage_s, hop_s, n)  # cached from here on
     monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
-    _, tight, slowest = _choose(book, cost, plan, pipe, final_options(problem.schedule), stage_s, hop_s, n,
+    _, tight, slowest, _ = _choose(book, cost, plan, pipe, final_options(problem.schedule), stage_s, hop_s, n,
                                 time.monotonic() + 60.0, 0.0)
     assert "synth" not in tight and slowest == 1.0
 

@@ -84,8 +84,7 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
     with final options; otherwise ``plan`` is returned as it is). The solver section's
     ``schedules`` and ``schedule_s`` (seconds per option tried, per pipeline) and the rate
     figures follow the new plan. Past ``deadline`` (``time.monotonic()``, the solver's time
-    budget) no further option is tried (the pipelines slowest first, the options in their listed
-    order: what the budget leaves out is where it gains least).
+    budget) no further option is tried (the options are tried in their listed order).
     ``most_simulations``: only the options whose ``Pricing.simulations`` are at most this (1:
     those priced by one simulation, as the search's final candidates are, before the winner
     gets a synthesis too)."""
@@ -99,30 +98,22 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
         if not refs:
             return plan
     base = cost.estimate(plan)
-    count = len(plan.pipelines)
-    pipes, seen_all, shapes, simulation_s = list(plan.pipelines), [{} for _ in plan.pipelines], {}, 0.0
-    fittings: list[dict] = [{} for _ in plan.pipelines]  # per pipeline: option name -> its schedule, where it fits
-    # the slowest pipelines first: the iteration waits for them, and the budget may end midway
-    for done, i in enumerate(sorted(range(count), key=lambda k: (-base.pipeline_s[k], k))):
-        p = plan.pipelines[i]
-        progress(f"auto: final schedules for pipeline {done + 1}/{count}", done / count)
+    pipes, seen_all, shapes, simulation_s = [], [], {}, 0.0
+    for i, p in enumerate(plan.pipelines):
+        progress(f"auto: final schedules for pipeline {i + 1}/{len(plan.pipelines)}", i / len(plan.pipelines))
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
         n = p.n_micro_batches(plan.train.micro_batch)
-        # (alike pipelines on devices of the same types choose alike: their memory caps are equal)
-        kinds = tuple((tuple(plan.cluster.device(d).gpu for d in q.devices), q.tp, q.layers) for q in p.stages)
-        key = (tuple(stage_s), tuple(hop_s), n, kinds, p.schedule)
+        key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
         if key not in shapes:
-            ref, seen, simulation_s, fitting = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline,
-                                                       simulation_s)
-            shapes[key] = ref, seen, fitting
-        ref, seen, fittings[i] = shapes[key]
-        pipes[i], seen_all[i] = Pipeline(p.batch, p.stages, ref), seen
+            ref, seen, simulation_s = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline, simulation_s)
+            shapes[key] = ref, seen
+        ref, seen = shapes[key]
+        pipes.append(Pipeline(p.batch, p.stages, ref))
+        seen_all.append(seen)
     new = replace(plan, pipelines=tuple(pipes))
     est = cost.estimate(new) if new != plan else base
     if not est.fits or est.iteration_s > base.iteration_s + 1e-12:
         new, est = _one_by_one(cost, plan, base, pipes)
-    if len({q.schedule.name for q in new.pipelines}) > 1:  # (mixed schedules: one for all may be faster)
-        new, est = _uniform(cost, plan, fittings, new, est)
     info = dict(plan.solver or {})
     tried = info.get("schedule_s") or [{} for _ in plan.pipelines]
     info["schedule_s"] = [{**a, **b} for a, b in zip(tried, seen_all)]
@@ -133,39 +124,15 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
     return new.with_solver(info)
 
 
-def _uniform(cost: Any, plan: Plan, fittings: list[dict], new: Plan, est: Any) -> tuple[Plan, Any]:
-    """The better of ``new`` (each pipeline's own fastest choice) and the plans that give every
-    pipeline one final option (where it fits them all): pipelines chosen one by one may mix
-    schedules that place the head or the embedding on different stages, whose data-parallel
-    syncs then wait for one another (hetero2: DualPipe-V on two pipelines and ZB-H2 on the
-    other two, each its pipeline's fastest, 52.12 s; DualPipe-V on all four 51.19 s)."""
-    for name in set.intersection(*(set(f) for f in fittings)) if fittings else ():
-        trial = replace(plan, pipelines=tuple(Pipeline(p.batch, p.stages, f[name])
-                                              for p, f in zip(plan.pipelines, fittings)))
-        if trial == new:
-            continue
-        e = cost.estimate(trial)
-        if e.fits and e.iteration_s < est.iteration_s - 1e-12:
-            new, est = trial, e
-    return new, est
-
-
 def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tuple[Plan, Any]:
-    """The pipelines' new schedules taken a group at a time (the pipelines that chose one
-    schedule together: alike pipelines gain only together, the iteration waiting for the
-    slowest), then one at a time, in order, each kept when the whole plan's estimate still fits
-    and is no slower (all together they may not be: a schedule that moves the embedding or head
-    to another stage moves its data-parallel sync and its ZeRO shards too)."""
+    """The pipelines' new schedules taken one at a time, in order, each kept when the whole
+    plan's estimate still fits and is no slower (together they may not be: a schedule that moves
+    the embedding or head to another stage moves its data-parallel sync too)."""
     cur, est = plan, base
-    groups: dict = {}
     for i, q in enumerate(pipes):
-        if q != plan.pipelines[i]:
-            groups.setdefault(q.schedule, []).append(i)
-    moves = [group for group in groups.values() if len(group) > 1] + [[i] for group in groups.values() for i in group]
-    for group in moves:
-        if all(pipes[i] == cur.pipelines[i] for i in group):
+        if q == cur.pipelines[i]:
             continue
-        trial = replace(cur, pipelines=tuple(pipes[i] if i in group else q for i, q in enumerate(cur.pipelines)))
+        trial = replace(cur, pipelines=cur.pipelines[:i] + (q,) + cur.pipelines[i + 1:])
         e = cost.estimate(trial)
         if e.fits and e.iteration_s <= est.iteration_s + 1e-12:
             cur, est = trial, e
@@ -181,12 +148,12 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
     nor one whose ``Pricing.simulations`` times the slowest simulation seen so far (of this
     pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time) would
     end past it (before such an option, one simulation of the pipeline is timed afresh,
-    :func:`fresh_simulation_s`). Returns the schedule, the seconds per option tried, that
-    slowest simulation and, per option name, its resolved schedule where it fits."""
+    :func:`fresh_simulation_s`). Returns the schedule, the seconds per option tried and that
+    slowest simulation."""
     began = time.monotonic()
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     one = max(simulation_s, time.monotonic() - began)  # one simulation of a pipeline, about (the slowest seen)
-    seen, measured, fitting = {}, False, {}
+    seen, measured = {}, False
     for ref in refs:
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -208,11 +175,9 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
         if book.schedule(ref).pricing.simulations == 1:
             one = max(one, time.monotonic() - began)
         seen[chosen.name] = round(secs, 6)
-        if fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
-            fitting[chosen.name] = chosen
-            if secs < best_s - 1e-12:
-                best, best_s = chosen, secs
-    return best, seen, one, fitting
+        if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
+            best, best_s = chosen, secs
+    return best, seen, one
 
 
 def fresh_simulation_s(book: ScheduleBook, ref: ScheduleRef, stage_s: list, hop_s: list, n: int) -> float:

@@ -104,14 +104,12 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
     for i, (p, tried) in enumerate(zip(plan.pipelines, plan.solver["schedule_s"])):
         # its fastest option that fits (a faster one may not: zb_h2 keeps more micro-batches in
         # flight than synth under the same caps), or a search option kept where the fastest
-        # would slow the whole plan,
+        # would slow the whole plan
         faster = [refs[k] for k, s in tried.items() if s < tried[p.schedule.name] - 1e-9]
         fastest = p.schedule.name in finals and not any(
             fits(book, problem.cost, plan, Pipeline(p.batch, p.stages, capped(book, problem.cost, plan, p, r)))
             for r in faster)
-        # or one final option given to every pipeline (faster together than each one's fastest)
-        uniform = len({q.schedule.name for q in plan.pipelines}) == 1 and p.schedule.name in finals
-        assert fastest or p.schedule.name in own or uniform
+        assert fastest or p.schedule.name in own
         # every final option priced (DualPipeV needs M >= 2P), but one whose lower bound under its
         # own placement leaves no room to beat the pipeline's time (Chimera's two copies a rank)
         n = p.n_micro_batches(plan.train.micro_batch)
@@ -215,58 +213,3 @@ def test_each_final_candidate_gets_the_final_options_right_after_its_exact_price
     cands = [candidate(f"c{i}", 10.0 + i) for i in range(6)]
     plan, info = loop.finalize(context, cands, deadline=4.5)
     assert tried == ["c0", "c1"] and plan.name == "c0" and info["origin"] == "c0"
-
-
-def test_the_slowest_pipelines_get_the_final_options_first(monkeypatch):
-    """Under a budget that may end midway, ``reschedule`` tries the final options on the
-    pipelines slowest first: the iteration waits for them, and an option that speeds up a
-    faster pipeline gains nothing (on hetero2 the winner's budget ends within its pipelines)."""
-    from hexicore.planner import final_schedules
-
-    plan, problem = solve(["cluster=hetero1", "model=llama2_7b", "train.global_batch=48", "schedule=auto",
-                           "solver.use_all_devices=true"])
-    cost, _ = final_schedules._pricing(problem)
-    first, *rest = plan.pipelines  # the last pipeline the slowest: 4 sequences moved to it from the first
-    assert len(rest) >= 1 and first.batch > 4
-    pipes = (replace(first, batch=first.batch - 4), *rest[:-1], replace(rest[-1], batch=rest[-1].batch + 4))
-    plan = replace(plan, pipelines=pipes).with_solver({})
-    times = cost.estimate(plan).pipeline_s
-    assert times[-1] > times[0], times
-    seen = []
-
-    def choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline=None, simulation_s=0.0):
-        seen.append(cost.estimate(plan).pipeline_s[plan.pipelines.index(p)])
-        return p.schedule, {}, simulation_s, {}
-
-    monkeypatch.setattr(final_schedules, "_choose", choose)
-    final_schedules.reschedule(problem, plan)
-    assert seen == sorted(seen, reverse=True) and len(seen) >= 2
-
-
-def test_one_final_option_for_every_pipeline_is_tried_where_it_fits_them_all():
-    """``_uniform``: pipelines that each took their own fastest option may mix schedules whose
-    data-parallel syncs wait for one another; every option that fits every pipeline is also
-    tried on all of them at once, and the faster plan kept (an option that fits only some is not)."""
-    import types
-
-    from hexicore.planner.final_schedules import _uniform
-
-    plan, _ = solve(["cluster=hetero1", "model=llama2_7b", "train.global_batch=48", "schedule=auto",
-                     "solver.use_all_devices=true"])
-    assert len(plan.pipelines) >= 2
-    ref = {name: ScheduleRef.from_mapping({"name": name}) for name in ("zb_h2", "dualpipe_v", "gpipe")}
-
-    class Cost:  # mixed schedules: 12 s; one schedule everywhere: 10 s, but gpipe 11 s
-        def estimate(self, p):
-            names = {q.schedule.name for q in p.pipelines}
-            return types.SimpleNamespace(fits=True, iteration_s=12.0 if len(names) > 1 else
-                                         (11.0 if names == {"gpipe"} else 10.0))
-
-    mixed = replace(plan, pipelines=tuple(Pipeline(q.batch, q.stages, ref["zb_h2" if i else "dualpipe_v"])
-                                          for i, q in enumerate(plan.pipelines)))
-    fittings = [dict(ref) for _ in plan.pipelines]
-    fittings[0].pop("zb_h2")  # zb_h2 does not fit the first pipeline: never given to all
-    new, est = _uniform(Cost(), plan, fittings, mixed, Cost().estimate(mixed))
-    assert est.iteration_s == 10.0 and {q.schedule.name for q in new.pipelines} == {"dualpipe_v"}
-    kept, est = _uniform(Cost(), plan, [{} for _ in plan.pipelines], mixed, Cost().estimate(mixed))
-    assert kept == mixed and est.iteration_s == 12.0

@@ -114,8 +114,8 @@ def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     refs = final_options(problem.schedule)
     assert book.schedule(ScheduleRef("synth")).pricing.simulations == 400
-    _, free, _, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
-    _, tight, slowest, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
+    _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
+    _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
     assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0
 
 
@@ -131,7 +131,7 @@ def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(mo
     assert fresh_simulation_s(book, pipe.schedule, stage_s, hop_s, n) > 0.0
     book.exact(pipe.schedule, stage_s, hop_s, n)  # cached from here on
     monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
-    _, tight, slowest, _ = _choose(book, cost, plan, pipe, final_options(problem.schedule), stage_s, hop_s, n,
+    _, tight, slowest = _choose(book, cost, plan, pipe, final_options(problem.schedule), stage_s, hop_s, n,
                                 time.monotonic() + 60.0, 0.0)
     assert "synth" not in tight and slowest == 1.0
 

@@ -59,10 +59,10 @@ class TrainSettings:
     ``dp_overlap``: the data-parallel gradient sync of a stage starts as soon as its gradients
     are final, overlapped with the rest of the rank's list (Megatron-LM's overlap-grad-reduce),
     and the cost model prices only what it does not hide; ``false``: all of it after the slowest
-    pipeline's last backward (HexiScale App. A; the runtime waits for every pipeline first). ``vocab_parallel``: a stage's TP ranks split the
-    token embedding, the head and the cross-entropy by vocabulary rows (Megatron-LM's
-    vocabulary-parallel embedding and loss, Shoeybi et al. 2019 §3) instead of each keeping them
-    whole. ``steps`` and ``seed`` concern a training run only: a plan's ``train`` section is
+    pipeline's last backward (HexiScale App. A; the runtime waits for every pipeline first).
+    ``vocab_parallel``: a stage's TP ranks split the token embedding, the head and the
+    cross-entropy by vocabulary rows (Megatron-LM's vocabulary-parallel embedding and loss,
+    Shoeybi et al. 2019 §3) instead of each keeping them whole. ``steps`` and ``seed`` concern a training run only: a plan's ``train`` section is
     :data:`PLAN_FIELDS`, and writes ``zero*``, ``dp_overlap`` and ``vocab_parallel`` only when
     not the default (0, even, all, true, false)."""
 

@@ -259,7 +259,8 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
         return plan, {}
     out: list = []
     priced = set()  # the same layout may come twice (a setting's best polished and the auto choice's,
-    took = 0.0  # under other schedules, which the exact pricing re-chooses alike): priced once
+    # under other schedules, which the exact pricing re-chooses alike): priced once
+    took = 0.0  # the longest final options so far: none begun that would end past ``deadline``
     for c in cands:
         key = (tuple((p.batch, p.stages) for p in c.plan.pipelines), c.plan.train) if c.plan is not None else None
         if key is None or key in priced:
@@ -274,7 +275,7 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
         if context.auto and entry[0] < INF and ends_by(deadline, took):
             began = time.monotonic()
             entry = with_final_options(context, entry, deadline)
-            took = max(took, time.monotonic() - began)  # (none begun that the longest so far would end late)
+            took = max(took, time.monotonic() - began)
         out.append(entry)
     score, _, plan, origin, tried = min(out, key=lambda c: c[:2])
     if score == INF:

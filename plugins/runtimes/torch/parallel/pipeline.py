@@ -307,7 +307,7 @@ class Executor:
         settle(self.device)  # the step's queued compute is not the sync's
         started = time.perf_counter()
         if self.sync_after_all:  # App. A's step: no rank syncs before the slowest pipeline ends
-            torch.distributed.all_reduce(torch.zeros(1, device=self.device), group=self.parallel.norm_group)
+            dist.all_reduce(torch.zeros(1, device=self.device), group=self.parallel.norm_group)
         for stage in sorted(self.stages):
             self._reduce(stage)
         # asymmetric DP: chunked all-reduce among each chunk's holders (ZeRO: pieces)

@@ -57,6 +57,7 @@ runs its rounds in order ``(k, group)``, so no collective waits on one posted la
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -225,31 +226,46 @@ def gather_round(b: Bucket, atoms: tuple[int, ...], piece: torch.Tensor, keep: S
     return out
 
 
+def reduce_scatters(handle) -> bool:
+    """Whether ``handle``'s backend sums with a reduce-scatter: NCCL, and gloo where torch gives
+    it one (``ProcessGroupGloo._reduce_scatter_base``, torch 2.13 has it; the emulated-links
+    backend wraps gloo and posts its). Elsewhere the sum is an all-reduce of which each member
+    keeps its piece: the same result, twice the bytes of the ring's one pass."""
+    return torch.distributed.get_backend(handle) == "nccl" or hasattr(torch.distributed.ProcessGroupGloo,
+                                                                        "_reduce_scatter_base")
+
+
+def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
+    """Start the sum over the group of ``flat`` (every member's whole flat, member ``j``'s piece at
+    ``bounds[j]``), of which member ``i`` keeps its piece: a reduce-scatter of the pieces padded
+    to the largest (:func:`reduce_scatters`), else an all-reduce. Returns the work and how to read
+    the piece once it is done."""
+    lo, hi = bounds[i]
+    if reduce_scatters(handle):
+        size = max(b - a for a, b in bounds)
+        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
+        for j, (a, b) in enumerate(bounds):
+            padded[j * size: j * size + b - a] = flat[a:b]
+        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
+        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
+        return work, lambda: out[: hi - lo]
+    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
+    return work, lambda: flat[lo:hi]
+
+
 def post_reduce(b: Bucket, atoms: tuple[int, ...], flats: dict[int, torch.Tensor], dtype, device) -> tuple[Any, Callable]:
     """Start the sum over the group of the gradients of ``atoms`` (``flats[a]``: this rank's
-    whole flat of atom ``a``, zeros where absent): a reduce-scatter of the members' slices padded
-    to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there). Returns the work and
-    how to read this rank's slices (atom after atom) once it is done (one member: no collective)."""
+    whole flat of atom ``a``, zeros where absent) of which this rank keeps its slices, atom after
+    atom (:func:`post_sum` over the atoms laid member by member). Returns the work and how to
+    read this rank's slices once it is done (one member: no collective)."""
     whole = [flats[a] if a in flats else torch.zeros(b.span[a][1] - b.span[a][0], dtype=dtype, device=device)
              for a in atoms]
     m = len(b.members)
     if m == 1:  # this rank's slices are the whole atoms
         return Done(), lambda: torch.cat(whole)
-    if torch.distributed.get_backend(b.handle) == "nccl":
-        sizes = [sum(b.size(a, j) for a in atoms) for j in range(m)]
-        size = max(sizes)
-        padded = torch.zeros(size * m, dtype=dtype, device=device)
-        for j in range(m):
-            seg = torch.cat([w[b.bounds[a][j][0]: b.bounds[a][j][1]] for a, w in zip(atoms, whole)])
-            padded[j * size: j * size + seg.numel()] = seg
-        out = torch.empty(size, dtype=dtype, device=device)
-        work = torch.distributed.reduce_scatter_tensor(out, padded, group=b.handle, async_op=True)
-        return work, lambda: out[: sizes[b.i]]
-    flat = torch.cat(whole)
-    work = torch.distributed.all_reduce(flat, group=b.handle, async_op=True)
-    starts = [sum(w.numel() for w in whole[:k]) for k in range(len(whole))]
-    return work, lambda: torch.cat([flat[s + b.bounds[a][b.i][0]: s + b.bounds[a][b.i][1]]
-                                    for a, s in zip(atoms, starts)])
+    segments = [torch.cat([w[b.bounds[a][j][0]: b.bounds[a][j][1]] for a, w in zip(atoms, whole)]) for j in range(m)]
+    ends = list(itertools.accumulate(seg.numel() for seg in segments))
+    return post_sum(torch.cat(segments), [(e - seg.numel(), e) for e, seg in zip(ends, segments)], b.i, b.handle)
 
 
 def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor, t: int, *, lr: float,
@@ -273,23 +289,6 @@ def gather_pieces(piece: torch.Tensor, bounds: list[tuple[int, int]], handle, wa
     got = [torch.empty_like(buf) for _ in bounds]
     wait([torch.distributed.all_gather(got, buf, group=handle, async_op=True)], what)
     return torch.cat([got[j][: hi - lo] for j, (lo, hi) in enumerate(bounds)])
-
-
-def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
-    """Start the sum over the group of ``flat`` for member ``i``'s piece: a reduce-scatter of
-    the pieces padded to the largest on NCCL, an all-reduce on gloo (no reduce-scatter there).
-    Returns the work and how to read the piece once it is done."""
-    lo, hi = bounds[i]
-    if torch.distributed.get_backend(handle) == "nccl":
-        size = max(b - a for a, b in bounds)
-        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
-        for j, (a, b) in enumerate(bounds):
-            padded[j * size: j * size + b - a] = flat[a:b]
-        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
-        return work, lambda: out[: hi - lo]
-    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
-    return work, lambda: flat[lo:hi]
 
 
 def sum_piece(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle, wait: Callable,

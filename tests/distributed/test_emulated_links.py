@@ -5,6 +5,9 @@ however fast the host's loopback is. The full range of sizes is ``bench/emulated
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -77,3 +80,64 @@ def test_emulated_links_run_on_gloo_only():
     with pytest.raises(HexicoreError) as e:
         check_links(links, "nccl")
     assert e.value.field == "runtime.backend"
+
+
+@dataclass(frozen=True)
+class TwoGroups:
+    """The launcher's job: rank 0 (machine A) sums with rank 1 and with rank 2 (machine B) at
+    once, on two groups; every rank returns when each of its sums ended (``time.monotonic``)."""
+
+    links: Any
+    nbytes: int
+    launch: Any = None
+    output: Any = None
+    world: int = 3
+
+    def execute(self, rank: int, world: int, device: Any) -> dict[str, float]:
+        import torch
+        import torch.distributed as dist
+
+        groups = {"with 1": dist.new_group([0, 1]), "with 2": dist.new_group([0, 2])}
+        mine = {k: g for k, g in groups.items() if rank == 0 or k == f"with {rank}"}
+        buf = {k: torch.ones(self.nbytes // 4) for k in mine}
+        dist.barrier()
+        t0 = time.monotonic()
+        works = {k: dist.all_reduce(buf[k], group=g, async_op=True) for k, g in mine.items()}
+        ends = {}
+        for k, w in works.items():
+            w.wait()
+            ends[k] = time.monotonic() - t0
+        assert all(float(b[0]) == 2.0 for b in buf.values())
+        every: list = [None] * world
+        dist.all_gather_object(every, ends)
+        return every
+
+
+@pytest.mark.slow
+def test_a_device_summing_with_two_groups_across_machines_holds_them_one_after_the_other(monkeypatch):
+    """A device's port between machines is shared: its two all-reduces (0.5 MB each over a
+    0.05 GB/s link, ~22 ms each as declared) last one after the other, as the cost model adds a
+    device's DP syncs: one partner's sum ends at ~1x, the other's at ~2x, and the device's own
+    when the later one does (every member holds to the same end, read from the ports every
+    process maps)."""
+    from hexicore.core.cluster import parse_cluster
+    from hexicore.core.settings import OutputSettings
+    from hexicore.cost.transfer import allreduce_s
+    from hexicore_plugins.runtimes.torch.launch.launcher import launch
+    from hexicore_plugins.runtimes.torch.launch.settings import LaunchSettings
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cluster = parse_cluster({"name": "ports", "emulate": {"links": True},
+                             "inter": {"bandwidth_gbs": 0.05, "latency_us": 1000},
+                             "machines": [{"name": "A", "gpu": "a100-80g", "count": 1},
+                                          {"name": "B", "gpu": "a100-80g", "count": 2}]}, "test")
+    links = cluster.emulated_links(["A.0", "B.0", "B.1"])
+    nbytes = 500_000
+    one = allreduce_s(cluster, ("A.0", "B.0"), nbytes)
+    assert one == pytest.approx(2 * (1e-3 + nbytes / 2 / 0.05e9))
+    job = TwoGroups(links, nbytes, LaunchSettings(progress=False), OutputSettings())
+    (ends,) = launch([job], 3)
+    first, second = sorted([ends[1]["with 1"], ends[2]["with 2"]])  # the partners, each in one sum
+    assert 0.95 * one <= first <= one + 0.01, ends
+    assert 0.95 * 2 * one <= second <= 2 * one + 0.015, ends  # one after the other, not side by side
+    assert max(ends[0].values()) == pytest.approx(second, abs=0.005), ends  # rank 0 ends with the later sum

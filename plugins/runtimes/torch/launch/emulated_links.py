@@ -27,15 +27,30 @@ it asked, so the backend sends that moment along (the ranks share one host, henc
   (reduce-scatter, all-gather, gather) or :func:`~hexicore.cost.transfer.broadcast_s`; a
   barrier is an all-reduce of nothing (the latencies).
 
+A device's network port between machines is shared (:class:`Ports`): a collective whose members
+are on more than one machine occupies every member's port while it lasts, so it runs in the
+earliest stretch from its start in which no other such collective holds a member's port,
+whichever group that was in (a device of a hybrid layout syncs with its groups one after the
+other, as the cost model adds a device's DP syncs, App. A). The ports live in a small file every
+process of the job maps; the first member to wait for a collective reserves the ports and leaves
+its end in the group's store for the others, so every member holds to the same end.
+
 The hold sleeps in ``wait()``: a request never waited for holds nothing, as a GPU's transfer
 holds no one who does not wait for it. What it cannot do: make a link faster than the host's
 loopback (gloo on a loaded 2-core host needs milliseconds per message, so a declared NVLink
-runs at the host's speed), or slow down links that several transfers share at once (each
-sender-peer pair and each group is a link of its own).
+runs at the host's speed); share a port between messages (each sender-peer pair is a link of
+its own) or between collectives inside one machine; or move a collective already reserved when
+one that could start earlier is first waited for later (it takes a gap before it where one is
+long enough, else goes after it).
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
+import mmap
+import os
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -50,7 +65,9 @@ from hexicore.cost.transfer import allreduce_s, broadcast_s, ring_pass_s, send_s
 BACKEND = "hexicore_links"
 #: the last seconds of a hold are waited awake (a sleep ends late on a loaded host)
 SPIN_S = 0.0005
-_installed: dict[str, EmulatedLinks] = {}
+#: the stretches each port keeps (the oldest gives way; a step's DP sync posts a few dozen)
+KEPT = 256
+_installed: dict[str, Any] = {}
 
 
 def install(links: EmulatedLinks) -> str:
@@ -62,7 +79,70 @@ def install(links: EmulatedLinks) -> str:
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> "LinkedGroup":
+    if not dist.is_initialized():  # the default group: its members share the job's ports file
+        if rank == 0:
+            store.set("hexicore-links/ports", Ports.create(size))
+        _installed["ports"] = Ports(store.get("hexicore-links/ports").decode(), size)
     return LinkedGroup(store, rank, size, timeout, _installed["links"])
+
+
+class Ports:
+    """Every device's port between machines, shared by the job's processes: per global rank, the
+    last :data:`KEPT` stretches of ``time.monotonic`` its port is reserved for, in a file each
+    process maps. :meth:`reserve` runs under the file's lock."""
+
+    def __init__(self, path: str, world: int):
+        self.fd = os.open(path, os.O_RDWR)
+        self.map = mmap.mmap(self.fd, 16 * KEPT * world)
+        self.spans = memoryview(self.map).cast("d")  # rank r's k-th stretch: [2 (r KEPT + k)], [... + 1]
+
+    @staticmethod
+    def create(world: int) -> str:
+        """A new ports file of ``world`` free ports (removed when this process ends); its path."""
+        fd, path = tempfile.mkstemp(prefix="hexicore-links-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.write(fd, bytes(16 * KEPT * world))
+        os.close(fd)
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+        return path
+
+    def earliest(self, ranks: tuple[int, ...], start: float, seconds: float) -> float:
+        """The first moment from ``start`` at which every port of ``ranks`` is free for
+        ``seconds``: a collective takes the earliest gap its members' ports share, so two
+        collectives are ordered by when they can start, not by which was waited for first."""
+        at, moved = start, True
+        while moved:
+            moved = False
+            for r in ranks:
+                base = 2 * r * KEPT
+                for k in range(base, base + 2 * KEPT, 2):
+                    begin, end = self.spans[k], self.spans[k + 1]
+                    if begin < at + seconds and at < end:
+                        at, moved = end, True
+        return at
+
+    def reserve(self, store: Any, key: str, ranks: tuple[int, ...], start: float, seconds: float) -> float:
+        """The end of the collective ``key`` of the group whose store is ``store``, among the
+        global ``ranks``: the first member to ask reserves every member's port from
+        :meth:`earliest` for ``seconds`` (in place of each port's oldest stretch) and leaves the
+        end in the store; the others read it (the last of them removes it)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            if store.check([key]):
+                end = float(store.get(key))
+            else:
+                begin = self.earliest(ranks, start, seconds)
+                end = begin + seconds
+                for r in ranks:
+                    base = 2 * r * KEPT
+                    oldest = min(range(base, base + 2 * KEPT, 2), key=lambda k: self.spans[k + 1])
+                    self.spans[oldest], self.spans[oldest + 1] = begin, end
+                store.set(key, repr(end))
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        if store.add(key + "/read", 1) == len(ranks):
+            store.delete_key(key)
+            store.delete_key(key + "/read")
+        return end
 
 
 def _nbytes(tensors: Any) -> int:
@@ -126,10 +206,14 @@ class LinkedGroup(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, links: EmulatedLinks):
         super().__init__(rank, size)
         self.inner = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self.links = links
-        self.devices = tuple(links.devices[r] for r in _members(store, rank, size))
+        self.links, self.store = links, store
+        self.ranks = _members(store, rank, size)
+        self.devices = tuple(links.devices[r] for r in self.ranks)
+        machines = {links.cluster.device(d).machine for d in self.devices}
+        self.ports: Ports | None = _installed["ports"] if len(machines) > 1 else None  # crosses machines
         self.link_free: dict[int, float] = {}  # per peer (group rank): when the link to it is free
         self.last: HeldWork | None = None  # the group's latest collective
+        self.posted = 0  # collectives posted (the key of each one's end in the store)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
@@ -155,14 +239,21 @@ class LinkedGroup(dist.ProcessGroup):
     def _held(self, post: Callable[[], Any], seconds: float) -> HeldWork:
         """Post the members' moment (max all-reduce), then the collective ``post()``; the
         request ends ``seconds`` after the later of the last member's moment and the end of the
-        group's previous collective (one member: no hold)."""
+        group's previous collective (one member: no hold) and, where the group crosses machines,
+        of every member's port (:class:`Ports`)."""
         if self.size() == 1:
             return HeldWork([post()], lambda _: 0.0)
         stamp = torch.tensor([time.monotonic()], dtype=torch.float64)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         works = [self.inner.allreduce([stamp], opts), post()]
-        self.last = HeldWork(works, lambda after: max(float(stamp[0]), after) + seconds, self.last)
+        if self.ports is None:
+            end = lambda after: max(float(stamp[0]), after) + seconds  # noqa: E731
+        else:  # across machines: every member's port (module docstring)
+            key, ports, ranks = f"hexicore-links/end/{self.posted}", self.ports, self.ranks
+            end = lambda after: ports.reserve(self.store, key, ranks, max(float(stamp[0]), after), seconds)  # noqa: E731
+        self.posted += 1
+        self.last = HeldWork(works, end, self.last)
         return self.last
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HeldWork:

@@ -351,15 +351,21 @@ class AnalyticCostModel:
 
     def pipeline_pieces(self, plan: Plan, pipeline: Pipeline) -> tuple[list[float], list[float]]:
         """STAGE and HOP times of one pipeline, one micro-batch each (under ZeRO-3 the stage
-        time includes the weight gathers, :meth:`zero3_stage_s`, of the plan's pipeline on its stages)."""
+        time includes the weight gathers, :meth:`zero3_stage_s`, of the plan's pipeline on its
+        stages; under ZeRO-2 a stage lasts at least its gradients' reduce-scatter,
+        :meth:`zero2_stage_s`: the link is then what paces it)."""
         priced = BoundCostModel.of_plan(self, plan)
         terms = self.stage_terms(pipeline, pipeline.n_micro_batches(plan.train.micro_batch))
         stages = [sum(w * priced.stage_s(s.devices, n, first=f, last=h) for w, n, f, h in ts)
                   for s, ts in zip(pipeline.stages, terms)]
-        if plan.train.zero_stage == 3 and len(plan.pipelines) > 1:
+        if plan.train.zero_stage in (2, 3) and len(plan.pipelines) > 1:
             i = next(k for k, q in enumerate(plan.pipelines) if q.stages == pipeline.stages)  # any schedule priced
-            z3 = self.zero3_stage_s(plan)
-            stages = [x + z3[(i, j)] for j, x in enumerate(stages)]
+            if plan.train.zero_stage == 3:
+                z3 = self.zero3_stage_s(plan)
+                stages = [x + z3[(i, j)] for j, x in enumerate(stages)]
+            else:
+                z2 = self.zero2_stage_s(plan)
+                stages = [max(x, z2.get((i, j), 0.0)) for j, x in enumerate(stages)]
         hops = [priced.hop_s(a.devices, b.devices) for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         return stages, hops
 
@@ -443,6 +449,20 @@ class AnalyticCostModel:
         if plan.train.zero_stage != 3:
             return {}
         return {k: sharding.ZERO3_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
+
+    def zero2_stage_s(self, plan: Plan) -> dict[tuple[int, int], float]:
+        """ZeRO-2's gradient reduce-scatter of one micro-batch through each stage ``(pipeline,
+        stage)``: half of the stage's COMM-DP term among the holders sharing shards
+        (``sharding.ZERO2_PER_MICRO_BATCH``). ZeRO-2 keeps only its piece of the gradients
+        between micro-batches, so every micro-batch's gradients are summed as its backward
+        finishes them (as DeepSpeed's stage 2 does, and the runtime), posted asynchronously: a
+        stage's link carries ``n_mb`` reduce-scatters a step, behind its compute while one takes
+        less than the stage's forward and backward, pacing the stage where it takes more
+        (:meth:`pipeline_pieces` takes the larger). The last one and the weights' all-gather
+        remain at the step (:meth:`dp_s`). Hybrid sharding's ZeRO-2 sums at the step: none."""
+        if plan.train.zero_stage != 2 or plan.train.zero_scope == "machine":
+            return {}
+        return {k: sharding.ZERO2_PER_MICRO_BATCH * a for k, (a, _) in sharding.dp_stage_parts(self, plan).items()}
 
     # ------------------------------------------------------------ the plan
     def memory_parts(self, plan: Plan) -> dict[str, dict[str, float]]:

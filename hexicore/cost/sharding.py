@@ -16,8 +16,10 @@ that share shards — all of them, or, hybrid, the slowest machine's; ``cross`` 
 the all-reduce, among the machines, of the shard pieces: COMM-DP-LAYER over one holder per
 machine of ``P / k`` parameters, ``k`` the fewest holders any machine has (its pieces are the
 largest); each piece position has its own such ring and they run side by side, so one is priced.
-ZeRO-1/2 pay ``intra + cross`` at the step; ZeRO-3 pays ``1.5 x intra`` per micro-batch (gathers
-before forward and backward, reduce-scatter after) and ``cross`` at the step.
+ZeRO-1/2 pay ``intra + cross`` at the step (ZeRO-2 also reduce-scatters each micro-batch's
+gradients, ``0.5 x intra``, which paces a stage whose link is slower than its compute); ZeRO-3 pays
+``1.5 x intra`` per micro-batch (gathers before forward and backward, reduce-scatter after) and
+``cross`` at the step.
 
 A tied embedding (``tied_embeddings``) is no sharded state: every stage holding a copy — each
 pipeline's embedding and head stages — keeps it whole, and the copies' gradients are summed in
@@ -42,6 +44,9 @@ from hexicore.cost.precision import sync_bytes, tied_whole, tp_replicated_layer_
 #: ZeRO-3 traffic per micro-batch in units of the stage's all-reduce term (COMM-DP-LAYER, factor 2 =
 #: reduce-scatter + all-gather): all-gathers before forward and backward, gradients' reduce-scatter
 ZERO3_PER_MICRO_BATCH = 1.5
+#: ZeRO-2 traffic per micro-batch in the same units: the gradients' reduce-scatter (the weights'
+#: all-gather is once a step)
+ZERO2_PER_MICRO_BATCH = 0.5
 
 
 def shard_weights(plan: Plan) -> dict[str, float] | None:

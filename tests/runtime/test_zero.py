@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from hexicore.core.cluster import parse_cluster
 from hexicore.core.errors import HexicoreError
 from hexicore.core.plan import Pipeline, Plan, Stage
 from hexicore.core.settings import TrainSettings
@@ -116,6 +117,31 @@ def test_zero_1_2_cost_the_same_as_all_reduce_and_3_per_micro_batch():
     s3 = [s + z for s, z in zip(stages, z3)]
     expect = sum(s3) + hops[0] + 1 * max(s3[0] + hops[0], s3[1])
     assert e3.pipeline_s[0] == pytest.approx(expect)
+
+
+def test_zero_2_reduce_scatters_every_micro_batch_and_a_slow_link_paces_the_stage():
+    """ZeRO-2 keeps only its piece of the gradients between micro-batches, so every micro-batch's
+    gradients are reduce-scattered as its backward finishes them (the runtime, DeepSpeed's stage
+    2): half the stage's all-reduce term per micro-batch (by hand: A.i <-> B.i), the stage's
+    period where longer than its compute (the hand cluster's 1 GB/s), behind it where shorter
+    (a 10 TB/s link); hybrid ZeRO-2 sums at the step."""
+    def by_hand(alpha: float, beta: float) -> list[float]:
+        per_layer = 2 * (alpha + LAYER_PARAMS * 4 / (2 * beta))  # the all-reduce term, fp32 gradients
+        emb, head = 2 * (alpha + V * H * 4 / (2 * beta)), 2 * (alpha + (V * H + H) * 4 / (2 * beta))  # head + norm
+        return [0.5 * (2 * per_layer + emb), 0.5 * (2 * per_layer + head)]
+
+    fast = parse_cluster({**CLUSTER.to_dict(), "inter": {"bandwidth_gbs": 10_000.0, "latency_us": 1.0}}, "fast")
+    for cluster, rs in ((CLUSTER, by_hand(100e-6, 1e9)), (fast, by_hand(1e-6, 1e13))):
+        plan0, plan2 = (replace(_plan(z), cluster=cluster) for z in (0, 2))
+        assert COST.zero2_stage_s(plan2) == {(i, j): pytest.approx(rs[j]) for i in range(2) for j in range(2)}
+        compute, _ = COST.pipeline_pieces(plan0, plan0.pipelines[0])
+        got, _ = COST.pipeline_pieces(plan2, plan2.pipelines[0])
+        assert got == pytest.approx([max(c, r) for c, r in zip(compute, rs)])
+        paced = cluster is CLUSTER
+        assert (min(rs) > max(compute)) is paced and (max(rs) < min(compute)) is not paced
+        assert (COST.estimate(plan2).pipeline_s[0] > COST.estimate(plan0).pipeline_s[0]) is paced
+    hybrid = replace(_plan(2), train=replace(_plan(2).train, zero_scope="machine"))
+    assert COST.zero2_stage_s(hybrid) == {} and COST.zero2_stage_s(_plan(1)) == {} and COST.zero2_stage_s(_plan(3)) == {}
 
 
 def test_plan_json_writes_zero_only_when_set():

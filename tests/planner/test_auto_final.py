@@ -190,9 +190,11 @@ def test_each_final_candidate_gets_the_final_options_right_after_its_exact_price
     get them; pricing all six first (as before) left none the time (on 24 GPUs of three types,
     GPT-Neo, the second candidate wins under ZB-H2: 5.426 s against 5.449)."""
     import types
+    from collections import namedtuple
 
     from hexicore.planner.search import loop
 
+    Train = namedtuple("Train", "zero_stage")  # hashable, as the training settings are
     now, tried = [0.0], []
 
     def step(result):
@@ -203,13 +205,73 @@ def test_each_final_candidate_gets_the_final_options_right_after_its_exact_price
     monkeypatch.setattr(loop, "choose_exact", lambda book, cost, plan, options, deadline: step((plan, [])))
     monkeypatch.setattr(loop, "reschedule", lambda problem, plan, **_: step(tried.append(plan.name) or plan))
     context = types.SimpleNamespace(book=object(), auto=True, options=(), problem=None, exact_cost=types.SimpleNamespace(
-        estimate=lambda plan: types.SimpleNamespace(fits=True, iteration_s=plan.seconds)))
+        estimate=lambda plan: types.SimpleNamespace(fits=True, iteration_s=plan.seconds, pipeline_s=(plan.seconds,))))
+    setting = types.SimpleNamespace(problem=types.SimpleNamespace(train=Train(zero_stage=0)))
+    context.contexts = lambda: (setting,)  # one training setting: no other ZeRO stage to try
 
     def candidate(name, seconds):
         pipe = types.SimpleNamespace(batch=1, stages=(name,), schedule=ScheduleRef.from_mapping({"name": "1f1b"}))
-        return types.SimpleNamespace(origin=name, plan=types.SimpleNamespace(name=name, seconds=seconds,
-                                                                               pipelines=(pipe,), train=None))
+        return types.SimpleNamespace(origin=name, plan=types.SimpleNamespace(
+            name=name, seconds=seconds, pipelines=(pipe,), train=Train(zero_stage=0), solver={}))
 
     cands = [candidate(f"c{i}", 10.0 + i) for i in range(6)]
     plan, info = loop.finalize(context, cands, deadline=4.5)
     assert tried == ["c0", "c1"] and plan.name == "c0" and info["origin"] == "c0"
+
+
+def test_a_final_option_held_back_by_memory_is_tried_under_the_next_zero_stage(monkeypatch):
+    """``train.zero=auto``: where a final option priced faster for a pipeline was not taken (it did
+    not fit: DualPipe-V keeps the embedding and the head on one device), the same layout is
+    re-chosen under the next ZeRO stage the search allows, and kept where the whole plan is then
+    faster (hetero3, Llama 30B, every option on: ZeRO-1 and ZB-H1 20.18 s, ZeRO-2 and DualPipe-V
+    19.72 s). Nothing held back: no second try; a stage the settings do not allow: none."""
+    import types
+    from dataclasses import dataclass, field, replace as swap
+
+    from hexicore.planner.search import loop
+
+    @dataclass(frozen=True)
+    class Train:
+        zero: int
+
+        @property
+        def zero_stage(self) -> int:
+            return self.zero
+
+    @dataclass(frozen=True)
+    class FakePlan:
+        seconds: float
+        train: Train
+        pipelines: tuple = ("p",)
+        solver: dict = field(default_factory=dict)
+
+        def with_solver(self, info):
+            return swap(self, solver=info)
+
+    tried = []
+
+    def reschedule(problem, plan, **_):  # DualPipe-V (9 s) fits only under ZeRO-2; ZB-H1 is 10 s
+        tried.append(plan.train.zero)
+        held = {"dualpipe_v": 9.0}
+        return swap(plan, seconds=9.5 if plan.train.zero == 2 else plan.seconds, pipelines=("v",) if plan.train.zero == 2
+                    else plan.pipelines, solver={"schedule_s": [held]})
+
+    monkeypatch.setattr(loop, "reschedule", reschedule)
+
+    def context(*zeros):
+        settings = tuple(types.SimpleNamespace(problem=types.SimpleNamespace(train=Train(z))) for z in zeros)
+        return types.SimpleNamespace(problem=None, contexts=lambda: settings, exact_cost=types.SimpleNamespace(
+            estimate=lambda plan: types.SimpleNamespace(fits=True, iteration_s=plan.seconds,
+                                                        pipeline_s=(9.0 if "v" in plan.pipelines else 10.0,))))
+
+    plan = FakePlan(10.2, Train(1))
+    got = loop.with_final_options(context(0, 1, 2), (10.2, 0, plan, "origin", None), deadline=float("inf"))
+    assert tried == [1, 2] and got[0] == 9.5 and got[2].train.zero == 2 and got[2].pipelines == ("v",)
+    tried.clear()
+    got = loop.with_final_options(context(0, 1), (10.2, 0, plan, "origin", None), deadline=float("inf"))
+    assert tried == [1] and got[2] is plan  # ZeRO-2 not among the settings
+    monkeypatch.setattr(loop, "reschedule", lambda problem, plan, **_: tried.append(plan.train.zero) or swap(
+        plan, solver={"schedule_s": [{"dualpipe_v": 10.5}]}))  # nothing faster held back
+    tried.clear()
+    loop.with_final_options(context(0, 1, 2), (10.2, 0, plan, "origin", None), deadline=float("inf"))
+    assert tried == [1]

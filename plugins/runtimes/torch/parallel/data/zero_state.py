@@ -57,7 +57,6 @@ runs its rounds in order ``(k, group)``, so no collective waits on one posted la
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -235,37 +234,44 @@ def reduce_scatters(handle) -> bool:
                                                                         "_reduce_scatter_base")
 
 
+def post_pieces(pieces: list[torch.Tensor], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
+    """Start the sum over the group of every member's ``pieces`` (member ``j``'s at ``pieces[j]``,
+    views or tensors of one dtype), of which member ``i`` keeps its own: a reduce-scatter of the
+    pieces padded to the largest (:func:`reduce_scatters`), else an all-reduce of them laid end to
+    end. Returns the work and how to read the piece once it is done."""
+    ref, n = pieces[i], pieces[i].numel()
+    if reduce_scatters(handle):
+        size = max(x.numel() for x in pieces)
+        padded = torch.zeros(size * len(pieces), dtype=ref.dtype, device=ref.device)
+        for j, x in enumerate(pieces):
+            padded[j * size: j * size + x.numel()] = x
+        out = torch.empty(size, dtype=ref.dtype, device=ref.device)
+        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
+        return work, lambda: out[:n]
+    flat = torch.cat(pieces)
+    lo = sum(x.numel() for x in pieces[:i])
+    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
+    return work, lambda: flat[lo: lo + n]
+
+
 def post_sum(flat: torch.Tensor, bounds: list[tuple[int, int]], i: int, handle) -> tuple[Any, Callable[[], torch.Tensor]]:
     """Start the sum over the group of ``flat`` (every member's whole flat, member ``j``'s piece at
-    ``bounds[j]``), of which member ``i`` keeps its piece: a reduce-scatter of the pieces padded
-    to the largest (:func:`reduce_scatters`), else an all-reduce. Returns the work and how to read
-    the piece once it is done."""
-    lo, hi = bounds[i]
-    if reduce_scatters(handle):
-        size = max(b - a for a, b in bounds)
-        padded = torch.zeros(size * len(bounds), dtype=flat.dtype, device=flat.device)
-        for j, (a, b) in enumerate(bounds):
-            padded[j * size: j * size + b - a] = flat[a:b]
-        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        work = torch.distributed.reduce_scatter_tensor(out, padded, group=handle, async_op=True)
-        return work, lambda: out[: hi - lo]
-    work = torch.distributed.all_reduce(flat, group=handle, async_op=True)
-    return work, lambda: flat[lo:hi]
+    ``bounds[j]``), of which member ``i`` keeps its piece (:func:`post_pieces`)."""
+    return post_pieces([flat[lo:hi] for lo, hi in bounds], i, handle)
 
 
 def post_reduce(b: Bucket, atoms: tuple[int, ...], flats: dict[int, torch.Tensor], dtype, device) -> tuple[Any, Callable]:
     """Start the sum over the group of the gradients of ``atoms`` (``flats[a]``: this rank's
     whole flat of atom ``a``, zeros where absent) of which this rank keeps its slices, atom after
-    atom (:func:`post_sum` over the atoms laid member by member). Returns the work and how to
-    read this rank's slices once it is done (one member: no collective)."""
+    atom (:func:`post_pieces`, each member's slices of the atoms one piece). Returns the work and
+    how to read this rank's slices once it is done (one member: no collective)."""
     whole = [flats[a] if a in flats else torch.zeros(b.span[a][1] - b.span[a][0], dtype=dtype, device=device)
              for a in atoms]
     m = len(b.members)
     if m == 1:  # this rank's slices are the whole atoms
         return Done(), lambda: torch.cat(whole)
-    segments = [torch.cat([w[b.bounds[a][j][0]: b.bounds[a][j][1]] for a, w in zip(atoms, whole)]) for j in range(m)]
-    ends = list(itertools.accumulate(seg.numel() for seg in segments))
-    return post_sum(torch.cat(segments), [(e - seg.numel(), e) for e, seg in zip(ends, segments)], b.i, b.handle)
+    pieces = [torch.cat([w[b.bounds[a][j][0]: b.bounds[a][j][1]] for a, w in zip(atoms, whole)]) for j in range(m)]
+    return post_pieces(pieces, b.i, b.handle)
 
 
 def adamw_(w: torch.Tensor, g: torch.Tensor, avg: torch.Tensor, sq: torch.Tensor, t: int, *, lr: float,

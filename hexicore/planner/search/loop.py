@@ -516,10 +516,14 @@ FINAL_MOST = 6
 #: rest, so those are searched too; a lead that swept in time walks on to the deadline (no
 #: budget: all of both run)
 LEAD_SHARE = 0.5
-#: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations
-SIDE_SHARE = 3
-#: how many other training settings walk in the side walk (the fastest so far)
-SIDE_FOCI = 1
+#: each walk of the side walk takes this fraction (1 / SIDE_SHARE) of the loop's iterations:
+#: all of them, as many as a search of that setting alone (24 GPUs of two types, Llama-2 13B,
+#: every option on: with a third, ZeRO-1's walk swept four pipelines under one cut only and
+#: ended at 100.0 s; with all, 91.9 s, its best alone). Under a time budget the walk ends there
+SIDE_SHARE = 1
+#: how many other training settings walk in the side walk (the fastest so far), taking turns
+#: (the paper case, every option on: the second fastest, ZeRO-2, wins, 15.09 s against 15.39)
+SIDE_FOCI = 2
 #: under a time budget, the side walk's sweep takes at most this share of the time left when it
 #: begins (its walks, and the lead's, have the rest)
 SIDE_SWEEP_SHARE = 0.5
@@ -546,7 +550,7 @@ def coarse_to_fine(values: Sequence[int]) -> list[int]:
 class SideWalk:
     """After (or inside, :func:`search_loop`'s ``interlude``) the lead setting's loop, the other
     training settings' own part of the search: :meth:`sweep`, the numbers of pipelines only they
-    allow (both cuts), then :meth:`walk`, taking turns, a short search of
+    allow (both cuts), then :meth:`walk`, taking turns, a search of
     ``iterations / SIDE_SHARE`` candidates by each of the :data:`SIDE_FOCI` other settings whose
     best candidates are fastest (:func:`focus_steps`: its own sweep over the numbers of pipelines
     it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or
@@ -583,7 +587,7 @@ class SideWalk:
                     self.took = time.monotonic() - began
 
     def walk(self) -> None:
-        """The focus settings' short searches, taking turns, to the deadline."""
+        """The focus settings' searches, taking turns, to the deadline."""
         context, rng = self.context, self.rng
         done = context.config.iterations / (context.config.iterations + 1)
         foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
@@ -607,7 +611,7 @@ class SideWalk:
 
 
 def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: int):
-    """The ``n`` steps ``(D_dp, cut, shifts)`` of one setting's short search in the side walk:
+    """The ``n`` steps ``(D_dp, cut, shifts)`` of one setting's search in the side walk:
     :func:`initial_sweep` over its numbers of pipelines, then :func:`walk_step` around its best
     (read when the step is taken)."""
     sweep = initial_sweep(dps, n)[:n]

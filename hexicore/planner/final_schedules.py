@@ -99,13 +99,15 @@ def reschedule(problem: Problem, plan: Plan, progress: Progress = no_progress, d
             return plan
     base = cost.estimate(plan)
     pipes, seen_all, shapes, simulation_s = [], [], {}, 0.0
+    built: set = set()  # the costlier options built so far, per times and cap (their lists are cached)
     for i, p in enumerate(plan.pipelines):
         progress(f"auto: final schedules for pipeline {i + 1}/{len(plan.pipelines)}", i / len(plan.pipelines))
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
         n = p.n_micro_batches(plan.train.micro_batch)
         key = (tuple(stage_s), tuple(hop_s), n, p.stages, p.schedule)
         if key not in shapes:
-            ref, seen, simulation_s = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline, simulation_s)
+            ref, seen, simulation_s = _choose(book, cost, plan, p, refs, stage_s, hop_s, n, deadline, simulation_s,
+                                              built)
             shapes[key] = ref, seen
         ref, seen = shapes[key]
         pipes.append(Pipeline(p.batch, p.stages, ref))
@@ -141,29 +143,36 @@ def _one_by_one(cost: Any, plan: Plan, base: Any, pipes: list[Pipeline]) -> tupl
 
 def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[ScheduleRef, ...],
             stage_s: list, hop_s: list, n: int, deadline: float | None = None,
-            simulation_s: float = 0.0) -> tuple[ScheduleRef, dict, float]:
+            simulation_s: float = 0.0, built: set | None = None) -> tuple[ScheduleRef, dict, float]:
     """One pipeline: its schedule, or the fastest final option that is faster and fits; an
     option whose lower bound leaves no room to beat the best so far
     (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``,
     nor one whose ``Pricing.simulations`` times the slowest simulation seen so far (of this
     pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time) would
     end past it (before such an option, one simulation of the pipeline is timed afresh,
-    :func:`fresh_simulation_s`). Returns the schedule, the seconds per option tried and that
-    slowest simulation."""
+    :func:`fresh_simulation_s`). A costlier option already built for the same times and cap
+    (``built``, shared by the plan's pipelines: the schedule caches its lists per times) costs
+    nothing and is tried whatever the time left. Returns the schedule, the seconds per option
+    tried and that slowest simulation."""
     began = time.monotonic()
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     one = max(simulation_s, time.monotonic() - began)  # one simulation of a pipeline, about (the slowest seen)
     seen, measured = {}, False
     for ref in refs:
-        if deadline is not None and time.monotonic() > deadline:
-            break
+        many = book.schedule(ref).pricing.simulations
+        known = None if many <= 1 else repr((capped(book, cost, plan, p, ref), stage_s, hop_s, n))
+        if built is not None and known in built:
+            many = 0  # (built for these times and cap on an earlier pipeline: cached, tried past the deadline too)
+        if deadline is not None and time.monotonic() > deadline and many:
+            continue
         if not book.runs(ref, len(p.stages), n):
             continue
-        many = book.schedule(ref).pricing.simulations
         if deadline is not None and many > 1 and not measured:  # (the prices above may have been cached)
             one, measured = max(one, fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)), True
-        if deadline is not None and time.monotonic() + many * one > deadline:
+        if deadline is not None and many and time.monotonic() + many * one > deadline:
             continue  # (``Pricing.simulations``: a synthesis would end past the budget)
+        if known is not None and built is not None:
+            built.add(known)
         if not worth_pricing(placed_bound(book, cost, plan, p, ref), best_s):
             continue
         ref = capped(book, cost, plan, p, ref)
@@ -190,3 +199,30 @@ def fresh_simulation_s(book: ScheduleBook, ref: ScheduleRef, stage_s: list, hop_
     except HexicoreError:
         return 0.0
     return time.monotonic() - began
+
+
+def costly_final_s(problem: Problem, plan: Plan) -> float:
+    """About how long :func:`reschedule` takes on ``plan`` with every final option, where some
+    are costlier than one simulation (a synthesis): per distinct pipeline shape, the
+    options' ``Pricing.simulations`` together times one fresh simulation of the pipeline's own
+    schedule (:func:`fresh_simulation_s`, as :func:`_choose` estimates them). 0 where every
+    option takes one simulation (they are priced on the final candidates already)."""
+    refs = final_options(problem.schedule)
+    priced = _pricing(problem) if refs and problem.registry is not None else None
+    if priced is None:
+        return 0.0
+    cost, book = priced
+    counts = [book.schedule(r).pricing.simulations for r in refs]
+    if max(counts, default=1) <= 1:
+        return 0.0
+    counts += [c for c in counts if c > 1]  # (a costlier option is resolved twice where its own placement
+    # moves the head or the embedding: :func:`hexicore.planner.pricing.resolve_placed`)
+    total, shapes = 0.0, set()
+    for p in plan.pipelines:
+        stage_s, hop_s = cost.pipeline_pieces(plan, p)
+        n = p.n_micro_batches(plan.train.micro_batch)
+        key = (tuple(stage_s), tuple(hop_s), n, p.schedule)  # (a schedule's lists are cached per times)
+        if key not in shapes:
+            shapes.add(key)
+            total += sum(counts) * fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)
+    return total

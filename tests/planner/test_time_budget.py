@@ -106,23 +106,38 @@ def paper_pipeline():
 
 
 def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
-    """``Pricing.simulations`` (synth: 400): with one simulation of the pipeline taking 1 s (as
-    if measured) and 60 s left, the final re-pricing tries every named final option but not
-    synth; without a budget synth is tried too."""
+    """``Pricing.simulations`` (synth: 200 at ``effort: quick``, the final options' own): with one
+    simulation of the pipeline taking 1 s (as if measured) and 60 s left, the final re-pricing
+    tries every named final option but not synth; without a budget synth is tried too."""
     from hexicore.planner.final_schedules import _choose, final_options
 
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     refs = final_options(problem.schedule)
-    assert book.schedule(ScheduleRef("synth")).pricing.simulations == 400
+    assert [r.get("effort") for r in refs if r.name == "synth"] == ["quick"]
     _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
     _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
     assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0
 
 
+def test_a_synthesis_declares_the_simulations_its_effort_makes():
+    """A quick synthesis simulates fewer orders than a full one, and says so: with one
+    simulation taking 1 s (as if measured) and 300 s left, the quick one (200) is begun and
+    the full one (900) is not."""
+    from hexicore.planner.final_schedules import _choose
+
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
+    quick, full = ScheduleRef("synth", {"effort": "quick"}), ScheduleRef("synth")
+    assert book.schedule(quick).pricing.simulations == 200 and book.schedule(full).pricing.simulations == 900
+    assert book.schedule(full).pricing.memory_cap
+    for ref, begun in ((quick, True), (full, False)):
+        _, seen, _ = _choose(book, cost, plan, pipe, (ref,), stage_s, hop_s, n, time.monotonic() + 300.0, 1.0)
+        assert ("synth" in seen) == begun
+
+
 def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(monkeypatch):
     """The pipeline's own price was cached by the search (it takes no time now), so before a
     costly option the gate times one simulation afresh (:func:`fresh_simulation_s`): made to
-    take 1 s here, synth (400 of them) is not begun with 60 s left, and that second is reported
+    take 1 s here, synth (200 of them) is not begun with 60 s left, and that second is reported
     as the slowest simulation; the fresh simulation is a real, timed one."""
     from hexicore.planner import final_schedules
     from hexicore.planner.final_schedules import _choose, final_options, fresh_simulation_s
@@ -156,3 +171,36 @@ def test_a_share_of_the_budget_is_kept_for_the_exact_pricing(monkeypatch):
     assert 0 < FINAL_SHARE < 1
     assert limit == pytest.approx(40 * (1 - FINAL_SHARE), abs=1.0) and pricing == pytest.approx(40, abs=1.0)
     assert all(lim <= 40 * (1 - FINAL_SHARE) + 1e-9 for lim, _ in asked)
+
+
+def test_a_synthesis_built_for_the_same_times_and_cap_is_tried_past_the_deadline():
+    """The plan's pipelines share a synthesis where their times and caps are the same (the
+    schedule caches its lists per times): once built for one pipeline it costs nothing, so the
+    next pipeline tries it even past the deadline; a synthesis never built is not begun then."""
+    from hexicore.planner.final_schedules import _choose
+
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
+    quick = (ScheduleRef("synth", {"effort": "quick"}),)
+    built: set = set()
+    _, first, _ = _choose(book, cost, plan, pipe, quick, stage_s, hop_s, n, None, 0.0, built)
+    assert "synth" in first and len(built) == 1
+    past = time.monotonic() - 1.0
+    _, again, _ = _choose(book, cost, plan, pipe, quick, stage_s, hop_s, n, past, 1.0, built)
+    _, never, _ = _choose(book, cost, plan, pipe, quick, stage_s, hop_s, n, past, 1.0, set())
+    assert again == first and "synth" not in never
+
+
+def test_the_exact_pricing_keeps_the_winners_synthesis_time_where_it_fits(monkeypatch):
+    """``finalize`` ends the runners-up's final options where the best so far's synthesis needs
+    the rest of the budget (:func:`synthesis_reserve`): its estimate where it fits the time left,
+    else nothing (it would not begin), and nothing without a budget."""
+    from hexicore.planner.search import loop
+    from hexicore.planner.final_schedules import costly_final_s
+
+    problem, plan, *_ = paper_pipeline()
+    assert costly_final_s(problem, plan) > 0.0  # (synth is among the final options)
+    context = type("Context", (), {"problem": problem})()
+    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan: 0.5)
+    assert loop.synthesis_reserve(context, plan, time.monotonic() + 2.0) == 0.5
+    assert loop.synthesis_reserve(context, plan, time.monotonic() + 0.3) == 0.0
+    assert loop.synthesis_reserve(context, plan, float("inf")) == 0.0

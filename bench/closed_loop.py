@@ -258,9 +258,11 @@ def run(args) -> dict:
 
 
 def quantities(runs: list[dict]) -> dict:
-    """Per quantity, over a plan's runs: the median measured DP sync and pipeline times, the
-    prediction (the runs' ``predicted`` object: the same profile prices each), and the last run's
-    peak memory per rank (runs without them, from before these were kept: nothing)."""
+    """Per quantity, over a plan's runs: the median measured DP sync, pipeline and hop times
+    (each pipeline's boundaries in order; a hop no run could time, its receiver never waiting
+    for it, is None), the prediction (the runs' ``predicted`` object: the same profile prices
+    each), and the last run's peak memory per rank (runs without them, from before these were
+    kept: nothing)."""
     if not runs or "predicted" not in runs[0] or any(run.get("pipelines_s") is None for run in runs):
         return {}
     med = statistics.median
@@ -270,7 +272,22 @@ def quantities(runs: list[dict]) -> dict:
             "pipelines": [{"profiled_s": pred["pipelines_s"][i], "measured_s": med(run["pipelines_s"][i] for run in runs)}
                           for i in range(len(runs[0]["pipelines_s"]))],
             "memory": {"predicted_gb": pred["peak_memory_gb"], "measured_gb": runs[-1]["peak_memory_gb"],
-                       "how": runs[-1]["memory"]}}
+                       "how": runs[-1]["memory"]},
+            "hops": _hops(runs, pred.get("hops"))}
+
+
+def _hops(runs: list[dict], predicted: list | None) -> list[dict]:
+    """Per hop (pipeline ``i``, boundary ``j``) the predicted seconds and the median over the runs
+    that timed it; none where the runs or the prediction have no hops (runs from before)."""
+    timed = [run["hops"] for run in runs if run.get("hops")]
+    if not predicted or not timed:
+        return []
+    out = []
+    for i, pipe in enumerate(predicted):
+        for j, p in enumerate(pipe):
+            got = [t[i][j] for t in timed if i < len(t) and j < len(t[i]) and t[i][j] is not None]
+            out.append({"pipeline": i, "hop": j, "profiled_s": p, "measured_s": statistics.median(got) if got else None})
+    return out
 
 
 def reprice(links: bool = False) -> dict:
@@ -317,7 +334,8 @@ def train(hexi: list[str], path: Path, args, rnd: int, prof: Path) -> dict:
     return {"step_s": step_s, "measured_s": statistics.median(step_s[1:] or step_s), "load": os.getloadavg(),
             "dp_sync_s": meas.get("dp_sync_s"), "pipelines_s": meas.get("pipelines_s"),
             "peak_memory_gb": meas.get("peak_memory_gb"), "memory": meas.get("memory"),
-            "predicted": {k: pred.get(k) for k in ("dp_sync_s", "pipelines_s", "peak_memory_gb")},
+            "hops": meas.get("hops"),
+            "predicted": {k: pred.get(k) for k in ("dp_sync_s", "pipelines_s", "peak_memory_gb", "hops")},
             "stages": {"measured": meas.get("stages"), "predicted": pred.get("stages")}}
 
 
@@ -503,8 +521,9 @@ LINKS_NOTE = (
     "How to read it: each transfer is held to what the cost model's own formulas give on the declared links "
     "(docs/runtime.md, \"Emulated links\"), so the DP sync and the hops are as slow as the links, whatever the host's "
     "loopback does; what is not a transfer (Python between actions, the optimizer step, gloo's own ~2 ms a "
-    "message) runs at the host's speed. Hops are not timed apart from the stages by the runtime: a hop the "
-    "schedule waits for is inside its pipeline's time, which is compared. Peak memory on a CPU is the process's "
+    "message) runs at the host's speed. A hop is timed from the sender's post to the arrival, on the host's one "
+    "clock, where the receiver was already waiting (a message that arrived first says only that it was faster); "
+    "the schedule's own waits for it are inside its pipeline's time, which is compared too. Peak memory on a CPU is the process's "
     "peak resident set (the interpreter, torch and gloo's buffers included), against the model's training state "
     "and activations: read it across plans, not as an error. A device's port between machines is shared: "
     "collectives that cross machines hold each member's port one at a time, whichever group they are in, as the "
@@ -539,8 +558,8 @@ def _stage_error(stages: dict, kind: str) -> float | None:
 def links_rows(rows: list[dict]) -> list[str]:
     """The per-quantity table of a run with emulated links."""
     out = ["| plan | step: profiled / measured s (error) | per run s | pipelines: profiled / measured s (error) | "
-           "DP sync: profiled / measured s (error) | stages' F / B: largest error | peak memory: predicted / "
-           "measured GB, largest rank |", "|---|---|---|---|---|---|---|"]
+           "DP sync: profiled / measured s (error) | stages' F / B: largest error | hops: profiled / measured ms "
+           "(error) | peak memory: predicted / measured GB, largest rank |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pipes = "; ".join(_pair(p["profiled_s"], p["measured_s"]) for p in r.get("pipelines", [])) or "n/a"
         dp = r.get("dp_sync", {})
@@ -550,9 +569,26 @@ def links_rows(rows: list[dict]) -> list[str]:
         out.append(f"| {r['plan']} | {_pair(r['profiled_s'], r['measured_s'])} | "
                    f"{' / '.join(f'{x:.3f}' for x in r['round_s'])} | {pipes} | "
                    f"{_pair(dp.get('profiled_s'), dp.get('measured_s'))} | "
-                   f"{' / '.join('n/a' if e is None else f'{e:.0%}' for e in fb)} | "
+                   f"{' / '.join('n/a' if e is None else f'{e:.0%}' for e in fb)} | {_hop_cell(r.get('hops'))} | "
                    + (f"{max(pm):.2f} / {max(mm):.2f} |" if pm and mm else "n/a |"))
     return out
+
+
+def _hop_cell(hops: list[dict] | None) -> str:
+    """A plan's hops in milliseconds, ``p<i>.<j>`` pipeline ``i``'s boundary ``j``: predicted /
+    measured (error); a hop no run timed (its receiver never waited for it) shows its prediction."""
+    if not hops:
+        return "none"
+    cells = []
+    for h in hops:
+        p, m = h["profiled_s"], h["measured_s"]
+        if m is None:
+            cells.append(f"p{h['pipeline']}.{h['hop']} {p * 1e3:.1f} / -")
+        else:
+            e = _err(p, m)
+            cells.append(f"p{h['pipeline']}.{h['hop']} {p * 1e3:.1f} / {m * 1e3:.1f}"
+                         + ("" if e is None else f" ({e:+.0%})"))
+    return "; ".join(cells)
 
 
 def within(pairs: list[tuple[float | None, float | None]], bound: float = 0.10) -> str:
@@ -576,11 +612,13 @@ def links_section(res: dict) -> str:
             f"trained {a['rounds']} times, the runs interleaved. Step: the median of the steps after the first of "
             "every run; pipelines and DP sync: the median over runs of each run's `metrics.json` figure (DP sync: "
             "per step the shortest rank's, optimizer step included); stages: the last run's, the largest error "
-            "over the plan's stages; peak memory: the last run's.")
+            "over the plan's stages; hops: per boundary, the median over runs of each run's median message (post "
+            "to arrival, where its receiver was already waiting); peak memory: the last run's.")
     pipes = [(p["profiled_s"], p["measured_s"]) for r in rows for p in r.get("pipelines", [])]
     syncs = [(r["dp_sync"]["profiled_s"], r["dp_sync"]["measured_s"]) for r in rows if r.get("dp_sync")]
+    hops = [(h["profiled_s"], h["measured_s"]) for r in rows for h in r.get("hops") or []]
     bullets = [f"- steps within 10%: {within([(r['profiled_s'], r['measured_s']) for r in rows])}; pipelines "
-               f"within 10%: {within(pipes)}; DP syncs within 10%: {within(syncs)}"]
+               f"within 10%: {within(pipes)}; DP syncs within 10%: {within(syncs)}; hops within 10%: {within(hops)}"]
     bullets += verdicts(rows, "profiled_s", "profiled")[1:]
     same = [f"- {k} made the same plan as {v} (trained once)" for k, v in res.get("same", {}).items()]
     return "\n".join([head, "", *links_rows(rows), "", *bullets, *same, "", LINKS_NOTE, "", LINKS_HISTORY])

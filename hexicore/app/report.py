@@ -186,10 +186,10 @@ DETAIL_ROWS = 48
 
 def _condensed(rows: list[tuple[str, Any, Any, float | None]]) -> tuple[list[tuple[str, Any, Any, float | None]], int]:
     """``rows`` as a table shows them, and how many it leaves out: step, pipelines and DP sync
-    always; the per-stage and per-rank rows all when there are at most :data:`DETAIL_ROWS`, else
-    the largest of each quantity (forward, backward, peak memory; by measured value where there is
-    one) and the eight largest errors, in their order."""
-    detail = [i for i, (q, *_) in enumerate(rows) if q.startswith("rank ") or " stage " in q]
+    always; the per-stage, per-hop and per-rank rows all when there are at most :data:`DETAIL_ROWS`,
+    else the largest of each quantity (forward, backward, hop, peak memory; by measured value where
+    there is one) and the eight largest errors, in their order."""
+    detail = [i for i, (q, *_) in enumerate(rows) if q.startswith("rank ") or " stage " in q or " hop " in q]
     if len(detail) <= DETAIL_ROWS:
         return rows, 0
 
@@ -200,6 +200,7 @@ def _condensed(rows: list[tuple[str, Any, Any, float | None]]) -> tuple[list[tup
 
     keep = {max((i for i in detail if rows[i][0].endswith(kind)), key=value, default=None)
             for kind in ("forward_s", "backward_s", "peak_memory_gb")}
+    keep.add(max((i for i in detail if " hop " in rows[i][0]), key=value, default=None))
     erred = sorted((i for i in detail if rows[i][3] is not None), key=lambda i: -abs(rows[i][3]))
     keep |= set(erred[:8])
     shown = [r for i, r in enumerate(rows) if i not in detail or i in keep]
@@ -231,4 +232,4 @@ def prediction_table(predicted: Mapping[str, Any] | None,
         return t
     shown = ("the largest of each quantity and the largest errors are; metrics.json has every row"
              if measured is not None else "the largest of each quantity is")
-    return Group(t, Text(f"{hidden} stage and rank rows not shown ({shown})"))
+    return Group(t, Text(f"{hidden} stage, hop and rank rows not shown ({shown})"))

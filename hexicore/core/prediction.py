@@ -17,7 +17,11 @@ Both are plain JSON data:
   which a CUDA allocator's peak does not count;
 * ``stages``: per pipeline, per stage, ``forward_s`` and ``backward_s`` of one micro-batch (the
   breakdown's ``forward_s``/``backward_s``, :mod:`hexicore.cost.split`); null when the cost
-  model's breakdown does not split its stages.
+  model's breakdown does not split its stages;
+* ``hops``: per pipeline, per boundary between stages ``j`` and ``j + 1``, the seconds one
+  message, a micro-batch's activation or its gradient (the same bytes), takes to cross it: half
+  the breakdown's ``hop_s`` (COMM-PP-HOP, which counts both directions); null when the breakdown
+  has none.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Mapping, Sequence
 from hexicore.core.estimate import Estimate
 
 #: the keys both objects carry, in the order they are written
-KEYS = ("step_s", "pipelines_s", "dp_sync_s", "peak_memory_gb", "stages")
+KEYS = ("step_s", "pipelines_s", "dp_sync_s", "peak_memory_gb", "stages", "hops")
 
 
 def predictions(estimate: Estimate, devices: Sequence[str]) -> dict[str, Any]:
@@ -40,12 +44,14 @@ def predictions(estimate: Estimate, devices: Sequence[str]) -> dict[str, Any]:
             isinstance(p, Mapping) and "forward_s" in p and "backward_s" in p for p in parts):
         stages = [[{"forward_s": f, "backward_s": b} for f, b in zip(p["forward_s"], p["backward_s"])]
                   for p in parts]
+    hops = [[h / 2 for h in p["hop_s"]] for p in parts] if isinstance(parts, Sequence) and parts and all(
+        isinstance(p, Mapping) and "hop_s" in p for p in parts) else None
     reserve = estimate.breakdown.get("reserve_gb", 0.0) if isinstance(estimate.breakdown, Mapping) else 0.0
     reserve = reserve if isinstance(reserve, (int, float)) and not isinstance(reserve, bool) else 0.0
     peaks = [None if estimate.memory_gb.get(d) is None else round(max(estimate.memory_gb[d] - reserve, 0.0), 3)
              for d in devices]
     return {"step_s": estimate.iteration_s, "pipelines_s": list(estimate.pipeline_s), "dp_sync_s": estimate.dp_s,
-            "peak_memory_gb": peaks, "stages": stages}
+            "peak_memory_gb": peaks, "stages": stages, "hops": hops}
 
 
 def error_pct(predicted: Any, measured: Any) -> float | None:
@@ -59,7 +65,7 @@ def comparison_rows(predicted: Mapping[str, Any] | None,
                     measured: Mapping[str, Any] | None) -> list[tuple[str, Any, Any, float | None]]:
     """Rows ``(quantity, predicted, measured, error %)`` of the two objects, either of which may be
     None (``evaluate`` has no measurement, a run without a plan no prediction): step, each
-    pipeline, DP sync, each stage's forward and backward, each rank's peak memory."""
+    pipeline, DP sync, each stage's forward and backward, each hop, each rank's peak memory."""
     p, m = dict(predicted or {}), dict(measured or {})
 
     def at(obj: Mapping[str, Any], key: str, *index: int) -> Any:
@@ -81,6 +87,8 @@ def comparison_rows(predicted: Mapping[str, Any] | None,
             for kind in ("forward_s", "backward_s"):
                 pv, mv = at(p, "stages", i, j), at(m, "stages", i, j)
                 rows.append((f"pipeline {i} stage {j} {kind}", (pv or {}).get(kind), (mv or {}).get(kind)))
+    rows += [(f"pipeline {i} hop {j} s", at(p, "hops", i, j), at(m, "hops", i, j))
+             for i in range(count("hops")) for j in range(count("hops", i))]
     rows += [(f"rank {r} peak_memory_gb", at(p, "peak_memory_gb", r), at(m, "peak_memory_gb", r))
              for r in range(count("peak_memory_gb"))]
     return [(q, a, b, error_pct(a, b)) for q, a, b in rows]

@@ -78,18 +78,23 @@ def test_profiled_predictions_hold_for_two_trained_plans(tmp_path, capsys, monke
 
 
 def test_the_links_section_compares_every_quantity_a_run_measures():
-    """``bench/closed_loop.py --links``'s section: per plan the step, each pipeline and the DP
-    sync (medians over the runs) against the prediction, and how many of each lie within 10%."""
+    """``bench/closed_loop.py --links``'s section: per plan the step, each pipeline, the DP sync
+    and each hop (medians over the runs) against the prediction, and how many of each lie
+    within 10%."""
     from bench.closed_loop import links_section, quantities
 
-    def run(step: float, pipes: list[float], sync: float) -> dict:
+    def run(step: float, pipes: list[float], sync: float, hop: float | None) -> dict:
         return {"measured_s": step, "dp_sync_s": sync, "pipelines_s": pipes, "peak_memory_gb": [0.4, 0.5],
-                "memory": "rss", "predicted": {"dp_sync_s": 0.1, "pipelines_s": [1.0, 0.9], "peak_memory_gb": [0.1, 0.2]}}
+                "memory": "rss", "hops": [[hop, None], []],
+                "predicted": {"dp_sync_s": 0.1, "pipelines_s": [1.0, 0.9], "peak_memory_gb": [0.1, 0.2],
+                              "hops": [[0.02, 0.03], []]}}
 
-    runs = [run(1.1, [1.0, 0.9], 0.1), run(1.2, [1.2, 0.95], 0.2), run(1.3, [1.4, 1.0], 0.3)]
+    runs = [run(1.1, [1.0, 0.9], 0.1, 0.02), run(1.2, [1.2, 0.95], 0.2, None), run(1.3, [1.4, 1.0], 0.3, 0.03)]
     q = quantities(runs)
     assert q["dp_sync"] == {"profiled_s": 0.1, "measured_s": 0.2}
     assert [p["measured_s"] for p in q["pipelines"]] == [1.2, 0.95]
+    assert [(h["pipeline"], h["hop"], h["profiled_s"], h["measured_s"]) for h in q["hops"]] == \
+        [(0, 0, 0.02, pytest.approx(0.025)), (0, 1, 0.03, None)]  # (the runs that timed it; none did boundary 1)
     stages = {"predicted": [[{"forward_s": 0.1, "backward_s": 0.2}]], "measured": [[{"forward_s": 0.125, "backward_s": 0.2}]]}
     row = {"plan": "p", "profiled_s": 1.1, "measured_s": 1.2, "round_s": [1.1, 1.2, 1.3], "analytic_s": 0.1,
            "stages": stages, **q}
@@ -98,5 +103,6 @@ def test_the_links_section_compares_every_quantity_a_run_measures():
     line = next(x for x in text.splitlines() if x.startswith("| p |"))
     assert "1.100 / 1.200 (-8%)" in line and "0.100 / 0.200 (-50%)" in line and "20% / 0%" in line
     assert "1.000 / 1.200 (-17%); 0.900 / 0.950 (-5%)" in line and "0.20 / 0.50" in line
+    assert "p0.0 20.0 / 25.0 (-20%); p0.1 30.0 / -" in line
     assert "steps within 10%: 1 of 1 (largest 8%); pipelines within 10%: 1 of 2 (largest 17%); " \
-           "DP syncs within 10%: 0 of 1 (largest 50%)" in text
+           "DP syncs within 10%: 0 of 1 (largest 50%); hops within 10%: 0 of 1 (largest 20%)" in text

@@ -67,6 +67,35 @@ def test_a_trained_plans_dp_sync_obeys_the_emulated_link(zero, tmp_path, capsys,
     assert 0.95 * predicted <= measured <= 1.3 * predicted, (predicted, measured)
 
 
+@pytest.mark.slow
+def test_a_trained_plans_hops_take_what_the_link_gives(tmp_path, capsys, monkeypatch):
+    """One pipeline of two stages on two machines joined by a 0.005 GB/s link: each micro-batch's
+    activation and gradient (~49 KB) crosses it in ~11 ms, as the analytic model prices the hop
+    (latency + bytes / bandwidth), and the run times it (``measured.hops``, post to arrival where
+    the receiver was waiting), not at the loopback's ~1 ms."""
+    from hexicore.core.cluster import Cluster
+    from hexicore.core.model import ModelSpec
+    from hexicore.core.plan import Pipeline, Plan, Stage
+    from hexicore.core.settings import TrainSettings
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "c.yaml").write_text("name: hop2\nemulate: {links: true}\ninter: {bandwidth_gbs: 0.005, latency_us: 1000}\n"
+                                     "machines:\n  - {name: A, gpu: a100-80g, count: 1}\n"
+                                     "  - {name: B, gpu: a100-80g, count: 1}\n")
+    (tmp_path / "m.yaml").write_text(MODEL)
+    cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+    train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
+    pipe = Pipeline(4, (Stage(("A.0",), 1, (0, 2)), Stage(("B.0",), 1, (2, 4))), {"name": "1f1b"})
+    path = Plan(model, cluster, train, (pipe,), solver={"name": "hand"}).save(tmp_path / "hop.json")
+    code = run_cli(["train", f"plan_file={path}", "train.steps=3", "runtime.progress=false",
+                    f"out={tmp_path / 'o'}", f"hydra.run.dir={tmp_path / 'h'}"])
+    assert code == 0, capsys.readouterr().err
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    (predicted,), (measured,) = m["predicted"]["hops"][0], m["measured"]["hops"][0]
+    assert predicted == pytest.approx(1e-3 + 64 * 192 * 4 / 0.005e9, rel=0.05)  # ~10.8 ms
+    assert 0.95 * predicted <= measured <= 1.3 * predicted, (predicted, measured)
+
+
 def test_emulated_links_run_on_gloo_only():
     """They wrap gloo: a run that would use NCCL is refused, naming runtime.backend."""
     from hexicore.core.cluster import parse_cluster

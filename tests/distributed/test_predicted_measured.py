@@ -58,17 +58,18 @@ def test_profiled_forward_share_is_the_measured_blocks():
 
 # ------------------------------------------------------------------ predictions from an estimate
 EST = Estimate(2.5, 0.4, 1000.0, (2.0, 1.75), 0.5, {"A.1": 3.0, "A.0": 2.0, "B.0": 7.5}, (),
-               {"pipelines": [{"stage_s": [0.3, 0.6], "forward_s": [0.1, 0.2], "backward_s": [0.2, 0.4]},
-                              {"stage_s": [0.9], "forward_s": [0.3], "backward_s": [0.6]}]})
+               {"pipelines": [{"stage_s": [0.3, 0.6], "hop_s": [0.05], "forward_s": [0.1, 0.2], "backward_s": [0.2, 0.4]},
+                              {"stage_s": [0.9], "hop_s": [], "forward_s": [0.3], "backward_s": [0.6]}]})
 
 
 def test_predictions_are_the_estimates_numbers_in_rank_order():
     got = predictions(EST, ["A.0", "A.1", "B.0"])
     assert got == {"step_s": 2.5, "pipelines_s": [2.0, 1.75], "dp_sync_s": 0.5, "peak_memory_gb": [2.0, 3.0, 7.5],
                    "stages": [[{"forward_s": 0.1, "backward_s": 0.2}, {"forward_s": 0.2, "backward_s": 0.4}],
-                              [{"forward_s": 0.3, "backward_s": 0.6}]]}
+                              [{"forward_s": 0.3, "backward_s": 0.6}]], "hops": [[0.025], []]}
     bare = Estimate(2.5, 0.4, 1000.0, (2.0,), 0.5, {"A.0": 2.0}, (), {"pipelines": [{"stage_s": [0.3]}]})
     assert predictions(bare, ["A.0"])["stages"] is None  # a breakdown that does not split its stages
+    assert predictions(bare, ["A.0"])["hops"] is None  # nor gives its hops
 
 
 def test_predicted_peaks_leave_out_the_memory_kept_free_for_the_cuda_context():
@@ -88,9 +89,10 @@ def test_comparison_rows_and_error_percent():
     pred = predictions(EST, ["A.0", "A.1", "B.0"])
     meas = {"step_s": 2.0, "pipelines_s": [2.0, 1.0], "dp_sync_s": 0.0, "peak_memory_gb": [1.0, 4.0],
             "stages": [[{"forward_s": 0.05, "backward_s": 0.25}, {"forward_s": 0.2, "backward_s": 0.5}],
-                       [{"forward_s": 0.3, "backward_s": 0.6}]]}
+                       [{"forward_s": 0.3, "backward_s": 0.6}]], "hops": [[0.02], []]}
     rows = {q: (p, m, e) for q, p, m, e in comparison_rows(pred, meas)}
-    assert len(rows) == 1 + 2 + 1 + 2 * 3 + 3
+    assert len(rows) == 1 + 2 + 1 + 2 * 3 + 1 + 3
+    assert rows["pipeline 0 hop 0 s"][:2] == (0.025, 0.02) and rows["pipeline 0 hop 0 s"][2] == pytest.approx(25.0)
     assert rows["step_s"] == (2.5, 2.0, 25.0)
     assert rows["pipeline 1 s"] == (1.75, 1.0, 75.0)
     assert rows["dp_sync_s"] == (0.5, 0.0, None)  # nothing measured to divide by
@@ -100,6 +102,28 @@ def test_comparison_rows_and_error_percent():
     alone = comparison_rows(pred, None)  # evaluate: predictions only
     assert [r[2] for r in alone] == [None] * len(alone) and alone[0][:2] == ("step_s", 2.5)
     assert error_pct(1.0, 4.0) == -75.0 and error_pct(None, 1.0) is None
+
+
+def test_a_hop_is_timed_from_the_post_to_the_arrival_where_the_receiver_was_waiting():
+    """``hop_times`` pairs each receive with its send (kind, receiving stage, micro-batch, step):
+    pipeline ranks 0 -> 1 (activations) and 1 -> 0 (gradients) cross boundary 0. Counted: a receive
+    asked for before the post (arrival - post); not counted: one asked for after the post (it says
+    when the receiver came, not when the bytes did), nor a wrap-around between ranks 0 and 2."""
+    pytest.importorskip("torch")
+    from hexicore_plugins.runtimes.torch.profile.measure import hop_times
+
+    sender = {"pipeline": 0, "stage": 0, "messages": [
+        [("send", (0, 1, 0), 10.0, 10.0), ("send", (0, 1, 1), 20.0, 20.0), ("recv", (1, 0, 0), 29.0, 30.5),
+         ("send", (0, 2, 0), 40.0, 40.0)],
+        [("send", (0, 1, 0), 50.0, 50.0)]]}
+    receiver = {"pipeline": 0, "stage": 1, "messages": [
+        [("recv", (0, 1, 0), 9.0, 10.25), ("recv", (0, 1, 1), 21.0, 21.0), ("send", (1, 0, 0), 30.0, 30.0)],
+        [("recv", (0, 1, 0), 49.0, 50.75)]]}
+    last = {"pipeline": 0, "stage": 2, "messages": [[("recv", (0, 2, 0), 39.0, 40.5)], []]}
+    other = {"pipeline": 1, "stage": 0, "messages": [[], []]}
+    got = hop_times([sender, receiver, last, other], [3, 1])
+    assert got[0][0] == pytest.approx(0.5)  # median of 0.25 (F, step 0), 0.5 (B), 0.75 (F, step 1)
+    assert got[0][1] is None and got[1] == []  # (ranks 0 -> 2 is no neighbour's hop)
 
 
 def test_evaluate_prints_the_predictions(tmp_path, capsys):
@@ -118,16 +142,16 @@ def test_evaluate_prints_the_predictions(tmp_path, capsys):
 
 
 def test_a_large_plans_table_shows_the_largest_rows_and_says_how_many_it_leaves_out():
-    """30 stages x 2 ranks: 60 forward/backward rows and 60 memory rows, over the 48 listed one by
-    one; the table keeps step, pipelines and DP sync, the largest of each quantity (by measured
-    value) and the eight largest errors, and the line below counts the rest."""
+    """30 stages x 2 ranks: 60 forward/backward rows, 29 hop rows and 60 memory rows, over the 48
+    listed one by one; the table keeps step, pipelines and DP sync, the largest of each quantity
+    (by measured value) and the eight largest errors, and the line below counts the rest."""
     from rich.console import Console
 
     from hexicore.app.report import DETAIL_ROWS, prediction_table
 
     stages = [{"forward_s": 0.1 + i / 1000, "backward_s": 0.2} for i in range(30)]
     pred = {"step_s": 7.0, "pipelines_s": [6.0], "dp_sync_s": 1.0, "stages": [stages],
-            "peak_memory_gb": [5.0] * 60}
+            "peak_memory_gb": [5.0] * 60, "hops": [[0.01 + (0.01 if j == 11 else 0) for j in range(29)]]}
     meas = {**pred, "stages": [[{**s, "backward_s": 0.2 + (0.1 if i == 7 else 0)} for i, s in enumerate(stages)]],
             "peak_memory_gb": [5.0] * 59 + [6.0]}
     rows = comparison_rows(pred, meas)
@@ -137,12 +161,13 @@ def test_a_large_plans_table_shows_the_largest_rows_and_says_how_many_it_leaves_
     out = con.export_text()
     listed = [q for q, *_ in rows if f" {q} " in out]
     assert listed[:3] == ["step_s", "pipeline 0 s", "dp_sync_s"]
-    assert {"pipeline 0 stage 29 forward_s", "pipeline 0 stage 7 backward_s", "rank 59 peak_memory_gb"} <= set(listed)
-    assert len(listed) <= 3 + 3 + 8 and f"{len(rows) - len(listed)} stage and rank rows not shown" in out
+    assert {"pipeline 0 stage 29 forward_s", "pipeline 0 stage 7 backward_s", "rank 59 peak_memory_gb",
+            "pipeline 0 hop 11 s"} <= set(listed)
+    assert len(listed) <= 3 + 4 + 8 and f"{len(rows) - len(listed)} stage, hop and rank rows not shown" in out
     con = Console(width=200, record=True)
     con.print(prediction_table(pred, None))  # evaluate: no errors, the largest of each quantity
     out = con.export_text()
-    assert sum(f" {q} " in out for q, *_ in rows) == 3 + 3 and f"{len(rows) - 6} stage and rank rows" in out
+    assert sum(f" {q} " in out for q, *_ in rows) == 3 + 4 and f"{len(rows) - 7} stage, hop and rank rows" in out
 
 
 # ------------------------------------------------------------------ one training run

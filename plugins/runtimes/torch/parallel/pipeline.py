@@ -178,7 +178,9 @@ class Executor:
         if self.leader:
             position = self.recv_queue.index(index, self.consumed)
             self._issue(self._recv_ops(position + 2))
+            asked = time.monotonic()
             self._wait(self.works.pop(("recv", index)), f"{action} from rank {self._peer(action.peer)}")
+            self.messages.append(("recv", (KIND[action.op], action.stage, action.mb), asked, time.monotonic()))
             buffer = self.buffers.pop(index)
             self.consumed = position + 1
         else:
@@ -194,6 +196,8 @@ class Executor:
         tag = self._tag(KIND[action.op], recv_stage, action.mb)
         op = dist.P2POp(dist.isend, tensor, self._peer(action.peer), tag=tag)
         self.pending_sends.append(tensor)
+        posted = time.monotonic()
+        self.messages.append(("send", (KIND[action.op], recv_stage, action.mb), posted, posted))
         self._issue([(op, ("send", index))] + self._recv_ops(self.consumed + 1))
 
     # -------------------------------------------------------------- compute
@@ -356,6 +360,10 @@ class Executor:
         self.stepped = False
         self._issue(self._recv_ops(1))
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
+        #: the leader's messages of the step: ``(side, (kind, receiving stage, mb), asked, done)``
+        #: on the host's one clock (``time.monotonic``): a send when posted, a receive from when this
+        #: rank waited for it to when it arrived (:func:`~..profile.measure.hop_times` pairs them)
+        self.messages: list[tuple[str, tuple[int, int, int], float, float]] = []
         self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
         started = time.perf_counter()
         with self._step_casts():

@@ -11,7 +11,9 @@ allocator warm-up, lazy imports, communicator setup):
   ``F`` is the forward, ``B``, ``I`` and ``W`` the backward, summed over the rank's chunks, so an
   interleaved schedule's chunks count as one stage);
 * its peak memory: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak resident
-  set size (``resource.getrusage``) on CPU.
+  set size (``resource.getrusage``) on CPU;
+* its messages (``Executor.messages``, a pipeline leader's): when each send was posted, and for
+  each receive when the rank began to wait for it and when it arrived, on the host's one clock.
 
 Each rank keeps medians; rank 0 gathers them (``all_gather_object``) and reduces them: a
 pipeline's ``pipelines_s`` and a stage's forward/backward are the largest over their ranks (TP
@@ -19,7 +21,13 @@ ranks included), ``peak_memory_gb`` one entry per rank, ``step_s`` the median of
 times after the first. ``dp_sync_s`` is, per step, the shortest sync over the ranks, then the
 median over steps: a rank that finished its schedule early waits inside the sync for the slowest
 pipeline, while the rank that arrived last waited for nobody, so its sync time is the sync's own
-and ``step_s`` ~ ``max(pipelines_s) + dp_sync_s`` as in the cost model.
+and ``step_s`` ~ ``max(pipelines_s) + dp_sync_s`` as in the cost model. ``hops`` (per pipeline,
+per boundary between pipeline ranks ``j`` and ``j + 1``: one micro-batch's activation or
+gradient crossing it, the cost model's ``HOP_j``) is the median over the messages whose receiver
+was already waiting when the sender posted them, from the post to the arrival
+(:func:`hop_times`): a message that arrived before its receiver asked says only that it took
+less than that. On a GPU the host's clock does not see when a CUDA stream moves the bytes, so
+``hops`` is null there.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class Recorder:
         self.sync_s: list[float] = []
         self.forward_s: list[float] = []
         self.backward_s: list[float] = []
+        self.messages: list[list[tuple]] = []  # per step kept, the executor's messages
 
     def record(self, executor: Any) -> None:
         """Keep ``executor``'s last step unless it is this process's first."""
@@ -70,6 +79,7 @@ class Recorder:
             return
         self.schedule_s.append(executor.schedule_s)
         self.sync_s.append(executor.sync_s)
+        self.messages.append(list(getattr(executor, "messages", [])))
         per_mb: dict[int, list[float]] = {}
         for op, _, mb, seconds in executor.passes:
             kind = getattr(op, "value", str(op))
@@ -84,7 +94,7 @@ class Recorder:
                 "stage": role.pipe_rank if role is not None else None,
                 "schedule_s": _median(self.schedule_s), "sync_steps": list(self.sync_s),
                 "forward_s": _median(self.forward_s), "backward_s": _median(self.backward_s),
-                "peak_memory_gb": peak_memory_gb(device)}
+                "peak_memory_gb": peak_memory_gb(device), "messages": self.messages}
 
 
 def gather(summary: dict[str, Any], world: int) -> list[dict[str, Any]]:
@@ -108,6 +118,26 @@ def _sync_s(per_rank: Sequence[Sequence[float]]) -> float | None:
     return _median([min(x[k] for x in per_rank) for k in range(steps)])
 
 
+def hop_times(summaries: Sequence[dict[str, Any]], stage_counts: Sequence[int]) -> list[list[float | None]]:
+    """Per pipeline, per boundary between pipeline ranks ``j`` and ``j + 1``, the median seconds a
+    message took to cross it: a send paired with its receive (same kind, receiving stage and
+    micro-batch, same step, same pipeline), counted from the post to the arrival where the
+    receiver was waiting before the post (else the arrival is when it asked, not when the bytes
+    came); activations and gradients alike. None where no such message crossed the boundary."""
+    out: list[list[list[float]]] = [[[] for _ in range(max(n - 1, 0))] for n in stage_counts]
+    for i in range(len(stage_counts)):
+        ranks = [s for s in summaries if s["pipeline"] == i and s.get("messages")]
+        for step in range(min((len(s["messages"]) for s in ranks), default=0)):
+            posts = {key: (s["stage"], at) for s in ranks for side, key, at, _ in s["messages"][step] if side == "send"}
+            for s in ranks:
+                for side, key, asked, arrived in s["messages"][step]:
+                    sender = posts.get(tuple(key)) if side == "recv" else None
+                    if sender is None or abs(sender[0] - s["stage"]) != 1 or asked > sender[1]:
+                        continue
+                    out[i][min(sender[0], s["stage"])].append(arrived - sender[1])
+    return [[_median(h) for h in p] for p in out]
+
+
 def measured(summaries: Sequence[dict[str, Any]], step_s: Sequence[float], stage_counts: Sequence[int],
              memory: str) -> dict[str, Any]:
     """The ``measured`` object from every rank's summary, rank 0's step times of this process,
@@ -121,6 +151,7 @@ def measured(summaries: Sequence[dict[str, Any]], step_s: Sequence[float], stage
             "peak_memory_gb": [s["peak_memory_gb"] for s in summaries],
             "stages": [[{"forward_s": _largest([s["forward_s"] for s in st]),
                          "backward_s": _largest([s["backward_s"] for s in st])} for st in p] for p in on],
+            "hops": None if memory == "cuda" else hop_times(summaries, stage_counts),
             "memory": memory, "steps": len(steady),
             "per_rank": [{"pipeline": s["pipeline"], "stage": s["stage"], "schedule_s": s["schedule_s"],
                           "dp_sync_s": _median(s["sync_steps"]), "forward_s": s["forward_s"],

@@ -180,13 +180,14 @@ class Executor:
             self._issue(self._recv_ops(position + 2))
             asked = time.monotonic()
             self._wait(self.works.pop(("recv", index)), f"{action} from rank {self._peer(action.peer)}")
-            self.messages.append(("recv", (KIND[action.op], action.stage, action.mb), asked, time.monotonic()))
             buffer = self.buffers.pop(index)
             self.consumed = position + 1
         else:
             buffer = torch.empty(self.act_shape, dtype=self.wire, device=self.device)
         if self.parallel.tp.size > 1:
             dist.broadcast(buffer, src=self.parallel.tp_leader, group=self.parallel.tp.group)
+        if self.leader:  # (arrived once the whole TP group has it, as COMM-PP-HOP prices the hop)
+            self.messages.append(("recv", (KIND[action.op], action.stage, action.mb), asked, time.monotonic()))
         return buffer.to(torch.float32)
 
     def _send(self, index: int, action: Action, tensor: torch.Tensor, recv_stage: int) -> None:
@@ -362,7 +363,8 @@ class Executor:
         self.timeline = []  # (op, stage, mb, start, end) of compute actions, seconds from step start
         #: the leader's messages of the step: ``(side, (kind, receiving stage, mb), asked, done)``
         #: on the host's one clock (``time.monotonic``): a send when posted, a receive from when this
-        #: rank waited for it to when it arrived (:func:`~..profile.measure.hop_times` pairs them)
+        #: rank waited for it to when its TP group has it (the leader's broadcast included:
+        #: :func:`~..profile.measure.hop_times` pairs them)
         self.messages: list[tuple[str, tuple[int, int, int], float, float]] = []
         self.sync_s, events = 0.0, []  # seconds in _step (DP sync + optimizer); CUDA events of compute
         started = time.perf_counter()

@@ -155,23 +155,28 @@ class AnalyticCostModel:
               dst: Sequence[str]) -> float:
         """COMM-PP-HOP (formula missing from the paper's digest): per micro-batch, the activation
         ``B_mb*S*H*B_type`` goes leader -> leader, then the receiving leader broadcasts it in its
-        TP group (priced as its slowest direct send); the gradient goes back the same way, so the
-        hop is twice one direction. Leaders are the pair with the fastest link. Remembered per
-        machine pair where each side is one machine and no device is on both (such sends cost
-        alike; overlapping groups, which a solver's tables may price, send nothing)."""
+        TP group (priced as its slowest direct send); the gradient goes back between the same
+        leaders and the sending stage's leader broadcasts it in its own group, so the hop is
+        ``2 x send + broadcast(dst) + broadcast(src)``, as the runtime moves them (a one-device
+        stage broadcasts nothing: a hop between a TP group and one device has one broadcast,
+        the gradient's or the activation's). Leaders are the pair with the fastest link.
+        Remembered per machine pair where each side is one machine and no device is on both
+        (such sends cost alike; overlapping groups, which a solver's tables may price, send
+        nothing)."""
         msg = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
         rows = cluster.link_matrices[0]
         one = {rows.get(d) for d in src}, {rows.get(d) for d in dst}
         single = len(one[0]) == len(one[1]) == 1 and None not in one[0] | one[1] and not set(src) & set(dst)
-        key = ("hop", msg, len(dst), *one[0], *one[1]) if single else None
+        key = ("hop", msg, len(src), len(dst), *one[0], *one[1]) if single else None
         if key in cluster.memo:
             return cluster.memo[key]
         a, b = self.hop_leaders(cluster, src, dst)
         send = self.message_s(cluster, a, b, msg)
-        bcast = broadcast_s(cluster, b, dst, msg, self.message_s)
+        hop = 2.0 * send + broadcast_s(cluster, b, dst, msg, self.message_s) + \
+            broadcast_s(cluster, a, src, msg, self.message_s)
         if key is not None:
-            cluster.memo[key] = 2.0 * (send + bcast)
-        return 2.0 * (send + bcast)
+            cluster.memo[key] = hop
+        return hop
 
     def message_s(self, cluster: Cluster, a: str, b: str, nbytes: float) -> float:
         """One message from device ``a`` to ``b``: ``alpha + bytes / beta``

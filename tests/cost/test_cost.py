@@ -40,9 +40,15 @@ def test_tp_comm_by_hand():
 
 def test_hop_by_hand():
     msg = B * S * H * 2
-    # A.1 -> {B.0, B.1}: leader send over the 1 GB/s link, broadcast inside B; both directions
-    expect = 2 * ((100e-6 + msg / 1e9) + (20e-6 + msg / 5e9))
+    # A.1 -> {B.0, B.1}: leader send over the 1 GB/s link both ways, the activation broadcast
+    # inside B; the gradient comes back to one device: no broadcast
+    expect = 2 * (100e-6 + msg / 1e9) + (20e-6 + msg / 5e9)
     assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.1"], ["B.0", "B.1"]) == pytest.approx(expect)
+    # {B.0, B.1} -> A.1: the gradient is broadcast inside B, the activation is not
+    assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["B.0", "B.1"], ["A.1"]) == pytest.approx(expect)
+    # {A.0, A.1} -> {B.0, B.1}: a broadcast each way, the activation's inside B, the gradient's inside A
+    both = 2 * (100e-6 + msg / 1e9) + (20e-6 + msg / 5e9) + (10e-6 + msg / 10e9)
+    assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.0", "A.1"], ["B.0", "B.1"]) == pytest.approx(both)
     # into a single GPU: no broadcast
     assert COST.hop_s(CLUSTER, MODEL, TRAIN, ["A.0"], ["A.1"]) == pytest.approx(2 * (10e-6 + msg / 10e9))
 
@@ -61,7 +67,7 @@ def test_a_hop_between_overlapping_groups_leaves_other_hops_alone():
     one = 10e-6 + msg / 10e9
     cl = three()
     assert COST.hop_s(cl, MODEL, TRAIN, ["C.0", "C.1"], ["C.2", "C.0"]) == pytest.approx(2 * one)  # broadcast only
-    assert COST.hop_s(cl, MODEL, TRAIN, ["C.0"], ["C.1", "C.2"]) == pytest.approx(2 * 2 * one)
+    assert COST.hop_s(cl, MODEL, TRAIN, ["C.0"], ["C.1", "C.2"]) == pytest.approx(3 * one)  # one broadcast
     assert COST.hop_s(cl, MODEL, TRAIN, ["C.0"], ["C.1", "C.2"]) == COST.hop_s(three(), MODEL, TRAIN, ["C.0"], ["C.1", "C.2"])
 
 

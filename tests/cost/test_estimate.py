@@ -38,13 +38,15 @@ def test_plan_written_before_the_typed_estimate_saves_byte_identically(tmp_path)
 def test_plan_saved_and_reevaluated_by_the_cli_keeps_the_format(tmp_path):
     """``hexicore evaluate out=`` of the old file gives the old file back (same cost model, no
     reserve: the runtime's block memory is counted since the fixture was made, and its TP-2 RTX
-    4090 stage needs 24.4 of 24 GB with 1 GB reserved)."""
+    4090 stage needs 24.4 of 24 GB with 1 GB reserved). Since the fixture was made the hop prices
+    the gradient's broadcast in the sending stage's TP group (COMM-PP-HOP): 15.5928 s against
+    15.5902 s, within 0.02%."""
     out = tmp_path / "eval.json"
     assert run_cli(["evaluate", f"plan_file={DATA / 'plan_v1.json'}", f"out={out}", "cost.reserve_gb=0",
                     f"hydra.run.dir={tmp_path}"]) == 0
     old, new = json.loads((DATA / "plan_v1.json").read_text()), json.loads(out.read_text())
     assert list(new) == list(old) and list(new["estimate"]) == list(old["estimate"])
-    assert new["estimate"]["iteration_s"] == pytest.approx(old["estimate"]["iteration_s"])
+    assert new["estimate"]["iteration_s"] == pytest.approx(old["estimate"]["iteration_s"], rel=2e-4)
 
 
 def _foreign_plan_text() -> str:

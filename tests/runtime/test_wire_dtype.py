@@ -16,7 +16,7 @@ from hexicore_plugins.runtimes.torch.parallel import pipeline as ex  # noqa: E40
 def executor(autocast, *, leader: bool = True, tp: int = 1):
     e = ex.Executor.__new__(ex.Executor)
     e.wire = autocast or torch.float32
-    e.leader, e.pending_sends, e.consumed = leader, [], 0
+    e.leader, e.pending_sends, e.consumed, e.messages = leader, [], 0, []
     e.device, e.act_shape = torch.device("cpu"), (1, 2, 3)
     e.parallel = SimpleNamespace(tp=SimpleNamespace(size=tp, group=None), tp_leader=0)
     e._peer, e._tag = (lambda p: p), (lambda *a: 0)

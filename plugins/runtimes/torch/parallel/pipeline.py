@@ -98,6 +98,7 @@ class Executor:
         self.lr: float | None = None
         self.clip_grad: float | None = None
         self.grad_norm = 0.0
+        self.messages: list[tuple[str, tuple[int, int, int], float, float]] = []  # (a step's: run_step)
 
     # ------------------------------------------------------------- helpers
     def _tag(self, kind: int, stage: int, mb: int) -> int:

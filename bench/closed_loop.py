@@ -541,7 +541,10 @@ LINKS_HISTORY = (
     "pipeline plan, pipeline 0 -45%: every rank computed 12 blocks on the 2-core host), 6 of 12 DP syncs; "
     "2026-12-07 10:25 UTC, hops first timed (at the receiving leader, before its TP broadcast): 12 of 12 steps, "
     "22 of 22 pipelines, 8 of 12 DP syncs (largest +29%), 13 of 35 hops (every hop over the slow link within "
-    "5%, a TP-2 stage's 21% over its price, the intra-machine hops 0.7-0.8 ms against 1.1 ms priced).")
+    "5%, a TP-2 stage's 21% over its price, the intra-machine hops 0.7-0.8 ms against 1.1 ms priced); "
+    "2026-12-07 10:53 UTC, hops arriving once the whole TP group has them, before COMM-PP-HOP priced the "
+    "gradient's broadcast: 12 of 12 steps (largest 4%), 22 of 22 pipelines (largest 3%), 6 of 12 DP syncs "
+    "(largest +22%), 16 of 35 hops; hexiscale vs megatron 1.44x measured, 1.45x predicted.")
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:

@@ -36,6 +36,19 @@ def test_a_send_lasts_bytes_over_bandwidth_plus_latency(monkeypatch):
             assert declared * (1 - within) <= r[f"{kind}_s"] <= declared * (1 + within) + posting, (kind, rows)
 
 
+def two_machines(tmp_path, name: str, bandwidth_gbs: float):
+    """A cluster of two one-GPU machines joined by an emulated link of ``bandwidth_gbs`` and
+    1 ms, and the small model: both loaded from files written into ``tmp_path``."""
+    from hexicore.core.cluster import Cluster
+    from hexicore.core.model import ModelSpec
+
+    (tmp_path / "c.yaml").write_text(f"name: {name}\nemulate: {{links: true}}\ninter: {{bandwidth_gbs: {bandwidth_gbs}, "
+                                     "latency_us: 1000}\nmachines:\n  - {name: A, gpu: a100-80g, count: 1}\n"
+                                     "  - {name: B, gpu: a100-80g, count: 1}\n")
+    (tmp_path / "m.yaml").write_text(MODEL)
+    return Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 2])
 def test_a_trained_plans_dp_sync_obeys_the_emulated_link(zero, tmp_path, capsys, monkeypatch):
@@ -44,17 +57,11 @@ def test_a_trained_plans_dp_sync_obeys_the_emulated_link(zero, tmp_path, capsys,
     sync adds the optimizer step and the loss/norm all-reduces), not the loopback's ~5 ms.
     ZeRO-2 sums with a reduce-scatter and gathers the weights after the step: the same bytes
     in two passes, as the model prices it (an all-reduce in its place measured twice that)."""
-    from hexicore.core.cluster import Cluster
-    from hexicore.core.model import ModelSpec
     from hexicore.core.plan import Pipeline, Plan, Stage
     from hexicore.core.settings import TrainSettings
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    (tmp_path / "c.yaml").write_text("name: links2\nemulate: {links: true}\ninter: {bandwidth_gbs: 0.05, latency_us: 1000}\n"
-                                     "machines:\n  - {name: A, gpu: a100-80g, count: 1}\n"
-                                     "  - {name: B, gpu: a100-80g, count: 1}\n")
-    (tmp_path / "m.yaml").write_text(MODEL)
-    cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+    cluster, model = two_machines(tmp_path, "links2", 0.05)
     train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False, zero=zero)
     pipes = tuple(Pipeline(2, (Stage((d,), 1, (0, 4)),), {"name": "1f1b"}) for d in ("A.0", "B.0"))
     path = Plan(model, cluster, train, pipes, solver={"name": "hand"}).save(tmp_path / f"dp{zero}.json")
@@ -73,17 +80,11 @@ def test_a_trained_plans_hops_take_what_the_link_gives(tmp_path, capsys, monkeyp
     activation and gradient (~49 KB) crosses it in ~11 ms, as the analytic model prices the hop
     (latency + bytes / bandwidth), and the run times it (``measured.hops``, post to arrival where
     the receiver was waiting), not at the loopback's ~1 ms."""
-    from hexicore.core.cluster import Cluster
-    from hexicore.core.model import ModelSpec
     from hexicore.core.plan import Pipeline, Plan, Stage
     from hexicore.core.settings import TrainSettings
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    (tmp_path / "c.yaml").write_text("name: hop2\nemulate: {links: true}\ninter: {bandwidth_gbs: 0.005, latency_us: 1000}\n"
-                                     "machines:\n  - {name: A, gpu: a100-80g, count: 1}\n"
-                                     "  - {name: B, gpu: a100-80g, count: 1}\n")
-    (tmp_path / "m.yaml").write_text(MODEL)
-    cluster, model = Cluster.load(tmp_path / "c.yaml"), ModelSpec.load(tmp_path / "m.yaml")
+    cluster, model = two_machines(tmp_path, "hop2", 0.005)
     train = TrainSettings(global_batch=4, micro_batch=1, seq_len=64, dtype="fp32", recompute=False)
     pipe = Pipeline(4, (Stage(("A.0",), 1, (0, 2)), Stage(("B.0",), 1, (2, 4))), {"name": "1f1b"})
     path = Plan(model, cluster, train, (pipe,), solver={"name": "hand"}).save(tmp_path / "hop.json")

@@ -13,7 +13,10 @@ ratio. A second table plans the ``micro_batch=auto`` cases at fixed micro-batch 
     python bench/planner_speed.py [--quick] [--reference d373b82 [--reference-only]] [--cap 240] [--out docs/results.md]
 
 With ``--reference`` the reference's rows are kept in ``bench/out/planner_speed_reference.json``
-(``--reference-only``: only them); a later run without ``--reference`` reads them from there.
+(``--reference-only``: only them), with the plans they made; a later run without ``--reference``
+reads them from there (a row that ran past the cap for the same revision is not run again). The
+ratio compares plans: the reference's plan is priced again by this tree's cost model (as
+``hexicore evaluate`` prices it), so a correction to the prices since moves both sides alike.
 
 Timings are wall-clock seconds on the machine it runs on (the table says which); run it on an
 otherwise idle machine.
@@ -125,7 +128,24 @@ except Exception as exc:  # the row says why
 print(json.dumps({"seconds": plan.solver.get("seconds"), "iteration_s": plan.estimate.iteration_s,
                   "modelled_s": plan.solver.get("modelled_s"),
                   "pipelines": len(plan.pipelines), "micro_batch": plan.train.micro_batch, "zero": plan.train.zero,
-                  "gpus": len(plan.devices), "schedules": sorted({p.schedule.name for p in plan.pipelines})}))
+                  "gpus": len(plan.devices), "schedules": sorted({p.schedule.name for p in plan.pipelines}),
+                  "plan": plan.to_dict()}))
+"""
+
+#: a kept plan (stdin) priced by this tree's cost model and simulator, as ``hexicore evaluate`` does
+REPRICE = """
+import json, sys
+from hexicore.app import compose
+from hexicore.core.plan import Plan
+from hexicore.registry import Registry
+registry = Registry.default()
+cost = compose.build_cost_model(compose.config_from_overrides(sys.argv[1:], registry=registry), registry)
+try:
+    _, est, _ = compose.evaluate(Plan.from_dict(json.load(sys.stdin)), cost, registry=registry)
+except Exception as exc:  # the row says why
+    print(json.dumps({"error": str(exc).splitlines()[0][:100]}))
+    raise SystemExit(0)
+print(json.dumps({"iteration_s": est.iteration_s}))
 """
 
 
@@ -144,6 +164,20 @@ def plan_one(args: list[str], cap: float, path: str | None = None) -> dict:
     row = json.loads(lines[-1]) if lines else {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:100]}
     row["wall"] = time.perf_counter() - t0
     return row
+
+
+def rows_json(kept: dict) -> str:
+    """The kept reference rows as JSON, one row (with its plan) a line."""
+    return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in kept.items()) + "\n}\n"
+
+
+def reprice(args: list[str], plan: dict) -> dict:
+    """A kept plan priced by this tree (:data:`REPRICE`, a fresh process): the reference's plan
+    under today's cost model, so that a ratio compares plans, not two versions of the prices."""
+    done = subprocess.run([sys.executable, "-c", REPRICE, *args], input=json.dumps(plan), capture_output=True,
+                          text=True, cwd=tempfile.gettempdir())
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:100]}
 
 
 def reference_tree(rev: str) -> tuple[str, Path]:
@@ -183,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="planner-speed-"))
     ref = reference_tree(args.reference) if args.reference else None
-    kept = {} if ref is not None or not args.reference_json.exists() else \
-        json.loads(args.reference_json.read_text(encoding="utf-8"))
+    before = json.loads(args.reference_json.read_text(encoding="utf-8")) if args.reference_json.exists() else {}
+    kept = {} if ref is not None else before  # a reference row past the cap before is not run again
     rows, mb_rows = [], []
     try:
         for case in cases(args.quick):
@@ -194,11 +228,15 @@ def main(argv: list[str] | None = None) -> int:
                 old = kept.get(key)
                 if ref is not None:
                     old_extra = [o for o in extra if not o.startswith("train.micro_batch")]
-                    old = kept[key] = plan_one(base + old_extra, args.cap, ref[0])
+                    past = before.get(key, {}) if before.get("_rev") == args.reference else {}
+                    old = kept[key] = past if str(past.get("error", "")).startswith(">") else \
+                        plan_one(base + old_extra, args.cap, ref[0])
                     kept["_rev"] = args.reference
                     args.reference_json.parent.mkdir(parents=True, exist_ok=True)
-                    args.reference_json.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+                    args.reference_json.write_text(rows_json(kept), encoding="utf-8")
                 new = {"error": "not run"} if args.reference_only else plan_one(base + extra, args.new_cap)
+                if old is not None and "plan" in old and not args.reference_only:
+                    old = {**old, "repriced": reprice(base, old["plan"])}
                 rows.append((case, options, new, old))
                 print(f"{case['label']:<42} {options:<7} new {cell(new, 'seconds'):>8} s {cell(new):>9}   "
                       f"today {cell(old, 'seconds'):>8} s {cell(old):>9}", flush=True)
@@ -218,6 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def repriced_cell(old: dict | None) -> str:
+    """`` (x today)``: the reference's plan priced by this tree where that differs from its own price."""
+    again = (old or {}).get("repriced")
+    if not again or "error" in old:
+        return ""
+    if "error" in again:
+        why = again["error"].split(": ", 1)[-1].split(" (")[0]
+        return f" (refused by this tree: {why})"
+    return "" if f"{again['iteration_s']:.4g}" == cell(old) else f" ({again['iteration_s']:.4g} today)"
+
+
 def render(rows: list, mb_rows: list, reference: str | None) -> str:
     """The section's markdown."""
     lines = [f"Measured {date.today().isoformat()} by `python bench/planner_speed.py"
@@ -225,21 +274,25 @@ def render(rows: list, mb_rows: list, reference: str | None) -> str:
              f"(`{os.uname().machine}`). *search s*: the time the plan prints (`solver.seconds`, the CLI's "
              "start-up aside); *iteration s*: the plan's exactly priced iteration time. *all on*: "
              "`schedule=auto train.zero=auto train.micro_batch=auto` (the reference: without "
-             "`train.micro_batch=auto`, which it does not know). *ratio*: new iteration / today's. *model error*: "
+             "`train.micro_batch=auto`, which it does not know); in brackets, where it differs, the same plan priced "
+             "by this tree's cost model (`hexicore evaluate`'s price: the reference's own prices lack what the model "
+             "has learnt since). *ratio*: new iteration / today's plan, priced by this tree. *model error*: "
              "the search's modelled time of the plan it kept against that plan's exact time (schedules "
              "re-chosen exactly in between).", "",
              "| case | GPUs | batch | options | today search s | today iteration s | new search s | "
              "new iteration s | ratio | model error | new plan |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case, options, new, old in rows:
         gpus = new.get("gpus", "?") if "error" not in new else "?"
-        ratio = (f"{new['iteration_s'] / old['iteration_s']:.4f}" if old and "error" not in old and "error" not in new
-                 else "-")
+        again = (old or {}).get("repriced") or {}
+        today = old and "error" not in old and (old if "error" in again else again or old)
+        ratio = (f"{new['iteration_s'] / today['iteration_s']:.4f}" if today and "error" not in today
+                 and "error" not in new else "-")
         shape = ("-" if "error" in new else
                  f"D_dp={new['pipelines']}, mb {new['micro_batch']}, ZeRO {new['zero']}, {'/'.join(new['schedules'])}")
         err = (f"{100 * (new['modelled_s'] - new['iteration_s']) / new['iteration_s']:+.2f}%"
                if "error" not in new and new.get("modelled_s") else "-")
         lines.append(f"| {case['label']} | {gpus} | {case['batch']} | {options} | {cell(old, 'seconds')} | "
-                     f"{cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {err} | {shape} |")
+                     f"{cell(old)}{repriced_cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {err} | {shape} |")
     lines += ["", "`train.micro_batch=auto` against the plans at a fixed micro-batch (every other option on; "
               "iteration seconds):", "", "| case | mb 1 | mb 2 | mb 4 | mb 8 | auto | auto chose |",
               "|---|---|---|---|---|---|---|"]

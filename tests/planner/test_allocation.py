@@ -324,3 +324,34 @@ def test_a_neighbour_whose_screen_finds_a_plan_is_searched_where_the_whole_clust
     plan = allocate(p, solve_sub, exhaustive=1, screen=screen, screen_above=1)
     assert solved[0] == 12 and len(solved) >= 2  # the whole cluster, then neighbours its screen could not rank
     assert plan.solver["allocation"]["screened"] > 0
+
+
+def test_the_two_best_screened_jumps_are_searched():
+    """The first step's jumps to the fastest GPU types alone are ranked by their screens (a short
+    search) and the best two are searched in full: a short search can rank two sub-clusters
+    unlike the full search does (320 GPUs of six types, Llama-2 70B at batch 24, 1F1B: the
+    screen put the H100s and A100s alone at 3.27 s against 3.32 s with the A800s too, which the
+    full search plans at 3.24 s; only the first was searched)."""
+    from hexicore.planner.allocation.sub_clusters import allocate
+
+    kinds = (("H", "h100-80g"), ("L", "l40s"), ("A", "a100-80g"), ("S", "rtx3090"))
+    c = cluster([{"name": f"{n}{i}", "gpu": g, "count": 2, "bandwidth_gbs": 32, "latency_us": 10}
+                 for n, g in kinds for i in range(2)])
+    p = problem(c, model=model_preset("tiny"), global_batch=8)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+    quick = {"H": 1.0, "AH": 1.1, "HL": 1.2}  # the jumps' screens, best first; anything else screens slow
+    solved = []
+
+    def solve_sub(sub, progress):
+        solved.append("".join(sorted({d.machine[0] for d in sub.cluster.devices})))
+        return inner.solve(sub, seed=0)
+
+    def screen(sub, plan):
+        plan = inner.solve(sub, seed=0)
+        est = sub.cost.estimate(plan)
+        kept = "".join(sorted({d.machine[0] for d in sub.cluster.devices}))
+        return plan.with_estimate(replace(est, iteration_s=quick.get(kept, 100.0 if kept != "AHLS" else 50.0)))
+
+    allocate(p, solve_sub, exhaustive=1, screen=screen, screen_above=1)
+    assert solved[:3] == ["AHLS", "H", "AH"]  # the whole cluster, then the two best-screened jumps
+    assert "HL" not in solved

@@ -23,6 +23,7 @@ the schedule's ``resolve``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Any, Mapping
@@ -201,12 +202,16 @@ def fresh_simulation_s(book: ScheduleBook, ref: ScheduleRef, stage_s: list, hop_
     return time.monotonic() - began
 
 
-def costly_final_s(problem: Problem, plan: Plan) -> float:
+def costly_final_s(problem: Problem, plan: Plan, within: float = math.inf) -> float:
     """About how long :func:`reschedule` takes on ``plan`` with every final option, where some
-    are costlier than one simulation (a synthesis): per distinct pipeline shape, the
-    options' ``Pricing.simulations`` together times one fresh simulation of the pipeline's own
-    schedule (:func:`fresh_simulation_s`, as :func:`_choose` estimates them). 0 where every
-    option takes one simulation (they are priced on the final candidates already)."""
+    are costlier than one simulation (a synthesis, Hanayo's waves): per distinct pipeline shape,
+    each such option's ``Pricing.simulations`` times one fresh simulation of the pipeline's own
+    schedule (:func:`fresh_simulation_s`, as :func:`_choose` estimates them), twice (an option is
+    resolved again where its own placement moves the head or the embedding:
+    :func:`hexicore.planner.pricing.resolve_placed`). 0 where every option takes one simulation
+    (they are priced on the final candidates already). ``within``: the seconds there are; the
+    options are taken in their listed order and one that would not end within them is left out,
+    as :func:`_choose` leaves it out (so a later, cheaper one still counts)."""
     refs = final_options(problem.schedule)
     priced = _pricing(problem) if refs and problem.registry is not None else None
     if priced is None:
@@ -215,14 +220,17 @@ def costly_final_s(problem: Problem, plan: Plan) -> float:
     counts = [book.schedule(r).pricing.simulations for r in refs]
     if max(counts, default=1) <= 1:
         return 0.0
-    counts += [c for c in counts if c > 1]  # (a costlier option is resolved twice where its own placement
-    # moves the head or the embedding: :func:`hexicore.planner.pricing.resolve_placed`)
-    total, shapes = 0.0, set()
+    one, shapes = 0.0, set()  # one simulation of each distinct pipeline shape, summed
     for p in plan.pipelines:
         stage_s, hop_s = cost.pipeline_pieces(plan, p)
         n = p.n_micro_batches(plan.train.micro_batch)
         key = (tuple(stage_s), tuple(hop_s), n, p.schedule)  # (a schedule's lists are cached per times)
         if key not in shapes:
             shapes.add(key)
-            total += sum(counts) * fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)
+            one += fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)
+    total = 0.0
+    for c in counts:
+        need = (2 * c if c > 1 else c) * one
+        if total + need <= within:
+            total += need
     return total

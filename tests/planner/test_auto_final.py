@@ -215,12 +215,13 @@ def test_each_final_candidate_gets_the_final_options_right_after_its_exact_price
             name=name, seconds=seconds, pipelines=(pipe,), train=Train(zero_stage=0), solver={}))
 
     cands = [candidate(f"c{i}", 10.0 + i) for i in range(6)]
-    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan: 0.0)  # no synthesis among the options
+    # no synthesis among the options
+    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan, within=float("inf"): 0.0)
     plan, info = loop.finalize(context, cands, deadline=4.5)
     assert tried == ["c0", "c1"] and plan.name == "c0" and info["origin"] == "c0"
     # the best so far's synthesis needs 2 s of the 2.5 left after its own options: the runner-up gets none
     now[0], tried[:] = 0.0, []
-    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan: 2.0)
+    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan, within=float("inf"): 2.0)
     plan, info = loop.finalize(context, cands, deadline=4.5)
     assert tried == ["c0"] and plan.name == "c0"
 

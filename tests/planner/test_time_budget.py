@@ -200,7 +200,40 @@ def test_the_exact_pricing_keeps_the_winners_synthesis_time_where_it_fits(monkey
     problem, plan, *_ = paper_pipeline()
     assert costly_final_s(problem, plan) > 0.0  # (synth is among the final options)
     context = type("Context", (), {"problem": problem})()
-    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan: 0.5)
+    monkeypatch.setattr(loop, "costly_final_s", lambda problem, plan, within=float("inf"): 0.5)
     assert loop.synthesis_reserve(context, plan, time.monotonic() + 2.0) == 0.5
     assert loop.synthesis_reserve(context, plan, time.monotonic() + 0.3) == 0.0
     assert loop.synthesis_reserve(context, plan, float("inf")) == 0.0
+
+
+def test_hanayo_declares_the_simulations_its_waves_make():
+    """Hanayo builds a greedy, double-justified order per W (every W up to ``max_waves`` under
+    ``waves=auto``): about 12 simulations of the pipeline a wave, declared so, so that under a
+    budget it is begun only with that time left (it was declared one simulation, and on 32 GPUs
+    of four types its orders took 0.45 s of a 4.5 s budget, the runners-up's final options'
+    time, which DualPipe-V's price on the best layout needed)."""
+    from hexicore.planner.final_schedules import _choose
+
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
+    auto, two = ScheduleRef("hanayo", {"waves": "auto", "max_waves": 4}), ScheduleRef("hanayo", {"waves": 2})
+    assert book.schedule(auto).pricing.simulations == 48 and book.schedule(two).pricing.simulations == 24
+    for left, begun in ((60.0, True), (30.0, False)):
+        _, seen, _ = _choose(book, cost, plan, pipe, (auto,), stage_s, hop_s, n, time.monotonic() + left, 1.0)
+        assert ("hanayo" in seen) == begun
+
+
+def test_the_costly_final_options_estimate_keeps_those_that_fit(monkeypatch):
+    """``costly_final_s``: per costly option (twice its declared simulations, resolved again under
+    its own placement) times one simulation of each pipeline shape, the options in their listed
+    order, one that would not end within the time given left out as ``_choose`` leaves it out
+    (so synth, listed first, is kept for the winner before Hanayo)."""
+    from hexicore.planner import final_schedules
+
+    problem, plan, *_ = paper_pipeline()
+    names = [r.name for r in final_schedules.final_options(problem.schedule)]
+    assert names.index("synth") < names.index("hanayo")
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 0.01)  # one shape: 10 ms
+    ones = 0.01 * (len(names) - 2)  # the one-simulation options
+    assert final_schedules.costly_final_s(problem, plan) == pytest.approx(ones + 4.0 + 0.96)
+    assert final_schedules.costly_final_s(problem, plan, 4.5) == pytest.approx(ones + 4.0)  # Hanayo left out
+    assert final_schedules.costly_final_s(problem, plan, 1.5) == pytest.approx(ones + 0.96)  # synth left out

@@ -293,15 +293,16 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
 def synthesis_reserve(context: SearchContext, plan: Plan, deadline: float) -> float:
     """The seconds :func:`finalize` keeps at the end of the budget (the runners-up get no final
     options in them) for the costlier final options the returned plan gets after it (``synth``'s
-    synthesis, :func:`hexicore.planner.final_schedules.reschedule`): their estimate on ``plan``,
-    the best final candidate so far, where it fits the time left; else none (they would not
-    begin: the runners-up have the time). On 40 GPUs of four types, Llama-2 7B, every option
+    synthesis, Hanayo's waves: :func:`hexicore.planner.final_schedules.reschedule`): the estimate
+    on ``plan``, the best final candidate so far, of those that fit the time left, in their listed
+    order (:func:`~hexicore.planner.final_schedules.costly_final_s`); none where none fits (they
+    would not begin: the runners-up have the time). On 40 GPUs of four types, Llama-2 7B, every option
     on, the quick synthesis of the winner's pipelines gives 13.29 s against DualPipe-V's 13.79,
     where the runners-up's final options had left it 0.18 s of the 0.55 s it needs."""
     left = deadline - time.monotonic()
     if left == INF or left <= 0:
         return 0.0
-    need = costly_final_s(context.problem, plan)
+    need = costly_final_s(context.problem, plan, left)  # (the costly options that fit the time left)
     return need if need <= left else 0.0
 
 

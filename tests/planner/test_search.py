@@ -314,3 +314,39 @@ def test_warm_start_after_a_failure(paper_problem):
     plan = solve(after, seeds=[])
     est, _ = validate_plan(plan, after.cost)
     assert est.fits and "A.1" not in plan.devices
+
+
+def test_the_pool_keeps_one_plan_per_layout_up_to_devices_swapped_inside_a_machine():
+    """Devices of one machine share its GPU type and links, so two plans that differ only by
+    which of them a stage uses price alike: the pool of the final pricing's runners-up
+    (``SearchContext.keep``) keeps the better of the two, not both (on 24 GPUs of three types two
+    of a setting's three kept plans were one layout); a stage moved to another machine is another
+    layout."""
+    import dataclasses
+    import types
+
+    from hexicore.planner.search.context import Candidate, SearchContext, layout_key
+
+    d = {"name": "two", "inter": {"bandwidth_gbs": 10, "latency_us": 10},
+         "machines": [{"name": m, "gpu": "a100-80g", "count": 2, "bandwidth_gbs": 300, "latency_us": 5}
+                      for m in ("A", "B")]}
+    from hexicore.core.plan import Pipeline, Stage
+
+    from tests.conftest import model_preset
+
+    model = model_preset("tiny")
+    train = TrainSettings(global_batch=8, micro_batch=1, seq_len=model.seq_len)
+    stages = (Stage(("A.0",), 1, (0, 2)), Stage(("B.0",), 1, (2, model.layers)))
+    plan = Plan(model, parse_cluster(d, "test"), train, (Pipeline(8, stages),))
+
+    def moved(plan, device):
+        first = dataclasses.replace(plan.pipelines[0].stages[0], devices=(device,))
+        pipe = dataclasses.replace(plan.pipelines[0], stages=(first,) + plan.pipelines[0].stages[1:])
+        return dataclasses.replace(plan, pipelines=(pipe,))
+
+    swapped, elsewhere = moved(plan, "A.1"), moved(plan, "B.1")
+    assert layout_key(swapped) == layout_key(plan) != layout_key(elsewhere)
+    pool = types.SimpleNamespace(pool=[])
+    for score, p in ((2.0, plan), (1.5, swapped), (3.0, elsewhere), (2.5, plan)):
+        SearchContext.keep(pool, Candidate(score, p, None, "test"))
+    assert [(c.score, c.plan) for c in pool.pool] == [(1.5, swapped), (3.0, elsewhere)]

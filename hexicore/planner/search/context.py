@@ -47,6 +47,17 @@ class Candidate:
     info: dict = field(default_factory=dict, compare=False)
 
 
+def layout_key(plan: Plan) -> tuple:
+    """``plan``'s layout up to devices swapped inside a machine (they share its GPU type and its
+    links, so such plans price alike): per pipeline its batch, schedule and per stage the
+    machines of its devices and its layers, the pipelines in any order. The pool keeps one plan
+    of each (on 24 GPUs of three types, every option on, two of a setting's three kept plans and
+    three of the six priced exactly were one layout, its devices permuted)."""
+    machine = {d.id: d.machine for d in plan.cluster.devices}
+    return tuple(sorted((p.batch, repr(p.schedule), tuple((tuple(sorted(machine[d] for d in s.devices)), s.layers)
+                                                          for s in p.stages)) for p in plan.pipelines))
+
+
 def state_gb(problem: Problem, sharded_only: bool = False) -> float:
     """Training state of the whole model (weights, gradients, optimizer) in GiB (the cost
     model's precision recipe, :func:`hexicore.cost.precision.state_bytes`, if it has one);
@@ -102,9 +113,11 @@ class SearchContext:
             return
         if len(self.pool) >= POOL and candidate.score >= self.pool[-1].score:
             return
-        if any(c.plan.pipelines == candidate.plan.pipelines for c in self.pool):
+        key = layout_key(candidate.plan)
+        same = [c for c in self.pool if layout_key(c.plan) == key]
+        if same and same[0].score <= candidate.score:
             return
-        self.pool = sorted(self.pool + [candidate], key=lambda c: c.score)[:POOL]
+        self.pool = sorted([c for c in self.pool if c not in same] + [candidate], key=lambda c: c.score)[:POOL]
 
     def track_side(self, candidates: Sequence[Candidate]) -> None:
         """Other training settings: remember the best candidate (the lead's walk ignores them)."""

@@ -35,7 +35,7 @@ from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
 from hexicore.planner.replan.repair import replan_search
 from hexicore.planner.search.candidate import assemble, polish, relayout, two_phase
-from hexicore.planner.search.context import INF, Candidate, SearchContext, make_context, state_gb
+from hexicore.planner.search.context import INF, Candidate, SearchContext, layout_key, make_context, state_gb
 from hexicore.planner.search.prefetch import prefetch, walk_ahead
 from hexicore.planner.search.search_config import SearchConfig
 from hexicore.planner.stage_layout.pipeline_fit import holds_chunks
@@ -472,7 +472,7 @@ def runners_up(context: SearchContext, cands: Sequence[Candidate], top: Candidat
     final option the search does not price), then the rest by score; none whose number of
     pipelines is outside ``dps`` or, under ``use_all_devices``, that leaves a device idle."""
     problem, config = context.problem, context.config
-    have = {c.plan.pipelines for c in cands if c.plan is not None}
+    have = {(layout_key(c.plan), c.plan.train) for c in cands if c.plan is not None}
     heads = sorted((own.pool[0] for own in context.contexts() if own.pool), key=lambda c: c.score)
     pooled = heads + sorted((c for own in context.contexts() for c in own.pool[1:]), key=lambda c: c.score)
     out: list[Candidate] = []
@@ -483,8 +483,9 @@ def runners_up(context: SearchContext, cands: Sequence[Candidate], top: Candidat
             continue
         if len(c.plan.pipelines) not in dps or (config.use_all_devices and idle_devices(problem, c.plan)):
             continue  # (seeds outside the D_dp range, or on fewer devices)
-        if c.plan.pipelines not in have:
-            have.add(c.plan.pipelines)
+        key = (layout_key(c.plan), c.plan.train)  # (devices swapped inside a machine: the same plan)
+        if key not in have:
+            have.add(key)
             out.append(c)
     return out
 

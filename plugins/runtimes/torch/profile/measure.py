@@ -6,7 +6,8 @@ allocator warm-up, lazy imports, communicator setup):
 
 * its schedule part: the step's wall time in :meth:`~..parallel.pipeline.Executor.run_step` minus the
   DP sync (``Executor.sync_s``: replica and tied-embedding gradient sums, the data-parallel
-  reduction and the optimizer step, timed around :meth:`~..parallel.pipeline.Executor._step`);
+  reduction and the optimizer step, timed around :meth:`~..parallel.pipeline.Executor._step`,
+  and the trainer's loss all-reduce that ends the step);
 * the forward and backward seconds of each micro-batch through its stage (``Executor.passes``:
   ``F`` is the forward, ``B``, ``I`` and ``W`` the backward, summed over the rank's chunks, so an
   interleaved schedule's chunks count as one stage);

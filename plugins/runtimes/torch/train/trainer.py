@@ -240,7 +240,10 @@ class Trainer:
 
     def train_step(self, step: int) -> None:
         """One step: the executor runs the action list (an idle rank adds nothing); the loss is
-        summed over the ranks; the state records loss, wall seconds and gradient norm."""
+        summed over the ranks; the state records loss, wall seconds and gradient norm. The loss's
+        all-reduce ends the step: its seconds count in the executor's step-end sync
+        (``Executor.sync_s``), as the cost model's COMM-DP term holds it (the profile's per-step
+        overhead, the loss and norm all-reduces)."""
         spec, state, executor = self.spec, self.state, self.executor
         _inject_fault(spec, self.rank, step)
         started = time.perf_counter()
@@ -254,7 +257,10 @@ class Trainer:
         reports = self.parallel.role is not None and self.parallel.tp.rank == 0
         loss = local.detach().clone() if reports else torch.zeros_like(local)
         if self.world > 1:
+            began = time.perf_counter()
             dist.all_reduce(loss)
+            if executor is not None:
+                executor.sync_s += time.perf_counter() - began
         state.losses.append(float(loss))
         state.step_s.append(time.perf_counter() - started)
         state.step = step + 1

@@ -544,7 +544,10 @@ LINKS_HISTORY = (
     "5%, a TP-2 stage's 21% over its price, the intra-machine hops 0.7-0.8 ms against 1.1 ms priced); "
     "2026-12-07 10:53 UTC, hops arriving once the whole TP group has them, before COMM-PP-HOP priced the "
     "gradient's broadcast: 12 of 12 steps (largest 4%), 22 of 22 pipelines (largest 3%), 6 of 12 DP syncs "
-    "(largest +22%), 16 of 35 hops; hexiscale vs megatron 1.44x measured, 1.45x predicted.")
+    "(largest +22%), 16 of 35 hops; hexiscale vs megatron 1.44x measured, 1.45x predicted; 2026-12-07 11:57 "
+    "UTC, the gradient's broadcast priced in the hop, the loss all-reduce not yet in the measured sync: 12 of 12 "
+    "steps (largest 3%), 23 of 24 pipelines (megatron's host-bound first pipeline -15%), 7 of 12 DP syncs "
+    "(largest +23%), 16 of 33 hops; hexiscale vs megatron 1.42x measured, 1.45x predicted.")
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:

@@ -148,17 +148,20 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
     """One pipeline: its schedule, or the fastest final option that is faster and fits; an
     option whose lower bound leaves no room to beat the best so far
     (:func:`~hexicore.pipeline.pricer.worth_pricing`) is not built, nor any past ``deadline``,
-    nor one whose ``Pricing.simulations`` times the slowest simulation seen so far (of this
-    pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time) would
-    end past it (before such an option, one simulation of the pipeline is timed afresh,
-    :func:`fresh_simulation_s`). A costlier option already built for the same times and cap
+    nor one that would end past it: an option of one simulation by the slowest one seen so far
+    (of this pipeline, or ``simulation_s`` of the plan's earlier ones: cached prices take no time),
+    a costlier one by its ``Pricing.simulations`` times one simulation of the pipeline's own
+    schedule, timed afresh (:func:`fresh_simulation_s`: what those counts were measured against,
+    and what :func:`costly_final_s` reserves by; the slowest one-simulation option, e.g.
+    DualPipe-V's greedy build, is 2-3 of those and left a reserved synthesis unbegun). A costlier option already built for the same times and cap
     (``built``, shared by the plan's pipelines: the schedule caches its lists per times) costs
     nothing and is tried whatever the time left. Returns the schedule, the seconds per option
     tried and that slowest simulation."""
     began = time.monotonic()
     best, best_s = p.schedule, book.exact(p.schedule, stage_s, hop_s, n)
     one = max(simulation_s, time.monotonic() - began)  # one simulation of a pipeline, about (the slowest seen)
-    seen, measured = {}, False
+    own = None  # one fresh simulation of this pipeline's own schedule: what ``simulations`` counts in
+    seen = {}
     for ref in refs:
         many = book.schedule(ref).pricing.simulations
         known = None if many <= 1 else repr((capped(book, cost, plan, p, ref), stage_s, hop_s, n))
@@ -168,9 +171,9 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
             continue
         if not book.runs(ref, len(p.stages), n):
             continue
-        if deadline is not None and many > 1 and not measured:  # (the prices above may have been cached)
-            one, measured = max(one, fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)), True
-        if deadline is not None and many and time.monotonic() + many * one > deadline:
+        if deadline is not None and many > 1 and own is None:  # (the prices above may have been cached)
+            own = fresh_simulation_s(book, p.schedule, stage_s, hop_s, n)
+        if deadline is not None and many and time.monotonic() + many * (own if many > 1 else one) > deadline:
             continue  # (``Pricing.simulations``: a synthesis would end past the budget)
         if known is not None and built is not None:
             built.add(known)
@@ -187,7 +190,7 @@ def _choose(book: ScheduleBook, cost: Any, plan: Plan, p: Pipeline, refs: tuple[
         seen[chosen.name] = round(secs, 6)
         if secs < best_s - 1e-12 and fits(book, cost, plan, Pipeline(p.batch, p.stages, chosen)):
             best, best_s = chosen, secs
-    return best, seen, one
+    return best, seen, max(one, own or 0.0)
 
 
 def fresh_simulation_s(book: ScheduleBook, ref: ScheduleRef, stage_s: list, hop_s: list, n: int) -> float:

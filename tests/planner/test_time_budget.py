@@ -105,30 +105,34 @@ def paper_pipeline():
     return problem, plan, cost, book, pipe, stage_s, hop_s, pipe.n_micro_batches(plan.train.micro_batch)
 
 
-def test_a_synthesis_that_would_end_past_the_budget_is_not_begun():
+def test_a_synthesis_that_would_end_past_the_budget_is_not_begun(monkeypatch):
     """``Pricing.simulations`` (synth: 200 at ``effort: quick``, the final options' own): with one
     simulation of the pipeline taking 1 s (as if measured) and 60 s left, the final re-pricing
     tries every named final option but not synth; without a budget synth is tried too."""
+    from hexicore.planner import final_schedules
     from hexicore.planner.final_schedules import _choose, final_options
 
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     refs = final_options(problem.schedule)
     assert [r.get("effort") for r in refs if r.name == "synth"] == ["quick"]
     _, free, _ = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n)
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
     _, tight, slowest = _choose(book, cost, plan, pipe, refs, stage_s, hop_s, n, time.monotonic() + 60.0, 1.0)
     assert "synth" in free and "synth" not in tight and set(tight) == set(free) - {"synth"} and slowest >= 1.0
 
 
-def test_a_synthesis_declares_the_simulations_its_effort_makes():
+def test_a_synthesis_declares_the_simulations_its_effort_makes(monkeypatch):
     """A quick synthesis simulates fewer orders than a full one, and says so: with one
     simulation taking 1 s (as if measured) and 300 s left, the quick one (200) is begun and
     the full one (900) is not."""
+    from hexicore.planner import final_schedules
     from hexicore.planner.final_schedules import _choose
 
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
     quick, full = ScheduleRef("synth", {"effort": "quick"}), ScheduleRef("synth")
     assert book.schedule(quick).pricing.simulations == 200 and book.schedule(full).pricing.simulations == 900
     assert book.schedule(full).pricing.memory_cap
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
     for ref, begun in ((quick, True), (full, False)):
         _, seen, _ = _choose(book, cost, plan, pipe, (ref,), stage_s, hop_s, n, time.monotonic() + 300.0, 1.0)
         assert ("synth" in seen) == begun
@@ -206,15 +210,17 @@ def test_the_exact_pricing_keeps_the_winners_synthesis_time_where_it_fits(monkey
     assert loop.synthesis_reserve(context, plan, float("inf")) == 0.0
 
 
-def test_hanayo_declares_the_simulations_its_waves_make():
+def test_hanayo_declares_the_simulations_its_waves_make(monkeypatch):
     """Hanayo builds a greedy, double-justified order per W (every W up to ``max_waves`` under
     ``waves=auto``): about 12 simulations of the pipeline a wave, declared so, so that under a
     budget it is begun only with that time left (it was declared one simulation, and on 32 GPUs
     of four types its orders took 0.45 s of a 4.5 s budget, the runners-up's final options'
     time, which DualPipe-V's price on the best layout needed)."""
+    from hexicore.planner import final_schedules
     from hexicore.planner.final_schedules import _choose
 
     problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 1.0)
     auto, two = ScheduleRef("hanayo", {"waves": "auto", "max_waves": 4}), ScheduleRef("hanayo", {"waves": 2})
     assert book.schedule(auto).pricing.simulations == 48 and book.schedule(two).pricing.simulations == 24
     for left, begun in ((60.0, True), (30.0, False)):
@@ -237,3 +243,21 @@ def test_the_costly_final_options_estimate_keeps_those_that_fit(monkeypatch):
     assert final_schedules.costly_final_s(problem, plan) == pytest.approx(ones + 4.0 + 0.96)
     assert final_schedules.costly_final_s(problem, plan, 4.5) == pytest.approx(ones + 4.0)  # Hanayo left out
     assert final_schedules.costly_final_s(problem, plan, 1.5) == pytest.approx(ones + 0.96)  # synth left out
+
+
+def test_a_costly_options_gate_counts_simulations_of_the_pipelines_own_schedule(monkeypatch):
+    """``Pricing.simulations`` were measured against one simulation of the pipeline's own
+    schedule, and :func:`costly_final_s` reserves by it: the gate of a costly option multiplies
+    that (timed afresh), not the slowest one-simulation option seen before it (DualPipe-V's greedy
+    build is 2-3 of them, and a synthesis reserved for was then not begun). Here the earlier
+    options count 1 s a simulation and a fresh one 0.1 s: with 30 s left synth (200) is begun."""
+    from hexicore.planner import final_schedules
+    from hexicore.planner.final_schedules import _choose, final_options
+
+    problem, plan, cost, book, pipe, stage_s, hop_s, n = paper_pipeline()
+    monkeypatch.setattr(final_schedules, "fresh_simulation_s", lambda *args: 0.1)
+    synth = tuple(r for r in final_options(problem.schedule) if r.name == "synth")
+    _, seen, slowest = _choose(book, cost, plan, pipe, synth, stage_s, hop_s, n, time.monotonic() + 30.0, 1.0)
+    assert "synth" in seen and slowest == 1.0
+    _, seen, _ = _choose(book, cost, plan, pipe, synth, stage_s, hop_s, n, time.monotonic() + 15.0, 1.0)
+    assert "synth" not in seen  # 200 x 0.1 s would end past 15 s

@@ -82,7 +82,7 @@ class HexiScaleSolver:
             setting alone: sub-clusters compare alike, and cheaply (where nothing fits the lead
             setting the screen finds nothing, and the sub-cluster is left to the full searches)."""
             left = None if search_ends is None else search_ends - time.monotonic()
-            if left is not None and left < SUB_CLUSTER_SHARE * span:
+            if left is not None and left < SCREEN_SHARE * span:
                 return None  # out of time: no screen (the sub-cluster is not searched)
             return search(replace(sub, train_options=()), quick, time_limit=left, seed=seed, progress=no_progress,
                           memo=memo, strict=True).plan
@@ -104,6 +104,10 @@ class HexiScaleSolver:
 #: the 6.4 s, and at a quarter the best neighbour (264 GPUs, 106 s against the whole cluster's
 #: 115 s) was begun or not by a few milliseconds
 SUB_CLUSTER_SHARE = 0.2
+#: likewise for a screen (the first step's screens run in a forked process beside the whole
+#: cluster's search, on the same cores: screening on to a fifth of the budget took hetero3's
+#: search, Llama 30B with every option on, from 19.72 s to 20.40)
+SCREEN_SHARE = 0.25
 #: under a time budget, this share of it is kept for pricing the plan found exactly: the
 #: search's candidates re-priced with their schedules re-chosen (:func:`finish`) and
 #: ``schedule=auto``'s final options (:func:`reschedule`); the searches (and the allocation over

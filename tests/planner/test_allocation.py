@@ -355,3 +355,34 @@ def test_the_two_best_screened_jumps_are_searched():
     allocate(p, solve_sub, exhaustive=1, screen=screen, screen_above=1)
     assert solved[:3] == ["AHLS", "H", "AH"]  # the whole cluster, then the two best-screened jumps
     assert "HL" not in solved
+
+
+def test_with_time_to_spare_the_best_screened_neighbours_are_searched():
+    """A screen's short search misranks sub-clusters (hetero3, Llama 30B, 1F1B: the whole
+    cluster's plan 22.81 s in 0.5 s of a 5 s budget; without one RTX 3090 machine 22.76 s, a
+    neighbour whose screen had lost): with at least half the allocation's time left, a step
+    searches its best-screened neighbours in full even where they promise nothing; without a
+    deadline (no time to share) only those that promise."""
+    import time
+
+    from hexicore.planner.allocation.sub_clusters import allocate
+
+    p = problem(cluster(FAST_MACHINES + [SLOW]), model=model_preset("tiny"), global_batch=8)
+    inner = HexiScaleSolver.from_params(**FAST, use_all_devices=True)
+    quick = {"ABS": 1.0, "AS": 2.0, "AB": 3.0, "S": 4.0}  # the whole cluster screens best
+    for deadline, searched in ((time.monotonic() + 1000.0, ["ABS", "AS", "AB"]), (None, ["ABS"])):
+        solved = []
+
+        def solve_sub(sub, progress):
+            solved.append("".join(sorted({d.machine for d in sub.cluster.devices})))
+            plan = inner.solve(sub, seed=0)  # the whole cluster's full search beats every screen
+            seconds = 0.5 if len(solved) == 1 else 0.6
+            return plan.with_estimate(replace(sub.cost.estimate(plan), iteration_s=seconds))
+
+        def screen(sub, plan):
+            plan = inner.solve(sub, seed=0)
+            kept = "".join(sorted({d.machine for d in sub.cluster.devices}))
+            return plan.with_estimate(replace(sub.cost.estimate(plan), iteration_s=quick.get(kept, 5.0)))
+
+        allocate(p, solve_sub, exhaustive=1, screen=screen, screen_above=1, deadline=deadline)
+        assert solved[:3] == searched, deadline

@@ -154,6 +154,7 @@ class _Search:
     flops: float | None = None
     best: Trial | None = None
     deadline: float | None = None
+    began: float = field(default_factory=time.monotonic)  # (the allocation's start: its span ends at ``deadline``)
     progress: Progress = no_progress
     screen: Screen | None = None
     screened: int = 0
@@ -183,6 +184,16 @@ class _Search:
         best = self.best.plan.estimate
         best_v = plan_price(self.best.plan) * best.iteration_s if self.objective.kind == "cost" else best.iteration_s
         return self.objective.min_tokens_per_s is None and bound >= best_v * (1 + 1e-9)
+
+    def roomy(self) -> bool:
+        """Under a deadline, whether at least :data:`ROOMY_SHARE` of the allocation's time is
+        left: then a step searches its best-screened neighbours in full even where their screens
+        promise nothing (a screen's short search misranks them: hetero3, Llama 30B at batch 128,
+        1F1B, the whole cluster's plan 22.81 s in 0.5 s of a 5 s budget, and without one of its
+        RTX 3090 machines 22.76 s, a neighbour whose screen had lost)."""
+        if self.deadline is None:
+            return False
+        return self.deadline - time.monotonic() >= ROOMY_SHARE * (self.deadline - self.began)
 
     def holds_state(self, machines: tuple[str, ...]) -> bool:
         """Does the memory of ``machines`` hold the model's state (weights, gradients, optimizer)?"""
@@ -305,11 +316,15 @@ class _Search:
                 self.prescreen([cur, *near], workers)
             more = self.largest(near)  # kept for a step after this one
             if screened:  # the most promising few neighbours and jump, by their screens
-                ranked = sorted((v for v in near if self.promising(v, cur)),
-                                key=lambda v: self.quick_score(v) or (INF, INF))
+                score = lambda v: self.quick_score(v) or (INF, INF)  # noqa: E731
+                ranked = sorted((v for v in near if self.promising(v, cur)), key=score)
                 chosen = set([v for v in ranked if v in regular][:SCREENED_SOLVES]
                              + [v for v in ranked if v not in regular][:SCREENED_JUMPS])
-                near = [v for v in ranked if v in chosen]  # (best screens first: the time may run out)
+                if self.roomy():  # time to spare: the best screens are searched even where they promise nothing
+                    spare = sorted((v for v in near if v in regular and v not in chosen and self.quick.get(v)
+                                    and self.machines(v) not in self.trials), key=score)
+                    chosen.update(spare[:SCREENED_SOLVES - sum(1 for v in chosen if v in regular)])
+                near = sorted(chosen, key=score)  # (best screens first: the time may run out)
             steps = [(v, self.trial(v, ahead=self.ahead(near[k:]) + more)) for k, v in enumerate(near)]
             self.progress(f"allocation: {len(self.trials)} sub-clusters solved", 0.75)
             if self.best is here:
@@ -426,6 +441,10 @@ def _group_moves(cluster: Cluster, classes: list[tuple[str, ...]]) -> list[tuple
 #: searched in full, 3.27 and 3.24 s), and a descent from the one searched only removes machines
 SCREENED_SOLVES = 2
 SCREENED_JUMPS = 2
+
+#: a screened step with at least this share of the allocation's time left (under a deadline)
+#: searches its best-screened neighbours in full even where they promise nothing (:meth:`_Search.roomy`)
+ROOMY_SHARE = 0.5
 
 #: how many of the best sub-clusters' plans :func:`allocate` has priced exactly (``finish``)
 FINISHED = 2

@@ -168,7 +168,8 @@ def plan_one(args: list[str], cap: float, path: str | None = None) -> dict:
 
 def rows_json(kept: dict) -> str:
     """The kept reference rows as JSON, one row (with its plan) a line."""
-    return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in kept.items()) + "\n}\n"
+    rows = (f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in kept.items())
+    return "{\n" + ",\n".join(rows) + "\n}\n"
 
 
 def reprice(args: list[str], plan: dict) -> dict:
@@ -256,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def todays(old: dict | None) -> dict | None:
+    """The reference's row the ratio divides by: its plan priced by this tree where that worked,
+    else its own price (None: no reference plan)."""
+    if not old or "error" in old:
+        return None
+    again = old.get("repriced")
+    return again if again and "error" not in again else old
+
+
 def repriced_cell(old: dict | None) -> str:
     """`` (x today)``: the reference's plan priced by this tree where that differs from its own price."""
     again = (old or {}).get("repriced")
@@ -283,16 +293,15 @@ def render(rows: list, mb_rows: list, reference: str | None) -> str:
              "new iteration s | ratio | model error | new plan |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case, options, new, old in rows:
         gpus = new.get("gpus", "?") if "error" not in new else "?"
-        again = (old or {}).get("repriced") or {}
-        today = old and "error" not in old and (old if "error" in again else again or old)
-        ratio = (f"{new['iteration_s'] / today['iteration_s']:.4f}" if today and "error" not in today
-                 and "error" not in new else "-")
+        today = todays(old)
+        ratio = f"{new['iteration_s'] / today['iteration_s']:.4f}" if today and "error" not in new else "-"
         shape = ("-" if "error" in new else
                  f"D_dp={new['pipelines']}, mb {new['micro_batch']}, ZeRO {new['zero']}, {'/'.join(new['schedules'])}")
         err = (f"{100 * (new['modelled_s'] - new['iteration_s']) / new['iteration_s']:+.2f}%"
                if "error" not in new and new.get("modelled_s") else "-")
         lines.append(f"| {case['label']} | {gpus} | {case['batch']} | {options} | {cell(old, 'seconds')} | "
-                     f"{cell(old)}{repriced_cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {err} | {shape} |")
+                     f"{cell(old)}{repriced_cell(old)} | {cell(new, 'seconds')} | {cell(new)} | {ratio} | {err} | "
+                     f"{shape} |")
     lines += ["", "`train.micro_batch=auto` against the plans at a fixed micro-batch (every other option on; "
               "iteration seconds):", "", "| case | mb 1 | mb 2 | mb 4 | mb 8 | auto | auto chose |",
               "|---|---|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hexicore.core.device_graph import DeviceGraph
 from hexicore.core.errors import HexicoreError
@@ -53,9 +53,10 @@ def layout_key(plan: Plan) -> tuple:
     machines of its devices and its layers, the pipelines in any order. The pool keeps one plan
     of each (on 24 GPUs of three types, every option on, two of a setting's three kept plans and
     three of the six priced exactly were one layout, its devices permuted)."""
-    machine = {d.id: d.machine for d in plan.cluster.devices}
-    return tuple(sorted((p.batch, repr(p.schedule), tuple((tuple(sorted(machine[d] for d in s.devices)), s.layers)
-                                                          for s in p.stages)) for p in plan.pipelines))
+    def stage(s: Any) -> tuple:
+        return tuple(sorted(plan.cluster.device(d).machine for d in s.devices)), s.layers
+
+    return tuple(sorted((p.batch, repr(p.schedule), tuple(stage(s) for s in p.stages)) for p in plan.pipelines))
 
 
 def state_gb(problem: Problem, sharded_only: bool = False) -> float:

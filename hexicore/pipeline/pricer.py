@@ -176,13 +176,21 @@ class SchedulePricer:
 
     def anchored(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """The search's PIPELINE-TIME model (``Pricing.growth``), from the schedule's exact times at
-        P and 2P (STEADY: exact for n <= P, then affine) or at P (BLOCKS: ``ceil(n / P)`` times
-        the time at P); anchors cached. A schedule that needs more than P micro-batches
-        (``Pricing.min_micro_batches``, DualPipeV's 2P) is anchored there and at twice that."""
+        P, 2P and 3P (STEADY: exact for n <= P, then piecewise affine through them, and past 3P
+        growing as from 2P to 3P) or at P (BLOCKS: ``ceil(n / P)`` times the time at P); anchors
+        cached, 3P's taken only once a count past 2P is asked. A schedule that needs more than P
+        micro-batches (``Pricing.min_micro_batches``, DualPipeV's 2P) is anchored there and at
+        twice and three times that.
+
+        Why 3P: from P to 2P an order is often still in its warm-up. With uneven stages (13 ranks,
+        two of them 1.4x slower) interleaved 1F1B grew 0.255 s a micro-batch there and 0.305 from
+        2P on, and interleaved ZB 0.325 against 0.365, so a slope taken from P to 2P put them 8-11%
+        below their exact time at 64-130 micro-batches and the search chose by that; from 2P to 3P
+        the order has settled (``bench/pricing_error.py`` measures the model on its grid)."""
         timed = self.schedule.pipeline_time
         pricing = self.schedule.pricing
         p, n = len(stage_times), int(n_mb)
-        p = max(p, pricing.min_micro_batches(p))  # the anchors: P and 2P, or the fewest it runs with
+        p = max(p, pricing.min_micro_batches(p))  # the anchors: P, 2P and 3P, or the fewest it runs with
         block = pricing.growth == BLOCKS
         if n <= p and not block:
             return timed(stage_times, hop_times, n)
@@ -190,10 +198,15 @@ class SchedulePricer:
         hit = self.cache.get(key)
         if hit is None:
             a = timed(stage_times, hop_times, p)
-            b = 2 * a if block else timed(stage_times, hop_times, 2 * p)
-            hit = self.cache[key] = (a, max(b - a, 0.0))
-        a, step = hit
-        return a + (max(math.ceil(n / p), 1) - 1 if block else (n - p) / p) * step
+            hit = self.cache[key] = [a, 2 * a if block else timed(stage_times, hop_times, 2 * p), None]
+        a, b = hit[0], hit[1]
+        if block:
+            return a + (max(math.ceil(n / p), 1) - 1) * (b - a)
+        if n <= 2 * p:
+            return a + (n - p) / p * max(b - a, 0.0)
+        if hit[2] is None:
+            hit[2] = timed(stage_times, hop_times, 3 * p)
+        return b + (n - 2 * p) / p * max(hit[2] - b, 0.0)
 
     def steady_state(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """Tier 2: ``T(M) = T(k + r) + q (T(k + c) - T(k))`` — warm-up and cool-down ``T(k + r)``,

@@ -155,3 +155,24 @@ def test_model_peaks_window_stops_only_once_settled(name, params):
     lo, _ = sched.pricer.peak_window(P)
     most = tuple(max(col) for col in zip(*(sched.peaks(P, m) for m in range(lo, 5 * P + 1))))
     assert sched.model_peaks(P, 5 * P + 1) == most
+
+
+def test_anchored_model_is_piecewise_affine_through_p_2p_and_3p():
+    """The search's model (``anchored``, STEADY growth): exact at P, 2P and 3P, affine between,
+    and past 3P growing as from 2P to 3P. Interleaved 1F1B and ZB on 13 ranks, two of them 1.4x
+    slower: from P to 2P they grew 0.255 and 0.325 s a micro-batch, from 2P on 0.305 and about
+    0.365, so a slope taken from P to 2P put them 8-13% below the exact time at 64-130
+    micro-batches; from 2P to 3P the order has settled (within 2% there: 64 is no multiple of P)."""
+    st = [0.305, 0.305, 0.224, 0.224, 0.224, 0.224, 0.224, 0.224, 0.25, 0.209, 0.25, 0.224, 0.206]
+    hop = [0.001, 0.079, 0.003, 0.08, 0.003, 0.08, 0.003, 0.08, 0.08, 0.08, 0.08, 0.003]
+    P = len(st)
+    for name in ("interleaved_1f1b", "interleaved_zb"):
+        sched = REG.create("schedule", name, chunks=2)
+        at = {n: sched.pricer.exact(st, hop, n) for n in (P, 2 * P, 3 * P)}
+        for n, t in at.items():
+            assert sched.model_time(st, hop, n) == pytest.approx(t)
+        assert sched.model_time(st, hop, P + 6) == pytest.approx(at[P] + 6 / P * (at[2 * P] - at[P]))
+        assert sched.model_time(st, hop, 2 * P + 6) == pytest.approx(at[2 * P] + 6 / P * (at[3 * P] - at[2 * P]))
+        assert sched.model_time(st, hop, 100) == pytest.approx(at[2 * P] + (100 - 2 * P) / P * (at[3 * P] - at[2 * P]))
+        for n in (64, 130):
+            assert abs(sched.model_time(st, hop, n) / sched.pricer.exact(st, hop, n) - 1) < 0.02, (name, n)

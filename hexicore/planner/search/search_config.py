@@ -21,7 +21,7 @@ class SearchConfig:
     machines in a part tried by the walk. ``ema``: weight of the newest candidate in the moving
     averages; ``explore``: chance of trying the other cut. ``max_tp``: largest TP degree.
     ``strategy_passes``: coordinate-descent passes over the groups' strategies.
-    ``polish_rounds``/``polish_evals``: boundary hill-climbing rounds and estimates at most. ``align_templates``: pipelines tried as the
+    ``polish_rounds``/``polish_evals``: polishing rounds and estimates at most (the stages' order, then their boundaries; 0 rounds: no polish). ``align_templates``: pipelines tried as the
     template of the machine-aligned variants. ``seeds``: solvers whose plans seed the
     search. ``replan_iterations``: with a ``warm_start`` plan, two-phase candidates tried after
     repairing it (:mod:`hexicore.planner.replan`); null = ignore the repair and run the full search.

@@ -8,14 +8,15 @@ prices each cell with the tiers of :class:`hexicore.pipeline.pricer.SchedulePric
 them with the exact price (``pipeline_time``, what final plans are priced with):
 
 * (a) ``model_time``: the search's anchored model (exact up to P, then affine through the exact
-  times at P and 2P, or blocks of P, as the schedule's ``Pricing.growth`` says; synth's own);
+  times at P, 2P and 3P and on with the growth from 2P to 3P, or blocks of P, as the schedule's
+  ``Pricing.growth`` says; synth's own);
 * (b) ``pricer.steady_state``: warm-up + periods from short exact simulations (``steady_fit``);
 * (c) ``time_bound``: a lower bound, so ``time_bound <= exact`` in every cell (a violation is a bug:
   printed loudly, exit status 1).
 
 Relative error = (model - exact) / exact. Each tier's seconds (wall) are measured on its own
 schedule object (its caches cold for each stage-time draw): ``exact`` per cell, the steady fit
-once per stage-time draw plus its per-cell evaluation, ``anchored`` per cell (its two anchors
+once per stage-time draw plus its per-cell evaluation, ``anchored`` per cell (its anchors
 in the first cells). A computation that runs past ``--cap`` CPU seconds is stopped, and a cell
 whose exact price is predicted (from the smaller M of the same draw) to run past it is not
 started: both are reported as skipped, with the reason.
@@ -461,8 +462,8 @@ def report(summary: list[dict], cells: list[dict], groups: list[Group], meta: di
         "final plan's price: the simulated default-time order; synth's lists synthesised for the cell's times; "
         "Hanayo auto's best W for them). Error = (model - exact) / exact, |max| and median over the cells.",
         "",
-        "* (a) anchored = `model_time`, the search's model (exact up to P, affine through P and 2P or "
-        "blocks of P; synth's two seed orders);",
+        "* (a) anchored = `model_time`, the search's model (exact up to P, affine through P, 2P and 3P and "
+        "on with the growth from 2P to 3P, or blocks of P; synth's two seed orders);",
         "* (b) steady = `SchedulePricer.steady_state` (warm-up + periods from 6P + 1 exact simulations at "
         "3P..9P micro-batches; below `k + c` micro-batches, or where no period shows, it is the simulation "
         "itself); *modelled cells* are those past `k + c` with a period found;",

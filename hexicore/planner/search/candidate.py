@@ -194,10 +194,10 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
                    layouts: Sequence[StageLayout] | None, seed: int, origin: str, info: dict,
                    beat: float, here: float = INF, every: bool = False, deadline: float = INF) -> list[Candidate]:
     """The lead's parts under each other training setting (``context.others``): the lead's
-    stages re-laid out under the setting (:func:`relaid`; where the lead's memory holds no layout
-    of a part, the stages of the roomiest setting's phase 2, :attr:`SearchContext.roomy`, laid out
-    once: each setting's own phase 2 cost hetero3's search, Llama 30B under 16 settings, 1.9 s of
-    its 5.6 on settings that lost) and assembled — bounds first, against the best so far (``beat``), and not
+    stages re-laid out under the setting (or, where the lead's memory holds no layout of a
+    part, the setting's own phase 2: the stages of the roomiest setting's re-laid instead lost
+    320 GPUs at batch 1024 its plan at micro-batch 2, 97.9 s against 217)
+    (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``), and not
     where a lower ZeRO stage at the same micro-batch size gives the same layers: sharding only
     adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses.
     With ``schedule=auto`` the schedules are chosen only where :data:`CHOOSE_WITHIN` allows;
@@ -206,10 +206,6 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
     ``deadline`` (``time.monotonic()``) no further setting is priced."""
     out: list[Candidate] = []
     laid = {} if layouts is None else {_size_stage(context): [lay.layers for lay in layouts]}
-    if layouts is None:  # the roomiest setting's phase 2, once (none where the lead is the roomiest)
-        layouts = lay_out_parts(context.roomy, parts, ks, seed) if context.roomy is not context else None
-        if layouts is None:
-            return out  # (no setting holds these parts: the roomiest does not)
     for other in context.others:  # (micro-batch, ZeRO stage) -> layers, in ZeRO order per size
         n_mb_max = other.micro_batches - (len(parts) - 1)
         if time.monotonic() > deadline:
@@ -217,7 +213,7 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
         if n_mb_max < 1 or (not every and other.losses >= SETTING_LOSSES):
             continue
         other.at_pipelines(len(parts))
-        mine = relaid(other, layouts, n_mb_max)
+        mine = relaid(other, layouts, n_mb_max) if layouts is not None else lay_out_parts(other, parts, ks, seed)
         if mine is None:
             other.losses += here < INF  # (it holds no layout of parts another setting runs: a loss)
             continue

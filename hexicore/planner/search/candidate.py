@@ -28,7 +28,7 @@ from hexicore.planner.search.context import INF, Candidate, SearchContext
 from hexicore.planner.stage_layout.alignment import align_to, machine_contiguous
 from hexicore.planner.stage_layout.batch import allocate_batch
 from hexicore.planner.stage_layout.phase2 import phase2
-from hexicore.planner.stage_layout.stage_table import StageLayout, layout_pipeline, rows_key
+from hexicore.planner.stage_layout.stage_table import StageLayout, StageTable, layout_pipeline, rows_key
 from hexicore.planner.stage_layout.tp_menus import Group
 
 
@@ -369,8 +369,7 @@ def reorder(context: SearchContext, best: Candidate, n_mb_max: int, deadline: fl
         improved = True
         while improved:
             improved = False
-            runs = {m: machine_runs(context.table, best.layouts[m].stages) for m in members}
-            count = len(runs[members[0]])
+            runs, count = _runs_of(context, best, members)
             for source in range(count):
                 for target in (count - 1, 0, *range(1, count - 1)):  # the ends first (what a position
                     # changes most: the first stage holds the most in flight and the embedding, the last the head)
@@ -387,6 +386,11 @@ def reorder(context: SearchContext, best: Candidate, n_mb_max: int, deadline: fl
                     cand = assemble(context, layouts, best.origin + " +order", best.info, choose, best.score)
                     if cand.score < best.score - 1e-9:
                         best, improved = cand, True
-                        runs = {m: machine_runs(context.table, best.layouts[m].stages) for m in members}
-                        count = min(len(r) for r in runs.values())
+                        runs, count = _runs_of(context, best, members)
     return best
+
+
+def _runs_of(context: SearchContext, best: Candidate, members: Sequence[int]) -> tuple[dict, int]:
+    """:func:`machine_runs` of ``members``' pipelines, and how many runs all of them have."""
+    runs = {m: machine_runs(context.table, best.layouts[m].stages) for m in members}
+    return runs, min(len(r) for r in runs.values())

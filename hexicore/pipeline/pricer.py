@@ -186,7 +186,12 @@ class SchedulePricer:
         two of them 1.4x slower) interleaved 1F1B grew 0.255 s a micro-batch there and 0.305 from
         2P on, and interleaved ZB 0.325 against 0.365, so a slope taken from P to 2P put them 8-11%
         below their exact time at 64-130 micro-batches and the search chose by that; from 2P to 3P
-        the order has settled (``bench/pricing_error.py`` measures the model on its grid)."""
+        the order has settled (``bench/pricing_error.py`` measures the model on its grid). Past 3P
+        the growth is at least the busiest rank's work per micro-batch (:meth:`lower_bound`'s
+        ``max_j stage_times[j]``): an order still in its transient at 3P may grow slower there
+        (interleaved 1F1B on three uneven ranks: 0.48 s a micro-batch from 2P to 3P against the
+        slowest rank's 0.50), and extrapolated over 300 micro-batches that put the model 3.8% below
+        the exact time, under the bound no order beats."""
         timed = self.schedule.pipeline_time
         pricing = self.schedule.pricing
         p, n = len(stage_times), int(n_mb)
@@ -206,7 +211,10 @@ class SchedulePricer:
             return a + (n - p) / p * max(b - a, 0.0)
         if hit[2] is None:
             hit[2] = timed(stage_times, hop_times, 3 * p)
-        return b + (n - 2 * p) / p * max(hit[2] - b, 0.0)
+        if n <= 3 * p:
+            return b + (n - 2 * p) / p * max(hit[2] - b, 0.0)
+        slope = max((hit[2] - b) / p, max(stage_times, default=0.0))  # (no order grows slower: lower_bound)
+        return hit[2] + (n - 3 * p) * slope
 
     def steady_state(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """Tier 2: ``T(M) = T(k + r) + q (T(k + c) - T(k))`` — warm-up and cool-down ``T(k + r)``,

@@ -28,7 +28,13 @@ from tests.conftest import run_cli
 #: sub-clusters (the final options run once, after it), hetero1 on all its devices (quicker); batches
 #: at which the final options have the memory to beat the plain options (hetero1 at 64 has none
 #: since the runtime's block memory is counted: the plain 1F1B-family choice stands)
-PRESETS = [("paper_case", "llama2_13b", 20, []), ("hetero1", "llama2_7b", 48, [])]
+#: on hetero1 ZB-H2, a search option by default, is made a final option (its plan is then the
+#: final options' to find: with it searched, no final option beats the search's plan there)
+H2_FINAL = ["schedule.options=[{name: 1f1b}, {name: interleaved_1f1b, chunks: 2}, {name: zb_h1}, {name: zb_v},"
+            " {name: interleaved_zb, chunks: 2}]",
+            "schedule.final_options=[{name: zb_h2}, {name: dualpipe_v}, {name: looped_bfs, chunks: 2}, {name: chimera},"
+            " {name: gpipe}, {name: synth, effort: quick}, {name: hanayo, waves: auto, max_waves: 4}]"]
+PRESETS = [("paper_case", "llama2_13b", 20, []), ("hetero1", "llama2_7b", 48, H2_FINAL)]
 
 
 def solve(over: list[str]) -> tuple[Plan, object]:
@@ -84,7 +90,7 @@ def test_per_rank_caps_are_kept_and_bind():
 def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset):
     cluster, model, batch, extra = preset
     over = [f"cluster={cluster}", f"model={model}", f"train.global_batch={batch}", "schedule=auto", *extra]
-    before, _ = solve(over + ["schedule.final_options=[]"])
+    before, _ = solve([o for o in over if not o.startswith("schedule.final_options")] + ["schedule.final_options=[]"])
     plan, problem = solve(over)
     est, base = problem.cost.estimate(plan), problem.cost.estimate(before)
     assert est.fits and est.iteration_s <= base.iteration_s + 1e-9
@@ -95,10 +101,10 @@ def test_auto_with_final_options_is_never_slower_and_records_each_choice(preset)
     # rank on paper_case, and a pipeline with a one-block rank gets synth's linear layout only)
     assert est.iteration_s < base.iteration_s - 1e-3
     assert plan.solver["schedules"] == [p.schedule.to_dict() for p in plan.pipelines]
-    finals = {o.name for o in final_options({"name": "auto"})}
-    own = {o.name for o in options({"name": "auto"})}
+    finals = {o.name for o in final_options(problem.schedule)}
+    own = {o.name for o in options(problem.schedule)}
     book = ScheduleBook(Registry.default())
-    refs = {o.name: o for o in options({"name": "auto"}) + final_options({"name": "auto"})}
+    refs = {o.name: o for o in options(problem.schedule) + final_options(problem.schedule)}
     # (the search's final candidates get the cheap final options too, so the plan may be a
     # runner-up of ``before``'s search: each pipeline is checked against what it records)
     for i, (p, tried) in enumerate(zip(plan.pipelines, plan.solver["schedule_s"])):

@@ -78,7 +78,7 @@ def test_pipeline_term_and_memory_follow_each_pipelines_schedule(paper_case, lla
 def test_options_validation():
     assert options({"name": "1f1b"}) == ({"name": "1f1b"},)
     assert [o["name"] for o in options({"name": "auto"})] == ["1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
-                                                             "interleaved_zb"]
+                                                             "interleaved_zb", "zb_h2"]
     from hexicore.core.errors import HexicoreError
 
     with pytest.raises(HexicoreError, match="options"):
@@ -195,3 +195,61 @@ def test_plan_with_a_schedule_that_needs_two_ranks(tmp_path):
     from hexicore.core.schedule_ref import ScheduleRef
 
     assert ScheduleBook(Registry.default()).effective(ScheduleRef("chimera"), 1) == ScheduleRef("1f1b")
+
+
+def test_choose_exact_models_and_prices_only_what_ends_within_the_deadline(monkeypatch):
+    """The exact re-choice models an option, or prices one exactly, only while the slowest such
+    step so far still ends by the deadline; the pipeline's own schedule is priced whatever the
+    time (on 320 GPUs at batch 1024, modelling every option for two pipelines of 80 stages and
+    512 micro-batches took a search 2.7 s past its budget). A fake clock: a model takes 1 s, an
+    exact pricing 0.5 s."""
+    import types
+    from dataclasses import dataclass
+
+    from hexicore.core.plan import Pipeline
+    from hexicore.core.schedule_ref import ScheduleRef
+    from hexicore.planner import pricing
+
+    now, modelled, priced = [0.0], [], []
+    times = {"own": 10.0, "a": 9.0, "b": 8.0, "c": 7.0}
+
+    class Book:
+        def runs(self, ref, ranks, n):
+            return True
+
+        def model(self, ref, stage_s, hop_s, n):
+            now[0] += 1.0
+            modelled.append(ref.name)
+            return times[ref.name]
+
+    def resolve(book, cost, plan, pipe):
+        now[0] += 0.5
+        priced.append(pipe.schedule.name)
+        return pipe.schedule, times[pipe.schedule.name]
+
+    @dataclass(frozen=True)
+    class Plan:
+        pipelines: tuple
+        train: object
+
+    monkeypatch.setattr(pricing, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(pricing, "resolve_placed", resolve)
+    monkeypatch.setattr(pricing, "fits", lambda *a: True)
+    monkeypatch.setattr(pricing, "placed_bound", lambda *a: 0.0)
+    cost = types.SimpleNamespace(pipeline_pieces=lambda plan, pipe: ([1.0], []))
+    plan = Plan((Pipeline(4, ("stage",), {"name": "own"}),), types.SimpleNamespace(micro_batch=1))
+    refs = [ScheduleRef.from_mapping({"name": n}) for n in ("own", "a", "b", "c")]
+
+    def choose(deadline):
+        now[0] = 0.0
+        modelled.clear()
+        priced.clear()
+        return pricing.choose_exact(Book(), cost, plan, refs, deadline)[0].pipelines[0].schedule.name
+
+    assert choose(float("inf")) == "c" and modelled == ["a", "b", "c"] and priced == ["own", "c"]
+    # 2.2 s: a and b modelled (a third would end at 3 s), own priced (to 2.5 s), b's pricing not begun
+    assert choose(2.2) == "own" and modelled == ["a", "b"] and priced == ["own"]
+    # 4.1 s: every option modelled (to 3 s), own and c priced (to 4 s); b's would end at 4.5 s
+    assert choose(4.1) == "c" and modelled == ["a", "b", "c"] and priced == ["own", "c"]
+    # past the deadline: only the pipeline's own, priced
+    assert choose(-1.0) == "own" and modelled == [] and priced == ["own"]

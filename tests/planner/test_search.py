@@ -350,3 +350,33 @@ def test_the_pool_keeps_one_plan_per_layout_up_to_devices_swapped_inside_a_machi
     for score, p in ((2.0, plan), (1.5, swapped), (3.0, elsewhere), (2.5, plan)):
         SearchContext.keep(pool, Candidate(score, p, None, "test"))
     assert [(c.score, c.plan) for c in pool.pool] == [(1.5, swapped), (3.0, elsewhere)]
+
+
+def test_a_cut_that_fits_nowhere_gives_way_to_the_other(monkeypatch):
+    """``two_phase`` takes the other cut where the chosen one's parts hold no layout that fits
+    (the moving averages choose the cut by communication, not memory: on 32 GPUs of four types at
+    batch 4096 the max-cut parts of 27-31 pipelines never fit under ZeRO-2, the min-cut ones of 28
+    gave the best plan); not for the side sweep (it takes both cuts), nor past the deadline."""
+    import types
+
+    from hexicore.planner.search import candidate
+    from hexicore.planner.search.context import INF, Candidate
+
+    fitting = {"min_cut": 5.0, "max_cut": INF}
+    calls = []
+
+    def one_cut(context, d_dp, objective, k_shift, seed, side=False, deadline=INF):
+        calls.append(objective)
+        return Candidate(fitting[objective], None, None, f"search D_dp={d_dp} {objective}")
+
+    monkeypatch.setattr(candidate, "one_cut", one_cut)
+    got = candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0)
+    assert got.score == 5.0 and calls == ["max_cut", "min_cut"]
+    calls.clear()
+    assert candidate.two_phase(types.SimpleNamespace(), 4, "min_cut", (0,), 0).score == 5.0 and calls == ["min_cut"]
+    calls.clear()
+    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0, side=True).score == INF
+    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0, deadline=-1.0).score == INF
+    assert calls == ["max_cut", "max_cut"]
+    fitting["min_cut"] = INF  # neither fits: the chosen cut's candidate
+    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0).origin.endswith("max_cut")

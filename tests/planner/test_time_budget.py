@@ -157,7 +157,9 @@ def test_the_synthesis_gate_times_a_fresh_simulation_where_prices_were_cached(mo
 
 def test_a_share_of_the_budget_is_kept_for_the_exact_pricing(monkeypatch):
     """Under ``solver.time_budget`` the searches get ``1 - FINAL_SHARE`` of it; their exact
-    pricing (and the final options after them) run to the whole budget."""
+    pricing (and the final options after them) run to the whole budget. A schedule whose time is
+    the cost model's own formula (1F1B) has nothing to price after the search: the searches get
+    the whole budget."""
     from hexicore.planner import hexiscale
     from hexicore.planner.hexiscale import FINAL_SHARE
 
@@ -170,11 +172,13 @@ def test_a_share_of_the_budget_is_kept_for_the_exact_pricing(monkeypatch):
 
     monkeypatch.setattr(hexiscale, "search", recorded)
     over = ["cluster=paper_case", "model=llama2_13b", "train.global_batch=20", "solver.time_budget=40"]
-    solve(config_from_overrides(over), Registry.default())
-    limit, pricing = asked[0]  # the whole cluster's search, begun at once
     assert 0 < FINAL_SHARE < 1
-    assert limit == pytest.approx(40 * (1 - FINAL_SHARE), abs=1.0) and pricing == pytest.approx(40, abs=1.0)
-    assert all(lim <= 40 * (1 - FINAL_SHARE) + 1e-9 for lim, _ in asked)
+    for schedule, kept in (("zb_h1", FINAL_SHARE), ("1f1b", 0.0)):
+        asked.clear()
+        solve(config_from_overrides(over + [f"schedule={schedule}"]), Registry.default())
+        limit, pricing = asked[0]  # the whole cluster's search, begun at once
+        assert limit == pytest.approx(40 * (1 - kept), abs=1.0) and pricing == pytest.approx(40, abs=1.0)
+        assert all(lim <= 40 * (1 - kept) + 1e-9 for lim, _ in asked)
 
 
 def test_a_synthesis_built_for_the_same_times_and_cap_is_tried_past_the_deadline():

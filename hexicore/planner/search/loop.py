@@ -660,9 +660,15 @@ class SideWalk:
 
 def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: int):
     """The ``n`` steps ``(D_dp, cut, shifts)`` of one setting's search in the side walk:
-    :func:`initial_sweep` over its numbers of pipelines, then :func:`walk_step` around its best
-    (read when the step is taken)."""
+    :func:`initial_sweep` over its numbers of pipelines, nearest its best so far first (found on
+    the lead's parts: a walk the budget cuts short has searched where that setting is strongest;
+    on 32 GPUs of four types at batch 4096 the ZeRO-2 walk swept from 5 pipelines up and ended
+    at 31 before walking around its best, 24), then :func:`walk_step` around its best (read
+    when the step is taken)."""
     sweep = initial_sweep(dps, n)[:n]
+    near = (context.best_found.info or {}).get("d_dp") if context.best_found is not None else None
+    if near is not None:
+        sweep.sort(key=lambda step: abs(step[0] - near))  # (stable: the cuts of one D_dp stay in order)
     for d_dp, objective in sweep:
         yield d_dp, objective or context.choose_objective(rng), (0,)
     for _ in range(n - len(sweep)):

@@ -356,7 +356,8 @@ def test_a_cut_that_fits_nowhere_gives_way_to_the_other(monkeypatch):
     """``two_phase`` takes the other cut where the chosen one's parts hold no layout that fits
     (the moving averages choose the cut by communication, not memory: on 32 GPUs of four types at
     batch 4096 the max-cut parts of 27-31 pipelines never fit under ZeRO-2, the min-cut ones of 28
-    gave the best plan); not for the side sweep (it takes both cuts), nor past the deadline."""
+    gave the best plan); not for the side sweep (it takes both cuts), nor past the deadline, nor
+    again at a number of pipelines where neither cut fitted."""
     import types
 
     from hexicore.planner.search import candidate
@@ -370,13 +371,18 @@ def test_a_cut_that_fits_nowhere_gives_way_to_the_other(monkeypatch):
         return Candidate(fitting[objective], None, None, f"search D_dp={d_dp} {objective}")
 
     monkeypatch.setattr(candidate, "one_cut", one_cut)
-    got = candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0)
+    context = types.SimpleNamespace(cut_misses=set())
+    got = candidate.two_phase(context, 4, "max_cut", (0,), 0)
     assert got.score == 5.0 and calls == ["max_cut", "min_cut"]
     calls.clear()
-    assert candidate.two_phase(types.SimpleNamespace(), 4, "min_cut", (0,), 0).score == 5.0 and calls == ["min_cut"]
+    assert candidate.two_phase(context, 4, "min_cut", (0,), 0).score == 5.0 and calls == ["min_cut"]
     calls.clear()
-    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0, side=True).score == INF
-    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0, deadline=-1.0).score == INF
+    assert candidate.two_phase(context, 4, "max_cut", (0,), 0, side=True).score == INF
+    assert candidate.two_phase(context, 4, "max_cut", (0,), 0, deadline=-1.0).score == INF
     assert calls == ["max_cut", "max_cut"]
-    fitting["min_cut"] = INF  # neither fits: the chosen cut's candidate
-    assert candidate.two_phase(types.SimpleNamespace(), 4, "max_cut", (0,), 0).origin.endswith("max_cut")
+    fitting["min_cut"] = INF  # neither fits: the chosen cut's candidate, and no second try there again
+    calls.clear()
+    assert candidate.two_phase(context, 6, "max_cut", (0,), 0).origin.endswith("max_cut")
+    assert calls == ["max_cut", "min_cut"] and context.cut_misses == {6}
+    calls.clear()
+    assert candidate.two_phase(context, 6, "max_cut", (0,), 0).score == INF and calls == ["max_cut"]

@@ -106,6 +106,7 @@ class SearchContext:
     pool: list = field(default_factory=list)  # the POOL best distinct candidates assembled here (finalize's extra)
     side_best: Candidate | None = None  # the lead's best candidate under the other training settings
     losses: int = 0  # candidates in a row this (other) setting lost by far on (candidate.other_settings)
+    cut_misses: set = field(default_factory=set)  # numbers of pipelines where neither cut fitted (candidate.two_phase)
 
     def keep(self, candidate: Candidate) -> None:
         """Remember ``candidate`` among the :data:`POOL` best distinct plans assembled under this

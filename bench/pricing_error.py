@@ -8,7 +8,8 @@ prices each cell with the tiers of :class:`hexicore.pipeline.pricer.SchedulePric
 them with the exact price (``pipeline_time``, what final plans are priced with):
 
 * (a) ``model_time``: the search's anchored model (exact up to P, then affine through the exact
-  times at P, 2P and 3P and on with the growth from 2P to 3P, or blocks of P, as the schedule's
+  times at P, 2P and 3P and on with the growth from 2P to 3P, at least the busiest rank's work per
+  micro-batch, or blocks of P, as the schedule's
   ``Pricing.growth`` says; synth's own);
 * (b) ``pricer.steady_state``: warm-up + periods from short exact simulations (``steady_fit``);
 * (c) ``time_bound``: a lower bound, so ``time_bound <= exact`` in every cell (a violation is a bug:
@@ -463,7 +464,8 @@ def report(summary: list[dict], cells: list[dict], groups: list[Group], meta: di
         "Hanayo auto's best W for them). Error = (model - exact) / exact, |max| and median over the cells.",
         "",
         "* (a) anchored = `model_time`, the search's model (exact up to P, affine through P, 2P and 3P and "
-        "on with the growth from 2P to 3P, or blocks of P; synth's two seed orders);",
+        "on with the growth from 2P to 3P, at least the busiest rank's work a micro-batch, or blocks of P; "
+        "synth's two seed orders);",
         "* (b) steady = `SchedulePricer.steady_state` (warm-up + periods from 6P + 1 exact simulations at "
         "3P..9P micro-batches; below `k + c` micro-batches, or where no period shows, it is the simulation "
         "itself); *modelled cells* are those past `k + c` with a period found;",

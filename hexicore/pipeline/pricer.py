@@ -205,12 +205,17 @@ class SchedulePricer:
             a = timed(stage_times, hop_times, p)
             hit = self.cache[key] = [a, 2 * a if block else timed(stage_times, hop_times, 2 * p), None]
         a, b = hit[0], hit[1]
+        bad = next((x for x in hit if x is not None and not x >= 0), None)  # (a plugin's NaN or negative time:
+        if bad is not None:  # returned as it is, for the caller's check to name)
+            return bad
         if block:
             return a + (max(math.ceil(n / p), 1) - 1) * (b - a)
         if n <= 2 * p:
             return a + (n - p) / p * max(b - a, 0.0)
         if hit[2] is None:
             hit[2] = timed(stage_times, hop_times, 3 * p)
+        if not hit[2] >= 0:
+            return hit[2]
         if n <= 3 * p:
             return b + (n - 2 * p) / p * max(hit[2] - b, 0.0)
         slope = max((hit[2] - b) / p, max(stage_times, default=0.0))  # (no order grows slower: lower_bound)

@@ -171,5 +171,8 @@ def test_a_device_summing_with_two_groups_across_machines_holds_them_one_after_t
     (first, r), (second, _) = sorted((ends[r][f"with {r}"], r) for r in (1, 2))  # the partners, each in one sum
     began = max(ends[0]["t0"], ends[r]["t0"])  # the first sum starts when its last member asks
     assert 0.95 * one <= first - began <= one + 0.01, ends
-    assert 0.95 * one <= second - first <= one + 0.01, ends  # one after the other, not side by side
+    # one after the other, not side by side: the later sum ends two holds after the start (on a
+    # loaded host a first sum that ended late, 14 ms against 12 declared, left the second a 10 ms
+    # gap and the same end, 24 ms after the start)
+    assert 1.9 * one <= second - began <= 2 * one + 0.02, ends
     assert max(ends[0]["with 1"], ends[0]["with 2"]) == pytest.approx(second, abs=0.005), ends  # rank 0 with the later

@@ -193,14 +193,15 @@ def check_fifo(actions: ActionList, source: str | None = None) -> None:
 
 
 def pipeline_part(index: int, offset: int, batch: int, groups: list[StageGroup], actions: ActionList,
-                  model: ModelSpec, micro_batch: int, source: str | None = None) -> PipelinePart:
+                  model: ModelSpec, micro_batch: int, source: str | None = None, check: bool = True) -> PipelinePart:
     if actions.ranks != len(groups):
         raise PlanError(f"action list has {actions.ranks} ranks but the pipeline has {len(groups)} stages",
                         source=source, field="pipelines")
     if actions.micro_batches * micro_batch != batch:
         raise PlanError(f"action list runs {actions.micro_batches} micro-batches of {micro_batch} but the "
                         f"pipeline's batch is {batch}", source=source, field="batch")
-    check_actions(actions, source)
+    if check:  # (False: the same list, already checked for another pipeline)
+        check_actions(actions, source)
     for j, g in enumerate(groups):
         check_model(model, g.tp, source, f"pipelines[{index}].stages[{j}].tp")
     chunks = chunk_layers(actions, [g.layers for g in groups], source)
@@ -223,9 +224,11 @@ def build_layout(model: ModelSpec, pipelines: list[tuple[int, list[StageGroup], 
     if seq_len > model.longest_seq:
         raise PlanError(f"sequence length {seq_len} exceeds the model's {model.longest_seq}", source=source,
                         field="train.seq_len")
-    parts, offset = [], 0
+    parts, offset, checked = [], 0, set()
     for i, (batch, groups, actions) in enumerate(pipelines):
-        parts.append(pipeline_part(i, offset, batch, groups, actions, model, micro_batch, source))
+        parts.append(pipeline_part(i, offset, batch, groups, actions, model, micro_batch, source,
+                                   check=id(actions) not in checked))
+        checked.add(id(actions))  # (one list shared by pipelines of one shape is checked once)
         offset += batch
     if offset != global_batch:
         raise PlanError(f"pipeline batches sum to {offset}, the global batch is {global_batch}", source=source,
@@ -323,14 +326,17 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
     if any(s.n_layers < 1 for p in plan.pipelines for s in p.stages):
         raise PlanError("a stage holds no layers (more stages than layers)", source=source, field="layers")
     rank_of = {d: i for i, d in enumerate(plan.devices)}
-    pipes = []
+    pipes, built = [], {}  # (schedule, ranks, micro-batches, blocks) -> its lists, built once
     for i, (p, sched) in enumerate(zip(plan.pipelines, schedules)):
         mbs = _micro_batches(p.batch, train.micro_batch, source)
         groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
         for j, s in enumerate(p.stages):
             check_model(model, s.tp, source, f"pipelines[{i}].stages[{j}].tp")
-        pipes.append((p.batch, groups, schedule_actions(sched, len(groups), mbs, registry, source,
-                                                        [g.layers for g in groups], fallback=True)))
+        key = (repr(sorted(dict(sched).items())), len(groups), mbs, tuple(g.layers for g in groups))
+        if key not in built:  # (pipelines of one shape run the same lists: 80 stages of 512 micro-batches
+            # under ZB-H1 take 0.7 s to build, twice on a 320-GPU plan of two aligned pipelines)
+            built[key] = schedule_actions(sched, len(groups), mbs, registry, source, list(key[3]), fallback=True)
+        pipes.append((p.batch, groups, built[key]))
     return build_layout(model, pipes, global_batch=train.global_batch, micro_batch=train.micro_batch,
                         seq_len=seq_len, world=len(rank_of), source=source,
                         vocab_parallel=train.vocab_parallel)

@@ -96,17 +96,20 @@ def save_plan_picture(plan: Plan, path: str | Path) -> Path:
         for j, s in enumerate(p.stages):
             for d in s.devices:
                 where[d] = (i, j)
-    for d, (x, y) in pos.items():
-        if d in where:
-            i, j = where[d]
-            ax.scatter([x], [y], s=260 if n_dev <= _LABEL_LIMIT else 40, color=cmap(i % cmap.N), zorder=3,
-                       edgecolors="black", linewidths=0.5)
-            if n_dev <= _LABEL_LIMIT:
-                ax.annotate(f"{d}\ns{j}", (x, y), ha="center", va="center", fontsize=5, zorder=4)
-        else:  # idle: no pipeline uses it (the planner left it out, solver.idle)
-            ax.scatter([x], [y], s=260 if n_dev <= _LABEL_LIMIT else 40, facecolors="white", edgecolors="grey",
-                       zorder=3)
-            if n_dev <= _LABEL_LIMIT:
+    size = 260 if n_dev <= _LABEL_LIMIT else 40
+    used = [(x, y, cmap(where[d][0] % cmap.N)) for d, (x, y) in pos.items() if d in where]
+    idle = [(x, y) for d, (x, y) in pos.items() if d not in where]  # no pipeline uses it (solver.idle)
+    if used:  # (one collection per kind: a call per device took 0.6 s on 320 devices)
+        ax.scatter([u[0] for u in used], [u[1] for u in used], s=size, c=[u[2] for u in used], zorder=3,
+                   edgecolors="black", linewidths=0.5)
+    if idle:
+        ax.scatter([u[0] for u in idle], [u[1] for u in idle], s=size, facecolors="white", edgecolors="grey",
+                   zorder=3)
+    if n_dev <= _LABEL_LIMIT:
+        for d, (x, y) in pos.items():
+            if d in where:
+                ax.annotate(f"{d}\ns{where[d][1]}", (x, y), ha="center", va="center", fontsize=5, zorder=4)
+            else:
                 ax.annotate("idle", (x, y), ha="center", va="center", fontsize=5, color="grey", zorder=4)
     for i, p in enumerate(plan.pipelines):
         for a, b in zip(p.stages, p.stages[1:]):

@@ -177,7 +177,7 @@ class SchedulePricer:
     def anchored(self, stage_times: Sequence[float], hop_times: Sequence[float], n_mb: int) -> float:
         """The search's PIPELINE-TIME model (``Pricing.growth``), from the schedule's exact times at
         P, 2P and 3P (STEADY: exact for n <= P, then piecewise affine through them, and past 3P
-        growing as from 2P to 3P) or at P (BLOCKS: ``ceil(n / P)`` times the time at P); anchors
+        growing as from 2P to 3P, never slower than the busiest rank's work) or at P (BLOCKS: ``ceil(n / P)`` times the time at P); anchors
         cached, 3P's taken only once a count past 2P is asked. A schedule that needs more than P
         micro-batches (``Pricing.min_micro_batches``, DualPipeV's 2P) is anchored there and at
         twice and three times that.

@@ -62,8 +62,9 @@ class Pricing:
     * ``growth`` — how the search's model of PIPELINE-TIME grows with the micro-batch count n
       above P ranks (:meth:`ActionSchedule.model_time`): :data:`STEADY` (affine in n in steady
       state: the bottleneck rank does one F+B per micro-batch; through the exact times at P,
-      2P and 3P, the growth from 2P to 3P beyond, exact for n <= P) or :data:`BLOCKS` (the schedule runs blocks of P
-      micro-batches: ``ceil(n / P)`` times its time at P, a partial block priced as a whole
+      2P and 3P, beyond them the growth from 2P to 3P or the busiest rank's work per
+      micro-batch, whichever is more; exact for n <= P) or :data:`BLOCKS` (the schedule runs
+      blocks of P micro-batches: ``ceil(n / P)`` times its time at P, a partial block priced as a whole
       one; its peak activations those at P);
     * ``min_ranks`` — the fewest ranks the schedule runs on; a pipeline with fewer is priced
       as ``fewer_ranks`` (a reference to another schedule; ``None``: refused there);

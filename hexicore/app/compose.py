@@ -20,7 +20,7 @@ from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan
 from hexicore.core.settings import CheckpointSettings, TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.pricing import AUTO, ScheduleBook, schedule_pricing, timed_cost, with_placement
+from hexicore.planner.pricing import AUTO, ScheduleBook, plan_cost, schedule_pricing, with_placement
 from hexicore.planner.allocation.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.train_choice import solve_choices
@@ -309,8 +309,8 @@ def solve(cfg: DictConfig, registry: Registry, progress: Progress = no_progress)
             where = cfg.get("model_file") or _choice(cfg, "model") if exc.field == "model" else f"solver {name}"
         raise exc.located(source=str(where)) from None
     seconds = time.perf_counter() - t0
-    est, warnings = validate_plan(plan, problem.cost, source=f"solver {name}",
-                                  book=problem.pricing or ScheduleBook(registry))
+    book = problem.pricing or ScheduleBook(registry)  # the estimate evaluate recomputes (:func:`plan_cost`)
+    est, warnings = validate_plan(plan, plan_cost(problem.cost, plan, book), source=f"solver {name}", book=book)
     info = {"name": name, "seconds": round(seconds, 4), "params": {}, "status": "HEURISTIC", "bound": None}
     info.update(dict(plan.solver or {}))
     info["name"], info["seconds"] = name, round(seconds, 4)
@@ -321,15 +321,12 @@ def evaluate(plan: Plan, cost: CostModel, source: str | None = None, *,
              registry: Registry) -> tuple[Plan, Estimate, list[str]]:
     """Validate a plan from any source and attach a fresh estimate (pipelines whose schedule
     is not timed by the cost model's own formula priced by their schedules from ``registry``, as
-    the planner did: :func:`hexicore.planner.pricing.schedule_pricing`)."""
+    the planner's estimate is: :func:`hexicore.planner.pricing.plan_cost`)."""
     check_cost_cluster(cost, plan.cluster)
     book = ScheduleBook(registry)
     check_schedules(plan, book, source)
     try:
-        if getattr(cost, "pipeline_timer", False) is None and not all(book.native(p.schedule)
-                                                                        for p in plan.pipelines):
-            cost = timed_cost(cost, book)
-        est, warnings = validate_plan(plan, cost, source, book=book)
+        est, warnings = validate_plan(plan, plan_cost(cost, plan, book), source, book=book)
     except HexicoreError as exc:
         if exc.source or source is None:
             raise

@@ -17,6 +17,7 @@ are priced as before, bit for bit.
   slow and never fits, so no search keeps it;
 * :func:`timed_cost` injects those into a cost model (``pipeline_timer`` + ``activation``);
 * :func:`schedule_pricing` is the cost model and book a problem is solved with;
+* :func:`plan_cost` is the cost model a made plan is priced with (what evaluate recomputes);
 * :func:`options` lists the schedules ``schedule=auto`` chooses from (its ``options``, by default
   those of conf/schedule/auto.yaml).
 
@@ -362,6 +363,22 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
     if book.native(schedule):
         return with_placement(replace(cost, activation=book.activation()), book), None
     return timed_cost(cost, book), book
+
+
+def plan_cost(cost: Any, plan: Any, book: ScheduleBook | None) -> Any:
+    """The cost model a made ``plan`` is priced with, by ``hexicore evaluate`` and in the
+    estimate ``hexicore plan`` writes (so the two agree however the plan was searched): where
+    every pipeline runs a schedule whose time is the cost model's own formula
+    (``Pricing.cost_model_time``: 1F1B, App. A's PIPELINE-TIME) that formula, as a plan searched
+    under that schedule alone is priced (:func:`schedule_pricing`); otherwise each pipeline
+    priced by its schedule (:func:`timed_cost`). ``cost`` may be either already (a problem's);
+    without a book, or for a cost model without ``pipeline_timer`` and ``activation`` fields, it
+    is returned unchanged."""
+    if book is None or not hasattr(cost, "activation") or not hasattr(cost, "pipeline_timer"):
+        return cost
+    if all(book.native(p.schedule) for p in plan.pipelines):
+        return with_placement(replace(cost, pipeline_timer=None, activation=book.activation()), book)
+    return timed_cost(cost, book)
 
 
 def choose_exact(book: ScheduleBook, cost: Any, plan: Any, refs: Sequence[ScheduleRef],

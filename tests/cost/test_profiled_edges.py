@@ -53,6 +53,28 @@ def test_schedule_auto_plans_and_evaluates_with_a_profile(tmp_path, capsys):
     assert json.loads((tmp_path / "again.json").read_text())["estimate"]["iteration_s"] == pytest.approx(planned)
 
 
+def test_a_plan_of_1f1b_pipelines_chosen_under_auto_carries_the_estimate_evaluate_recomputes(tmp_path, capsys):
+    """``schedule=auto`` prices 1F1B by its lists while the search lasts, but a plan whose
+    pipelines all run 1F1B is priced by the cost model's own closed form (App. A), as one planned
+    with ``schedule=1f1b``: the estimate written is that one, not the search's (the two differ
+    here by 2x, the hops between A and B paid per micro-batch; a search cut short by its budget
+    before any other schedule was priced wrote the other, and evaluate disagreed with plan)."""
+    path = profile().save(tmp_path / "profile.yaml")
+    (tmp_path / "two.yaml").write_text(TWO)
+    out, again = tmp_path / "plan.json", tmp_path / "again.json"
+    assert run_cli(["plan", f"cluster_file={tmp_path / 'two.yaml'}", "model=tiny", "cost=profiled",
+                    f"cost.profile_file={path}", "schedule=auto", "schedule.options=[{name:1f1b}]",
+                    "schedule.final_options=[]", "train.global_batch=8", f"out={out}",
+                    f"hydra.run.dir={tmp_path / 'r'}"]) == 0, capsys.readouterr().err
+    planned = json.loads(out.read_text())
+    assert {p["schedule"]["name"] for p in planned["pipelines"]} == {"1f1b"}
+    assert run_cli(["evaluate", f"plan_file={out}", "cost=profiled", f"cost.profile_file={path}", f"out={again}",
+                    f"hydra.run.dir={tmp_path / 'r'}"]) == 0, capsys.readouterr().err
+    recomputed = json.loads(again.read_text())["estimate"]
+    assert recomputed["iteration_s"] == pytest.approx(planned["estimate"]["iteration_s"])
+    assert recomputed["pipeline_s"] == pytest.approx(planned["estimate"]["pipeline_s"])
+
+
 @pytest.mark.parametrize("schedule, chunks", [({"name": "1f1b"}, 1), ({"name": "zb_v"}, 2),
                                               ({"name": "dualpipe_v"}, 2), ({"name": "hanayo", "waves": "auto"}, 2),
                                               ({"name": "hanayo", "waves": 2}, 4),

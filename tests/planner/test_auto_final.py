@@ -310,7 +310,7 @@ def test_a_final_option_held_back_by_memory_is_tried_under_the_next_zero_stage(m
 
     def context(*zeros):
         settings = tuple(types.SimpleNamespace(problem=types.SimpleNamespace(train=Train(z))) for z in zeros)
-        return types.SimpleNamespace(problem=None, contexts=lambda: settings, exact_cost=types.SimpleNamespace(
+        return types.SimpleNamespace(problem=None, book=None, contexts=lambda: settings, exact_cost=types.SimpleNamespace(
             estimate=lambda plan: types.SimpleNamespace(fits=True, iteration_s=plan.seconds,
                                                         pipeline_s=(9.0 if "v" in plan.pipelines else 10.0,))))
 

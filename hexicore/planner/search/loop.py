@@ -30,7 +30,7 @@ from hexicore.core.plan import Plan
 from hexicore.planner.allocation.objective import Objective
 from hexicore.planner.final_schedules import costly_final_s, reschedule
 from hexicore.planner.plan_check import validate_plan
-from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, resolve_plan
+from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, plan_cost, resolve_plan
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
 from hexicore.planner.replan.repair import replan_search
@@ -278,7 +278,7 @@ def finalize(context: SearchContext, cands: Sequence[Candidate], deadline: float
             plan, tried = choose_exact(context.book, context.exact_cost, c.plan, context.options, deadline)
         else:
             plan, tried = resolve_plan(context.book, context.exact_cost, c.plan), []
-        est = context.exact_cost.estimate(plan)
+        est = plan_cost(context.exact_cost, plan, context.book).estimate(plan)  # as evaluate prices it
         entry = (est.iteration_s if est.fits else INF, len(out), plan, c.origin, tried)
         if context.auto and entry[0] < INF and ends_by(deadline - reserve, took):
             began = time.monotonic()
@@ -333,7 +333,7 @@ def with_final_options(context: SearchContext, entry: tuple, deadline: float) ->
             break
         trial = plan if zero == plan.train.zero_stage else replace(plan, train=replace(plan.train, zero=zero))
         new = reschedule(context.problem, trial, deadline=deadline, most_simulations=1)
-        est = context.exact_cost.estimate(new)
+        est = plan_cost(context.exact_cost, new, context.book).estimate(new)
         if new != plan and est.fits and est.iteration_s < best[0] - 1e-12:
             seen = new.solver.get("schedule_s") or [{} for _ in new.pipelines]
             tried = [{**a, **b} for a, b in zip(entry[4] or [{} for _ in new.pipelines], seen)]
@@ -524,7 +524,7 @@ def finish(found: Searched, progress: Progress = no_progress) -> Plan:
     if modelled and modelled[0] < INF:  # the search's modelled time of the plan kept (before the exact pricing)
         info["modelled_s"] = round(modelled[0], 6)
     if context.others:  # per training setting the best the search found (the plan's own: exactly priced)
-        exact = context.exact_cost.estimate(plan)
+        exact = plan_cost(context.exact_cost, plan, context.book).estimate(plan)
         info["train_s"] = [[c.problem.train.to_dict(),
                             exact.iteration_s if c.problem.train == plan.train
                             else (None if c.best_score == INF else c.best_score)] for c in context.contexts()]

@@ -386,3 +386,78 @@ def test_a_cut_that_fits_nowhere_gives_way_to_the_other(monkeypatch):
     assert calls == ["max_cut", "min_cut"] and context.cut_misses == {6}
     calls.clear()
     assert candidate.two_phase(context, 6, "max_cut", (0,), 0).score == INF and calls == ["max_cut"]
+
+
+def _focus(micro_batch, zero, best, choice):
+    """A stand-in for an other training setting's context in the side walk."""
+    import types
+
+    from hexicore.planner.search.context import Candidate
+
+    train = types.SimpleNamespace(micro_batch=micro_batch, zero_stage=zero)
+    return types.SimpleNamespace(problem=types.SimpleNamespace(train=train), best_score=best, choice=choice,
+                                 best_found=Candidate(best, None, None, "x", {"d_dp": 1}), name=f"z{zero}",
+                                 config=types.SimpleNamespace(k_shifts=(-1, 0, 1)),
+                                 choose_objective=lambda rng: rng.choice(("min_cut", "max_cut")))
+
+
+def test_the_side_walk_steps_the_fastest_setting_first_and_lets_the_other_in_every_third_step(monkeypatch):
+    """Best first: the focus whose plan is fastest takes the step, except that one the others
+    have taken ``SIDE_LEAD_STEPS`` (2) steps past goes next; a step that finds a faster plan
+    moves the lead; each focus draws from its own stream, so its steps do not depend on the
+    draws the sweep or the other focus took."""
+    import random
+    import types
+
+    from hexicore.planner.search import loop
+    from hexicore.planner.search.context import Candidate
+
+    a, b = _focus(1, 1, 30.0, 1), _focus(1, 2, 30.0, 2)
+    found = {("z2", 3): 10.0}  # z2's third step finds the fastest plan
+    taken = []
+
+    def two_phase(focus, d_dp, objective, shifts, seed, deadline):
+        taken.append((focus.name, d_dp, objective, seed))
+        n = sum(1 for t in taken if t[0] == focus.name)
+        focus.best_score = min(focus.best_score, found.get((focus.name, n), 25.0 if focus is a else 28.0))
+        return Candidate(focus.best_score, None, None, "x")
+
+    monkeypatch.setattr(loop, "two_phase", two_phase)
+    monkeypatch.setattr(loop, "lead_pipeline_counts", lambda focus: [1, 2, 3])
+    lead = types.SimpleNamespace(others=(a, b), config=types.SimpleNamespace(iterations=12),
+                                 track_side=lambda cands: None)
+
+    def walked(rng_draws: int) -> list:
+        taken.clear()
+        a.best_score = b.best_score = 30.0
+        rng = random.Random(5)
+        for _ in range(rng_draws):
+            rng.random()
+        loop.SideWalk(lead, [1], [1, 2, 3], rng, float("inf"), seed=6).walk()
+        return list(taken)
+
+    first = walked(0)
+    names = [t[0] for t in first]
+    # a leads (choice breaks the tie, then 25 < 28), b every third step, until b's third step
+    # finds 10.0: then b leads and a comes in every third step
+    assert names[:9] == ["z1", "z1", "z2", "z1", "z1", "z2", "z1", "z1", "z2"]
+    assert names[9:14] == ["z2", "z1", "z2", "z2", "z1"]
+    assert len(first) == 24  # each focus walks its 12 steps
+    assert walked(7) == first  # the sweep's draws do not move the walks
+
+
+def test_the_side_sweep_leaves_out_settings_that_never_fit_or_trail_far(monkeypatch):
+    """A setting that lost ``SETTING_LOSSES`` times in a row is still priced by the side sweep
+    (``every``) unless it is hopeless: it never fitted, or its best is more than ``HOPELESS``
+    times the best of all settings."""
+    import types
+
+    from hexicore.planner.search import candidate
+    from hexicore.planner.search.context import INF
+
+    lead = types.SimpleNamespace(best_score=20.0)
+    close, far, never = (types.SimpleNamespace(best_score=s) for s in (39.0, 41.0, INF))
+    lead.contexts = lambda: (lead, close, far, never)
+    assert candidate.HOPELESS == 2.0
+    assert not candidate.hopeless(lead, close)
+    assert candidate.hopeless(lead, far) and candidate.hopeless(lead, never)

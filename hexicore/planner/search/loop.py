@@ -602,7 +602,7 @@ def coarse_to_fine(values: Sequence[int]) -> list[int]:
 class SideWalk:
     """After (or inside, :func:`search_loop`'s ``interlude``) the lead setting's loop, the other
     training settings' own part of the search: :meth:`sweep`, the numbers of pipelines only they
-    allow (both cuts), then :meth:`walk`, taking turns, a search of
+    allow (both cuts), then :meth:`walk`, best first, a search of
     ``iterations / SIDE_SHARE`` candidates by each of the :data:`SIDE_FOCI` other settings whose
     best candidates are fastest (:func:`focus_steps`: its own sweep over the numbers of pipelines
     it allows, then a walk around its best), each with its own phase 2 (a ZeRO stage or

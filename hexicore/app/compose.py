@@ -20,7 +20,7 @@ from hexicore.core.model import ModelSpec, parse_model
 from hexicore.core.plan import Plan
 from hexicore.core.settings import CheckpointSettings, TrainSettings
 from hexicore.core.schedule_ref import ScheduleRef
-from hexicore.planner.pricing import AUTO, ScheduleBook, plan_cost, schedule_pricing, with_placement
+from hexicore.planner.pricing import AUTO, ScheduleBook, native_cost, plan_cost, schedule_pricing
 from hexicore.planner.allocation.objective import Objective
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.train_choice import solve_choices
@@ -227,11 +227,7 @@ def memory_cost(cfg: DictConfig, registry: Registry) -> CostModel:
     """The configured cost model with each pipeline's schedule's peak activations (as the planner
     prices memory), for the per-device memory breakdown."""
     cost = build_cost_model(cfg, registry)
-    if hasattr(cost, "activation"):
-        from dataclasses import replace as _replace
-        book = ScheduleBook(registry)
-        cost = with_placement(_replace(cost, activation=book.activation()), book)
-    return cost
+    return native_cost(cost, ScheduleBook(registry)) if hasattr(cost, "activation") else cost
 
 
 def check_cost_cluster(cost: CostModel, cluster: Cluster) -> None:

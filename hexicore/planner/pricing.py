@@ -16,6 +16,7 @@ are priced as before, bit for bit.
   one with fewer micro-batches than it needs (``Pricing.micro_batches_per_rank``) is infinitely
   slow and never fits, so no search keeps it;
 * :func:`timed_cost` injects those into a cost model (``pipeline_timer`` + ``activation``);
+* :func:`native_cost` keeps the cost model's own PIPELINE-TIME, with the schedules' peaks;
 * :func:`schedule_pricing` is the cost model and book a problem is solved with;
 * :func:`plan_cost` is the cost model a made plan is priced with (what evaluate recomputes);
 * :func:`options` lists the schedules ``schedule=auto`` chooses from (its ``options``, by default
@@ -350,6 +351,15 @@ def with_placement(cost: Any, book: ScheduleBook) -> Any:
     return replace(cost, placement=book.placement()) if hasattr(cost, "placement") else cost
 
 
+def native_cost(cost: Any, book: ScheduleBook) -> Any:
+    """``cost`` (a frozen dataclass with an ``activation`` field) pricing each pipeline by its
+    own PIPELINE-TIME (App. A; any injected ``pipeline_timer`` removed), with the peak
+    activations and placement of each pipeline's schedule (:func:`with_placement`)."""
+    if hasattr(cost, "pipeline_timer"):
+        cost = replace(cost, pipeline_timer=None)
+    return with_placement(replace(cost, activation=book.activation()), book)
+
+
 def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> tuple[Any, ScheduleBook | None]:
     """The cost model a problem configured with ``schedule`` is solved with, and the book that
     prices its pipelines (``Problem.pricing``). A schedule whose time is the cost model's own
@@ -361,7 +371,7 @@ def schedule_pricing(cost: Any, schedule: Mapping[str, Any], registry: Any) -> t
         return cost, None
     book = ScheduleBook(registry)
     if book.native(schedule):
-        return with_placement(replace(cost, activation=book.activation()), book), None
+        return native_cost(cost, book), None
     return timed_cost(cost, book), book
 
 
@@ -377,7 +387,7 @@ def plan_cost(cost: Any, plan: Any, book: ScheduleBook | None) -> Any:
     if book is None or not hasattr(cost, "activation") or not hasattr(cost, "pipeline_timer"):
         return cost
     if all(book.native(p.schedule) for p in plan.pipelines):
-        return with_placement(replace(cost, pipeline_timer=None, activation=book.activation()), book)
+        return native_cost(cost, book)
     return timed_cost(cost, book)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from hexicore.pipeline.actions import Action, ActionList, Op
 from hexicore.core.errors import PlanError
 from hexicore.core.model import HF_MODEL_TYPES, ModelSpec
+from hexicore.core.schedule_ref import freeze
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ def plan_layout(plan: Any, schedules: Sequence[Mapping[str, Any]], *, registry: 
         groups = [StageGroup(tuple(rank_of[d] for d in s.devices), s.n_layers) for s in p.stages]
         for j, s in enumerate(p.stages):
             check_model(model, s.tp, source, f"pipelines[{i}].stages[{j}].tp")
-        key = (repr(sorted(dict(sched).items())), len(groups), mbs, tuple(g.layers for g in groups))
+        key = (freeze(sched), len(groups), mbs, tuple(g.layers for g in groups))
         if key not in built:  # (pipelines of one shape run the same lists: 80 stages of 512 micro-batches
             # under ZB-H1 take 0.7 s to build, twice on a 320-GPU plan of two aligned pipelines)
             built[key] = schedule_actions(sched, len(groups), mbs, registry, source, list(key[3]), fallback=True)

@@ -221,8 +221,6 @@ def search_loop(context: SearchContext, dps: list[int], rng: random.Random, dead
                 break
         if it < len(sweep):
             d_dp, objective = sweep[it]
-            if past_misses(context, d_dp, context.steering(best).info.get("d_dp", 0)):
-                continue  # (more pipelines than a number that fits neither cut)
             objective = objective or context.choose_objective(rng)
             shifts: Sequence[int] = (0,)
         else:

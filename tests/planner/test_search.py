@@ -397,7 +397,6 @@ def _focus(micro_batch, zero, best, choice):
     train = types.SimpleNamespace(micro_batch=micro_batch, zero_stage=zero)
     return types.SimpleNamespace(problem=types.SimpleNamespace(train=train), best_score=best, choice=choice,
                                  best_found=Candidate(best, None, None, "x", {"d_dp": 1}), name=f"z{zero}",
-                                 cut_misses=set(),
                                  config=types.SimpleNamespace(k_shifts=(-1, 0, 1)),
                                  choose_objective=lambda rng: rng.choice(("min_cut", "max_cut")))
 
@@ -448,129 +447,17 @@ def test_the_side_walk_steps_the_fastest_setting_first_and_lets_the_other_in_eve
 
 
 def test_the_side_sweep_leaves_out_settings_that_never_fit_or_trail_far(monkeypatch):
-    """The side sweep (``every``) prices a setting unless it is hopeless: its best is more than
-    ``HOPELESS`` times the best of all settings (whatever it lost), or it never fitted and lost
-    ``SETTING_LOSSES`` times in a row; a close setting is priced however often it lost."""
+    """A setting that lost ``SETTING_LOSSES`` times in a row is still priced by the side sweep
+    (``every``) unless it is hopeless: it never fitted, or its best is more than ``HOPELESS``
+    times the best of all settings."""
     import types
 
     from hexicore.planner.search import candidate
     from hexicore.planner.search.context import INF
 
-    lead = types.SimpleNamespace(best_score=20.0, losses=0)
-    close, far, never, fresh = (types.SimpleNamespace(best_score=s, losses=n)
-                                for s, n in ((39.0, 5), (41.0, 0), (INF, 3), (INF, 2)))
-    lead.contexts = lambda: (lead, close, far, never, fresh)
-    assert candidate.HOPELESS == 2.0 and candidate.SETTING_LOSSES == 3
-    assert not candidate.hopeless(lead, close) and not candidate.hopeless(lead, fresh)
+    lead = types.SimpleNamespace(best_score=20.0)
+    close, far, never = (types.SimpleNamespace(best_score=s) for s in (39.0, 41.0, INF))
+    lead.contexts = lambda: (lead, close, far, never)
+    assert candidate.HOPELESS == 2.0
+    assert not candidate.hopeless(lead, close)
     assert candidate.hopeless(lead, far) and candidate.hopeless(lead, never)
-
-
-def test_the_side_sweep_stops_above_a_number_of_pipelines_no_setting_lays_out_within_reach(monkeypatch):
-    """The side sweep takes the numbers of pipelines only the other settings allow, coarse to
-    fine, both cuts each, skipping those of hopeless settings and those above one where no
-    setting's candidate came within ``HOPELESS`` of the best (more pipelines: more memory per
-    device)."""
-    import random
-    import types
-
-    from hexicore.planner.search import loop
-    from hexicore.planner.search.context import INF
-
-    near = types.SimpleNamespace(best_score=10.0, losses=0, span=range(1, 21))
-    far = types.SimpleNamespace(best_score=100.0, losses=0, span=range(1, 31))  # > HOPELESS x 10
-    lead = types.SimpleNamespace(others=(near, far), best_score=12.0, side_least={},
-                                 config=types.SimpleNamespace(iterations=50))
-    lead.contexts = lambda: (lead, near, far)
-    tried = []
-
-    def two_phase(context, d_dp, objective, shifts, seed, side=False, deadline=INF):
-        tried.append((d_dp, objective))
-        if d_dp <= 8:  # some setting's candidate within reach up to 8 pipelines
-            context.side_least[d_dp] = 12.0
-
-    monkeypatch.setattr(loop, "two_phase", two_phase)
-    monkeypatch.setattr(loop, "lead_pipeline_counts", lambda c: list(c.span))
-    loop.SideWalk(lead, list(range(1, 5)), list(range(1, 31)), random.Random(0), INF).sweep()
-    # coarse to fine over 5..20: 5, 20, 12, 8, 16, 6, 10, 14, 18, 7, 9, 11, ...; 20, 12, 10 and 9
-    # lower the ceiling in turn
-    assert [d for d, _ in tried[::2]] == [5, 20, 12, 8, 6, 10, 7, 9]
-    assert all(o == ("min_cut", "max_cut") for o in zip([o for _, o in tried[::2]], [o for _, o in tried[1::2]]))
-
-
-def test_a_focus_walk_skips_numbers_of_pipelines_above_one_that_fit_neither_cut():
-    """``past_misses``: a number of pipelines at or above one where neither cut laid out (above
-    the best's number) is skipped by the sweeps; below the best, or below the miss, it is not."""
-    import types
-
-    from hexicore.planner.search.loop import past_misses
-
-    context = types.SimpleNamespace(cut_misses={7, 2})
-    assert past_misses(context, 7, 4) and past_misses(context, 12, 4)
-    assert not past_misses(context, 6, 4) and not past_misses(context, 3, 4)
-    assert not past_misses(context, 8, 9)  # the best has more pipelines than the miss
-
-
-def test_the_side_walk_probes_each_micro_batch_size_within_reach_before_walking_the_fastest(monkeypatch):
-    """Under ``train.micro_batch=auto`` the fastest setting of each micro-batch size that is not
-    a focus and is within ``SIDE_PROBE_WITHIN`` of the fastest takes ``SIDE_PROBE_STEPS`` steps
-    of its own walk first; a probe that finds the fastest plan then walks among the foci."""
-    import random
-    import types
-
-    from hexicore.planner.search import loop
-    from hexicore.planner.search.context import Candidate
-
-    a, b = _focus(1, 1, 30.0, 1), _focus(1, 2, 31.0, 2)
-    c, d = _focus(2, 0, 36.0, 4), _focus(4, 0, 40.0, 8)  # within 25% of 30, and not
-    for focus, name in ((a, "a"), (b, "b"), (c, "c"), (d, "d")):
-        focus.name = name
-    taken = []
-
-    def two_phase(focus, d_dp, objective, shifts, seed, deadline):
-        taken.append(focus.name)
-        if focus is c and taken.count("c") == 2:
-            focus.best_score = 20.0  # the probe's second step finds the fastest plan
-        return Candidate(focus.best_score, None, None, "x")
-
-    monkeypatch.setattr(loop, "two_phase", two_phase)
-    monkeypatch.setattr(loop, "lead_pipeline_counts", lambda focus: [1, 2, 3])
-    lead = types.SimpleNamespace(others=(a, b, c, d), config=types.SimpleNamespace(iterations=6),
-                                 track_side=lambda cands: None)
-    assert loop.SIDE_PROBE_STEPS == 2 and loop.SIDE_PROBE_WITHIN == 0.25
-    loop.SideWalk(lead, [1], [1, 2, 3], random.Random(0), float("inf"), seed=1).walk()
-    assert taken[:2] == ["c", "c"] and "d" not in taken
-    # c leads now, among the two fastest (c, a); a, which waited through the probe, goes first,
-    # then every third step; b walks once c's steps are done
-    assert taken[2:8] == ["a", "c", "c", "a", "c", "c"]
-    assert [taken.count(n) for n in "abc"] == [6, 6, 6] and taken.index("b") == 9, taken
-
-
-def test_the_other_settings_best_plans_within_reach_are_polished_too(monkeypatch):
-    """``setting_bests``: the best candidates (with chosen schedules under ``schedule=auto``) of
-    the settings the polishes leave out, within ``SETTING_POLISH_WITHIN`` of the best, fastest
-    first, at most ``SETTING_POLISH_MOST``, one per layout; none with a single setting."""
-    import types
-
-    from hexicore.planner.search import loop
-    from hexicore.planner.search.context import Candidate
-
-    def cand(score, layout, choice):
-        plan = types.SimpleNamespace(layout=layout, train=choice)
-        return Candidate(score, plan, None, layout, info={"choice": choice})
-
-    monkeypatch.setattr(loop, "layout_key", lambda plan: plan.layout)
-    bests = [cand(10.0, "L0", 0), cand(10.2, "L1", 1), cand(10.3, "L0", 2), cand(10.4, "L3", 3),
-             cand(10.45, "L4", 4), cand(11.0, "L5", 5), None]
-    settings = [types.SimpleNamespace(auto_best=b, best_found=b) for b in bests]
-    lead = settings[0]
-    lead.others, lead.auto = tuple(settings[1:]), True
-    lead.contexts = lambda: tuple(settings)
-    lead.of = lambda c: settings[c.info["choice"]]
-    own_best = cand(10.1, "L9", 0)  # the lead's own best (first option), polished anyway
-    got = loop.setting_bests(lead, [own_best, None])
-    # 10.0 is the schedule=auto choice; 10.3 shares its layout with a setting of its own (not
-    # the same setting: kept); 11.0 is more than 5% behind; two at most
-    assert loop.SETTING_POLISH_WITHIN == 0.05 and loop.SETTING_POLISH_MOST == 2
-    assert [c.score for c in got] == [10.2, 10.3]
-    lead.others = ()
-    assert loop.setting_bests(lead, [own_best, None]) == []

@@ -216,50 +216,31 @@ HOPELESS = 2.0
 def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: Sequence[int],
                    layouts: Sequence[StageLayout] | None, seed: int, origin: str, info: dict,
                    beat: float, here: float = INF, every: bool = False, deadline: float = INF) -> list[Candidate]:
-    """The lead's parts under each other training setting (``context.others``), assembled —
-    bounds first, against the best so far (``beat``). A setting of the lead's micro-batch size
-    gets the lead's stages re-laid out (:func:`relaid`); another size gets its own phase 2 (a
-    micro-batch size changes which TP degrees and stage counts pay: 64 GPUs of eight types,
-    Llama-2 13B, every option on, 64.51 s against 64.83 on the lead's stages), its other ZeRO
-    stages that layout's stages re-laid; so does every setting where the lead's memory holds no
-    layout of a part (the stages of the roomiest setting's re-laid instead lost 320 GPUs at
-    batch 1024 its plan at micro-batch 2, 97.9 s against 217). No phase 2 runs where a smaller
-    or equal micro-batch size with as many shards or more had none (it needs more memory), nor
-    an estimate where a lower ZeRO stage at the same micro-batch size gives the same layers:
-    sharding only adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the
-    layout uses. With ``schedule=auto`` the schedules are chosen only where
-    :data:`CHOOSE_WITHIN` allows; settings that keep losing (:data:`SETTING_LOSSES`) to the best
-    on these parts (``here``: the lead's score on them, then the least of the settings') are
-    left out, or with ``every`` (the side sweep) those :func:`hopeless`; past ``deadline``
-    (``time.monotonic()``) no further setting is priced. Each priced number of pipelines
-    records the least seconds a setting took on it (``SearchContext.side_least``)."""
+    """The lead's parts under each other training setting (``context.others``): the lead's
+    stages re-laid out under the setting (or, where the lead's memory holds no layout of a
+    part, the setting's own phase 2: the stages of the roomiest setting's re-laid instead lost
+    320 GPUs at batch 1024 its plan at micro-batch 2, 97.9 s against 217)
+    (:func:`relaid`) and assembled — bounds first, against the best so far (``beat``), and not
+    where a lower ZeRO stage at the same micro-batch size gives the same layers: sharding only
+    adds traffic (and ZeRO-3 its weight gathers) where it frees no memory the layout uses.
+    With ``schedule=auto`` the schedules are chosen only where :data:`CHOOSE_WITHIN` allows;
+    settings that keep losing (:data:`SETTING_LOSSES`) to the best on these parts (``here``: the
+    lead's score on them, then the least of the settings') are left out unless ``every``; past
+    ``deadline`` (``time.monotonic()``) no further setting is priced."""
     out: list[Candidate] = []
     laid = {} if layouts is None else {_size_stage(context): [lay.layers for lay in layouts]}
-    lead_size, own = context.problem.train.micro_batch, {}  # (micro-batch size -> its own phase 2's layouts)
-    unlaid: set[tuple[int, int]] = set()  # (micro-batch size, ZeRO stage) whose own phase 2 laid out no part
     for other in context.others:  # (micro-batch, ZeRO stage) -> layers, in ZeRO order per size
         n_mb_max = other.micro_batches - (len(parts) - 1)
         if time.monotonic() > deadline:
             break
-        if n_mb_max < 1 or (hopeless(context, other) if every else other.losses >= SETTING_LOSSES):
+        if n_mb_max < 1 or (other.losses >= SETTING_LOSSES and (not every or hopeless(context, other))):
             continue
         other.at_pipelines(len(parts))
-        size, stage = _size_stage(other)
-        if layouts is not None and size == lead_size:
-            mine = relaid(other, layouts, n_mb_max)
-        elif size in own:  # another ZeRO stage of a size laid out already: its own stages re-laid
-            mine = relaid(other, own[size], n_mb_max)
-        elif any(b <= size and z >= stage for b, z in unlaid):
-            mine = None  # a smaller micro-batch with as many shards had no layout: this needs more memory
-        else:
-            mine = lay_out_parts(other, parts, ks, seed)
-            if mine is not None:
-                own[size] = mine
-            else:
-                unlaid.add((size, stage))
+        mine = relaid(other, layouts, n_mb_max) if layouts is not None else lay_out_parts(other, parts, ks, seed)
         if mine is None:
             other.losses += here < INF  # (it holds no layout of parts another setting runs: a loss)
             continue
+        size, stage = _size_stage(other)
         layers = [lay.layers for lay in mine]
         laid[size, stage] = layers
         if any(laid.get((size, lower)) == layers for lower in range(stage)):
@@ -268,7 +249,6 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
         least = cand.score if cand.score < INF else cand.info.get("least_s")
         if least is not None:
             other.losses = other.losses + 1 if least > here * (1 + SETTING_WITHIN) else 0
-            context.side_least[len(mine)] = min(context.side_least.get(len(mine), INF), least)
         elif here < INF:  # it does not fit where another setting's candidate does: a loss
             other.losses += 1
         least = least or 0.0
@@ -280,18 +260,15 @@ def other_settings(context: SearchContext, parts: Sequence[Sequence[str]], ks: S
 
 
 def hopeless(lead: SearchContext, other: SearchContext) -> bool:
-    """Whether the side sweep leaves ``other`` out: its best is more than :data:`HOPELESS`
-    times the best of all settings, or it never fitted and lost :data:`SETTING_LOSSES` times in
-    a row. More pipelines than the lead allows put more layers on each device, so a setting
-    that fits none of the lead's numbers of pipelines fits none of those either; one that far
-    behind does not close the gap by a layout (hetero3, Llama 30B, every option on: the 12
-    settings of micro-batches 2-8, none fitting or 20-30x behind, took 0.7 s of a 6 s search;
-    ZeRO-3, 50 times behind there, had lost no candidate of the sweep: nothing else fitted its
-    numbers of pipelines)."""
+    """Whether the side sweep leaves ``other`` (a setting that lost :data:`SETTING_LOSSES` times
+    in a row) out too: it never fitted, or its best is more than :data:`HOPELESS` times the best
+    of all settings. More pipelines than the lead allows put more layers on each device, so a
+    setting that fits none of the lead's numbers of pipelines fits none of those either; one
+    that far behind does not close the gap by a layout (hetero3, Llama 30B, every option on:
+    the 12 settings of micro-batches 2-8, none fitting or 20-30x behind, took 0.7 s of a 6 s
+    search)."""
     best = min(c.best_score for c in lead.contexts())
-    if other.best_score == INF:
-        return other.losses >= SETTING_LOSSES
-    return other.best_score > HOPELESS * best
+    return other.best_score == INF or other.best_score > HOPELESS * best
 
 
 def _size_stage(context: SearchContext) -> tuple[int, int]:

@@ -107,8 +107,6 @@ class SearchContext:
     side_best: Candidate | None = None  # the lead's best candidate under the other training settings
     losses: int = 0  # candidates in a row this (other) setting lost by far on (candidate.other_settings)
     cut_misses: set = field(default_factory=set)  # numbers of pipelines where neither cut fitted (candidate.two_phase)
-    side_least: dict = field(default_factory=dict)  # number of pipelines -> the least seconds another setting's
-    # candidate of that many took, at least (candidate.other_settings; SideWalk.sweep)
 
     def keep(self, candidate: Candidate) -> None:
         """Remember ``candidate`` among the :data:`POOL` best distinct plans assembled under this

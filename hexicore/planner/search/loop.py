@@ -34,7 +34,7 @@ from hexicore.planner.pricing import ScheduleBook, choose_exact, is_auto, plan_c
 from hexicore.planner.problem import Problem, Progress, no_progress
 from hexicore.planner.replan.diff import plan_diff
 from hexicore.planner.replan.repair import replan_search
-from hexicore.planner.search.candidate import HOPELESS, assemble, hopeless, polish, relayout, two_phase
+from hexicore.planner.search.candidate import assemble, polish, relayout, two_phase
 from hexicore.planner.search.context import INF, Candidate, SearchContext, layout_key, make_context, state_gb
 from hexicore.planner.search.prefetch import prefetch, walk_ahead
 from hexicore.planner.search.search_config import SearchConfig
@@ -456,82 +456,26 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     progress("hexiscale: polishing stage boundaries", config.iterations / (config.iterations + 1))
     # a repaired plan: the kept pipelines were polished before; only the repaired ones move
     only = best.info.get("repaired") if replanned and best.origin.startswith("warm_start repaired") else None
-    cands, always = polish_bests(context, best, side, deadline, only)
+    cands = []
+    polishes = [f for f in (best, side) if f is not None and f.plan is not None] + ([None] if context.auto else [])
+    weights = [AUTO_POLISH if f is None else 1 for f in polishes]
+    for i, found in enumerate(polishes):  # the lead setting's best and the best under the others, then
+        ends = share_of(deadline, weights[i] / sum(weights[i:]))  # the schedule=auto choice, each in its share
+        if found is None:
+            chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
+            cands.insert(0, polish(chosen, chosen.auto_best, ends, only, True))
+            continue
+        own = context.of(found)
+        cands.append(polish(own, found, ends, only))
+        if context.auto:
+            own.track_auto([assemble(own, cands[-1].layouts, found.origin, found.info, True)])
     top = min(cands, key=lambda c: c.score)
     prices_until = deadline if prices_until is None else prices_until
-    polished = sum(c.plan is not None for c in cands[:always])
+    polished = sum(c.plan is not None for c in cands)
     if time.monotonic() < prices_until:  # (while the exact pricing has time)
         cands += runners_up(context, cands, top, dps)
     return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until,
                     polished)
-
-
-def polish_bests(context: SearchContext, best: Candidate, side: Candidate | None, deadline: float,
-                 only: Sequence[int] | None) -> tuple[list[Candidate], int]:
-    """The search's best candidates polished (:func:`polish`), each in its share of the time
-    left until ``deadline``: the lead's best and the best aside (under the first option's
-    prices; under ``schedule=auto`` each then assembled with chosen schedules too), the
-    ``schedule=auto`` choice (:data:`AUTO_POLISH` shares) and the other settings' best within
-    reach (:func:`setting_bests`, as many shares each, with chosen schedules). Returns the
-    candidates, the best with chosen schedules first, and how many of the first are priced
-    exactly past the deadline too (:func:`finalize`'s ``always``: not the other settings')."""
-    polishes = [f for f in (best, side) if f is not None and f.plan is not None] + ([None] if context.auto else [])
-    extra = setting_bests(context, polishes)  # (polished with chosen schedules under schedule=auto)
-    polishes += extra
-    weights = [AUTO_POLISH if f is None or any(f is g for g in extra) else 1 for f in polishes]
-    own_picks, chosen_picks = [], []  # polished under the first option's prices, under chosen schedules
-    for i, found in enumerate(polishes):  # the lead setting's best and the best under the others, then
-        ends = share_of(deadline, weights[i] / sum(weights[i:]))  # the schedule=auto choice, each in its share,
-        if found is None:  # then the other settings' best
-            chosen = min((c for c in context.contexts() if c.auto_best is not None), key=lambda c: c.auto_best.score)
-            chosen_picks.append(polish(chosen, chosen.auto_best, ends, only, True))
-            continue
-        own, chose = context.of(found), context.auto and any(found is g for g in extra)
-        if chose:  # (its setting's best now: a polish before may have moved it)
-            found = own.auto_best
-            if any(layout_key(found.plan) == layout_key(c.plan) and found.plan.train == c.plan.train
-                   for c in chosen_picks if c.plan is not None):
-                continue
-        (chosen_picks if chose else own_picks).append(polish(own, found, ends, only, chose))
-        if context.auto and not chose:
-            own.track_auto([assemble(own, own_picks[-1].layouts, found.origin, found.info, True)])
-    chosen_picks.sort(key=lambda c: c.score)  # the best with chosen schedules first, the rest after the others
-    cands = chosen_picks[:1] + own_picks + chosen_picks[1:]
-    always = len(chosen_picks[:1] + own_picks)  # priced exactly past the deadline too (:func:`finalize`)
-    return cands, always
-
-
-def setting_bests(context: SearchContext, polishes: Sequence[Candidate | None]) -> list[Candidate]:
-    """With several training settings, the best candidates of the settings that ``polishes``
-    (the lead's best, the best aside, ``None`` for the ``schedule=auto`` choice) leave out,
-    within :data:`SETTING_POLISH_WITHIN` of the best of them, at most
-    :data:`SETTING_POLISH_MOST`, fastest first, one per layout: with chosen schedules under
-    ``schedule=auto`` (what the polish then keeps choosing), else its own. The polish moves a
-    plan by more than the settings differ by (40 GPUs of three types, Llama-2 7B, every option
-    on: micro-batch 2's best, 8.36 s against micro-batch 1's 8.21, polished to 7.80 s; hetero3,
-    Llama 30B: ZeRO-2's 20.15 s against ZeRO-0's 19.94, polished to 17.54 s)."""
-    if not context.others:
-        return []
-
-    def best_of(c: SearchContext) -> Candidate | None:
-        return c.auto_best if context.auto else c.best_found
-
-    found = sorted((best_of(c) for c in context.contexts() if best_of(c) is not None and best_of(c).score < INF
-                    and best_of(c).plan is not None), key=lambda c: c.score)
-    if not found:
-        return []
-    covered = [f for f in polishes if f is not None and f.plan is not None]
-    if None in polishes and context.auto:
-        covered.append(found[0])  # (the schedule=auto choice)
-    keys = {(layout_key(f.plan), f.plan.train) for f in covered}
-    top = min(c.score for c in found + covered)
-    out: list[Candidate] = []
-    for cand in found:
-        key = (layout_key(cand.plan), cand.plan.train)
-        if len(out) < SETTING_POLISH_MOST and key not in keys and cand.score <= top * (1 + SETTING_POLISH_WITHIN):
-            keys.add(key)
-            out.append(cand)
-    return out
 
 
 def share_of(deadline: float, share: float) -> float:
@@ -610,11 +554,6 @@ FINAL_MOST = 6
 #: hetero3 (Llama 30B, every option on) moving the RTX 3090 pair of the best layout's pipelines
 #: from the front to the end alone took 20.18 s to 18.51
 POLISH_SHARE = 0.15
-#: with several training settings, the best candidates of those the polishes leave out are
-#: polished too where within this (relative) of the best, at most SETTING_POLISH_MOST of them
-#: (:func:`setting_bests`)
-SETTING_POLISH_WITHIN = 0.05
-SETTING_POLISH_MOST = 2
 #: of that time, the ``schedule=auto`` choice's polish (the plan returned, as a rule) takes this
 #: many shares, the lead setting's best and the best under the others one each
 AUTO_POLISH = 2
@@ -640,12 +579,6 @@ SIDE_SWEEP_SHARE = 0.5
 #: the side walk gives its steps to the focus with the fastest plan, but a focus the others have
 #: taken this many steps past since its own last goes next (:meth:`SideWalk.walk`)
 SIDE_LEAD_STEPS = 2
-#: under ``train.micro_batch=auto`` the fastest setting of each micro-batch size that is not a
-#: focus first walks this many steps (:meth:`SideWalk.walk`): its own phase 2 around its best
-#: number of pipelines, both cuts
-SIDE_PROBE_STEPS = 2
-#: ... where its best is within this (relative) of the fastest other setting's
-SIDE_PROBE_WITHIN = 0.25
 
 
 def coarse_to_fine(values: Sequence[int]) -> list[int]:
@@ -699,12 +632,7 @@ class SideWalk:
 
     def sweep(self) -> None:
         """The numbers of pipelines the lead setting does not allow, both cuts (once), coarse to
-        fine (:func:`coarse_to_fine`), for :data:`SIDE_SWEEP_SHARE` of the time left at most.
-        A number of pipelines where no setting lays out either cut's parts ends the sweep there:
-        more pipelines leave each fewer devices for a whole model, so more memory per device
-        (the settings' ranges, :meth:`SearchContext.dp_range`, bound the training state alone;
-        on 48 GPUs of six types, Llama-2 13B, every option on, 12 and more pipelines fitted
-        nowhere, and sweeping 14 to 48 took 1 s of a 4.4 s search)."""
+        fine (:func:`coarse_to_fine`), for :data:`SIDE_SWEEP_SHARE` of the time left at most."""
         if self.swept:
             return
         self.swept = True
@@ -712,69 +640,39 @@ class SideWalk:
         done = context.config.iterations / (context.config.iterations + 1)  # (the loop's share of the bar)
         ends = self.deadline if self.deadline == INF else \
             time.monotonic() + SIDE_SWEEP_SHARE * (self.deadline - time.monotonic())
-        best = min(c.best_score for c in context.contexts())
-        counts = {d for c in context.others if not hopeless(context, c) for d in lead_pipeline_counts(c)}
-        ceiling = INF  # the fewest pipelines found where no setting is laid out within reach
-        for d_dp in coarse_to_fine([d for d in self.dps if d not in self.own and d in counts]):
-            if d_dp > ceiling:
-                continue
-            tried = 0
+        for d_dp in coarse_to_fine([d for d in self.dps if d not in self.own]):
             for objective in ("min_cut", "max_cut"):
                 if ends_by(ends, self.took):
                     self.progress(f"hexiscale: other training settings, D_dp={d_dp} ({objective})", done)
                     began = time.monotonic()
                     two_phase(context, d_dp, objective, (0,), self.rng.randrange(2**31), side=True,
                               deadline=self.deadline)
-                    self.took, tried = time.monotonic() - began, tried + 1
-            best = min(c.best_score for c in context.contexts())
-            if tried == 2 and context.side_least.get(d_dp, INF) > HOPELESS * best:
-                ceiling = d_dp
+                    self.took = time.monotonic() - began
 
     def walk(self) -> None:
-        """The other settings' searches to the deadline, best first.
-
-        The walkers are the :data:`SIDE_FOCI` settings whose best plans are fastest and, under
-        ``train.micro_batch=auto``, the best setting of every micro-batch size (a size is
-        priced on the lead's stages, re-laid out, until it walks: its own phase 2 may choose
-        other stages, e.g. TP pairs where a larger micro-batch makes TP pay; on 48 GPUs of six
-        types, Llama-2 13B, micro-batch 4 was 73.1 s on the lead's micro-batch-1 stages and
-        59.4 s searched alone). Each size's best that is not a focus first takes
-        :data:`SIDE_PROBE_STEPS` steps of its own walk (a probe, fastest first); then the step
-        goes to whichever of the :data:`SIDE_FOCI` fastest walkers (by their best plans now: a
-        probe that found a faster plan walks on) has the fastest plan, except that one the
-        others have taken :data:`SIDE_LEAD_STEPS` steps past since its own last goes next (on
-        hetero3, Llama 30B, every option on, ZeRO-1's walk, ahead of ZeRO-2's, reached its
-        four-pipeline plan, the best after the final options, within the budget this way, and
-        not taking strict turns). Each walker draws from its own stream (:meth:`stream`)."""
+        """The focus settings' searches to the deadline, best first: the step goes to the focus
+        whose best plan is fastest, except that a focus the others have taken
+        :data:`SIDE_LEAD_STEPS` steps past since its own last goes next (on hetero3, Llama 30B,
+        every option on, ZeRO-1's walk, ahead of ZeRO-2's, reached its four-pipeline plan, the
+        best after the final options, within the budget this way, and not taking strict turns)."""
         context = self.context
         done = context.config.iterations / (context.config.iterations + 1)
-        ready = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
-                       key=lambda c: (c.best_found.score, c.choice))
-        foci = ready[:SIDE_FOCI]
-        sizes = {}  # micro-batch size -> its fastest setting
-        for c in ready:
-            sizes.setdefault(c.problem.train.micro_batch, c)
-        top = ready[0].best_found.score if ready else INF
-        probes = [c for c in sizes.values() if not any(c is f for f in foci) and
-                  c.best_found.score <= top * (1 + SIDE_PROBE_WITHIN)] if len(sizes) > 1 else []
-        streams = {id(c): self.stream(c) for c in foci + probes}
-        walks = {id(c): (c, focus_steps(c, lead_pipeline_counts(c) or self.dps, streams[id(c)],
-                                        context.config.iterations // SIDE_SHARE)) for c in foci + probes}
-        taken = {key: 0 for key in walks}
-        waited = {key: 0 for key in walks}  # steps the others took since this walker's last
+        foci = sorted((c for c in context.others if c.best_found is not None and c.best_found.score < INF),
+                      key=lambda c: (c.best_found.score, c.choice))[:SIDE_FOCI]
+        streams = {id(focus): self.stream(focus) for focus in foci}
+        walks = {id(focus): (focus, focus_steps(focus, lead_pipeline_counts(focus) or self.dps, streams[id(focus)],
+                                                context.config.iterations // SIDE_SHARE)) for focus in foci}
+        waited = {key: 0 for key in walks}  # steps the others took since this focus's last
         while walks:
             if not ends_by(self.deadline, self.took):
                 return
             ranked = sorted(walks, key=lambda key: (walks[key][0].best_score, walks[key][0].choice))
-            probing = [k for k in ranked if walks[k][0] in probes and taken[k] < SIDE_PROBE_STEPS]
-            ranked = ranked[:SIDE_FOCI]
-            key = probing[0] if probing else next((k for k in ranked if waited[k] >= SIDE_LEAD_STEPS), ranked[0])
+            key = next((k for k in ranked if waited[k] >= SIDE_LEAD_STEPS), ranked[0])
             focus, steps = walks[key]
             step = next(steps, None)
             if step is None:
                 del walks[key]
                 continue
-            taken[key] += 1
             for other in walks:
                 waited[other] = 0 if other == key else waited[other] + 1
             train = focus.problem.train
@@ -797,19 +695,9 @@ def focus_steps(context: SearchContext, dps: list[int], rng: random.Random, n: i
     if near is not None:
         sweep.sort(key=lambda step: abs(step[0] - near))  # (stable: the cuts of one D_dp stay in order)
     for d_dp, objective in sweep:
-        if not past_misses(context, d_dp, near or 0):
-            yield d_dp, objective or context.choose_objective(rng), (0,)
+        yield d_dp, objective or context.choose_objective(rng), (0,)
     for _ in range(n - len(sweep)):
         yield walk_step(context, context.best_found, rng, dps)
-
-
-def past_misses(context: SearchContext, d_dp: int, best: int) -> bool:
-    """Whether ``d_dp`` pipelines are at or above a number of pipelines where neither cut laid
-    out under ``context``'s setting (``SearchContext.cut_misses``) that is above ``best`` (the
-    number of its best plan): more pipelines leave each fewer devices for a whole model, so
-    they fit no better (hetero3, Llama 30B, ZeRO-2: its walk swept 8 to 11 pipelines, none
-    fitting, after 7 had not, 0.4 s of its 2.7 s)."""
-    return any(best < miss <= d_dp for miss in context.cut_misses)
 
 
 def lead_pipeline_counts(context: SearchContext) -> list[int]:

@@ -150,3 +150,22 @@ def test_dead_or_hung_rank_stops_every_rank_within_the_timeout(kind):
         assert "rank 1 exited with code 13" in str(err.value)
     else:  # rank 0 gives up waiting for the hung rank 1 and says so
         assert "rank 0:" in str(err.value) and "timed out after 2 s" in str(err.value) and "rank 1" in str(err.value)
+
+
+@pytest.mark.slow
+def test_forkserver_workers_report_to_their_own_launch_launch_after_launch():
+    """``runtime.start_method=forkserver`` forks every worker from one server, started with the
+    first launch: a later launch's workers report to that launch's errors folder (the rank that
+    died is named; before, every worker of the second launch failed writing to the first
+    launch's folder, removed since, and the line named no cause)."""
+    m = tiny()
+    layout = build_layout(m, [pipeline({"name": "1f1b"}, equal_stages(2), batch=4)], global_batch=4, micro_batch=1,
+                          seq_len=SEQ)
+    first = launch([worker_spec(layout, steps=1, dtype="fp32", recompute=False, progress=False,
+                                start_method="forkserver")], 2)
+    assert first and first[0] is not None
+    with pytest.raises(LaunchError) as err:
+        launch([worker_spec(layout, steps=3, dtype="fp32", recompute=False, progress=False, timeout_s=2,
+                            start_method="forkserver", fault={"rank": 1, "step": 1, "kind": "die"})], 2)
+    line = str(err.value)  # whichever rank's end the server reports first: rank 1's exit, or rank 0 losing it
+    assert "rank 1 exited with code 13" in line or "from rank 1 (did that rank die?)" in line, line

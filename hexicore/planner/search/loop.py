@@ -414,15 +414,12 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     pipeline's schedule chosen (:func:`assemble` ``choose``), the best of those is polished under
     the choice, and the final plan is the exactly re-priced better of it and the first option's
     own (polished) result, with schedules re-chosen (:func:`finish`). Other training settings
-    (``problem.train_options``) are priced on the same candidates
-    (:func:`hexicore.planner.search.candidate.two_phase`); the best of all steers the walk.
-    ``strict``: the time limit holds even where nothing fits yet (a sub-cluster's search, the
-    whole cluster's having a plan): out of time, a one-line error on ``solver.time_limit``.
+    (``problem.train_options``) are priced on the same candidates (:func:`.candidate.two_phase`), the best
+    of all steering the walk. ``strict``: the time limit holds even where nothing fits yet (a sub-cluster's
+    search, the whole cluster's having a plan): out of time, a one-line error on ``solver.time_limit``.
     ``prices_until``: when the exact pricing (:func:`finish`) must end, ``time.monotonic()``
-    (default: the search's own deadline; a solver keeps a share of its budget for it).
-    Under a budget with several micro-batch sizes and a second core, a companion search led by
-    the next size runs beside the walk (:func:`companion_start`) and its polished best are
-    priced with this search's (:func:`companion_found`)."""
+    (default: the search's own deadline; a solver keeps a share of its budget for it); a
+    companion search may run beside it (:func:`companion_start`)."""
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else INF
     walk_ends = t0 + (1 - POLISH_SHARE) * time_limit if time_limit else INF  # (the polish has the rest)
@@ -476,13 +473,12 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
         cands.append(polish(own, found, ends, only))
         if context.auto:
             own.track_auto([assemble(own, cands[-1].layouts, found.origin, found.info, True)])
-    extra = companion_found(context, companion if not replanned else None)
     top = min(cands, key=lambda c: c.score)
     prices_until = deadline if prices_until is None else prices_until
     polished = sum(c.plan is not None for c in cands)
     if time.monotonic() < prices_until:  # (while the exact pricing has time)
         cands += runners_up(context, cands, top, dps)
-    cands += extra[:1]  # (after the runners-up: priced while the budget lasts)
+    cands += companion_found(context, companion)[:1]  # (after the runners-up: priced while the budget lasts)
     return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until,
                     polished)
 

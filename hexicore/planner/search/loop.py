@@ -478,7 +478,7 @@ def search(problem: Problem, config: SearchConfig, *, time_limit: float | None =
     polished = sum(c.plan is not None for c in cands)
     if time.monotonic() < prices_until:  # (while the exact pricing has time)
         cands += runners_up(context, cands, top, dps)
-    cands += companion_found(context, companion)[:1]  # (after the runners-up: priced while the budget lasts)
+    cands += companion_found(context, companion)  # (after the runners-up: priced while the budget lasts)
     return Searched(context, tuple(c for c in cands if c.plan is not None), top, seed, replanned, prices_until,
                     polished)
 
@@ -490,9 +490,8 @@ def companion_start(problem: Problem, config: SearchConfig, deadline: float, see
     alone). This search prices the other sizes on its lead's stages re-laid out, which suit a
     larger micro-batch less: on 40 GPUs of three types (Llama-2 7B, batch 256, every option on)
     micro-batch 2 scored 9.42 s that way, and its own search finds 7.80 against micro-batch
-    1's 8.21. Its two best polished candidates come back as layouts (a plan's objects do not
-    all pickle); the best of them is priced after this search's runners-up, while the budget
-    lasts (priced before them, it pushed hetero3's 19.41 s runner-up past the budget: 19.94)."""
+    1's 8.21. Its best polished candidate comes back as layouts (a plan's objects do not all
+    pickle) and is priced after this search's runners-up, while the budget lasts (priced before them, it pushed hetero3's 19.41 s runner-up past the budget: 19.94)."""
     sizes = sorted({t.micro_batch for t in (problem.train,) + problem.train_options})
     if len(sizes) < 2 or deadline == INF or available_cores() < 2 or problem.warm_start is not None:
         return None
@@ -502,13 +501,13 @@ def companion_start(problem: Problem, config: SearchConfig, deadline: float, see
     def run(_: int) -> list[tuple[dict, tuple]]:
         os.nice(19)  # a core the search leaves idle, never one it uses
         found = search(second, config, time_limit=max(0.05, deadline - time.monotonic()), seed=seed)
-        top = sorted(found.candidates[:found.polished], key=lambda c: c.score)[:2]
+        top = sorted(found.candidates[:found.polished], key=lambda c: c.score)[:1]
         return [(c.plan.train.to_dict(), tuple(c.layouts), c.origin) for c in top if c.layouts]
     return fork_start(run, [0], 1)
 
 
 def companion_found(context: SearchContext, companion: Forked | None) -> list[Candidate]:
-    """:func:`companion_start`'s best candidates, assembled under this search's contexts."""
+    """:func:`companion_start`'s best candidate, assembled under this search's context of its setting."""
     if companion is None:
         return []
     try:
